@@ -1,0 +1,60 @@
+"""`ssdmoe` entry point: argparse front door that dispatches to `ssdmoe_tui.commands.*`.
+
+Each command lives in its own module with `register(subparsers)` (adds its parser and
+sets `func`). With no subcommand, `ssdmoe` opens the chat app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order here is the order in `ssdmoe --help`.
+COMMAND_MODULES = [
+    "chat",
+    "generate",
+    "index",
+    "demo_model",
+]
+
+
+class CliError(Exception):
+    """A one-line user-facing error; printed without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ssdmoe",
+        description="Chat with Mixture-of-Experts models larger than memory, streamed from SSD.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"ssdmoe_tui.commands.{name}")
+        module.register(sub)
+    # `ssdmoe --model X` (no subcommand) is `ssdmoe chat --model X`.
+    chat = importlib.import_module("ssdmoe_tui.commands.chat")
+    chat.add_arguments(parser)
+    parser.set_defaults(func=chat.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except CliError as e:
+        print(f"ssdmoe: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - last line of defence: one line, no traceback
+        from ssdmoe_tui.errors import user_message
+
+        print(f"ssdmoe: error: {user_message(e)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Messages between the engine thread and its clients (the TUI, the CLI, tests).
+
+The engine thread owns every MLX call. Clients send *commands* through
+`EngineService.submit()` and receive *events* through the `post` callback given to
+the service; the callback is called on the engine thread and must not block
+(Textual's `App.post_message` / `call_soon_threadsafe` are fine, a queue is fine).
+Everything here is plain data: no MLX arrays, no Textual objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Phase = Literal["idle", "loading", "indexing", "prefill", "decoding", "saving"]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """Load (or switch to) a model; unloads the previous one first."""
+
+    path: str
+    k: int | None = None  # None: the model's trained K
+    prefill_k: int | None = None  # None: same as k
+    expert_cache: str = "auto"  # "auto", "512M", "4G", or bytes as a string
+    dtype: str | None = None  # None: backend default (float32 on CPU, bfloat16 on GPU)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Generate a reply.
+
+    Either `prompt_tokens` (exact ids, e.g. the previous turn's full sequence plus
+    the templated new user turn) or `messages` (templated by the engine) is given.
+    """
+
+    request_id: str
+    messages: tuple[Message, ...] = ()
+    prompt_tokens: tuple[int, ...] | None = None
+    max_tokens: int = 512
+    temp: float = 0.0
+    top_p: float = 0.0
+    seed: int | None = None
+    session_id: str | None = None  # lets the engine pick the right cached KV state
+
+
+@dataclass(frozen=True)
+class SetExpertCache:
+    size: str  # "auto", "512M", "4G", ...
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Command = LoadModel | Generate | SetExpertCache | Shutdown
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: str
+    model_type: str
+    num_layers: int  # MoE layers
+    num_experts: int
+    trained_k: int
+    k: int
+    prefill_k: int
+    max_context: int
+    device: str  # "cpu", "gpu/Metal", "gpu/CUDA"
+    dtype: str
+    expert_bytes: int  # bytes of one expert (all components)
+    resident_bytes: int  # non-expert weights in memory
+    expert_cache_budget: int
+    reader: str  # "native" or "python"
+    fingerprint: str  # identifies the exact weights (index key + config); KV checkpoints carry it
+    hybrid: bool  # recurrent state (Mamba / linear attention): KV caches cannot be trimmed
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    phase: Phase
+    done: int = 0  # progress, e.g. prompt tokens processed
+    total: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StatsSample:
+    """Posted at least 4x a second while generating, and once after each turn."""
+
+    decode_tok_s: float
+    prefill_tok_s: float
+    ssd_mib_per_token: float  # device bytes (not page-cache hits) per decoded token
+    requested_mib_per_token: float  # bytes the engine asked for per token
+    expert_cache_hit_rate: float  # 0..1, this turn
+    expert_cache_used_bytes: int
+    expert_cache_budget_bytes: int
+    resident_bytes: int
+    kv_cache_bytes: int
+    rss_bytes: int
+    peak_rss_bytes: int
+    peak_memory_bytes: int  # MLX peak
+    kv_hit_rate: float  # prompt tokens served from cache / prompt tokens, this turn
+    context_tokens: int
+    max_context: int
+    k: int
+    generated_tokens: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A batch of streamed text; posted at most every ~25 ms."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GenerationDone:
+    request_id: str
+    text: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    finish_reason: Literal["stop", "length", "cancelled", "error"]
+    k_per_token: tuple[int, ...]  # K actually used by each generated token
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineError:
+    """A one-line, user-facing error. `request_id` is set when a generation failed."""
+
+    message: str
+    request_id: str | None = None
+    fatal: bool = False  # True: the model is unusable until another LoadModel
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know that is not an error (e.g. a checkpoint was ignored)."""
+
+    message: str
+
+
+Event = ModelLoaded | PhaseChanged | StatsSample | Tokens | GenerationDone | EngineError | Notice

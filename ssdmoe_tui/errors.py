@@ -1,0 +1,33 @@
+"""User-facing errors: every failure a user can cause becomes one line naming the culprit."""
+
+from __future__ import annotations
+
+
+class SsdmoeError(Exception):
+    """Base for errors whose message is already fit for the user."""
+
+
+class ModelError(SsdmoeError):
+    """The model folder, a shard, a header or a tensor is missing or wrong."""
+
+
+class UnsupportedModelError(ModelError):
+    """The architecture or layout is not one the engine streams."""
+
+
+class BadValueError(SsdmoeError, ValueError):
+    """A user-supplied value (K, a size, ...) is out of range or malformed."""
+
+
+def user_message(exc: BaseException) -> str:
+    """One line for the user; never a traceback."""
+    if isinstance(exc, SsdmoeError):
+        text = str(exc)
+    elif isinstance(exc, FileNotFoundError):
+        text = f"file not found: {exc.filename or exc}"
+    elif isinstance(exc, MemoryError):
+        text = "out of memory: lower the expert cache (--expert-cache) or K"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."
