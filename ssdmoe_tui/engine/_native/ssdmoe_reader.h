@@ -1,0 +1,59 @@
+/* ssdmoe native expert reader: batched positional reads into caller-owned memory.
+ *
+ * One handle owns a persistent pool of queue_depth - 1 worker threads; the calling
+ * thread is the queue_depth-th reader, so queue_depth 1 means no threads at all.
+ * Calls on one handle are serialized (a mutex), so several Python threads may share it.
+ */
+#ifndef SSDMOE_READER_H
+#define SSDMOE_READER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a signature or a status code changes; reader.py checks it. */
+#define SSDMOE_ABI_VERSION 1
+
+/* A short read (the file ended first) is reported as -(SSDMOE_SHORT_READ_BASE + got),
+ * where got is how many bytes were read; errno failures are -errno (errno < 4096). */
+#define SSDMOE_SHORT_READ_BASE ((int64_t)1 << 40)
+
+typedef struct ssdmoe_reader ssdmoe_reader;
+
+int ssdmoe_abi_version(void);
+
+/* direct != 0: files opened with direct < 0 bypass the page cache (Linux O_DIRECT with
+ * aligned bounce buffers, macOS F_NOCACHE). Returns NULL only on allocation failure. */
+ssdmoe_reader *ssdmoe_reader_create(int queue_depth, int direct);
+/* Stops the workers and closes every fd opened with ssdmoe_open. */
+void ssdmoe_reader_destroy(ssdmoe_reader *r);
+int ssdmoe_reader_queue_depth(const ssdmoe_reader *r);
+
+/* Opens path read-only; returns an fd for ssdmoe_read_batch or -errno.
+ * direct: 1 yes, 0 no, -1 the handle's default. When direct I/O is refused (e.g. the
+ * filesystem rejects O_DIRECT) the fd still works, buffered; see ssdmoe_fd_is_direct. */
+int ssdmoe_open(ssdmoe_reader *r, const char *path, int direct);
+/* 1 when reads on fd currently bypass the page cache, 0 otherwise. */
+int ssdmoe_fd_is_direct(ssdmoe_reader *r, int fd);
+/* errno of the last refused direct open (0 if none). */
+int ssdmoe_direct_open_errno(ssdmoe_reader *r);
+/* How many requests fell back to buffered reads because a direct read got EINVAL. */
+int64_t ssdmoe_direct_fallbacks(ssdmoe_reader *r);
+/* Closes an fd from ssdmoe_open (and its O_DIRECT twin). Returns 0 or -errno. */
+int ssdmoe_close(ssdmoe_reader *r, int fd);
+
+/* Reads lengths[i] bytes at offsets[i] of fds[i] into dests[i], for i < n, in parallel.
+ * status_out[i] = lengths[i] on success, -errno, or a short-read code (see above).
+ * Zero-length requests succeed. Any fd works (not only ssdmoe_open ones); those not
+ * from ssdmoe_open are read buffered. Returns how many requests failed (0 = all good),
+ * or -EINVAL for bad arguments. */
+int ssdmoe_read_batch(ssdmoe_reader *r, int n, const int *fds, const int64_t *offsets,
+                      const int64_t *lengths, void *const *dests, int64_t *status_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,542 @@
+"""Batched expert reads from safetensors shards straight into preallocated buffers.
+
+The engine hands over int64 arrays (fd, offset, length, destination address) for every
+expert slice it needs and gets them read in parallel. Two implementations:
+
+* ``NativeReader``: ``_native/ssdmoe_reader.c`` through ctypes (the call releases the
+  GIL); a persistent pthread pool, no per-request Python objects. Built with ``cc`` on
+  first use when the shared library is missing or stale.
+* ``PythonReader``: ``os.preadv`` on a thread pool; the fallback when no compiler exists.
+
+``direct=True`` bypasses the page cache (Linux ``O_DIRECT`` through aligned bounce
+buffers, macOS ``F_NOCACHE``). A filesystem that refuses it (``direct_active`` turns
+False and ``direct_fallback_reason`` says why) is read buffered instead: bytes are the same.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as errno_mod
+import hashlib
+import itertools
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ssdmoe_tui import paths
+from ssdmoe_tui.errors import SsdmoeError
+
+ABI_VERSION = 1  # must match SSDMOE_ABI_VERSION in ssdmoe_reader.h
+SHORT_READ_BASE = 1 << 40  # must match SSDMOE_SHORT_READ_BASE
+ALIGN = 4096
+_BOUNCE_MAX = 8 << 20
+_MAX_CHUNK = 1 << 30
+
+PACKAGE_NATIVE_DIR = Path(__file__).resolve().parent / "_native"
+_SOURCES = ("ssdmoe_reader.c", "ssdmoe_reader.h")
+_LIB_STEM = "libssdmoe_reader"
+
+
+class ReadError(SsdmoeError, OSError):
+    """A request failed; the message names the file, offset, length and cause."""
+
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        length: int,
+        cause: str,
+        err: int | None = None,
+        got: int | None = None,
+    ) -> None:
+        super().__init__(f"cannot read {length} bytes at offset {offset} of {path}: {cause}")
+        self.errno = err
+        self.path = path
+        self.offset = offset
+        self.length = length
+        self.got = got
+
+
+class NativeReaderUnavailable(SsdmoeError):
+    """The native library could not be built or loaded (one line saying why)."""
+
+
+def buffer_address(buf) -> int:
+    """Address of a writable buffer (e.g. ``memoryview(mlx_array)``, bytearray, mmap)."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    if not arr.flags.writeable:
+        raise ValueError("buffer is read-only")
+    return int(arr.ctypes.data) if arr.size else 0
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _lib_suffix() -> str:
+    return ".dylib" if sys.platform == "darwin" else ".so"
+
+
+def _source_hash(src_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update((src_dir / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _compiler() -> str:
+    """$CC when set (no second guess), else the first of cc/clang/gcc on PATH."""
+    cc = os.environ.get("CC")
+    if cc:
+        found = shutil.which(cc)
+        if not found:
+            raise NativeReaderUnavailable(f"C compiler $CC={cc} not found")
+        return found
+    for name in ("cc", "clang", "gcc"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise NativeReaderUnavailable("no C compiler (cc/clang/gcc) on PATH to build the native reader")
+
+
+def build_native_library(src_dir: Path, out: Path) -> Path:
+    """Compile ``src_dir/ssdmoe_reader.c`` into ``out`` atomically (temp file + rename)."""
+    cc = _compiler()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-pthread", "-o", tmp, str(src_dir / "ssdmoe_reader.c")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            first = (proc.stderr or proc.stdout).strip().splitlines()
+            why = first[0] if first else f"exit status {proc.returncode}"
+            raise NativeReaderUnavailable(f"building the native reader with {cc} failed: {why}")
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise NativeReaderUnavailable(f"cannot build the native reader with {cc}: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _try_load(path: Path) -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.ssdmoe_abi_version.restype = ctypes.c_int
+        if lib.ssdmoe_abi_version() != ABI_VERSION:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def _writable_dir(folder: Path) -> bool:
+    """Whether we can create files in folder (tried, since os.access lies for root)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".probe.", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True
+
+
+def native_library_path(src_dir: Path | None = None) -> Path:
+    """Where the library lives: next to the source when fresh or buildable there, else the
+    user cache, keyed by a hash of the source (read-only installs)."""
+    src_dir = src_dir or PACKAGE_NATIVE_DIR
+    local = src_dir / f"{_LIB_STEM}{_lib_suffix()}"
+    src_mtime = max((src_dir / n).stat().st_mtime for n in _SOURCES)
+    if local.exists() and local.stat().st_mtime >= src_mtime and _try_load(local):
+        return local
+    if _writable_dir(src_dir):
+        return build_native_library(src_dir, local)
+    cached = paths.cache_dir() / "native" / f"{_LIB_STEM}-{_source_hash(src_dir)}{_lib_suffix()}"
+    if cached.exists() and _try_load(cached):
+        return cached
+    return build_native_library(src_dir, cached)
+
+
+def load_native_library(src_dir: Path | None = None) -> ctypes.CDLL:
+    """Find or build the library and declare its signatures."""
+    src_dir = src_dir or PACKAGE_NATIVE_DIR
+    if not (src_dir / "ssdmoe_reader.c").is_file():
+        raise NativeReaderUnavailable(
+            f"native reader source missing: {src_dir / 'ssdmoe_reader.c'}"
+        )
+    path = native_library_path(src_dir)
+    lib = _try_load(path)
+    if lib is None:
+        raise NativeReaderUnavailable(f"cannot load {path} (wrong ABI or platform)")
+    vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ssdmoe_reader_create.argtypes = [c_int, c_int]
+    lib.ssdmoe_reader_create.restype = vp
+    lib.ssdmoe_reader_destroy.argtypes = [vp]
+    lib.ssdmoe_reader_destroy.restype = None
+    lib.ssdmoe_reader_queue_depth.argtypes = [vp]
+    lib.ssdmoe_reader_queue_depth.restype = c_int
+    lib.ssdmoe_open.argtypes = [vp, ctypes.c_char_p, c_int]
+    lib.ssdmoe_open.restype = c_int
+    lib.ssdmoe_fd_is_direct.argtypes = [vp, c_int]
+    lib.ssdmoe_fd_is_direct.restype = c_int
+    lib.ssdmoe_direct_open_errno.argtypes = [vp]
+    lib.ssdmoe_direct_open_errno.restype = c_int
+    lib.ssdmoe_direct_fallbacks.argtypes = [vp]
+    lib.ssdmoe_direct_fallbacks.restype = i64
+    lib.ssdmoe_close.argtypes = [vp, c_int]
+    lib.ssdmoe_close.restype = c_int
+    lib.ssdmoe_read_batch.argtypes = [vp, c_int, vp, vp, vp, vp, vp]
+    lib.ssdmoe_read_batch.restype = c_int
+    return lib
+
+
+_native_lock = threading.Lock()
+_native_cache: ctypes.CDLL | NativeReaderUnavailable | None = None
+
+
+def _native_lib() -> ctypes.CDLL:
+    """The package's library, built at most once per process (failures are remembered)."""
+    global _native_cache
+    with _native_lock:
+        if _native_cache is None:
+            try:
+                _native_cache = load_native_library()
+            except NativeReaderUnavailable as exc:
+                _native_cache = exc
+        if isinstance(_native_cache, NativeReaderUnavailable):
+            raise _native_cache
+        return _native_cache
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _cause(status: int) -> tuple[str, int | None, int | None]:
+    """(text, errno, bytes got) for a failed request status."""
+    if status <= -SHORT_READ_BASE:
+        got = -status - SHORT_READ_BASE
+        return f"short read: file ended after {got} bytes", None, got
+    err = -status
+    return f"{os.strerror(err)} (errno {err})", err, None
+
+
+def _as_i64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+class Reader:
+    """Reads batches of (fd, offset, length, dest address) requests; see module doc."""
+
+    name: str = "base"
+    queue_depth: int
+    direct: bool
+    fallback_reason: str | None = None
+
+    def __init__(self, queue_depth: int, direct: bool) -> None:
+        if queue_depth < 1:
+            raise ValueError(f"queue depth must be >= 1, got {queue_depth}")
+        self.queue_depth = queue_depth
+        self.direct = direct
+        self.direct_fallback_reason: str | None = None
+        self._paths: dict[int, str] = {}
+        self._direct_fds: set[int] = set()
+
+    @property
+    def direct_active(self) -> bool:
+        """True when direct was asked for and every opened file honours it."""
+        return self.direct and self.direct_fallback_reason is None
+
+    def open(self, path: str | Path) -> int:
+        raise NotImplementedError
+
+    def read_batch(
+        self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
+    ) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _path(self, fd: int) -> str:
+        return self._paths.get(fd, f"<fd {fd}>")
+
+    def _error(self, fd: int, offset: int, length: int, status: int) -> ReadError:
+        if length < 0 or offset < 0:
+            return ReadError(self._path(fd), offset, length, "negative offset or length")
+        text, err, got = _cause(status)
+        return ReadError(self._path(fd), offset, length, text, err, got)
+
+    def _note_direct_refused(self, path: str, err: int) -> None:
+        if self.direct_fallback_reason is None:
+            self.direct_fallback_reason = (
+                f"direct I/O refused for {path} ({os.strerror(err)}); reading it buffered"
+            )
+
+
+class NativeReader(Reader):
+    name = "native"
+
+    def __init__(self, queue_depth: int = 16, direct: bool = False, lib=None) -> None:
+        super().__init__(queue_depth, direct)
+        self._lib = lib or _native_lib()
+        handle = self._lib.ssdmoe_reader_create(queue_depth, 1 if direct else 0)
+        if not handle:
+            raise MemoryError("cannot create the native reader")
+        self._h: int | None = handle
+        self.queue_depth = self._lib.ssdmoe_reader_queue_depth(handle)
+
+    def open(self, path: str | Path) -> int:
+        path = str(path)
+        fd = self._lib.ssdmoe_open(self._handle(), os.fsencode(path), -1)
+        if fd < 0:
+            raise OSError(-fd, os.strerror(-fd), path)
+        self._paths[fd] = path
+        if self.direct:
+            if self._lib.ssdmoe_fd_is_direct(self._h, fd):
+                self._direct_fds.add(fd)
+            else:
+                err = self._lib.ssdmoe_direct_open_errno(self._h) or errno_mod.EINVAL
+                self._note_direct_refused(path, err)
+        return fd
+
+    @property
+    def direct_active(self) -> bool:
+        if self.direct and self._h and self._lib.ssdmoe_direct_fallbacks(self._h):
+            if self.direct_fallback_reason is None:
+                self.direct_fallback_reason = "direct reads refused (EINVAL); reading buffered"
+        return super().direct_active
+
+    def _handle(self) -> int:
+        if not self._h:
+            raise ValueError("reader is closed")
+        return self._h
+
+    def read_batch(
+        self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
+    ) -> int:
+        fds32 = np.ascontiguousarray(fds, dtype=np.intc)
+        offsets, lengths, dests = _as_i64(offsets), _as_i64(lengths), _as_i64(dests)
+        n = len(fds32)
+        if not (len(offsets) == len(lengths) == len(dests) == n):
+            raise ValueError("fds, offsets, lengths and dests must have the same length")
+        if n == 0:
+            return 0
+        status = np.empty(n, dtype=np.int64)
+        failed = self._lib.ssdmoe_read_batch(
+            self._handle(),
+            n,
+            fds32.ctypes.data,
+            offsets.ctypes.data,
+            lengths.ctypes.data,
+            dests.ctypes.data,
+            status.ctypes.data,
+        )
+        if failed < 0:
+            raise OSError(-failed, os.strerror(-failed))
+        if failed:
+            i = int(np.flatnonzero((status != lengths) | (lengths < 0))[0])
+            raise self._error(int(fds32[i]), int(offsets[i]), int(lengths[i]), int(status[i]))
+        return int(lengths.sum())
+
+    def close(self) -> None:
+        if self._h:
+            self._lib.ssdmoe_reader_destroy(self._h)  # closes every fd from open()
+            self._h = None
+            self._paths.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class PythonReader(Reader):
+    """``os.preadv`` on ``queue_depth`` threads; O_DIRECT through per-thread mmap buffers."""
+
+    name = "python"
+
+    def __init__(self, queue_depth: int = 16, direct: bool = False) -> None:
+        super().__init__(queue_depth, direct)
+        self._pool = (
+            ThreadPoolExecutor(queue_depth, thread_name_prefix="ssdmoe-read")
+            if queue_depth > 1
+            else None
+        )
+        self._dfd: dict[int, int] = {}  # buffered fd -> O_DIRECT twin
+        self._local = threading.local()
+        self._closed = False
+
+    def open(self, path: str | Path) -> int:
+        if self._closed:
+            raise ValueError("reader is closed")
+        path = str(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._paths[fd] = path
+        if self.direct:
+            o_direct = getattr(os, "O_DIRECT", 0)
+            if o_direct:
+                try:
+                    self._dfd[fd] = os.open(path, os.O_RDONLY | o_direct)
+                    self._direct_fds.add(fd)
+                except OSError as exc:
+                    self._note_direct_refused(path, exc.errno or errno_mod.EINVAL)
+            elif sys.platform == "darwin":
+                import fcntl
+
+                try:
+                    fcntl.fcntl(fd, getattr(fcntl, "F_NOCACHE", 48), 1)
+                    self._direct_fds.add(fd)
+                except OSError as exc:
+                    self._note_direct_refused(path, exc.errno or errno_mod.EINVAL)
+            else:
+                self._note_direct_refused(path, errno_mod.ENOTSUP)
+        return fd
+
+    def _bounce(self, size: int) -> tuple[mmap.mmap, int]:
+        """This thread's page-aligned buffer for O_DIRECT, grown on demand."""
+        cur = getattr(self._local, "bounce", None)
+        if cur is None or len(cur[0]) < size:
+            m = mmap.mmap(-1, max(size, ALIGN))
+            self._local.bounce = (m, ctypes.addressof(ctypes.c_char.from_buffer(m)))
+        return self._local.bounce
+
+    def _read_buffered(self, fd: int, off: int, length: int, dest: int) -> int:
+        done = 0
+        while done < length:
+            n = min(length - done, _MAX_CHUNK)
+            buf = (ctypes.c_char * n).from_address(dest + done)
+            try:
+                got = os.preadv(fd, [buf], off + done)
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                return -(exc.errno or errno_mod.EIO)
+            if got == 0:
+                return -(SHORT_READ_BASE + done)
+            done += got
+        return done
+
+    def _read_direct(self, dfd: int, off: int, length: int, dest: int) -> int:
+        end = off + length
+        pos = off - off % ALIGN
+        stop = -(-end // ALIGN) * ALIGN
+        bounce, baddr = self._bounce(min(stop - pos, _BOUNCE_MAX))
+        size = len(bounce)
+        done = 0
+        while done < length:
+            chunk = min(stop - pos, size)
+            view = memoryview(bounce)[:chunk]
+            try:
+                got = os.preadv(dfd, [view], pos)
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                return -(exc.errno or errno_mod.EIO)
+            finally:
+                view.release()
+            start = off + done
+            upto = min(pos + got, end)
+            if upto > start:
+                ctypes.memmove(dest + done, baddr + (start - pos), upto - start)
+                done += upto - start
+            if got == 0 or got % ALIGN:
+                break
+            pos += got
+        return length if done >= length else -(SHORT_READ_BASE + done)
+
+    def _read_one(self, fd: int, off: int, length: int, dest: int) -> int:
+        if off < 0 or length < 0:
+            return -errno_mod.EINVAL
+        if length == 0:
+            return 0
+        if not dest:
+            return -errno_mod.EFAULT
+        dfd = self._dfd.get(fd)
+        if dfd is not None:
+            got = self._read_direct(dfd, off, length, dest)
+            if got != -errno_mod.EINVAL:
+                return got
+            self._dfd.pop(fd, None)  # refused at read time: buffered from now on
+            self._direct_fds.discard(fd)
+            self._note_direct_refused(self._path(fd), errno_mod.EINVAL)
+        return self._read_buffered(fd, off, length, dest)
+
+    def read_batch(
+        self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
+    ) -> int:
+        if self._closed:
+            raise ValueError("reader is closed")
+        fl = np.asarray(fds).tolist()
+        ol = np.asarray(offsets).tolist()
+        ll = np.asarray(lengths).tolist()
+        dl = np.asarray(dests).tolist()
+        n = len(fl)
+        if not (len(ol) == len(ll) == len(dl) == n):
+            raise ValueError("fds, offsets, lengths and dests must have the same length")
+        status = [0] * n
+        counter = itertools.count()  # next() is atomic under the GIL
+
+        def work() -> None:
+            for i in counter:
+                if i >= n:
+                    return
+                status[i] = self._read_one(fl[i], ol[i], ll[i], dl[i])
+
+        workers = min(self.queue_depth, n)
+        if self._pool is None or workers <= 1:
+            work()
+        else:
+            for fut in [self._pool.submit(work) for _ in range(workers)]:
+                fut.result()
+        for i in range(n):
+            if status[i] != ll[i] or ll[i] < 0:
+                raise self._error(fl[i], ol[i], ll[i], status[i])
+        return sum(ll)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for fd in list(self._dfd.values()) + list(self._paths):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._dfd.clear()
+        self._paths.clear()
+
+
+def open_reader(queue_depth: int = 16, direct: bool = False, prefer: str = "auto") -> Reader:
+    """The native reader when it builds/loads, else the Python one (``fallback_reason`` says
+    why). ``prefer`` or env ``SSDMOE_READER`` = ``native`` | ``python`` forces a choice."""
+    choice = os.environ.get("SSDMOE_READER") or prefer
+    if choice not in ("auto", "native", "python"):
+        raise ValueError(f"reader must be auto, native or python, got {choice!r}")
+    if choice == "python":
+        return PythonReader(queue_depth, direct)
+    try:
+        return NativeReader(queue_depth, direct)
+    except NativeReaderUnavailable as exc:
+        if choice == "native":
+            raise
+        reader = PythonReader(queue_depth, direct)
+        reader.fallback_reason = str(exc)
+        return reader
