@@ -1,0 +1,244 @@
+"""RAM expert cache: experts live in slots of preallocated MLX arrays, one array per component.
+
+A hit costs nothing: compute indexes the slot arrays directly (`gather_qmm` with slot
+ids), so no bytes are copied. A miss is read by the native reader straight from the
+shard into the slot's memory (no staging buffer). One cache spans all MoE layers,
+keyed by (layer, expert), within a byte budget; an eviction policy picks victims.
+
+Safety rule: a slot may only be overwritten once the work that reads it has been
+evaluated. The streamed block guarantees it: every layer syncs its router indices
+to the host before asking for slots, and those indices depend on every earlier
+layer's output, so all earlier expert compute has finished. Slots asked for by the
+current call are pinned for that call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ssdmoe_tui.engine.index import ExpertIndex
+from ssdmoe_tui.engine.reader import Reader, ReadError, buffer_address
+from ssdmoe_tui.errors import ModelError
+
+_MX_DTYPES = {
+    "U8": mx.uint8, "I8": mx.int8, "U16": mx.uint16, "I16": mx.int16,
+    "U32": mx.uint32, "I32": mx.int32, "F16": mx.float16, "BF16": mx.bfloat16,
+    "F32": mx.float32,
+}  # fmt: skip
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+    read_calls: int = 0
+
+    def snapshot(self) -> CacheCounters:
+        return CacheCounters(self.hits, self.misses, self.bytes_read, self.read_s, self.read_calls)
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+
+@dataclass
+class _Layout:
+    names: list[str]
+    strides: np.ndarray  # int64 per component
+    bases: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # slot-0 address
+
+
+class ExpertCache:
+    """Slots for `capacity` experts, shared by every MoE layer."""
+
+    def __init__(
+        self,
+        index: ExpertIndex,
+        model_dir: Path,
+        capacity: int,
+        reader: Reader,
+        policy: str = "auto",
+    ) -> None:
+        from ssdmoe_tui.engine.policies import DEFAULT_POLICY, make_policy
+
+        if capacity < 1:
+            raise ValueError("expert cache needs at least one slot")
+        self.index = index
+        self.capacity = capacity
+        self.reader = reader
+        self.counters = CacheCounters()
+        self.policy_name = DEFAULT_POLICY if policy == "auto" else policy
+        self.policy = make_policy(self.policy_name, capacity, index.num_layers)
+        comps = index.layers[0].components
+        self.pools: dict[str, mx.array] = {}
+        for c in comps:
+            dt = _MX_DTYPES.get(c.dtype)
+            if dt is None:
+                raise ModelError(
+                    f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
+                )
+            self.pools[c.name] = mx.zeros((capacity, *c.shape), dtype=dt)
+        mx.eval(list(self.pools.values()))
+        self._layout = _Layout(
+            names=[c.name for c in comps],
+            strides=np.array([c.stride for c in comps], dtype=np.int64),
+            bases=np.array(
+                [buffer_address(memoryview(self.pools[c.name])) for c in comps], dtype=np.int64
+            ),
+        )
+        # Per layer: file handle and file offset of expert 0 for each component.
+        self._fds: list[np.ndarray] = []
+        self._offsets: list[np.ndarray] = []
+        handles: dict[str, int] = {}
+        for layer in index.layers:
+            fds, offs = [], []
+            for c in layer.components:
+                if c.shard not in handles:
+                    handles[c.shard] = reader.open(Path(model_dir) / c.shard)
+                fds.append(handles[c.shard])
+                offs.append(c.offset)
+            self._fds.append(np.array(fds, dtype=np.int64))
+            self._offsets.append(np.array(offs, dtype=np.int64))
+        self._slot_of: dict[tuple[int, int], int] = {}
+        self._key_of = [None] * capacity
+        self._free = list(range(capacity - 1, -1, -1))
+        self.on_route = None  # optional callback(layer, experts) for trace recording
+
+    @property
+    def slot_bytes(self) -> int:
+        return int(self._layout.strides.sum())
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.capacity * self.slot_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return (self.capacity - len(self._free)) * self.slot_bytes
+
+    def resident(self, layer: int, expert: int) -> bool:
+        return (layer, expert) in self._slot_of
+
+    def ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """Make `experts` (unique ids) of `layer` resident; return their slots, in order.
+
+        All misses of the call are read in one batched reader call.
+        """
+        n = len(experts)
+        if n > self.capacity:
+            raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
+        if self.on_route is not None:
+            self.on_route(layer, experts)
+        slots = np.empty(n, dtype=np.int64)
+        pinned = [(layer, int(e)) for e in experts]
+        miss_pos: list[int] = []
+        slot_of = self._slot_of
+        for i, key in enumerate(pinned):
+            s = slot_of.get(key)
+            if s is None:
+                miss_pos.append(i)
+            else:
+                slots[i] = s
+                self.policy.hit(key)
+        self.counters.hits += n - len(miss_pos)
+        if not miss_pos:
+            return slots
+        pinned_set = None
+        for i in miss_pos:
+            if self._free:
+                s = self._free.pop()
+            else:
+                if pinned_set is None:
+                    pinned_set = set(pinned)
+                victim = self.policy.victim(pinned_set)
+                self.policy.remove(victim)
+                s = slot_of.pop(victim)
+            key = pinned[i]
+            slot_of[key] = s
+            self._key_of[s] = key
+            self.policy.insert(key)
+            slots[i] = s
+        self._read(layer, experts[miss_pos], slots[miss_pos])
+        self.counters.misses += len(miss_pos)
+        return slots
+
+    def _read(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
+        lay = self._layout
+        ncomp = len(lay.names)
+        e = experts.astype(np.int64)[:, None]
+        s = slots.astype(np.int64)[:, None]
+        fds = np.broadcast_to(self._fds[layer][None, :], (len(e), ncomp)).ravel()
+        offsets = (self._offsets[layer][None, :] + e * lay.strides[None, :]).ravel()
+        lengths = np.broadcast_to(lay.strides[None, :], (len(e), ncomp)).ravel()
+        dests = (lay.bases[None, :] + s * lay.strides[None, :]).ravel()
+        t0 = time.perf_counter()
+        try:
+            nbytes = self.reader.read_batch(
+                np.ascontiguousarray(fds), offsets, np.ascontiguousarray(lengths), dests
+            )
+        except ReadError:
+            # The slots now hold garbage: forget them so nothing reads them as valid.
+            for sl in slots:
+                key = self._key_of[int(sl)]
+                if key is not None and self._slot_of.get(key) == int(sl):
+                    del self._slot_of[key]
+                    self.policy.remove(key)
+                self._key_of[int(sl)] = None
+                self._free.append(int(sl))
+            raise
+        self.counters.read_s += time.perf_counter() - t0
+        self.counters.read_calls += 1
+        self.counters.bytes_read += int(nbytes)
+
+    def step(self) -> None:
+        """Called once per generated token (policy aging)."""
+        self.policy.step()
+
+    def close(self) -> None:
+        self.pools.clear()
+        self.reader.close()
+
+
+def parse_size(text: str | int) -> int:
+    """'512M', '4G', '1.5GiB', '123456' -> bytes."""
+    if isinstance(text, int):
+        return text
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 4G or auto)") from None
+
+
+def available_memory_bytes() -> int:
+    """Memory the OS could give us now (Linux MemAvailable; elsewhere physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def auto_budget(index: ExpertIndex, resident_bytes: int, min_bytes: int) -> int:
+    """Half of what is left after the resident weights, leaving the rest to the page cache."""
+    avail = available_memory_bytes() - resident_bytes
+    all_experts = index.expert_bytes * index.num_experts * index.num_layers
+    return int(min(all_experts, max(min_bytes, avail * 0.5)))

@@ -1,0 +1,330 @@
+"""Build an mlx-lm model whose experts stream from the checkpoint's own safetensors.
+
+Order matters: the model is constructed with mlx-lm's classes (parameters are lazy,
+nothing is allocated yet), every MoE block's `switch_mlp` is swapped for a
+`StreamedSwitch` *before anything is evaluated*, and only then are the non-expert
+tensors loaded. So no expert tensor is ever allocated. Quantization follows the
+checkpoint's `quantization` config, per-module overrides included, exactly as
+`mlx_lm.utils.load_model` does it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size
+from ssdmoe_tui.engine.index import ExpertIndex, load_index
+from ssdmoe_tui.engine.reader import open_reader
+from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch
+from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
+
+SUPPORTED_ARCHS = ("qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral")
+HYBRID_ARCHS = ("qwen3_5_moe", "nemotron_h")
+
+
+@dataclass
+class StreamedModel:
+    model: nn.Module
+    tokenizer: object  # mlx_lm TokenizerWrapper
+    config: dict
+    path: Path
+    index: ExpertIndex
+    cache: ExpertCache
+    blocks: list[nn.Module]  # the MoE blocks whose top-k we set
+    times: StepTimes
+    trained_k: int
+    dtype: mx.Dtype
+    resident_bytes: int
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "?")
+
+    @property
+    def hybrid(self) -> bool:
+        return self.model_type in HYBRID_ARCHS
+
+    def set_k(self, k: int) -> None:
+        if not 1 <= k <= self.index.num_experts:
+            raise BadValueError(f"K={k} is outside 1..{self.index.num_experts}")
+        for b in self.blocks:
+            set_block_k(b, k)
+
+    def close(self) -> None:
+        self.cache.close()
+
+
+def set_block_k(block: nn.Module, k: int) -> None:
+    """Top-k lives in different attributes per architecture; set every one present."""
+    if "top_k" in block.__dict__ or hasattr(block, "top_k"):
+        block.top_k = k
+    if hasattr(block, "num_experts_per_tok"):
+        block.num_experts_per_tok = k
+    gate = getattr(block, "gate", None)
+    if gate is not None and hasattr(gate, "top_k"):
+        gate.top_k = k
+
+
+def block_k(block: nn.Module) -> int:
+    gate = getattr(block, "gate", None)
+    if gate is not None and hasattr(gate, "top_k"):
+        return int(gate.top_k)
+    if hasattr(block, "top_k"):
+        return int(block.top_k)
+    return int(block.num_experts_per_tok)
+
+
+def default_dtype() -> mx.Dtype:
+    """float32 activations on CPU (4-bit matmuls with bf16 run ~8x slower there), bf16 on GPU."""
+    return mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16
+
+
+def parse_dtype(name: str | None) -> mx.Dtype:
+    if name is None:
+        return default_dtype()
+    table = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+    if name not in table:
+        raise BadValueError(f"unknown dtype {name!r} (use float32, bfloat16 or float16)")
+    return table[name]
+
+
+def cast_model(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast floating parameters like mlx-lm's convert does (honouring `cast_predicate`).
+
+    Quantized weights are integers and stay as they are; their scales/biases are cast.
+    """
+    from mlx.utils import tree_map_with_path
+
+    pred = getattr(model, "cast_predicate", lambda _: True)
+    model.update(
+        tree_map_with_path(
+            lambda p, v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and pred(p) else v,
+            model.parameters(),
+        )
+    )
+
+
+def device_name() -> str:
+    if mx.default_device() == mx.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "gpu/Metal"
+    return "gpu/CUDA"
+
+
+def _load_config(path: Path) -> dict:
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise ModelError(f"{cfg_path}: missing (not a model folder?)")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg}, line {e.lineno})") from e
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelError(f"{cfg_path}: no model_type")
+    return config
+
+
+def _model_classes(config: dict):
+    from mlx_lm.utils import _get_classes
+
+    mt = config["model_type"]
+    if mt not in SUPPORTED_ARCHS:
+        raise UnsupportedModelError(
+            f"architecture {mt!r} is not supported for expert streaming "
+            f"(supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
+    try:
+        return _get_classes(config)
+    except ValueError as e:
+        raise UnsupportedModelError(f"mlx-lm cannot build {mt!r}: {e}") from e
+
+
+def _proj_quant(config: dict, block_prefix: str, proj: str, in_dims: int, comp: dict) -> ProjQuant:
+    """Quantization of one expert projection: the config's per-path entry, else inferred from shapes."""
+    qcfg = config.get("quantization") or {}
+    path = f"{block_prefix}.switch_mlp.{proj}"
+    entry = qcfg.get(path)
+    w = comp.get(f"{proj}.weight")
+    s = comp.get(f"{proj}.scales")
+    if w is None or s is None:
+        raise UnsupportedModelError(
+            f"{path}: experts are not quantized (no scales); ssdmoe streams 4/8-bit mlx-community checkpoints"
+        )
+    bits = (w.shape[-1] * 32) // in_dims
+    group_size = in_dims // s.shape[-1]
+    mode = (
+        "affine"
+        if s.dtype in ("BF16", "F16", "F32")
+        else {(4, 32): "mxfp4", (4, 16): "nvfp4", (8, 32): "mxfp8"}.get(
+            (bits, group_size), "affine"
+        )
+    )
+    if isinstance(entry, dict):
+        bits = entry.get("bits", bits)
+        group_size = entry.get("group_size", group_size)
+        mode = entry.get("mode", mode)
+    return ProjQuant(group_size=group_size, bits=bits, mode=mode)
+
+
+def _find_module(model: nn.Module, path: str) -> nn.Module:
+    mod = model
+    for part in path.split("."):
+        if isinstance(mod, list):
+            mod = mod[int(part)]
+        else:
+            mod = mod[part] if isinstance(mod, dict) and part in mod else getattr(mod, part)
+    return mod
+
+
+def load_streamed(
+    path: Path,
+    *,
+    expert_cache: str | int = "auto",
+    k: int | None = None,
+    dtype: str | None = None,
+    reader_queue_depth: int = 16,
+    reader: str = "auto",
+    direct_io: bool = False,
+    policy: str = "auto",
+    progress: Callable[[str], None] = lambda _: None,
+) -> StreamedModel:
+    from mlx_lm.utils import load_tokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"model folder not found: {path}")
+    config = _load_config(path)
+    model_class, args_class = _model_classes(config)
+    progress("indexing experts")
+    index, _ = load_index(path)
+    act_dtype = parse_dtype(dtype)
+
+    model = model_class(args_class.from_dict(config))
+    times = StepTimes()
+    blocks: list[nn.Module] = []
+    # Components by name for quant inference (shape/dtype only).
+    comp_meta = {c.name: _CompMeta(c.shape, c.dtype) for c in index.layers[0].components}
+    rd = open_reader(queue_depth=reader_queue_depth, direct=direct_io, prefer=reader)
+
+    specs = []
+    for li, layer in enumerate(index.layers):
+        try:
+            block = _find_module(model, layer.prefix)
+        except (AttributeError, KeyError, IndexError, ValueError) as e:
+            raise UnsupportedModelError(
+                f"{layer.prefix}: expert tensors do not match any module of {config['model_type']}"
+            ) from e
+        orig = getattr(block, "switch_mlp", None)
+        if orig is None:
+            raise UnsupportedModelError(f"{layer.prefix}: module has no switch_mlp")
+        kind = "glu" if hasattr(orig, "gate_proj") else "mlp"
+        projs = ("gate_proj", "up_proj", "down_proj") if kind == "glu" else ("fc1", "fc2")
+        quant = {
+            p: _proj_quant(config, layer.prefix, p, getattr(orig, p).weight.shape[-1], comp_meta)
+            for p in projs
+        }
+        specs.append((li, block, orig, kind, quant))
+
+    trained_k = block_k(specs[0][1])
+    min_slots = max(trained_k, 1) * index.num_layers
+    resident_est = index.resident_bytes
+    if expert_cache == "auto":
+        budget = auto_budget(index, resident_est, min_slots * index.expert_bytes)
+    else:
+        try:
+            budget = parse_size(expert_cache)
+        except ValueError as e:
+            raise BadValueError(str(e)) from None
+    capacity = max(min_slots, budget // index.expert_bytes)
+    capacity = min(capacity, index.num_experts * index.num_layers)
+    cache = ExpertCache(index, path, capacity, rd, policy=policy)
+
+    for li, block, orig, kind, quant in specs:
+        block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
+        blocks.append(block)
+
+    progress("loading resident weights")
+    weights = {}
+    for shard in index.shards:
+        try:
+            arrays = mx.load(str(path / shard))
+        except Exception as e:  # noqa: BLE001 - mlx raises RuntimeError/ValueError variants
+            raise ModelError(f"{path / shard}: cannot read shard ({e})") from e
+        for name, arr in arrays.items():
+            if not index.is_expert_tensor(name):
+                weights[name] = arr
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+
+    qcfg = config.get("quantization")
+    if qcfg is not None:
+        from mlx_lm.utils import infer_quant_config
+
+        def class_predicate(p, m):
+            if p in qcfg:
+                return qcfg[p]
+            if not hasattr(m, "to_quantized"):
+                return False
+            if f"{p}.scales" not in weights:
+                return False
+            return infer_quant_config(p, m, weights)
+
+        nn.quantize(
+            model,
+            group_size=qcfg["group_size"],
+            bits=qcfg["bits"],
+            mode=qcfg.get("mode", "affine"),
+            class_predicate=class_predicate,
+        )
+    model.eval()
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise ModelError(
+            f"{path}: weights do not match {config['model_type']}: {str(e).splitlines()[0]}"
+        ) from e
+    cast_model(model, act_dtype)
+    mx.eval(model.parameters())
+    resident = sum(v.nbytes for _, v in _flat(model.parameters()))
+
+    progress("loading tokenizer")
+    try:
+        tokenizer = load_tokenizer(path)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"{path}: cannot load tokenizer ({e})") from e
+
+    sm = StreamedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        path=path,
+        index=index,
+        cache=cache,
+        blocks=blocks,
+        times=times,
+        trained_k=trained_k,
+        dtype=act_dtype,
+        resident_bytes=resident,
+    )
+    if k is not None:
+        sm.set_k(k)
+    return sm
+
+
+@dataclass(frozen=True)
+class _CompMeta:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _flat(params):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(params)

@@ -1,0 +1,160 @@
+"""Streamed replacement for mlx-lm's `SwitchGLU` / `SwitchMLP` (the stacked experts).
+
+It keeps mlx-lm's call signature `(x, indices)` and arithmetic: the same
+`gather_qmm` calls with the same shapes and the same sort decision, but over the
+cache's slot arrays with slot ids instead of the full expert stacks. The router
+runs unchanged in the parent block, so routing, scores and the shared expert are
+mlx-lm's own code. The only extra step is a host sync of the router indices, which
+tells us which experts to read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ssdmoe_tui.engine.cache import ExpertCache
+
+
+@dataclass(frozen=True)
+class ProjQuant:
+    group_size: int
+    bits: int
+    mode: str
+
+
+@dataclass
+class StepTimes:
+    """Accumulated seconds, split the way `ssdmoe bench` reports them."""
+
+    router_sync_s: float = 0.0  # waiting for router indices (includes earlier layers' compute)
+    calls: int = 0
+    last_k: int = 0
+
+
+def _gather_sort(x, indices):
+    *_, m = indices.shape
+    indices = indices.flatten()
+    order = mx.argsort(indices)
+    inv_order = mx.argsort(order)
+    return x.flatten(0, -3)[order // m], indices[order], inv_order
+
+
+def _scatter_unsort(x, inv_order, shape=None):
+    x = x[inv_order]
+    if shape is not None:
+        x = mx.unflatten(x, 0, shape)
+    return x
+
+
+class StreamedSwitch(nn.Module):
+    """Experts of one MoE layer, computed from cache slots. Holds no parameters."""
+
+    def __init__(
+        self,
+        layer: int,
+        cache: ExpertCache,
+        kind: str,
+        activation: nn.Module,
+        quant: dict[str, ProjQuant],
+        times: StepTimes,
+    ) -> None:
+        super().__init__()
+        self.activation = activation  # parameter-free module (SwiGLU, ReLU2, GELU)
+        # Plain attributes (not arrays/modules): invisible to parameters()/load_weights.
+        object.__setattr__(self, "_layer", layer)
+        object.__setattr__(self, "_cache", cache)
+        object.__setattr__(self, "_kind", kind)
+        object.__setattr__(self, "_quant", quant)
+        object.__setattr__(self, "_times", times)
+        object.__setattr__(self, "_num_experts", cache.index.num_experts)
+
+    def _proj(self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool) -> mx.array:
+        pools = self._cache.pools
+        q = self._quant[name]
+        biases = pools.get(f"{name}.biases")
+        return mx.gather_qmm(
+            x,
+            pools[f"{name}.weight"],
+            pools[f"{name}.scales"],
+            biases,
+            rhs_indices=idx,
+            transpose=True,
+            group_size=q.group_size,
+            bits=q.bits,
+            mode=q.mode,
+            sorted_indices=sorted_indices,
+        )
+
+    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool) -> mx.array:
+        if self._kind == "glu":
+            x_up = self._proj("up_proj", x, idx, do_sort)
+            x_gate = self._proj("gate_proj", x, idx, do_sort)
+            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort)
+        x = self._proj("fc1", x, idx, do_sort)
+        x = self.activation(x)
+        return self._proj("fc2", x, idx, do_sort)
+
+    def _run(self, x: mx.array, slot_idx: mx.array, shape) -> mx.array:
+        do_sort = slot_idx.size >= 64  # mlx-lm's rule, so kernels match
+        inv_order = None
+        idx = slot_idx
+        if do_sort:
+            x, idx, inv_order = _gather_sort(x, slot_idx)
+        y = self._experts(x, idx, do_sort)
+        if do_sort:
+            y = _scatter_unsort(y, inv_order, shape)
+        return y.squeeze(-2)
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        times = self._times
+        t0 = time.perf_counter()
+        host = np.array(indices, copy=False)  # the one host sync of this layer
+        times.router_sync_s += time.perf_counter() - t0
+        times.calls += 1
+        times.last_k = int(host.shape[-1])
+        x = mx.expand_dims(x, (-2, -3))
+        uniq = np.unique(host)
+        cache = self._cache
+        if len(uniq) <= cache.capacity:
+            slots = cache.ensure(self._layer, uniq)
+            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            lut[uniq] = slots
+            slot_idx = mx.array(lut[host])
+            return self._run(x, slot_idx, indices.shape)
+        return self._grouped(x, host, uniq)
+
+    def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
+        """Union of experts larger than the cache (big prefill chunks, tiny budgets).
+
+        Rows (token, k) are processed in groups of experts that fit; each group is
+        evaluated before the next one may reuse its slots.
+        """
+        cache = self._cache
+        lead_shape = host.shape  # (..., K)
+        flat = host.reshape(-1)
+        k = host.shape[-1]
+        xf = x.reshape(-1, 1, 1, x.shape[-1])  # one row per token
+        outs = []
+        order = []
+        for start in range(0, len(uniq), cache.capacity):
+            group = uniq[start : start + cache.capacity]
+            rows = np.nonzero(np.isin(flat, group))[0]
+            slots = cache.ensure(self._layer, group)
+            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            lut[group] = slots
+            slot_idx = mx.array(lut[flat[rows]][:, None])
+            xr = xf[mx.array(rows // k)]
+            y = self._experts(xr, slot_idx, False).squeeze(-2)  # (P, 1, D)
+            mx.eval(y)
+            outs.append(y)
+            order.append(rows)
+        perm = np.concatenate(order)
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(len(perm))
+        y = mx.concatenate(outs, axis=0)[mx.array(inv)]
+        return y.reshape(*lead_shape, y.shape[-1])

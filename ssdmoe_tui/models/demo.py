@@ -1,0 +1,265 @@
+"""Random-weight MoE checkpoints in the exact mlx-community layout.
+
+Used for the embedded default model (`ssdmoe demo-model`), for tests, and for
+full-size synthetic checkpoints of real configs (`--config`). The model is built
+with mlx-lm's own classes, cast to bfloat16, quantized with mlx-lm's
+`quantize_model` (the model's own predicate, so routers stay at 8 bits where
+mlx-community keeps them there) and written shard by shard: arrays are lazy, so
+only one shard's tensors are ever materialised, which keeps memory bounded for
+multi-GB checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ssdmoe_tui.paths import demo_model_dir
+
+DEMO_VERSION = 2
+
+#: The embedded default: a small qwen3_moe (the Qwen3-30B-A3B architecture).
+DEMO_CONFIG: dict = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 256,
+    "num_hidden_layers": 6,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 1024,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_experts_per_tok": 4,
+    "num_experts": 32,
+    "moe_intermediate_size": 256,
+    "norm_topk_prob": True,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "bos_token_id": None,
+    "eos_token_id": 2,
+}
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = """
+The quick brown fox jumps over the lazy dog. A mixture of experts routes each token
+to a few experts out of many. Streaming experts from a solid state drive lets a
+laptop run a model larger than its memory. Hello! How are you today? I am fine,
+thank you. What is the capital of France? Paris is the capital of France.
+def main():\n    print("hello world")\n    return 0\n
+Markdown has **bold**, *italics*, `code`, lists:\n- one\n- two\n1. first\n2. second
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Questions, answers, and conversations.
+"""
+
+ProgressFn = Callable[[str], None]
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def write_tokenizer(out: Path, vocab_size: int, chat_template: str = CHATML_TEMPLATE) -> int:
+    """Train a small byte-level BPE on an embedded corpus and save it HF-style.
+
+    Returns the tokenizer's vocabulary size (special tokens included). The ids of
+    the special tokens are 0, 1, 2 (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": chat_template,
+        "added_tokens_decoder": {
+            str(i): {
+                "content": t,
+                "special": True,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+            }
+            for i, t in enumerate(SPECIAL_TOKENS)
+        },
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
+    )
+    (out / "chat_template.jinja").write_text(chat_template)
+    return tok.get_vocab_size()
+
+
+def _shard_plan(weights: dict, max_shard_bytes: int) -> list[list[str]]:
+    shards: list[list[str]] = []
+    size = 0
+    for name, arr in weights.items():
+        if not shards or size + arr.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += arr.nbytes
+    return shards
+
+
+def write_checkpoint(
+    config: dict,
+    out: Path,
+    *,
+    seed: int = 0,
+    group_size: int = 64,
+    bits: int = 4,
+    max_shard_bytes: int = 5 << 30,
+    tokenizer_from: Path | None = None,
+    progress: ProgressFn = _noop,
+    readme: str | None = None,
+    weight_scale: float = 4.0,
+) -> Path:
+    """Write a random-weight, quantized checkpoint of `config` into `out`.
+
+    `tokenizer_from`: copy tokenizer files from this folder; otherwise a small
+    ChatML BPE tokenizer is trained and written. `weight_scale` multiplies the
+    default init of every matrix but embeddings: at mlx's default scale a random
+    model repeats one token forever, at 4x it produces varied tokens, which makes
+    exactness tests meaningful and the demo livelier.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_map_with_path
+    from mlx_lm.utils import _get_classes, quantize_model, save_config
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads(json.dumps(config))  # deep copy, plain JSON types
+    mx.random.seed(seed)
+
+    if tokenizer_from is not None:
+        for f in Path(tokenizer_from).iterdir():
+            if (
+                f.suffix in (".json", ".txt", ".jinja", ".model")
+                and f.name != "config.json"
+                and not f.name.startswith("model")
+            ):
+                shutil.copy(f, out / f.name)
+    else:
+        write_tokenizer(out, vocab_size=min(int(_text_config(config)["vocab_size"]), 1024))
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    cast_predicate = getattr(model, "cast_predicate", lambda _: True)
+
+    def init(p: str, v):
+        if not mx.issubdtype(v.dtype, mx.floating):
+            return v
+        if weight_scale != 1.0 and p.endswith("weight") and v.ndim >= 2 and "embed" not in p:
+            v = v * weight_scale
+        return v.astype(mx.bfloat16) if cast_predicate(p) else v
+
+    model.update(tree_map_with_path(init, model.parameters()))
+    config.pop("quantization", None)
+    config.pop("quantization_config", None)
+    model, qconfig = quantize_model(model, config, group_size, bits)
+    weights = dict(tree_flatten(model.parameters()))
+    plan = _shard_plan(weights, max_shard_bytes)
+    n = len(plan)
+    fmt = "model-{:05d}-of-{:05d}.safetensors" if n > 1 else "model.safetensors"
+    weight_map: dict[str, str] = {}
+    total = 0
+    t0 = time.monotonic()
+    for i, names in enumerate(plan):
+        shard = {k: weights.pop(k) for k in names}
+        fname = fmt.format(i + 1, n)
+        mx.save_safetensors(str(out / fname), shard, metadata={"format": "mlx"})
+        for k in names:
+            weight_map[k] = fname
+            total += shard[k].nbytes
+        del shard
+        mx.clear_cache()
+        progress(
+            f"wrote {fname} ({i + 1}/{n}, {total / 2**20:.0f} MiB, {time.monotonic() - t0:.0f} s)"
+        )
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
+    save_config(qconfig, out / "config.json")
+    if readme:
+        (out / "README.md").write_text(readme)
+    return out
+
+
+def _text_config(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+DEMO_README = """# ssdmoe demo model
+
+A tiny **random-weight** Mixture-of-Experts checkpoint written by `ssdmoe demo-model`.
+It has the architecture of Qwen3-30B-A3B (`qwen3_moe`: {layers} layers, {experts} experts,
+{k} per token) at toy width, in the exact mlx-community layout (4-bit, stacked
+`switch_mlp` experts, sharded safetensors, a ChatML tokenizer).
+
+Its weights are random, so its replies are gibberish: it exists so the app, the
+streaming engine and the tests run on any machine without a download. Point
+`ssdmoe --model` at a real checkpoint (e.g. `mlx-community/Qwen3-30B-A3B-4bit`) to chat.
+Version {version}.
+"""
+
+
+def ensure_demo_model(out: Path | None = None, progress: ProgressFn = _noop) -> Path:
+    """Return the demo model folder, writing it first if it is missing or stale."""
+    out = Path(out) if out is not None else demo_model_dir()
+    stamp = out / ".ssdmoe-demo"
+    if stamp.exists() and stamp.read_text().strip() == str(DEMO_VERSION):
+        return out
+    progress(f"creating the demo model in {out} (first run only)")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cfg = DEMO_CONFIG
+    write_checkpoint(
+        cfg,
+        tmp,
+        seed=7,
+        group_size=32,
+        max_shard_bytes=3 << 20,
+        progress=progress,
+        readme=DEMO_README.format(
+            layers=cfg["num_hidden_layers"],
+            experts=cfg["num_experts"],
+            k=cfg["num_experts_per_tok"],
+            version=DEMO_VERSION,
+        ),
+    )
+    (tmp / ".ssdmoe-demo").write_text(str(DEMO_VERSION))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    progress(f"demo model ready: {out}")
+    return out
