@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "generate",
     "index",
     "demo_model",
+    "models",
 ]
 
 

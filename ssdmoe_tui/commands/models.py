@@ -1,0 +1,126 @@
+"""`ssdmoe models`: list the MoE checkpoints on this machine; `ssdmoe models fetch`: get one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ssdmoe_tui.models import registry
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "models",
+        help="list MoE checkpoints in the Hugging Face cache and model folders; fetch one",
+        description=(
+            "List the MoE checkpoints found in the Hugging Face cache (HF_HUB_CACHE), in the "
+            "folders of SSDMOE_MODEL_DIRS (separated by ':') and the demo model folder."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--dir",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="also look in FOLDER (a model folder or a folder of model folders); repeatable",
+    )
+    p.set_defaults(func=run_list)
+    sub = p.add_subparsers(dest="models_command", metavar="ACTION")
+    fetch = sub.add_parser(
+        "fetch",
+        help="download a Hub model into the Hugging Face cache (resumes an interrupted one)",
+    )
+    fetch.add_argument("model", help="org/name[@revision], e.g. mlx-community/Qwen3-30B-A3B-4bit")
+    fetch.set_defaults(func=run_fetch)
+    sup = sub.add_parser("supported", help="architectures and checkpoints known to work")
+    sup.add_argument("--json", action="store_true", help="machine-readable output")
+    sup.set_defaults(func=run_supported)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_table(entries: list) -> str:
+    header = ("MODEL", "ARCH", "SIZE", "EXPERTS", "K", "MiB/EXPERT", "MiB/TOKEN", "SUPPORTED")
+    rows = [header]
+    for e in entries:
+        rows.append(
+            (
+                e.name,
+                e.architecture,
+                _size(e.size_bytes),
+                f"{e.moe_layers}x{e.num_experts}",
+                str(e.trained_k),
+                f"{e.bytes_per_expert / (1 << 20):.2f}" if e.bytes_per_expert else "-",
+                f"{e.mib_per_token:.0f}" if e.mib_per_token else "-",
+                "yes" if e.supported else "no",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    notes = [f"  {e.name}: {e.reason}" for e in entries if e.reason]
+    if notes:
+        lines += ["", "not usable:", *notes]
+    return "\n".join(lines)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from ssdmoe_tui.models.scan import entries_json, scan_models
+
+    entries = scan_models(args.dir)
+    if args.json:
+        print(entries_json(entries))
+        return 0
+    if not entries:
+        print(
+            "no MoE checkpoints found; fetch one with "
+            f"`ssdmoe models fetch {registry.KNOWN_CHECKPOINTS[0].repo_id}`"
+        )
+        return 0
+    print(format_table(entries))
+    return 0
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from ssdmoe_tui.models.resolve import cli_progress, resolve_model
+
+    try:
+        folder = resolve_model(args.model, progress=cli_progress())
+    except KeyboardInterrupt:
+        print(
+            f"\nssdmoe: interrupted; run `ssdmoe models fetch {args.model}` again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    print(folder)
+    return 0
+
+
+def run_supported(args: argparse.Namespace) -> int:
+    data = {
+        "architectures": registry.SUPPORTED_ARCHITECTURES,
+        "planned": registry.PLANNED_ARCHITECTURES,
+        "checkpoints": [
+            {"repo_id": c.repo_id, "architecture": c.architecture, "note": c.note}
+            for c in registry.KNOWN_CHECKPOINTS
+        ],
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print("architectures:")
+    for name, desc in registry.SUPPORTED_ARCHITECTURES.items():
+        print(f"  {name:14} {desc}")
+    for name, desc in registry.PLANNED_ARCHITECTURES.items():
+        print(f"  {name:14} {desc}")
+    print("checkpoints known to work:")
+    for c in registry.KNOWN_CHECKPOINTS:
+        print(f"  {c.repo_id}  ({c.note})")
+    return 0

@@ -1,0 +1,166 @@
+"""One loaded model per machine: two ssdmoe processes streaming experts would fight over RAM
+and SSD bandwidth, so the second one is told who holds the model instead.
+
+The lock is `flock` on a file under the cache dir; the kernel drops it when the holder
+exits, however it exits, so a crash never leaves a stale lock. The file's content (pid,
+command, model) is only a label for the error message. On platforms without `fcntl`
+(MLX does not run there) the lock is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ssdmoe_tui.errors import SsdmoeError
+from ssdmoe_tui.paths import cache_dir
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = "model.lock"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    pid: int | None
+    model: str
+    command: str
+    since: float | None = None
+
+
+class ModelLockedError(SsdmoeError):
+    """Another process holds the model lock."""
+
+    def __init__(self, holder: LockHolder | None, path: Path):
+        self.holder = holder
+        self.path = path
+        if holder is None or holder.pid is None:
+            who = f"another process (see {path})"
+        else:
+            who = f"pid {holder.pid} ({holder.command or 'unknown command'})"
+        model = (
+            f" has {holder.model} loaded" if holder and holder.model else " holds the model lock"
+        )
+        super().__init__(
+            f"another ssdmoe is running: {who}{model}; quit it first (one model at a time)"
+        )
+
+
+def lock_path() -> Path:
+    return cache_dir() / LOCK_NAME
+
+
+def _command() -> str:
+    argv = list(sys.argv) or ["python"]
+    argv[0] = Path(argv[0]).name or argv[0]
+    text = shlex.join(argv)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def read_holder(path: Path | None = None) -> LockHolder | None:
+    """The label the current holder wrote, if any (it may be mid-write: then None)."""
+    path = path or lock_path()
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8") or "null")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    pid = data.get("pid")
+    return LockHolder(
+        pid=pid if isinstance(pid, int) else None,
+        model=str(data.get("model") or ""),
+        command=str(data.get("command") or ""),
+        since=data.get("since") if isinstance(data.get("since"), int | float) else None,
+    )
+
+
+class ModelLock:
+    """Held until `release()` (or the end of a `with` block, or process exit)."""
+
+    def __init__(self, path: Path, fd: int | None, model: str):
+        self.path = path
+        self.model = model
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def relabel(self, model: str) -> None:
+        """Record a different model (switching models keeps the lock)."""
+        if self._fd is None:
+            raise SsdmoeError("model lock already released")
+        self.model = model
+        _write_label(self._fd, model)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> ModelLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"ModelLock({str(self.path)!r}, model={self.model!r}, held={self.held})"
+
+
+def _write_label(fd: int, model: str) -> None:
+    label = {"pid": os.getpid(), "model": model, "command": _command(), "since": time.time()}
+    data = json.dumps(label).encode("utf-8")
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, data)
+
+
+def acquire_model_lock(model_desc: str, *, path: Path | None = None) -> ModelLock:
+    """Take the machine-wide model lock or raise `ModelLockedError` naming the holder.
+
+    Never blocks. Within one process a second acquire also fails (flock locks belong to
+    the open file), so release before loading through another lock.
+    """
+    path = Path(path) if path is not None else lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = None
+            for _ in range(5):  # the holder may be between truncate and write
+                holder = read_holder(path)
+                if holder is not None:
+                    break
+                time.sleep(0.02)
+            raise ModelLockedError(holder, path) from None
+        except BaseException:
+            os.close(fd)
+            raise
+    try:
+        _write_label(fd, model_desc)
+    except BaseException:
+        os.close(fd)
+        raise
+    return ModelLock(path, fd, model_desc)

@@ -1,0 +1,519 @@
+"""Turn `--model` into a local folder: a path, or a Hub repo id found in / fetched into the HF cache.
+
+All cache handling is huggingface_hub's (`snapshot_download`, `local_files_only=True`
+first), so HF_HOME, HF_HUB_CACHE and HF_HUB_OFFLINE mean what they mean everywhere
+else in the MLX ecosystem. A download fetches only what the engine reads, reports
+bytes / speed / ETA through a callback, and resumes after an interruption (the hub
+keeps `.incomplete` blobs and continues them with HTTP range requests).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ssdmoe_tui.errors import BadValueError, ModelError, SsdmoeError
+from ssdmoe_tui.models import registry
+from ssdmoe_tui.models.scan import missing_shards, read_config
+
+#: What a checkpoint needs: weights, configs + tokenizer.json, templates, other tokenizer files.
+ALLOW_PATTERNS: list[str] = [
+    "*.safetensors",
+    "*.json",
+    "*.jinja",
+    "tokenizer.model",
+    "*.tiktoken",
+    "merges.txt",
+    "vocab.txt",
+]
+
+
+@dataclass(frozen=True)
+class DownloadProgress:
+    """A snapshot of a running download; `total_bytes` is 0 while unknown."""
+
+    repo_id: str
+    downloaded_bytes: int
+    total_bytes: int
+    files_done: int
+    files_total: int
+    bytes_per_s: float
+    eta_s: float | None
+    done: bool = False
+
+    @property
+    def fraction(self) -> float:
+        if self.total_bytes <= 0:
+            return 1.0 if self.done else 0.0
+        return min(1.0, self.downloaded_bytes / self.total_bytes)
+
+
+ProgressCallback = Callable[[DownloadProgress], None]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed `--model`: exactly one of `path` / `repo_id` is set (neither: the demo)."""
+
+    path: Path | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        if self.path is not None:
+            return str(self.path)
+        if self.repo_id is None:
+            return "demo"
+        return self.repo_id + (f"@{self.revision}" if self.revision else "")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (
+        spec.startswith(("/", "./", "../", "~", "."))
+        or "\\" in spec
+        or spec.count("/") >= 2
+        or spec.endswith((".gguf", ".safetensors", ".json"))
+    )
+
+
+def parse_spec(spec: str | None) -> ModelSpec:
+    """Local folder if one exists at `spec`, else `org/name[@revision]`."""
+    spec = (spec or "").strip()
+    if not spec:
+        return ModelSpec()
+    local = Path(spec).expanduser()
+    if local.exists():
+        return ModelSpec(path=Path(os.path.abspath(local)))
+    if _looks_like_path(spec):
+        raise ModelError(f"--model {spec}: no such file or folder")
+    repo_id, _, revision = spec.partition("@")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise BadValueError(
+            f"--model {spec!r}: not a folder and not a Hub repo id (org/name[@revision])"
+        ) from None
+    if "@" in spec and not revision:
+        raise BadValueError(f"--model {spec!r}: empty revision after '@'")
+    return ModelSpec(repo_id=repo_id, revision=revision or None)
+
+
+def _check_folder(folder: Path, check: bool) -> Path:
+    if folder.is_file():
+        if folder.suffix == ".gguf":
+            raise registry.refuse_gguf(folder)
+        if folder.name == "config.json":
+            folder = folder.parent
+        else:
+            raise ModelError(f"{folder}: a file, not a model folder")
+    if not (folder / "config.json").is_file():
+        ggufs = sorted(folder.glob("*.gguf"))
+        if ggufs:
+            raise registry.refuse_gguf(ggufs[0])
+        raise ModelError(f"{folder}: no config.json (not a Hugging Face / MLX model folder)")
+    if check:
+        registry.check_supported(read_config(folder), folder)
+    return folder
+
+
+def resolve_model(
+    spec: str | None,
+    progress: ProgressCallback | None = None,
+    *,
+    cache_dir: Path | str | None = None,
+    check: bool = True,
+) -> Path | None:
+    """The folder holding the model `spec` names, downloading it if needed and allowed.
+
+    None or "" means the demo model: its folder when `ssdmoe_tui.models.demo` can make
+    it, else None (the caller decides). With `check`, the model must be one the engine
+    streams (`registry.check_supported`). Raises `SsdmoeError`s with one-line messages.
+    """
+    parsed = parse_spec(spec)
+    if parsed.path is not None:
+        return _check_folder(parsed.path, check)
+    if parsed.repo_id is None:
+        try:
+            from ssdmoe_tui.models.demo import ensure_demo_model
+        except ImportError:
+            return None
+        return _check_folder(Path(ensure_demo_model()), check)
+    folder = _from_hub(parsed, progress, cache_dir)
+    return _check_folder(folder, check)
+
+
+# --------------------------------------------------------------------------- hub
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    is_offline = getattr(constants, "is_offline_mode", None)
+    return bool(is_offline() if callable(is_offline) else constants.HF_HUB_OFFLINE)
+
+
+def _cache_label(cache_dir: Path | str | None) -> str:
+    from huggingface_hub import constants
+
+    return str(cache_dir or constants.HF_HUB_CACHE)
+
+
+def _complete(folder: Path) -> str | None:
+    """Why a cached snapshot cannot be used yet, or None when it can."""
+    if not (folder / "config.json").is_file():
+        return "config.json missing"
+    missing = missing_shards(folder)
+    if missing:
+        return f"{len(missing)} shard(s) missing, e.g. {missing[0]}"
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.gguf")):
+        return "no safetensors weights"
+    return None
+
+
+def _from_hub(spec: ModelSpec, progress: ProgressCallback | None, cache_dir) -> Path:
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo = str(spec)
+    problem = "not in the Hugging Face cache"
+    try:
+        folder = Path(
+            snapshot_download(
+                spec.repo_id,
+                revision=spec.revision,
+                cache_dir=cache_dir,
+                allow_patterns=ALLOW_PATTERNS,
+                local_files_only=True,
+            )
+        )
+        why = _complete(folder)
+        if why is None:
+            return folder
+        problem = f"only partly in the Hugging Face cache ({why})"
+    except LocalEntryNotFoundError as e:
+        incomplete = getattr(hf_errors, "IncompleteSnapshotError", None)
+        if incomplete is not None and isinstance(e, incomplete):
+            problem = "only partly in the Hugging Face cache"
+    if _offline():
+        raise ModelError(
+            f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
+        )
+    return download_model(spec, progress, cache_dir=cache_dir, problem=problem)
+
+
+def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> SsdmoeError:
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo = str(spec)
+    if isinstance(exc, GatedRepoError):
+        return ModelError(
+            f"{spec.repo_id} is gated on the Hub: accept its terms on huggingface.co and "
+            "log in with `hf auth login`"
+        )
+    if isinstance(exc, RevisionNotFoundError):
+        return ModelError(f"{spec.repo_id} has no revision {spec.revision!r} on the Hub")
+    if isinstance(exc, RepositoryNotFoundError):
+        return ModelError(
+            f"no model {spec.repo_id} on the Hub (check the spelling; private repos need "
+            "`hf auth login`)"
+        )
+    if isinstance(exc, OfflineModeIsEnabled):
+        return ModelError(
+            f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
+        )
+    reason = " ".join(str(exc).split())[:80] or type(exc).__name__
+    return ModelError(
+        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable "
+        f"({reason}): connect and run `ssdmoe models fetch {repo}`"
+    )
+
+
+def download_model(
+    spec: ModelSpec | str,
+    progress: ProgressCallback | None = None,
+    *,
+    cache_dir: Path | str | None = None,
+    problem: str = "not in the Hugging Face cache",
+) -> Path:
+    """Fetch the files the engine needs into the hub cache (resuming partial files).
+
+    The repo's config is fetched and checked first, so an unsupported model is refused
+    before gigabytes move.
+    """
+    import json
+
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.utils import filter_repo_objects
+
+    if isinstance(spec, str):
+        spec = parse_spec(spec)
+    if spec.repo_id is None:
+        raise BadValueError(f"--model {spec}: downloads need a Hub repo id (org/name)")
+    repo_id = spec.repo_id
+    try:
+        info = HfApi().model_info(repo_id, revision=spec.revision, files_metadata=True)
+        siblings = list(info.siblings or [])
+        names = [s.rfilename for s in siblings]
+        if not any(n.endswith(".safetensors") for n in names):
+            ggufs = [n for n in names if n.endswith(".gguf")]
+            if ggufs:
+                raise registry.refuse_gguf(Path(f"{repo_id}/{ggufs[0]}"))
+            raise ModelError(f"{repo_id} has no safetensors weights on the Hub")
+        if "config.json" not in names:
+            raise ModelError(f"{repo_id} has no config.json on the Hub")
+        cfg_path = hf_hub_download(repo_id, "config.json", revision=info.sha, cache_dir=cache_dir)
+        try:
+            config = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ModelError(f"{repo_id}: config.json on the Hub is not valid JSON ({e})") from None
+        registry.check_supported(config)
+        wanted = list(
+            filter_repo_objects(siblings, allow_patterns=ALLOW_PATTERNS, key=lambda s: s.rfilename)
+        )
+        total = sum(
+            int(s.size or 0)
+            for s in wanted
+            if not _cached(repo_id, s.rfilename, info.sha, cache_dir)
+        )
+        tracker = _Tracker(repo_id, progress, total)
+        folder = snapshot_download(
+            repo_id,
+            revision=spec.revision,
+            cache_dir=cache_dir,
+            allow_patterns=ALLOW_PATTERNS,
+            tqdm_class=tracker.bar_class(),  # type: ignore[arg-type]
+        )
+        tracker.finish()
+    except SsdmoeError:
+        raise
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise _hub_error(e, spec, cache_dir, problem) from None
+    except Exception as e:  # noqa: BLE001 - transport errors (connect, timeout) have no common base
+        if type(e).__module__.split(".")[0] in (
+            "httpx",
+            "httpx2",
+            "httpcore",
+            "requests",
+            "urllib3",
+        ):
+            raise _hub_error(e, spec, cache_dir, problem) from None
+        raise
+    folder_path = Path(folder)
+    why = _complete(folder_path)
+    if why is not None:
+        raise ModelError(f"{repo_id}: download finished but the snapshot is incomplete ({why})")
+    return folder_path
+
+
+def _cached(repo_id: str, filename: str, revision: str | None, cache_dir) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
+    return isinstance(found, str)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Tracker:
+    """Collects huggingface_hub's progress-bar updates into `DownloadProgress` callbacks.
+
+    `snapshot_download(tqdm_class=...)` instantiates the class for its aggregate byte bars
+    (`unit="B"`) and for its files bar; we count bytes written to disk and files done.
+    """
+
+    WINDOW_S = 5.0
+    MIN_INTERVAL_S = 0.1
+
+    def __init__(self, repo_id: str, callback: ProgressCallback | None, total_bytes: int):
+        self.repo_id = repo_id
+        self.callback = callback
+        self.total = total_bytes
+        self.bar_total = 0
+        self.done_bytes = 0
+        self.files_done = 0
+        self.files_total = 0
+        self.samples: deque[tuple[float, int]] = deque()
+        self.lock = threading.Lock()
+        self.last_emit = 0.0
+        self.started = time.monotonic()
+
+    def _rate(self, now: float) -> float:
+        while len(self.samples) > 1 and now - self.samples[0][0] > self.WINDOW_S:
+            self.samples.popleft()
+        if len(self.samples) < 2:
+            elapsed = now - self.started
+            return self.done_bytes / elapsed if elapsed > 0.5 else 0.0
+        (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def snapshot(self, done: bool = False) -> DownloadProgress:
+        now = time.monotonic()
+        total = max(self.total, self.bar_total, self.done_bytes if done else 0)
+        rate = self._rate(now)
+        left = max(0, total - self.done_bytes)
+        eta = 0.0 if done else (left / rate if rate > 0 and total else None)
+        return DownloadProgress(
+            repo_id=self.repo_id,
+            downloaded_bytes=self.done_bytes,
+            total_bytes=total,
+            files_done=self.files_done,
+            files_total=self.files_total,
+            bytes_per_s=rate,
+            eta_s=eta,
+            done=done,
+        )
+
+    def _emit(self, force: bool = False, done: bool = False) -> None:
+        if self.callback is None:
+            return
+        now = time.monotonic()
+        if not force and now - self.last_emit < self.MIN_INTERVAL_S:
+            return
+        self.last_emit = now
+        self.callback(self.snapshot(done))
+
+    def add_bytes(self, n: float) -> None:
+        with self.lock:
+            self.done_bytes += int(n)
+            self.samples.append((time.monotonic(), self.done_bytes))
+            self._emit()
+
+    def add_file(self, n: float) -> None:
+        with self.lock:
+            self.files_done += int(n)
+            self._emit(force=True)
+
+    def finish(self) -> None:
+        with self.lock:
+            self._emit(force=True, done=True)
+
+    def bar_class(self) -> type:
+        tracker = self
+
+        class _Bar:
+            """Mimics the parts of tqdm that huggingface_hub calls; renders nothing."""
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                self.desc = str(kwargs.get("desc") or "")
+                self.unit = kwargs.get("unit", "it")
+                self.n = 0
+                self._total = kwargs.get("total") or 0
+                # Bytes written to disk ("Reconstructing..."); the transfer bar counts network
+                # bytes of the same data, so it is ignored.
+                self.kind = (
+                    "files"
+                    if self.unit != "B"
+                    else ("transfer" if self.desc.startswith("Downloading") else "bytes")
+                )
+                if self.kind == "files":
+                    with tracker.lock:
+                        tracker.files_total = int(self._total)
+                if kwargs.get("initial"):
+                    self.update(kwargs["initial"])
+
+            @property
+            def total(self) -> float:
+                return self._total
+
+            @total.setter
+            def total(self, value: float) -> None:
+                self._total = value or 0
+                if self.kind == "bytes":
+                    tracker.bar_total = int(self._total)
+
+            @property
+            def format_dict(self) -> dict:
+                return {"rate": tracker._rate(time.monotonic()), "n": self.n, "total": self._total}
+
+            def update(self, n: float | None = 1) -> None:
+                n = n or 0
+                self.n += n
+                if self.kind == "bytes":
+                    tracker.add_bytes(n)
+                elif self.kind == "files":
+                    tracker.add_file(n)
+
+            def __enter__(self) -> _Bar:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self.close()
+
+            def close(self) -> None:
+                pass
+
+            def __getattr__(self, name: str) -> Callable[..., None]:
+                # refresh, set_description(_str), set_postfix_str, clear, ...: nothing to draw.
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return lambda *a, **k: None
+
+        return _Bar
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_eta(s: float | None) -> str:
+    if s is None:
+        return "--:--"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+def format_progress(p: DownloadProgress) -> str:
+    """`mlx-community/X  1.2 GiB / 19.5 GiB  6%  45.3 MiB/s  ETA 06:52  3/14 files`."""
+    total = _fmt_bytes(p.total_bytes) if p.total_bytes else "?"
+    pct = f"{p.fraction * 100:3.0f}%"
+    files = f"{p.files_done}/{p.files_total} files" if p.files_total else ""
+    return (
+        f"{p.repo_id}  {_fmt_bytes(p.downloaded_bytes)} / {total}  {pct}  "
+        f"{_fmt_bytes(p.bytes_per_s)}/s  ETA {_fmt_eta(p.eta_s)}  {files}"
+    ).rstrip()
+
+
+def cli_progress(stream: IO[str] | None = None) -> ProgressCallback:
+    """A progress callback for terminals: one rewritten line on a TTY, a line per 5 s otherwise."""
+    out = stream or sys.stderr
+    tty = out.isatty()
+    state = {"last": 0.0}
+
+    def show(p: DownloadProgress) -> None:
+        line = format_progress(p)
+        if tty:
+            out.write("\r\x1b[2K" + line + ("\n" if p.done else ""))
+        else:
+            now = time.monotonic()
+            if not p.done and now - state["last"] < 5.0:
+                return
+            state["last"] = now
+            out.write(line + "\n")
+        out.flush()
+
+    return show

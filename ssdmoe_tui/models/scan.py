@@ -1,0 +1,368 @@
+"""Find MoE checkpoints on disk and measure their experts from safetensors headers.
+
+Only headers are read (8-byte little-endian length, then JSON): listing a 20 GB model
+costs a few kilobytes of I/O. Hub-cache models are found with huggingface_hub's own
+`scan_cache_dir`, so HF_HOME / HF_HUB_CACHE are honoured exactly as the hub does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ssdmoe_tui.errors import ModelError, SsdmoeError
+from ssdmoe_tui.models import registry
+from ssdmoe_tui.paths import demo_model_dir
+
+MIB = 1 << 20
+_MAX_HEADER = 256 << 20  # real headers are a few MB at most; more means a corrupt file
+MODEL_DIRS_ENV = "SSDMOE_MODEL_DIRS"
+
+_EXPERT_RE = re.compile(
+    r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?:.*\.)?switch_mlp\."
+    r"(?P<proj>gate_proj|up_proj|down_proj|fc1|fc2)\.(?P<part>weight|scales|biases)$"
+)
+_LOOSE_EXPERT_RE = re.compile(r"\.experts?\.")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # byte offsets into the data section (after the header)
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
+    """Tensor names -> dtype/shape/offsets, from the header only (no tensor data is read)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise ModelError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            size = os.fstat(f.fileno()).st_size
+            if n == 0 or n > _MAX_HEADER or 8 + n > size:
+                raise ModelError(f"{path}: not a safetensors file (header length {n})")
+            header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path}: corrupt safetensors header ({e})") from None
+    except FileNotFoundError:
+        raise ModelError(f"{path}: missing (a broken link into the hub cache?)") from None
+    if not isinstance(header, dict):
+        raise ModelError(f"{path}: corrupt safetensors header (not an object)")
+    out: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = (int(x) for x in entry["data_offsets"])
+            info = TensorInfo(
+                str(entry["dtype"]), tuple(int(d) for d in entry["shape"]), start, end
+            )
+        except (KeyError, TypeError, ValueError):
+            raise ModelError(f"{path}: corrupt safetensors entry for {name!r}") from None
+        if end < start or 8 + n + end > size:
+            raise ModelError(f"{path}: tensor {name!r} lies outside the file (truncated?)")
+        out[name] = info
+    return out
+
+
+@dataclass
+class LayerExperts:
+    total_bytes: int = 0
+    num_experts: int = 0
+    quantized: bool = False
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return self.total_bytes // self.num_experts if self.num_experts else 0
+
+
+@dataclass
+class ExpertMeasure:
+    """switch_mlp expert tensors found in a checkpoint's headers, per layer."""
+
+    layers: dict[int, LayerExperts] = field(default_factory=dict)
+    sample_expert_tensor: str | None = None  # an expert-looking tensor outside switch_mlp
+
+    @property
+    def num_experts(self) -> int:
+        return next(iter(self.layers.values())).num_experts if self.layers else 0
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.layers) and all(layer.quantized for layer in self.layers.values())
+
+    @property
+    def bytes_per_expert(self) -> int:
+        """One expert of the first MoE layer: its layer's switch_mlp bytes / expert count."""
+        if not self.layers:
+            return 0
+        return self.layers[min(self.layers)].bytes_per_expert
+
+    def mib_per_token(self, k: int) -> float:
+        """Expert MiB one token reads at top-k (summed per layer: exact for mixed recipes)."""
+        return sum(layer.bytes_per_expert for layer in self.layers.values()) * k / MIB
+
+
+def measure_experts(folder: Path) -> ExpertMeasure:
+    """Sum the `*.switch_mlp.{proj}.{weight,scales,biases}` tensors of each layer."""
+    measure = ExpertMeasure()
+    for shard in sorted(Path(folder).glob("*.safetensors")):
+        for name, info in read_safetensors_header(shard).items():
+            m = _EXPERT_RE.match(name)
+            if m is None or m["prefix"].startswith("mtp."):
+                if measure.sample_expert_tensor is None and _LOOSE_EXPERT_RE.search(name):
+                    measure.sample_expert_tensor = name
+                continue
+            layer = measure.layers.setdefault(int(m["layer"]), LayerExperts())
+            layer.total_bytes += info.nbytes
+            if m["part"] == "scales":
+                layer.quantized = True
+            if m["part"] == "weight":
+                if not info.shape:
+                    raise ModelError(f"{shard}: {name} has no expert dimension")
+                if layer.num_experts and layer.num_experts != info.shape[0]:
+                    raise ModelError(
+                        f"{shard}: {name} stacks {info.shape[0]} experts, "
+                        f"its layer's other projections {layer.num_experts}"
+                    )
+                layer.num_experts = info.shape[0]
+    counts = {layer.num_experts for layer in measure.layers.values()}
+    if len(counts) > 1:
+        raise ModelError(f"{folder}: expert counts differ between layers ({sorted(counts)})")
+    return measure
+
+
+def missing_shards(folder: Path) -> list[str]:
+    """Shards named by model.safetensors.index.json that are not in the folder."""
+    index = Path(folder) / "model.safetensors.index.json"
+    if not index.is_file():
+        return []
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+    except (OSError, ValueError, AttributeError):
+        raise ModelError(f"{index}: not a valid safetensors index") from None
+    return sorted({f for f in weight_map.values() if not (Path(folder) / f).is_file()})
+
+
+def read_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(
+            f"{folder}: no config.json (not a Hugging Face / MLX model folder)"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: not a JSON object")
+    return config
+
+
+# --------------------------------------------------------------------------- listing
+
+
+@dataclass
+class ModelEntry:
+    """One row of `ssdmoe models`."""
+
+    name: str  # repo id for hub models, folder name otherwise
+    source: str  # "hub" or "dir"
+    path: str
+    architecture: str
+    size_bytes: int
+    num_experts: int
+    trained_k: int
+    moe_layers: int
+    bytes_per_expert: int  # measured from the headers (0 when unreadable)
+    mib_per_token: float  # at trained K, measured
+    supported: bool
+    reason: str | None = None  # why not supported (one line)
+    revision: str | None = None  # hub commit
+    known: bool = False  # one of registry.KNOWN_CHECKPOINTS
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_dirs(extra: Iterable[Path | str] = ()) -> list[Path]:
+    """Folders searched besides the hub cache: SSDMOE_MODEL_DIRS, the demo model, `extra`."""
+    env = [p for p in os.environ.get(MODEL_DIRS_ENV, "").split(os.pathsep) if p.strip()]
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for raw in [*env, demo_model_dir(), *extra]:
+        path = Path(raw).expanduser()
+        if path not in seen:
+            seen.add(path)
+            out.append(path)
+    return out
+
+
+def _dir_size(folder: Path) -> int:
+    seen: set[str] = set()
+    total = 0
+    for p in folder.rglob("*"):
+        try:
+            real = os.path.realpath(p)
+            if real in seen or not os.path.isfile(real):
+                continue
+            seen.add(real)
+            total += os.path.getsize(real)
+        except OSError:
+            continue
+    return total
+
+
+def describe_folder(
+    folder: Path,
+    *,
+    name: str | None = None,
+    source: str = "dir",
+    size_bytes: int | None = None,
+    revision: str | None = None,
+) -> ModelEntry | None:
+    """A listing row for a model folder; None when it is not a MoE model (dense, no config)."""
+    folder = Path(folder)
+    try:
+        config = read_config(folder)
+    except ModelError:
+        return None
+    entry = ModelEntry(
+        name=name or folder.name,
+        source=source,
+        path=str(folder),
+        architecture=registry.model_type(config) or "?",
+        size_bytes=_dir_size(folder) if size_bytes is None else size_bytes,
+        num_experts=0,
+        trained_k=0,
+        moe_layers=0,
+        bytes_per_expert=0,
+        mib_per_token=0.0,
+        supported=False,
+        revision=revision,
+        known=any(c.repo_id == name for c in registry.KNOWN_CHECKPOINTS),
+    )
+    try:
+        geo = registry.moe_geometry(config)
+    except SsdmoeError as e:
+        entry.reason = str(e)
+        return entry
+    if geo is None:
+        return None
+    entry.num_experts, entry.trained_k, entry.moe_layers = (
+        geo.num_experts,
+        geo.trained_k,
+        len(geo.moe_layers),
+    )
+    try:
+        missing = missing_shards(folder)
+        if missing:
+            raise ModelError(
+                f"incomplete: {len(missing)} shard(s) missing (e.g. {missing[0]}); "
+                f"finish it with `ssdmoe models fetch {entry.name}`"
+            )
+        measured = measure_experts(folder)
+        entry.bytes_per_expert = measured.bytes_per_expert
+        entry.mib_per_token = round(measured.mib_per_token(geo.trained_k), 3)
+        registry.check_supported(config, folder)
+        entry.supported = True
+    except SsdmoeError as e:
+        entry.reason = str(e)
+    except OSError as e:
+        entry.reason = f"{folder}: {e.strerror or e}"
+    return entry
+
+
+def _hub_entries(cache_dir: Path | str | None) -> list[ModelEntry]:
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(cache_dir)
+    except CacheNotFound:
+        return []
+    out: list[ModelEntry] = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        revs = sorted(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
+        rev = revs[-1]
+        entry = describe_folder(
+            rev.snapshot_path,
+            name=repo.repo_id,
+            source="hub",
+            size_bytes=rev.size_on_disk,
+            revision=rev.commit_hash,
+        )
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+def _folder_candidates(root: Path) -> list[Path]:
+    if (root / "config.json").is_file():
+        return [root]
+    if not root.is_dir():
+        return []
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    return [p for p in children if (p / "config.json").is_file()]
+
+
+def scan_models(
+    extra_dirs: Sequence[Path | str] = (), *, cache_dir: Path | str | None = None
+) -> list[ModelEntry]:
+    """MoE checkpoints in the hub cache, then in `model_dirs(extra_dirs)` (each a model
+    folder or a folder of model folders)."""
+    entries = _hub_entries(cache_dir)
+    seen = {os.path.realpath(e.path) for e in entries}
+    for root in model_dirs(extra_dirs):
+        for folder in _folder_candidates(root):
+            real = os.path.realpath(folder)
+            if real in seen:
+                continue
+            seen.add(real)
+            entry = describe_folder(folder)
+            if entry is not None:
+                out_name = "demo" if folder == demo_model_dir() else None
+                if out_name:
+                    entry.name = out_name
+                entries.append(entry)
+    return entries
+
+
+def entries_json(entries: Sequence[ModelEntry]) -> str:
+    return json.dumps([e.to_dict() for e in entries], indent=2)
+
+
+def geometry_table(config: Mapping, ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
+    """Config arithmetic for docs/tests: bytes per expert at 4-bit/64 and MiB per token."""
+    geo = registry.moe_geometry(config)
+    if geo is None:
+        raise registry.UnsupportedModelError("dense model")
+    per_expert = registry.expert_bytes_from_config(config)
+    row = {
+        "model_type": geo.model_type,
+        "moe_layers": len(geo.moe_layers),
+        "num_experts": geo.num_experts,
+        "trained_k": geo.trained_k,
+        "bytes_per_expert": per_expert,
+    }
+    for k in sorted({*ks, geo.trained_k}):
+        row[f"mib_per_token_k{k}"] = per_expert * k * len(geo.moe_layers) / MIB
+    return row
