@@ -128,7 +128,9 @@ def _load_config(path: Path) -> dict:
         raise ModelError(f"{cfg_path}: not valid JSON ({e.msg}, line {e.lineno})") from e
     if not isinstance(config, dict) or "model_type" not in config:
         raise ModelError(f"{cfg_path}: no model_type")
-    return config
+    from mlx_lm.utils import _decode_tagged_floats  # inf/nan as mlx-lm's save_config writes them
+
+    return _decode_tagged_floats(config)
 
 
 def _model_classes(config: dict):

@@ -33,6 +33,7 @@ class StepTimes:
 
     router_sync_s: float = 0.0  # waiting for router indices (includes earlier layers' compute)
     calls: int = 0
+    grouped_calls: int = 0  # calls whose expert union exceeded the cache (processed in groups)
     last_k: int = 0
 
 
@@ -135,6 +136,7 @@ class StreamedSwitch(nn.Module):
         evaluated before the next one may reuse its slots.
         """
         cache = self._cache
+        self._times.grouped_calls += 1
         lead_shape = host.shape  # (..., K)
         flat = host.reshape(-1)
         k = host.shape[-1]

@@ -1,0 +1,50 @@
+"""Arguments shared by the commands that load a model."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default="", help="model folder or Hub repo id (default: the embedded demo model)"
+    )
+    p.add_argument(
+        "--k", type=int, default=None, help="experts per token (default: the model's trained K)"
+    )
+    p.add_argument(
+        "--prefill-k", type=int, default=None, help="experts per token during prefill (default: K)"
+    )
+    p.add_argument(
+        "--expert-cache", default="auto", help="expert cache budget: auto, 512M, 4G, ..."
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="activation dtype (default: float32 on CPU, bfloat16 on GPU)",
+    )
+    p.add_argument(
+        "--reader", default="auto", choices=["auto", "native", "python"], help="expert reader"
+    )
+    p.add_argument(
+        "--direct-io", action="store_true", help="bypass the page cache for expert reads"
+    )
+
+
+def resolve_model_path(spec: str, quiet: bool = False):
+    """'' -> the demo model (created on first use, with a visible message)."""
+    import sys
+    from pathlib import Path
+
+    if not spec:
+        from ssdmoe_tui.models.demo import ensure_demo_model
+
+        return ensure_demo_model(
+            progress=(lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
+        )
+    try:
+        from ssdmoe_tui.models.resolve import resolve_model
+    except ImportError:
+        return Path(spec).expanduser()
+    return Path(resolve_model(spec))

@@ -1,0 +1,89 @@
+"""`ssdmoe demo-model`: write the embedded default model, or a random checkpoint of a real config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo-model", help="write the demo model (or a random checkpoint of a real config)"
+    )
+    p.add_argument("--out", default=None, help="output folder (default: the platformdirs data dir)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config.json of a real model: write a random checkpoint of that shape",
+    )
+    p.add_argument(
+        "--layers", type=int, default=None, help="with --config: keep only this many layers"
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="with --config: copy tokenizer files from this folder"
+    )
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--shard-size", default="5G", help="maximum shard size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="rewrite the demo model even if present")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ssdmoe_tui.engine.cache import parse_size
+    from ssdmoe_tui.errors import BadValueError, ModelError
+    from ssdmoe_tui.models.demo import ensure_demo_model, write_checkpoint
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.config is None:
+        out = Path(args.out) if args.out else None
+        if args.force and out is not None:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        elif args.force:
+            from ssdmoe_tui.paths import demo_model_dir
+
+            (demo_model_dir() / ".ssdmoe-demo").unlink(missing_ok=True)
+        print(ensure_demo_model(out, progress=say))
+        return 0
+    if args.out is None:
+        raise BadValueError("--config needs --out")
+    cfg_path = Path(args.config)
+    try:
+        config = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"config not found: {cfg_path}") from None
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg})") from None
+    config.pop("quantization", None)
+    config.pop("quantization_config", None)
+    if args.layers is not None:
+        text = config.get("text_config", config)
+        text["num_hidden_layers"] = args.layers
+        for key in ("layer_types",):
+            if isinstance(text.get(key), list):
+                text[key] = text[key][: args.layers]
+        if isinstance(text.get("hybrid_override_pattern"), str):
+            text["hybrid_override_pattern"] = text["hybrid_override_pattern"][: args.layers]
+    try:
+        shard = parse_size(args.shard_size)
+    except ValueError as e:
+        raise BadValueError(str(e)) from None
+    out = write_checkpoint(
+        config,
+        Path(args.out),
+        seed=args.seed,
+        group_size=args.group_size,
+        bits=args.bits,
+        max_shard_bytes=shard,
+        tokenizer_from=Path(args.tokenizer) if args.tokenizer else None,
+        progress=say,
+    )
+    print(out)
+    return 0

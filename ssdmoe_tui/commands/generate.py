@@ -1,0 +1,134 @@
+"""`ssdmoe generate`: one prompt, streamed to stdout (or one JSON object with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ssdmoe_tui.commands.common import add_model_arguments, resolve_model_path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate a reply to one prompt")
+    add_model_arguments(p)
+    p.add_argument("--prompt", required=True, help="the prompt ('-' reads stdin)")
+    p.add_argument("--system", default=None, help="system prompt (chat template only)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--raw", action="store_true", help="tokenize the prompt as given (no chat template)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
+    p.add_argument(
+        "--trace", default=None, help="record (token, layer, experts) routing to this file"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.errors import BadValueError
+
+    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    path = resolve_model_path(args.model, quiet=args.json)
+    sm = load_streamed(
+        path,
+        expert_cache=args.expert_cache,
+        k=args.k,
+        dtype=args.dtype,
+        reader=args.reader,
+        direct_io=args.direct_io,
+    )
+    runner = Runner(sm, prefill_step_size=args.prefill_step)
+    if args.k is not None:
+        runner.k = args.k
+    if args.prefill_k is not None:
+        if not 1 <= args.prefill_k <= sm.index.num_experts:
+            raise BadValueError(
+                f"--prefill-k {args.prefill_k} is outside 1..{sm.index.num_experts}"
+            )
+        runner.prefill_k = args.prefill_k
+    tok = sm.tokenizer
+    if args.raw or not getattr(tok, "chat_template", None):
+        prompt = list(tok.encode(prompt_text))
+    else:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt_text}
+        ]
+        prompt = list(tok.apply_chat_template(msgs, add_generation_prompt=True))
+    if not prompt:
+        raise BadValueError("the prompt is empty")
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    writer = None
+    if args.trace:
+        from ssdmoe_tui.engine.traces import TraceWriter
+
+        writer = TraceWriter(
+            args.trace,
+            {
+                "model": str(path),
+                "model_type": sm.model_type,
+                "k": runner.k,
+                "num_layers": sm.index.num_layers,
+                "num_experts": sm.index.num_experts,
+            },
+        )
+        counter = {"token": 0}
+        sm.cache.on_route = lambda layer, experts: writer.add(
+            counter["token"], layer, [int(e) for e in experts]
+        )
+
+    def on_token(tok_id: int, piece: str, stats) -> None:
+        if writer is not None:
+            counter["token"] += 1
+        if not args.json and piece:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    result = runner.generate(
+        prompt,
+        max_tokens=args.max_tokens,
+        sampler=make_sampler(args.temp, top_p=args.top_p),
+        on_token=on_token,
+    )
+    if writer is not None:
+        writer.close()
+    stats = result.stats.as_dict()
+    stats["reader"] = sm.cache.reader.name
+    stats["expert_cache_budget_bytes"] = sm.cache.budget_bytes
+    stats["dtype"] = str(sm.dtype).removeprefix("mlx.core.")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": str(path),
+                    "prompt_token_ids": list(prompt),
+                    "token_ids": result.tokens,
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "k": runner.k,
+                    "prefill_k": runner.prefill_k or runner.k,
+                    "k_per_token": result.stats.k_per_token,
+                    "stats": stats,
+                }
+            )
+        )
+    else:
+        sys.stdout.write("\n")
+        s = result.stats
+        print(
+            f"[{s.prompt_tokens} prompt tok, {s.prefill_tok_s:.1f} tok/s prefill | {s.generated_tokens} tok, "
+            f"{s.decode_tok_s:.1f} tok/s | {s.ssd_mib_per_token():.2f} MiB/tok from SSD | "
+            f"expert cache hit {s.hit_rate:.1%} | K={runner.k}]",
+            file=sys.stderr,
+        )
+    return 0

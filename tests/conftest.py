@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.checkpoints import build
+
+
+@pytest.fixture(autouse=True)
+def ssdmoe_home(tmp_path_factory, monkeypatch):
+    """Every test runs against a throwaway data/cache/config tree."""
+    home = tmp_path_factory.mktemp("ssdmoe-home")
+    monkeypatch.setenv("SSDMOE_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """arch -> folder of a small random checkpoint, built once per test session."""
+    root = tmp_path_factory.mktemp("ckpt")
+    cache: dict = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            cache[arch] = build(arch, root / arch)
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory):
+    from ssdmoe_tui.models.demo import ensure_demo_model
+
+    return ensure_demo_model(tmp_path_factory.mktemp("demo") / "demo-model")
