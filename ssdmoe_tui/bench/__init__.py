@@ -1,0 +1,1 @@
+"""Offline benchmarks and simulators (no MLX needed)."""

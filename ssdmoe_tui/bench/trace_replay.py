@@ -1,0 +1,197 @@
+"""Offline replay of a routing trace against the expert-cache policies.
+
+The simulated cache drives each policy through exactly the calls the engine's cache
+makes (`hit`, `victim(pinned, incoming)`, `remove`, `insert`, `step` per token), so a
+number here is the number the engine would get on that routing.
+
+Two settings:
+- global (the engine's): one cache of `capacity` slots shared by all layers;
+- per-layer (`per_layer=True`): each layer has its own cache of `capacity` slots, the
+  method behind the [computed] numbers in ../shared/traces/TARGETS.md.
+
+Hit rates count decode tokens (what the user waits for); prefill steps, when the trace
+has them, warm the cache unless `decode_only`. `warmup` decode tokens warm it further
+without being counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ssdmoe_tui.engine.policies import BeladyPolicy, EvictionPolicy, Key, make_policy
+from ssdmoe_tui.engine.traces import DECODE, Trace
+from ssdmoe_tui.errors import BadValueError
+
+BELADY = "belady"
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    capacity: int  # slots in one cache (per layer when per_layer)
+    per_layer: bool
+    experts_per_layer: float  # capacity spread over the layers
+    hits: int  # counted lookups only
+    lookups: int
+    hits_all: int  # every replayed lookup, prefill and warm-up included
+    lookups_all: int
+    seconds: float
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def us_per_lookup(self) -> float:
+        return 1e6 * self.seconds / self.lookups_all if self.lookups_all else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        d = asdict(self)
+        d["hit_rate"] = round(self.hit_rate, 6)
+        d["us_per_lookup"] = round(self.us_per_lookup, 3)
+        return d
+
+
+@dataclass
+class _Lookups:
+    """The trace flattened into the order the cache sees it."""
+
+    # one entry per (step, layer): (keys of that layer's selection, counted?)
+    cells: list[tuple[tuple[Key, ...], bool]]
+    step_ends: list[int]  # index into cells after which policy.step() runs
+    max_selection: int
+
+
+def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
+    cells: list[tuple[tuple[Key, ...], bool]] = []
+    ends: list[int] = []
+    decode_seen = 0
+    widest = 0
+    for step in trace.steps:
+        if step.phase == DECODE:
+            counted = decode_seen >= warmup
+            decode_seen += 1
+        else:
+            if decode_only:
+                continue
+            counted = False
+        for layer, experts in step.layers:
+            keys = tuple(dict.fromkeys((layer, e) for e in experts))  # dedupe, keep order
+            if keys:
+                cells.append((keys, counted))
+                widest = max(widest, len(keys))
+        ends.append(len(cells))
+    return _Lookups(cells, ends, widest)
+
+
+def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, int, int]:
+    """Drive one cache; returns (hits, lookups) counted and over everything."""
+    resident: set[Key] = set()
+    hits = lookups = hits_all = lookups_all = 0
+    hit, insert, victim, remove = policy.hit, policy.insert, policy.victim, policy.remove
+    end_iter = iter(ends)
+    next_end = next(end_iter, -1)
+    for i, (keys, counted) in enumerate(cells):
+        pinned = keys
+        h = 0
+        for key in keys:
+            if key in resident:
+                h += 1
+                hit(key)
+            else:
+                if len(resident) >= capacity:
+                    v = victim(pinned, key)
+                    remove(v)
+                    resident.discard(v)
+                insert(key)
+                resident.add(key)
+        hits_all += h
+        lookups_all += len(keys)
+        if counted:
+            hits += h
+            lookups += len(keys)
+        while i + 1 == next_end:
+            policy.step()
+            next_end = next(end_iter, -1)
+    return hits, lookups, hits_all, lookups_all
+
+
+def replay(
+    trace: Trace,
+    policy: str,
+    capacity: int,
+    *,
+    per_layer: bool = False,
+    decode_only: bool = False,
+    warmup: int = 0,
+) -> ReplayResult:
+    """Replay `trace` through one policy at one capacity (slots; per layer if per_layer)."""
+    flat = _flatten(trace, decode_only, warmup)
+    num_layers = max(1, trace.meta.num_layers)
+    if capacity < flat.max_selection:
+        raise BadValueError(
+            f"cache of {capacity} experts is below one layer's selection "
+            f"({flat.max_selection}): the experts in use must all be resident"
+        )
+    t0 = time.perf_counter()
+    if per_layer:
+        totals = [0, 0, 0, 0]
+        for layer in sorted({keys[0][0] for keys, _ in flat.cells}):
+            cells = [c for c in flat.cells if c[0][0][0] == layer]
+            # one cell per step for this layer: step() after each
+            ends = list(range(1, len(cells) + 1))
+            pol = _policy(policy, capacity, 1, cells)
+            for j, v in enumerate(_run(pol, capacity, cells, ends)):
+                totals[j] += v
+        hits, lookups, hits_all, lookups_all = totals
+        spread = float(capacity)
+    else:
+        pol = _policy(policy, capacity, num_layers, flat.cells)
+        hits, lookups, hits_all, lookups_all = _run(pol, capacity, flat.cells, flat.step_ends)
+        spread = capacity / num_layers
+    return ReplayResult(
+        policy=policy,
+        capacity=capacity,
+        per_layer=per_layer,
+        experts_per_layer=round(spread, 3),
+        hits=hits,
+        lookups=lookups,
+        hits_all=hits_all,
+        lookups_all=lookups_all,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _policy(name: str, capacity: int, num_layers: int, cells) -> EvictionPolicy:
+    if name == BELADY:
+        return BeladyPolicy([k for keys, _ in cells for k in keys])
+    return make_policy(name, capacity, num_layers)
+
+
+def replay_grid(
+    trace: Trace,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    **kw: object,
+) -> list[ReplayResult]:
+    """Every policy at every capacity, capacity-major."""
+    return [replay(trace, p, c, **kw) for c in capacities for p in policies]  # type: ignore[arg-type]
+
+
+def next_token_overlap(trace: Trace, decode_only: bool = True) -> float:
+    """Mean |S_t ∩ S_t-1| / |S_t| over layers and consecutive decode tokens."""
+    prev: dict[int, frozenset[int]] = {}
+    total = 0.0
+    n = 0
+    for step in trace.steps:
+        if decode_only and step.phase != DECODE:
+            continue
+        for layer, experts in step.layers:
+            cur = frozenset(experts)
+            if layer in prev and cur:
+                total += len(cur & prev[layer]) / len(cur)
+                n += 1
+            prev[layer] = cur
+    return total / n if n else 0.0

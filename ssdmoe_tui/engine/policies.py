@@ -1,0 +1,471 @@
+"""Eviction policies for the global expert cache, keyed by `(layer, expert)`.
+
+The cache owns residency; a policy only orders the resident keys. Call pattern for one
+layer of one token, with `pinned` = every expert the router selected for that layer:
+
+    for key in selected:
+        if key resident:  policy.hit(key)
+        else:
+            if cache full:
+                v = policy.victim(pinned, incoming=key); policy.remove(v)
+            policy.insert(key)
+    ...
+    policy.step()   # once per token, after the last layer
+
+Every operation is O(1) or amortised O(log n) (the partitioned policies scan layers,
+O(num_layers), only when a layer borrows a slot from another). Why the default is what it
+is, with the measured hit rates: docs/cache-policy.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+from ssdmoe_tui.errors import BadValueError
+
+Key = tuple[int, int]  # (layer, expert)
+
+
+class NoVictimError(RuntimeError):
+    """Every resident key is pinned: the cache is smaller than one layer's selection."""
+
+
+class EvictionPolicy(Protocol):
+    name: str
+
+    def hit(self, key: Key) -> None: ...
+    def insert(self, key: Key) -> None: ...
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key: ...
+    def remove(self, key: Key) -> None: ...
+    def step(self) -> None: ...
+
+
+def _no_victim(pinned: Collection[Key]) -> NoVictimError:
+    return NoVictimError(
+        f"expert cache too small: all resident experts are in use ({len(pinned)} pinned)"
+    )
+
+
+# --------------------------------------------------------------------------- LRU
+
+
+class LRUPolicy:
+    """Least recently used. Under one token cycle it floods (0 % hits): see docs."""
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[Key, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def hit(self, key: Key) -> None:
+        self._order.move_to_end(key)
+
+    def insert(self, key: Key) -> None:
+        self._order[key] = None
+        self._order.move_to_end(key)
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        for key in self._order:  # oldest first; skips at most len(pinned) keys
+            if key not in pinned:
+                return key
+        raise _no_victim(pinned)
+
+    def remove(self, key: Key) -> None:
+        self._order.pop(key, None)
+
+    def step(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- LFU with decay
+
+
+class _DecayClock:
+    """growth ** tokens, shared by the parts of a partition so their scores compare."""
+
+    def __init__(self, decay: float) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise BadValueError(f"lfu decay must be in (0, 1], got {decay}")
+        self.decay = decay
+        self.growth = 1.0 / decay
+        self.weight = 1.0
+
+    def tick(self) -> bool:
+        """Advance one token; True when scores must be rescaled (divided by weight)."""
+        self.weight *= self.growth
+        return self.weight > 1e150
+
+
+class LFUDecayPolicy:
+    """Evict the lowest exponentially decayed use count; ties go to the least recent.
+
+    score(key) = sum over its uses of decay ** (tokens since that use). Instead of
+    decaying every score each token, a use adds growth ** token (growth = 1 / decay),
+    which orders keys identically; scores are rescaled when they get large. Counts
+    survive eviction (bounded by layers x experts), so a popular expert that was pushed
+    out comes back with its history. decay = 1 is plain LFU.
+    """
+
+    name = "lfu-decay"
+
+    def __init__(self, decay: float = 0.9, clock: _DecayClock | None = None) -> None:
+        self._own_clock = clock is None
+        self._clock = clock or _DecayClock(decay)
+        self._score: dict[Key, float] = {}  # every key seen, resident or not
+        self._seq: dict[Key, int] = {}  # resident key -> last-use counter (heap validity)
+        self._heap: list[tuple[float, int, Key]] = []
+        self._count = 0
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    def _touch(self, key: Key) -> None:
+        score = self._score.get(key, 0.0) + self._clock.weight
+        self._score[key] = score
+        self._count += 1
+        self._seq[key] = self._count
+        heapq.heappush(self._heap, (score, self._count, key))
+        if len(self._heap) > 4 * len(self._seq) + 64:
+            self._rebuild()
+
+    hit = _touch
+    insert = _touch
+
+    def _rebuild(self) -> None:
+        score, seq = self._score, self._seq
+        self._heap = [(score[k], s, k) for k, s in seq.items()]
+        heapq.heapify(self._heap)
+
+    def coldest(self, pinned: Collection[Key]) -> tuple[float, Key]:
+        """(score, key) of the key `victim` would pick."""
+        heap, seq = self._heap, self._seq
+        held: list[tuple[float, int, Key]] = []
+        try:
+            while heap:
+                entry = heap[0]
+                if seq.get(entry[2]) != entry[1]:
+                    heapq.heappop(heap)  # stale: key touched again or removed
+                elif entry[2] in pinned:
+                    held.append(heapq.heappop(heap))
+                else:
+                    return entry[0], entry[2]
+            raise _no_victim(pinned)
+        finally:
+            for entry in held:
+                heapq.heappush(heap, entry)
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        return self.coldest(pinned)[1]
+
+    def remove(self, key: Key) -> None:
+        self._seq.pop(key, None)  # its heap entry goes stale; its score is kept
+
+    def step(self) -> None:
+        if self._own_clock and self._clock.decay < 1.0 and self._clock.tick():
+            self.rescale(self._clock.weight)
+            self._clock.weight = 1.0
+
+    def rescale(self, w: float) -> None:
+        # Keys whose decayed count is negligible are forgotten, bounding the history.
+        self._score = {k: s / w for k, s in self._score.items() if s / w > 1e-9 or k in self._seq}
+        self._rebuild()
+
+
+# --------------------------------------------------------------------------- ARC
+
+
+class ARCPolicy:
+    """Adaptive Replacement Cache (Megiddo & Modha 2003) over a fixed slot count.
+
+    T1 holds keys seen once recently, T2 keys seen at least twice; B1/B2 are ghost lists
+    of keys evicted from them, whose hits move the target size p of T1.
+    """
+
+    name = "arc"
+
+    def __init__(self, capacity: int) -> None:
+        self._c = max(1, capacity)
+        self._p = 0.0
+        self._t1: OrderedDict[Key, None] = OrderedDict()
+        self._t2: OrderedDict[Key, None] = OrderedDict()
+        self._b1: OrderedDict[Key, None] = OrderedDict()
+        self._b2: OrderedDict[Key, None] = OrderedDict()
+        self._adapted: Key | None = None
+
+    def __len__(self) -> int:
+        return len(self._t1) + len(self._t2)
+
+    def hit(self, key: Key) -> None:
+        if key in self._t1:
+            del self._t1[key]
+            self._t2[key] = None
+        else:
+            self._t2.move_to_end(key)
+
+    def _adapt(self, key: Key) -> None:
+        if self._adapted == key:
+            return
+        self._adapted = key
+        b1, b2 = len(self._b1), len(self._b2)
+        if key in self._b1:
+            self._p = min(float(self._c), self._p + max(b2 / b1, 1.0))
+        elif key in self._b2:
+            self._p = max(0.0, self._p - max(b1 / b2, 1.0))
+
+    def insert(self, key: Key) -> None:
+        self._adapt(key)
+        self._adapted = None
+        if key in self._b1 or key in self._b2:
+            self._b1.pop(key, None)
+            self._b2.pop(key, None)
+            self._t2[key] = None
+        else:
+            self._t1[key] = None
+        # Directory bounds: |T1| + |B1| <= c, total <= 2c.
+        while self._b1 and len(self._t1) + len(self._b1) > self._c:
+            self._b1.popitem(last=False)
+        while self._b2 and len(self) + len(self._b1) + len(self._b2) > 2 * self._c:
+            self._b2.popitem(last=False)
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        if incoming is not None:
+            self._adapt(incoming)
+        t1_first = len(self._t1) > self._p or (
+            incoming is not None and incoming in self._b2 and len(self._t1) >= self._p
+        )
+        lists = (self._t1, self._t2) if t1_first else (self._t2, self._t1)
+        for lst in lists:
+            for key in lst:
+                if key not in pinned:
+                    return key
+        raise _no_victim(pinned)
+
+    def remove(self, key: Key) -> None:
+        if key in self._t1:
+            del self._t1[key]
+            self._b1[key] = None
+        elif key in self._t2:
+            del self._t2[key]
+            self._b2[key] = None
+
+    def step(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- per-layer partition
+
+
+class LayerPartitioned:
+    """One sub-policy per layer, each with a quota of capacity // num_layers slots.
+
+    Global recency floods when the budget is under one token cycle: the keys about to be
+    used are always the oldest. A partition evicts within the layer being served, so every
+    layer keeps its recent experts at any budget. Spill: while the cache is not full a
+    layer may hold more than its quota. Once full, a layer at or over quota evicts its own
+    coldest key; a layer under quota, or one whose own keys are all pinned (quota < K),
+    takes a slot from a layer over quota (else from any layer):
+    - LRU parts: the nearest layer before this one (layers run in order, so its next use
+      is the furthest away);
+    - LFU parts (shared decay clock): the lowest score, where a layer already served this
+      token counts one decay step older (its next use is a token later). This is what
+      makes the partition good below one token cycle too.
+    The layer of the incoming key is taken from `incoming`, else from `pinned`.
+    """
+
+    def __init__(self, name: str, capacity: int, num_layers: int, decay: float | None) -> None:
+        if num_layers < 1:
+            raise BadValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.name = name
+        self._n = num_layers
+        self._quota = max(0, capacity) // num_layers
+        self._clock = _DecayClock(decay) if decay is not None else None
+        self._parts: dict[int, LRUPolicy | LFUDecayPolicy] = {}
+
+    def _part(self, layer: int) -> LRUPolicy | LFUDecayPolicy:
+        part = self._parts.get(layer)
+        if part is None:
+            clock = self._clock
+            part = LRUPolicy() if clock is None else LFUDecayPolicy(clock=clock)
+            self._parts[layer] = part
+        return part
+
+    def hit(self, key: Key) -> None:
+        self._parts[key[0]].hit(key)
+
+    def insert(self, key: Key) -> None:
+        self._part(key[0]).insert(key)
+
+    def remove(self, key: Key) -> None:
+        part = self._parts.get(key[0])
+        if part is not None:
+            part.remove(key)
+
+    def step(self) -> None:
+        clock = self._clock
+        if clock is not None and clock.decay < 1.0 and clock.tick():
+            for part in self._parts.values():
+                part.rescale(clock.weight)  # type: ignore[union-attr]
+            clock.weight = 1.0
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        layer = incoming[0] if incoming is not None else None
+        if layer is None and pinned:
+            layer = next(iter(pinned))[0]
+        if layer is not None:
+            own = self._parts.get(layer)
+            if own is not None and len(own) >= self._quota:
+                try:
+                    return own.victim(pinned)
+                except NoVictimError:
+                    pass
+        here = layer if layer is not None else 0
+        for over in (True, False):
+            if self._clock is None:
+                key = self._borrow_nearest(pinned, here, over)
+            else:
+                key = self._borrow_coldest(pinned, here, over)
+            if key is not None:
+                return key
+        raise _no_victim(pinned)
+
+    def _donors(self, here: int, over: bool):
+        quota = self._quota
+        for m, part in self._parts.items():
+            if m != here and len(part) > (quota if over else 0):
+                yield m, part
+
+    def _borrow_nearest(self, pinned: Collection[Key], here: int, over: bool) -> Key | None:
+        n = self._n
+        donors = sorted(self._donors(here, over), key=lambda mp: (here - mp[0]) % n)
+        for _, part in donors:
+            try:
+                return part.victim(pinned)
+            except NoVictimError:
+                continue
+        return None
+
+    def _borrow_coldest(self, pinned: Collection[Key], here: int, over: bool) -> Key | None:
+        n, decay = self._n, self._clock.decay  # type: ignore[union-attr]
+        best: tuple[float, int, Key] | None = None
+        for m, part in self._donors(here, over):
+            try:
+                score, key = part.coldest(pinned)  # type: ignore[union-attr]
+            except NoVictimError:
+                continue
+            if m < here:  # already served this token: next use a token later
+                score *= decay
+            # ties: the layer whose next visit is furthest goes first
+            cand = (score, -((m - here) % n), key)
+            if best is None or cand < best:
+                best = cand
+        return best[2] if best is not None else None
+
+
+# --------------------------------------------------------------------------- Belady
+
+
+class BeladyPolicy:
+    """Offline optimum (evict the key whose next use is furthest): a reference only.
+
+    Needs the whole future lookup sequence, in the exact order the cache will call
+    `hit`/`insert`; each of those calls advances one position.
+    """
+
+    name = "belady"
+
+    def __init__(self, future: Sequence[Key]) -> None:
+        nxt = [math.inf] * len(future)
+        last: dict[Key, int] = {}
+        for i in range(len(future) - 1, -1, -1):
+            k = future[i]
+            nxt[i] = last.get(k, math.inf)
+            last[k] = i
+        self._future = future
+        self._next = nxt
+        self._pos = 0
+        self._due: dict[Key, float] = {}  # resident key -> next use position
+        self._heap: list[tuple[float, Key]] = []  # (-next use, key), lazy
+
+    def _touch(self, key: Key) -> None:
+        pos = self._pos
+        if pos >= len(self._future) or self._future[pos] != key:
+            raise RuntimeError(f"belady: lookup {pos} is {key}, not the recorded future")
+        due = self._next[pos]
+        self._pos = pos + 1
+        self._due[key] = due
+        heapq.heappush(self._heap, (-due, key))
+
+    hit = _touch
+    insert = _touch
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        heap, due = self._heap, self._due
+        held: list[tuple[float, Key]] = []
+        try:
+            while heap:
+                neg, key = heap[0]
+                if due.get(key) != -neg:
+                    heapq.heappop(heap)
+                elif key in pinned:
+                    held.append(heapq.heappop(heap))
+                else:
+                    return key
+            raise _no_victim(pinned)
+        finally:
+            for entry in held:
+                heapq.heappush(heap, entry)
+
+    def remove(self, key: Key) -> None:
+        self._due.pop(key, None)
+
+    def step(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- factory
+
+POLICY_NAMES = ("lru", "lfu", "lfu-decay", "arc", "layer-lru", "layer-lfu")
+DEFAULT_POLICY = "layer-lfu"
+LFU_DECAY = 0.9  # per token; see docs/cache-policy.md for the sweep
+
+
+def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
+    """A fresh policy for a cache of `capacity` slots over `num_layers` layers.
+
+    `name` may carry a decay for the LFU family: "lfu-decay:0.8", "layer-lfu:0.95".
+    """
+    base, _, arg = name.partition(":")
+    decay = LFU_DECAY
+    if arg:
+        try:
+            decay = float(arg)
+        except ValueError:
+            raise BadValueError(f"bad policy parameter in {name!r}: expected a decay") from None
+        if base not in ("lfu-decay", "layer-lfu"):
+            raise BadValueError(f"policy {base!r} takes no parameter (got {name!r})")
+    if base == "lru":
+        return LRUPolicy()
+    if base == "lfu":
+        return _named(LFUDecayPolicy(1.0), "lfu")
+    if base == "lfu-decay":
+        return _named(LFUDecayPolicy(decay), name)
+    if base == "arc":
+        return ARCPolicy(capacity)
+    if base == "layer-lru":
+        return LayerPartitioned(name, capacity, num_layers, None)
+    if base == "layer-lfu":
+        return LayerPartitioned(name, capacity, num_layers, decay)
+    known = ", ".join(POLICY_NAMES)
+    raise BadValueError(f"unknown cache policy {name!r} (known: {known})")
+
+
+def _named(policy: LFUDecayPolicy, name: str) -> LFUDecayPolicy:
+    policy.name = name
+    return policy
