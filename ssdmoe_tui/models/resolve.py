@@ -75,11 +75,12 @@ class ModelSpec:
 
 
 def _looks_like_path(spec: str) -> bool:
+    head = spec.partition("@")[0]  # a revision may contain "/" (refs/pr/1)
     return (
         spec.startswith(("/", "./", "../", "~", "."))
         or "\\" in spec
-        or spec.count("/") >= 2
-        or spec.endswith((".gguf", ".safetensors", ".json"))
+        or head.count("/") >= 2
+        or head.endswith((".gguf", ".safetensors", ".json"))
     )
 
 

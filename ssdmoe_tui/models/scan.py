@@ -287,11 +287,12 @@ def describe_folder(
 
 
 def _hub_entries(cache_dir: Path | str | None) -> list[ModelEntry]:
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
     try:
-        info = scan_cache_dir(cache_dir)
+        # The module attribute, read now (scan_cache_dir's default is bound at import).
+        info = scan_cache_dir(cache_dir or constants.HF_HUB_CACHE)
     except CacheNotFound:
         return []
     out: list[ModelEntry] = []
