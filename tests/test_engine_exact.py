@@ -23,7 +23,7 @@ def reference_tokens(path, k: int | None, dtype, prompt):
     if dtype != mx.bfloat16:
         cast_model(model, dtype)
     if k is not None:
-        for name, m in model.named_modules():
+        for _name, m in model.named_modules():
             if hasattr(m, "switch_mlp"):
                 set_block_k(m, k)
     return [r.token for r in stream_generate(model, tok, prompt, max_tokens=MAX_TOKENS)]

@@ -103,7 +103,8 @@ class ExpertCache:
             fds, offs = [], []
             for c in layer.components:
                 if c.shard not in handles:
-                    handles[c.shard] = reader.open(Path(model_dir) / c.shard)
+                    handles[c.shard] = fd = reader.open(Path(model_dir) / c.shard)
+                    _advise_random(fd)
                 fds.append(handles[c.shard])
                 offs.append(c.offset)
             self._fds.append(np.array(fds, dtype=np.int64))
@@ -206,6 +207,15 @@ class ExpertCache:
     def close(self) -> None:
         self.pools.clear()
         self.reader.close()
+
+
+def _advise_random(fd: int) -> None:
+    """Expert reads are random: kernel readahead would only inflate device bytes."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        except OSError:
+            pass
 
 
 def parse_size(text: str | int) -> int:

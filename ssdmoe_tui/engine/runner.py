@@ -79,13 +79,15 @@ class TurnStats:
             "generated_tokens": self.generated_tokens,
             "prefill_tok_s": round(self.prefill_tok_s, 2),
             "decode_tok_s": round(self.decode_tok_s, 2),
-            "ssd_bytes_read": self.decode_device_bytes
-            if self.decode_device_bytes is not None
-            else self.decode_requested_bytes,
-            "ssd_bytes_read_total": self.device_bytes
+            # Device bytes (page-cache hits excluded) when the OS reports them, else requested bytes.
+            "ssd_bytes_read": self.device_bytes
             if self.device_bytes is not None
             else self.requested_bytes,
+            "decode_ssd_bytes_read": self.decode_device_bytes
+            if self.decode_device_bytes is not None
+            else self.decode_requested_bytes,
             "ssd_bytes_measured_from_device": self.device_bytes is not None,
+            "decode_requested_bytes": self.decode_requested_bytes,
             "requested_bytes": self.requested_bytes,
             "ssd_mib_per_token": round(self.ssd_mib_per_token(), 4),
             "requested_mib_per_token": round(self.requested_mib_per_token(), 4),

@@ -1,0 +1,98 @@
+"""The engine thread: commands in, events out, a live K change, cancellation, errors."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.service import EngineService
+
+
+class Events:
+    def __init__(self) -> None:
+        self.q: queue.Queue = queue.Queue()
+        self.threads: set[str] = set()
+
+    def post(self, ev) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.q.put(ev)
+
+    def until(self, kind, timeout=60.0, pred=lambda e: True):
+        seen = []
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                ev = self.q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            seen.append(ev)
+            if isinstance(ev, kind) and pred(ev):
+                return ev, seen
+        raise AssertionError(
+            f"no {kind.__name__} within {timeout}s; saw {[type(e).__name__ for e in seen]}"
+        )
+
+
+def start(path) -> tuple[EngineService, Events]:
+    ev = Events()
+    svc = EngineService(ev.post)
+    svc.start()
+    svc.submit(P.LoadModel(path=str(path), expert_cache="1"))
+    loaded, _ = ev.until(P.ModelLoaded)
+    assert loaded.info.trained_k == 4
+    return svc, ev
+
+
+def test_generate_streams_tokens_and_stats(checkpoints):
+    svc, ev = start(checkpoints("qwen3_moe"))
+    try:
+        svc.submit(P.Generate("r1", messages=(P.Message("user", "hello"),), max_tokens=40))
+        done, seen = ev.until(P.GenerationDone)
+        toks = [e for e in seen if isinstance(e, P.Tokens)]
+        assert len(toks) >= 1
+        assert sum(len(t.token_ids) for t in toks) == len(done.token_ids)
+        assert done.finish_reason in ("stop", "length")
+        assert ev.threads == {"ssdmoe-engine"}
+        sample, _ = ev.until(P.StatsSample)
+        assert sample.generated_tokens == len(done.token_ids)
+        assert sample.k == 4
+        assert done.stats["expert_cache_misses"] > 0
+    finally:
+        svc.shutdown()
+
+
+def test_k_change_applies_from_next_token_and_cancel(checkpoints):
+    svc, ev = start(checkpoints("qwen3_moe"))
+    try:
+        svc.submit(P.Generate("r2", prompt_tokens=tuple(range(3, 20)), max_tokens=400))
+        first, _ = ev.until(P.Tokens)
+        svc.set_k(2)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        svc.cancel()
+        done, _ = ev.until(P.GenerationDone)
+        assert time.monotonic() - t0 < 1.0
+        assert done.finish_reason == "cancelled"
+        ks = list(done.k_per_token)
+        assert ks[0] == 4 and ks[-1] == 2
+        switch = ks.index(2)
+        assert all(k == 4 for k in ks[:switch]) and all(k == 2 for k in ks[switch:])
+    finally:
+        svc.shutdown()
+
+
+def test_errors_are_events_and_engine_survives(checkpoints, tmp_path):
+    svc, ev = start(checkpoints("qwen3_moe"))
+    try:
+        svc.submit(P.LoadModel(path=str(tmp_path / "missing")))
+        err, _ = ev.until(P.EngineError)
+        assert "missing" in err.message and "\n" not in err.message
+        svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1"))
+        ev.until(P.ModelLoaded)
+        svc.submit(P.Generate("r3", messages=(P.Message("user", "hi"),), max_tokens=5))
+        done, _ = ev.until(P.GenerationDone)
+        assert len(done.token_ids) >= 1
+    finally:
+        svc.shutdown()
