@@ -1,0 +1,102 @@
+"""`ssdmoe [chat]`: open the chat app (the demo model unless --model is given)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from ssdmoe_tui.config import Config, LoadedConfig, config_path, load_config
+
+HELP = "open the chat app (the default command)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by `ssdmoe` and `ssdmoe chat`; each overrides config.toml."""
+    parser.add_argument(
+        "--model", metavar="DIR", help="checkpoint folder (default: the embedded demo model)"
+    )
+    parser.add_argument(
+        "--k", type=_positive_int, metavar="K", help="experts per token (default: the trained K)"
+    )
+    parser.add_argument(
+        "--expert-cache", metavar="SIZE", help='expert-cache budget: "auto", 512M, 4G, ...'
+    )
+    parser.add_argument("--theme", metavar="NAME", help="colour theme, e.g. ssdmoe-light")
+    parser.add_argument(
+        "--max-tokens", type=_positive_int, metavar="N", help="longest reply, in tokens"
+    )
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ID",
+        help="resume a saved conversation (the latest without ID)",
+    )
+    parser.add_argument(
+        "--config-path", action="store_true", help="print where config.toml lives and exit"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("chat", help=HELP, description=HELP)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def merge(config: Config, args: argparse.Namespace) -> Config:
+    """CLI flags win over the config file."""
+    overrides = {
+        "model": getattr(args, "model", None),
+        "k": getattr(args, "k", None),
+        "expert_cache": getattr(args, "expert_cache", None),
+        "theme": getattr(args, "theme", None),
+        "max_tokens": getattr(args, "max_tokens", None),
+    }
+    return replace(config, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def build_settings(args: argparse.Namespace, loaded: LoadedConfig | None = None):
+    from ssdmoe_tui.ui.app import ChatSettings
+
+    loaded = loaded or load_config()
+    cfg = merge(loaded.config, args)
+    return ChatSettings(
+        model=cfg.model,
+        k=cfg.k,
+        expert_cache=cfg.expert_cache,
+        theme=cfg.theme,
+        max_tokens=cfg.max_tokens,
+        system_prompt=cfg.system_prompt,
+        keymap=dict(cfg.keymap),
+        resume=getattr(args, "resume", None),
+        config=loaded,
+        warnings=loaded.warnings,
+    )
+
+
+def session_store(settings) -> object | None:
+    """Hook for conversation persistence; None until sessions are wired in."""
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "config_path", False):
+        print(config_path())
+        return 0
+    from ssdmoe_tui.ui.app import SsdmoeApp
+
+    settings = build_settings(args)
+    app = SsdmoeApp(settings, session_store=session_store(settings))
+    code = app.run()
+    return int(code or app.return_code or 0)

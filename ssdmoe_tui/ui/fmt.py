@@ -1,0 +1,37 @@
+"""How numbers look on screen; one place so the panel, header and tests agree."""
+
+from __future__ import annotations
+
+MIB = 1024 * 1024
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "—"
+    n = float(n)
+    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_rate(tok_s: float | None) -> str:
+    return "—" if tok_s is None else f"{tok_s:.1f} tok/s"
+
+
+def fmt_mib(mib: float | None) -> str:
+    return "—" if mib is None else f"{mib:.2f} MiB"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    return "—" if fraction is None else f"{fraction * 100:.1f} %"
+
+
+def fmt_count(n: int) -> str:
+    return f"{n:,}"
+
+
+def mib_per_token(expert_bytes: int, k: int, num_layers: int) -> float:
+    """SSD bytes per decoded token if no expert were cached: K experts in every MoE layer."""
+    return expert_bytes * k * num_layers / MIB

@@ -1,0 +1,190 @@
+"""The engine panel: what the streaming engine is doing, token by token.
+
+Fed only from events the engine posts (StatsSample, PhaseChanged, ModelLoaded);
+it never asks MLX anything. Every shown value is kept in `shown` as the exact text
+on screen, so tests can compare it with the sample that produced it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Label, ProgressBar, Sparkline, Static
+
+from ssdmoe_tui.engine.protocol import ModelInfo, PhaseChanged, StatsSample
+from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
+from ssdmoe_tui.ui.widgets.k_slider import KSlider
+
+HISTORY = 60  # sparklines cover about the last 60 decoded tokens
+
+PHASE_LABELS = {
+    "idle": "idle",
+    "loading": "loading model",
+    "indexing": "indexing experts",
+    "prefill": "prefill",
+    "decoding": "decoding",
+    "saving": "saving",
+}
+
+# (key, label) rows in display order; the section a row belongs to is set in compose().
+ROWS = {
+    "decode": "decode",
+    "prefill": "prefill (last turn)",
+    "ssd": "SSD read",
+    "requested": "requested",
+    "cache_hit": "hit rate",
+    "cache_used": "used / budget",
+    "mem_resident": "weights (resident)",
+    "mem_cache": "expert cache",
+    "mem_kv": "KV cache",
+    "mem_rss": "process RSS",
+    "mem_peak": "peak RSS",
+    "kv_hit": "KV hit (this turn)",
+    "context": "context",
+}
+
+
+class Row(Horizontal):
+    """`label ......... value` on one line."""
+
+    DEFAULT_CSS = """
+    Row { height: 1; }
+    Row > .row-label { width: 1fr; color: $foreground-muted; }
+    Row > .row-value { width: auto; text-style: bold; }
+    """
+
+    def __init__(self, key: str, label: str) -> None:
+        super().__init__(id=f"row-{key}")
+        self.key = key
+        self.label = label
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.label, classes="row-label")
+        yield Static("—", id=f"v-{self.key}", classes="row-value")
+
+
+class EnginePanel(VerticalScroll):
+    """Side column: phase, K, throughput, SSD traffic, caches, memory, context."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.shown: dict[str, str] = {}
+        self.decode_history: deque[float] = deque(maxlen=HISTORY)
+        self.ssd_history: deque[float] = deque(maxlen=HISTORY)
+        self.last_sample: StatsSample | None = None
+        self.info: ModelInfo | None = None
+        self._last_generated = 0
+        self.phase = "idle"
+
+    def compose(self) -> ComposeResult:
+        yield Static("phase", classes="section-title")
+        yield Static(PHASE_LABELS["idle"], id="phase")
+        yield ProgressBar(total=1, show_eta=False, id="phase-progress")
+        yield Static("experts per token", classes="section-title")
+        yield KSlider(id="k-slider")
+        yield Static("throughput", classes="section-title")
+        yield Row("decode", ROWS["decode"])
+        yield Sparkline([], id="spark-decode")
+        yield Row("prefill", ROWS["prefill"])
+        yield Static("SSD per token", classes="section-title")
+        yield Row("ssd", ROWS["ssd"])
+        yield Sparkline([], id="spark-ssd")
+        yield Row("requested", ROWS["requested"])
+        yield Static("expert cache", classes="section-title")
+        yield Row("cache_hit", ROWS["cache_hit"])
+        yield Row("cache_used", ROWS["cache_used"])
+        yield Static("memory", classes="section-title")
+        for key in ("mem_resident", "mem_cache", "mem_kv", "mem_rss", "mem_peak"):
+            yield Row(key, ROWS[key])
+        yield Static("context", classes="section-title")
+        yield Row("kv_hit", ROWS["kv_hit"])
+        yield Row("context", ROWS["context"])
+        yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="context-meter")
+
+    def on_mount(self) -> None:
+        self.border_title = "engine"
+        self.query_one("#phase-progress", ProgressBar).display = False
+
+    # ------------------------------------------------------------------ updates
+
+    def _set(self, key: str, text: str) -> None:
+        if self.shown.get(key) != text:
+            self.shown[key] = text
+            self.query_one(f"#v-{key}", Static).update(text)
+
+    def show_model(self, info: ModelInfo | None) -> None:
+        self.info = info
+        slider = self.query_one(KSlider)
+        if info is None:
+            slider.configure(num_experts=0, trained_k=0, k=1, expert_bytes=0, num_layers=0)
+            return
+        slider.configure(
+            num_experts=info.num_experts,
+            trained_k=info.trained_k,
+            k=info.k,
+            expert_bytes=info.expert_bytes,
+            num_layers=info.num_layers,
+        )
+        self._set("mem_resident", fmt_bytes(info.resident_bytes))
+        self._set("cache_used", f"— / {fmt_bytes(info.expert_cache_budget)}")
+        self._set("context", f"0 / {fmt_count(info.max_context)}")
+        meter = self.query_one("#context-meter", ProgressBar)
+        meter.update(total=max(1, info.max_context), progress=0)
+
+    def show_phase(self, event: PhaseChanged) -> None:
+        self.phase = event.phase
+        label = PHASE_LABELS.get(event.phase, event.phase)
+        if event.total and event.phase in ("prefill", "loading", "indexing"):
+            label += f"  {fmt_count(event.done)}/{fmt_count(event.total)}"
+        if event.detail:
+            label += f"\n{event.detail}"
+        self.query_one("#phase", Static).update(label)
+        self.shown["phase"] = label
+        bar = self.query_one("#phase-progress", ProgressBar)
+        bar.display = event.phase in ("prefill", "loading", "indexing") and event.total > 0
+        if bar.display:
+            bar.update(total=event.total, progress=event.done)
+        if event.phase == "prefill" and event.done == 0:
+            self._last_generated = 0
+
+    def show_sample(self, s: StatsSample) -> None:
+        self.last_sample = s
+        new_tokens = s.generated_tokens - self._last_generated
+        if new_tokens < 0:  # a new turn started
+            new_tokens = s.generated_tokens
+        self._last_generated = s.generated_tokens
+        if new_tokens > 0:
+            # One sparkline point per token decoded since the previous sample, so the
+            # lines span ~60 tokens whatever the sample rate.
+            for _ in range(min(new_tokens, HISTORY)):
+                self.decode_history.append(s.decode_tok_s)
+                self.ssd_history.append(s.ssd_mib_per_token)
+            self.query_one("#spark-decode", Sparkline).data = list(self.decode_history)
+            self.query_one("#spark-ssd", Sparkline).data = list(self.ssd_history)
+        self._set("decode", fmt_rate(s.decode_tok_s))
+        self._set("prefill", fmt_rate(s.prefill_tok_s))
+        self._set("ssd", f"{fmt_mib(s.ssd_mib_per_token)}/tok")
+        self._set("requested", f"{fmt_mib(s.requested_mib_per_token)}/tok")
+        self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate))
+        self._set(
+            "cache_used",
+            f"{fmt_bytes(s.expert_cache_used_bytes)} / {fmt_bytes(s.expert_cache_budget_bytes)}",
+        )
+        self._set("mem_resident", fmt_bytes(s.resident_bytes))
+        self._set("mem_cache", fmt_bytes(s.expert_cache_used_bytes))
+        self._set("mem_kv", fmt_bytes(s.kv_cache_bytes))
+        self._set("mem_rss", fmt_bytes(s.rss_bytes))
+        self._set("mem_peak", fmt_bytes(s.peak_rss_bytes))
+        self._set("kv_hit", fmt_pct(s.kv_hit_rate))
+        self._set("context", f"{fmt_count(s.context_tokens)} / {fmt_count(s.max_context)}")
+        meter = self.query_one("#context-meter", ProgressBar)
+        meter.update(total=max(1, s.max_context), progress=min(s.context_tokens, s.max_context))
+
+    def clear_history(self) -> None:
+        self.decode_history.clear()
+        self.ssd_history.clear()
+        self._last_generated = 0
+        self.query_one("#spark-decode", Sparkline).data = []
+        self.query_one("#spark-ssd", Sparkline).data = []

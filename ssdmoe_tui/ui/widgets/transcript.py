@@ -1,0 +1,195 @@
+"""The conversation: user prompts and assistant replies, replies rendered as Markdown
+while they stream (MarkdownStream appends; one final `update()` with the full text)."""
+
+from __future__ import annotations
+
+import re
+
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Label, Markdown, Static
+from textual.widgets.markdown import MarkdownFence, MarkdownStream
+
+_FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+FINISH_LABELS = {
+    "stop": "",
+    "length": "hit max tokens",
+    "cancelled": "stopped",
+    "error": "failed",
+}
+
+
+def code_blocks(markdown_text: str) -> list[str]:
+    """The fenced code blocks of a Markdown text, in order."""
+    return [m.group(2) for m in _FENCE.finditer(markdown_text)]
+
+
+class CopyButton(Static):
+    """A small clickable `copy` in a message header."""
+
+    DEFAULT_CSS = """
+    CopyButton { width: auto; color: $foreground-muted; padding: 0 1; }
+    CopyButton:hover { color: $accent; text-style: bold; }
+    """
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        message = next(a for a in self.ancestors if isinstance(a, ChatMessage))
+        message.action_copy_message()
+
+
+class ChatMessage(Vertical, can_focus=True):
+    """One turn. Focus it (tab, or click) and press `c` to copy it, `b` for its code blocks."""
+
+    BINDINGS = [
+        Binding("c", "copy_message", "Copy message", id="message.copy"),
+        Binding("b", "copy_code", "Copy code block", id="message.copy_code"),
+    ]
+    ROLE = "user"
+
+    def __init__(self, text: str = "", *, classes: str | None = None) -> None:
+        super().__init__(classes=classes)
+        self.text = text
+        self._next_block = 0
+
+    def header_text(self) -> Text:
+        return Text(self.ROLE, style="bold")
+
+    def compose_header(self) -> ComposeResult:
+        with Horizontal(classes="message-header"):
+            yield Label(self.header_text(), classes="message-title")
+            yield CopyButton("copy", classes="copy")
+
+    def action_copy_message(self) -> None:
+        self.app.copy_to_clipboard(self.text)
+        self.app.notify(f"Copied the {self.ROLE} message ({len(self.text)} characters)")
+
+    def action_copy_code(self) -> None:
+        blocks = code_blocks(self.text)
+        if not blocks:
+            self.app.notify("No code block in this message", severity="warning")
+            return
+        index = self._next_block % len(blocks)
+        self._next_block += 1
+        self.app.copy_to_clipboard(blocks[index])
+        self.app.notify(f"Copied code block {index + 1} of {len(blocks)}")
+
+
+class UserMessage(ChatMessage):
+    ROLE = "you"
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_header()
+        yield Static(self.text, markup=False, classes="message-body")
+
+
+class AssistantMessage(ChatMessage):
+    """Starts empty; `append()` streams text in, `finish()` settles it."""
+
+    ROLE = "assistant"
+
+    def __init__(self, request_id: str, model_name: str = "") -> None:
+        super().__init__("", classes="pending")
+        self.request_id = request_id
+        self.model_name = model_name
+        self.finish_reason: str | None = None
+        self.detail = ""
+        self._stream: MarkdownStream | None = None
+        self.appends = 0  # how many increments arrived (tests check streaming happened)
+
+    def header_text(self) -> Text:
+        title = Text(self.model_name or self.ROLE, style="bold")
+        if self.finish_reason is None:
+            title.append("  …", style="italic")
+        else:
+            label = FINISH_LABELS.get(self.finish_reason, self.finish_reason)
+            if label:
+                title.append(f"  [{label}]", style="bold italic")
+        if self.detail:
+            title.append(f"  {self.detail}", style="dim")
+        return title
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_header()
+        yield Markdown("", classes="message-body")
+
+    @property
+    def markdown(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    async def append(self, text: str) -> None:
+        if not text:
+            return
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.markdown)
+        self.text += text
+        self.appends += 1
+        await self._stream.write(text)
+
+    async def finish(self, text: str, finish_reason: str, detail: str = "") -> None:
+        """End the stream and render the whole reply once, exactly as generated."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.text = text
+        self.finish_reason = finish_reason
+        self.detail = detail
+        await self.markdown.update(text)
+        self.remove_class("pending")
+        self.set_class(finish_reason == "cancelled", "stopped")
+        self.set_class(finish_reason == "error", "failed")
+        self.query_one(".message-title", Label).update(self.header_text())
+
+    def on_click(self, event: events.Click) -> None:
+        """Clicking a code block copies it."""
+        widget = event.widget
+        while widget is not None and widget is not self:
+            if isinstance(widget, MarkdownFence):
+                self.app.copy_to_clipboard(widget.code)
+                self.app.notify("Copied the code block")
+                event.stop()
+                return
+            widget = widget.parent  # type: ignore[assignment]
+
+
+class Notice(Static):
+    """A one-line system note in the transcript (model loaded, new chat, ...)."""
+
+
+class Transcript(VerticalScroll):
+    """Follows the stream (anchored) until the user scrolls up; End re-pins it."""
+
+    BINDINGS = [Binding("end", "pin", "Follow", show=False, id="transcript.pin")]
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def action_pin(self) -> None:
+        self.anchor()
+        self.scroll_end(animate=False)
+
+    async def add_user(self, text: str) -> UserMessage:
+        message = UserMessage(text)
+        await self.mount(message)
+        return message
+
+    async def add_assistant(self, request_id: str, model_name: str) -> AssistantMessage:
+        message = AssistantMessage(request_id, model_name)
+        await self.mount(message)
+        return message
+
+    async def add_notice(self, text: str, *, classes: str = "") -> Notice:
+        notice = Notice(text, markup=False, classes=classes)
+        await self.mount(notice)
+        return notice
+
+    async def clear(self) -> None:
+        await self.remove_children()
+        self.anchor()
+
+    def messages(self) -> list[ChatMessage]:
+        return list(self.query(ChatMessage))
