@@ -1,0 +1,421 @@
+"""Conversations on disk: one folder per conversation under the sessions folder.
+
+    sessions/<id>/conversation.json   title, times, model, system prompt, turns
+    sessions/<id>/kv-<n>.safetensors  KV checkpoints (see checkpoints.py)
+    sessions/.last_opened             id for `ssdmoe --resume`
+
+Ids are generated here (`20261129-191118-a1b2c3`: UTC time + random) and checked
+against a strict pattern before any path is built from them, so no id can reach
+outside the sessions folder. Titles are data only, never part of a path.
+Every write is atomic (temp, fsync, rename): a crash leaves the previous text.
+
+A *turn* here is one message (role, text, exact token ids, K, stopped). The token ids
+of a user turn are exactly the tokens appended to the context for it (the templated
+delta: the previous turn's closing text, the user block, the assistant header); an
+assistant turn's ids are the generated ids. Their concatenation is the conversation's
+exact token history, which is what KV checkpoints are checked against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+import unicodedata
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ssdmoe_tui import paths
+from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via
+from ssdmoe_tui.errors import BadValueError, SsdmoeError
+
+FORMAT = "ssdmoe-conversation"
+VERSION = 1
+CONVERSATION_FILE = "conversation.json"
+LAST_OPENED_FILE = ".last_opened"
+ID_PATTERN = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+TITLE_MAX = 80
+
+# Test hook: called with the finished temp file just before conversation.json is replaced.
+_before_rename: Callable[[Path], None] | None = None
+
+
+class SessionError(SsdmoeError):
+    """A conversation that cannot be found or read; one line naming it."""
+
+
+class SessionNotFound(SessionError):
+    pass
+
+
+class SessionCorrupt(SessionError):
+    pass
+
+
+def validate_id(conv_id: str) -> str:
+    """The id itself if it is one this store could have made; BadValueError otherwise."""
+    if not isinstance(conv_id, str) or not ID_PATTERN.match(conv_id):
+        shown = repr(conv_id)[:60]
+        raise BadValueError(f"not a conversation id: {shown}")
+    return conv_id
+
+
+def new_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def clean_title(text: str, limit: int = TITLE_MAX) -> str:
+    """One line of printable text: control characters dropped, whitespace collapsed."""
+    text = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text or "")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Turn:
+    role: str  # "user" or "assistant"
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    k: int | None = None  # experts per token used (assistant turns)
+    stopped: bool = False  # generation was stopped before its end-of-turn token
+    created: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Turn:
+        role = d["role"]
+        if role not in ("user", "assistant"):
+            raise ValueError(f"unknown role {role!r}")
+        ids = d.get("token_ids") or []
+        if not all(isinstance(i, int) and i >= 0 for i in ids):
+            raise ValueError("token_ids must be non-negative integers")
+        k = d.get("k")
+        return cls(
+            role=role,
+            text=str(d["text"]),
+            token_ids=list(ids),
+            k=int(k) if k is not None else None,
+            stopped=bool(d.get("stopped", False)),
+            created=float(d.get("created", 0.0)),
+        )
+
+
+@dataclass
+class Conversation:
+    id: str
+    title: str = ""
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    model_id: str = ""
+    fingerprint: str = ""
+    system_prompt: str = ""
+    turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def display_title(self) -> str:
+        if self.title:
+            return self.title
+        first = next((t.text for t in self.turns if t.role == "user"), "")
+        return clean_title(first) or "New conversation"
+
+    @property
+    def n_turns(self) -> int:
+        """Exchanges: user messages."""
+        return sum(1 for t in self.turns if t.role == "user")
+
+    def history_tokens(self) -> list[int]:
+        """The exact token sequence the model has seen and produced so far."""
+        out: list[int] = []
+        for t in self.turns:
+            out.extend(t.token_ids)
+        return out
+
+    def messages(self) -> list[dict[str, str]]:
+        """Chat messages (system prompt first, if any) for templating."""
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        msgs.extend({"role": t.role, "content": t.text} for t in self.turns)
+        return msgs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "id": self.id,
+            "title": self.title,
+            "created": self.created,
+            "updated": self.updated,
+            "model_id": self.model_id,
+            "fingerprint": self.fingerprint,
+            "system_prompt": self.system_prompt,
+            "turns": [asdict(t) for t in self.turns],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Conversation:
+        if d.get("format") != FORMAT:
+            raise ValueError("not an ssdmoe conversation")
+        if int(d.get("version", 0)) > VERSION:
+            raise ValueError(f"written by a newer ssdmoe (version {d.get('version')})")
+        return cls(
+            id=validate_id(d["id"]),
+            title=clean_title(str(d.get("title", ""))),
+            created=float(d["created"]),
+            updated=float(d["updated"]),
+            model_id=str(d.get("model_id", "")),
+            fingerprint=str(d.get("fingerprint", "")),
+            system_prompt=str(d.get("system_prompt", "")),
+            turns=[Turn.from_dict(t) for t in d.get("turns", [])],
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the conversation list shows."""
+
+    id: str
+    title: str
+    created: float
+    updated: float
+    model_id: str
+    n_turns: int
+    snippet: str = ""  # search hit in context (search results only)
+
+
+def _summary(conv: Conversation, snippet: str = "") -> Summary:
+    return Summary(
+        conv.id,
+        conv.display_title,
+        conv.created,
+        conv.updated,
+        conv.model_id,
+        conv.n_turns,
+        snippet,
+    )
+
+
+# --------------------------------------------------------------------------- store
+
+
+class SessionStore:
+    """All conversations under one sessions folder (default: paths.sessions_dir())."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else paths.sessions_dir()
+        self._lock = threading.RLock()
+
+    # -------------------------------------------------------------- paths
+    def folder(self, conv_id: str) -> Path:
+        """The conversation's folder; the id is validated first."""
+        return self.root / validate_id(conv_id)
+
+    def _file(self, conv_id: str) -> Path:
+        return self.folder(conv_id) / CONVERSATION_FILE
+
+    # -------------------------------------------------------------- create / save
+    def create(
+        self, model_id: str = "", fingerprint: str = "", system_prompt: str = "", title: str = ""
+    ) -> Conversation:
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            while True:
+                conv = Conversation(
+                    id=new_id(),
+                    title=clean_title(title),
+                    model_id=model_id,
+                    fingerprint=fingerprint,
+                    system_prompt=system_prompt,
+                )
+                try:
+                    self.folder(conv.id).mkdir()
+                    break
+                except FileExistsError:
+                    continue
+            self.save(conv, touch=False)
+            return conv
+
+    def save(self, conv: Conversation, *, touch: bool = True) -> None:
+        """Write conversation.json atomically (`touch`: set `updated` to now)."""
+        if touch:
+            conv.updated = max(time.time(), conv.updated)
+        text = json.dumps(conv.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+        def write(tmp: Path) -> None:
+            tmp.write_text(text, encoding="utf-8")
+            if _before_rename is not None:
+                _before_rename(tmp)
+
+        with self._lock:
+            atomic_write_via(self._file(conv.id), write)
+
+    def add_turn(self, conv: Conversation, turn: Turn) -> None:
+        """Append a turn and save (the first user message becomes the default title)."""
+        if turn.role not in ("user", "assistant"):
+            raise BadValueError(f"unknown role: {turn.role!r}")
+        conv.turns.append(turn)
+        self.save(conv)
+
+    # -------------------------------------------------------------- read
+    def get(self, conv_id: str) -> Conversation:
+        path = self._file(conv_id)
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SessionNotFound(f"no conversation {conv_id}") from None
+        except OSError as e:
+            raise SessionCorrupt(f"cannot read {path}: {e.strerror or e}") from None
+        try:
+            conv = Conversation.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SessionCorrupt(f"{path} is not a valid conversation: {e}") from None
+        if conv.id != conv_id:
+            raise SessionCorrupt(f"{path} holds conversation {conv.id}, not {conv_id}")
+        return conv
+
+    def ids(self) -> list[str]:
+        try:
+            names = [e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        return sorted((n for n in names if ID_PATTERN.match(n)), reverse=True)
+
+    def _all(self, on_error: Callable[[str], None] | None) -> Iterable[Conversation]:
+        for conv_id in self.ids():
+            try:
+                yield self.get(conv_id)
+            except SessionError as e:
+                if on_error is not None:
+                    on_error(str(e))
+
+    def list(self, on_error: Callable[[str], None] | None = None) -> list[Summary]:
+        """Every readable conversation, most recently updated first."""
+        convs = sorted(self._all(on_error), key=lambda c: c.updated, reverse=True)
+        return [_summary(c) for c in convs]
+
+    def search(self, text: str, on_error: Callable[[str], None] | None = None) -> list[Summary]:
+        """Conversations whose title or any message contains `text` (case-insensitive)."""
+        needle = " ".join(text.split()).casefold()
+        if not needle:
+            return self.list(on_error)
+        hits = []
+        for conv in self._all(on_error):
+            for source in [conv.display_title, conv.system_prompt] + [t.text for t in conv.turns]:
+                flat = " ".join(source.split())
+                at = flat.casefold().find(needle)
+                if at >= 0:
+                    lo = max(0, at - 30)
+                    snippet = ("…" if lo else "") + flat[lo : at + len(needle) + 50]
+                    hits.append(_summary(conv, clean_title(snippet, 100)))
+                    break
+        return sorted(hits, key=lambda s: s.updated, reverse=True)
+
+    # -------------------------------------------------------------- edit
+    def rename(self, conv_id: str, title: str) -> Conversation:
+        with self._lock:
+            conv = self.get(conv_id)
+            conv.title = clean_title(title)
+            self.save(conv, touch=False)
+            return conv
+
+    def delete(self, conv_id: str) -> None:
+        """Remove the conversation and its checkpoints. The folder is first renamed out
+        of the listing, so a crash mid-delete never leaves a half-deleted conversation."""
+        with self._lock:
+            folder = self.folder(conv_id)
+            if not folder.is_dir():
+                raise SessionNotFound(f"no conversation {conv_id}")
+            trash = self.root / f".trash-{conv_id}-{secrets.token_hex(3)}"
+            os.replace(folder, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+            if self.last_opened(fallback=False) == conv_id:
+                (self.root / LAST_OPENED_FILE).unlink(missing_ok=True)
+
+    def clear(self, conv_id: str) -> Conversation:
+        """A fresh context in the same window: a new, empty conversation with the same
+        model and system prompt. The old one stays in the list (text is never dropped)."""
+        old = self.get(conv_id)
+        new = self.create(old.model_id, old.fingerprint, old.system_prompt)
+        self.mark_opened(new.id)
+        return new
+
+    # -------------------------------------------------------------- resume
+    def mark_opened(self, conv_id: str) -> None:
+        validate_id(conv_id)
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.root / LAST_OPENED_FILE, conv_id + "\n")
+
+    def last_opened(self, *, fallback: bool = True) -> str | None:
+        """The conversation last opened (for `--resume`); else the most recently updated."""
+        try:
+            conv_id = (self.root / LAST_OPENED_FILE).read_text(encoding="utf-8").strip()
+            if ID_PATTERN.match(conv_id) and (self.folder(conv_id) / CONVERSATION_FILE).is_file():
+                return conv_id
+        except OSError:
+            pass
+        if not fallback:
+            return None
+        listed = self.list()
+        return listed[0].id if listed else None
+
+    # -------------------------------------------------------------- export
+    def export_markdown(self, conv_id: str) -> str:
+        return to_markdown(self.get(conv_id))
+
+    def export_json(self, conv_id: str, *, include_tokens: bool = True) -> str:
+        return to_json(self.get(conv_id), include_tokens=include_tokens)
+
+    def export_to(self, conv_id: str, dest: Path, fmt: str = "md") -> Path:
+        """Write an export file atomically; `dest` is a file or a folder (then the name is
+        made from the id, never from the title)."""
+        if fmt not in ("md", "json"):
+            raise BadValueError(f"export format must be md or json, not {fmt!r}")
+        text = self.export_markdown(conv_id) if fmt == "md" else self.export_json(conv_id)
+        dest = Path(dest).expanduser()
+        if dest.is_dir():
+            dest = dest / f"conversation-{validate_id(conv_id)}.{fmt}"
+        atomic_write_text(dest, text)
+        return dest
+
+
+def to_markdown(conv: Conversation) -> str:
+    lines = [f"# {conv.display_title}", ""]
+    lines.append(f"- Conversation: `{conv.id}`")
+    if conv.model_id:
+        lines.append(f"- Model: {conv.model_id}")
+    lines.append(f"- Created: {iso(conv.created)}; updated: {iso(conv.updated)}")
+    lines.append("")
+    if conv.system_prompt:
+        lines += ["## System", "", conv.system_prompt, ""]
+    for t in conv.turns:
+        heading = "## User" if t.role == "user" else "## Assistant"
+        notes = []
+        if t.role == "assistant" and t.k is not None:
+            notes.append(f"K={t.k}")
+        if t.stopped:
+            notes.append("stopped")
+        if notes:
+            heading += f" ({', '.join(notes)})"
+        lines += [heading, "", t.text, ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def to_json(conv: Conversation, *, include_tokens: bool = True) -> str:
+    data = conv.to_dict()
+    if not include_tokens:
+        for t in data["turns"]:
+            t.pop("token_ids", None)
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
