@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ssdmoe_tui import paths
 from ssdmoe_tui.errors import SsdmoeError
 
 ABI_VERSION = 1  # must match SSDMOE_ABI_VERSION in ssdmoe_reader.h
@@ -160,6 +159,8 @@ def native_library_path(src_dir: Path | None = None) -> Path:
         return local
     if _writable_dir(src_dir):
         return build_native_library(src_dir, local)
+    from ssdmoe_tui import paths  # only needed here (read-only installs)
+
     cached = paths.cache_dir() / "native" / f"{_LIB_STEM}-{_source_hash(src_dir)}{_lib_suffix()}"
     if cached.exists() and _try_load(cached):
         return cached
@@ -229,10 +230,6 @@ def _cause(status: int) -> tuple[str, int | None, int | None]:
     return f"{os.strerror(err)} (errno {err})", err, None
 
 
-def _as_i64(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.int64)
-
-
 class Reader:
     """Reads batches of (fd, offset, length, dest address) requests; see module doc."""
 
@@ -288,6 +285,23 @@ class Reader:
             )
 
 
+class _Staging:
+    """Request arrays handed to C, reused across calls, with their addresses cached."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.fds = np.zeros(capacity, dtype=np.intc)
+        self.offsets = np.zeros(capacity, dtype=np.int64)
+        self.lengths = np.zeros(capacity, dtype=np.int64)
+        self.dests = np.zeros(capacity, dtype=np.int64)
+        self.status = np.zeros(capacity, dtype=np.int64)
+        self.fds_p = self.fds.ctypes.data
+        self.offsets_p = self.offsets.ctypes.data
+        self.lengths_p = self.lengths.ctypes.data
+        self.dests_p = self.dests.ctypes.data
+        self.status_p = self.status.ctypes.data
+
+
 class NativeReader(Reader):
     name = "native"
 
@@ -299,6 +313,8 @@ class NativeReader(Reader):
             raise MemoryError("cannot create the native reader")
         self._h: int | None = handle
         self.queue_depth = self._lib.ssdmoe_reader_queue_depth(handle)
+        self._lock = threading.Lock()
+        self._staging: _Staging | None = None
 
     def open(self, path: str | Path) -> int:
         path = str(path)
@@ -326,37 +342,43 @@ class NativeReader(Reader):
             raise ValueError("reader is closed")
         return self._h
 
+    def _stage(self, n: int) -> _Staging:
+        if self._staging is None or self._staging.capacity < n:
+            self._staging = _Staging(max(n, 2 * (self._staging.capacity if self._staging else 32)))
+        return self._staging
+
     def read_batch(
         self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
     ) -> int:
-        fds32 = np.ascontiguousarray(fds, dtype=np.intc)
-        offsets, lengths, dests = _as_i64(offsets), _as_i64(lengths), _as_i64(dests)
-        n = len(fds32)
+        n = len(fds)
         if not (len(offsets) == len(lengths) == len(dests) == n):
             raise ValueError("fds, offsets, lengths and dests must have the same length")
         if n == 0:
             return 0
-        status = np.empty(n, dtype=np.int64)
-        failed = self._lib.ssdmoe_read_batch(
-            self._handle(),
-            n,
-            fds32.ctypes.data,
-            offsets.ctypes.data,
-            lengths.ctypes.data,
-            dests.ctypes.data,
-            status.ctypes.data,
-        )
-        if failed < 0:
-            raise OSError(-failed, os.strerror(-failed))
-        if failed:
-            i = int(np.flatnonzero((status != lengths) | (lengths < 0))[0])
-            raise self._error(int(fds32[i]), int(offsets[i]), int(lengths[i]), int(status[i]))
-        return int(lengths.sum())
+        with self._lock:  # the staging arrays are shared; the C side serializes anyway
+            st = self._stage(n)
+            # Copying into persistent arrays with cached addresses costs ~1 us; asking
+            # numpy for fresh addresses (`.ctypes.data`) costs more than the call itself.
+            st.fds[:n] = fds
+            st.offsets[:n] = offsets
+            st.lengths[:n] = lengths
+            st.dests[:n] = dests
+            failed = self._lib.ssdmoe_read_batch(
+                self._handle(), n, st.fds_p, st.offsets_p, st.lengths_p, st.dests_p, st.status_p
+            )
+            if failed == 0:
+                return int(st.lengths[:n].sum())
+            if failed < 0:
+                raise OSError(-failed, os.strerror(-failed))
+            lens, status = st.lengths[:n], st.status[:n]
+            i = int(np.flatnonzero((status != lens) | (lens < 0))[0])
+            raise self._error(int(st.fds[i]), int(st.offsets[i]), int(lens[i]), int(status[i]))
 
     def close(self) -> None:
         if self._h:
-            self._lib.ssdmoe_reader_destroy(self._h)  # closes every fd from open()
-            self._h = None
+            with self._lock:
+                self._lib.ssdmoe_reader_destroy(self._h)  # closes every fd from open()
+                self._h = None
             self._paths.clear()
 
     def __del__(self) -> None:
