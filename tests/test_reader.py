@@ -146,7 +146,7 @@ def test_short_read_past_eof_names_file(data_file, kind, direct):
     assert e.offset == len(data) - 100 and e.length == 1000 and e.got == 100
     assert str(len(data) - 100) in str(e) and "1000 bytes" in str(e)
     assert bytes(buf[5000:5100]) == data[-100:]  # what existed was still read
-    assert "\n" not in user_message(e)
+    assert user_message(e) == str(e)  # already one line, no class-name prefix
 
 
 @pytest.mark.parametrize("kind", ["native", "python"])
@@ -338,3 +338,13 @@ def test_iostats_counters(data_file):
         assert isinstance(iostats.device_read_bytes(), int)
     rss, peak = iostats.rss_bytes(), iostats.peak_rss_bytes()
     assert rss is not None and peak is not None and 0 < rss <= peak
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_open_missing_file_names_it(tmp_path, kind):
+    missing = tmp_path / "nope.safetensors"
+    with make_reader(kind, 4) as rd:
+        assert rd.queue_depth == 4
+        with pytest.raises(FileNotFoundError) as err:
+            rd.open(missing)
+    assert str(missing) in user_message(err.value)

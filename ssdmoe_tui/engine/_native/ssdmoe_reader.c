@@ -173,6 +173,7 @@ static int64_t read_one(struct ssdmoe_reader *r, worker_t *w, int fd, int64_t of
         }
     }
 #else
+    (void)r;
     (void)w;
 #endif
     return read_buffered(fd, (char *)dest, off, len);
