@@ -1,0 +1,436 @@
+"""KV checkpoints of a conversation: mlx-lm prompt caches saved as safetensors.
+
+One file per checkpoint, `kv-<n_tokens>.safetensors` in the conversation's folder,
+written by mlx-lm's `save_prompt_cache` to a temp file that is fsynced and renamed
+into place (a crash leaves the previous checkpoint intact). The safetensors metadata
+carries the model fingerprint, the number of tokens covered, a SHA-256 of their ids,
+a SHA-256 of the tensor bytes, and the format version. A checkpoint is only ever
+loaded when all of them match; otherwise it is skipped with a one-line reason and
+the caller rebuilds the context from the conversation's token ids.
+
+Checkpoints are taken at turn boundaries (hybrid models' recurrent state cannot be
+rolled back, so a mid-turn checkpoint would be useless for the next turn). Disk use
+is bounded per conversation and globally; the oldest checkpoints go first.
+conversation.json is never touched here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import sys
+import time
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, load_prompt_cache, save_prompt_cache
+
+from ssdmoe_tui.atomic import atomic_write_via
+from ssdmoe_tui.errors import SsdmoeError
+
+FORMAT_VERSION = "1"
+PREFIX = "kv-"
+SUFFIX = ".safetensors"
+_NAME = re.compile(r"^kv-(\d{1,12})\.safetensors$")
+_TEMP = re.compile(r"^\.kv-.*\.tmp(\.safetensors)?$")
+
+DEFAULT_KEEP = 2  # newest checkpoints kept per conversation
+DEFAULT_SESSION_BUDGET = 4 << 30  # bytes of checkpoints per conversation
+DEFAULT_GLOBAL_BUDGET = 16 << 30  # bytes of checkpoints across all conversations
+_STALE_TEMP_S = 3600
+
+# Test hook: called with the finished temp file just before it is renamed into place.
+_before_rename: Callable[[Path], None] | None = None
+
+
+class CheckpointInvalid(SsdmoeError):
+    """A checkpoint that must not be used; the message is one line naming the file."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    n_tokens: int
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class SaveResult:
+    path: Path | None  # None: not written (see skipped)
+    nbytes: int
+    seconds: float
+    evicted: list[Path] = field(default_factory=list)
+    skipped: str = ""
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def tokens_sha256(tokens: Sequence[int]) -> str:
+    buf = array("I", (int(t) for t in tokens))
+    if sys.byteorder != "little":
+        buf.byteswap()
+    return hashlib.sha256(buf.tobytes()).hexdigest()
+
+
+def _as_saved(value: Any) -> mx.array:
+    """The array `save_prompt_cache` writes for a state leaf (it maps scalars the same way)."""
+    if isinstance(value, mx.array):
+        return value
+    if isinstance(value, (bool, int, float)):
+        return mx.array(value)
+    if isinstance(value, str):
+        return mx.array([ord(c) for c in value])
+    if value is None:
+        return mx.array([])
+    raise ValueError(f"KV cache state is not serializable: {type(value).__name__}")
+
+
+def _state_sha256(cache: list[Any]) -> str:
+    """SHA-256 over every tensor the checkpoint holds: name, dtype, shape, bytes."""
+    h = hashlib.sha256()
+    for name, value in tree_flatten([c.state for c in cache]):
+        arr = mx.contiguous(_as_saved(value))  # one tensor at a time: small transient copies
+        mx.eval(arr)
+        h.update(f"{name}|{arr.dtype}|{tuple(arr.shape)}|".encode())
+        if arr.size:
+            h.update(memoryview(arr if arr.dtype != mx.bfloat16 else arr.view(mx.uint16)))
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def checkpoint_path(session_dir: Path, n_tokens: int) -> Path:
+    return Path(session_dir) / f"{PREFIX}{int(n_tokens):08d}{SUFFIX}"
+
+
+def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
+    """Checkpoint files of one conversation (by name; contents unchecked), most tokens first."""
+    found = []
+    try:
+        entries = list(os.scandir(session_dir))
+    except OSError:
+        return []
+    for entry in entries:
+        m = _NAME.match(entry.name)
+        if not m or not entry.is_file(follow_symlinks=False):
+            continue
+        st = entry.stat(follow_symlinks=False)
+        found.append(CheckpointInfo(Path(entry.path), int(m.group(1)), st.st_size, st.st_mtime_ns))
+    found.sort(key=lambda c: (c.n_tokens, c.mtime_ns), reverse=True)
+    return found
+
+
+def checkpoints_bytes(session_dir: Path) -> int:
+    return sum(c.size for c in list_checkpoints(session_dir))
+
+
+def remove_stale_temps(session_dir: Path, older_than_s: float = _STALE_TEMP_S) -> int:
+    """Delete temp files a killed save left behind. Returns how many."""
+    removed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(session_dir))
+    except OSError:
+        return 0
+    for entry in entries:
+        if _TEMP.match(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime >= older_than_s:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _compact(cache: list[Any]) -> list[Any]:
+    """A view of `cache` without the unused tail of preallocated (or trimmed) KV buffers,
+    so a checkpoint holds exactly `offset` tokens. The cache itself is not changed."""
+    out = []
+    for c in cache:
+        if type(c) is KVCache and c.keys is not None and c.keys.shape[2] != c.offset:
+            n = c.offset
+            out.append(KVCache.from_state((c.keys[..., :n, :], c.values[..., :n, :], n)))
+        elif type(c) is QuantizedKVCache and c.keys is not None and c.keys[0].shape[2] != c.offset:
+            n = c.offset
+            keys = tuple(a[..., :n, :] for a in c.keys)
+            values = tuple(a[..., :n, :] for a in c.values)
+            out.append(QuantizedKVCache.from_state((keys, values, n, c.group_size, c.bits)))
+        else:
+            out.append(c)
+    return out
+
+
+# --------------------------------------------------------------------------- save
+
+
+def save_checkpoint(
+    session_dir: Path,
+    cache: list[Any],
+    tokens: Sequence[int],
+    fingerprint: str,
+    *,
+    keep: int = DEFAULT_KEEP,
+    session_budget: int = DEFAULT_SESSION_BUDGET,
+    global_budget: int = DEFAULT_GLOBAL_BUDGET,
+) -> SaveResult:
+    """Write a checkpoint of `cache`, which covers exactly `tokens`, then enforce the
+    disk budgets. Atomic: until the final rename, the previous checkpoints are untouched.
+    Run it on the engine thread (it reads the cache's MLX arrays)."""
+    start = time.perf_counter()
+    session_dir = Path(session_dir)
+    view = _compact(cache)
+    nbytes = sum(
+        _as_saved(v).nbytes for _, v in tree_flatten([c.state for c in view]) if v is not None
+    )
+    for budget, what in ((session_budget, "per-conversation"), (global_budget, "global")):
+        if nbytes > budget:
+            return SaveResult(
+                None,
+                nbytes,
+                time.perf_counter() - start,
+                skipped=f"KV checkpoint not saved: {_gib(nbytes)} is over the {what} "
+                f"budget of {_gib(budget)}",
+            )
+    metadata = {
+        "ssdmoe_format": FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "n_tokens": str(len(tokens)),
+        "tokens_sha256": tokens_sha256(tokens),
+        "state_sha256": _state_sha256(view),
+        "mlx_lm_classes": ",".join(type(c).__name__ for c in view),
+    }
+    path = checkpoint_path(session_dir, len(tokens))
+
+    def write(tmp: Path) -> None:
+        # mx.save_safetensors appends ".safetensors" to other names: write there, move back.
+        staged = tmp.with_name(tmp.name + SUFFIX)
+        try:
+            save_prompt_cache(str(staged), view, metadata)
+            os.replace(staged, tmp)
+        finally:
+            staged.unlink(missing_ok=True)
+        if _before_rename is not None:
+            _before_rename(tmp)
+
+    atomic_write_via(path, write, suffix=SUFFIX)
+    evicted = enforce_budgets(
+        session_dir,
+        keep=keep,
+        session_budget=session_budget,
+        global_budget=global_budget,
+        protect=path,
+    )
+    return SaveResult(path, path.stat().st_size, time.perf_counter() - start, evicted)
+
+
+def enforce_budgets(
+    session_dir: Path,
+    *,
+    keep: int = DEFAULT_KEEP,
+    session_budget: int = DEFAULT_SESSION_BUDGET,
+    global_budget: int = DEFAULT_GLOBAL_BUDGET,
+    protect: Path | None = None,
+) -> list[Path]:
+    """Delete the oldest checkpoints until this conversation keeps at most `keep`
+    within `session_budget`, and all conversations (the folders next to this one)
+    stay within `global_budget`. `protect` (the one just written) is never deleted."""
+    session_dir = Path(session_dir)
+    evicted: list[Path] = []
+
+    def drop(info: CheckpointInfo) -> None:
+        try:
+            info.path.unlink()
+            evicted.append(info.path)
+        except FileNotFoundError:
+            pass
+
+    mine = sorted(list_checkpoints(session_dir), key=lambda c: (c.mtime_ns, c.n_tokens))
+    total = sum(c.size for c in mine)
+    count = len(mine)
+    for info in mine:  # oldest first
+        if count <= max(keep, 1) and total <= session_budget:
+            break
+        if protect is not None and info.path == protect:
+            continue
+        drop(info)
+        count -= 1
+        total -= info.size
+
+    everyone = sorted(_all_checkpoints(session_dir.parent), key=lambda c: c.mtime_ns)
+    total = sum(c.size for c in everyone)
+    for info in everyone:
+        if total <= global_budget:
+            break
+        if protect is not None and info.path == protect:
+            continue
+        drop(info)
+        total -= info.size
+    return evicted
+
+
+def _all_checkpoints(root: Path) -> Iterator[CheckpointInfo]:
+    try:
+        folders = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for folder in folders:
+        yield from list_checkpoints(Path(folder))
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+# --------------------------------------------------------------------------- load
+
+
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
+}  # fmt: skip
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The safetensors header's metadata, after checking the file is whole: the header
+    parses and every tensor's bytes lie inside the file. Raises CheckpointInvalid."""
+    name = Path(path).name
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointInvalid(f"{name}: truncated (no safetensors header)")
+            (hlen,) = struct.unpack("<Q", head)
+            size = os.fstat(f.fileno()).st_size
+            if hlen > min(size - 8, 100 << 20):
+                raise CheckpointInvalid(f"{name}: truncated or corrupt header")
+            raw = f.read(hlen)
+    except FileNotFoundError:
+        raise CheckpointInvalid(f"{name}: missing") from None
+    except OSError as e:
+        raise CheckpointInvalid(f"{name}: unreadable ({e.strerror or e})") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointInvalid(f"{name}: corrupt header") from None
+    if not isinstance(header, dict):
+        raise CheckpointInvalid(f"{name}: corrupt header")
+    data_len = size - 8 - hlen
+    end = 0
+    for key, spec in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            lo, hi = spec["data_offsets"]
+            count = 1
+            for dim in spec["shape"]:
+                count *= int(dim)
+            width = _DTYPE_BYTES[spec["dtype"]]
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})") from None
+        ok = isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi
+        if not ok or hi - lo != count * width:
+            raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})")
+        end = max(end, hi)
+    if end > data_len:
+        raise CheckpointInvalid(f"{name}: truncated ({data_len} of {end} data bytes)")
+    raw_meta = header.get("__metadata__")
+    # save_prompt_cache stores [our metadata, classes, scalars] flattened: ours is "0.<key>"
+    meta = {
+        str(k)[2:]: str(v)
+        for k, v in (raw_meta.items() if isinstance(raw_meta, dict) else ())
+        if str(k).startswith("0.")
+    }
+    if meta.get("ssdmoe_format") is None:
+        raise CheckpointInvalid(f"{name}: not an ssdmoe checkpoint")
+    return meta
+
+
+def check_checkpoint(path: Path, tokens: Sequence[int], fingerprint: str) -> int:
+    """Validate a checkpoint's header against the model and the conversation's tokens;
+    returns the number of tokens it covers. Raises CheckpointInvalid."""
+    name = Path(path).name
+    meta = read_metadata(path)
+    if meta.get("ssdmoe_format") != FORMAT_VERSION:
+        raise CheckpointInvalid(
+            f"{name}: checkpoint format {meta.get('ssdmoe_format')!r}, this version reads "
+            f"{FORMAT_VERSION!r}"
+        )
+    if meta.get("fingerprint") != fingerprint:
+        raise CheckpointInvalid(f"{name}: made with another model (fingerprint differs)")
+    try:
+        n = int(meta.get("n_tokens", ""))
+    except ValueError:
+        raise CheckpointInvalid(f"{name}: corrupt metadata (n_tokens)") from None
+    if n <= 0 or n > len(tokens):
+        raise CheckpointInvalid(f"{name}: covers {n} tokens, the conversation has {len(tokens)}")
+    if meta.get("tokens_sha256") != tokens_sha256(tokens[:n]):
+        raise CheckpointInvalid(f"{name}: its tokens differ from the conversation's")
+    return n
+
+
+def load_checkpoint(
+    session_dir: Path,
+    tokens: Sequence[int],
+    fingerprint: str,
+    *,
+    on_skip: Callable[[str], None] | None = None,
+) -> tuple[list[Any], int]:
+    """Load the checkpoint that covers the longest prefix of `tokens`.
+
+    Returns (cache, n_tokens): feed `tokens[n_tokens:]` next. A checkpoint that is
+    truncated, corrupt, from another model or format, or for other tokens is skipped
+    (its one-line reason goes to `on_skip`) and the next one is tried. Raises
+    CheckpointInvalid with the best candidate's reason if none is usable."""
+    session_dir = Path(session_dir)
+    remove_stale_temps(session_dir)
+    reasons: list[str] = []
+    for info in list_checkpoints(session_dir):
+        try:
+            n = check_checkpoint(info.path, tokens, fingerprint)
+            cache, meta = _load_verified(info.path, n)
+        except CheckpointInvalid as e:
+            reasons.append(e.reason)
+            if on_skip is not None:
+                on_skip(e.reason)
+            continue
+        return cache, n
+    if not reasons:
+        raise CheckpointInvalid(f"no KV checkpoint in {session_dir.name}")
+    raise CheckpointInvalid(reasons[0])
+
+
+def _load_verified(path: Path, n_tokens: int) -> tuple[list[Any], dict[str, str]]:
+    name = path.name
+    try:
+        cache, meta = load_prompt_cache(str(path), return_metadata=True)
+    except Exception as e:  # noqa: BLE001 - any failure to parse means "corrupt"
+        raise CheckpointInvalid(f"{name}: corrupt ({type(e).__name__})") from None
+    try:
+        digest = _state_sha256(cache)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointInvalid(f"{name}: corrupt ({type(e).__name__})") from None
+    if digest != meta.get("state_sha256"):
+        raise CheckpointInvalid(f"{name}: corrupt (tensor checksum mismatch)")
+    for layer in cache:
+        offset = getattr(layer, "offset", None)
+        if isinstance(offset, int) and offset != n_tokens:
+            raise CheckpointInvalid(
+                f"{name}: corrupt (a layer holds {offset} tokens, not {n_tokens})"
+            )
+    return cache, meta
