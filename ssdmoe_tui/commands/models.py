@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ssdmoe_tui.models import registry
@@ -89,16 +90,36 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from ssdmoe_tui.models.resolve import cli_progress, resolve_model
+    import signal
+    import threading
 
+    from ssdmoe_tui.models.resolve import DownloadCancelled, cli_progress, resolve_model
+
+    # Ctrl-C alone would wait for the hub's in-flight file downloads to finish; the cancel
+    # event stops them within one chunk and removes their partial files. A second Ctrl-C
+    # exits at once.
+    cancel = threading.Event()
+
+    def on_sigint(signum, frame) -> None:
+        if cancel.is_set():
+            os._exit(130)
+        cancel.set()
+        raise KeyboardInterrupt
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
     try:
-        folder = resolve_model(args.model, progress=cli_progress())
-    except KeyboardInterrupt:
+        folder = resolve_model(args.model, progress=cli_progress(), cancel=cancel)
+    except (KeyboardInterrupt, DownloadCancelled):
         print(
-            f"\nssdmoe: interrupted; run `ssdmoe models fetch {args.model}` again to resume",
+            f"\nssdmoe: interrupted; run `ssdmoe models fetch {args.model}` again to resume "
+            "(finished files are kept)",
             file=sys.stderr,
         )
         return 130
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
     print(folder)
     return 0
 

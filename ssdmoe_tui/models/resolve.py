@@ -58,6 +58,10 @@ class DownloadProgress:
 ProgressCallback = Callable[[DownloadProgress], None]
 
 
+class DownloadCancelled(SsdmoeError):
+    """The caller set the cancel event; finished files stay in the cache for next time."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A parsed `--model`: exactly one of `path` / `repo_id` is set (neither: the demo)."""
@@ -131,13 +135,17 @@ def resolve_model(
     progress: ProgressCallback | None = None,
     *,
     cache_dir: Path | str | None = None,
+    endpoint: str | None = None,
     check: bool = True,
+    cancel: threading.Event | None = None,
 ) -> Path | None:
     """The folder holding the model `spec` names, downloading it if needed and allowed.
 
     None or "" means the demo model: its folder when `ssdmoe_tui.models.demo` can make
     it, else None (the caller decides). With `check`, the model must be one the engine
-    streams (`registry.check_supported`). Raises `SsdmoeError`s with one-line messages.
+    streams (`registry.check_supported`). `cache_dir` / `endpoint` default to the hub's
+    (HF_HUB_CACHE / HF_ENDPOINT). Setting `cancel` (from another thread) stops a download
+    within one chunk (`DownloadCancelled`). Raises `SsdmoeError`s with one-line messages.
     """
     parsed = parse_spec(spec)
     if parsed.path is not None:
@@ -148,7 +156,7 @@ def resolve_model(
         except ImportError:
             return None
         return _check_folder(Path(ensure_demo_model()), check)
-    folder = _from_hub(parsed, progress, cache_dir)
+    folder = _from_hub(parsed, progress, cache_dir, endpoint, cancel)
     return _check_folder(folder, check)
 
 
@@ -180,7 +188,13 @@ def _complete(folder: Path) -> str | None:
     return None
 
 
-def _from_hub(spec: ModelSpec, progress: ProgressCallback | None, cache_dir) -> Path:
+def _from_hub(
+    spec: ModelSpec,
+    progress: ProgressCallback | None,
+    cache_dir,
+    endpoint: str | None,
+    cancel: threading.Event | None = None,
+) -> Path:
     from huggingface_hub import errors as hf_errors
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -210,12 +224,16 @@ def _from_hub(spec: ModelSpec, progress: ProgressCallback | None, cache_dir) -> 
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
             f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
         )
-    return download_model(spec, progress, cache_dir=cache_dir, problem=problem)
+    return download_model(
+        spec, progress, cache_dir=cache_dir, endpoint=endpoint, problem=problem, cancel=cancel
+    )
 
 
 def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> SsdmoeError:
     from huggingface_hub.errors import (
         GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -240,10 +258,24 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
             f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
         )
     reason = " ".join(str(exc).split())[:80] or type(exc).__name__
+    failed = isinstance(exc, HfHubHTTPError | OSError) and not _is_transport(exc)
+    if failed and not isinstance(exc, LocalEntryNotFoundError):
+        return ModelError(
+            f"downloading {repo} failed ({reason}); run `ssdmoe models fetch {repo}` again "
+            "to resume (finished files are kept)"
+        )
     return ModelError(
         f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable "
         f"({reason}): connect and run `ssdmoe models fetch {repo}`"
     )
+
+
+def _is_transport(exc: BaseException) -> bool:
+    """Connection / timeout errors of the HTTP stack (they share no base class we can import)."""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    root = type(exc).__module__.split(".")[0]
+    return root in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
 
 
 def download_model(
@@ -251,7 +283,9 @@ def download_model(
     progress: ProgressCallback | None = None,
     *,
     cache_dir: Path | str | None = None,
+    endpoint: str | None = None,
     problem: str = "not in the Hugging Face cache",
+    cancel: threading.Event | None = None,
 ) -> Path:
     """Fetch the files the engine needs into the hub cache (resuming partial files).
 
@@ -270,7 +304,9 @@ def download_model(
         raise BadValueError(f"--model {spec}: downloads need a Hub repo id (org/name)")
     repo_id = spec.repo_id
     try:
-        info = HfApi().model_info(repo_id, revision=spec.revision, files_metadata=True)
+        info = HfApi(endpoint=endpoint).model_info(
+            repo_id, revision=spec.revision, files_metadata=True
+        )
         siblings = list(info.siblings or [])
         names = [s.rfilename for s in siblings]
         if not any(n.endswith(".safetensors") for n in names):
@@ -280,7 +316,9 @@ def download_model(
             raise ModelError(f"{repo_id} has no safetensors weights on the Hub")
         if "config.json" not in names:
             raise ModelError(f"{repo_id} has no config.json on the Hub")
-        cfg_path = hf_hub_download(repo_id, "config.json", revision=info.sha, cache_dir=cache_dir)
+        cfg_path = hf_hub_download(
+            repo_id, "config.json", revision=info.sha, cache_dir=cache_dir, endpoint=endpoint
+        )
         try:
             config = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
         except ValueError as e:
@@ -294,11 +332,12 @@ def download_model(
             for s in wanted
             if not _cached(repo_id, s.rfilename, info.sha, cache_dir)
         )
-        tracker = _Tracker(repo_id, progress, total)
+        tracker = _Tracker(repo_id, progress, total, cancel)
         folder = snapshot_download(
             repo_id,
             revision=spec.revision,
             cache_dir=cache_dir,
+            endpoint=endpoint,
             allow_patterns=ALLOW_PATTERNS,
             tqdm_class=tracker.bar_class(),  # type: ignore[arg-type]
         )
@@ -344,8 +383,15 @@ class _Tracker:
     WINDOW_S = 5.0
     MIN_INTERVAL_S = 0.1
 
-    def __init__(self, repo_id: str, callback: ProgressCallback | None, total_bytes: int):
+    def __init__(
+        self,
+        repo_id: str,
+        callback: ProgressCallback | None,
+        total_bytes: int,
+        cancel: threading.Event | None = None,
+    ):
         self.repo_id = repo_id
+        self.cancel = cancel
         self.callback = callback
         self.total = total_bytes
         self.bar_total = 0
@@ -391,6 +437,15 @@ class _Tracker:
             return
         self.last_emit = now
         self.callback(self.snapshot(done))
+
+    def check_cancel(self) -> None:
+        """Raised inside the hub's download threads: the partial file is removed, the
+        finished ones stay, and `snapshot_download` re-raises it to the caller."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise DownloadCancelled(
+                f"download of {self.repo_id} cancelled; run `ssdmoe models fetch "
+                f"{self.repo_id}` to resume (finished files are kept)"
+            )
 
     def add_bytes(self, n: float) -> None:
         with self.lock:
@@ -446,6 +501,7 @@ class _Tracker:
                 return {"rate": tracker._rate(time.monotonic()), "n": self.n, "total": self._total}
 
             def update(self, n: float | None = 1) -> None:
+                tracker.check_cancel()
                 n = n or 0
                 self.n += n
                 if self.kind == "bytes":
