@@ -17,6 +17,8 @@ COMMAND_MODULES = [
     "index",
     "demo_model",
     "models",
+    "bench",
+    "trace",
 ]
 
 

@@ -1,0 +1,179 @@
+"""`ssdmoe trace replay`: hit rates of the expert-cache policies on a recorded routing trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ssdmoe_tui.errors import BadValueError
+
+DEFAULT_POLICIES = "lru,lfu-decay,arc,layer-lru,layer-lfu,belady"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="replay expert-routing traces against cache policies")
+    tsub = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    r = tsub.add_parser(
+        "replay",
+        help="hit rate of each cache policy at each budget",
+        description="Replay a routing trace (ssdmoe --trace output, a route_trace v1 CSV, or "
+        "a vLLM moe_routes.jsonl) against expert-cache policies and budgets.",
+    )
+    r.add_argument("trace", help="trace file")
+    r.add_argument(
+        "--policy",
+        default=DEFAULT_POLICIES,
+        help=f"comma list; 'belady' is the offline optimum (default: {DEFAULT_POLICIES})",
+    )
+    size = r.add_mutually_exclusive_group()
+    size.add_argument(
+        "--budget", help="comma list of cache sizes in experts per layer (default: 1,2,4,8 x K)"
+    )
+    size.add_argument("--budget-mib", help="comma list of cache sizes in MiB")
+    r.add_argument(
+        "--expert-mib",
+        type=float,
+        help="MiB per expert for --budget-mib (default: from the trace, if it says)",
+    )
+    r.add_argument(
+        "--per-layer",
+        action="store_true",
+        help="a separate cache per layer of the budget's size (default: one global cache)",
+    )
+    r.add_argument(
+        "--decode-only", action="store_true", help="skip prefill steps (cold cache at decode)"
+    )
+    r.add_argument(
+        "--warmup", type=int, default=0, help="decode tokens that warm the cache, uncounted"
+    )
+    r.add_argument("--json", metavar="OUT", help="also write the results as JSON ('-': stdout)")
+    p.set_defaults(func=run)
+    r.set_defaults(func=run)
+
+
+def _numbers(text: str, what: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise BadValueError(f"bad {what} {part.strip()!r} in {text!r}") from None
+        if not v > 0:
+            raise BadValueError(f"{what} must be > 0, got {part.strip()!r}")
+        out.append(v)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ssdmoe_tui.bench.trace_replay import BELADY, next_token_overlap, replay
+    from ssdmoe_tui.engine.policies import make_policy
+    from ssdmoe_tui.engine.traces import read_trace
+
+    if args.warmup < 0:
+        raise BadValueError(f"--warmup must be >= 0, got {args.warmup}")
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    for p in policies:
+        if p != BELADY:
+            make_policy(p, 1, 1)  # validates the name before any work
+    trace = read_trace(args.trace)
+    meta = trace.meta
+    layers, k = max(1, meta.num_layers), meta.k
+    if args.per_layer and args.budget_mib:
+        raise BadValueError("--per-layer takes --budget (experts per layer), not --budget-mib")
+
+    # (label, slots) per budget
+    budgets: list[tuple[str, int]] = []
+    if args.budget_mib:
+        expert_mib = args.expert_mib or _trace_expert_mib(meta.extra)
+        if not expert_mib:
+            raise BadValueError(f"{args.trace} does not give expert sizes: pass --expert-mib")
+        for mib in _numbers(args.budget_mib, "--budget-mib"):
+            budgets.append((f"{mib:g} MiB", int(mib / expert_mib)))
+    else:
+        per = _numbers(args.budget, "--budget") if args.budget else [m * k for m in (1, 2, 4, 8)]
+        for b in per:
+            slots = int(b) if args.per_layer else int(round(b * layers))
+            budgets.append((f"{b:g}/layer", slots))
+
+    results = []
+    for label, slots in budgets:
+        for p in policies:
+            res = replay(
+                trace,
+                p,
+                slots,
+                per_layer=args.per_layer,
+                decode_only=args.decode_only,
+                warmup=args.warmup,
+            )
+            results.append((label, res))
+
+    mode = "per-layer caches" if args.per_layer else "one global cache"
+    print(
+        f"{Path(args.trace).name}: {meta.model or '?'} ({meta.source}), {layers} layers x "
+        f"{meta.num_experts} experts, K={k}; {len(trace.steps) - trace.decode_steps()} prefill "
+        f"+ {trace.decode_steps()} decode steps; next-token overlap "
+        f"{next_token_overlap(trace):.3f}"
+    )
+    if meta.note:
+        print(f"note: {meta.note}")
+    counted = results[0][1].lookups if results else 0
+    print(
+        f"{mode}; hit % over {counted} decode lookups"
+        + (", prefill not replayed" if args.decode_only else ", prefill warms the cache")
+        + (f", first {args.warmup} decode tokens uncounted" if args.warmup else "")
+    )
+    _print_table(budgets, policies, results, per_layer=args.per_layer, layers=layers)
+    if args.json:
+        doc = {
+            "trace": str(args.trace),
+            "meta": {
+                "model": meta.model,
+                "source": meta.source,
+                "k": k,
+                "num_layers": layers,
+                "num_experts": meta.num_experts,
+            },
+            "per_layer": args.per_layer,
+            "decode_only": args.decode_only,
+            "warmup": args.warmup,
+            "results": [{"budget": label, **res.to_json()} for label, res in results],
+        }
+        text = json.dumps(doc, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            from ssdmoe_tui.atomic import atomic_write_text
+
+            atomic_write_text(Path(args.json), text + "\n")
+    return 0
+
+
+def _trace_expert_mib(extra: dict) -> float | None:
+    sizes = [b for b in extra.get("expert_bytes", []) if b]
+    return sum(sizes) / len(sizes) / 2**20 if sizes else None
+
+
+def _print_table(budgets, policies, results, *, per_layer: bool, layers: int) -> None:
+    by = {(label, res.policy): res for label, res in results}
+    head = ["budget", "slots", "x/layer"] + policies
+    rows = []
+    for label, slots in budgets:
+        per = slots if per_layer else slots / layers
+        rows.append(
+            [label, str(slots), f"{per:.1f}"]
+            + [f"{100 * by[label, p].hit_rate:.1f}" for p in policies]
+        )
+    timing = ["us/lookup", "", ""] + [
+        f"{sum(r.us_per_lookup for lb, r in results if r.policy == p) / len(budgets):.2f}"
+        for p in policies
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows, timing]) for i in range(len(head))]
+    for r in [head, *rows, timing]:
+        print(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
