@@ -17,7 +17,6 @@ COMMAND_MODULES = [
     "index",
     "demo_model",
     "models",
-    "bench",
     "trace",
 ]
 
