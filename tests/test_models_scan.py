@@ -149,7 +149,7 @@ def test_table_output(tmp_path: Path, capsys, monkeypatch) -> None:
         "SIZE",
         "EXPERTS",
         "K",
-        "MiB/EXPERT",
+        "EXPERT",
         "MiB/TOKEN",
         "SUPPORTED",
     ]

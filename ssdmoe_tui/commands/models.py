@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also look in FOLDER (a model folder or a folder of model folders); repeatable",
     )
     p.set_defaults(func=run_list)
-    sub = p.add_subparsers(dest="models_command", metavar="ACTION")
+    sub = p.add_subparsers(dest="models_command", metavar="[fetch|supported]")
     fetch = sub.add_parser(
         "fetch",
         help="download a Hub model into the Hugging Face cache (resumes an interrupted one)",
@@ -40,16 +40,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sup.set_defaults(func=run_supported)
 
 
-def _size(n: float) -> str:
+def _size(n: float, digits: int = 1) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1024
-    return f"{n:.1f} TiB"
+    return f"{n:.{digits}f} TiB"
+
+
+def _mib(x: float) -> str:
+    return f"{x:,.1f}" if x >= 1 else f"{x:.3f}"
 
 
 def format_table(entries: list) -> str:
-    header = ("MODEL", "ARCH", "SIZE", "EXPERTS", "K", "MiB/EXPERT", "MiB/TOKEN", "SUPPORTED")
+    header = ("MODEL", "ARCH", "SIZE", "EXPERTS", "K", "EXPERT", "MiB/TOKEN", "SUPPORTED")
     rows = [header]
     for e in entries:
         rows.append(
@@ -59,8 +63,8 @@ def format_table(entries: list) -> str:
                 _size(e.size_bytes),
                 f"{e.moe_layers}x{e.num_experts}",
                 str(e.trained_k),
-                f"{e.bytes_per_expert / (1 << 20):.2f}" if e.bytes_per_expert else "-",
-                f"{e.mib_per_token:.0f}" if e.mib_per_token else "-",
+                _size(e.bytes_per_expert, 2) if e.bytes_per_expert else "-",
+                _mib(e.mib_per_token) if e.mib_per_token else "-",
                 "yes" if e.supported else "no",
             )
         )

@@ -442,10 +442,26 @@ class _Tracker:
         """Raised inside the hub's download threads: the partial file is removed, the
         finished ones stay, and `snapshot_download` re-raises it to the caller."""
         if self.cancel is not None and self.cancel.is_set():
+            self._abort_xet()
             raise DownloadCancelled(
                 f"download of {self.repo_id} cancelled; run `ssdmoe models fetch "
                 f"{self.repo_id}` to resume (finished files are kept)"
             )
+
+    def _abort_xet(self) -> None:
+        """Xet transfers run in Rust and report through callbacks; stop them too (what the
+        hub itself does on KeyboardInterrupt). Private hub API, so best effort."""
+        if getattr(self, "_xet_aborted", False):
+            return
+        self._xet_aborted = True
+        try:
+            from huggingface_hub.utils._xet import abort_xet_session
+        except ImportError:
+            return
+        try:
+            abort_xet_session()
+        except Exception:  # noqa: BLE001 - never let the abort mask the cancellation
+            pass
 
     def add_bytes(self, n: float) -> None:
         with self.lock:

@@ -280,7 +280,7 @@ def describe_folder(
         registry.check_supported(config, folder)
         entry.supported = True
     except SsdmoeError as e:
-        entry.reason = str(e)
+        entry.reason = str(e).removeprefix(f"{folder}: ")
     except OSError as e:
         entry.reason = f"{folder}: {e.strerror or e}"
     return entry
