@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "index",
     "demo_model",
     "models",
+    "bench",
     "trace",
 ]
 

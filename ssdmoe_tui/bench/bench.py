@@ -1,0 +1,620 @@
+"""`ssdmoe bench`: tokens/s, bytes/token and where the time goes, per (K, expert budget).
+
+One run measures, under recorded conditions:
+- every (K, budget) configuration on a fresh engine (so no configuration inherits
+  another's expert cache), greedy, a fixed raw prompt, exactly N decoded tokens
+  (end-of-sequence ignored so every configuration does the same work);
+- the disk: random-read bandwidth of the model's own shards at the model's expert
+  piece sizes and the engine's queue depth, which gives each configuration its I/O
+  ceiling = bandwidth / (bytes per token x (1 - hit rate));
+- plain mlx-lm with the whole model resident (same dtype, prompt, K and greedy
+  sampling) when the checkpoint fits in half the memory available, for the ratio.
+
+Decode quantities cover decode steps 2..N: the first token comes out of prefill, so
+the decode window is the N-1 steps after it, and tok/s, ms/token and bytes/token are
+all per decode step (the same definition for the resident baseline).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ssdmoe_tui.bench import system
+from ssdmoe_tui.bench.disk import random_read_bandwidth
+from ssdmoe_tui.errors import BadValueError, ModelError
+
+SCHEMA_VERSION = 1
+PROMPT_TEXT = (
+    "Mixture-of-Experts language models route every token to a few experts out of many. "
+    "Streaming only the routed experts from a solid state drive lets a laptop run a model "
+    "that is larger than its memory, at a speed set by the drive, the cache and the router. "
+)
+BASELINE_FRACTION = 0.5  # resident baseline only when the checkpoint is below this share
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class BenchOptions:
+    model: Path
+    ks: list[int] = field(default_factory=list)  # empty: trained K, K/2, K/4
+    budgets: list[str] = field(default_factory=lambda: ["auto"])
+    prompt_tokens: int = 512
+    decode_tokens: int = 128
+    cold: bool = False
+    dtype: str | None = None
+    reader: str = "auto"
+    direct_io: bool = False
+    queue_depth: int = 16
+    baseline: str = "auto"  # auto | skip | force | only
+    baseline_json: Path | None = None  # reuse a resident baseline measured earlier
+    disk_bytes: int = 512 << 20  # per K, for the random-read test
+    prefill_step: int = 512
+    warmup: bool = True
+    seed: int = 0
+
+
+def fixed_prompt(tokenizer, n: int) -> list[int]:
+    """N deterministic token ids: a fixed text repeated, tokenized raw (no template)."""
+    if n < 1:
+        raise BadValueError(f"--prompt-tokens must be >= 1, got {n}")
+    text = PROMPT_TEXT
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise ModelError("the tokenizer encodes the benchmark prompt to no tokens")
+    while len(ids) < n:
+        text += PROMPT_TEXT
+        ids = list(tokenizer.encode(text))
+    return ids[:n]
+
+
+def default_ks(trained_k: int, num_experts: int) -> list[int]:
+    out: list[int] = []
+    for k in (trained_k, trained_k // 2, trained_k // 4):
+        k = min(max(k, 1), num_experts)
+        if k not in out:
+            out.append(k)
+    return out
+
+
+def _shard_paths(path: Path, index) -> list[Path]:
+    return [path / s for s in index.shards]
+
+
+def _checkpoint_bytes(path: Path, index) -> int:
+    return sum((path / s).stat().st_size for s in index.shards)
+
+
+def _quantization(config: dict) -> dict | None:
+    q = config.get("quantization")
+    if not isinstance(q, dict):
+        return None
+    return {k: q[k] for k in ("bits", "group_size", "mode") if k in q} or None
+
+
+class _Window:
+    """Engine counters at one instant, for deltas over a window."""
+
+    def __init__(self, sm) -> None:
+        from ssdmoe_tui.engine import iostats
+
+        c = sm.cache.counters
+        self.t = time.perf_counter()
+        self.hits, self.misses = c.hits, c.misses
+        self.bytes, self.read_s, self.calls = c.bytes_read, c.read_s, c.read_calls
+        self.sync_s = sm.times.router_sync_s
+        self.dev = iostats.device_read_bytes()
+
+    def delta(self, end: _Window) -> dict:
+        dev = end.dev - self.dev if (end.dev is not None and self.dev is not None) else None
+        return {
+            "seconds": end.t - self.t,
+            "hits": end.hits - self.hits,
+            "misses": end.misses - self.misses,
+            "requested_bytes": end.bytes - self.bytes,
+            "read_s": end.read_s - self.read_s,
+            "read_calls": end.calls - self.calls,
+            "router_sync_s": end.sync_s - self.sync_s,
+            "device_bytes": dev,
+        }
+
+
+def _per_step(x: float | int | None, steps: int) -> float | None:
+    return None if x is None or steps <= 0 else x / steps
+
+
+def _rate(b: int, s: float) -> float | None:
+    return b / s if s > 0 and b > 0 else None
+
+
+def _round(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log) -> dict:
+    """One configuration on a fresh engine; returns its result dict."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.runner import Runner
+
+    t0 = time.perf_counter()
+    sm = load_streamed(
+        opts.model,
+        expert_cache=budget,
+        k=k,
+        dtype=opts.dtype,
+        reader_queue_depth=opts.queue_depth,
+        reader=opts.reader,
+        direct_io=opts.direct_io,
+    )
+    load_s = time.perf_counter() - t0
+    try:
+        sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
+        runner = Runner(sm, prefill_step_size=opts.prefill_step)
+        runner.k = k
+        marks: dict[str, _Window] = {}
+
+        def on_token(_tok: int, _piece: str, stats) -> None:
+            n = stats.generated_tokens
+            if n == 1:
+                marks["first"] = _Window(sm)
+            if n == opts.decode_tokens:
+                marks["last"] = _Window(sm)
+
+        start = _Window(sm)
+        rss_reset = system.reset_peak_rss()
+        result = runner.generate(
+            prompt,
+            max_tokens=opts.decode_tokens,
+            sampler=make_sampler(0.0),
+            on_token=on_token,
+        )
+        end = marks.get("last") or _Window(sm)
+        first = marks.get("first") or end
+        st = result.stats
+        pre = start.delta(first)
+        dec = first.delta(end)
+        steps = max(len(result.tokens) - 1, 0)
+        cache = sm.cache
+        index = sm.index
+        dec_lookups = dec["hits"] + dec["misses"]
+        hit_rate = dec["hits"] / dec_lookups if dec_lookups else 0.0
+        ms_total = _per_step(dec["seconds"] * 1e3, steps)
+        ms_sync = _per_step(dec["router_sync_s"] * 1e3, steps)
+        ms_read = _per_step(dec["read_s"] * 1e3, steps)
+        ms_rest = None if ms_total is None else ms_total - (ms_sync or 0.0) - (ms_read or 0.0)
+        req_bpt = _per_step(dec["requested_bytes"], steps)
+        dev_bpt = _per_step(dec["device_bytes"], steps)
+        expert_set = index.expert_bytes * index.num_experts * index.num_layers
+        out = {
+            "k": k,
+            "expert_cache": budget,
+            "expert_cache_budget_bytes": cache.budget_bytes,
+            "expert_cache_slots": cache.capacity,
+            "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
+            "policy": cache.policy_name,
+            "reader": cache.reader.name,
+            "direct_io": cache.reader.direct_active,
+            "load_s": round(load_s, 3),
+            "prompt_tokens": st.prompt_tokens,
+            "generated_tokens": len(result.tokens),
+            "decode_steps": steps,
+            "prefill_s": round(st.prefill_s, 4),
+            "prefill_tok_s": round(st.prefill_tok_s, 3),
+            "decode_s": round(dec["seconds"], 4),
+            "decode_tok_s": _round(_per_step(steps, dec["seconds"]), 3),
+            "ms_per_token": {
+                "total": _round(ms_total, 3),
+                "router_sync": _round(ms_sync, 3),
+                "read_wait": _round(ms_read, 3),
+                "rest": _round(ms_rest, 3),
+            },
+            "decode_hits": dec["hits"],
+            "decode_misses": dec["misses"],
+            "hit_rate": round(hit_rate, 6),
+            "prefill_hit_rate": round(
+                pre["hits"] / (pre["hits"] + pre["misses"]) if pre["hits"] + pre["misses"] else 0.0,
+                4,
+            ),
+            "decode_requested_bytes": dec["requested_bytes"],
+            "decode_device_bytes": dec["device_bytes"],
+            "requested_mib_per_token": _round(None if req_bpt is None else req_bpt / 2**20),
+            "device_mib_per_token": _round(None if dev_bpt is None else dev_bpt / 2**20),
+            "decode_read_s": round(dec["read_s"], 4),
+            "decode_read_gb_s": _round(
+                None
+                if _rate(dec["requested_bytes"], dec["read_s"]) is None
+                else _rate(dec["requested_bytes"], dec["read_s"]) / 1e9
+            ),
+            "prefill_requested_bytes": pre["requested_bytes"],
+            "prefill_read_s": round(pre["read_s"], 4),
+            "prefill_read_gb_s": _round(
+                None
+                if _rate(pre["requested_bytes"], pre["read_s"]) is None
+                else _rate(pre["requested_bytes"], pre["read_s"]) / 1e9
+            ),
+            "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
+            "peak_rss_bytes": int(st.peak_rss_bytes),
+            "peak_rss_scope": "this generation" if rss_reset else "whole process",
+            "token_ids": result.tokens,
+        }
+        log(
+            f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s, "
+            f"decode {out['decode_tok_s'] or 0:.2f} tok/s, hit {hit_rate:.1%}, "
+            f"{out['requested_mib_per_token'] or 0:.1f} MiB/token requested"
+        )
+        return out
+    finally:
+        sm.close()
+        gc.collect()
+        mx.clear_cache()
+
+
+def warmup(opts: BenchOptions, k: int, budget: str, log: Log) -> None:
+    """Compile kernels on a throwaway engine so no configuration times compilation."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.runner import Runner
+
+    log("warm-up (not timed): 16-token prefill + 4 decoded tokens on a separate engine")
+    sm = load_streamed(
+        opts.model,
+        expert_cache=budget,
+        k=k,
+        dtype=opts.dtype,
+        reader_queue_depth=opts.queue_depth,
+        reader=opts.reader,
+        direct_io=opts.direct_io,
+    )
+    try:
+        sm.tokenizer.eos_token_ids = set()
+        runner = Runner(sm, prefill_step_size=opts.prefill_step)
+        runner.k = k
+        runner.generate(fixed_prompt(sm.tokenizer, 16), max_tokens=4, sampler=make_sampler(0.0))
+    finally:
+        sm.close()
+        gc.collect()
+        mx.clear_cache()
+
+
+def _moe_blocks(model) -> list:
+    """Modules holding a `switch_mlp` (mlx-lm's MoE blocks)."""
+    return [m for _, m in model.named_modules() if hasattr(m, "switch_mlp")]
+
+
+def resident_baseline(
+    path: Path,
+    ks: list[int],
+    prompt: list[int],
+    decode_tokens: int,
+    dtype,
+    prefill_step: int,
+    log: Log,
+) -> dict[int, dict]:
+    """Plain mlx-lm, whole model resident: `mlx_lm.load` + cast + `stream_generate`, per K.
+
+    K is set on mlx-lm's own MoE blocks (the attribute the engine sets), so the resident
+    model does the same routed work as the streamed one.
+    """
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.sample_utils import make_sampler
+
+    from ssdmoe_tui.engine.loader import cast_model, set_block_k
+
+    t0 = time.perf_counter()
+    model, tokenizer = mlx_lm.load(str(path))
+    cast_model(model, dtype)
+    mx.eval(model.parameters())
+    load_s = time.perf_counter() - t0
+    tokenizer.eos_token_ids = set()
+    blocks = _moe_blocks(model)
+    out: dict[int, dict] = {}
+    try:
+        for k in ks:
+            for b in blocks:
+                set_block_k(b, k)
+            mx.reset_peak_memory()
+            rss_reset = system.reset_peak_rss()
+            times: list[float] = []
+            tokens: list[int] = []
+            prompt_tps = 0.0
+            for resp in mlx_lm.stream_generate(
+                model,
+                tokenizer,
+                mx.array(prompt),
+                max_tokens=decode_tokens,
+                sampler=make_sampler(0.0),
+                prefill_step_size=prefill_step,
+            ):
+                times.append(time.perf_counter())
+                tokens.append(int(resp.token))
+                prompt_tps = resp.prompt_tps
+            steps = len(tokens) - 1
+            dec_s = times[-1] - times[0] if len(times) > 1 else 0.0
+            from ssdmoe_tui.engine import iostats
+
+            out[k] = {
+                "k": k,
+                "prefill_tok_s": round(prompt_tps, 3),
+                "decode_tok_s": _round(_per_step(steps, dec_s), 3),
+                "generated_tokens": len(tokens),
+                "decode_steps": steps,
+                "peak_mlx_memory_bytes": int(mx.get_peak_memory()),
+                "peak_rss_bytes": int(iostats.peak_rss_bytes() or 0),
+                "peak_rss_scope": "this generation" if rss_reset else "whole process",
+                "load_s": round(load_s, 3),
+                "token_ids": tokens,
+            }
+            log(
+                f"  resident K={k}: prefill {prompt_tps:.1f} tok/s, "
+                f"decode {out[k]['decode_tok_s'] or 0:.2f} tok/s"
+            )
+    finally:
+        del model
+        gc.collect()
+        mx.clear_cache()
+    return out
+
+
+def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLimit) -> str | None:
+    """None to run the baseline; else the line saying why it cannot/does not run."""
+    if opts.baseline == "skip":
+        return "skipped (--baseline skip)"
+    if opts.baseline == "force":
+        return None
+    limit = mem.available * BASELINE_FRACTION
+    if ckpt_bytes < limit:
+        return None
+    return (
+        f"cannot run: model {ckpt_bytes / 2**30:.1f} GiB > memory "
+        f"(needs < {BASELINE_FRACTION:.0%} of {mem.available / 2**30:.1f} GiB available: {mem.describe()})"
+    )
+
+
+def _load_baseline_json(p: Path, conditions: dict) -> dict:
+    try:
+        data = json.loads(Path(p).read_text())
+        base = data["resident_baseline"]
+    except FileNotFoundError:
+        raise BadValueError(f"--baseline-json: file not found: {p}") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise BadValueError(f"--baseline-json {p}: not an ssdmoe bench result ({e})") from None
+    if base.get("status") != "ran":
+        raise BadValueError(f"--baseline-json {p}: its resident baseline did not run")
+    theirs = data.get("conditions", {})
+    for key in ("model_type", "dtype", "prompt_tokens", "decode_tokens", "checkpoint_bytes"):
+        if theirs.get(key) != conditions.get(key):
+            raise BadValueError(
+                f"--baseline-json {p}: {key} differs ({theirs.get(key)!r} vs {conditions.get(key)!r})"
+            )
+    base = dict(base)
+    base["source"] = str(p)
+    base["by_k"] = {int(k): v for k, v in base.get("by_k", {}).items()}
+    return base
+
+
+def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
+    """Run every measurement; returns the JSON-ready result."""
+    from ssdmoe_tui.engine.index import load_index
+    from ssdmoe_tui.engine.loader import _load_config, parse_dtype
+
+    path = Path(opts.model)
+    if not path.is_dir():
+        raise ModelError(f"model folder not found: {path}")
+    if opts.decode_tokens < 2:
+        raise BadValueError(f"--decode-tokens must be >= 2, got {opts.decode_tokens}")
+    if opts.baseline not in ("auto", "skip", "force", "only"):
+        raise BadValueError(f"--baseline must be auto, skip, force or only, got {opts.baseline!r}")
+    config = _load_config(path)
+    index, _ = load_index(path)
+    act_dtype = parse_dtype(opts.dtype)
+    dtype_name = str(act_dtype).removeprefix("mlx.core.")
+
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    prompt = fixed_prompt(tokenizer, opts.prompt_tokens)
+    if len(prompt) < opts.prompt_tokens:
+        raise BadValueError(f"could only build {len(prompt)} prompt tokens")
+
+    trained_k = _trained_k(config, index.num_experts)
+    ks = opts.ks or default_ks(trained_k, index.num_experts)
+    for k in ks:
+        if not 1 <= k <= index.num_experts:
+            raise BadValueError(f"K={k} is outside 1..{index.num_experts}")
+    ckpt_bytes = _checkpoint_bytes(path, index)
+    mem = system.memory_limit()
+    expert_set = index.expert_bytes * index.num_experts * index.num_layers
+    shards = _shard_paths(path, index)
+    conditions = {
+        "model": str(path.resolve()),
+        "model_type": config.get("model_type"),
+        "quantization": _quantization(config),
+        "num_layers_moe": index.num_layers,
+        "num_experts": index.num_experts,
+        "trained_k": trained_k,
+        "expert_bytes": index.expert_bytes,
+        "expert_piece_bytes": [c.stride for c in index.layers[0].components],
+        "expert_set_bytes": expert_set,
+        "resident_bytes_on_disk": index.resident_bytes,
+        "checkpoint_bytes": ckpt_bytes,
+        "versions": system.versions(),
+        "device": system.device_description(),
+        "dtype": dtype_name,
+        "prompt": "fixed English text repeated, tokenized raw (no chat template), truncated",
+        "prompt_tokens": len(prompt),
+        "decode_tokens": opts.decode_tokens,
+        "sampling": "greedy (temperature 0); end-of-sequence ignored",
+        "ks": ks,
+        "expert_cache": opts.budgets,
+        "mode": "cold" if opts.cold else "warm",
+        "reader_requested": opts.reader,
+        "queue_depth": opts.queue_depth,
+        "direct_io": opts.direct_io,
+        "prefill_step": opts.prefill_step,
+        "memory": mem.as_dict(),
+        "date": system.utc_now(),
+    }
+    result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
+    log(
+        f"model {path} ({config.get('model_type')}, {ckpt_bytes / 2**30:.2f} GiB, "
+        f"{index.num_layers} MoE layers x {index.num_experts} experts x "
+        f"{index.expert_bytes / 2**20:.2f} MiB)"
+    )
+
+    # ---------------- page cache: cold drops it before each measurement; warm fills it once
+    drops: list[str] = []
+
+    def prepare() -> str:
+        if opts.cold:
+            d = system.drop_page_cache(shards)
+            drops.append(d.method)
+            if d.method != "drop_caches":
+                log(f"  note: {d.note}")
+            return "cold (" + d.method + ")" if d.cold else "warm (" + d.note + ")"
+        return "warm"
+
+    if opts.baseline != "only":
+        if not opts.cold:
+            if ckpt_bytes < mem.available * BASELINE_FRACTION:
+                log("warm mode: reading the shards once into the page cache")
+                system.read_through(shards)
+                conditions["warm_prefill"] = "shards read once into the page cache before measuring"
+            else:
+                conditions["warm_prefill"] = (
+                    "checkpoint larger than half the available memory: not pre-read; "
+                    "page cache as the previous configurations left it"
+                )
+        # ---------------- disk
+        state = prepare()
+        log(
+            f"disk: random reads of whole experts, batches of K experts, queue depth {opts.queue_depth} [{state}]"
+        )
+        disk = random_read_bandwidth(
+            path,
+            index,
+            ks,
+            target_bytes=opts.disk_bytes,
+            queue_depth=opts.queue_depth,
+            reader=opts.reader,
+            direct=opts.direct_io,
+            seed=opts.seed,
+        )
+        result["disk"] = {
+            "page_cache": state,
+            "by_k": {str(k): d.as_dict() for k, d in disk.items()},
+        }
+        for k, d in disk.items():
+            log(
+                f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({d.bytes / 2**20:.0f} MiB in {d.seconds:.2f} s, {d.reader})"
+            )
+
+        if opts.warmup:
+            warmup(opts, max(ks), opts.budgets[0], log)
+
+        # ---------------- configurations
+        configs = []
+        for budget in opts.budgets:
+            for k in ks:
+                state = prepare()
+                log(f"config K={k} expert cache {budget} [{state}]")
+                r = run_config(opts, k, budget, prompt, log)
+                r["page_cache"] = state
+                configs.append(r)
+        result["configs"] = configs
+        if opts.cold and drops and any(m != "drop_caches" for m in drops):
+            conditions["mode"] = "cold (fallback: see page_cache per result)"
+
+    # ---------------- resident baseline
+    if opts.baseline_json is not None:
+        base = _load_baseline_json(opts.baseline_json, conditions)
+        log(f"resident baseline from {opts.baseline_json}")
+    else:
+        why = _baseline_decision(opts, ckpt_bytes, mem)
+        if why is None:
+            log("resident baseline: plain mlx-lm (mlx_lm.load + stream_generate)")
+            by_k = resident_baseline(
+                path, ks, prompt, opts.decode_tokens, act_dtype, opts.prefill_step, log
+            )
+            base = {
+                "status": "ran",
+                "forced": opts.baseline == "force",
+                "note": "mlx_lm.load + cast_model to the same dtype + stream_generate, "
+                "top-k set to K on mlx-lm's own MoE blocks",
+                "by_k": by_k,
+            }
+        else:
+            log(f"resident baseline: {why}")
+            base = {"status": why, "by_k": {}}
+    result["resident_baseline"] = {
+        **{k: v for k, v in base.items() if k != "by_k"},
+        "by_k": {str(k): v for k, v in base["by_k"].items()},
+    }
+    if "configs" in result:
+        _derive(result, base["by_k"], index)
+    return result
+
+
+def _trained_k(config: dict, num_experts: int) -> int:
+    """The model's own experts-per-token, read from its config."""
+    text = config.get("text_config", config)
+    for key in ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"):
+        v = text.get(key)
+        if isinstance(v, int) and v > 0:
+            return min(v, num_experts)
+    return min(8, num_experts)
+
+
+def _derive(result: dict, base_by_k: dict, index) -> None:
+    """I/O ceilings, achieved/ceiling, resident ratios and output agreement."""
+    disk = {int(k): v for k, v in result.get("disk", {}).get("by_k", {}).items()}
+    for r in result["configs"]:
+        k = r["k"]
+        bpt = index.expert_bytes * k * index.num_layers  # bytes/token with no cache
+        r["bytes_per_token_no_cache"] = bpt
+        d = disk.get(k)
+        bw = d["bytes"] / d["seconds"] if d and d["seconds"] > 0 else None
+        miss = 1.0 - r["hit_rate"]
+        if bw is None:
+            ceiling = None
+        elif miss <= 0:
+            ceiling = float("inf")
+        else:
+            ceiling = bw / (bpt * miss)
+        r["disk_bytes_per_s"] = _round(bw, 1)
+        r["io_ceiling_tok_s"] = None if ceiling in (None, float("inf")) else round(ceiling, 4)
+        r["io_ceiling_note"] = "no reads (hit rate 100%)" if ceiling == float("inf") else None
+        dec = r["decode_tok_s"]
+        r["achieved_over_ceiling"] = (
+            round(dec / ceiling, 6) if dec and ceiling not in (None, float("inf")) else None
+        )
+        b = base_by_k.get(k)
+        if b and b.get("decode_tok_s"):
+            r["resident_decode_tok_s"] = b["decode_tok_s"]
+            r["resident_prefill_tok_s"] = b["prefill_tok_s"]
+            r["ratio_decode_vs_resident"] = round((dec or 0.0) / b["decode_tok_s"], 4)
+            r["ratio_prefill_vs_resident"] = (
+                round(r["prefill_tok_s"] / b["prefill_tok_s"], 4) if b["prefill_tok_s"] else None
+            )
+            bt = b.get("token_ids") or []
+            r["tokens_match_resident"] = bt == r["token_ids"]
+            n = 0
+            for a, c in zip(bt, r["token_ids"], strict=False):
+                if a != c:
+                    break
+                n += 1
+            r["tokens_common_prefix"] = n
+        else:
+            r["resident_decode_tok_s"] = None
+            r["ratio_decode_vs_resident"] = None
+            r["tokens_match_resident"] = None

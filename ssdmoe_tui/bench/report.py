@@ -1,0 +1,188 @@
+"""Rendering of a bench result: a terminal (or Markdown) table and an optional PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COLUMNS = [
+    ("K", "k"),
+    ("cache", "cache"),
+    ("page cache", "page_cache"),
+    ("prefill tok/s", "prefill"),
+    ("decode tok/s", "decode"),
+    ("ms/tok sync+read+rest", "split"),
+    ("hit", "hit"),
+    ("MiB/tok req", "req"),
+    ("MiB/tok dev", "dev"),
+    ("read GB/s", "read"),
+    ("peak MLX", "mlx"),
+    ("peak RSS", "rss"),
+    ("I/O ceiling tok/s", "ceiling"),
+    ("achieved/ceiling", "ach"),
+    ("resident tok/s", "resident"),
+    ("streamed/resident", "ratio"),
+    ("same tokens", "match"),
+]
+
+
+def _gib(b: int | None) -> str:
+    return "-" if not b else f"{b / 2**30:.2f}G"
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _row(r: dict) -> dict[str, str]:
+    ms = r["ms_per_token"]
+    split = (
+        "-"
+        if ms["total"] is None
+        else f"{ms['total']:.0f}={ms['router_sync']:.0f}+{ms['read_wait']:.0f}+{ms['rest']:.0f}"
+    )
+    read = r.get("decode_read_gb_s")
+    match = r.get("tokens_match_resident")
+    return {
+        "k": str(r["k"]),
+        "cache": f"{r['expert_cache']} ({r['budget_over_expert_set']:.0%})",
+        "page_cache": str(r.get("page_cache", "?")).split(" ")[0],
+        "prefill": _f(r["prefill_tok_s"], ".1f"),
+        "decode": _f(r["decode_tok_s"], ".2f"),
+        "split": split,
+        "hit": f"{r['hit_rate']:.1%}",
+        "req": _f(r["requested_mib_per_token"], ".1f"),
+        "dev": _f(r["device_mib_per_token"], ".1f"),
+        "read": _f(read, ".2f"),
+        "mlx": _gib(r["peak_mlx_memory_bytes"]),
+        "rss": _gib(r["peak_rss_bytes"]),
+        "ceiling": _f(r.get("io_ceiling_tok_s"), ".2f")
+        if not r.get("io_ceiling_note")
+        else "no reads",
+        "ach": _f(r.get("achieved_over_ceiling"), ".0%"),
+        "resident": _f(r.get("resident_decode_tok_s"), ".2f"),
+        "ratio": _f(r.get("ratio_decode_vs_resident"), ".2f"),
+        "match": "-"
+        if match is None
+        else ("yes" if match else f"first {r['tokens_common_prefix']}"),
+    }
+
+
+def config_table(result: dict, markdown: bool = False) -> str:
+    rows = [_row(r) for r in result.get("configs", [])]
+    heads = [h for h, _ in COLUMNS]
+    keys = [k for _, k in COLUMNS]
+    if markdown:
+        lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        lines += ["| " + " | ".join(r[k] for k in keys) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for h, k in COLUMNS]
+    out = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
+    out += ["  ".join(r[k].rjust(w) for k, w in zip(keys, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def summary(result: dict, markdown: bool = False) -> str:
+    """Conditions, disk and baseline lines, then the table."""
+    c = result["conditions"]
+    v = c["versions"]
+    dev = c["device"]
+    q = c.get("quantization") or {}
+    lines = [
+        f"model: {c['model']} ({c['model_type']}, {c['checkpoint_bytes'] / 2**30:.2f} GiB, "
+        f"{c['num_layers_moe']} MoE layers x {c['num_experts']} experts x "
+        f"{c['expert_bytes'] / 2**20:.2f} MiB, {q.get('bits', '?')}-bit gs{q.get('group_size', '?')})",
+        f"device: {dev['backend']} {dev['name']} | dtype {c['dtype']} | mlx {v.get('mlx')} "
+        f"mlx-lm {v.get('mlx_lm')} ssdmoe {v.get('ssdmoe')} | {c['date']}",
+        f"prompt {c['prompt_tokens']} tokens, {c['decode_tokens']} decoded (greedy) | mode {c['mode']} "
+        f"| queue depth {c['queue_depth']} | {_mem(c['memory'])}",
+    ]
+    disk = result.get("disk")
+    if disk:
+        parts = []
+        for k, d in disk["by_k"].items():
+            parts.append(f"K={k}: {d['gb_per_s']:.2f} GB/s")
+        first = next(iter(disk["by_k"].values()), None)
+        reader = f"{first['reader']} reader" if first else ""
+        lines.append(
+            f"disk random read ({disk['page_cache']}, {reader}, whole experts in batches of K): "
+            + ", ".join(parts)
+        )
+    base = result.get("resident_baseline", {})
+    if base.get("status") == "ran":
+        parts = [f"K={k}: {b['decode_tok_s']} tok/s" for k, b in base["by_k"].items()]
+        lines.append("resident mlx-lm decode: " + ", ".join(parts))
+    else:
+        lines.append(f"resident mlx-lm: {base.get('status', 'not run')}")
+    sep = "\n\n" if markdown else "\n"
+    text = ("\n".join(f"- {x}" for x in lines) if markdown else "\n".join(lines)) + sep
+    if result.get("configs"):
+        text += config_table(result, markdown)
+        text += (
+            sep + "ms/tok: decode ms per token = router sync + read wait + rest (compute, other)"
+        )
+    return text
+
+
+def _mem(m: dict) -> str:
+    s = f"MemAvailable {m['mem_available_bytes'] / 2**30:.1f} GiB"
+    if m.get("cgroup_limit_bytes"):
+        s += f", cgroup cap {m['cgroup_limit_bytes'] / 2**30:.1f} GiB"
+    return s
+
+
+def write_plot(result: dict, out: Path) -> str:
+    """PNG of decode tok/s and MiB/token vs K, one line per budget. Returns a message."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return (
+            "--plot: matplotlib is not installed (pip install 'ssdmoe-tui[plot]' or "
+            "pip install matplotlib); no plot written"
+        )
+    configs = result.get("configs", [])
+    if not configs:
+        return "--plot: no configurations measured; no plot written"
+    by_budget: dict[str, list[dict]] = {}
+    for r in configs:
+        by_budget.setdefault(r["expert_cache"], []).append(r)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for budget, rows in by_budget.items():
+        rows = sorted(rows, key=lambda r: r["k"])
+        ks = [r["k"] for r in rows]
+        ax1.plot(ks, [r["decode_tok_s"] or 0 for r in rows], marker="o", label=f"cache {budget}")
+        ceil = [r.get("io_ceiling_tok_s") for r in rows]
+        if all(x is not None for x in ceil):
+            ax1.plot(ks, ceil, linestyle="--", alpha=0.6, label=f"I/O ceiling, {budget}")
+        ax2.plot(
+            ks,
+            [r["requested_mib_per_token"] or 0 for r in rows],
+            marker="o",
+            label=f"cache {budget}",
+        )
+    base = result.get("resident_baseline", {}).get("by_k", {})
+    if base:
+        ks = sorted(int(k) for k in base)
+        ax1.plot(
+            ks, [base[str(k)]["decode_tok_s"] for k in ks], marker="s", label="resident mlx-lm"
+        )
+    c = result["conditions"]
+    ax1.set(xlabel="K (experts per token)", ylabel="decode tok/s", title="decode speed")
+    ax2.set(
+        xlabel="K (experts per token)", ylabel="MiB read per token", title="expert bytes per token"
+    )
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"{Path(c['model']).name} ({c['model_type']}), {c['device']['backend']}, {c['mode']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return f"plot written to {out}"

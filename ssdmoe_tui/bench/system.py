@@ -1,0 +1,205 @@
+"""Machine conditions for `ssdmoe bench`: page-cache control, memory limits, versions.
+
+Every benchmark number is only as good as the conditions it records, so this module
+says what it did (or could not do) instead of assuming: whether the page cache was
+really dropped, which memory limit applies (cgroup limits count, MemAvailable alone
+lies inside a container), and which software measured.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+_CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")
+_NO_LIMIT = 1 << 60  # cgroup v1 writes ~2**63 for "no limit"
+
+
+@dataclass(frozen=True)
+class DropResult:
+    """How the page cache was emptied: `method` is drop_caches, fadvise or none."""
+
+    method: str
+    note: str
+
+    @property
+    def cold(self) -> bool:
+        return self.method != "none"
+
+
+def drop_page_cache(files: list[Path]) -> DropResult:
+    """`sync; echo 3 > /proc/sys/vm/drop_caches` as root on Linux.
+
+    Without that right, `posix_fadvise(DONTNEED)` on `files` still evicts their clean
+    pages (what the benchmark reads); where even that is impossible, say "none".
+    """
+    why = "not Linux"
+    if sys.platform.startswith("linux"):
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return DropResult("drop_caches", "sync; echo 3 > /proc/sys/vm/drop_caches")
+        except OSError as e:
+            why = f"drop_caches refused ({e.strerror or e})"
+    if hasattr(os, "posix_fadvise"):
+        try:
+            for p in files:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            return DropResult("fadvise", f"{why}; posix_fadvise(DONTNEED) on the model's shards")
+        except OSError as e:
+            why = f"{why}; fadvise failed ({e.strerror or e})"
+    return DropResult("none", f"could not drop the page cache: {why}; numbers are warm")
+
+
+def read_through(files: list[Path], chunk: int = 64 << 20) -> int:
+    """Read files sequentially once (to warm the page cache); returns bytes read."""
+    total = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    for p in files:
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(view):
+                total += n
+    return total
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        return None
+    return None if v >= _NO_LIMIT else v
+
+
+def _own_cgroup_dirs() -> list[Path]:
+    """Memory cgroup folders of this process (v2 unified path and v1 memory path)."""
+    out: list[Path] = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        rel = rel.lstrip("/")
+        if controllers == "":
+            out.append(_CGROUP_V2 / rel)
+        elif "memory" in controllers.split(","):
+            out.append(_CGROUP_V1_MEM / rel)
+    return out
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    mem_available: int  # /proc/meminfo MemAvailable (bytes)
+    cgroup_limit: int | None  # memory.max / memory.limit_in_bytes of our cgroup, if set
+    cgroup_usage: int | None
+
+    @property
+    def available(self) -> int:
+        """What this process could still get: the smaller of the two limits."""
+        avail = self.mem_available
+        if self.cgroup_limit is not None:
+            avail = min(avail, self.cgroup_limit - (self.cgroup_usage or 0))
+        return max(avail, 0)
+
+    def describe(self) -> str:
+        s = f"MemAvailable {self.mem_available / 2**30:.1f} GiB"
+        if self.cgroup_limit is not None:
+            s += f", cgroup limit {self.cgroup_limit / 2**30:.1f} GiB"
+        return s
+
+    def as_dict(self) -> dict:
+        return {
+            "mem_available_bytes": self.mem_available,
+            "cgroup_limit_bytes": self.cgroup_limit,
+            "cgroup_usage_bytes": self.cgroup_usage,
+            "available_bytes": self.available,
+        }
+
+
+def memory_limit() -> MemoryLimit:
+    from ssdmoe_tui.engine.cache import available_memory_bytes
+
+    limit = usage = None
+    for d in _own_cgroup_dirs():
+        for lim_name, use_name in (
+            ("memory.max", "memory.current"),
+            ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+        ):
+            lim = _read_int(d / lim_name)
+            if lim is not None and (limit is None or lim < limit):
+                limit, usage = lim, _read_int(d / use_name)
+    return MemoryLimit(available_memory_bytes(), limit, usage)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0).
+
+    Without it, the peak would be the whole process's (earlier configurations too).
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for dist, key in (("mlx", "mlx"), ("mlx-lm", "mlx_lm"), ("ssdmoe-tui", "ssdmoe")):
+        try:
+            out[key] = version(dist)
+        except PackageNotFoundError:
+            out[key] = "unknown"
+    try:
+        import mlx.core as mx
+
+        out["mlx"] = mx.__version__
+    except (ImportError, AttributeError):
+        pass
+    return out
+
+
+def device_description() -> dict[str, str]:
+    import mlx.core as mx
+
+    from ssdmoe_tui.engine.loader import device_name
+
+    info: dict = {}
+    try:
+        info = dict(mx.device_info())
+    except Exception:  # noqa: BLE001 - older mlx or no device info
+        info = {}
+    return {
+        "backend": device_name(),
+        "name": str(info.get("device_name", platform.processor() or "?")),
+        "machine": platform.machine(),
+        "os": f"{platform.system()} {platform.release()}",
+        "cpus": str(os.cpu_count() or "?"),
+    }
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

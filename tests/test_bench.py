@@ -1,0 +1,192 @@
+"""`ssdmoe bench` on a tiny random checkpoint: fields, arithmetic, resident baseline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ssdmoe_tui.bench.bench import BenchOptions, _baseline_decision, fixed_prompt
+from ssdmoe_tui.bench.system import MemoryLimit, memory_limit
+from ssdmoe_tui.cli import main
+
+KS = [4, 2]
+BUDGETS = ["64K", "1M"]
+DECODE = 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.checkpoints import build
+
+    return build("qwen3_moe", tmp_path_factory.mktemp("bench") / "qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def bench_json(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out") / "bench.json"
+    rc = main(
+        [
+            "bench",
+            "--model", str(tiny),
+            "--k", ",".join(map(str, KS)),
+            "--expert-cache", ",".join(BUDGETS),
+            "--prompt-tokens", "24",
+            "--decode-tokens", str(DECODE),
+            "--disk-mib", "1",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    return out, json.loads(out.read_text())
+
+
+def test_conditions_recorded(bench_json, tiny):
+    _, res = bench_json
+    c = res["conditions"]
+    assert c["model_type"] == "qwen3_moe"
+    assert c["quantization"]["bits"] == 4 and c["quantization"]["group_size"] == 32
+    for key in ("mlx", "mlx_lm", "ssdmoe"):
+        assert c["versions"][key] and c["versions"][key] != "unknown"
+    assert c["device"]["backend"] in ("cpu", "gpu/Metal", "gpu/CUDA")
+    assert c["dtype"] in ("float32", "bfloat16", "float16")
+    assert c["prompt_tokens"] == 24 and c["decode_tokens"] == DECODE
+    assert c["mode"] == "warm" and c["ks"] == KS and c["expert_cache"] == BUDGETS
+    assert c["date"].endswith("Z")
+    assert c["expert_piece_bytes"] and sum(c["expert_piece_bytes"]) == c["expert_bytes"]
+    assert len(res["configs"]) == len(KS) * len(BUDGETS)
+    for r in res["configs"]:
+        assert r["reader"] in ("native", "python")
+        assert r["page_cache"] == "warm"
+
+
+def test_arithmetic_is_consistent(bench_json):
+    _, res = bench_json
+    c = res["conditions"]
+    eb, layers = c["expert_bytes"], c["num_layers_moe"]
+    for r in res["configs"]:
+        k, steps = r["k"], r["decode_steps"]
+        assert r["generated_tokens"] == DECODE and steps == DECODE - 1
+        assert 0.0 <= r["hit_rate"] <= 1.0
+        # each decode step routes exactly K distinct experts in every MoE layer
+        assert r["decode_hits"] + r["decode_misses"] == k * layers * steps
+        assert r["decode_requested_bytes"] == r["decode_misses"] * eb
+        assert r["requested_mib_per_token"] == pytest.approx(
+            r["decode_misses"] * eb / steps / 2**20, abs=1e-4
+        )
+        assert r["bytes_per_token_no_cache"] == eb * k * layers
+        ms = r["ms_per_token"]
+        assert ms["total"] == pytest.approx(
+            ms["router_sync"] + ms["read_wait"] + ms["rest"], abs=2e-3
+        )
+        assert r["decode_tok_s"] == pytest.approx(1000 * steps / (ms["total"] * steps), rel=1e-2)
+        disk = res["disk"]["by_k"][str(k)]
+        bw = disk["bytes"] / disk["seconds"]
+        assert disk["bytes"] == disk["batches"] * k * eb
+        if r["hit_rate"] < 1.0:
+            assert r["io_ceiling_tok_s"] == pytest.approx(
+                bw / (eb * k * layers * (1 - r["hit_rate"])), rel=1e-3
+            )
+            assert r["achieved_over_ceiling"] == pytest.approx(
+                r["decode_tok_s"] / r["io_ceiling_tok_s"], rel=1e-2
+            )
+        else:
+            assert r["io_ceiling_note"] == "no reads (hit rate 100%)"
+        assert r["peak_mlx_memory_bytes"] > 0 and r["peak_rss_bytes"] > 0
+    small = [r for r in res["configs"] if r["expert_cache"] == "64K"]
+    big = [r for r in res["configs"] if r["expert_cache"] == "1M"]
+    # 1M holds every expert of the tiny model: no expert is ever read twice
+    for r in big:
+        assert r["budget_over_expert_set"] >= 1.0
+        assert r["prefill_requested_bytes"] + r["decode_requested_bytes"] <= c["expert_set_bytes"]
+    assert all(r["budget_over_expert_set"] < 1.0 and r["decode_misses"] > 0 for r in small)
+
+
+def test_resident_baseline_ran_and_matches(bench_json):
+    _, res = bench_json
+    base = res["resident_baseline"]
+    assert base["status"] == "ran"
+    assert sorted(int(k) for k in base["by_k"]) == sorted(KS)
+    for r in res["configs"]:
+        b = base["by_k"][str(r["k"])]
+        assert b["generated_tokens"] == DECODE and b["decode_tok_s"] > 0
+        assert r["ratio_decode_vs_resident"] == pytest.approx(
+            r["decode_tok_s"] / b["decode_tok_s"], rel=1e-3
+        )
+        # streamed greedy output is plain mlx-lm's, token for token
+        assert r["tokens_match_resident"] is True
+        assert r["token_ids"] == b["token_ids"]
+
+
+def test_reuse_baseline_json_and_plot(bench_json, tiny, tmp_path, capsys):
+    path, first = bench_json
+    out = tmp_path / "again.json"
+    png = tmp_path / "plot.png"
+    rc = main(
+        [
+            "bench", "--model", str(tiny), "--k", "2", "--expert-cache", "64K",
+            "--prompt-tokens", "24", "--decode-tokens", str(DECODE), "--disk-mib", "1",
+            "--no-warmup", "--baseline-json", str(path), "--json", str(out), "--plot", str(png),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["resident_baseline"]["source"] == str(path)
+    (r,) = res["configs"]
+    assert r["resident_decode_tok_s"] == first["resident_baseline"]["by_k"]["2"]["decode_tok_s"]
+    captured = capsys.readouterr()
+    assert "streamed/resident" in captured.out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in captured.err and not png.exists()
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_baseline_refused_when_model_exceeds_memory(tiny):
+    opts = BenchOptions(model=tiny)
+    small = MemoryLimit(mem_available=1 << 30, cgroup_limit=None, cgroup_usage=None)
+    why = _baseline_decision(opts, 3 << 30, small)
+    assert why is not None and why.startswith("cannot run: model 3.0 GiB > memory")
+    assert _baseline_decision(opts, 100 << 20, small) is None
+    capped = MemoryLimit(mem_available=64 << 30, cgroup_limit=16 << 30, cgroup_usage=1 << 30)
+    assert capped.available == 15 << 30
+    assert _baseline_decision(opts, 19 << 30, capped).startswith("cannot run: model 19.0 GiB")
+    assert memory_limit().available > 0
+
+
+def test_fixed_prompt_is_deterministic(tiny):
+    from mlx_lm.utils import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    a, b = fixed_prompt(tok, 100), fixed_prompt(tok, 100)
+    assert a == b and len(a) == 100
+    assert fixed_prompt(tok, 7) == a[:7]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--k", "99"], "K=99 is outside 1..16"),
+        (["--decode-tokens", "1"], "--decode-tokens must be >= 2"),
+        (["--expert-cache", "lots"], None),
+    ],
+)
+def test_bad_input_is_one_line(tiny, args, needle, capsys):
+    try:
+        rc = main(["bench", "--model", str(tiny), "--no-warmup", *args])
+    except SystemExit as e:  # argparse rejects malformed values itself
+        rc = e.code
+    assert rc != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and "Traceback" not in "\n".join(err)
+    if needle:
+        assert needle in err[-1]
+
+
+def test_missing_model_is_one_line(tmp_path, capsys):
+    rc = main(["bench", "--model", str(tmp_path / "nope")])
+    assert rc != 0
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "nope" in err
