@@ -231,3 +231,34 @@ def test_corrupt_header_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ModelError) as e:
         registry.check_supported(config, tmp_path / "m")
     assert shard.name in _one_line(e.value)
+
+
+def test_only_the_main_layer_stack_is_measured(tmp_path: Path) -> None:
+    """A multi-token-prediction head with its own switch_mlp layer does not count."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "m"
+    written = write_checkpoint(folder, fake_config("qwen3_5_moe", layers=3, experts=4))
+    before = measure_experts(folder)
+    mtp = {
+        f"language_model.mtp.layers.0.mlp.switch_mlp.{p}.{part}": np.zeros((4, 8, 8), np.uint32)
+        for p in ("gate_proj", "up_proj", "down_proj")
+        for part in ("weight", "scales", "biases")
+    }
+    save_file(mtp, str(folder / "model-mtp.safetensors"))
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"] |= dict.fromkeys(mtp, "model-mtp.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    after = measure_experts(folder)
+    assert sorted(after.layers) == sorted(before.layers) == [0, 1, 2]
+    assert after.bytes_per_expert == before.bytes_per_expert == written["bytes_per_expert"][0]
+
+
+def test_download_patterns_are_mlx_lms() -> None:
+    """Same patterns as mlx-lm, so either tool's cache entry is complete for the other."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    from ssdmoe_tui.models.resolve import ALLOW_PATTERNS
+
+    assert ALLOW_PATTERNS == DEFAULT_ALLOW_PATTERNS

@@ -23,15 +23,20 @@ from ssdmoe_tui.errors import BadValueError, ModelError, SsdmoeError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.scan import missing_shards, read_config
 
-#: What a checkpoint needs: weights, configs + tokenizer.json, templates, other tokenizer files.
+#: What a checkpoint needs: weights, configs + tokenizer.json, templates, tokenizer files and
+#: the small remote-code files. The same list as mlx-lm's `DEFAULT_ALLOW_PATTERNS`, so a model
+#: fetched by `mlx_lm.generate` is complete for ssdmoe and vice versa (the hub's offline
+#: completeness check filters by these patterns).
 ALLOW_PATTERNS: list[str] = [
-    "*.safetensors",
     "*.json",
-    "*.jinja",
+    "model*.safetensors",
+    "*.py",
     "tokenizer.model",
     "*.tiktoken",
-    "merges.txt",
-    "vocab.txt",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
 ]
 
 

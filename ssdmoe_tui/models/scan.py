@@ -116,17 +116,37 @@ class ExpertMeasure:
         return sum(layer.bytes_per_expert for layer in self.layers.values()) * k / MIB
 
 
+def shard_files(folder: Path) -> list[Path]:
+    """The checkpoint's shards: those model.safetensors.index.json names, else every
+    `*.safetensors` (the rule the engine's index uses)."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise ModelError(f"{index}: not a valid safetensors index") from None
+        return [folder / n for n in sorted(names)]
+    return sorted(folder.glob("*.safetensors"))
+
+
 def measure_experts(folder: Path) -> ExpertMeasure:
-    """Sum the `*.switch_mlp.{proj}.{weight,scales,biases}` tensors of each layer."""
-    measure = ExpertMeasure()
-    for shard in sorted(Path(folder).glob("*.safetensors")):
+    """Sum the `*.switch_mlp.{proj}.{weight,scales,biases}` tensors of each layer.
+
+    Only the main layer stack counts: when several prefixes carry switch_mlp layers (a
+    multi-token-prediction head, say), the one with the most layers is the model.
+    """
+    stacks: dict[str, dict[int, LayerExperts]] = {}
+    sample: str | None = None
+    for shard in shard_files(folder):
         for name, info in read_safetensors_header(shard).items():
             m = _EXPERT_RE.match(name)
-            if m is None or m["prefix"].startswith("mtp."):
-                if measure.sample_expert_tensor is None and _LOOSE_EXPERT_RE.search(name):
-                    measure.sample_expert_tensor = name
+            if m is None:
+                if sample is None and _LOOSE_EXPERT_RE.search(name):
+                    sample = name
                 continue
-            layer = measure.layers.setdefault(int(m["layer"]), LayerExperts())
+            stack = stacks.setdefault(m["prefix"], {})
+            layer = stack.setdefault(int(m["layer"]), LayerExperts())
             layer.total_bytes += info.nbytes
             if m["part"] == "scales":
                 layer.quantized = True
@@ -139,6 +159,9 @@ def measure_experts(folder: Path) -> ExpertMeasure:
                         f"its layer's other projections {layer.num_experts}"
                     )
                 layer.num_experts = info.shape[0]
+    main = max(stacks, key=lambda p: (len(stacks[p]), -len(p)), default=None)
+    measure = ExpertMeasure(layers=stacks.get(main, {}) if main is not None else {})
+    measure.sample_expert_tensor = sample
     counts = {layer.num_experts for layer in measure.layers.values()}
     if len(counts) > 1:
         raise ModelError(f"{folder}: expert counts differ between layers ({sorted(counts)})")
