@@ -191,6 +191,8 @@ def build_index(model_dir: Path) -> ExpertIndex:
                 )
             total += nbytes
             m = EXPERT_RE.match(tname)
+            if m is not None and "mtp" in m["prefix"].split("."):
+                continue  # multi-token-prediction head: mlx-lm drops it, so do we
             if m is None:
                 resident += nbytes
                 continue
