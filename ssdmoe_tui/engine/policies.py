@@ -64,6 +64,9 @@ class LRUPolicy:
     def __len__(self) -> int:
         return len(self._order)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._order
+
     def hit(self, key: Key) -> None:
         self._order.move_to_end(key)
 
@@ -71,11 +74,17 @@ class LRUPolicy:
         self._order[key] = None
         self._order.move_to_end(key)
 
-    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+    def pick(self, pinned: Collection[Key]) -> Key | None:
         for key in self._order:  # oldest first; skips at most len(pinned) keys
             if key not in pinned:
                 return key
-        raise _no_victim(pinned)
+        return None
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        key = self.pick(pinned)
+        if key is None:
+            raise _no_victim(pinned)
+        return key
 
     def remove(self, key: Key) -> None:
         self._order.pop(key, None)
@@ -126,6 +135,9 @@ class LFUDecayPolicy:
     def __len__(self) -> int:
         return len(self._seq)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._seq
+
     def _touch(self, key: Key) -> None:
         score = self._score.get(key, 0.0) + self._clock.weight
         self._score[key] = score
@@ -143,8 +155,8 @@ class LFUDecayPolicy:
         self._heap = [(score[k], s, k) for k, s in seq.items()]
         heapq.heapify(self._heap)
 
-    def coldest(self, pinned: Collection[Key]) -> tuple[float, Key]:
-        """(score, key) of the key `victim` would pick."""
+    def coldest(self, pinned: Collection[Key]) -> tuple[float, Key] | None:
+        """(score, key) of the key `victim` would pick; None if every key is pinned."""
         heap, seq = self._heap, self._seq
         held: list[tuple[float, int, Key]] = []
         try:
@@ -156,13 +168,20 @@ class LFUDecayPolicy:
                     held.append(heapq.heappop(heap))
                 else:
                     return entry[0], entry[2]
-            raise _no_victim(pinned)
+            return None
         finally:
             for entry in held:
                 heapq.heappush(heap, entry)
 
+    def pick(self, pinned: Collection[Key]) -> Key | None:
+        found = self.coldest(pinned)
+        return found[1] if found is not None else None
+
     def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
-        return self.coldest(pinned)[1]
+        found = self.coldest(pinned)
+        if found is None:
+            raise _no_victim(pinned)
+        return found[1]
 
     def remove(self, key: Key) -> None:
         self._seq.pop(key, None)  # its heap entry goes stale; its score is kept
@@ -262,6 +281,41 @@ class ARCPolicy:
 # --------------------------------------------------------------------------- per-layer partition
 
 
+class _MinTree:
+    """Segment tree over layers: point update, min over a layer range, O(log n)."""
+
+    def __init__(self, n: int) -> None:
+        self._size = 1 << max(0, n - 1).bit_length()
+        self._t: list[tuple[float, int]] = [(math.inf, 0)] * (2 * self._size)
+
+    def set(self, i: int, value: tuple[float, int]) -> None:
+        t = self._t
+        i += self._size
+        t[i] = value
+        i >>= 1
+        while i:
+            a, b = t[2 * i], t[2 * i + 1]
+            t[i] = a if a <= b else b
+            i >>= 1
+
+    def min(self, lo: int, hi: int) -> tuple[float, int]:
+        """Min over [lo, hi)."""
+        t = self._t
+        best = (math.inf, 0)
+        lo += self._size
+        hi += self._size
+        while lo < hi:
+            if lo & 1:
+                best = min(best, t[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                best = min(best, t[hi])
+            lo >>= 1
+            hi >>= 1
+        return best
+
+
 class LayerPartitioned:
     """One sub-policy per layer, each with a quota of capacity // num_layers slots.
 
@@ -274,8 +328,10 @@ class LayerPartitioned:
     - LRU parts: the nearest layer before this one (layers run in order, so its next use
       is the furthest away);
     - LFU parts (shared decay clock): the lowest score, where a layer already served this
-      token counts one decay step older (its next use is a token later). This is what
-      makes the partition good below one token cycle too.
+      token counts one decay step older (its next use is a token later); ties go to the
+      layer whose next visit is furthest. A segment tree over the layers' coldest scores
+      keeps this O(log layers). This is what makes the partition good below one token
+      cycle too.
     The layer of the incoming key is taken from `incoming`, else from `pinned`.
     """
 
@@ -287,25 +343,38 @@ class LayerPartitioned:
         self._quota = max(0, capacity) // num_layers
         self._clock = _DecayClock(decay) if decay is not None else None
         self._parts: dict[int, LRUPolicy | LFUDecayPolicy] = {}
+        self._count: dict[int, int] = {}
+        # LFU parts: tree of (coldest score, -layer) for layers over quota; leaves of
+        # layers changed since the last borrow are refreshed lazily.
+        self._tree = _MinTree(num_layers)
+        self._dirty: set[int] = set()
 
     def _part(self, layer: int) -> LRUPolicy | LFUDecayPolicy:
         part = self._parts.get(layer)
         if part is None:
+            if not 0 <= layer < self._n:
+                raise BadValueError(f"layer {layer} out of range 0..{self._n - 1}")
             clock = self._clock
             part = LRUPolicy() if clock is None else LFUDecayPolicy(clock=clock)
             self._parts[layer] = part
+            self._count[layer] = 0
         return part
 
     def hit(self, key: Key) -> None:
         self._parts[key[0]].hit(key)
+        self._dirty.add(key[0])
 
     def insert(self, key: Key) -> None:
         self._part(key[0]).insert(key)
+        self._count[key[0]] += 1
+        self._dirty.add(key[0])
 
     def remove(self, key: Key) -> None:
         part = self._parts.get(key[0])
-        if part is not None:
+        if part is not None and key in part:
             part.remove(key)
+            self._count[key[0]] -= 1
+            self._dirty.add(key[0])
 
     def step(self) -> None:
         clock = self._clock
@@ -313,59 +382,57 @@ class LayerPartitioned:
             for part in self._parts.values():
                 part.rescale(clock.weight)  # type: ignore[union-attr]
             clock.weight = 1.0
+            self._dirty.update(self._parts)
 
     def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
         layer = incoming[0] if incoming is not None else None
         if layer is None and pinned:
             layer = next(iter(pinned))[0]
-        if layer is not None:
-            own = self._parts.get(layer)
-            if own is not None and len(own) >= self._quota:
-                try:
-                    return own.victim(pinned)
-                except NoVictimError:
-                    pass
-        here = layer if layer is not None else 0
-        for over in (True, False):
-            if self._clock is None:
-                key = self._borrow_nearest(pinned, here, over)
-            else:
-                key = self._borrow_coldest(pinned, here, over)
+        if layer is not None and self._count.get(layer, 0) >= self._quota:
+            key = self._parts[layer].pick(pinned) if layer in self._parts else None
+            if key is not None:
+                return key
+        here = layer if layer is not None else -1
+        if self._clock is not None:
+            key = self._borrow_coldest(pinned, here)
+            if key is not None:
+                return key
+        for limit in (self._quota, 0):  # over-quota layers first, then any layer
+            key = self._borrow_nearest(pinned, here, limit)
             if key is not None:
                 return key
         raise _no_victim(pinned)
 
-    def _donors(self, here: int, over: bool):
-        quota = self._quota
-        for m, part in self._parts.items():
-            if m != here and len(part) > (quota if over else 0):
-                yield m, part
-
-    def _borrow_nearest(self, pinned: Collection[Key], here: int, over: bool) -> Key | None:
-        n = self._n
-        donors = sorted(self._donors(here, over), key=lambda mp: (here - mp[0]) % n)
-        for _, part in donors:
-            try:
-                return part.victim(pinned)
-            except NoVictimError:
-                continue
+    def _borrow_nearest(self, pinned: Collection[Key], here: int, limit: int) -> Key | None:
+        n, count = self._n, self._count
+        for d in range(1, n + 1):  # walk back from the layer being served
+            m = (here - d) % n
+            if m != here and count.get(m, 0) > limit:
+                key = self._parts[m].pick(pinned)
+                if key is not None:
+                    return key
         return None
 
-    def _borrow_coldest(self, pinned: Collection[Key], here: int, over: bool) -> Key | None:
-        n, decay = self._n, self._clock.decay  # type: ignore[union-attr]
-        best: tuple[float, int, Key] | None = None
-        for m, part in self._donors(here, over):
-            try:
-                score, key = part.coldest(pinned)  # type: ignore[union-attr]
-            except NoVictimError:
-                continue
-            if m < here:  # already served this token: next use a token later
-                score *= decay
-            # ties: the layer whose next visit is furthest goes first
-            cand = (score, -((m - here) % n), key)
-            if best is None or cand < best:
-                best = cand
-        return best[2] if best is not None else None
+    def _borrow_coldest(self, pinned: Collection[Key], here: int) -> Key | None:
+        """The coldest key of a layer over quota, or None (then: nearest layer)."""
+        tree, parts, quota, dirty = self._tree, self._parts, self._quota, self._dirty
+        for m in dirty:
+            if m != here:  # the layer being served is not a donor; it stays dirty
+                found = parts[m].coldest(()) if self._count[m] > quota else None  # type: ignore[union-attr]
+                tree.set(m, (found[0] if found else math.inf, -m))
+        dirty.clear()
+        if here in parts:
+            dirty.add(here)
+        decay = self._clock.decay  # type: ignore[union-attr]
+        # Served layers [0, here) count one decay step colder; on a tie they go first
+        # (their next visit is a token away). The layer being served is left out.
+        lo = here if here >= 0 else 0
+        served = tree.min(0, lo)
+        later = tree.min(lo + 1 if here >= 0 else 0, self._n)
+        pick = served if served[0] * decay <= later[0] else later
+        if pick[0] == math.inf:
+            return None
+        return parts[-pick[1]].pick(pinned)  # differs from the tree's key only if pinned
 
 
 # --------------------------------------------------------------------------- Belady
