@@ -43,8 +43,6 @@ def resolve_model_path(spec: str, quiet: bool = False):
         return ensure_demo_model(
             progress=(lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
         )
-    try:
-        from ssdmoe_tui.models.resolve import resolve_model
-    except ImportError:
-        return Path(spec).expanduser()
-    return Path(resolve_model(spec))
+    from ssdmoe_tui.models.resolve import cli_progress, resolve_model
+
+    return Path(resolve_model(spec, progress=None if quiet else cli_progress()))

@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.errors import BadValueError
 
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    from ssdmoe_tui.models.lock import acquire_model_lock
+
     path = resolve_model_path(args.model, quiet=args.json)
+    lock = acquire_model_lock(str(path))  # held until exit: one loaded model per machine
     sm = load_streamed(
         path,
         expert_cache=args.expert_cache,
@@ -102,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if writer is not None:
         writer.close()
+    lock.release()
     stats = result.stats.as_dict()
     stats["reader"] = sm.cache.reader.name
     stats["expert_cache_budget_bytes"] = sm.cache.budget_bytes

@@ -55,6 +55,8 @@ class EngineService:
         self.last_stats: P.StatsSample | None = None
         self.last_result = None  # the last GenerationResult (engine-side record; tests read it)
         self.k_records: dict[str, tuple[int, ...]] = {}
+        self._lock = None  # cross-process "one loaded model" lock (models.lock)
+        self.use_model_lock = True
 
     # ------------------------------------------------------------------ client API
     def start(self) -> None:
@@ -65,6 +67,7 @@ class EngineService:
     def submit(self, cmd: P.Command) -> None:
         if isinstance(cmd, P.Generate):
             self._busy.set()
+        if isinstance(cmd, (P.Generate, P.LoadModel)):
             self._cancel.clear()
         self._queue.put(cmd)
 
@@ -105,6 +108,7 @@ class EngineService:
             try:
                 if isinstance(cmd, P.Shutdown):
                     self._unload()
+                    self._release_lock()
                     return
                 if isinstance(cmd, P.LoadModel):
                     self._load(cmd)
@@ -125,6 +129,22 @@ class EngineService:
                 if isinstance(cmd, P.Generate):
                     self._busy.clear()
 
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _take_lock(self, path: Path) -> None:
+        """One loaded model per machine: a second app instance is told who holds it."""
+        if not self.use_model_lock:
+            return
+        from ssdmoe_tui.models.lock import acquire_model_lock
+
+        if self._lock is None:
+            self._lock = acquire_model_lock(str(path))
+        else:
+            self._lock.relabel(str(path))
+
     def _unload(self) -> None:
         if self._sm is not None:
             import mlx.core as mx
@@ -144,6 +164,7 @@ class EngineService:
         self._emit(P.PhaseChanged("loading", detail="unloading previous model" if self._sm else ""))
         self._unload()
         path = self._resolve(cmd.path)
+        self._take_lock(path)
         self._emit(P.PhaseChanged("indexing", detail=str(path)))
         sm = load_streamed(
             path,
@@ -183,11 +204,19 @@ class EngineService:
             return ensure_demo_model(
                 progress=lambda msg: self._emit(P.PhaseChanged("loading", detail=msg))
             )
-        try:
-            from ssdmoe_tui.models.resolve import resolve_model
-        except ImportError:
-            return Path(spec).expanduser()
-        return Path(resolve_model(spec))
+        from ssdmoe_tui.models.resolve import format_progress, resolve_model
+
+        def progress(p) -> None:
+            self._emit(
+                P.PhaseChanged(
+                    "loading",
+                    p.downloaded_bytes,
+                    p.total_bytes,
+                    detail=f"downloading {format_progress(p)}",
+                )
+            )
+
+        return Path(resolve_model(spec, progress=progress, cancel=self._cancel))
 
     def _info(self) -> P.ModelInfo:
         from ssdmoe_tui.engine.loader import device_name
