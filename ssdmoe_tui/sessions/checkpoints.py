@@ -59,6 +59,15 @@ class CheckpointInvalid(SsdmoeError):
         self.reason = reason
 
 
+class NoCheckpoint(CheckpointInvalid):
+    """No checkpoint applies to these tokens (none saved yet, or all are for other
+    tokens): nothing is wrong, the context is simply computed."""
+
+
+class _NotApplicable(CheckpointInvalid):
+    """A sound checkpoint for other tokens (longer, or another branch): skipped silently."""
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: Path
@@ -194,6 +203,10 @@ def save_checkpoint(
     Run it on the engine thread (it reads the cache's MLX arrays)."""
     start = time.perf_counter()
     session_dir = Path(session_dir)
+    for layer in cache:
+        offset = getattr(layer, "offset", None)
+        if isinstance(offset, int) and offset != len(tokens):
+            raise ValueError(f"KV cache covers {offset} tokens but {len(tokens)} were given")
     view = _compact(cache)
     nbytes = sum(
         _as_saved(v).nbytes for _, v in tree_flatten([c.state for c in view]) if v is not None
@@ -377,10 +390,12 @@ def check_checkpoint(path: Path, tokens: Sequence[int], fingerprint: str) -> int
         n = int(meta.get("n_tokens", ""))
     except ValueError:
         raise CheckpointInvalid(f"{name}: corrupt metadata (n_tokens)") from None
-    if n <= 0 or n > len(tokens):
-        raise CheckpointInvalid(f"{name}: covers {n} tokens, the conversation has {len(tokens)}")
+    if n <= 0:
+        raise CheckpointInvalid(f"{name}: corrupt metadata (n_tokens {n})")
+    if n > len(tokens):
+        raise _NotApplicable(f"{name}: covers {n} tokens, the conversation has {len(tokens)}")
     if meta.get("tokens_sha256") != tokens_sha256(tokens[:n]):
-        raise CheckpointInvalid(f"{name}: its tokens differ from the conversation's")
+        raise _NotApplicable(f"{name}: its tokens differ from the conversation's")
     return n
 
 
@@ -396,14 +411,17 @@ def load_checkpoint(
     Returns (cache, n_tokens): feed `tokens[n_tokens:]` next. A checkpoint that is
     truncated, corrupt, from another model or format, or for other tokens is skipped
     (its one-line reason goes to `on_skip`) and the next one is tried. Raises
-    CheckpointInvalid with the best candidate's reason if none is usable."""
+    CheckpointInvalid with the best candidate's reason if none is usable, or NoCheckpoint
+    if none applies (none saved, or only sound ones for other tokens: not reported)."""
     session_dir = Path(session_dir)
     remove_stale_temps(session_dir)
     reasons: list[str] = []
     for info in list_checkpoints(session_dir):
         try:
             n = check_checkpoint(info.path, tokens, fingerprint)
-            cache, meta = _load_verified(info.path, n)
+            cache, _ = _load_verified(info.path, n)
+        except _NotApplicable:
+            continue
         except CheckpointInvalid as e:
             reasons.append(e.reason)
             if on_skip is not None:
@@ -411,7 +429,7 @@ def load_checkpoint(
             continue
         return cache, n
     if not reasons:
-        raise CheckpointInvalid(f"no KV checkpoint in {session_dir.name}")
+        raise NoCheckpoint(f"no KV checkpoint for these tokens in {session_dir.name}")
     raise CheckpointInvalid(reasons[0])
 
 

@@ -1,0 +1,88 @@
+"""The engine's KV persistence hooks, backed by the session store.
+
+    kv = SessionKV(store, notice=lambda msg: post(Notice(msg)))
+    service.kv_hooks = KVHooks(save=kv.save, load=kv.load)
+
+Both run on the engine thread. `save` writes a checkpoint of the cache at the end of
+a turn (after the reply is shown); `load` is called when no in-memory cache serves a
+session's prompt (after a restart, or once the LRU dropped it): it returns the
+checkpoint covering the longest prefix of the prompt, or None when there is none. A
+bad checkpoint raises CheckpointInvalid (one line), which the engine shows as a notice
+before rebuilding the context from the prompt's token ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ssdmoe_tui.sessions.checkpoints import (
+    DEFAULT_GLOBAL_BUDGET,
+    DEFAULT_KEEP,
+    DEFAULT_SESSION_BUDGET,
+    NoCheckpoint,
+    SaveResult,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
+
+
+class SessionKV:
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        notice: Callable[[str], None] | None = None,
+        keep: int = DEFAULT_KEEP,
+        session_budget: int = DEFAULT_SESSION_BUDGET,
+        global_budget: int = DEFAULT_GLOBAL_BUDGET,
+    ) -> None:
+        self.store = store
+        self.notice = notice
+        self.keep = keep
+        self.session_budget = session_budget
+        self.global_budget = global_budget
+        self.last_save: SaveResult | None = None
+        self.last_load_s: float = 0.0
+        self.skipped: list[str] = []  # reasons of checkpoints skipped by the last load
+
+    def _tell(self, message: str) -> None:
+        if self.notice is not None:
+            self.notice(message)
+
+    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+        folder = self.store.folder(session_id)
+        if not (folder / CONVERSATION_FILE).is_file():
+            return  # not a stored conversation (or deleted meanwhile): nothing to attach to
+        res = save_checkpoint(
+            folder,
+            cache,
+            tokens,
+            info.fingerprint,
+            keep=self.keep,
+            session_budget=self.session_budget,
+            global_budget=self.global_budget,
+        )
+        self.last_save = res
+        if res.skipped:
+            self._tell(res.skipped)
+
+    def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
+        self.skipped = []
+        start = time.perf_counter()
+        folder = self.store.folder(session_id)
+
+        def skip(reason: str) -> None:
+            self.skipped.append(reason)
+
+        try:
+            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip)
+        except NoCheckpoint:
+            return None
+        finally:
+            self.last_load_s = time.perf_counter() - start
+        for reason in self.skipped:  # an older checkpoint served; say what was passed over
+            self._tell(f"checkpoint ignored: {reason}")
+        return cache, n

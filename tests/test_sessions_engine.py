@@ -1,0 +1,197 @@
+"""Acceptance: conversations persist through the real engine, non-hybrid and hybrid.
+
+Three turns with short user messages reuse >= 97% of each prompt from the KV cache;
+a 'restart' (a new EngineService, same data folder) resumes the conversation from its
+checkpoint, feeds only the new message (plus the previous reply's last token, which a
+turn samples but never feeds), and produces the same greedy tokens as a run that never
+stopped. Bad checkpoints cost a notice and a re-prefill, never the conversation.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.chat_format import first_turn_tokens, user_turn_delta
+from ssdmoe_tui.engine.service import EngineService, KVHooks
+from ssdmoe_tui.sessions.checkpoints import list_checkpoints
+from ssdmoe_tui.sessions.kv_hooks import SessionKV
+from ssdmoe_tui.sessions.store import SessionStore, Turn
+from tests.checkpoints import build
+
+SYSTEM = (
+    "You are a patient assistant for people who run large mixture-of-experts language "
+    "models on small machines. Answer plainly, explain the trade-offs between memory, "
+    "disk bandwidth and speed, and say when a question needs measurements rather than "
+    "guesses. Prefer short paragraphs. "
+) * 6
+USERS = ["How do experts get streamed from disk?", "Go on.", "Why?", "Thanks, more."]
+MAX_TOKENS = 12
+TIMEOUT = 120
+
+
+class Client:
+    """An engine service with session persistence, driven like the app drives it."""
+
+    def __init__(self, path, store: SessionStore) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.notices: list[str] = []
+        self.svc = EngineService(self.events.put)
+        self.svc.start()
+        self.svc.submit(P.LoadModel(path=str(path)))
+        self.info = self._wait(P.ModelLoaded).info
+        self.kv = SessionKV(store, notice=self.notices.append)
+        self.svc.kv_hooks = KVHooks(save=self.kv.save, load=self.kv.load)
+        self.tok = load_tokenizer(path)
+        self.store = store
+
+    def _wait(self, kind):
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            ev = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
+            if isinstance(ev, P.Notice):
+                self.notices.append(ev.message)
+            if isinstance(ev, P.EngineError):
+                raise AssertionError(ev.message)
+            if isinstance(ev, kind):
+                return ev
+
+    def send(self, conv, text: str, record: bool = True) -> tuple[P.GenerationDone, list[int]]:
+        """One turn: exact-history prompt, generate greedily, store both turns."""
+        if conv.turns:
+            delta = user_turn_delta(self.tok, conv.history_tokens(), conv.messages(), text)
+            prompt = conv.history_tokens() + delta
+        else:
+            delta = prompt = first_turn_tokens(
+                self.tok, conv.messages() + [{"role": "user", "content": text}]
+            )
+        rid = f"r{len(conv.turns)}"
+        self.svc.submit(
+            P.Generate(rid, prompt_tokens=tuple(prompt), max_tokens=MAX_TOKENS, session_id=conv.id)
+        )
+        done = self._wait(P.GenerationDone)
+        assert done.request_id == rid and done.finish_reason in ("stop", "length")
+        assert list(done.prompt_token_ids) == prompt
+        if not record:
+            return done, delta
+        self.store.add_turn(conv, Turn("user", text, delta))
+        k = done.k_per_token[0] if done.k_per_token else None
+        self.store.add_turn(conv, Turn("assistant", done.text, list(done.token_ids), k=k))
+        return done, delta
+
+    def close(self) -> None:
+        self.svc.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from ssdmoe_tui.models.demo import ensure_demo_model
+
+    root = tmp_path_factory.mktemp("session-models")
+    return {
+        "demo (qwen3_moe)": lambda: ensure_demo_model(root / "demo"),
+        "qwen3_5_moe": lambda: build("qwen3_5_moe", root / "qwen3_5_moe"),
+        "nemotron_h": lambda: build("nemotron_h", root / "nemotron_h"),
+        "qwen3_moe": lambda: build("qwen3_moe", root / "qwen3_moe"),
+        "qwen3_moe other weights": lambda: build("qwen3_moe", root / "other", seed=11),
+    }
+
+
+def three_turns(model, store):
+    a = Client(model, store)
+    conv = store.create(a.info.name, a.info.fingerprint, SYSTEM)
+    store.mark_opened(conv.id)
+    rates = []
+    for text in USERS[:3]:
+        done, _ = a.send(conv, text)
+        rates.append(done.stats["kv_hit_rate"])
+    return a, conv, rates
+
+
+@pytest.mark.parametrize("name", ["demo (qwen3_moe)", "qwen3_5_moe", "nemotron_h"])
+def test_three_turns_restart_resume_matches_uninterrupted(models, name, ssdmoe_home):
+    model = models[name]()
+    store = SessionStore()
+    a, conv, rates = three_turns(model, store)
+    assert a.info.hybrid == (name != "demo (qwen3_moe)")
+    assert rates[0] == 0.0 and min(rates[1:]) >= 0.97, rates
+    assert a.notices == []
+    assert list_checkpoints(store.folder(conv.id))  # saved after each turn
+
+    # the uninterrupted fourth turn (same engine, cache from memory; not saved)
+    a.svc.kv_hooks = KVHooks()
+    expected, _ = a.send(store.get(conv.id), USERS[3], record=False)
+    a.close()
+
+    # restart: a new engine, same data folder; resume the last conversation
+    b = Client(model, SessionStore())
+    resumed = b.store.get(b.store.last_opened())
+    assert resumed.id == conv.id and resumed.n_turns == 3
+    history = resumed.history_tokens()
+    done, delta = b.send(resumed, USERS[3])
+    assert done.token_ids == expected.token_ids
+    assert done.stats["reused_prompt_tokens"] == len(history) - 1
+    prefilled = done.stats["prompt_tokens"] - done.stats["reused_prompt_tokens"]
+    assert prefilled == len(delta) + 1  # the new message + turn 3's last sampled token
+    assert done.stats["kv_hit_rate"] >= 0.97
+    assert b.notices == [] and b.kv.last_load_s > 0
+    b.close()
+
+
+def corrupt(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "missing", "all corrupt"])
+def test_bad_checkpoint_costs_a_notice_not_the_conversation(models, damage, ssdmoe_home):
+    model = models["nemotron_h"]()  # hybrid: no trimming to hide behind
+    store = SessionStore()
+    a, conv, _ = three_turns(model, store)
+    a.close()
+    ckpts = list_checkpoints(store.folder(conv.id))
+    assert len(ckpts) == 2  # turns 3 and 2 (keep=2)
+    newest, older = ckpts
+    if damage == "corrupt":
+        corrupt(newest.path)
+    elif damage == "truncated":
+        newest.path.write_bytes(newest.path.read_bytes()[: newest.size // 2])
+    elif damage == "missing":
+        newest.path.unlink()
+    else:
+        corrupt(newest.path)
+        corrupt(older.path)
+
+    b = Client(model, SessionStore())
+    resumed = b.store.get(conv.id)
+    assert [t.text for t in resumed.turns] == [t.text for t in store.get(conv.id).turns]
+    done, _ = b.send(resumed, USERS[3])
+    reused = done.stats["reused_prompt_tokens"]
+    if damage == "all corrupt":
+        assert reused == 0  # rebuilt from the stored token ids
+        assert any("checkpoint ignored" in n and "corrupt" in n for n in b.notices)
+    else:
+        assert reused == older.n_tokens  # the previous checkpoint served
+        if damage == "missing":
+            assert b.notices == []
+        else:
+            assert any("checkpoint ignored" in n for n in b.notices), b.notices
+    assert done.finish_reason in ("stop", "length") and len(done.token_ids) > 0
+    b.close()
+
+
+def test_checkpoint_of_another_model_is_ignored(models, ssdmoe_home):
+    store = SessionStore()
+    a, conv, _ = three_turns(models["qwen3_moe"](), store)
+    a.close()
+    b = Client(models["qwen3_moe other weights"](), SessionStore())
+    resumed = b.store.get(conv.id)
+    done, _ = b.send(resumed, USERS[3])
+    assert done.stats["reused_prompt_tokens"] == 0
+    assert any("another model" in n for n in b.notices), b.notices
+    b.close()
