@@ -250,3 +250,11 @@ def test_operations_are_fast_at_engine_scale(name: str) -> None:
     # ~100-500k lookups/s measured (with this harness's checks); the bound only
     # catches an O(n) slip (which would be ~100x slower), not machine noise.
     assert rate > 15_000, f"{name}: {rate:.0f} lookups/s"
+
+
+@pytest.mark.parametrize("name", ["layer-lru", "layer-lfu"])
+def test_partition_rejects_a_layer_outside_num_layers(name: str) -> None:
+    policy = make_policy(name, 8, 2)
+    policy.insert((1, 0))
+    with pytest.raises(BadValueError, match="layer 2 is outside 0..1"):
+        policy.insert((2, 0))

@@ -139,7 +139,12 @@ def replay(
     if per_layer:
         totals = [0, 0, 0, 0]
         for layer in sorted({keys[0][0] for keys, _ in flat.cells}):
-            cells = [c for c in flat.cells if c[0][0][0] == layer]
+            # that layer alone, as layer 0 of a one-layer model
+            cells = [
+                (tuple((0, e) for _, e in keys), counted)
+                for keys, counted in flat.cells
+                if keys[0][0] == layer
+            ]
             # one cell per step for this layer: step() after each
             ends = list(range(1, len(cells) + 1))
             pol = _policy(policy, capacity, 1, cells)

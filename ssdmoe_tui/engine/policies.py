@@ -353,7 +353,10 @@ class LayerPartitioned:
         part = self._parts.get(layer)
         if part is None:
             if not 0 <= layer < self._n:
-                raise BadValueError(f"layer {layer} out of range 0..{self._n - 1}")
+                raise BadValueError(
+                    f"cache key layer {layer} is outside 0..{self._n - 1}: "
+                    "num_layers must exceed every layer index used in keys"
+                )
             clock = self._clock
             part = LRUPolicy() if clock is None else LFUDecayPolicy(clock=clock)
             self._parts[layer] = part
@@ -505,6 +508,9 @@ LFU_DECAY = 0.9  # per token; see docs/cache-policy.md for the sweep
 
 def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
     """A fresh policy for a cache of `capacity` slots over `num_layers` layers.
+
+    Key layers must be in 0..num_layers-1 (pass the model's layer count when MoE layers
+    are numbered by model layer).
 
     `name` may carry a decay for the LFU family: "lfu-decay:0.8", "layer-lfu:0.95".
     """
