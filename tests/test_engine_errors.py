@@ -56,7 +56,7 @@ def test_missing_shard(broken):
     shard = shard_with_experts(m)
     shard.unlink()
     assert_one_line_error(
-        run_cli("generate", "--model", str(m), "--prompt", "hi"), "missing shard", shard.name
+        run_cli("generate", "--model", str(m), "--prompt", "hi"), "missing", shard.name
     )
 
 
