@@ -91,7 +91,28 @@ NEMOTRON_H = {
 }
 NEMOTRON_H["num_hidden_layers"] = len(NEMOTRON_H["hybrid_override_pattern"])
 
-CONFIGS = {"qwen3_moe": QWEN3_MOE, "qwen3_5_moe": QWEN3_5_MOE, "nemotron_h": NEMOTRON_H}
+MIXTRAL = {
+    "model_type": "mixtral",
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1e6,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+
+CONFIGS = {
+    "qwen3_moe": QWEN3_MOE,
+    "qwen3_5_moe": QWEN3_5_MOE,
+    "nemotron_h": NEMOTRON_H,
+    "mixtral": MIXTRAL,
+}
 
 
 def build(arch: str, out: Path, seed: int = 3) -> Path:

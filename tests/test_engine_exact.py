@@ -51,6 +51,7 @@ def test_matches_mlx_lm(checkpoints, arch, k, budget):
     assert res.tokens == ref
     assert len(set(ref)) > 3, "random checkpoint should not be degenerate"
     used_k = k or sm.trained_k
+    assert used_k <= sm.index.num_experts
     assert res.stats.k_per_token == [used_k] * len(res.tokens)
     if budget == "min":
         assert sm.cache.capacity == sm.trained_k * sm.index.num_layers
@@ -74,4 +75,12 @@ def test_cache_smaller_than_one_layer_union(checkpoints):
     prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
     res = runner.generate(prompt, max_tokens=MAX_TOKENS)
     assert sm.times.grouped_calls > 0
+    assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+
+
+@pytest.mark.parametrize("budget", ["1G", "1"])
+def test_mixtral_matches_mlx_lm(checkpoints, budget):
+    path = checkpoints("mixtral")
+    sm, prompt, res = engine_tokens(path, None, budget)
+    assert sm.trained_k == 2
     assert res.tokens == reference_tokens(path, None, mx.float32, prompt)

@@ -171,11 +171,10 @@ def test_other_moe_architectures_are_refused() -> None:
     with pytest.raises(UnsupportedModelError) as e:
         registry.check_supported(_real("gpt-oss-20b"))
     assert "gpt_oss" in _one_line(e.value) and "not supported" in str(e.value)
-    with pytest.raises(UnsupportedModelError) as e:
-        registry.check_supported(
-            _real("mixtral-8x7b-v0.1") | {"quantization": {"bits": 4, "group_size": 64}}
-        )
-    assert "planned" in _one_line(e.value)
+    mixtral = registry.check_supported(
+        _real("mixtral-8x7b-v0.1") | {"quantization": {"bits": 4, "group_size": 64}}
+    )
+    assert mixtral is not None  # the engine streams Mixtral (tests/test_engine_exact.py)
 
 
 def test_gguf_folder_is_refused(tmp_path: Path) -> None:

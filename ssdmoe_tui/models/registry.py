@@ -23,12 +23,11 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "qwen3_moe": "Qwen3 MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B)",
     "qwen3_5_moe": "Qwen3.5 MoE (Qwen3.5-35B-A3B and larger); text tower of the VL checkpoint",
     "nemotron_h": "NVIDIA Nemotron-H hybrid Mamba/attention with MoE layers (Nemotron 3 Nano)",
+    "mixtral": "Mixtral (8 experts, top-2: Mixtral-8x7B, Mixtral-8x22B)",
 }
 
 #: Architectures with the same switch_mlp layout that the engine does not load yet.
-PLANNED_ARCHITECTURES: dict[str, str] = {
-    "mixtral": "Mixtral (8 experts, top-2); planned, waiting on engine support",
-}
+PLANNED_ARCHITECTURES: dict[str, str] = {}
 
 #: Projections of one expert, per architecture (SwitchGLU: gate/up/down; SwitchMLP: fc1/fc2).
 EXPERT_PROJECTIONS: dict[str, tuple[str, ...]] = {
