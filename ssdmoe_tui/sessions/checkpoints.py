@@ -4,7 +4,7 @@ One file per checkpoint, `kv-<n_tokens>.safetensors` in the conversation's folde
 written by mlx-lm's `save_prompt_cache` to a temp file that is fsynced and renamed
 into place (a crash leaves the previous checkpoint intact). The safetensors metadata
 carries the model fingerprint, the number of tokens covered, a SHA-256 of their ids,
-a SHA-256 of the tensor bytes, and the format version. A checkpoint is only ever
+a CRC-32 of the tensor bytes, and the format version. A checkpoint is only ever
 loaded when all of them match; otherwise it is skipped with a one-line reason and
 the caller rebuilds the context from the conversation's token ids.
 
@@ -23,6 +23,7 @@ import re
 import struct
 import sys
 import time
+import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -108,16 +109,20 @@ def _as_saved(value: Any) -> mx.array:
     raise ValueError(f"KV cache state is not serializable: {type(value).__name__}")
 
 
-def _state_sha256(cache: list[Any]) -> str:
-    """SHA-256 over every tensor the checkpoint holds: name, dtype, shape, bytes."""
-    h = hashlib.sha256()
+def _state_checksum(cache: list[Any]) -> str:
+    """CRC-32 over every tensor the checkpoint holds (name, dtype, shape, bytes). It guards
+    against torn or flipped bytes, not against tampering, and runs at memory speed
+    (SHA-256 was ~3x slower: ~0.5 s per 384 MiB checkpoint on the engine thread)."""
+    crc = 0
     for name, value in tree_flatten([c.state for c in cache]):
         arr = mx.contiguous(_as_saved(value))  # one tensor at a time: small transient copies
         mx.eval(arr)
-        h.update(f"{name}|{arr.dtype}|{tuple(arr.shape)}|".encode())
+        crc = zlib.crc32(f"{name}|{arr.dtype}|{tuple(arr.shape)}|".encode(), crc)
         if arr.size:
-            h.update(memoryview(arr if arr.dtype != mx.bfloat16 else arr.view(mx.uint16)))
-    return h.hexdigest()
+            crc = zlib.crc32(
+                memoryview(arr if arr.dtype != mx.bfloat16 else arr.view(mx.uint16)), crc
+            )
+    return f"{crc:08x}"
 
 
 # --------------------------------------------------------------------------- files
@@ -225,7 +230,7 @@ def save_checkpoint(
         "fingerprint": fingerprint,
         "n_tokens": str(len(tokens)),
         "tokens_sha256": tokens_sha256(tokens),
-        "state_sha256": _state_sha256(view),
+        "state_crc32": _state_checksum(view),
         "mlx_lm_classes": ",".join(type(c).__name__ for c in view),
     }
     path = checkpoint_path(session_dir, len(tokens))
@@ -440,10 +445,10 @@ def _load_verified(path: Path, n_tokens: int) -> tuple[list[Any], dict[str, str]
     except Exception as e:  # noqa: BLE001 - any failure to parse means "corrupt"
         raise CheckpointInvalid(f"{name}: corrupt ({type(e).__name__})") from None
     try:
-        digest = _state_sha256(cache)
+        digest = _state_checksum(cache)
     except Exception as e:  # noqa: BLE001
         raise CheckpointInvalid(f"{name}: corrupt ({type(e).__name__})") from None
-    if digest != meta.get("state_sha256"):
+    if digest != meta.get("state_crc32"):
         raise CheckpointInvalid(f"{name}: corrupt (tensor checksum mismatch)")
     for layer in cache:
         offset = getattr(layer, "offset", None)
