@@ -22,6 +22,7 @@ from textual import on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message as TextualMessage
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -265,6 +266,13 @@ class SsdmoeApp(App[int]):
         event = message.event
         name = type(event).__name__
         self.events_seen[name] = self.events_seen.get(name, 0) + 1
+        try:
+            await self._handle(event)
+        except NoMatches:
+            if self.is_running and not self._exit:
+                raise  # a real bug; while exiting, the widgets are simply gone
+
+    async def _handle(self, event: object) -> None:
         if isinstance(event, Tokens):
             if self.current is not None and event.request_id == self.current.request_id:
                 await self.current.append(event.text)

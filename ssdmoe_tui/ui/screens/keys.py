@@ -46,5 +46,6 @@ class KeysScreen(ModalScreen[None]):
                 classes="dialog-title",
             )
             with VerticalScroll():
-                yield Static(bindings_table(self.app, self.groups, self.keymap))
+                self.table = bindings_table(self.app, self.groups, self.keymap)
+                yield Static(self.table, id="keys-table")
             yield Label("esc closes", classes="dialog-hint")

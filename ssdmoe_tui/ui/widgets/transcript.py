@@ -45,6 +45,11 @@ class CopyButton(Static):
 class ChatMessage(Vertical, can_focus=True):
     """One turn. Focus it (tab, or click) and press `c` to copy it, `b` for its code blocks."""
 
+    DEFAULT_CSS = """
+    ChatMessage { height: auto; }
+    ChatMessage .message-header { height: 1; }
+    ChatMessage .message-title { width: 1fr; }
+    """
     BINDINGS = [
         Binding("c", "copy_message", "Copy message", id="message.copy"),
         Binding("b", "copy_code", "Copy code block", id="message.copy_code"),

@@ -1,0 +1,301 @@
+"""The chat app driven by Textual's pilot, on the demo model with the real engine thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from textual.widgets import Markdown, Static
+
+from ssdmoe_tui.engine.service import EngineService
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
+from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
+from ssdmoe_tui.ui.widgets.k_slider import KSlider
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, UserMessage
+
+SIZE = (120, 40)
+
+
+async def wait_until(pilot, cond: Callable[[], object], timeout: float = 60.0, what: str = ""):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
+
+
+async def loaded(pilot, app: SsdmoeApp, timeout: float = 120.0) -> None:
+    await wait_until(pilot, lambda: app.model_info is not None, timeout, "the model to load")
+
+
+async def type_and_send(pilot, text: str) -> None:
+    app: SsdmoeApp = pilot.app
+    app.prompt.focus()
+    keys = ["space" if c == " " else c for c in text]
+    await pilot.press(*keys)
+    await pilot.press("enter")
+
+
+def replies(app: SsdmoeApp) -> list[AssistantMessage]:
+    return list(app.query(AssistantMessage))
+
+
+def errors(app: SsdmoeApp) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "error"]
+
+
+def warnings(app: SsdmoeApp) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "warning"]
+
+
+def record_decode_rates(app: SsdmoeApp) -> list[tuple[bool, float]]:
+    """(streaming?, decode tok/s shown) after every sample the panel shows.
+
+    Pilot key presses wait for the process to go idle, which a decoding engine
+    thread never is, so polling between presses would miss the stream."""
+    seen: list[tuple[bool, float]] = []
+    show = app.panel.show_sample
+
+    def show_and_record(sample) -> None:
+        show(sample)
+        text = app.panel.shown["decode"]
+        seen.append((app.inflight is not None, float(text.split()[0])))
+
+    app.panel.show_sample = show_and_record
+    return seen
+
+
+def record_stop_latency(app: SsdmoeApp) -> list[float]:
+    """Seconds from the Esc action to the GenerationDone that ends the reply."""
+    marks: dict[str, float] = {}
+    latencies: list[float] = []
+    stop, on_done = app.action_stop, app._on_done
+
+    def timed_stop() -> None:
+        marks["stop"] = time.monotonic()
+        stop()
+
+    async def timed_done(done) -> None:
+        if "stop" in marks:
+            latencies.append(time.monotonic() - marks.pop("stop"))
+        await on_done(done)
+
+    app.action_stop = timed_stop
+    app._on_done = timed_done
+    return latencies
+
+
+async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
+    """(1) The embedded demo model (path ""), one prompt, a reply in many increments."""
+    app = SsdmoeApp(ChatSettings(max_tokens=120))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert isinstance(app.engine, EngineService)
+        assert app.model_info.name == "demo-model"
+        assert "demo-model" in str(app.status_bar.render())
+        rates = record_decode_rates(app)
+        await type_and_send(pilot, "hello there")
+        assert [m.text for m in app.query(UserMessage)] == ["hello there"]
+        assert app.prompt.text == ""
+        await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
+        done = app.last_done
+        assert done is not None and done.finish_reason in ("stop", "length")
+        (reply,) = replies(app)
+        assert reply.appends >= 3, reply.appends  # streamed, not delivered at once
+        assert reply.text == done.text and done.text
+        assert reply.query_one(Markdown).source == done.text  # the final full update()
+        assert any(streaming and rate > 0 for streaming, rate in rates), rates
+        assert app.events_seen["StatsSample"] >= 2
+        assert app.history[-1].content == done.text
+
+
+async def test_k_change_mid_generation_applies_to_later_tokens(demo_model):
+    """(2) → on the focused K control while streaming; the engine's record shows it."""
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=400))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        trained = app.model_info.trained_k
+        await type_and_send(pilot, "tell me a long story")
+        await wait_until(pilot, lambda: app.current and app.current.appends >= 5, 60, "tokens")
+        slider = app.query_one(KSlider)
+        slider.focus()
+        await pilot.press("right")
+        assert slider.k == trained + 1
+        assert f"K {trained + 1}/" in str(app.status_bar.render())
+        await wait_until(pilot, lambda: app.current and app.current.appends >= 25, 60, "more")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.inflight is None, 10, "the reply to end")
+        ks = app.last_done.k_per_token
+        assert ks[0] == trained and ks[-1] == trained + 1, ks
+        first_new = ks.index(trained + 1)
+        assert set(ks[first_new:]) == {trained + 1}  # every later token used the new K
+        assert app.engine.k_records[app.last_done.request_id] == ks
+        # The global keys step K too, without leaving the prompt.
+        app.prompt.focus()
+        await pilot.press("ctrl+down", "ctrl+down")
+        assert slider.k == trained - 1
+        assert "speed/quality trade-off" in str(slider.render())
+
+
+async def test_escape_stops_within_a_second_and_keeps_the_partial_reply(demo_model):
+    """(3)"""
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "write a very long essay")
+        await wait_until(pilot, lambda: app.current and app.current.appends >= 3, 60, "tokens")
+        reply = app.current
+        latencies = record_stop_latency(app)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.inflight is None, 10, "the stop")
+        assert len(latencies) == 1 and latencies[0] < 1.0, latencies
+        done = app.last_done
+        assert done.finish_reason == "cancelled"
+        assert 0 < len(done.token_ids) < 2000
+        assert reply.text == done.text and done.text
+        assert reply.has_class("stopped")
+        assert "stopped" in str(reply.header_text())
+        assert app.history[-1].content == done.text  # the partial reply stays in the chat
+        # Still usable: the next prompt gets a reply.
+        await type_and_send(pilot, "again")
+        await wait_until(pilot, lambda: app.inflight is not None, 5, "the second send")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.inflight is None, 10, "the second stop")
+        assert len(replies(app)) == 2
+
+
+async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tmp_path):
+    """(4) A missing folder and a folder with a broken config: one-line errors, no dead UI."""
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    app = SsdmoeApp(ChatSettings(model=str(tmp_path / "no-such-model"), max_tokens=40))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: errors(app), 60, "an error notification")
+        (message,) = errors(app)
+        assert "\n" not in message and "Traceback" not in message
+        assert "no-such-model" in message
+        assert app.model_info is None
+        assert "no model" in str(app.status_bar.render())
+        # Sending now gives a warning, not a crash.
+        await type_and_send(pilot, "hi")
+        assert any("No model" in w for w in warnings(app))
+        # Open another (also broken) model through the command palette.
+        await pilot.press("ctrl+p")
+        await pilot.press(*f"open {broken}")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(errors(app)) >= 2, 60, "the second error")
+        assert "\n" not in errors(app)[-1] and "Traceback" not in errors(app)[-1]
+        # And then a good one: chatting works.
+        app.open_model(str(demo_model))
+        await loaded(pilot, app)
+        app.prompt.clear()
+        await type_and_send(pilot, "hi")
+        await wait_until(pilot, lambda: app.last_done is not None, 60, "a reply")
+        assert app.last_done.finish_reason in ("stop", "length")
+
+
+async def test_panel_values_equal_the_engine_samples(demo_model):
+    """(5) Hit rate, MiB/token, memory, context: exactly what the engine sampled."""
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=60))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "hello")
+        checked_live = 0
+        while app.inflight is not None:
+            sample = app.panel.last_sample
+            if sample is not None and sample.generated_tokens > 0:
+                assert app.panel.shown["decode"] == fmt_rate(sample.decode_tok_s)
+                checked_live += 1
+            await pilot.pause(0.05)
+        await wait_until(
+            pilot, lambda: app.panel.last_sample == app.engine.last_stats, 10, "the last sample"
+        )
+        s = app.engine.last_stats
+        assert s.generated_tokens == len(app.last_done.token_ids)
+        expected = {
+            "decode": fmt_rate(s.decode_tok_s),
+            "prefill": fmt_rate(s.prefill_tok_s),
+            "ssd": f"{fmt_mib(s.ssd_mib_per_token)}/tok",
+            "requested": f"{fmt_mib(s.requested_mib_per_token)}/tok",
+            "cache_hit": fmt_pct(s.expert_cache_hit_rate),
+            "cache_used": f"{fmt_bytes(s.expert_cache_used_bytes)} / "
+            f"{fmt_bytes(s.expert_cache_budget_bytes)}",
+            "mem_resident": fmt_bytes(s.resident_bytes),
+            "mem_cache": fmt_bytes(s.expert_cache_used_bytes),
+            "mem_kv": fmt_bytes(s.kv_cache_bytes),
+            "mem_rss": fmt_bytes(s.rss_bytes),
+            "mem_peak": fmt_bytes(s.peak_rss_bytes),
+            "kv_hit": fmt_pct(s.kv_hit_rate),
+            "context": f"{fmt_count(s.context_tokens)} / {fmt_count(s.max_context)}",
+        }
+        for key, text in expected.items():
+            assert app.panel.shown[key] == text, key
+            assert str(app.panel.query_one(f"#v-{key}", Static).render()) == text, key
+        assert s.expert_cache_hit_rate > 0 and s.rss_bytes > 0 and s.requested_mib_per_token > 0
+        assert s.context_tokens > 0 and s.max_context == app.model_info.max_context
+        assert len(app.panel.decode_history) == min(60, s.generated_tokens)
+
+
+async def test_quit_asks_while_streaming(demo_model):
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "go on")
+        await wait_until(pilot, lambda: app.current and app.current.appends >= 2, 60, "tokens")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert app.is_running and app.inflight is not None
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        await pilot.press("y")
+        await wait_until(pilot, lambda: not app.is_running, 10, "the exit")
+    assert app.return_code == 0
+
+
+async def test_new_chat_copy_keymap_panel_and_keys_screen(demo_model):
+    settings = ChatSettings(
+        model=str(demo_model),
+        max_tokens=40,
+        keymap={"app.new_chat": "ctrl+r", "app.nonsense": "f12"},
+    )
+    app = SsdmoeApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert any("app.nonsense" in w for w in warnings(app))
+        await type_and_send(pilot, "hello")
+        await wait_until(pilot, lambda: app.last_done is not None, 60, "a reply")
+        (reply,) = replies(app)
+        reply.focus()
+        await pilot.press("c")
+        assert app.clipboard == app.last_done.text
+        app.prompt.focus()
+        # F2 hides and shows the engine panel.
+        await pilot.press("f2")
+        assert not app.panel.display
+        await pilot.press("f2")
+        assert app.panel.display
+        # F1 lists bindings with the remapped key.
+        await pilot.press("f1")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "KeysScreen"
+        console = Console(width=200, record=True)
+        console.print(app.screen.table)
+        rows = [line for line in console.export_text().splitlines() if "app.new_chat" in line]
+        assert len(rows) == 1 and "^r" in rows[0], rows
+        await pilot.press("escape")
+        await pilot.pause()
+        # ctrl+r (remapped) starts a new chat; ctrl+n no longer does.
+        await pilot.press("ctrl+n")
+        assert replies(app)
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert not replies(app) and app.history == []

@@ -1,0 +1,69 @@
+"""Layering: the UI never loads mlx/safetensors; the engine never imports Textual."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def _loaded_after(import_line: str) -> set[str]:
+    code = f"import sys, json\n{import_line}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    return {name.split(".")[0] for name in json.loads(out.stdout.splitlines()[-1])}
+
+
+def test_importing_the_app_loads_neither_mlx_nor_safetensors():
+    loaded = _loaded_after(
+        "import ssdmoe_tui.ui.app, ssdmoe_tui.commands.chat, ssdmoe_tui.engine.service"
+    )
+    assert "textual" in loaded  # the import really happened
+    assert "mlx" not in loaded
+    assert "mlx_lm" not in loaded
+    assert "safetensors" not in loaded
+
+
+def test_importing_the_engine_service_loads_no_textual():
+    loaded = _loaded_after("import ssdmoe_tui.engine.service, ssdmoe_tui.engine.protocol")
+    assert "textual" not in loaded
+
+
+def test_no_engine_module_imports_textual():
+    engine = ROOT / "ssdmoe_tui" / "engine"
+    files = sorted(engine.rglob("*.py"))
+    assert files
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] != "textual", f"{path} imports {name}"
+                assert not name.startswith("ssdmoe_tui.ui"), f"{path} imports {name}"
+
+
+def test_no_ui_module_imports_mlx_or_safetensors():
+    for path in sorted((ROOT / "ssdmoe_tui" / "ui").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in ("mlx", "mlx_lm", "safetensors"), (
+                    f"{path} imports {name}"
+                )
