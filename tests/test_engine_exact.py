@@ -84,3 +84,18 @@ def test_mixtral_matches_mlx_lm(checkpoints, budget):
     sm, prompt, res = engine_tokens(path, None, budget)
     assert sm.trained_k == 2
     assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "mixtral"])
+def test_prefetch_keeps_output_exact(checkpoints, arch):
+    """Prefetch only changes what is resident, never the arithmetic."""
+    path = checkpoints(arch)
+    sm = load_streamed(path, expert_cache="1", prefetch=True)
+    runner = Runner(sm)
+    prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+    res = runner.generate(prompt, max_tokens=MAX_TOKENS)
+    c = sm.cache.counters
+    assert c.prefetch_issued > 0
+    assert 0 <= c.prefetch_used <= min(c.prefetch_issued, c.misses)
+    assert c.bytes_read == (c.misses + c.prefetch_issued - c.prefetch_used) * sm.index.expert_bytes
+    assert res.tokens == reference_tokens(path, None, mx.float32, prompt)

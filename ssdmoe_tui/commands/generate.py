@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         reader=args.reader,
         direct_io=args.direct_io,
+        prefetch=args.prefetch,
     )
     runner = Runner(sm, prefill_step_size=args.prefill_step)
     if args.k is not None:
@@ -110,6 +111,17 @@ def run(args: argparse.Namespace) -> int:
     stats["reader"] = sm.cache.reader.name
     stats["expert_cache_budget_bytes"] = sm.cache.budget_bytes
     stats["dtype"] = str(sm.dtype).removeprefix("mlx.core.")
+    c = sm.cache.counters
+    if args.prefetch:
+        stats["prefetch"] = {
+            "issued": c.prefetch_issued,
+            "used": c.prefetch_used,
+            "precision": round(c.prefetch_used / c.prefetch_issued, 4)
+            if c.prefetch_issued
+            else 0.0,
+            "recall": round(c.prefetch_used / c.misses, 4) if c.misses else 0.0,
+            "wait_s": round(c.prefetch_wait_s, 4),
+        }
     if args.json:
         print(
             json.dumps(

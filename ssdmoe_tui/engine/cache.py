@@ -40,9 +40,12 @@ class CacheCounters:
     bytes_read: int = 0
     read_s: float = 0.0
     read_calls: int = 0
+    prefetch_issued: int = 0  # experts read ahead on the next layer's predicted routing
+    prefetch_used: int = 0  # of those, experts the layer then really needed
+    prefetch_wait_s: float = 0.0  # time a layer waited for its prefetch to land
 
     def snapshot(self) -> CacheCounters:
-        return CacheCounters(self.hits, self.misses, self.bytes_read, self.read_s, self.read_calls)
+        return CacheCounters(**self.__dict__)
 
     @property
     def hit_rate(self) -> float:
@@ -113,6 +116,9 @@ class ExpertCache:
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
         self.on_route = None  # optional callback(layer, experts) for trace recording
+        self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
+        self._inflight = None  # (layer, Future) of the prefetch being read
+        self._pool = None
 
     @property
     def slot_bytes(self) -> int:
@@ -139,38 +145,81 @@ class ExpertCache:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
         if self.on_route is not None:
             self.on_route(layer, experts)
+        self.wait_prefetch()
         slots = np.empty(n, dtype=np.int64)
         pinned = [(layer, int(e)) for e in experts]
         miss_pos: list[int] = []
         slot_of = self._slot_of
+        prefetched = self._prefetched
+        used_prefetch = 0
         for i, key in enumerate(pinned):
             s = slot_of.get(key)
             if s is None:
                 miss_pos.append(i)
             else:
                 slots[i] = s
+                if prefetched and key in prefetched:
+                    prefetched.discard(key)
+                    used_prefetch += 1
                 self.policy.hit(key)
-        self.counters.hits += n - len(miss_pos)
+        # An expert that had to come from disk is a miss, even when prefetch read it early.
+        self.counters.prefetch_used += used_prefetch
+        self.counters.hits += n - len(miss_pos) - used_prefetch
+        self.counters.misses += len(miss_pos) + used_prefetch
         if not miss_pos:
             return slots
-        pinned_set = None
-        for i in miss_pos:
+        self._assign(pinned, miss_pos, slots, set(pinned))
+        self._read(layer, experts[miss_pos], slots[miss_pos])
+        return slots
+
+    def _assign(self, keys: list, positions: list[int], slots: np.ndarray, pinned: set) -> None:
+        slot_of = self._slot_of
+        for i in positions:
             if self._free:
                 s = self._free.pop()
             else:
-                if pinned_set is None:
-                    pinned_set = set(pinned)
-                victim = self.policy.victim(pinned_set)
+                victim = self.policy.victim(pinned)
                 self.policy.remove(victim)
+                self._prefetched.discard(victim)
                 s = slot_of.pop(victim)
-            key = pinned[i]
+            key = keys[i]
             slot_of[key] = s
             self._key_of[s] = key
             self.policy.insert(key)
             slots[i] = s
-        self._read(layer, experts[miss_pos], slots[miss_pos])
-        self.counters.misses += len(miss_pos)
-        return slots
+
+    def prefetch(self, layer: int, experts: np.ndarray, pinned: set) -> None:
+        """Start reading `layer`'s predicted experts in the background.
+
+        `pinned`: keys the work in flight still reads (the current layer's experts);
+        they are never chosen as victims. The next `ensure` waits for the bytes.
+        """
+        self.wait_prefetch()
+        keys = [(layer, int(e)) for e in experts if (layer, int(e)) not in self._slot_of]
+        if not keys:
+            return
+        room = self.capacity - len(pinned)
+        keys = keys[: max(room, 0)]
+        if not keys:
+            return
+        slots = np.empty(len(keys), dtype=np.int64)
+        self._assign(keys, list(range(len(keys))), slots, pinned | set(keys))
+        self._prefetched.update(keys)
+        self.counters.prefetch_issued += len(keys)
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
+        exp = np.array([k[1] for k in keys], dtype=np.int64)
+        self._inflight = self._pool.submit(self._read, layer, exp, slots)
+
+    def wait_prefetch(self) -> None:
+        fut = self._inflight
+        if fut is not None:
+            self._inflight = None
+            t0 = time.perf_counter()
+            fut.result()
+            self.counters.prefetch_wait_s += time.perf_counter() - t0
 
     def _read(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
         lay = self._layout
@@ -205,6 +254,12 @@ class ExpertCache:
         self.policy.step()
 
     def close(self) -> None:
+        try:
+            self.wait_prefetch()
+        except ReadError:
+            pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.pools.clear()
         self.reader.close()
 

@@ -21,7 +21,7 @@ import mlx.nn as nn
 from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.reader import open_reader
-from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch
+from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 
 SUPPORTED_ARCHS = ("qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral")
@@ -195,6 +195,7 @@ def load_streamed(
     reader: str = "auto",
     direct_io: bool = False,
     policy: str = "auto",
+    prefetch: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> StreamedModel:
     from mlx_lm.utils import load_tokenizer
@@ -251,6 +252,9 @@ def load_streamed(
     for li, block, orig, kind, quant in specs:
         block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
         blocks.append(block)
+    if prefetch:
+        for b, nxt in zip(blocks[:-1], blocks[1:]):
+            b.switch_mlp.set_predictor(routing_predictor(nxt))
 
     progress("loading resident weights")
     weights = {}

@@ -73,6 +73,11 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_quant", quant)
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
+        object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
+
+    def set_predictor(self, predict) -> None:
+        """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
+        object.__setattr__(self, "_predict", predict)
 
     def _proj(self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool) -> mx.array:
         pools = self._cache.pools
@@ -113,7 +118,12 @@ class StreamedSwitch(nn.Module):
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
+        predict = self._predict
+        pred = None
         t0 = time.perf_counter()
+        if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
+            pred = predict(x)  # decode only: one token's routing for the next layer
+            mx.eval(indices, pred)  # still one host sync: both come back together
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1
@@ -126,7 +136,12 @@ class StreamedSwitch(nn.Module):
             lut = np.zeros(self._num_experts, dtype=np.uint32)
             lut[uniq] = slots
             slot_idx = mx.array(lut[host])
-            return self._run(x, slot_idx, indices.shape)
+            y = self._run(x, slot_idx, indices.shape)
+            if pred is not None:
+                # Read the next layer's likely experts while this layer computes.
+                pinned = {(self._layer, int(e)) for e in uniq}
+                cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
+            return y
         return self._grouped(x, host, uniq)
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
@@ -160,3 +175,23 @@ class StreamedSwitch(nn.Module):
         inv[perm] = np.arange(len(perm))
         y = mx.concatenate(outs, axis=0)[mx.array(inv)]
         return y.reshape(*lead_shape, y.shape[-1])
+
+
+def routing_predictor(block: nn.Module):
+    """The block's own top-k selection, as a function of a hidden state (for prefetch)."""
+    gate = block.gate
+    if hasattr(gate, "top_k") and not isinstance(gate, nn.Linear):  # nemotron_h MoEGate
+        return lambda x: gate(x)[0]
+    if hasattr(block, "top_k"):  # qwen3_moe, qwen3_5_moe: softmax is monotonic, top-k of logits
+
+        def qwen(x):
+            k = block.top_k
+            return mx.argpartition(gate(x), kth=-k, axis=-1)[..., -k:]
+
+        return qwen
+
+    def mixtral(x):
+        k = block.num_experts_per_tok
+        return mx.argpartition(-gate(x), kth=k - 1, axis=-1)[..., :k]
+
+    return mixtral
