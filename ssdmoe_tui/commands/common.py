@@ -30,6 +30,12 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--direct-io", action="store_true", help="bypass the page cache for expert reads"
     )
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="read the next layer's predicted experts while this layer computes (off by default: "
+        "it only pays where the prediction is good; see docs/benchmarks.md)",
+    )
 
 
 def resolve_model_path(spec: str, quiet: bool = False):

@@ -253,7 +253,7 @@ def load_streamed(
         block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
         blocks.append(block)
     if prefetch:
-        for b, nxt in zip(blocks[:-1], blocks[1:]):
+        for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
             b.switch_mlp.set_predictor(routing_predictor(nxt))
 
     progress("loading resident weights")
