@@ -1,0 +1,60 @@
+"""The expert index maps (layer, expert, component) to the exact bytes of the stacked tensors."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import numpy as np
+
+from ssdmoe_tui.engine.index import build_index, load_index
+
+
+def test_offsets_point_at_each_experts_bytes(checkpoints):
+    path = checkpoints("qwen3_5_moe")
+    index = build_index(path)
+    assert index.num_experts == 16 and index.num_layers == 4
+    assert [c.name for c in index.layers[0].components] == [
+        f"{p}.{part}"
+        for p in ("gate_proj", "up_proj", "down_proj")
+        for part in ("weight", "scales", "biases")
+    ]
+    loaded = {}
+    for layer in (index.layers[0], index.layers[-1]):
+        for comp in layer.components:
+            name = f"{layer.prefix}.switch_mlp.{comp.name}"
+            if comp.shard not in loaded:
+                loaded[comp.shard] = mx.load(str(path / comp.shard))
+            tensor = loaded[comp.shard][name]
+            assert tensor.shape[0] == index.num_experts and tuple(tensor.shape[1:]) == comp.shape
+            with open(path / comp.shard, "rb") as f:
+                for e in (0, 7, 15):
+                    f.seek(comp.offset + e * comp.stride)
+                    raw = f.read(comp.stride)
+                    expect = np.array(
+                        tensor[e].view(mx.uint8) if tensor.dtype != mx.uint8 else tensor[e]
+                    )
+                    assert raw == expect.tobytes(), (name, e)
+    assert index.expert_bytes == sum(c.stride for c in index.layers[0].components)
+    assert index.mib_per_token(4) == index.expert_bytes * 4 * 4 / 2**20
+
+
+def test_index_cache_is_keyed_by_shard_size_and_mtime(checkpoints, tmp_path):
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(checkpoints("qwen3_moe"), path)
+    first, cached = load_index(path)
+    assert not cached
+    again, cached = load_index(path)
+    assert cached and again == first
+    shard = path / first.shards[0]
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    third, cached = load_index(path)
+    assert not cached and third.layers == first.layers and third.key != first.key
+    # the cached file holds relative shard names only
+    from ssdmoe_tui.paths import cache_dir
+
+    text = (cache_dir() / "index" / f"{third.key}.json").read_text()
+    assert str(tmp_path) not in text
