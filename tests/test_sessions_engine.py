@@ -16,11 +16,11 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.chat_format import first_turn_tokens, user_turn_delta
 from ssdmoe_tui.engine.service import EngineService, KVHooks
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
-from ssdmoe_tui.sessions.store import SessionStore, Turn
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.sessions.turns import build_prompt, record_exchange
 from tests.checkpoints import build
 
 SYSTEM = (
@@ -62,13 +62,9 @@ class Client:
 
     def send(self, conv, text: str, record: bool = True) -> tuple[P.GenerationDone, list[int]]:
         """One turn: exact-history prompt, generate greedily, store both turns."""
+        prompt, delta = build_prompt(self.tok, conv, text)
         if conv.turns:
-            delta = user_turn_delta(self.tok, conv.history_tokens(), conv.messages(), text)
-            prompt = conv.history_tokens() + delta
-        else:
-            delta = prompt = first_turn_tokens(
-                self.tok, conv.messages() + [{"role": "user", "content": text}]
-            )
+            assert prompt[: len(conv.history_tokens())] == conv.history_tokens()
         rid = f"r{len(conv.turns)}"
         self.svc.submit(
             P.Generate(rid, prompt_tokens=tuple(prompt), max_tokens=MAX_TOKENS, session_id=conv.id)
@@ -76,11 +72,17 @@ class Client:
         done = self._wait(P.GenerationDone)
         assert done.request_id == rid and done.finish_reason in ("stop", "length")
         assert list(done.prompt_token_ids) == prompt
-        if not record:
-            return done, delta
-        self.store.add_turn(conv, Turn("user", text, delta))
-        k = done.k_per_token[0] if done.k_per_token else None
-        self.store.add_turn(conv, Turn("assistant", done.text, list(done.token_ids), k=k))
+        if record:
+            assert record_exchange(
+                self.store,
+                conv,
+                text,
+                delta,
+                done.text,
+                done.token_ids,
+                done.finish_reason,
+                done.k_per_token,
+            )
         return done, delta
 
     def close(self) -> None:
