@@ -258,3 +258,24 @@ def test_partition_rejects_a_layer_outside_num_layers(name: str) -> None:
     policy.insert((1, 0))
     with pytest.raises(BadValueError, match="layer 2 is outside 0..1"):
         policy.insert((2, 0))
+
+
+def test_cycle_lfu_moves_slots_to_the_layer_that_needs_them() -> None:
+    """Phase A: both layers use 5 experts. Phase B: layer 0 cycles 8, layer 1 uses 2.
+    A strict partition keeps layer 1's stale slots forever; cycle-lfu lets them decay."""
+    capacity, layers = 10, 2
+    phase_a = [
+        [[(t + i) % 5 for i in range(2)], [(t + i) % 5 for i in range(2)]] for t in range(30)
+    ]
+    phase_b = [[[2 * t % 8, (2 * t + 1) % 8], [0, 1]] for t in range(80)]
+    late = {}
+    for name in ("layer-lfu", "cycle-lfu"):
+        cache = Cache(make_policy(name, capacity, layers), capacity)
+        for sel in phase_a + phase_b[:60]:
+            cache.token(sel)
+        cache.hits = cache.lookups = 0
+        for sel in phase_b[60:]:
+            cache.token(sel)
+        late[name] = cache.rate
+    assert late["cycle-lfu"] == 1.0
+    assert late["layer-lfu"] < 0.9

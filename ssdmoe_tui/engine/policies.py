@@ -317,35 +317,51 @@ class _MinTree:
 
 
 class LayerPartitioned:
-    """One sub-policy per layer, each with a quota of capacity // num_layers slots.
+    """Per-layer sub-policies (LRU, or LFU-decay on one shared clock) under one budget.
 
     Global recency floods when the budget is under one token cycle: the keys about to be
-    used are always the oldest. A partition evicts within the layer being served, so every
-    layer keeps its recent experts at any budget. Spill: while the cache is not full a
-    layer may hold more than its quota. Once full, a layer at or over quota evicts its own
-    coldest key; a layer under quota, or one whose own keys are all pinned (quota < K),
-    takes a slot from a layer over quota (else from any layer):
-    - LRU parts: the nearest layer before this one (layers run in order, so its next use
-      is the furthest away);
-    - LFU parts (shared decay clock): the lowest score, where a layer already served this
-      token counts one decay step older (its next use is a token later); ties go to the
-      layer whose next visit is furthest. A segment tree over the layers' coldest scores
-      keeps this O(log layers). This is what makes the partition good below one token
-      cycle too.
-    The layer of the incoming key is taken from `incoming`, else from `pinned`.
+    used are always the oldest. Two ways out, both here:
+
+    - Strict partition (`floor` = quota = capacity // num_layers, `own_bias` 0; the
+      "layer-lru" and "layer-lfu" policies): a layer at or over its quota evicts its own
+      coldest key. While the cache is not full a layer may spill over its quota; once
+      full, a layer under quota, or one whose own keys are all pinned (quota < K), takes a
+      slot from a layer over quota, else from any layer. LRU parts give it up from the
+      nearest layer before this one (layers run in order: its next use is the furthest);
+      LFU parts from the coldest layer, as below.
+    - Cycle-aware competition (`floor` 0, `own_bias` 0.5; "cycle-lfu"): every eviction
+      takes the lowest decayed-frequency key of the whole cache, but scores are compared
+      as of each layer's next visit: a layer already served this token counts one decay
+      step colder (its next use is a token later; ties go to the furthest next visit),
+      and the layer being served counts its own keys `own_bias` times their score (it
+      knows its own working set best). Layers no longer starve one another at any budget,
+      and big-working-set layers can still take more than an equal share.
+
+    A segment tree over the layers' coldest scores keeps the cross-layer choice
+    O(log layers). The layer of the incoming key comes from `incoming`, else `pinned`.
     """
 
-    def __init__(self, name: str, capacity: int, num_layers: int, decay: float | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        num_layers: int,
+        decay: float | None,
+        *,
+        strict: bool = True,
+        own_bias: float = 0.0,
+    ) -> None:
         if num_layers < 1:
             raise BadValueError(f"num_layers must be >= 1, got {num_layers}")
         self.name = name
         self._n = num_layers
-        self._quota = max(0, capacity) // num_layers
+        self._floor = max(0, capacity) // num_layers if strict else 0
+        self._own_bias = own_bias
         self._clock = _DecayClock(decay) if decay is not None else None
         self._parts: dict[int, LRUPolicy | LFUDecayPolicy] = {}
         self._count: dict[int, int] = {}
-        # LFU parts: tree of (coldest score, -layer) for layers over quota; leaves of
-        # layers changed since the last borrow are refreshed lazily.
+        # LFU parts: tree of (coldest score, -layer) over layers above the floor; leaves
+        # of layers changed since the last eviction are refreshed lazily.
         self._tree = _MinTree(num_layers)
         self._dirty: set[int] = set()
 
@@ -391,16 +407,17 @@ class LayerPartitioned:
         layer = incoming[0] if incoming is not None else None
         if layer is None and pinned:
             layer = next(iter(pinned))[0]
-        if layer is not None and self._count.get(layer, 0) >= self._quota:
-            key = self._parts[layer].pick(pinned) if layer in self._parts else None
-            if key is not None:
-                return key
+        own = self._parts.get(layer) if layer is not None else None
+        if own is not None and self._count[layer] < self._floor:  # type: ignore[index]
+            own = None  # under its floor: take a slot from another layer
+        if self._clock is None:  # LRU parts: own first, then the nearest layer before
+            key = own.pick(pinned) if own is not None else None
+        else:
+            key = self._coldest(pinned, own, layer if layer is not None else -1)
+        if key is not None:
+            return key
         here = layer if layer is not None else -1
-        if self._clock is not None:
-            key = self._borrow_coldest(pinned, here)
-            if key is not None:
-                return key
-        for limit in (self._quota, 0):  # over-quota layers first, then any layer
+        for limit in (self._floor, 0):  # layers above the floor first, then any layer
             key = self._borrow_nearest(pinned, here, limit)
             if key is not None:
                 return key
@@ -416,24 +433,27 @@ class LayerPartitioned:
                     return key
         return None
 
-    def _borrow_coldest(self, pinned: Collection[Key], here: int) -> Key | None:
-        """The coldest key of a layer over quota, or None (then: nearest layer)."""
-        tree, parts, quota, dirty = self._tree, self._parts, self._quota, self._dirty
+    def _coldest(self, pinned: Collection[Key], own: object, here: int) -> Key | None:
+        """The key to evict by score: the own layer's (scaled by own_bias) or the coldest
+        other layer above the floor, compared as of each layer's next visit."""
+        tree, parts, floor, dirty = self._tree, self._parts, self._floor, self._dirty
         for m in dirty:
-            if m != here:  # the layer being served is not a donor; it stays dirty
-                found = parts[m].coldest(()) if self._count[m] > quota else None  # type: ignore[union-attr]
+            if m != here:  # the layer being served is scored apart; it stays dirty
+                found = parts[m].coldest(()) if self._count[m] > floor else None  # type: ignore[union-attr]
                 tree.set(m, (found[0] if found else math.inf, -m))
         dirty.clear()
         if here in parts:
             dirty.add(here)
         decay = self._clock.decay  # type: ignore[union-attr]
-        # Served layers [0, here) count one decay step colder; on a tie they go first
-        # (their next visit is a token away). The layer being served is left out.
-        lo = here if here >= 0 else 0
-        served = tree.min(0, lo)
+        lo = max(here, 0)
+        served = tree.min(0, lo)  # [0, here): next use a token later, one decay colder
         later = tree.min(lo + 1 if here >= 0 else 0, self._n)
         pick = served if served[0] * decay <= later[0] else later
-        if pick[0] == math.inf:
+        best = served[0] * decay if pick is served else later[0]
+        found = own.coldest(pinned) if own is not None else None  # type: ignore[attr-defined]
+        if found is not None and found[0] * self._own_bias <= best:
+            return found[1]
+        if best == math.inf:
             return None
         return parts[-pick[1]].pick(pinned)  # differs from the tree's key only if pinned
 
@@ -501,8 +521,8 @@ class BeladyPolicy:
 
 # --------------------------------------------------------------------------- factory
 
-POLICY_NAMES = ("lru", "lfu", "lfu-decay", "arc", "layer-lru", "layer-lfu")
-DEFAULT_POLICY = "layer-lfu"
+POLICY_NAMES = ("lru", "lfu", "lfu-decay", "arc", "layer-lru", "layer-lfu", "cycle-lfu")
+DEFAULT_POLICY = "cycle-lfu"
 LFU_DECAY = 0.9  # per token; see docs/cache-policy.md for the sweep
 
 
@@ -521,7 +541,7 @@ def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
             decay = float(arg)
         except ValueError:
             raise BadValueError(f"bad policy parameter in {name!r}: expected a decay") from None
-        if base not in ("lfu-decay", "layer-lfu"):
+        if base not in ("lfu-decay", "layer-lfu", "cycle-lfu"):
             raise BadValueError(f"policy {base!r} takes no parameter (got {name!r})")
     if base == "lru":
         return LRUPolicy()
@@ -535,6 +555,8 @@ def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
         return LayerPartitioned(name, capacity, num_layers, None)
     if base == "layer-lfu":
         return LayerPartitioned(name, capacity, num_layers, decay)
+    if base == "cycle-lfu":
+        return LayerPartitioned(name, capacity, num_layers, decay, strict=False, own_bias=0.5)
     known = ", ".join(POLICY_NAMES)
     raise BadValueError(f"unknown cache policy {name!r} (known: {known})")
 
