@@ -8,8 +8,8 @@ from transformers import AutoTokenizer
 
 from ssdmoe_tui.engine.chat_format import encode, render
 from ssdmoe_tui.sessions.store import SessionStore
-from ssdmoe_tui.sessions.turns import build_prompt, record_exchange
-from tests.test_chat_format import IM_END, QWEN3
+from ssdmoe_tui.sessions.turns import build_prompt, record_exchange, tokenizer_id
+from tests.test_chat_format import CHATML, IM_END, QWEN3
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +55,24 @@ def test_stopped_and_failed_replies(tmp_path, tok):
     assert saved.turns[1].stopped and saved.turns[1].k == 4
     _, delta2 = build_prompt(tok, saved, "Go on")
     assert delta2[0] == IM_END  # the cut reply is closed before the next user turn
+
+
+def test_switching_tokenizer_rebuilds_the_token_history(tmp_path, tok):
+    """Ids from one tokenizer mean nothing to another: the history is re-tokenized (as
+    the new template renders it) before the next prompt is built."""
+    store = SessionStore(tmp_path)
+    conv = store.create("qwen3", "fp", "Sys")
+    for user, reply in [("Hi", "Hello!"), ("More", "Sure: more.")]:
+        _, delta = build_prompt(tok, conv, user)
+        record_exchange(store, conv, user, delta, reply, encode(tok, reply) + [IM_END], "stop")
+    other = TokenizerWrapper(AutoTokenizer.from_pretrained(str(QWEN3)))
+    other._tokenizer.chat_template = CHATML.replace(
+        "'\\n' }}{% endfor %}", "'\\n\\n' }}{% endfor %}"
+    )
+    assert tokenizer_id(other) != tokenizer_id(tok)
+    conv = store.get(conv.id)
+    prompt, delta = build_prompt(other, conv, "Last")
+    full = conv.messages() + [{"role": "user", "content": "Last"}]
+    assert prompt == encode(other, render(other, full, add_generation_prompt=True))
+    assert conv.tokenizer_id == tokenizer_id(other)
+    assert conv.history_tokens() + delta == prompt

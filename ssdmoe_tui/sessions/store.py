@@ -124,6 +124,7 @@ class Conversation:
     fingerprint: str = ""
     system_prompt: str = ""
     turns: list[Turn] = field(default_factory=list)
+    tokenizer_id: str = ""  # which tokenizer + template produced the token ids
 
     @property
     def display_title(self) -> str:
@@ -161,6 +162,7 @@ class Conversation:
             "model_id": self.model_id,
             "fingerprint": self.fingerprint,
             "system_prompt": self.system_prompt,
+            "tokenizer_id": self.tokenizer_id,
             "turns": [asdict(t) for t in self.turns],
         }
 
@@ -179,6 +181,7 @@ class Conversation:
             fingerprint=str(d.get("fingerprint", "")),
             system_prompt=str(d.get("system_prompt", "")),
             turns=[Turn.from_dict(t) for t in d.get("turns", [])],
+            tokenizer_id=str(d.get("tokenizer_id", "")),
         )
 
 
