@@ -158,12 +158,20 @@ class LFUDecayPolicy:
     def coldest(self, pinned: Collection[Key]) -> tuple[float, Key] | None:
         """(score, key) of the key `victim` would pick; None if every key is pinned."""
         heap, seq = self._heap, self._seq
+        while heap:  # fast path: drop stale entries, return the top if it is free
+            score, count, key = heap[0]
+            if seq.get(key) != count:
+                heapq.heappop(heap)  # stale: key touched again or removed
+            elif key in pinned:
+                break
+            else:
+                return score, key
         held: list[tuple[float, int, Key]] = []
         try:
             while heap:
                 entry = heap[0]
                 if seq.get(entry[2]) != entry[1]:
-                    heapq.heappop(heap)  # stale: key touched again or removed
+                    heapq.heappop(heap)
                 elif entry[2] in pinned:
                     held.append(heapq.heappop(heap))
                 else:
@@ -291,11 +299,16 @@ class _MinTree:
     def set(self, i: int, value: tuple[float, int]) -> None:
         t = self._t
         i += self._size
+        if t[i] == value:
+            return
         t[i] = value
         i >>= 1
         while i:
             a, b = t[2 * i], t[2 * i + 1]
-            t[i] = a if a <= b else b
+            m = a if a <= b else b
+            if t[i] == m:
+                return  # nothing above changes
+            t[i] = m
             i >>= 1
 
     def min(self, lo: int, hi: int) -> tuple[float, int]:
@@ -436,6 +449,11 @@ class LayerPartitioned:
     def _coldest(self, pinned: Collection[Key], own: object, here: int) -> Key | None:
         """The key to evict by score: the own layer's (scaled by own_bias) or the coldest
         other layer above the floor, compared as of each layer's next visit."""
+        if own is not None and not self._own_bias:  # strict: own layer first, always
+            key = own.pick(pinned)  # type: ignore[attr-defined]
+            if key is not None:
+                return key
+            own = None
         tree, parts, floor, dirty = self._tree, self._parts, self._floor, self._dirty
         for m in dirty:
             if m != here:  # the layer being served is scored apart; it stays dirty
