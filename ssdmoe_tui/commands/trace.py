@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ssdmoe_tui.errors import BadValueError
 
-DEFAULT_POLICIES = "lru,lfu-decay,arc,layer-lru,layer-lfu,belady"
+DEFAULT_POLICIES = "lru,lfu-decay,arc,layer-lru,layer-lfu,cycle-lfu,belady"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
