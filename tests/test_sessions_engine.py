@@ -17,6 +17,7 @@ from mlx_lm.utils import load_tokenizer
 
 from ssdmoe_tui.engine import protocol as P
 from ssdmoe_tui.engine.service import EngineService, KVHooks
+from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionStore
@@ -196,4 +197,51 @@ def test_checkpoint_of_another_model_is_ignored(models, ssdmoe_home):
     done, _ = b.send(resumed, USERS[3])
     assert done.stats["reused_prompt_tokens"] == 0
     assert any("another model" in n for n in b.notices), b.notices
+    b.close()
+
+
+def test_app_path_prompt_hook_and_record(models, ssdmoe_home):
+    """The chat app's path: it sends `messages` with a session id; the engine-side hook
+    (`SessionKV.prompt`, on the engine thread once wired) turns them into the exact-history
+    prompt; `AppSessions.record` saves each exchange from GenerationDone. Resume with
+    `open("")` (`ssdmoe --resume`) after a restart, then continue from the checkpoint."""
+    model = models["qwen3_5_moe"]()
+
+    def turn(client, app, sid, messages, text):
+        messages.append(P.Message("user", text))
+        prompt = client.kv.prompt(sid, messages, client.tok, client.info)
+        assert prompt is not None
+        client.svc.submit(
+            P.Generate(
+                f"r{len(messages)}",
+                prompt_tokens=tuple(prompt),
+                max_tokens=MAX_TOKENS,
+                session_id=sid,
+            )
+        )
+        done = client._wait(P.GenerationDone)
+        messages.append(P.Message("assistant", done.text))
+        app.record(sid, [m for m in messages if m.role != "system"], done)
+        return done
+
+    a = Client(model, SessionStore())
+    app = AppSessions(SessionStore())
+    sid, shown = app.open(None)
+    assert shown == [] and not SessionStore().folder(sid).exists()
+    messages = [P.Message("system", SYSTEM)]
+    rates = [turn(a, app, sid, messages, t).stats["kv_hit_rate"] for t in USERS[:3]]
+    assert min(rates[1:]) >= 0.97, rates
+    a.close()
+
+    b = Client(model, SessionStore())
+    app2 = AppSessions(SessionStore())
+    sid2, shown = app2.open("")
+    assert sid2 == sid and [m.content for m in shown] == [m.content for m in messages[1:]]
+    conv = SessionStore().get(sid)
+    assert conv.system_prompt == SYSTEM and conv.fingerprint == b.info.fingerprint
+    done = turn(b, app2, sid, [messages[0], *shown], USERS[3])
+    assert done.stats["reused_prompt_tokens"] == len(conv.history_tokens()) - 1
+    assert SessionStore().get(sid).history_tokens() == list(done.prompt_token_ids) + list(
+        done.token_ids
+    )
     b.close()

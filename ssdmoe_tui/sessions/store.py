@@ -230,13 +230,21 @@ class SessionStore:
 
     # -------------------------------------------------------------- create / save
     def create(
-        self, model_id: str = "", fingerprint: str = "", system_prompt: str = "", title: str = ""
+        self,
+        model_id: str = "",
+        fingerprint: str = "",
+        system_prompt: str = "",
+        title: str = "",
+        *,
+        conv_id: str | None = None,
     ) -> Conversation:
+        """A new conversation, saved; `conv_id` (e.g. one handed out earlier by `new_id`)
+        must not exist yet."""
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             while True:
                 conv = Conversation(
-                    id=new_id(),
+                    id=validate_id(conv_id) if conv_id is not None else new_id(),
                     title=clean_title(title),
                     model_id=model_id,
                     fingerprint=fingerprint,
@@ -246,6 +254,10 @@ class SessionStore:
                     self.folder(conv.id).mkdir()
                     break
                 except FileExistsError:
+                    if conv_id is not None and (self.folder(conv_id) / CONVERSATION_FILE).exists():
+                        raise BadValueError(f"conversation {conv_id} already exists") from None
+                    if conv_id is not None:
+                        break  # an empty folder (e.g. a crash before the first save): reuse it
                     continue
             self.save(conv, touch=False)
             return conv

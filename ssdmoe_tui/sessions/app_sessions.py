@@ -1,0 +1,80 @@
+"""The chat app's persistence hook (`SsdmoeApp(session_store=AppSessions())`).
+
+Runs on the UI thread and imports no MLX. `open` starts or resumes a conversation;
+`record` saves each finished exchange with its exact token ids, taken from the
+engine's GenerationDone (prompt ids + generated ids). The engine side
+(`kv_hooks.SessionKV`) builds each prompt from the stored token history and keeps the
+KV checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ssdmoe_tui.engine.protocol import GenerationDone, Message
+from ssdmoe_tui.sessions.store import (
+    CONVERSATION_FILE,
+    SessionNotFound,
+    SessionStore,
+    Turn,
+    new_id,
+)
+
+
+class AppSessions:
+    def __init__(self, store: SessionStore | None = None, system_prompt: str = "") -> None:
+        self.store = store or SessionStore()
+        self.system_prompt = system_prompt  # for conversations this side creates
+
+    def open(self, resume: str | None) -> tuple[str, list[Message]]:
+        """None: a new conversation (its folder is made by the first turn, so an unused
+        window leaves nothing behind); "": the last one; else that id."""
+        if resume is None:
+            return new_id(), []
+        conv_id = resume or self.store.last_opened()
+        if conv_id is None:
+            raise SessionNotFound("no saved conversation to resume")
+        conv = self.store.get(conv_id)
+        self.store.mark_opened(conv.id)
+        return conv.id, [Message(t.role, t.text) for t in conv.turns]  # type: ignore[arg-type]
+
+    def record(self, session_id: str, messages: Sequence[Any], done: GenerationDone) -> None:
+        """Save the exchange `done` answered. `messages` is the app's chat so far (the
+        reply last, if it kept one). The stored turns mirror the app's history; their ids
+        extend the stored token history when the prompt did (the normal case), otherwise
+        the conversation is re-based on this prompt so its ids stay exact."""
+        if done.finish_reason == "error":
+            return
+        chat = [m for m in messages if m.role in ("user", "assistant")]
+        last_user = max((i for i, m in enumerate(chat) if m.role == "user"), default=None)
+        if last_user is None:
+            return
+        folder = self.store.folder(session_id)
+        if (folder / CONVERSATION_FILE).exists():
+            conv = self.store.get(session_id)
+        else:
+            conv = self.store.create(system_prompt=self.system_prompt, conv_id=session_id)
+        prompt = list(done.prompt_token_ids)
+        history = conv.history_tokens()
+        prior = [(m.role, m.content) for m in chat[:last_user]]
+        same = [(t.role, t.text) for t in conv.turns] == prior
+        if same and prompt[: len(history)] == history:
+            delta = prompt[len(history) :]
+        else:  # the prompt was not built on the stored ids: re-base on it
+            conv.turns = [Turn(role, text, []) for role, text in prior]
+            delta = prompt
+        conv.turns.append(Turn("user", chat[last_user].content, delta))
+        if last_user + 1 < len(chat):  # the app kept the reply
+            k = max(set(done.k_per_token), key=list(done.k_per_token).count, default=None)
+            conv.turns.append(
+                Turn(
+                    "assistant",
+                    chat[last_user + 1].content,
+                    list(done.token_ids),
+                    k=k,
+                    stopped=done.finish_reason == "cancelled",
+                )
+            )
+        self.store.save(conv)
+        self.store.mark_opened(conv.id)
