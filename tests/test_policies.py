@@ -279,3 +279,20 @@ def test_cycle_lfu_moves_slots_to_the_layer_that_needs_them() -> None:
         late[name] = cache.rate
     assert late["cycle-lfu"] == 1.0
     assert late["layer-lfu"] < 0.9
+
+
+@pytest.mark.parametrize("name", ["layer-lfu:0.5", "cycle-lfu:0.5"])
+def test_partitioned_lfu_keeps_order_across_rescales(name: str) -> None:
+    """decay 0.5 doubles the clock each token: ~3 rescales in 1500 tokens."""
+    policy = make_policy(name, 4, 2)  # full: quota 2 per layer
+    for key in [(0, 1), (0, 2), (1, 1), (1, 2)]:
+        policy.insert(key)
+    for t in range(1500):
+        policy.hit((0, 1))
+        policy.hit((1, 1))
+        if t % 3 == 0:
+            policy.hit((0, 2))
+        policy.step()
+    assert policy.victim({(1, 1), (1, 9)}, (1, 9)) == (1, 2)
+    policy.remove((1, 2))
+    assert policy.victim({(1, 1), (1, 9)}, (1, 9)) == (0, 2)

@@ -17,7 +17,6 @@ without being counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from ssdmoe_tui.engine.policies import BeladyPolicy, EvictionPolicy, Key, make_policy
@@ -173,16 +172,6 @@ def _policy(name: str, capacity: int, num_layers: int, cells) -> EvictionPolicy:
     if name == BELADY:
         return BeladyPolicy([k for keys, _ in cells for k in keys])
     return make_policy(name, capacity, num_layers)
-
-
-def replay_grid(
-    trace: Trace,
-    policies: Sequence[str],
-    capacities: Sequence[int],
-    **kw: object,
-) -> list[ReplayResult]:
-    """Every policy at every capacity, capacity-major."""
-    return [replay(trace, p, c, **kw) for c in capacities for p in policies]  # type: ignore[arg-type]
 
 
 def next_token_overlap(trace: Trace, decode_only: bool = True) -> float:
