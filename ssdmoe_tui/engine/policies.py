@@ -12,9 +12,10 @@ layer of one token, with `pinned` = every expert the router selected for that la
     ...
     policy.step()   # once per token, after the last layer
 
-Every operation is O(1) or amortised O(log n) (the partitioned policies scan layers,
-O(num_layers), only when a layer borrows a slot from another). Why the default is what it
-is, with the measured hit rates: docs/cache-policy.md.
+Every operation is O(1) or amortised O(log n), plus skipping pinned keys; the one
+exception is layer-lru borrowing a slot (a layer under quota), which walks back over the
+layers. The LFU partitions choose across layers with a segment tree, O(log layers). Why
+the default is what it is, with measured hit rates and costs: docs/cache-policy.md.
 """
 
 from __future__ import annotations
