@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ssdmoe_tui.paths import demo_model_dir
 
-DEMO_VERSION = 2
+DEMO_VERSION = 3
 
 #: The embedded default: a small qwen3_moe (the Qwen3-30B-A3B architecture).
 DEMO_CONFIG: dict = {
@@ -65,6 +65,35 @@ Markdown has **bold**, *italics*, `code`, lists:\n- one\n- two\n1. first\n2. sec
 Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Questions, answers, and conversations.
 """
 
+#: Everyday words, so the trained BPE merges whole words and a random model's output
+#: reads as word salad rather than byte soup.
+_WORDS = """the of and to in is that it for as with was on be by this are from at or an have not
+which but all they one can has more will their there been would when so if about out what some
+them into other than then now only its also after two new first way could because these may use
+any over such time most very even well where through back much before must right still own good
+memory model expert experts token tokens layer layers cache disk drive stream streaming read reads
+fast faster slow speed weight weights router route routes routing attention state hidden vector
+matrix compute answer question hello world python code function value list table text chat reply
+think simple small large larger many few each every bytes file files open close load loaded run
+learn learning data train trained source terminal window screen panel key keys light dark theme
+color number numbers count rate hit miss page system prompt user assistant message session save
+resume history context Paris France London Tokyo river mountain ocean forest city garden music
+poem story book letter happy calm bright quiet gentle curious clever kind brave honest warm cool
+green blue red yellow morning evening night today tomorrow always never often sometimes together"""
+
+
+def _corpus() -> list[str]:
+    import random
+
+    rng = random.Random(1)
+    words = _WORDS.split()
+    lines = [_CORPUS]
+    for _ in range(600):
+        sent = " ".join(rng.choice(words) for _ in range(rng.randint(5, 14)))
+        lines.append(sent.capitalize() + rng.choice(".,.?!."))
+    return lines
+
+
 ProgressFn = Callable[[str], None]
 
 
@@ -89,7 +118,7 @@ def write_tokenizer(out: Path, vocab_size: int, chat_template: str = CHATML_TEMP
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     config = {
@@ -145,6 +174,7 @@ def write_checkpoint(
     progress: ProgressFn = _noop,
     readme: str | None = None,
     weight_scale: float = 4.0,
+    readable: bool = False,
 ) -> Path:
     """Write a random-weight, quantized checkpoint of `config` into `out`.
 
@@ -186,6 +216,8 @@ def write_checkpoint(
         return v.astype(mx.bfloat16) if cast_predicate(p) else v
 
     model.update(tree_map_with_path(init, model.parameters()))
+    if readable:
+        _quiet_rows(model, unreadable_token_ids(out, int(_text_config(config)["vocab_size"])))
     config.pop("quantization", None)
     config.pop("quantization_config", None)
     model, qconfig = quantize_model(model, config, group_size, bits)
@@ -214,6 +246,39 @@ def write_checkpoint(
     if readme:
         (out / "README.md").write_text(readme)
     return out
+
+
+def _quiet_rows(model, token_ids: list[int]) -> None:
+    """Zero these tokens' output-embedding rows: their logit is 0 while readable tokens
+    reach well above it, so a random model rarely emits them."""
+    import mlx.core as mx
+
+    head = getattr(model, "lm_head", None)
+    if head is None or not hasattr(head, "weight"):
+        return
+    mask = mx.ones((head.weight.shape[0], 1), dtype=head.weight.dtype)
+    ids = mx.array([i for i in token_ids if i < head.weight.shape[0]])
+    mask[ids] = 0
+    head.weight = head.weight * mask
+
+
+def unreadable_token_ids(model_dir: Path, vocab_size: int) -> list[int]:
+    """Ids a chat demo should not emit: all but whole words (" word"), a little
+    punctuation and the end-of-turn token, so random output reads as word salad."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    eot = tok.token_to_id("<|im_end|>")
+    keep_punct = {".", ",", "?", "!", "\n"}
+    bad = []
+    for i in range(vocab_size):
+        if i == eot:
+            continue
+        text = tok.decode([i]) if tok.id_to_token(i) is not None else ""
+        word = text.startswith(" ") and text[1:].isalpha()
+        if not (word or text in keep_punct):
+            bad.append(i)
+    return bad
 
 
 def _text_config(config: dict) -> dict:
@@ -250,6 +315,7 @@ def ensure_demo_model(out: Path | None = None, progress: ProgressFn = _noop) -> 
         seed=7,
         group_size=32,
         max_shard_bytes=3 << 20,
+        readable=True,
         progress=progress,
         readme=DEMO_README.format(
             layers=cfg["num_hidden_layers"],
