@@ -243,3 +243,23 @@ def test_cli_budget_mib_needs_a_size_for_traces_without_one(tmp_path, capsys) ->
     assert rc != 0 and "pass --expert-mib" in capsys.readouterr().err
     rc = main(["trace", "replay", str(path), "--budget-mib", "100", "--expert-mib", "2"])
     assert rc == 0
+
+
+def test_uniform_routing_gives_the_slots_over_experts_floor() -> None:
+    """Random-weight routers pick experts uniformly: no policy can beat slots / E (Belady
+    aside), and the default must not fall below it the way flooding LRU does."""
+    import random
+
+    from ssdmoe_tui.engine.traces import Trace, TraceStep
+
+    rng = random.Random(0)
+    layers, experts, k = 24, 64, 8
+    steps = [
+        TraceStep(t, DECODE, [(m, tuple(rng.sample(range(experts), k))) for m in range(layers)])
+        for t in range(200)
+    ]
+    trace = Trace(TraceMeta(model="uniform", k=k, num_layers=layers, num_experts=experts), steps)
+    for per_layer in (4, 16, 32):
+        floor = 100 * per_layer / experts
+        assert pct(trace, DEFAULT_POLICY, per_layer * layers) == pytest.approx(floor, abs=1.5)
+    assert pct(trace, "lru", 4 * layers) == 0.0
