@@ -86,14 +86,17 @@ def run(args: argparse.Namespace) -> int:
                 "num_experts": sm.index.num_experts,
             },
         )
-        counter = {"token": 0}
+        from ssdmoe_tui.engine.traces import DECODE, PREFILL
+
+        counter = {"token": 0, "phase": PREFILL}
         sm.cache.on_route = lambda layer, experts: writer.add(
-            counter["token"], layer, [int(e) for e in experts]
+            counter["token"], layer, [int(e) for e in experts], phase=counter["phase"]
         )
 
     def on_token(tok_id: int, piece: str, stats) -> None:
         if writer is not None:
             counter["token"] += 1
+            counter["phase"] = DECODE
         if not args.json and piece:
             sys.stdout.write(piece)
             sys.stdout.flush()

@@ -178,7 +178,7 @@ class ExpertCache:
             if self._free:
                 s = self._free.pop()
             else:
-                victim = self.policy.victim(pinned)
+                victim = self.policy.victim(pinned, keys[i])
                 self.policy.remove(victim)
                 self._prefetched.discard(victim)
                 s = slot_of.pop(victim)
