@@ -202,8 +202,20 @@ class ExpertCache:
         keys = keys[: max(room, 0)]
         if not keys:
             return
+        from ssdmoe_tui.engine.policies import NoVictimError
+
         slots = np.empty(len(keys), dtype=np.int64)
-        self._assign(keys, list(range(len(keys))), slots, pinned | set(keys))
+        guard = pinned | set(keys)
+        n = 0
+        while n < len(keys):  # best effort: stop where no slot can be freed
+            try:
+                self._assign(keys, [n], slots, guard)
+            except NoVictimError:
+                break
+            n += 1
+        keys, slots = keys[:n], slots[:n]
+        if not keys:
+            return
         self._prefetched.update(keys)
         self.counters.prefetch_issued += len(keys)
         if self._pool is None:
