@@ -120,6 +120,7 @@ class SsdmoeApp(App[int]):
     TITLE = "ssdmoe"
     COMMANDS = App.COMMANDS | {SsdmoeCommands}
     ENABLE_COMMAND_PALETTE = True
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
         Binding("escape", "stop", "Stop", id="app.stop"),
@@ -155,6 +156,7 @@ class SsdmoeApp(App[int]):
         self.k: int | None = self.settings.k
         self.history: list[Message] = []
         self.inflight: str | None = None  # request id awaiting GenerationDone
+        self._abandoned: set[str] = set()  # replies whose chat was cleared while streaming
         self.current: AssistantMessage | None = None
         self.last_done: GenerationDone | None = None
         self.events_seen: dict[str, int] = {}
@@ -310,33 +312,40 @@ class SsdmoeApp(App[int]):
     async def _on_done(self, done: GenerationDone) -> None:
         if done.request_id != self.inflight:
             return
-        self.inflight = None
-        self.last_done = done
         message, self.current = self.current, None
-        stats = done.stats or {}
-        detail = f"{len(done.token_ids)} tokens"
-        if isinstance(stats.get("decode_tok_s"), (int, float)):
-            detail += f" · {fmt_rate(stats['decode_tok_s'])}"
-        if message is not None and message.is_attached:
-            await message.finish(done.text, done.finish_reason, detail)
-        if done.finish_reason != "error" and done.text:
-            self.history.append(Message("assistant", done.text))
-        if self.session_store is not None and self.session_id is not None:
-            try:
-                self.session_store.record(self.session_id, tuple(self.history), done)
-            except Exception as e:  # noqa: BLE001 - persistence must not kill the chat
-                from ssdmoe_tui.errors import user_message
+        self.last_done = done
+        try:
+            if done.request_id in self._abandoned:
+                return  # the chat was cleared or the model switched while it streamed
+            stats = done.stats or {}
+            detail = f"{len(done.token_ids)} tokens"
+            if isinstance(stats.get("decode_tok_s"), (int, float)):
+                detail += f" · {fmt_rate(stats['decode_tok_s'])}"
+            if message is not None and message.is_attached:
+                await message.finish(done.text, done.finish_reason, detail)
+            if done.finish_reason != "error" and done.text:
+                self.history.append(Message("assistant", done.text))
+            if self.session_store is not None and self.session_id is not None:
+                try:
+                    self.session_store.record(self.session_id, tuple(self.history), done)
+                except Exception as e:  # noqa: BLE001 - persistence must not kill the chat
+                    from ssdmoe_tui.errors import user_message
 
-                self.notify(f"session not saved: {user_message(e)}", severity="warning")
+                    self.notify(f"session not saved: {user_message(e)}", severity="warning")
+        finally:
+            self._abandoned.discard(done.request_id)
+            self.inflight = None  # last: a new prompt may go once this reply is settled
 
     async def _on_error(self, error: EngineError) -> None:
         self.notify(error.message, title="engine error", severity="error", timeout=12)
         if error.request_id is not None and error.request_id == self.inflight:
-            self.inflight = None
             message, self.current = self.current, None
+            abandoned = error.request_id in self._abandoned
+            self._abandoned.discard(error.request_id)
+            self.inflight = None
             if message is not None and message.is_attached:
                 await message.finish(message.text, "error", error.message)
-            if self.history and self.history[-1].role == "user":
+            if not abandoned and self.history and self.history[-1].role == "user":
                 self.history.pop()  # the turn failed; the user can send it again
         if error.fatal or (error.request_id is None and self.loading_path is not None):
             self.model_info = None
@@ -358,7 +367,10 @@ class SsdmoeApp(App[int]):
     async def send(self, text: str) -> bool:
         """Send one user turn; False (with a notice) when it cannot go now."""
         if self.inflight is not None:
-            self.notify("A reply is still streaming: Esc stops it.", severity="warning")
+            if self.inflight in self._abandoned:
+                self.notify("Still stopping the previous reply; send again in a moment.")
+            else:
+                self.notify("A reply is still streaming: Esc stops it.", severity="warning")
             return False
         if self.engine is None or self.model_info is None:
             why = (
@@ -396,15 +408,21 @@ class SsdmoeApp(App[int]):
             self.engine.cancel()
 
     async def action_new_chat(self) -> None:
-        if self.inflight is not None and self.engine is not None:
-            self.engine.cancel()
-            self.current = None  # its GenerationDone still clears `inflight`
+        self._abandon_reply()
         self.history.clear()
         await self.transcript.clear()
         self.panel.clear_history()
         await self._open_session(None)
         await self.transcript.add_notice("New chat.")
         self.prompt.focus()
+
+    def _abandon_reply(self) -> None:
+        """Stop the streaming reply and drop it; its GenerationDone still clears `inflight`."""
+        if self.inflight is not None:
+            self._abandoned.add(self.inflight)
+            self.current = None
+            if self.engine is not None:
+                self.engine.cancel()
 
     async def _open_session(self, resume: str | None) -> None:
         if self.session_store is None:
@@ -510,10 +528,20 @@ class SsdmoeApp(App[int]):
         )
 
     def request_expert_cache(self, size: str) -> None:
+        """The engine reloads the model with the new budget (ModelLoaded follows)."""
         if self.engine is None:
             return
+        if self.model_info is None:
+            self.notify("No model loaded.", severity="warning")
+            return
+        path = self.model_info.path
+        self._abandon_reply()
+        self.settings.expert_cache = size
+        self.model_info = None
+        self.loading_path = path
+        self.status_bar.info = None
+        self.status_bar.loading = f"{Path(path).name} with a {size} expert cache"
         self.engine.submit(SetExpertCache(size=size))
-        self.notify(f"Expert-cache budget: asked for {size}")
 
     def action_ask_expert_cache(self) -> None:
         current = self.model_info.expert_cache_budget if self.model_info else None
@@ -531,9 +559,7 @@ class SsdmoeApp(App[int]):
         """Load (or switch to) a model; progress and errors arrive as events."""
         if self.engine is None:
             return
-        if self.inflight is not None:
-            self.engine.cancel()
-            self.current = None
+        self._abandon_reply()
         self.model_info = None
         self.loading_path = path
         self.status_bar.info = None

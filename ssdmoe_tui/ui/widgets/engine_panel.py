@@ -155,7 +155,9 @@ class EnginePanel(VerticalScroll):
         if new_tokens < 0:  # a new turn started
             new_tokens = s.generated_tokens
         self._last_generated = s.generated_tokens
-        if new_tokens > 0:
+        # A rate over the first token alone is a timing artefact (thousands of tok/s).
+        settled = s.generated_tokens >= 2
+        if new_tokens > 0 and settled:
             # One sparkline point per token decoded since the previous sample, so the
             # lines span ~60 tokens whatever the sample rate.
             for _ in range(min(new_tokens, HISTORY)):
@@ -163,7 +165,7 @@ class EnginePanel(VerticalScroll):
                 self.ssd_history.append(s.ssd_mib_per_token)
             self.query_one("#spark-decode", Sparkline).data = list(self.decode_history)
             self.query_one("#spark-ssd", Sparkline).data = list(self.ssd_history)
-        self._set("decode", fmt_rate(s.decode_tok_s))
+        self._set("decode", fmt_rate(s.decode_tok_s) if settled else "—")
         self._set("prefill", fmt_rate(s.prefill_tok_s))
         self._set("ssd", f"{fmt_mib(s.ssd_mib_per_token)}/tok")
         self._set("requested", f"{fmt_mib(s.requested_mib_per_token)}/tok")
