@@ -51,7 +51,8 @@ class BenchOptions:
     reader: str = "auto"
     direct_io: bool = False
     queue_depth: int = 16
-    baseline: str = "auto"  # auto | skip | force | only
+    baseline: str = "auto"  # auto | skip | force
+    baseline_only: bool = False  # measure the resident baseline alone
     baseline_json: Path | None = None  # reuse a resident baseline measured earlier
     disk_bytes: int = 512 << 20  # per K, for the random-read test
     prefill_step: int = 512
@@ -108,6 +109,7 @@ class _Window:
         self.hits, self.misses = c.hits, c.misses
         self.bytes, self.read_s, self.calls = c.bytes_read, c.read_s, c.read_calls
         self.sync_s = sm.times.router_sync_s
+        self.ensure_s = _EnsureTimer.seconds(sm.cache)
         self.dev = iostats.device_read_bytes()
 
     def delta(self, end: _Window) -> dict:
@@ -120,8 +122,62 @@ class _Window:
             "read_s": end.read_s - self.read_s,
             "read_calls": end.calls - self.calls,
             "router_sync_s": end.sync_s - self.sync_s,
+            "ensure_s": end.ensure_s - self.ensure_s,
             "device_bytes": dev,
         }
+
+
+class _EnsureTimer:
+    """Times `cache.ensure` (slot lookup, eviction policy, reads) from the outside.
+
+    Set as an instance attribute of the engine's cache, so the engine's own code runs
+    unchanged; ensure time minus read time is the cache's bookkeeping.
+    """
+
+    def __init__(self, cache) -> None:
+        self.inner = cache.ensure
+        self.total = 0.0
+
+    def __call__(self, layer, experts):
+        t0 = time.perf_counter()
+        try:
+            return self.inner(layer, experts)
+        finally:
+            self.total += time.perf_counter() - t0
+
+    @staticmethod
+    def install(cache) -> None:
+        cache.ensure = _EnsureTimer(cache)
+
+    @staticmethod
+    def seconds(cache) -> float:
+        t = cache.__dict__.get("ensure")
+        return t.total if isinstance(t, _EnsureTimer) else 0.0
+
+
+def _split(w: dict, steps: int) -> dict:
+    """ms per step: router sync + read wait + cache bookkeeping + rest = total."""
+    total = _per_step(w["seconds"] * 1e3, steps)
+    sync = _per_step(w["router_sync_s"] * 1e3, steps)
+    read = _per_step(w["read_s"] * 1e3, steps)
+    book = _per_step(max(w["ensure_s"] - w["read_s"], 0.0) * 1e3, steps)
+    rest = None if total is None else total - (sync or 0.0) - (read or 0.0) - (book or 0.0)
+    return {
+        "total": _round(total, 3),
+        "router_sync": _round(sync, 3),
+        "read_wait": _round(read, 3),
+        "cache_bookkeeping": _round(book, 3),
+        "rest": _round(rest, 3),
+    }
+
+
+def _fmt_split(m: dict) -> str:
+    if m["total"] is None:
+        return "-"
+    return (
+        f"{m['total']:.1f} = sync {m['router_sync']:.1f} + read {m['read_wait']:.1f} "
+        f"+ cache {m['cache_bookkeeping']:.1f} + rest {m['rest']:.1f}"
+    )
 
 
 def _per_step(x: float | int | None, steps: int) -> float | None:
@@ -159,6 +215,7 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
         runner = Runner(sm, prefill_step_size=opts.prefill_step)
         runner.k = k
+        _EnsureTimer.install(sm.cache)
         marks: dict[str, _Window] = {}
 
         def on_token(_tok: int, _piece: str, stats) -> None:
@@ -186,10 +243,6 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
         index = sm.index
         dec_lookups = dec["hits"] + dec["misses"]
         hit_rate = dec["hits"] / dec_lookups if dec_lookups else 0.0
-        ms_total = _per_step(dec["seconds"] * 1e3, steps)
-        ms_sync = _per_step(dec["router_sync_s"] * 1e3, steps)
-        ms_read = _per_step(dec["read_s"] * 1e3, steps)
-        ms_rest = None if ms_total is None else ms_total - (ms_sync or 0.0) - (ms_read or 0.0)
         req_bpt = _per_step(dec["requested_bytes"], steps)
         dev_bpt = _per_step(dec["device_bytes"], steps)
         expert_set = index.expert_bytes * index.num_experts * index.num_layers
@@ -210,12 +263,8 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
             "prefill_tok_s": round(st.prefill_tok_s, 3),
             "decode_s": round(dec["seconds"], 4),
             "decode_tok_s": _round(_per_step(steps, dec["seconds"]), 3),
-            "ms_per_token": {
-                "total": _round(ms_total, 3),
-                "router_sync": _round(ms_sync, 3),
-                "read_wait": _round(ms_read, 3),
-                "rest": _round(ms_rest, 3),
-            },
+            "ms_per_token": _split(dec, steps),
+            "prefill_ms_per_token": _split(pre, st.prompt_tokens),
             "decode_hits": dec["hits"],
             "decode_misses": dec["misses"],
             "hit_rate": round(hit_rate, 6),
@@ -246,9 +295,10 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
             "token_ids": result.tokens,
         }
         log(
-            f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s, "
-            f"decode {out['decode_tok_s'] or 0:.2f} tok/s, hit {hit_rate:.1%}, "
-            f"{out['requested_mib_per_token'] or 0:.1f} MiB/token requested"
+            f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
+            f"[ms/tok {_fmt_split(out['prefill_ms_per_token'])}], "
+            f"decode {out['decode_tok_s'] or 0:.2f} tok/s [ms/tok {_fmt_split(out['ms_per_token'])}], "
+            f"hit {hit_rate:.1%}, {out['requested_mib_per_token'] or 0:.1f} MiB/token requested"
         )
         return out
     finally:
@@ -403,8 +453,16 @@ def _load_baseline_json(p: Path, conditions: dict) -> dict:
     return base
 
 
-def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
-    """Run every measurement; returns the JSON-ready result."""
+def run_bench(
+    opts: BenchOptions,
+    log: Log = lambda _: None,
+    on_partial: Callable[[dict], None] = lambda _: None,
+) -> dict:
+    """Run every measurement; returns the JSON-ready result.
+
+    `on_partial` gets the result so far after each measurement, so a run cut short
+    (a time limit, an out-of-memory kill) still leaves what it measured.
+    """
     from ssdmoe_tui.engine.index import load_index
     from ssdmoe_tui.engine.loader import _load_config, parse_dtype
 
@@ -413,8 +471,8 @@ def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
         raise ModelError(f"model folder not found: {path}")
     if opts.decode_tokens < 2:
         raise BadValueError(f"--decode-tokens must be >= 2, got {opts.decode_tokens}")
-    if opts.baseline not in ("auto", "skip", "force", "only"):
-        raise BadValueError(f"--baseline must be auto, skip, force or only, got {opts.baseline!r}")
+    if opts.baseline not in ("auto", "skip", "force"):
+        raise BadValueError(f"--baseline must be auto, skip or force, got {opts.baseline!r}")
     config = _load_config(path)
     index, _ = load_index(path)
     act_dtype = parse_dtype(opts.dtype)
@@ -484,7 +542,7 @@ def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
             return "cold (" + d.method + ")" if d.cold else "warm (" + d.note + ")"
         return "warm"
 
-    if opts.baseline != "only":
+    if not opts.baseline_only:
         if not opts.cold:
             if ckpt_bytes < mem.available * BASELINE_FRACTION:
                 log("warm mode: reading the shards once into the page cache")
@@ -523,7 +581,10 @@ def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
             warmup(opts, max(ks), opts.budgets[0], log)
 
         # ---------------- configurations
-        configs = []
+        configs: list[dict] = []
+        result["configs"] = configs
+        result["complete"] = False
+        on_partial(result)
         for budget in opts.budgets:
             for k in ks:
                 state = prepare()
@@ -531,7 +592,8 @@ def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
                 r = run_config(opts, k, budget, prompt, log)
                 r["page_cache"] = state
                 configs.append(r)
-        result["configs"] = configs
+                _derive(result, {}, index)
+                on_partial(result)
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
@@ -562,6 +624,7 @@ def run_bench(opts: BenchOptions, log: Log = lambda _: None) -> dict:
     }
     if "configs" in result:
         _derive(result, base["by_k"], index)
+    result["complete"] = True
     return result
 
 

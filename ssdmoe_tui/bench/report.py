@@ -10,7 +10,7 @@ COLUMNS = [
     ("page cache", "page_cache"),
     ("prefill tok/s", "prefill"),
     ("decode tok/s", "decode"),
-    ("ms/tok sync+read+rest", "split"),
+    ("ms/tok = sync+read+cache+rest", "split"),
     ("hit", "hit"),
     ("MiB/tok req", "req"),
     ("MiB/tok dev", "dev"),
@@ -38,7 +38,8 @@ def _row(r: dict) -> dict[str, str]:
     split = (
         "-"
         if ms["total"] is None
-        else f"{ms['total']:.0f}={ms['router_sync']:.0f}+{ms['read_wait']:.0f}+{ms['rest']:.0f}"
+        else f"{ms['total']:.0f}={ms['router_sync']:.0f}+{ms['read_wait']:.0f}"
+        f"+{ms['cache_bookkeeping']:.0f}+{ms['rest']:.0f}"
     )
     read = r.get("decode_read_gb_s")
     match = r.get("tokens_match_resident")
@@ -118,7 +119,8 @@ def summary(result: dict, markdown: bool = False) -> str:
     if result.get("configs"):
         text += config_table(result, markdown)
         text += (
-            sep + "ms/tok: decode ms per token = router sync + read wait + rest (compute, other)"
+            sep
+            + "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping + rest (compute, other)"
         )
     return text
 

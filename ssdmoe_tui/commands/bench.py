@@ -81,10 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--queue-depth", type=int, default=16, help="reader queue depth (engine default 16)"
     )
     p.add_argument(
-        "--baseline", default="auto", choices=["auto", "skip", "force", "only"],
+        "--baseline", default="auto", choices=["auto", "skip", "force"],
         help="resident mlx-lm baseline: auto (when the model < 50%% of available memory), "
-        "skip, force, or only (baseline alone)",
+        "skip, or force",
     )  # fmt: skip
+    p.add_argument(
+        "--baseline-only", action="store_true", help="measure the resident baseline alone"
+    )
     p.add_argument(
         "--baseline-json",
         default=None,
@@ -122,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         direct_io=args.direct_io,
         queue_depth=args.queue_depth,
         baseline=args.baseline,
+        baseline_only=args.baseline_only,
         baseline_json=Path(args.baseline_json) if args.baseline_json else None,
         disk_bytes=args.disk_mib << 20,
         prefill_step=args.prefill_step,
@@ -131,9 +135,13 @@ def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    result = run_bench(opts, log)
+    def save(result: dict) -> None:
+        if args.json_out:
+            atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
+
+    result = run_bench(opts, log, on_partial=save)
+    save(result)
     if args.json_out:
-        atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
         log(f"JSON written to {args.json_out}")
     print(summary(result, markdown=args.markdown))
     if args.plot:

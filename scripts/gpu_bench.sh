@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# On-device part of the GPU benchmark (docs/benchmarks.md, "GPU"): run on the H200
+# machine from the repository root, with mlx-cuda, mlx-lm and platformdirs importable
+# (see ../shared/tools/device-mlx-cuda.md for the wheels).
+#
+#   scripts/gpu_bench.sh OUTDIR
+#
+# Steps, each writing into OUTDIR as it finishes (partial results survive a timeout):
+#   1. build the random Qwen3.5-35B-A3B-shaped checkpoint (real config, all 40 layers
+#      unless LAYERS is set) at MODEL, unless it exists;
+#   2. plain resident mlx-lm on the same checkpoint, uncapped (the whole model must be
+#      resident, which is what the cap forbids), for the ratio;
+#   3. `ssdmoe bench --cold` at K=8,4,2 with a 4 GiB expert cache, inside a cgroup
+#      capped at CAP_GIB of host memory (page cache included), memory split sampled;
+#   4. `ssdmoe bench` warm (page cache dropped once, then kept), inside the same cap.
+# Environment: MODEL (/root/q35), CONFIG (.benchcfg/q35/config.json), TOKENIZER
+# (.benchcfg/qwen3-tokenizer), LAYERS (all), CAP_GIB (16), CACHE (4G), KS (8,4,2),
+# PROMPT_TOKENS (32), DECODE_TOKENS (48), DEADLINE_S (560: steps that cannot finish
+# before it are skipped and say so), PYTHON (python3).
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_bench.sh OUTDIR}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+MODEL=${MODEL:-/root/q35}
+CONFIG=${CONFIG:-.benchcfg/q35/config.json}
+TOKENIZER=${TOKENIZER:-.benchcfg/qwen3-tokenizer}
+CAP_GIB=${CAP_GIB:-16}
+CACHE=${CACHE:-4G}
+KS=${KS:-8,4,2}
+PROMPT_TOKENS=${PROMPT_TOKENS:-32}
+DECODE_TOKENS=${DECODE_TOKENS:-48}
+DEADLINE_S=${DEADLINE_S:-560}
+export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
+start=$(date +%s)
+left() { echo $(( DEADLINE_S - ($(date +%s) - start) )); }
+log() { echo "[gpu_bench +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/steps.log" >&2; }
+
+{
+  echo "date: $(date -u +%FT%TZ)"; uname -a
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  nproc; free -g; df -h /root | tail -1
+  grep -E 'MemTotal|MemAvailable' /proc/meminfo
+  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device(), mx.device_info()); print("mlx-lm", mlx_lm.__version__)'
+  lsblk -o NAME,SIZE,ROTA,TYPE,MOUNTPOINT 2>/dev/null | head -20
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt" >&2
+
+# ---- 1. checkpoint
+if [ ! -f "$MODEL/config.json" ]; then
+  log "building $MODEL from $CONFIG${LAYERS:+ ($LAYERS layers)}"
+  t0=$(date +%s)
+  timeout "$(( $(left) - 200 ))" "$PY" -m ssdmoe_tui.cli demo-model --config "$CONFIG" --out "$MODEL" \
+    ${LAYERS:+--layers "$LAYERS"} --tokenizer "$TOKENIZER" --shard-size 4G 2>&1 | tee "$OUT/build.log" >&2
+  rc=${PIPESTATUS[0]}
+  log "build exit $rc after $(( $(date +%s) - t0 )) s; $(du -sh "$MODEL" | cut -f1)"
+  [ "$rc" = 0 ] || { log "checkpoint build failed or timed out"; exit 1; }
+fi
+sync
+
+# ---- cgroups with a host-memory cap (v2 memory.max or v1 memory.limit_in_bytes), one per run
+cap=$(( CAP_GIB << 30 ))
+cg=""; peak_file=/dev/null
+make_cg() {  # make_cg NAME: sets cg and peak_file
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
+    cg=/sys/fs/cgroup/$1; mkdir -p "$cg"
+    echo "$cap" > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+    peak_file=$cg/memory.peak; log "cgroup v2 $cg: memory.max $(cat "$cg/memory.max")"
+  elif [ -d /sys/fs/cgroup/memory ]; then
+    cg=/sys/fs/cgroup/memory/$1; mkdir -p "$cg"
+    echo "$cap" > "$cg/memory.limit_in_bytes"; peak_file=$cg/memory.max_usage_in_bytes
+    log "cgroup v1 $cg: limit $(cat "$cg/memory.limit_in_bytes")"
+  else
+    cg=""; log "no cgroup memory controller: running UNCAPPED"
+  fi
+}
+run_capped() {  # run_capped SECONDS CMD...: CMD inside the cap, killed after SECONDS
+  local secs=$1; shift
+  if [ -n "$cg" ]; then timeout "$secs" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@"
+  else timeout "$secs" "$@"; fi
+}
+bench=("$PY" -m ssdmoe_tui.cli bench --model "$MODEL" --k "$KS" --prompt-tokens "$PROMPT_TOKENS"
+  --decode-tokens "$DECODE_TOKENS")
+
+sample_cg() {  # sample_cg FILE: the capped cgroup's memory split every 2 s, in the background
+  [ -n "$cg" ] || return 0
+  ( while [ -d "$cg" ]; do
+      echo "$(date +%s) $(grep -E '^(anon|file|kernel|shmem|file_dirty|file_writeback) ' "$cg/memory.stat" 2>/dev/null | tr '\n' ' ')" \
+        "$(grep -E '^(max|oom_kill) ' "$cg/memory.events" 2>/dev/null | tr '\n' ' ')"
+      sleep 2
+    done ) >> "$1" 2>/dev/null &
+  sampler=$!
+}
+
+# ---- 2. resident mlx-lm, uncapped (the whole model must be resident: the cap forbids it)
+if [ "$(left)" -gt 60 ]; then
+  log "resident mlx-lm baseline (uncapped)"
+  timeout "$(( $(left) - 30 ))" "${bench[@]}" --baseline-only --json "$OUT/resident.json" \
+    > "$OUT/resident.txt" 2> "$OUT/resident.err"
+  rc=$?
+  if grep -q '"status": "cannot run' "$OUT/resident.json" 2>/dev/null; then
+    log "auto refused ($(grep -o 'cannot run[^"]*' "$OUT/resident.json")); forcing: the GPU has 139 GiB and the host 128 GiB"
+    timeout "$(( $(left) - 30 ))" "${bench[@]}" --baseline force --baseline-only --json "$OUT/resident.json" \
+      > "$OUT/resident.txt" 2> "$OUT/resident.err"
+    rc=$?
+  fi
+  log "resident exit $rc"
+else log "resident baseline skipped: deadline"; fi
+base=(); grep -q '"status": "ran"' "$OUT/resident.json" 2>/dev/null && base=(--baseline-json "$OUT/resident.json")
+
+# ---- 3. cold, capped
+if [ "$(left)" -gt 60 ]; then
+  make_cg ssdmoe-bench-cold; sample_cg "$OUT/cold.mem"
+  log "cold bench, cap $CAP_GIB GiB, cache $CACHE"
+  run_capped "$(( $(left) * 3 / 5 ))" "${bench[@]}" --expert-cache "$CACHE" --cold --baseline skip "${base[@]}" \
+    --json "$OUT/cold.json" > "$OUT/cold.txt" 2> "$OUT/cold.err"
+  log "cold exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
+  kill "$sampler" 2>/dev/null
+else log "cold bench skipped: deadline"; fi
+
+# ---- 4. warm, capped (page cache dropped once, so the cap decides what stays cached)
+if [ "$(left)" -gt 60 ]; then
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  make_cg ssdmoe-bench-warm; sample_cg "$OUT/warm.mem"
+  log "warm bench, cap $CAP_GIB GiB, cache $CACHE"
+  run_capped "$(( $(left) - 10 ))" "${bench[@]}" --expert-cache "$CACHE" --baseline skip "${base[@]}" \
+    --json "$OUT/warm.json" > "$OUT/warm.txt" 2> "$OUT/warm.err"
+  log "warm exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
+  kill "$sampler" 2>/dev/null
+else log "warm bench skipped: deadline"; fi
+log "done"
