@@ -71,6 +71,7 @@ class Client:
             P.Generate(rid, prompt_tokens=tuple(prompt), max_tokens=MAX_TOKENS, session_id=conv.id)
         )
         done = self._wait(P.GenerationDone)
+        self.settle()
         assert done.request_id == rid and done.finish_reason in ("stop", "length")
         assert list(done.prompt_token_ids) == prompt
         if record:
@@ -85,6 +86,13 @@ class Client:
                 done.k_per_token,
             )
         return done, delta
+
+    def settle(self) -> None:
+        """Wait until the engine has finished the turn (the KV save runs after GenerationDone)."""
+        deadline = time.monotonic() + TIMEOUT
+        while self.svc.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not self.svc.busy
 
     def close(self) -> None:
         self.svc.shutdown()
@@ -220,6 +228,7 @@ def test_app_path_prompt_hook_and_record(models, ssdmoe_home):
             )
         )
         done = client._wait(P.GenerationDone)
+        client.settle()
         messages.append(P.Message("assistant", done.text))
         app.record(sid, [m for m in messages if m.role != "system"], done)
         return done

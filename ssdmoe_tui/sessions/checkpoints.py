@@ -141,9 +141,12 @@ def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
         return []
     for entry in entries:
         m = _NAME.match(entry.name)
-        if not m or not entry.is_file(follow_symlinks=False):
+        try:
+            if not m or not entry.is_file(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
+        except OSError:  # evicted meanwhile (saves run on the engine thread)
             continue
-        st = entry.stat(follow_symlinks=False)
         found.append(CheckpointInfo(Path(entry.path), int(m.group(1)), st.st_size, st.st_mtime_ns))
     found.sort(key=lambda c: (c.n_tokens, c.mtime_ns), reverse=True)
     return found
