@@ -96,3 +96,27 @@ def test_errors_are_events_and_engine_survives(checkpoints, tmp_path):
         assert len(done.token_ids) >= 1
     finally:
         svc.shutdown()
+
+
+def test_cancel_during_prefill_then_continue(checkpoints):
+    """A prefill cut short leaves a usable partial cache; the next request reuses it."""
+    ev = Events()
+    svc = EngineService(ev.post, prefill_step_size=8)
+    svc.start()
+    try:
+        svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1"))
+        ev.until(P.ModelLoaded)
+        prompt = tuple(3 + (i * 7) % 900 for i in range(400))
+        svc.submit(P.Generate("c1", prompt_tokens=prompt, max_tokens=4))
+        ev.until(P.PhaseChanged, pred=lambda e: e.phase == "prefill" and e.done > 0)
+        svc.cancel()
+        done, seen = ev.until(P.GenerationDone)
+        assert done.finish_reason == "cancelled" and done.token_ids == ()
+        assert not any(isinstance(e, P.EngineError) for e in seen)
+        svc.submit(P.Generate("c2", prompt_tokens=prompt, max_tokens=4))
+        done2, seen2 = ev.until(P.GenerationDone)
+        assert done2.finish_reason in ("length", "stop") and len(done2.token_ids) >= 1
+        assert not any(isinstance(e, P.EngineError) for e in seen2)
+        assert done2.stats["reused_prompt_tokens"] > 0
+    finally:
+        svc.shutdown()

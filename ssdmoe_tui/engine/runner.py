@@ -110,7 +110,8 @@ class GenerationResult:
     text: str
     finish_reason: str  # "stop" | "length" | "cancelled"
     stats: TurnStats
-    cache: list  # the KV cache, covering prompt + tokens[:-1]
+    cache: list  # the KV cache: prompt[:covered_prompt] + tokens[:-1]
+    covered_prompt: int = 0  # prompt tokens the cache holds (all, unless cancelled in prefill)
 
 
 class _Meter:
@@ -292,7 +293,8 @@ class Runner:
         stats.device_bytes = dev
         stats.peak_memory_bytes = int(mx.get_peak_memory())
         stats.peak_rss_bytes = iostats.peak_rss_bytes() or 0
-        return GenerationResult(list(prompt), tokens, text, finish, stats, cache)
+        covered = len(prompt) if tokens else reused_tokens + done
+        return GenerationResult(list(prompt), tokens, text, finish, stats, cache, covered)
 
     def _update_decode(self, stats: TurnStats, m: _Meter) -> None:
         h, mi, b, _, _, dev = _delta(self.sm, m)

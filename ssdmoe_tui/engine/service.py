@@ -31,10 +31,13 @@ class KVHooks:
     save(session_id, tokens, cache, info): after a reply has been shown.
     load(session_id, tokens, info) -> (cache, n_tokens) | None: when no in-memory
     cache serves a session's prompt (e.g. after a restart).
+    prompt(session_id, messages, tokenizer, info) -> token ids | None: the exact-history
+    prompt (stored turn tokens + the templated new turn) instead of a re-render.
     """
 
     save: Callable | None = None
     load: Callable | None = None
+    prompt: Callable | None = None
 
 
 class EngineService:
@@ -263,6 +266,11 @@ class EngineService:
         if not cmd.messages:
             raise BadValueError("empty prompt")
         tok = self._sm.tokenizer
+        hooks = self.kv_hooks
+        if cmd.session_id and hooks.prompt is not None:
+            ids = hooks.prompt(cmd.session_id, cmd.messages, tok, self.model_info)
+            if ids:
+                return list(ids)
         msgs = [{"role": m.role, "content": m.content} for m in cmd.messages]
         if getattr(tok, "chat_template", None):
             return list(tok.apply_chat_template(msgs, add_generation_prompt=True))
@@ -343,8 +351,12 @@ class EngineService:
         self._emit(self.last_stats)
         self._emit(P.PhaseChanged("idle"))
         self._cancel.clear()
-        covered = list(prompt) + list(result.tokens[:-1])
-        self._store_cache(cmd.session_id, covered, result.cache)
+        covered = list(prompt[: result.covered_prompt]) + list(result.tokens[:-1])
+        if result.tokens:
+            self._store_cache(cmd.session_id, covered, result.cache)
+        elif covered and self.kv_pool is not None:
+            # Cancelled during prefill: not a turn boundary, so memory only, no checkpoint.
+            self.kv_pool.put(cmd.session_id or "_default", covered, result.cache)
 
     # ------------------------------------------------------------------ KV reuse
     def _take_cache(self, session_id: str | None, prompt: list[int]):
