@@ -22,7 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--raw", action="store_true", help="tokenize the prompt as given (no chat template)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
+    p.add_argument(
+        "--prefill-step",
+        type=int,
+        default=None,
+        help="prefill chunk in tokens (default: from memory, at most 2048)",
+    )
     p.add_argument(
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )

@@ -138,10 +138,30 @@ def _delta(sm: StreamedModel, m: _Meter) -> tuple[int, int, int, float, float, i
     )
 
 
+def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> int:
+    """Prefill chunk from memory: mlx-lm's 2048 (so long prompts chunk as in mlx-lm) when
+    a tenth of free memory holds that chunk's activations, else the largest power of two
+    that fits (min 32). Bigger chunks read each expert once for more tokens."""
+    from ssdmoe_tui.engine.cache import available_memory_bytes
+
+    cfg = sm.config.get("text_config", sm.config)
+    hidden = int(cfg.get("hidden_size", 4096))
+    inter = int(cfg.get("moe_intermediate_size", cfg.get("intermediate_size", 4 * hidden)))
+    k = max(sm.trained_k, 1)
+    act = sm.dtype.size
+    # the sorted expert inputs, gate/up/down intermediates and the layer's residuals
+    per_token = (hidden * (k + 6) + inter * k * 3) * act * 2
+    avail = available_memory_bytes() if available_bytes is None else available_bytes
+    step = 2048
+    while step > 32 and step * per_token > avail // 10:
+        step //= 2
+    return step
+
+
 class Runner:
-    def __init__(self, sm: StreamedModel, prefill_step_size: int = 512) -> None:
+    def __init__(self, sm: StreamedModel, prefill_step_size: int | None = None) -> None:
         self.sm = sm
-        self.prefill_step_size = prefill_step_size
+        self.prefill_step_size = prefill_step_size or auto_prefill_step(sm)
         self.k = sm.trained_k
         self.prefill_k: int | None = None  # None: same as k
         self._pending_k: int | None = None

@@ -41,7 +41,9 @@ class KVHooks:
 
 
 class EngineService:
-    def __init__(self, post: Callable[[P.Event], None], *, prefill_step_size: int = 512) -> None:
+    def __init__(
+        self, post: Callable[[P.Event], None], *, prefill_step_size: int | None = None
+    ) -> None:
         self._post = post
         self._queue: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
