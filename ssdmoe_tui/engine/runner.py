@@ -256,15 +256,7 @@ class Runner:
             stats.k_per_token.append(sm.times.last_k)
             t1 = time.perf_counter()
             stats.prefill_s = t1 - t0
-            h, mi, b, rs, ss, dev = _delta(sm, meter)
-            stats.hits, stats.misses, stats.requested_bytes, stats.read_s, stats.router_sync_s = (
-                h,
-                mi,
-                b,
-                rs,
-                ss,
-            )
-            stats.device_bytes = dev
+            self._update_totals(stats, meter)
             if on_prefill:
                 on_prefill(len(prompt), len(prompt))
             dmeter = _Meter(sm)
@@ -302,19 +294,16 @@ class Runner:
         detok.finalize()
         text = detok.text
         # totals over the whole turn
-        h, mi, b, rs, ss, dev = _delta(sm, meter)
-        stats.hits, stats.misses, stats.requested_bytes, stats.read_s, stats.router_sync_s = (
-            h,
-            mi,
-            b,
-            rs,
-            ss,
-        )
-        stats.device_bytes = dev
+        self._update_totals(stats, meter)
         stats.peak_memory_bytes = int(mx.get_peak_memory())
         stats.peak_rss_bytes = iostats.peak_rss_bytes() or 0
         covered = len(prompt) if tokens else reused_tokens + done
         return GenerationResult(list(prompt), tokens, text, finish, stats, cache, covered)
+
+    def _update_totals(self, stats: TurnStats, m: _Meter) -> None:
+        h, mi, b, rs, ss, dev = _delta(self.sm, m)
+        stats.hits, stats.misses, stats.requested_bytes = h, mi, b
+        stats.read_s, stats.router_sync_s, stats.device_bytes = rs, ss, dev
 
     def _update_decode(self, stats: TurnStats, m: _Meter) -> None:
         h, mi, b, _, _, dev = _delta(self.sm, m)
