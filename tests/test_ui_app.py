@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from rich.console import Console
+from textual import events
 from textual.widgets import Markdown, Static
 
 from ssdmoe_tui.engine.service import EngineService
@@ -31,12 +32,40 @@ async def loaded(pilot, app: SsdmoeApp, timeout: float = 120.0) -> None:
     await wait_until(pilot, lambda: app.model_info is not None, timeout, "the model to load")
 
 
+# The demo model's greedy reply to this prompt is long (over a thousand tokens).
+LONG_PROMPT = "start"
+
+
+async def tap(pilot, *keys: str) -> None:
+    """Press keys without `pilot.press`'s wait for an idle process: while the engine
+    decodes, the process is never idle and every press would cost about two seconds."""
+    for key in keys:
+        pilot.app.post_message(events.Key(key, key if len(key) == 1 else None))
+        await pilot.pause(0.02)
+    await pilot.pause(0.05)
+
+
 async def type_and_send(pilot, text: str) -> None:
     app: SsdmoeApp = pilot.app
     app.prompt.focus()
     keys = ["space" if c == " " else c for c in text]
     await pilot.press(*keys)
-    await pilot.press("enter")
+    await tap(pilot, "enter")
+
+
+async def streaming(pilot, app: SsdmoeApp, tokens: int) -> AssistantMessage:
+    """Wait until the reply has streamed `tokens` increments, and check it still streams."""
+    await wait_until(
+        pilot,
+        lambda: app.inflight is None or (app.current and app.current.appends >= tokens),
+        60,
+        f"{tokens} increments",
+    )
+    assert app.inflight is not None, (
+        f"the reply ended ({app.last_done.finish_reason}, {len(app.last_done.token_ids)} "
+        "tokens) before the test could act mid-stream: LONG_PROMPT needs a longer reply"
+    )
+    return app.current
 
 
 def replies(app: SsdmoeApp) -> list[AssistantMessage]:
@@ -93,7 +122,17 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
     """(1) The embedded demo model (path ""), one prompt, a reply in many increments."""
     app = SsdmoeApp(ChatSettings(max_tokens=120))
     async with app.run_test(size=SIZE) as pilot:
+        phases: list[str] = []
+        show_phase = app.panel.show_phase
+        app.panel.show_phase = lambda event: (phases.append(event.phase), show_phase(event))
+        # Writing the demo model takes seconds; the UI answers meanwhile.
+        assert "loading the demo model" in str(app.status_bar.render())
+        await pilot.press("x")
+        assert app.prompt.text == "x"
+        app.prompt.clear()
         await loaded(pilot, app)
+        assert "loading" in phases
+        await wait_until(pilot, lambda: phases[-1] == "idle", 10, "the idle phase")
         assert isinstance(app.engine, EngineService)
         assert app.model_info.name == "demo-model"
         assert "demo-model" in str(app.status_bar.render())
@@ -115,19 +154,19 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
 
 async def test_k_change_mid_generation_applies_to_later_tokens(demo_model):
     """(2) → on the focused K control while streaming; the engine's record shows it."""
-    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=400))
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=600))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         trained = app.model_info.trained_k
-        await type_and_send(pilot, "tell me a long story")
-        await wait_until(pilot, lambda: app.current and app.current.appends >= 5, 60, "tokens")
+        await type_and_send(pilot, LONG_PROMPT)
+        await streaming(pilot, app, 5)
         slider = app.query_one(KSlider)
         slider.focus()
-        await pilot.press("right")
+        await tap(pilot, "right")
         assert slider.k == trained + 1
         assert f"K {trained + 1}/" in str(app.status_bar.render())
-        await wait_until(pilot, lambda: app.current and app.current.appends >= 25, 60, "more")
-        await pilot.press("escape")
+        await streaming(pilot, app, 25)
+        await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the reply to end")
         ks = app.last_done.k_per_token
         assert ks[0] == trained and ks[-1] == trained + 1, ks
@@ -136,7 +175,7 @@ async def test_k_change_mid_generation_applies_to_later_tokens(demo_model):
         assert app.engine.k_records[app.last_done.request_id] == ks
         # The global keys step K too, without leaving the prompt.
         app.prompt.focus()
-        await pilot.press("ctrl+down", "ctrl+down")
+        await tap(pilot, "ctrl+down", "ctrl+down")
         assert slider.k == trained - 1
         assert "speed/quality trade-off" in str(slider.render())
 
@@ -146,11 +185,10 @@ async def test_escape_stops_within_a_second_and_keeps_the_partial_reply(demo_mod
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, "write a very long essay")
-        await wait_until(pilot, lambda: app.current and app.current.appends >= 3, 60, "tokens")
-        reply = app.current
+        await type_and_send(pilot, LONG_PROMPT)
+        reply = await streaming(pilot, app, 3)
         latencies = record_stop_latency(app)
-        await pilot.press("escape")
+        await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the stop")
         assert len(latencies) == 1 and latencies[0] < 1.0, latencies
         done = app.last_done
@@ -161,9 +199,9 @@ async def test_escape_stops_within_a_second_and_keeps_the_partial_reply(demo_mod
         assert "stopped" in str(reply.header_text())
         assert app.history[-1].content == done.text  # the partial reply stays in the chat
         # Still usable: the next prompt gets a reply.
-        await type_and_send(pilot, "again")
-        await wait_until(pilot, lambda: app.inflight is not None, 5, "the second send")
-        await pilot.press("escape")
+        await type_and_send(pilot, LONG_PROMPT)
+        await streaming(pilot, app, 1)
+        await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the second stop")
         assert len(replies(app)) == 2
 
@@ -246,18 +284,15 @@ async def test_quit_asks_while_streaming(demo_model):
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, "go on")
-        await wait_until(pilot, lambda: app.current and app.current.appends >= 2, 60, "tokens")
-        await pilot.press("ctrl+q")
-        await pilot.pause()
+        await type_and_send(pilot, LONG_PROMPT)
+        await streaming(pilot, app, 2)
+        await tap(pilot, "ctrl+q")
         assert isinstance(app.screen, ConfirmScreen)
-        await pilot.press("n")
-        await pilot.pause()
+        await tap(pilot, "n")
         assert not isinstance(app.screen, ConfirmScreen)
         assert app.is_running and app.inflight is not None
-        await pilot.press("ctrl+q")
-        await pilot.pause()
-        await pilot.press("y")
+        await tap(pilot, "ctrl+q")
+        await tap(pilot, "y")
         await wait_until(pilot, lambda: not app.is_running, 10, "the exit")
     assert app.return_code == 0
 
@@ -306,9 +341,9 @@ async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_mo
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, "start")
-        await wait_until(pilot, lambda: app.current and app.current.appends >= 2, 60, "tokens")
-        await pilot.press("ctrl+n")
+        await type_and_send(pilot, LONG_PROMPT)
+        await streaming(pilot, app, 2)
+        await tap(pilot, "ctrl+n")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the abandoned reply to end")
         assert app.last_done.finish_reason == "cancelled"
         assert app.history == [] and not replies(app)

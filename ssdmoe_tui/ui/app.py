@@ -447,6 +447,8 @@ class SsdmoeApp(App[int]):
         self.history = [t for t in turns if t.role in ("user", "assistant")]
 
     async def action_quit(self) -> None:
+        if isinstance(self.screen, ConfirmScreen):
+            return  # already asking
         if self.inflight is None:
             self.exit(0)
             return
