@@ -204,8 +204,16 @@ class SsdmoeApp(App[int]):
         self.prompt.focus()
         await self._open_session(self.settings.resume)
         if self.engine_factory is not None:
-            self.engine = self.engine_factory(self._post_from_engine)
-            self.engine.start()
+            try:
+                self.engine = self.engine_factory(self._post_from_engine)
+                self.engine.start()
+            except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
+                from ssdmoe_tui.errors import user_message
+
+                self.engine = None
+                self.status_bar.phase = "no engine"
+                self.notify(f"the engine did not start: {user_message(e)}", severity="error")
+                return
             self.open_model(self.settings.model, k=self.settings.k)
 
     async def on_unmount(self) -> None:
