@@ -219,6 +219,7 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
         assert "no-such-model" in message
         assert app.model_info is None
         assert "no model" in str(app.status_bar.render())
+        assert "no model" in str(app.query_one(KSlider).render())
         # Sending now gives a warning, not a crash.
         await type_and_send(pilot, "hi")
         assert any("No model" in w for w in warnings(app))

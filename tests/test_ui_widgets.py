@@ -229,3 +229,14 @@ async def test_end_in_the_prompt_repins_the_transcript():
         await app.transcript.add_notice("one more")
         await pilot.pause(0.2)
         assert transcript.scroll_y == transcript.max_scroll_y
+
+
+async def test_k_slider_without_a_model_ignores_keys():
+    app = SliderApp()
+    async with app.run_test(size=(42, 6)) as pilot:
+        slider = app.query_one(KSlider)
+        slider.configure(num_experts=8, trained_k=2, k=2, expert_bytes=1, num_layers=1)
+        slider.configure(num_experts=0, trained_k=0, k=1, expert_bytes=0, num_layers=0)
+        slider.focus()
+        await pilot.press("right")
+        assert "no model" in str(slider.render()) and app.changes == []

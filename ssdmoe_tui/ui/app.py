@@ -587,7 +587,7 @@ class SsdmoeApp(App[int]):
                 "Open model",
                 self.model_info.path if self.model_info else "",
                 placeholder="/path/to/checkpoint (empty: the demo model)",
-                hint="A folder with config.json and *.safetensors.",
+                hint="A folder with config.json and *.safetensors, or a Hugging Face repo id.",
             ),
             done,
         )

@@ -119,6 +119,11 @@ class EnginePanel(VerticalScroll):
         slider = self.query_one(KSlider)
         if info is None:
             slider.configure(num_experts=0, trained_k=0, k=1, expert_bytes=0, num_layers=0)
+            for key in ROWS:
+                self._set(key, "—")
+            self.last_sample = None
+            self.clear_history()
+            self.query_one("#context-meter", ProgressBar).update(total=1, progress=0)
             return
         slider.configure(
             num_experts=info.num_experts,

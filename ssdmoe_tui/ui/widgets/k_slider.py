@@ -70,7 +70,7 @@ class KSlider(Widget, can_focus=True):
         """Set the range from a loaded model (does not post Changed)."""
         self.expert_bytes = expert_bytes
         self.num_layers = num_layers
-        self.num_experts = max(1, num_experts)
+        self.num_experts = max(0, num_experts)  # 0: no model
         self.trained_k = trained_k
         self.set_reactive(KSlider.k, self._clamp(k))
         self.refresh()
