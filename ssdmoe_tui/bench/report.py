@@ -162,8 +162,11 @@ def write_plot(result: dict, out: Path) -> str:
             ks,
             [r["requested_mib_per_token"] or 0 for r in rows],
             marker="o",
-            label=f"cache {budget}",
+            label=f"requested, {budget}",
         )
+        dev = [r.get("device_mib_per_token") for r in rows]
+        if all(x is not None for x in dev):
+            ax2.plot(ks, dev, linestyle="--", marker=".", label=f"from the device, {budget}")
     base = result.get("resident_baseline", {}).get("by_k", {})
     if base:
         ks = sorted(int(k) for k in base)
@@ -172,9 +175,7 @@ def write_plot(result: dict, out: Path) -> str:
         )
     c = result["conditions"]
     ax1.set(xlabel="K (experts per token)", ylabel="decode tok/s", title="decode speed")
-    ax2.set(
-        xlabel="K (experts per token)", ylabel="MiB read per token", title="expert bytes per token"
-    )
+    ax2.set(xlabel="K (experts per token)", ylabel="MiB per token", title="expert bytes per token")
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

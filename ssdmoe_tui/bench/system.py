@@ -173,6 +173,8 @@ def versions() -> dict[str, str]:
             out[key] = version(dist)
         except PackageNotFoundError:
             out[key] = "unknown"
+    if out["ssdmoe"] == "unknown":  # running from a source tree that was not pip-installed
+        out["ssdmoe"] = _source_version() or "unknown"
     try:
         import mlx.core as mx
 
@@ -180,6 +182,17 @@ def versions() -> dict[str, str]:
     except (ImportError, AttributeError):
         pass
     return out
+
+
+def _source_version() -> str | None:
+    import re
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
+    except OSError:
+        return None
+    return f"{m.group(1)} (source)" if m else None
 
 
 def device_description() -> dict[str, str]:
