@@ -86,8 +86,11 @@ def build_settings(args: argparse.Namespace, loaded: LoadedConfig | None = None)
 
 
 def session_store(settings) -> object | None:
-    """Hook for conversation persistence; None until sessions are wired in."""
-    return None
+    """Conversation persistence: every turn is saved under the platformdirs data dir."""
+    from ssdmoe_tui.sessions.app_sessions import AppSessions
+    from ssdmoe_tui.sessions.store import SessionStore
+
+    return AppSessions(SessionStore(), settings.system_prompt)
 
 
 def run(args: argparse.Namespace) -> int:

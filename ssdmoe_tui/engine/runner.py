@@ -47,7 +47,9 @@ class TurnStats:
 
     @property
     def decode_tok_s(self) -> float:
-        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+        """Tokens after the first (which prefill produced) over the time since it."""
+        n = self.generated_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
     @property
     def hit_rate(self) -> float:

@@ -24,6 +24,20 @@ TOKEN_BATCH_S = 0.025
 STATS_EVERY_S = 0.2
 
 
+def _wait_os_thread_gone(thread: threading.Thread, timeout: float) -> None:
+    """`join()` returns before the OS thread has run MLX's thread-exit cleanup; exiting
+    the interpreter during it aborts the process ("terminate called without an active
+    exception"). On Linux, wait until the kernel task is gone; elsewhere, a short grace."""
+    tid = getattr(thread, "native_id", None)
+    task = Path(f"/proc/self/task/{tid}") if tid is not None else None
+    end = time.monotonic() + min(timeout, 2.0)
+    if task is not None and Path("/proc/self/task").exists():
+        while task.exists() and time.monotonic() < end:
+            time.sleep(0.001)
+    else:
+        time.sleep(0.05)
+
+
 @dataclass
 class KVHooks:
     """Persistence hooks, called on the engine thread (sessions plug in here).
@@ -42,9 +56,16 @@ class KVHooks:
 
 class EngineService:
     def __init__(
-        self, post: Callable[[P.Event], None], *, prefill_step_size: int | None = None
+        self,
+        post: Callable[[P.Event], None],
+        *,
+        prefill_step_size: int | None = None,
+        persist_sessions: bool = False,
     ) -> None:
+        """`persist_sessions`: attach the sessions store's KV hooks (checkpoints on disk,
+        exact-history prompts) on the engine thread, so the UI never imports MLX."""
         self._post = post
+        self._persist_sessions = persist_sessions
         self._queue: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,8 +118,10 @@ class EngineService:
     def shutdown(self, timeout: float = 5.0) -> None:
         self._cancel.set()
         self._queue.put(P.Shutdown())
-        if self._thread is not None:
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            _wait_os_thread_gone(thread, timeout)
 
     # ------------------------------------------------------------------ engine thread
     def _emit(self, event: P.Event) -> None:
@@ -107,7 +130,19 @@ class EngineService:
         except Exception:  # noqa: BLE001 - a broken client must not kill the engine
             pass
 
+    def _attach_sessions(self) -> None:
+        from ssdmoe_tui.sessions.kv_hooks import SessionKV
+        from ssdmoe_tui.sessions.store import SessionStore
+
+        kv = SessionKV(SessionStore(), notice=lambda msg: self._emit(P.Notice(msg)))
+        self.kv_hooks = KVHooks(save=kv.save, load=kv.load, prompt=kv.prompt)
+
     def _main(self) -> None:
+        if self._persist_sessions:
+            try:
+                self._attach_sessions()
+            except Exception as e:  # noqa: BLE001 - chatting works without persistence
+                self._emit(P.Notice(f"conversations will not be saved: {user_message(e)}"))
         while True:
             cmd = self._queue.get()
             try:
@@ -123,7 +158,9 @@ class EngineService:
                     self._set_cache(cmd)
             except Exception as e:  # noqa: BLE001 - every failure becomes one line for the user
                 rid = getattr(cmd, "request_id", None)
-                fatal = isinstance(cmd, P.LoadModel)
+                fatal = isinstance(cmd, P.LoadModel) or (
+                    isinstance(cmd, P.SetExpertCache) and self._sm is None
+                )
                 self._emit(P.EngineError(user_message(e), request_id=rid, fatal=fatal))
                 if isinstance(cmd, P.Generate):
                     self._emit(
@@ -251,6 +288,13 @@ class EngineService:
     def _set_cache(self, cmd: P.SetExpertCache) -> None:
         if self._sm is None:
             raise BadValueError("no model loaded")
+        if cmd.size != "auto":
+            from ssdmoe_tui.engine.cache import parse_size
+
+            try:
+                parse_size(cmd.size)  # a bad size must not cost the loaded model
+            except ValueError as e:
+                raise BadValueError(str(e)) from None
         info = self.model_info
         self._load(
             P.LoadModel(
