@@ -44,8 +44,16 @@ from ssdmoe_tui.engine.protocol import (
 )
 from ssdmoe_tui.ui.commands import SsdmoeCommands
 from ssdmoe_tui.ui.fmt import fmt_rate
+from ssdmoe_tui.ui.screens.conversations import (
+    ConversationOps,
+    ConversationsScreen,
+    is_saved,
+    store_of,
+    title_of,
+)
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.screens.keys import KeysScreen
+from ssdmoe_tui.ui.screens.models import ModelsScreen
 from ssdmoe_tui.ui.theming import load_themes
 from ssdmoe_tui.ui.widgets.engine_panel import PHASE_LABELS, EnginePanel
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
@@ -129,6 +137,8 @@ class SsdmoeApp(App[int]):
         Binding("ctrl+up", "k_step(1)", "K+", id="app.k_up"),
         Binding("f2", "toggle_panel", "Panel", id="app.toggle_panel"),
         Binding("f1", "keys", "Keys", id="app.keys"),
+        Binding("ctrl+o,f3", "conversations", "Conversations", show=False, id="app.conversations"),
+        Binding("f4", "models", "Switch model", show=False, id="app.models"),
         Binding(
             "ctrl+p", "command_palette", "Commands", show=False, id="app.palette", priority=True
         ),
@@ -252,6 +262,8 @@ class SsdmoeApp(App[int]):
             ("message", of(ChatMessage)),
             ("K control", of(KSlider)),
             ("dialogs", of(ConfirmScreen) + of(AskScreen)),
+            ("conversations", of(ConversationsScreen)),
+            ("models", of(ModelsScreen)),
         ]
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -446,6 +458,9 @@ class SsdmoeApp(App[int]):
             self.notify(f"could not open the session: {user_message(e)}", severity="error")
             self.session_id = None
             return
+        await self._show_turns(turns)
+
+    async def _show_turns(self, turns: Sequence[Message]) -> None:
         for turn in turns:
             if turn.role == "user":
                 await self.transcript.add_user(turn.content)
@@ -453,6 +468,82 @@ class SsdmoeApp(App[int]):
                 message = await self.transcript.add_assistant("", "")
                 await message.finish(turn.content, "stop")
         self.history = [t for t in turns if t.role in ("user", "assistant")]
+
+    # ------------------------------------------------------------------ conversations
+
+    def action_conversations(self) -> None:
+        store = store_of(self)
+        if store is None:
+            self.notify("Conversations are not saved in this window.", severity="warning")
+        elif not isinstance(self.screen, ConversationsScreen):
+            self.push_screen(ConversationsScreen(store, self.session_id), self._conversation_chosen)
+
+    async def _conversation_chosen(self, conv_id: str | None) -> None:
+        if conv_id:
+            await self.open_conversation(conv_id)
+
+    async def open_conversation(self, conv_id: str) -> bool:
+        """Show a saved conversation in this window; its KV checkpoint loads (engine side)
+        with the next turn. The current chat stays as it is if this fails."""
+        from ssdmoe_tui.errors import user_message
+
+        if conv_id == self.session_id:
+            return True
+        if self.inflight is not None or self.session_store is None:
+            why = "saved conversations are not available here"
+            if self.inflight is not None:
+                why = "a reply is still streaming: Esc stops it first"
+            self.notify(f"Not opened: {why}.", severity="warning")
+            return False
+        try:
+            session_id, turns = self.session_store.open(conv_id)
+        except Exception as e:  # noqa: BLE001 - one line; the current chat is untouched
+            self.notify(
+                f"could not open the conversation: {user_message(e)}",
+                severity="error",
+                markup=False,
+            )
+            return False
+        title = title_of(store_of(self), session_id)
+        self.history.clear()
+        await self.transcript.clear()
+        self.panel.clear_history()
+        self.session_id = session_id
+        await self._show_turns(turns)
+        await self.transcript.add_notice(
+            f"Resumed “{title}” ({sum(t.role == 'user' for t in turns)} turns)."
+        )
+        self.transcript.action_pin()
+        self.prompt.focus()
+        return True
+
+    def conversation_deleted(self, conv_id: str) -> None:
+        """The open conversation was deleted: the window starts a new one (its text
+        would otherwise be saved again by the next turn)."""
+        if conv_id == self.session_id:
+            self.call_later(self.action_new_chat)
+
+    def _saved_conversation(self) -> tuple[ConversationOps, str] | None:
+        store = store_of(self)
+        if store is None:
+            self.notify("Conversations are not saved in this window.", severity="warning")
+            return None
+        if not is_saved(store, self.session_id):
+            self.notify("This chat is saved after its first reply.", severity="warning")
+            return None
+        return ConversationOps(self, store), self.session_id
+
+    def action_rename_conversation(self) -> None:
+        if found := self._saved_conversation():
+            found[0].rename(found[1])
+
+    def action_delete_conversation(self) -> None:
+        if found := self._saved_conversation():
+            found[0].delete(found[1])
+
+    def action_export_conversation(self, fmt: str) -> None:
+        if found := self._saved_conversation():
+            found[0].export(found[1], fmt)
 
     async def action_quit(self) -> None:
         if isinstance(self.screen, ConfirmScreen):
@@ -576,6 +667,21 @@ class SsdmoeApp(App[int]):
         self.status_bar.loading = path or "the demo model"
         self.panel.show_model(None)
         self.engine.submit(LoadModel(path=path, k=k, expert_cache=self.settings.expert_cache))
+
+    def action_models(self) -> None:
+        if isinstance(self.screen, ModelsScreen):
+            return
+        current = self.model_info.path if self.model_info else self.loading_path
+
+        def chosen(path: str | None) -> None:
+            if path is None:
+                return
+            if self.model_info is not None and path and Path(path) == Path(self.model_info.path):
+                self.notify(f"{self.model_info.name} is already loaded.", markup=False)
+            else:
+                self.open_model(path)
+
+        self.push_screen(ModelsScreen(current), chosen)
 
     def action_ask_model(self) -> None:
         def done(value: str | None) -> None:

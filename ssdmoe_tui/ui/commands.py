@@ -1,4 +1,5 @@
-"""Command palette (ctrl+p): chat, K, expert cache, panel, themes, model, config."""
+"""Command palette (ctrl+p): chat, conversations, K, expert cache, panel, themes, model,
+config."""
 
 from __future__ import annotations
 
@@ -34,7 +35,42 @@ class SsdmoeCommands(Provider):
                 app.action_ask_expert_cache,
             ),
             ("Toggle engine panel", "Show or hide the engine side column", app.action_toggle_panel),
+            (
+                "Switch model",
+                "Pick a model found on this machine (F4)",
+                app.action_models,
+            ),
             ("Open model…", "Load a checkpoint folder (or type: open /path)", app.action_ask_model),
+            (
+                "Conversations",
+                "Saved conversations: search, open, rename (ctrl+o)",
+                app.action_conversations,
+            ),
+            (
+                "Clear conversation",
+                "New context in this window; the conversation stays in the list",
+                app.action_new_chat,
+            ),
+            (
+                "Rename conversation…",
+                "Give this conversation a title",
+                app.action_rename_conversation,
+            ),
+            (
+                "Delete conversation…",
+                "Remove this conversation and its KV checkpoints (asks first)",
+                app.action_delete_conversation,
+            ),
+            (
+                "Export conversation as Markdown",
+                "Write this conversation to a .md file",
+                partial(app.action_export_conversation, "md"),
+            ),
+            (
+                "Export conversation as JSON",
+                "Write this conversation, token ids included, to a .json file",
+                partial(app.action_export_conversation, "json"),
+            ),
             (
                 "Open the model folder",
                 "Show the loaded model's folder",

@@ -1,0 +1,150 @@
+"""F4: the model picker. Lists `scan_models()` (hub cache, SSDMOE_MODEL_DIRS, the demo
+model) with what matters for streaming; unsupported checkpoints are shown, disabled,
+with the reason. Choosing one returns its path: the app sends LoadModel, and the
+engine unloads the current model first (progress in the engine panel).
+
+Only safetensors *headers* are read (ssdmoe_tui.models.scan, no safetensors import),
+in a worker thread so a large hub cache never freezes the screen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, OptionList
+from textual.widgets.option_list import Option
+
+from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.models.scan import ModelEntry, scan_models
+from ssdmoe_tui.paths import demo_model_dir
+from ssdmoe_tui.ui.fmt import fmt_bytes
+
+OTHER = "__other__"  # option id: type a path or repo id
+DEMO = "__demo__"  # option id: the built-in demo model, not written yet
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path)) if path else ""
+
+
+def describe(entry: ModelEntry) -> str:
+    """The facts line: architecture, size, experts, trained K, MiB per token."""
+    parts = [entry.architecture, fmt_bytes(entry.size_bytes)]
+    if entry.num_experts:
+        parts.append(f"{entry.moe_layers} MoE layers × {entry.num_experts} experts")
+        parts.append(f"trained K {entry.trained_k}")
+    if entry.mib_per_token:
+        parts.append(f"{entry.mib_per_token:,.2f} MiB/token")
+    return " · ".join(parts)
+
+
+class ModelsScreen(ModalScreen[str | None]):
+    """Returns the path (or "" for the demo model) to load, or None."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="models.close"),
+        Binding("ctrl+r,f5", "rescan", "Rescan", id="models.rescan"),
+    ]
+
+    def __init__(self, current_path: str | None = None, extra_dirs: Sequence[str] = ()) -> None:
+        super().__init__(classes="dialog-screen")
+        self.current = _real(current_path or "")
+        self.extra_dirs = tuple(extra_dirs)
+        self.entries: list[ModelEntry] | None = None  # None while scanning
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="models"):
+            yield Label("Switch model", classes="dialog-title")
+            yield OptionList(
+                Option(Text("Scanning…", style="italic"), disabled=True),
+                id="model-list",
+                classes="picker-list",
+            )
+            yield Label(
+                "enter load · ctrl+r rescan · esc close   "
+                "(folders: SSDMOE_MODEL_DIRS, the Hugging Face cache)",
+                classes="dialog-hint",
+            )
+
+    @property
+    def option_list(self) -> OptionList:
+        return self.query_one("#model-list", OptionList)
+
+    def on_mount(self) -> None:
+        self.option_list.focus()
+        self.action_rescan()
+
+    @work(exclusive=True, group="models-scan")
+    async def action_rescan(self) -> None:
+        self.entries = None
+        try:
+            entries = await asyncio.to_thread(scan_models, self.extra_dirs)
+        except Exception as e:  # noqa: BLE001 - an odd cache must not break the picker
+            self.app.notify(f"model scan: {user_message(e)}", severity="error", markup=False)
+            entries = []
+        self._show(entries)
+
+    def _show(self, entries: list[ModelEntry]) -> None:
+        options = self.option_list
+        options.clear_options()
+        highlight: int | None = None
+        demo = _real(str(demo_model_dir()))
+        has_demo = False
+        for entry in entries:
+            real = _real(entry.path)
+            has_demo = has_demo or real == demo
+            if real == self.current:
+                highlight = options.option_count
+            options.add_option(self._option(entry, real == self.current))
+        if not has_demo:
+            current = self.current == demo
+            title = Text("demo", style="bold")
+            if current:
+                title.append("  (loaded)", style="italic")
+            title.append("\nthe built-in demo model (written on first use)", style="dim")
+            options.add_option(Option(title, id=DEMO))
+        options.add_option(
+            Option(Text("Other folder or Hugging Face repo id…", style="italic"), id=OTHER)
+        )
+        self.entries = entries
+        first = next(
+            (i for i in range(options.option_count) if not options.get_option_at_index(i).disabled),
+            None,
+        )
+        options.highlighted = highlight if highlight is not None else first
+
+    def _option(self, entry: ModelEntry, current: bool) -> Option:
+        title = Text(entry.name, style="bold" if entry.supported else "dim bold")
+        if current:
+            title.append("  (loaded)", style="italic")
+        if entry.source == "hub":
+            title.append("  hub", style="dim")
+        title.append("\n" + describe(entry), style="" if entry.supported else "dim")
+        if entry.supported:
+            title.append("\n" + entry.path, style="dim")
+        else:
+            title.append(f"\nnot supported: {entry.reason or 'unknown reason'}", style="red")
+        return Option(title, id=entry.path, disabled=not entry.supported)
+
+    @on(OptionList.OptionSelected, "#model-list")
+    def _picked(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        chosen = event.option.id
+        if chosen == OTHER:
+            self.dismiss(None)
+            self.app.action_ask_model()  # type: ignore[attr-defined]
+        elif chosen == DEMO:
+            self.dismiss("")
+        elif chosen is not None:
+            self.dismiss(chosen)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
