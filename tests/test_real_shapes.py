@@ -1,7 +1,7 @@
 """Real model shapes: checkpoints built from the real config.json files in ../shared/models.
 
-Depth is cut to one or two layers (one MoE layer; two where the architecture needs a
-layer of each kind) and the vocabulary to 2048 (both only shrink the resident
+Depth is cut to one MoE layer (plus one layer of each other kind the architecture
+needs) and the vocabulary to 2048 (both only shrink the resident
 part): every expert keeps its real width, count, quantization (4-bit, group 64, routers
 at 8 bits), so the index and the streamed compute see real expert geometry.
 """
@@ -36,8 +36,8 @@ def reduced(config: dict) -> dict:
     text = cfg.get("text_config", cfg)
     text["vocab_size"] = 2048
     if "hybrid_override_pattern" in text:
-        text["hybrid_override_pattern"] = "ME"
-        text["num_hidden_layers"] = 2
+        text["hybrid_override_pattern"] = "M*E"  # one Mamba, one attention, one MoE layer
+        text["num_hidden_layers"] = 3
     elif "full_attention_interval" in text:  # one linear-attention + one full-attention layer
         text["num_hidden_layers"] = 2
         text["full_attention_interval"] = 2
