@@ -86,6 +86,8 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         await wait_until(pilot, lambda: second.session_id == conv_id, 5, "the resume")
         assert not isinstance(second.screen, ConversationsScreen)
         assert texts(second) == shown  # the transcript at once, from the stored turns
+        notice = second.transcript.query("Notice").last()
+        assert str(notice.render()).startswith("Resumed “the quick brown fox")
         samples: list[StatsSample] = []
         show = second.panel.show_sample
         second.panel.show_sample = lambda s: (samples.append(s), show(s))
@@ -120,6 +122,7 @@ async def test_list_search_rename_export_delete(tmp_path):
         assert "routed experts" in str(screen.option_list.get_option_at_index(0).prompt)
         assert await search(pilot, screen, "zebra") == []
         assert await search(pilot, screen, "lettuce") == [knock]
+        assert sum("skipped" in n.message for n in app._notifications) == 1  # told once
 
         # Rename (modal input).
         await pilot.press("f2")

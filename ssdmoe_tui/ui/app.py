@@ -48,8 +48,8 @@ from ssdmoe_tui.ui.screens.conversations import (
     ConversationOps,
     ConversationsScreen,
     is_saved,
+    resumed_notice,
     store_of,
-    title_of,
 )
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.screens.keys import KeysScreen
@@ -504,15 +504,13 @@ class SsdmoeApp(App[int]):
                 markup=False,
             )
             return False
-        title = title_of(store_of(self), session_id)
         self.history.clear()
         await self.transcript.clear()
         self.panel.clear_history()
         self.session_id = session_id
         await self._show_turns(turns)
-        await self.transcript.add_notice(
-            f"Resumed “{title}” ({sum(t.role == 'user' for t in turns)} turns)."
-        )
+        model = self.model_info.name if self.model_info else None
+        await self.transcript.add_notice(resumed_notice(store_of(self), session_id, model))
         self.transcript.action_pin()
         self.prompt.focus()
         return True

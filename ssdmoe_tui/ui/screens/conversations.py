@@ -51,11 +51,20 @@ def is_saved(store: SessionStore, conv_id: str | None) -> bool:
         return False
 
 
-def title_of(store: SessionStore | None, conv_id: str) -> str:
+def resumed_notice(store: SessionStore | None, conv_id: str, model: str | None) -> str:
+    """The transcript line after opening a conversation (its model, if another one)."""
     try:
-        return store.get(conv_id).display_title if store is not None else conv_id
+        conv = store.get(conv_id) if store is not None else None
     except Exception:  # noqa: BLE001 - the id is a fine label too
-        return conv_id
+        conv = None
+    if conv is None:
+        return f"Resumed {conv_id}."
+    text = (
+        f"Resumed “{conv.display_title}” ({conv.n_turns} turn{'' if conv.n_turns == 1 else 's'})."
+    )
+    if model and conv.model_id and conv.model_id != model:
+        text += f" It was made with {conv.model_id}; it goes on with {model}."
+    return text
 
 
 def export_target(text: str, conv_id: str, fmt: str) -> Path:
@@ -196,6 +205,7 @@ class ConversationsScreen(ModalScreen[str | None]):
         self.summaries: list[Summary] = []
         self.shown_query: str | None = None  # the query the list shows (None: loading)
         self.problems: list[str] = []
+        self.problems_told = False
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="conversations"):
@@ -246,12 +256,15 @@ class ConversationsScreen(ModalScreen[str | None]):
         if not found:
             empty = "No conversation matches." if query.strip() else "No saved conversations yet."
             options.add_option(Option(Text(empty, style="italic"), disabled=True))
-        for s in found:
+        for i, s in enumerate(found):
+            if i:
+                options.add_option(None)  # a separator line
             options.add_option(Option(self._prompt(s, bool(query.strip())), id=s.id))
         if found:
             ids = [s.id for s in found]
             options.highlighted = ids.index(keep) if keep in ids else 0
-        if problems:
+        if problems and not self.problems_told:
+            self.problems_told = True  # once per opening, not on every keystroke
             shown = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
             self.app.notify(f"skipped: {shown}", severity="warning", markup=False)
         self.shown_query = query
@@ -260,7 +273,8 @@ class ConversationsScreen(ModalScreen[str | None]):
         text = Text(s.title, style="bold", no_wrap=True, overflow="ellipsis")
         if s.id == self.current:
             text.append("  (open)", style="italic")
-        detail = [when(s.updated), s.model_id or "model unknown", f"{s.n_turns} turns"]
+        turns = f"{s.n_turns} turn" + ("" if s.n_turns == 1 else "s")
+        detail = [when(s.updated), s.model_id or "model unknown", turns]
         text.append("\n" + " · ".join(detail), style="dim")
         if searching and s.snippet:
             text.append("\n" + s.snippet, style="italic")

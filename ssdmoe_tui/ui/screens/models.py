@@ -95,6 +95,12 @@ class ModelsScreen(ModalScreen[str | None]):
     def _show(self, entries: list[ModelEntry]) -> None:
         options = self.option_list
         options.clear_options()
+
+        def add(option: Option) -> None:
+            if options.option_count:
+                options.add_option(None)  # a separator line
+            options.add_option(option)
+
         highlight: int | None = None
         demo = _real(str(demo_model_dir()))
         has_demo = False
@@ -103,17 +109,14 @@ class ModelsScreen(ModalScreen[str | None]):
             has_demo = has_demo or real == demo
             if real == self.current:
                 highlight = options.option_count
-            options.add_option(self._option(entry, real == self.current))
+            add(self._option(entry, real == self.current))
         if not has_demo:
-            current = self.current == demo
             title = Text("demo", style="bold")
-            if current:
+            if self.current == demo:
                 title.append("  (loaded)", style="italic")
             title.append("\nthe built-in demo model (written on first use)", style="dim")
-            options.add_option(Option(title, id=DEMO))
-        options.add_option(
-            Option(Text("Other folder or Hugging Face repo id…", style="italic"), id=OTHER)
-        )
+            add(Option(title, id=DEMO))
+        add(Option(Text("Other folder or Hugging Face repo id…", style="italic"), id=OTHER))
         self.entries = entries
         first = next(
             (i for i in range(options.option_count) if not options.get_option_at_index(i).disabled),
