@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the real terminal app: start `ssdmoe` (the demo model) in a detached
-# tmux pane, send a prompt, and check the reply and the engine panel on screen.
+# tmux pane, send a prompt, and check the reply and the engine panel on screen, then
+# the conversations list (ctrl+o) and the model picker (F4).
 # Exits non-zero (printing the pane) on failure. Uses the repo's .venv unless
 # SSDMOE_PYTHON_BIN points at another bin/ folder; SSDMOE_HOME is a fresh temp dir.
 set -euo pipefail
@@ -73,6 +74,18 @@ for label in "decode" "prefill (last turn)" "SSD read" "hit rate" "used / budget
 done
 grep -qE "decode +[1-9][0-9]*\.[0-9] tok/s" <<<"$screen" || fail "decode tok/s is not above zero"
 grep -qF "Traceback" <<<"$screen" && fail "a traceback is on screen"
+
+# ctrl+o lists the conversation just saved; F4 lists the models found.
+"${T[@]}" send-keys -t "$SESSION" C-o
+wait_for "Search titles and messages" 10
+wait_for "demo-model · 1 turn" 10
+"${T[@]}" send-keys -t "$SESSION" Escape
+sleep 0.5
+"${T[@]}" send-keys -t "$SESSION" F4
+wait_for "Switch model" 10
+wait_for "MiB/token" 20
+"${T[@]}" send-keys -t "$SESSION" Escape
+sleep 0.5
 
 "${T[@]}" send-keys -t "$SESSION" C-q
 wait_for "SSDMOE-EXITED" 20
