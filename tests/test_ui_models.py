@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from ssdmoe_tui.engine.protocol import ModelLoaded
+from ssdmoe_tui.engine.protocol import ModelLoaded, PhaseChanged
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_bytes
 from ssdmoe_tui.ui.screens.models import DEMO, ModelsScreen
@@ -78,11 +78,14 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         assert "built-in demo model" in option_text(screen, DEMO)
 
         events: list[ModelLoaded] = []
+        phases: list[PhaseChanged] = []
         handle = app._handle
 
         async def record(event: object) -> None:
             if isinstance(event, ModelLoaded):
                 events.append(event)
+            elif isinstance(event, PhaseChanged):
+                phases.append(event)
             await handle(event)
 
         app._handle = record
@@ -90,6 +93,9 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         await pilot.press("enter")
         await wait_until(pilot, lambda: events, 60, "ModelLoaded")
         info = events[-1].info
+        # The engine panel saw the switch: the old model unloaded, the new one indexed.
+        assert phases[0].phase == "loading" and "unloading" in phases[0].detail
+        assert any(p.phase == "indexing" and p.detail == str(qwen) for p in phases)
         assert info.model_type == "qwen3_5_moe" and info.path == str(qwen)
         await wait_until(pilot, lambda: app.model_info is info, 5, "the app to take it")
         bar = str(app.status_bar.render())
