@@ -22,15 +22,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def model_dirs(tmp_path, monkeypatch, checkpoints, demo_model):
-    """SSDMOE_MODEL_DIRS: the tiny qwen3_5_moe, the demo model, and an incomplete copy."""
+def model_dirs(tmp_path, monkeypatch, checkpoints):
+    """SSDMOE_MODEL_DIRS: the tiny qwen3_5_moe and an incomplete copy (the demo model is
+    found as the loaded model's folder)."""
     qwen = checkpoints("qwen3_5_moe")
     broken = tmp_path / "half-downloaded"
     broken.mkdir()
     (broken / "config.json").write_text((qwen / "config.json").read_text())
     index = {"weight_map": {"x.weight": "model-00001-of-00002.safetensors"}}
     (broken / "model.safetensors.index.json").write_text(json.dumps(index))
-    dirs = os.pathsep.join(map(str, (qwen, demo_model, broken)))
+    dirs = os.pathsep.join(map(str, (qwen, broken)))
     monkeypatch.setenv("SSDMOE_MODEL_DIRS", dirs)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "no-hub"))
     return qwen, broken

@@ -679,7 +679,9 @@ class SsdmoeApp(App[int]):
             else:
                 self.open_model(path)
 
-        self.push_screen(ModelsScreen(current), chosen)
+        # The loaded model's own folder is listed even when no scanned folder holds it.
+        extra = [self.model_info.path] if self.model_info else []
+        self.push_screen(ModelsScreen(current, extra), chosen)
 
     def action_ask_model(self) -> None:
         def done(value: str | None) -> None:
