@@ -213,7 +213,7 @@ class ConversationsScreen(ModalScreen[str | None]):
             yield Input(placeholder="Search titles and messages…", id="conv-search")
             yield OptionList(id="conv-list", classes="picker-list")
             yield Label(
-                "enter open · F2 rename · F8 delete · F5 export Markdown · F6 JSON · esc close",
+                "enter open · F2 rename · F8 delete · export: F5 Markdown, F6 JSON · esc",
                 classes="dialog-hint",
             )
 

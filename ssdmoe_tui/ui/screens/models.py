@@ -69,8 +69,7 @@ class ModelsScreen(ModalScreen[str | None]):
                 classes="picker-list",
             )
             yield Label(
-                "enter load · ctrl+r rescan · esc close   "
-                "(folders: SSDMOE_MODEL_DIRS, the Hugging Face cache)",
+                "enter load · ctrl+r rescan · esc close · more folders: SSDMOE_MODEL_DIRS",
                 classes="dialog-hint",
             )
 
