@@ -70,7 +70,11 @@ class ExpertCache:
         capacity: int,
         reader: Reader,
         policy: str = "auto",
+        act_dtype: mx.Dtype | None = None,
     ) -> None:
+        """`act_dtype` float32: bf16/f16 scales and biases are widened to float32 as they
+        are read (exact), because MLX's CPU `gather_qmm` would otherwise convert the whole
+        slot array on every call. Packed weights always land in the slots untouched."""
         from ssdmoe_tui.engine.policies import DEFAULT_POLICY, make_policy
 
         if capacity < 1:
@@ -83,13 +87,20 @@ class ExpertCache:
         self.policy = make_policy(self.policy_name, capacity, index.num_layers)
         comps = index.layers[0].components
         self.pools: dict[str, mx.array] = {}
+        widen = []
         for c in comps:
             dt = _MX_DTYPES.get(c.dtype)
             if dt is None:
                 raise ModelError(
                     f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
                 )
-            self.pools[c.name] = mx.zeros((capacity, *c.shape), dtype=dt)
+            w = (
+                act_dtype == mx.float32
+                and c.dtype in ("BF16", "F16")
+                and not c.name.endswith(".weight")
+            )
+            widen.append(w)
+            self.pools[c.name] = mx.zeros((capacity, *c.shape), dtype=mx.float32 if w else dt)
         mx.eval(list(self.pools.values()))
         self._layout = _Layout(
             names=[c.name for c in comps],
@@ -98,6 +109,19 @@ class ExpertCache:
                 [buffer_address(memoryview(self.pools[c.name])) for c in comps], dtype=np.int64
             ),
         )
+        # Components read into a staging buffer and widened: (index, file dtype, f32 view).
+        self._widen = [
+            (
+                i,
+                c.dtype,
+                np.frombuffer(memoryview(self.pools[c.name]), dtype=np.uint32).reshape(
+                    capacity, -1
+                ),
+            )
+            for i, (c, w) in enumerate(zip(comps, widen, strict=True))
+            if w
+        ]
+        self._direct = np.array([not w for w in widen])
         # Per layer: file handle and file offset of expert 0 for each component.
         self._fds: list[np.ndarray] = []
         self._offsets: list[np.ndarray] = []
@@ -113,6 +137,12 @@ class ExpertCache:
             self._fds.append(np.array(fds, dtype=np.int64))
             self._offsets.append(np.array(offs, dtype=np.int64))
         self._slot_of: dict[tuple[int, int], int] = {}
+        # When the budget holds every expert nothing is ever evicted: once a layer's
+        # experts are all resident, its expert->slot map lives on the device and the
+        # layer needs no host sync at all (the graph stays lazy, as in plain mlx-lm).
+        self.holds_everything = capacity >= index.num_experts * index.num_layers
+        self._device_lut: list[mx.array | None] = [None] * index.num_layers
+        self._layer_count = [0] * index.num_layers  # resident experts per layer
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
         self.on_route = None  # optional callback(layer, experts) for trace recording
@@ -131,6 +161,24 @@ class ExpertCache:
     @property
     def used_bytes(self) -> int:
         return (self.capacity - len(self._free)) * self.slot_bytes
+
+    @property
+    def all_frozen(self) -> bool:
+        """Every layer maps experts to slots on the device: decode needs no host sync."""
+        return all(lut is not None for lut in self._device_lut)
+
+    def device_lut(self, layer: int) -> mx.array | None:
+        """expert id -> slot id on the device, once every expert of `layer` is resident
+        for good (only when the budget holds all experts); else None."""
+        return self._device_lut[layer]
+
+    def _maybe_freeze_layer(self, layer: int) -> None:
+        e = self.index.num_experts
+        if self._layer_count[layer] == e and self._device_lut[layer] is None:
+            slots = [self._slot_of[(layer, i)] for i in range(e)]
+            lut = mx.array(np.array(slots, dtype=np.uint32))
+            mx.eval(lut)
+            self._device_lut[layer] = lut
 
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
@@ -169,7 +217,19 @@ class ExpertCache:
         if not miss_pos:
             return slots
         self._assign(pinned, miss_pos, slots, set(pinned))
-        self._read(layer, experts[miss_pos], slots[miss_pos])
+        to_read, read_slots = experts[miss_pos], slots[miss_pos]
+        if self.holds_everything:
+            # Nothing will ever be evicted: read the rest of the layer in the same batch,
+            # so the layer freezes (device-side lookup, no more syncs) after one visit.
+            rest = [(layer, e) for e in range(self.index.num_experts) if (layer, e) not in slot_of]
+            if rest:
+                rest_slots = np.empty(len(rest), dtype=np.int64)
+                self._assign(rest, list(range(len(rest))), rest_slots, set(pinned) | set(rest))
+                to_read = np.concatenate([to_read, np.array([k[1] for k in rest], dtype=np.int64)])
+                read_slots = np.concatenate([read_slots, rest_slots])
+        self._read(layer, to_read, read_slots)
+        if self.holds_everything:
+            self._maybe_freeze_layer(layer)
         return slots
 
     def _assign(self, keys: list, positions: list[int], slots: np.ndarray, pinned: set) -> None:
@@ -182,7 +242,9 @@ class ExpertCache:
                 self.policy.remove(victim)
                 self._prefetched.discard(victim)
                 s = slot_of.pop(victim)
+                self._layer_count[victim[0]] -= 1
             key = keys[i]
+            self._layer_count[key[0]] += 1
             slot_of[key] = s
             self._key_of[s] = key
             self.policy.insert(key)
@@ -236,17 +298,25 @@ class ExpertCache:
     def _read(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
         lay = self._layout
         ncomp = len(lay.names)
+        n = len(experts)
         e = experts.astype(np.int64)[:, None]
         s = slots.astype(np.int64)[:, None]
-        fds = np.broadcast_to(self._fds[layer][None, :], (len(e), ncomp)).ravel()
-        offsets = (self._offsets[layer][None, :] + e * lay.strides[None, :]).ravel()
-        lengths = np.broadcast_to(lay.strides[None, :], (len(e), ncomp)).ravel()
-        dests = (lay.bases[None, :] + s * lay.strides[None, :]).ravel()
+        fds = np.broadcast_to(self._fds[layer][None, :], (n, ncomp))
+        offsets = self._offsets[layer][None, :] + e * lay.strides[None, :]
+        lengths = np.broadcast_to(lay.strides[None, :], (n, ncomp))
+        dests = lay.bases[None, :] + s * lay.strides[None, :]
+        staging = []
+        if self._widen:
+            dests = dests.copy()
+            for i, _, _ in self._widen:
+                buf = np.empty((n, int(lay.strides[i]) // 2), dtype=np.uint16)
+                dests[:, i] = buf.ctypes.data + np.arange(n, dtype=np.int64) * buf.strides[0]
+                staging.append(buf)
+        fds, lengths = np.ascontiguousarray(fds).ravel(), np.ascontiguousarray(lengths).ravel()
+        offsets, dests = offsets.ravel(), dests.ravel()
         t0 = time.perf_counter()
         try:
-            nbytes = self.reader.read_batch(
-                np.ascontiguousarray(fds), offsets, np.ascontiguousarray(lengths), dests
-            )
+            nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
         except ReadError:
             # The slots now hold garbage: forget them so nothing reads them as valid.
             for sl in slots:
@@ -254,9 +324,15 @@ class ExpertCache:
                 if key is not None and self._slot_of.get(key) == int(sl):
                     del self._slot_of[key]
                     self.policy.remove(key)
+                    self._layer_count[key[0]] -= 1
                 self._key_of[int(sl)] = None
                 self._free.append(int(sl))
             raise
+        for (_, dtype, view), buf in zip(self._widen, staging, strict=True):
+            if dtype == "BF16":  # bf16 is the top half of a float32: exact
+                view[slots] = buf.astype(np.uint32) << 16
+            else:
+                view[slots] = buf.view(np.float16).astype(np.float32).view(np.uint32)
         self.counters.read_s += time.perf_counter() - t0
         self.counters.read_calls += 1
         self.counters.bytes_read += int(nbytes)

@@ -41,6 +41,7 @@ class StreamedModel:
     trained_k: int
     dtype: mx.Dtype
     resident_bytes: int
+    prefetch: bool = False
 
     @property
     def model_type(self) -> str:
@@ -247,7 +248,7 @@ def load_streamed(
             raise BadValueError(str(e)) from None
     capacity = max(min_slots, budget // index.expert_bytes)
     capacity = min(capacity, index.num_experts * index.num_layers)
-    cache = ExpertCache(index, path, capacity, rd, policy=policy)
+    cache = ExpertCache(index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
 
     for li, block, orig, kind, quant in specs:
         block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
@@ -318,6 +319,7 @@ def load_streamed(
         trained_k=trained_k,
         dtype=act_dtype,
         resident_bytes=resident,
+        prefetch=prefetch,
     )
     if k is not None:
         sm.set_k(k)

@@ -112,8 +112,14 @@ class GenerationResult:
     text: str
     finish_reason: str  # "stop" | "length" | "cancelled"
     stats: TurnStats
-    cache: list  # the KV cache: prompt[:covered_prompt] + tokens[:-1]
+    cache: list  # the KV cache: prompt[:covered_prompt] + tokens[:covered_generated]
     covered_prompt: int = 0  # prompt tokens the cache holds (all, unless cancelled in prefill)
+    covered_generated: int = 0  # generated tokens it holds (all but the last, or all)
+
+    @property
+    def covered_tokens(self) -> list[int]:
+        """Exactly the tokens the KV cache holds."""
+        return self.prompt_tokens[: self.covered_prompt] + self.tokens[: self.covered_generated]
 
 
 class _Meter:
@@ -251,6 +257,7 @@ class Runner:
         detok = tokenizer.detokenizer
         detok.reset()
         cancelled = should_stop()
+        fed_generated = 0  # generated tokens the KV cache holds
         if not cancelled and max_tokens > 0:
             sm.set_k(self.k if (self.prefill_k is None) else self.prefill_k)
             y = step(last)
@@ -263,6 +270,7 @@ class Runner:
                 on_prefill(len(prompt), len(prompt))
             dmeter = _Meter(sm)
             tdec = time.perf_counter()
+            pending: tuple[mx.array, int] | None = None  # a step already scheduled
             while True:
                 tokens.append(tok)
                 if tok in eos:
@@ -280,13 +288,23 @@ class Runner:
                 if should_stop():
                     finish = "cancelled"
                     break
-                self._apply_pending_k()
-                sm.set_k(self.k)
-                sm.cache.step()
-                y = step(mx.array([tok], dtype=mx.uint32))
+                if pending is None:
+                    y, k_tok = self._schedule(step, mx.array([tok], dtype=mx.uint32))
+                else:
+                    y, k_tok = pending
+                    pending = None
+                fed_generated += 1
+                if len(tokens) + 1 < max_tokens and self._can_pipeline():
+                    # Every layer's experts are resident for good, so no layer syncs:
+                    # build the next step on this one's lazy output while it computes,
+                    # as mlx-lm does. A K change then lands one token later.
+                    pending = self._schedule(step, y)
+                    mx.async_eval(pending[0])
                 tok = int(y.item())
-                stats.k_per_token.append(sm.times.last_k)
+                stats.k_per_token.append(k_tok)
                 self._update_decode(stats, dmeter)
+            if pending is not None:
+                fed_generated += 1  # scheduled on the last token: the cache holds it too
             stats.decode_s = time.perf_counter() - tdec
             self._update_decode(stats, dmeter)
             stats.k_per_token = stats.k_per_token[: len(tokens)]
@@ -300,7 +318,21 @@ class Runner:
         stats.peak_memory_bytes = int(mx.get_peak_memory())
         stats.peak_rss_bytes = iostats.peak_rss_bytes() or 0
         covered = len(prompt) if tokens else reused_tokens + done
-        return GenerationResult(list(prompt), tokens, text, finish, stats, cache, covered)
+        return GenerationResult(
+            list(prompt), tokens, text, finish, stats, cache, covered, fed_generated
+        )
+
+    def _schedule(self, step, inp: mx.array) -> tuple[mx.array, int]:
+        """Apply a pending K, build (and, where a layer must sync, run) one decode step."""
+        self._apply_pending_k()
+        self.sm.set_k(self.k)
+        self.sm.cache.step()
+        y = step(inp)
+        return y, self.sm.times.last_k
+
+    def _can_pipeline(self) -> bool:
+        cache = self.sm.cache
+        return cache.all_frozen and cache.on_route is None and not self.sm.prefetch
 
     def _update_totals(self, stats: TurnStats, m: _Meter) -> None:
         h, mi, b, rs, ss, dev = _delta(self.sm, m)

@@ -397,7 +397,7 @@ class EngineService:
         self._emit(self.last_stats)
         self._emit(P.PhaseChanged("idle"))
         self._cancel.clear()
-        covered = list(prompt[: result.covered_prompt]) + list(result.tokens[:-1])
+        covered = result.covered_tokens
         if result.tokens:
             self._store_cache(cmd.session_id, covered, result.cache)
         elif covered and self.kv_pool is not None:
