@@ -470,6 +470,7 @@ def run_bench(
     `on_partial` gets the result so far after each measurement, so a run cut short
     (a time limit, an out-of-memory kill) still leaves what it measured.
     """
+    from ssdmoe_tui.engine import runner as _runner  # noqa: F401 - imported before the digest
     from ssdmoe_tui.engine.index import load_index
     from ssdmoe_tui.engine.loader import _load_config, parse_dtype
 
@@ -514,6 +515,7 @@ def run_bench(
         "resident_bytes_on_disk": index.resident_bytes,
         "checkpoint_bytes": ckpt_bytes,
         "versions": system.versions(),
+        "source": system.source_state(),
         "device": system.device_description(),
         "dtype": dtype_name,
         "prompt": "fixed English text repeated, tokenized raw (no chat template), truncated",

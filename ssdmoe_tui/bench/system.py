@@ -184,6 +184,34 @@ def versions() -> dict[str, str]:
     return out
 
 
+def source_state() -> dict[str, str | None]:
+    """Which code measured: git HEAD (and whether the tree differs from it) when the
+    package runs from a checkout, and a digest of the package's Python files always."""
+    import hashlib
+    import subprocess
+
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(f.relative_to(pkg).as_posix().encode())
+        h.update(f.read_bytes())
+    out: dict[str, str | None] = {"package_digest": h.hexdigest()[:16], "git_head": None}
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(pkg.parent), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        if head.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "-C", str(pkg.parent), "status", "--porcelain", "--", "ssdmoe_tui"],
+                capture_output=True, text=True, timeout=10,
+            )  # fmt: skip
+            out["git_head"] = head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def _source_version() -> str | None:
     import re
 
