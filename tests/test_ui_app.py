@@ -241,7 +241,9 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
 
 async def test_panel_values_equal_the_engine_samples(demo_model):
     """(5) Hit rate, MiB/token, memory, context: exactly what the engine sampled."""
-    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=60))
+    # A cache below the model's expert set, so decode streams (a budget that holds every
+    # expert reads each layer whole on its first visit and decode then reads nothing).
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=60, expert_cache="6M"))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         await type_and_send(pilot, "hello")
