@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmoe_tui.engine.iostats import reset_peak_rss  # noqa: F401 - the bench's per-run reset
+
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")
 _NO_LIMIT = 1 << 60  # cgroup v1 writes ~2**63 for "no limit"
@@ -149,19 +151,6 @@ def memory_limit() -> MemoryLimit:
             if lim is not None and (limit is None or lim < limit):
                 limit, usage = lim, _read_int(d / use_name)
     return MemoryLimit(available_memory_bytes(), limit, usage)
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0).
-
-    Without it, the peak would be the whole process's (earlier configurations too).
-    """
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def versions() -> dict[str, str]:

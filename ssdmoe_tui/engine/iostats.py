@@ -115,3 +115,14 @@ def _darwin_rss() -> int | None:
         return int(info.resident_size) if rc == 0 else None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0), so a
+    turn's peak is its own rather than the whole process's. False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False

@@ -222,8 +222,7 @@ class Runner:
         if todo.size == 0:
             raise ValueError("nothing to prefill: at least one prompt token must be new")
         mx.reset_peak_memory()
-        if hasattr(iostats, "reset_peak_rss"):
-            iostats.reset_peak_rss()
+        iostats.reset_peak_rss()
         meter = _Meter(sm)
         t0 = time.perf_counter()
 
