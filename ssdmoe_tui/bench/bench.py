@@ -192,16 +192,11 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log) -> dict:
-    """One configuration on a fresh engine; returns its result dict."""
-    import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
-
+def _load(opts, budget, k):
+    """A fresh streamed engine for one (K, budget) configuration."""
     from ssdmoe_tui.engine.loader import load_streamed
-    from ssdmoe_tui.engine.runner import Runner
 
-    t0 = time.perf_counter()
-    sm = load_streamed(
+    return load_streamed(
         opts.model,
         expert_cache=budget,
         k=k,
@@ -210,6 +205,17 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
         reader=opts.reader,
         direct_io=opts.direct_io,
     )
+
+
+def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log) -> dict:
+    """One configuration on a fresh engine; returns its result dict."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from ssdmoe_tui.engine.runner import Runner
+
+    t0 = time.perf_counter()
+    sm = _load(opts, budget, k)
     load_s = time.perf_counter() - t0
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
@@ -312,19 +318,10 @@ def warmup(opts: BenchOptions, k: int, budget: str, log: Log) -> None:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.loader import load_streamed
     from ssdmoe_tui.engine.runner import Runner
 
     log("warm-up (not timed): 16-token prefill + 4 decoded tokens on a separate engine")
-    sm = load_streamed(
-        opts.model,
-        expert_cache=budget,
-        k=k,
-        dtype=opts.dtype,
-        reader_queue_depth=opts.queue_depth,
-        reader=opts.reader,
-        direct_io=opts.direct_io,
-    )
+    sm = _load(opts, budget, k)
     try:
         sm.tokenizer.eos_token_ids = set()
         runner = Runner(sm, prefill_step_size=opts.prefill_step)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -230,7 +231,7 @@ def _cause(status: int) -> tuple[str, int | None, int | None]:
     return f"{os.strerror(err)} (errno {err})", err, None
 
 
-class Reader:
+class Reader(ABC):
     """Reads batches of (fd, offset, length, dest address) requests; see module doc."""
 
     name: str = "base"
@@ -252,16 +253,19 @@ class Reader:
         """True when direct was asked for and every opened file honours it."""
         return self.direct and self.direct_fallback_reason is None
 
+    @abstractmethod
     def open(self, path: str | Path) -> int:
-        raise NotImplementedError
+        """Open a shard for `read_batch`; returns its handle (an fd)."""
 
+    @abstractmethod
     def read_batch(
         self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
     ) -> int:
-        raise NotImplementedError
+        """Read every request; total bytes, or ReadError for the first that failed."""
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Release threads and file handles."""
 
     def __enter__(self) -> Reader:
         return self
