@@ -152,7 +152,8 @@ class ExpertCache:
 
     @property
     def slot_bytes(self) -> int:
-        return int(self._layout.strides.sum())
+        """Memory of one slot (widened scales count double)."""
+        return sum(int(p.nbytes) for p in self.pools.values()) // self.capacity
 
     @property
     def budget_bytes(self) -> int:
@@ -350,6 +351,20 @@ class ExpertCache:
             self._pool.shutdown(wait=True)
         self.pools.clear()
         self.reader.close()
+
+
+def _widened(comp, act_dtype: mx.Dtype | None) -> bool:
+    """bf16/f16 scales and biases held as float32 (float32 activations on the CPU)."""
+    return (
+        act_dtype == mx.float32
+        and comp.dtype in ("BF16", "F16")
+        and not comp.name.endswith(".weight")
+    )
+
+
+def slot_memory_bytes(index: ExpertIndex, act_dtype: mx.Dtype | None) -> int:
+    """Bytes one cached expert takes in memory (>= its bytes on disk)."""
+    return sum(c.stride * (2 if _widened(c, act_dtype) else 1) for c in index.layers[0].components)
 
 
 def _advise_random(fd: int) -> None:

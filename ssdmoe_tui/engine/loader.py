@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size
+from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size, slot_memory_bytes
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
@@ -246,7 +246,7 @@ def load_streamed(
             budget = parse_size(expert_cache)
         except ValueError as e:
             raise BadValueError(str(e)) from None
-    capacity = max(min_slots, budget // index.expert_bytes)
+    capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
     cache = ExpertCache(index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
 
