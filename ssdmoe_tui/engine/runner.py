@@ -302,6 +302,7 @@ class Runner:
                 tok = int(y.item())
                 stats.k_per_token.append(k_tok)
                 self._update_decode(stats, dmeter)
+                self._update_totals(stats, meter)  # live turn totals for the UI
             if pending is not None:
                 fed_generated += 1  # scheduled on the last token: the cache holds it too
             stats.decode_s = time.perf_counter() - tdec

@@ -333,6 +333,8 @@ class EngineService:
         if cmd.seed is not None:
             mx.random.seed(cmd.seed)
         cache, reused = self._take_cache(cmd.session_id, prompt)
+        if cache is None:  # made here so live samples can report its size
+            cache, reused = runner.make_cache(), 0
         sampler = make_sampler(cmd.temp, top_p=cmd.top_p)
 
         pending: list[int] = []
