@@ -35,35 +35,31 @@ def test_importing_the_engine_service_loads_no_textual():
     assert "textual" not in loaded
 
 
+def imported_names(path: Path) -> list[str]:
+    """Every module a source file imports, at any depth (lazy imports too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
 def test_no_engine_module_imports_textual():
     engine = ROOT / "ssdmoe_tui" / "engine"
     files = sorted(engine.rglob("*.py"))
     assert files
     for path in files:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                assert name.split(".")[0] != "textual", f"{path} imports {name}"
-                assert not name.startswith("ssdmoe_tui.ui"), f"{path} imports {name}"
+        for name in imported_names(path):
+            assert name.split(".")[0] != "textual", f"{path} imports {name}"
+            assert not name.startswith("ssdmoe_tui.ui"), f"{path} imports {name}"
 
 
 def test_no_ui_module_imports_mlx_or_safetensors():
     for path in sorted((ROOT / "ssdmoe_tui" / "ui").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                assert name.split(".")[0] not in ("mlx", "mlx_lm", "safetensors"), (
-                    f"{path} imports {name}"
-                )
+        for name in imported_names(path):
+            assert name.split(".")[0] not in ("mlx", "mlx_lm", "safetensors"), (
+                f"{path} imports {name}"
+            )
