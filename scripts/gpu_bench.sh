@@ -13,6 +13,11 @@
 #   3. `ssdmoe bench --cold` at K=8,4,2 with a 4 GiB expert cache, inside a cgroup
 #      capped at CAP_GIB of host memory (page cache included), memory split sampled;
 #   4. `ssdmoe bench` warm (page cache dropped once, then kept), inside the same cap.
+#   P. (only when STEPS names it) a short uncapped K=8 bench per slot placement
+#      (docs/benchmarks.md, "Slot placement"); the faster one is written to
+#      OUTDIR/placement.txt, and later steps use it unless SSDMOE_SLOT_PLACEMENT is set.
+# STEPS (build,resident,cold,warm) picks steps, so one warm machine can run them over
+# two calls: STEPS=build,resident,placement then STEPS=cold,warm.
 # Environment: MODEL (/root/q35), CONFIG (.benchcfg/q35/config.json), TOKENIZER
 # (.benchcfg/qwen3-tokenizer), LAYERS (all), CAP_GIB (16), CACHE (4G), KS (8,4,2),
 # PROMPT_TOKENS (32), DECODE_TOKENS (48), DEADLINE_S (560: steps that cannot finish
@@ -30,6 +35,8 @@ KS=${KS:-8,4,2}
 PROMPT_TOKENS=${PROMPT_TOKENS:-32}
 DECODE_TOKENS=${DECODE_TOKENS:-48}
 DEADLINE_S=${DEADLINE_S:-560}
+STEPS=${STEPS:-build,resident,cold,warm}
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
 export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
 start=$(date +%s)
 left() { echo $(( DEADLINE_S - ($(date +%s) - start) )); }
@@ -46,7 +53,7 @@ log() { echo "[gpu_bench +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/steps.
 cat "$OUT/env.txt" >&2
 
 # ---- 1. checkpoint
-if [ ! -f "$MODEL/config.json" ]; then
+if want build && [ ! -f "$MODEL/config.json" ]; then
   log "building $MODEL from $CONFIG${LAYERS:+ ($LAYERS layers)}"
   t0=$(date +%s)
   timeout "$(( $(left) - 200 ))" "$PY" -m ssdmoe_tui.cli demo-model --config "$CONFIG" --out "$MODEL" \
@@ -93,7 +100,8 @@ sample_cg() {  # sample_cg FILE: the capped cgroup's memory split every 2 s, in 
 }
 
 # ---- 2. resident mlx-lm, uncapped (the whole model must be resident: the cap forbids it)
-if [ "$(left)" -gt 60 ]; then
+if ! want resident; then :
+elif [ "$(left)" -gt 60 ]; then
   log "resident mlx-lm baseline (uncapped)"
   timeout "$(( $(left) - 30 ))" "${bench[@]}" --baseline-only --json "$OUT/resident.json" \
     > "$OUT/resident.txt" 2> "$OUT/resident.err"
@@ -106,10 +114,34 @@ if [ "$(left)" -gt 60 ]; then
   fi
   log "resident exit $rc"
 else log "resident baseline skipped: deadline"; fi
+# ---- P. slot placement on MLX-CUDA: a short K=8 run per placement, uncapped
+if want placement; then
+  best=""; best_ms=""
+  for p in managed host; do
+    [ "$(left)" -gt 60 ] || { log "placement $p skipped: deadline"; continue; }
+    log "placement $p"
+    SSDMOE_SLOT_PLACEMENT=$p timeout "$(( $(left) - 20 ))" "$PY" -m ssdmoe_tui.cli bench --model "$MODEL" \
+      --k 8 --prompt-tokens 16 --decode-tokens 24 --expert-cache "$CACHE" --baseline skip \
+      --json "$OUT/placement-$p.json" > "$OUT/placement-$p.txt" 2> "$OUT/placement-$p.err"
+    ms=$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1]))["configs"][0]; print(r["ms_per_token"]["total"])' \
+      "$OUT/placement-$p.json" 2>/dev/null)
+    log "placement $p: decode ${ms:-?} ms/token"
+    if [ -n "$ms" ] && { [ -z "$best_ms" ] || "$PY" -c "import sys; sys.exit(0 if $ms < $best_ms else 1)"; }; then
+      best=$p; best_ms=$ms
+    fi
+  done
+  [ -n "$best" ] && echo "$best" > "$OUT/placement.txt" && log "faster placement: $best"
+fi
+if [ -z "${SSDMOE_SLOT_PLACEMENT:-}" ] && [ -f "$OUT/placement.txt" ]; then
+  export SSDMOE_SLOT_PLACEMENT=$(cat "$OUT/placement.txt")
+fi
+log "slot placement for the benches: ${SSDMOE_SLOT_PLACEMENT:-auto}"
+
 base=(); grep -q '"status": "ran"' "$OUT/resident.json" 2>/dev/null && base=(--baseline-json "$OUT/resident.json")
 
 # ---- 3. cold, capped
-if [ "$(left)" -gt 60 ]; then
+if ! want cold; then :
+elif [ "$(left)" -gt 60 ]; then
   make_cg ssdmoe-bench-cold; sample_cg "$OUT/cold.mem"
   log "cold bench, cap $CAP_GIB GiB, cache $CACHE"
   run_capped "$(( $(left) * 3 / 5 ))" "${bench[@]}" --expert-cache "$CACHE" --cold --baseline skip "${base[@]}" \
@@ -119,7 +151,8 @@ if [ "$(left)" -gt 60 ]; then
 else log "cold bench skipped: deadline"; fi
 
 # ---- 4. warm, capped (page cache dropped once, so the cap decides what stays cached)
-if [ "$(left)" -gt 60 ]; then
+if ! want warm; then :
+elif [ "$(left)" -gt 60 ]; then
   sync; echo 3 > /proc/sys/vm/drop_caches
   make_cg ssdmoe-bench-warm; sample_cg "$OUT/warm.mem"
   log "warm bench, cap $CAP_GIB GiB, cache $CACHE"

@@ -260,6 +260,8 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
             "policy": cache.policy_name,
             "reader": cache.reader.name,
+            "slot_placement": cache.placement.placement,
+            "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
             "load_s": round(load_s, 3),
             "prompt_tokens": st.prompt_tokens,

@@ -97,6 +97,11 @@ def summary(result: dict, markdown: bool = False) -> str:
         f"prompt {c['prompt_tokens']} tokens, {c['decode_tokens']} decoded (greedy) | mode {c['mode']} "
         f"| queue depth {c['queue_depth']} | {_mem(c['memory'])}",
     ]
+    placements = sorted(
+        {r.get("slot_placement", "none") for r in result.get("configs", [])} - {"none"}
+    )
+    if placements:
+        lines[1] += f" | slots {'/'.join(placements)} (MLX-CUDA placement)"
     disk = result.get("disk")
     if disk:
         parts = []

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     lock.release()
     stats = result.stats.as_dict()
     stats["reader"] = sm.cache.reader.name
+    stats["slot_placement"] = sm.cache.placement.placement
     stats["expert_cache_budget_bytes"] = sm.cache.budget_bytes
     stats["dtype"] = str(sm.dtype).removeprefix("mlx.core.")
     c = sm.cache.counters

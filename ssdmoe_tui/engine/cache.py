@@ -22,6 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.device_memory import place_slots
 from ssdmoe_tui.engine.index import ExpertIndex
 from ssdmoe_tui.engine.reader import Reader, ReadError, buffer_address
 from ssdmoe_tui.errors import ModelError
@@ -71,10 +72,12 @@ class ExpertCache:
         reader: Reader,
         policy: str = "auto",
         act_dtype: mx.Dtype | None = None,
+        placement: str | None = None,
     ) -> None:
         """`act_dtype` float32: bf16/f16 scales and biases are widened to float32 as they
         are read (exact), because MLX's CPU `gather_qmm` would otherwise convert the whole
-        slot array on every call. Packed weights always land in the slots untouched."""
+        slot array on every call. Packed weights always land in the slots untouched.
+        `placement`: where MLX-CUDA keeps the slots (see `device_memory`)."""
         from ssdmoe_tui.engine.policies import DEFAULT_POLICY, make_policy
 
         if capacity < 1:
@@ -102,6 +105,11 @@ class ExpertCache:
             widen.append(w)
             self.pools[c.name] = mx.zeros((capacity, *c.shape), dtype=mx.float32 if w else dt)
         mx.eval(list(self.pools.values()))
+        self.placement = place_slots(
+            [(buffer_address(memoryview(a)), int(a.nbytes)) for a in self.pools.values()],
+            placement,
+            share=capacity / (index.num_experts * index.num_layers),
+        )
         self._layout = _Layout(
             names=[c.name for c in comps],
             strides=np.array([c.stride for c in comps], dtype=np.int64),

@@ -384,6 +384,7 @@ class EngineService:
         stats = result.stats.as_dict()
         stats["k"] = runner.k
         stats["reader"] = self._sm.cache.reader.name
+        stats["slot_placement"] = self._sm.cache.placement.placement
         self._emit(
             P.GenerationDone(
                 cmd.request_id,
