@@ -16,6 +16,9 @@
 #   P. (only when STEPS names it) a short uncapped K=8 bench per slot placement
 #      (docs/benchmarks.md, "Slot placement"); the faster one is written to
 #      OUTDIR/placement.txt, and later steps use it unless SSDMOE_SLOT_PLACEMENT is set.
+#   R. (only when STEPS names it) `ssdmoe repack`, then the cold capped bench once per
+#      expert source (`--experts repacked`, then `shards`): cold-repacked.json and
+#      cold-shards.json (docs/benchmarks.md, "Repacked experts").
 # STEPS (build,resident,cold,warm) picks steps, so one warm machine can run them over
 # two calls: STEPS=build,resident,placement then STEPS=cold,warm.
 # Environment: MODEL (/root/q35), CONFIG (.benchcfg/q35/config.json), TOKENIZER
@@ -149,6 +152,26 @@ elif [ "$(left)" -gt 60 ]; then
   log "cold exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   kill "$sampler" 2>/dev/null
 else log "cold bench skipped: deadline"; fi
+
+# ---- R. repacked experts against the shards, cold and capped
+if want repack; then
+  if [ "$(left)" -gt 120 ]; then
+    log "repacking $MODEL"
+    t0=$(date +%s)
+    timeout "$(( $(left) - 60 ))" "$PY" -m ssdmoe_tui.cli repack --model "$MODEL" --json > "$OUT/repack.json" 2> "$OUT/repack.err"
+    log "repack exit $? after $(( $(date +%s) - t0 )) s: $(cat "$OUT/repack.json")"
+  fi
+  for src in repacked shards; do
+    if [ "$(left)" -gt 60 ]; then
+      make_cg "ssdmoe-bench-$src"; sample_cg "$OUT/cold-$src.mem"
+      log "cold bench, experts from $src, cap $CAP_GIB GiB, cache $CACHE"
+      run_capped "$(( $(left) - 10 ))" "${bench[@]}" --expert-cache "$CACHE" --cold --experts "$src" --baseline skip \
+        "${base[@]}" --json "$OUT/cold-$src.json" > "$OUT/cold-$src.txt" 2> "$OUT/cold-$src.err"
+      log "cold $src exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
+      kill "$sampler" 2>/dev/null
+    else log "cold $src skipped: deadline"; fi
+  done
+fi
 
 # ---- 4. warm, capped (page cache dropped once, so the cap decides what stays cached)
 if ! want warm; then :

@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "chat",
     "generate",
     "index",
+    "repack",
     "demo_model",
     "models",
     "bench",

@@ -58,6 +58,7 @@ class BenchOptions:
     prefill_step: int = 512
     warmup: bool = True
     seed: int = 0
+    experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -204,6 +205,7 @@ def _load(opts, budget, k):
         reader_queue_depth=opts.queue_depth,
         reader=opts.reader,
         direct_io=opts.direct_io,
+        experts=opts.experts,
     )
 
 
@@ -260,6 +262,7 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
             "policy": cache.policy_name,
             "reader": cache.reader.name,
+            "expert_source": sm.expert_source,
             "slot_placement": cache.placement.placement,
             "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
@@ -471,7 +474,7 @@ def run_bench(
     """
     from ssdmoe_tui.engine import runner as _runner  # noqa: F401 - imported before the digest
     from ssdmoe_tui.engine.index import load_index
-    from ssdmoe_tui.engine.loader import _load_config, parse_dtype
+    from ssdmoe_tui.engine.loader import _expert_source, _load_config, parse_dtype
 
     path = Path(opts.model)
     if not path.is_dir():
@@ -501,6 +504,9 @@ def run_bench(
     mem = system.memory_limit()
     expert_set = index.expert_bytes * index.num_experts * index.num_layers
     shards = _shard_paths(path, index)
+    read_index, source, source_note = _expert_source(path, index, opts.experts)
+    if source == "repacked":  # cold/warm handling and the disk test cover the copy read
+        shards.append(Path(read_index.layers[0].components[0].shard))
     conditions = {
         "model": str(path.resolve()),
         "model_type": config.get("model_type"),
@@ -527,6 +533,8 @@ def run_bench(
         "reader_requested": opts.reader,
         "queue_depth": opts.queue_depth,
         "direct_io": opts.direct_io,
+        "expert_source": source,
+        "expert_source_note": source_note,
         "prefill_step": opts.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),
@@ -568,7 +576,7 @@ def run_bench(
         )
         disk = random_read_bandwidth(
             path,
-            index,
+            read_index,
             ks,
             target_bytes=opts.disk_bytes,
             queue_depth=opts.queue_depth,

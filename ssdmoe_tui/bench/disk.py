@@ -124,7 +124,7 @@ def random_read_bandwidth(
                 e = np.array(experts, dtype=np.int64)[:, None]
                 offsets = (
                     np.array([c.offset for c in lay.components], dtype=np.int64)[None, :]
-                    + e * np.array([c.stride for c in lay.components], dtype=np.int64)[None, :]
+                    + e * np.array([c.file_step for c in lay.components], dtype=np.int64)[None, :]
                 ).ravel()
                 fd_arr = np.tile(np.array([fds[c.shard] for c in lay.components]), k)
                 t0 = time.perf_counter()

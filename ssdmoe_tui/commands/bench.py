@@ -93,6 +93,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="take the resident baseline from an earlier bench JSON",
     )
+    p.add_argument(
+        "--experts", default="auto", choices=["auto", "shards", "repacked"],
+        help="read experts from the repacked file (`ssdmoe repack`) when current (auto), "
+        "always from the shards, or only from the repacked file",
+    )  # fmt: skip
     p.add_argument("--disk-mib", type=int, default=512, help="MiB read per K in the disk test")
     p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
@@ -130,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         disk_bytes=args.disk_mib << 20,
         prefill_step=args.prefill_step,
         warmup=not args.no_warmup,
+        experts=args.experts,
     )
 
     def log(msg: str) -> None:

@@ -31,6 +31,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--direct-io", action="store_true", help="bypass the page cache for expert reads"
     )
     p.add_argument(
+        "--experts",
+        default="auto",
+        choices=["auto", "shards", "repacked"],
+        help="expert bytes from the repacked file (`ssdmoe repack`) when current (auto), "
+        "from the shards, or only from the repacked file",
+    )
+    p.add_argument(
         "--prefetch",
         action="store_true",
         help="read the next layer's predicted experts while this layer computes (off by default: "

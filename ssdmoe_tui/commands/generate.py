@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         reader=args.reader,
         direct_io=args.direct_io,
         prefetch=args.prefetch,
+        experts=args.experts,
     )
     runner = Runner(sm, prefill_step_size=args.prefill_step)
     if args.k is not None:
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     stats = result.stats.as_dict()
     stats["reader"] = sm.cache.reader.name
     stats["slot_placement"] = sm.cache.placement.placement
+    stats["expert_source"] = sm.expert_source
     stats["expert_cache_budget_bytes"] = sm.cache.budget_bytes
     stats["dtype"] = str(sm.dtype).removeprefix("mlx.core.")
     c = sm.cache.counters

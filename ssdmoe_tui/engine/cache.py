@@ -133,6 +133,7 @@ class ExpertCache:
         # Per layer: file handle and file offset of expert 0 for each component.
         self._fds: list[np.ndarray] = []
         self._offsets: list[np.ndarray] = []
+        self._steps: list[np.ndarray] = []  # file bytes between consecutive experts
         handles: dict[str, int] = {}
         for layer in index.layers:
             fds, offs = [], []
@@ -144,6 +145,7 @@ class ExpertCache:
                 offs.append(c.offset)
             self._fds.append(np.array(fds, dtype=np.int64))
             self._offsets.append(np.array(offs, dtype=np.int64))
+            self._steps.append(np.array([c.file_step for c in layer.components], dtype=np.int64))
         self._slot_of: dict[tuple[int, int], int] = {}
         # When the budget holds every expert nothing is ever evicted: once a layer's
         # experts are all resident, its expert->slot map lives on the device and the
@@ -311,7 +313,7 @@ class ExpertCache:
         e = experts.astype(np.int64)[:, None]
         s = slots.astype(np.int64)[:, None]
         fds = np.broadcast_to(self._fds[layer][None, :], (n, ncomp))
-        offsets = self._offsets[layer][None, :] + e * lay.strides[None, :]
+        offsets = self._offsets[layer][None, :] + e * self._steps[layer][None, :]
         lengths = np.broadcast_to(lay.strides[None, :], (n, ncomp))
         dests = lay.bases[None, :] + s * lay.strides[None, :]
         staging = []

@@ -48,6 +48,11 @@ class Component:
     stride: int  # bytes per expert
     shape: tuple[int, ...]  # per-expert shape
     dtype: str  # safetensors dtype, e.g. "U32", "BF16"
+    step: int = 0  # file bytes from one expert to the next when not `stride` (repacked file)
+
+    @property
+    def file_step(self) -> int:
+        return self.step or self.stride
 
 
 @dataclass(frozen=True)

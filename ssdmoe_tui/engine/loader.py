@@ -42,6 +42,8 @@ class StreamedModel:
     dtype: mx.Dtype
     resident_bytes: int
     prefetch: bool = False
+    expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`)
+    expert_source_note: str = ""  # why a repacked file present was not used
 
     @property
     def model_type(self) -> str:
@@ -197,8 +199,11 @@ def load_streamed(
     direct_io: bool = False,
     policy: str = "auto",
     prefetch: bool = False,
+    experts: str = "auto",
     progress: Callable[[str], None] = lambda _: None,
 ) -> StreamedModel:
+    """`experts`: where expert bytes are read from: `auto` (the repacked file when one
+    is current, else the shards), `shards`, or `repacked` (an error when none is)."""
     from mlx_lm.utils import load_tokenizer
 
     path = Path(path)
@@ -248,7 +253,8 @@ def load_streamed(
             raise BadValueError(str(e)) from None
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
-    cache = ExpertCache(index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
+    read_index, source, source_note = _expert_source(path, index, experts)
+    cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
 
     for li, block, orig, kind, quant in specs:
         block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
@@ -320,10 +326,31 @@ def load_streamed(
         dtype=act_dtype,
         resident_bytes=resident,
         prefetch=prefetch,
+        expert_source=source,
+        expert_source_note=source_note,
     )
     if k is not None:
         sm.set_k(k)
     return sm
+
+
+EXPERT_SOURCES = ("auto", "shards", "repacked")
+
+
+def _expert_source(path: Path, index: ExpertIndex, experts: str) -> tuple[ExpertIndex, str, str]:
+    """(index the cache reads through, source name, note on an unused repacked file)."""
+    from ssdmoe_tui.engine.repack import find_repacked, packed_index
+
+    if experts not in EXPERT_SOURCES:
+        raise BadValueError(f"--experts {experts!r}: use one of {', '.join(EXPERT_SOURCES)}")
+    if experts == "shards":
+        return index, "shards", ""
+    layout, note = find_repacked(path, index)
+    if layout is not None:
+        return packed_index(index, layout), "repacked", ""
+    if experts == "repacked":
+        raise ModelError(note or f"{path}: no repacked experts; run `ssdmoe repack --model {path}`")
+    return index, "shards", note
 
 
 @dataclass(frozen=True)

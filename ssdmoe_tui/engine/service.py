@@ -385,6 +385,7 @@ class EngineService:
         stats["k"] = runner.k
         stats["reader"] = self._sm.cache.reader.name
         stats["slot_placement"] = self._sm.cache.placement.placement
+        stats["expert_source"] = self._sm.expert_source
         self._emit(
             P.GenerationDone(
                 cmd.request_id,

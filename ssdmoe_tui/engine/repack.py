@@ -1,0 +1,260 @@
+"""`ssdmoe repack`: one contiguous, page-aligned copy of every expert, next to the model.
+
+The mlx-community layout stacks each component over the experts (`gate_proj.weight`
+of all experts, then its scales, ...), so one expert is 6-9 scattered pieces. The
+repacked file stores each expert's components back to back, every component and every
+expert starting on a 4096-byte boundary (O_DIRECT-friendly), layer after layer:
+
+    offset(layer, expert, component) = layer_offset[layer] + expert * expert_stride
+                                       + component_offset[component]
+
+Its manifest (`ssdmoe-experts.json`, written last and atomically) records the layout
+and the size and mtime of every shard it was copied from; the engine uses the file
+only while they still match, so an edited or re-downloaded model falls back to its
+shards with a note. The copy costs the experts' bytes again on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ssdmoe_tui import paths
+from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.engine.index import ExpertIndex, MoELayer
+from ssdmoe_tui.engine.reader import open_reader
+from ssdmoe_tui.errors import ModelError
+
+MANIFEST = "ssdmoe-experts.json"
+DATA = "ssdmoe-experts.bin"
+FORMAT = "ssdmoe-repack"
+VERSION = 1
+ALIGN = 4096
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    data: Path  # the repacked file
+    component_offsets: tuple[int, ...]  # within one expert, in index component order
+    expert_stride: int
+    layer_offsets: tuple[int, ...]
+
+
+def plan(index: ExpertIndex) -> tuple[tuple[int, ...], int]:
+    """(component offsets within an expert, expert stride), all 4096-aligned."""
+    offs, pos = [], 0
+    for c in index.layers[0].components:
+        offs.append(pos)
+        pos = _align(pos + c.stride)
+    return tuple(offs), pos
+
+
+def _fingerprint(model_dir: Path, index: ExpertIndex) -> dict[str, list[int]]:
+    shards = sorted({c.shard for layer in index.layers for c in layer.components})
+    out = {}
+    for s in shards:
+        st = (model_dir / s).stat()
+        out[s] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _layout_record(index: ExpertIndex) -> list:
+    return [[c.name, list(c.shape), c.dtype, c.stride] for c in index.layers[0].components]
+
+
+def default_out_dir(model_dir: Path, index: ExpertIndex) -> Path:
+    """The model folder when it is a plain writable folder, else ssdmoe's data folder
+    (a Hub snapshot is left as the Hub wrote it)."""
+    model_dir = Path(model_dir)
+    in_hub = "snapshots" in model_dir.resolve().parts or "snapshots" in model_dir.parts
+    if not in_hub and os.access(model_dir, os.W_OK):
+        return model_dir
+    return paths.data_dir() / "repacked" / index.key
+
+
+def candidates(model_dir: Path, index: ExpertIndex) -> list[Path]:
+    return [Path(model_dir), paths.data_dir() / "repacked" / index.key]
+
+
+def find_repacked(model_dir: Path, index: ExpertIndex) -> tuple[PackedLayout | None, str]:
+    """The repacked file for this model when one is present and current, else (None, why)."""
+    model_dir = Path(model_dir)
+    note = ""
+    for folder in candidates(model_dir, index):
+        man = folder / MANIFEST
+        if not man.is_file():
+            continue
+        try:
+            m = json.loads(man.read_text())
+            if m.get("format") != FORMAT or m.get("version") != VERSION:
+                note = f"{man}: not a version-{VERSION} repack manifest"
+                continue
+            if m["layout"] != _layout_record(index) or m["num_experts"] != index.num_experts:
+                note = f"{man}: expert layout differs from the model's"
+                continue
+            if m["layers"] != [layer.prefix for layer in index.layers]:
+                note = f"{man}: MoE layers differ from the model's"
+                continue
+            if m["source"] != _fingerprint(model_dir, index):
+                note = f"{man}: stale (the model's shards changed since the repack)"
+                continue
+            data = folder / m["data"]
+            if not data.is_file() or data.stat().st_size != m["bytes"]:
+                note = f"{data}: missing or not {m['bytes']} bytes"
+                continue
+            return (
+                PackedLayout(
+                    data=data,
+                    component_offsets=tuple(m["component_offsets"]),
+                    expert_stride=int(m["expert_stride"]),
+                    layer_offsets=tuple(m["layer_offsets"]),
+                ),
+                "",
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            note = f"{man}: unreadable ({e})"
+    return None, note
+
+
+def packed_index(index: ExpertIndex, layout: PackedLayout) -> ExpertIndex:
+    """The same experts, addressed in the repacked file (`Component.step` = expert stride)."""
+    layers = tuple(
+        MoELayer(
+            prefix=layer.prefix,
+            components=tuple(
+                replace(
+                    c,
+                    shard=str(layout.data),
+                    offset=base + off,
+                    step=layout.expert_stride,
+                )
+                for c, off in zip(layer.components, layout.component_offsets, strict=True)
+            ),
+        )
+        for layer, base in zip(index.layers, layout.layer_offsets, strict=True)
+    )
+    return replace(index, layers=layers, expert_pieces=len(layout.component_offsets))
+
+
+def write_repacked(
+    model_dir: Path,
+    index: ExpertIndex,
+    out_dir: Path | None = None,
+    *,
+    chunk_bytes: int = 256 << 20,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[Path, dict]:
+    """Copy every expert into one aligned file; returns (manifest path, summary).
+
+    Memory stays bounded by `chunk_bytes` (experts are copied a group at a time).
+    The data file is written under a temporary name and renamed, then the manifest is
+    written atomically: a crash leaves no manifest pointing at a partial file.
+    """
+    model_dir = Path(model_dir)
+    out_dir = Path(out_dir) if out_dir else default_out_dir(model_dir, index)
+    comp_offs, stride = plan(index)
+    e = index.num_experts
+    layer_offsets = tuple(i * e * stride for i in range(index.num_layers))
+    total = index.num_layers * e * stride
+    out_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out_dir).free
+    if free < total + (64 << 20):
+        raise ModelError(
+            f"{out_dir}: {total / 2**30:.2f} GiB needed for the repacked experts, "
+            f"{free / 2**30:.2f} GiB free"
+        )
+    data = out_dir / DATA
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # an old copy stops counting before we write
+    tmp = out_dir / f".{DATA}.{os.getpid()}.tmp"
+    per_chunk = max(1, min(e, chunk_bytes // stride))
+    buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero
+    base = buf.ctypes.data
+    comps = index.layers[0].components
+    rd = open_reader(queue_depth=16)
+    t0 = time.perf_counter()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        handles = {}
+        for li, layer in enumerate(index.layers):
+            for c in layer.components:
+                if c.shard not in handles:
+                    handles[c.shard] = rd.open(model_dir / c.shard)
+            for first in range(0, e, per_chunk):
+                n = min(per_chunk, e - first)
+                ex = np.arange(first, first + n, dtype=np.int64)[:, None]
+                fds = np.tile(np.array([handles[c.shard] for c in layer.components]), n)
+                offsets = (
+                    np.array([c.offset for c in layer.components], dtype=np.int64)[None, :]
+                    + ex * np.array([c.stride for c in layer.components], dtype=np.int64)[None, :]
+                ).ravel()
+                lengths = np.tile(np.array([c.stride for c in comps], dtype=np.int64), n)
+                dests = (
+                    base
+                    + (np.arange(n, dtype=np.int64) * stride)[:, None]
+                    + np.array(comp_offs, dtype=np.int64)[None, :]
+                ).ravel()
+                rd.read_batch(fds, offsets, lengths, dests)
+                view = memoryview(buf)[: n * stride]
+                pos = layer_offsets[li] + first * stride
+                while view:
+                    wrote = os.pwrite(fd, view, pos)
+                    view, pos = view[wrote:], pos + wrote
+            progress(f"repacked layer {li + 1}/{index.num_layers} ({layer.prefix})")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        rd.close()
+        raise
+    os.close(fd)
+    rd.close()
+    os.replace(tmp, data)
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "data": DATA,
+        "bytes": total,
+        "num_experts": e,
+        "layers": [layer.prefix for layer in index.layers],
+        "layout": _layout_record(index),
+        "component_offsets": list(comp_offs),
+        "expert_stride": stride,
+        "layer_offsets": list(layer_offsets),
+        "source": _fingerprint(model_dir, index),
+        "model": str(model_dir.resolve()),
+    }
+    man = out_dir / MANIFEST
+    atomic_write_text(man, json.dumps(manifest, indent=1))
+    seconds = time.perf_counter() - t0
+    return man, {
+        "manifest": str(man),
+        "data": str(data),
+        "bytes": total,
+        "expert_bytes": index.expert_bytes * e * index.num_layers,
+        "padding_bytes": total - index.expert_bytes * e * index.num_layers,
+        "seconds": round(seconds, 2),
+        "gb_per_s": round(total / seconds / 1e9, 3) if seconds > 0 else None,
+    }
+
+
+def remove_repacked(model_dir: Path, index: ExpertIndex) -> list[Path]:
+    """Delete every repacked copy of this model ssdmoe knows of; returns what went."""
+    gone = []
+    for folder in candidates(model_dir, index):
+        for name in (MANIFEST, DATA):  # manifest first: never a manifest without data
+            p = folder / name
+            if p.exists():
+                p.unlink()
+                gone.append(p)
+    return gone
