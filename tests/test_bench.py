@@ -96,6 +96,18 @@ def test_arithmetic_is_consistent(bench_json):
         else:
             assert r["io_ceiling_note"] == "no reads (hit rate 100%)"
         assert r["peak_mlx_memory_bytes"] > 0 and r["peak_rss_bytes"] > 0
+        # prefill against reading every expert once per chunk
+        chunks = r["prefill_chunks"]
+        assert chunks == -(-(r["prompt_tokens"] - 1) // c["prefill_step"])
+        assert r["prefill_union_share"] == pytest.approx(
+            r["prefill_requested_bytes"] / (c["expert_set_bytes"] * chunks), abs=1e-4
+        )
+        assert r["prefill_read_all_tok_s"] == pytest.approx(
+            r["prompt_tokens"] * bw / (c["expert_set_bytes"] * chunks), rel=1e-3
+        )
+        assert r["prefill_over_read_all"] == pytest.approx(
+            r["prefill_tok_s"] / r["prefill_read_all_tok_s"], rel=1e-2
+        )
     small = [r for r in res["configs"] if r["expert_cache"] == "64K"]
     big = [r for r in res["configs"] if r["expert_cache"] == "1M"]
     # 1M holds every expert of the tiny model: no expert is ever read twice

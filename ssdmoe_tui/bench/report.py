@@ -127,6 +127,18 @@ def summary(result: dict, markdown: bool = False) -> str:
             sep
             + "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping + rest (compute, other)"
         )
+        pre = [
+            f"K={r['k']} {r['expert_cache']}: union {r['prefill_union_share']:.0%} of the experts, "
+            f"{r['prefill_over_read_all']:.2f}x"
+            for r in result["configs"]
+            if r.get("prefill_over_read_all") is not None
+        ]
+        if pre:
+            text += (
+                sep
+                + "prefill vs reading every expert once per chunk (disk-bound): "
+                + "; ".join(pre)
+            )
     return text
 
 
