@@ -96,6 +96,13 @@ def test_arithmetic_is_consistent(bench_json):
         else:
             assert r["io_ceiling_note"] == "no reads (hit rate 100%)"
         assert r["peak_mlx_memory_bytes"] > 0 and r["peak_rss_bytes"] > 0
+        assert r["memory_bound_bytes"] == (
+            r["resident_memory_bytes"] + r["expert_cache_budget_bytes"] + r["kv_cache_bytes"]
+        )
+        assert r["kv_cache_bytes"] > 0 and r["resident_memory_bytes"] > 0
+        assert r["peak_over_memory_bound"] == pytest.approx(
+            r["peak_mlx_memory_bytes"] / r["memory_bound_bytes"], rel=1e-3
+        )
         # prefill against reading every expert once per chunk
         chunks = r["prefill_chunks"]
         assert chunks == -(-(r["prompt_tokens"] - 1) // c["prefill_step"])

@@ -196,7 +196,15 @@ def _round(x: float | None, nd: int = 4) -> float | None:
 
 def _load(opts, budget, k):
     """A fresh streamed engine for one (K, budget) configuration."""
+    import mlx.core as mx
+
     from ssdmoe_tui.engine.loader import load_streamed
+
+    # The previous configuration's engine is garbage only once its caller returned (its
+    # modules form reference cycles): collect it now, or its arrays count in this
+    # configuration's peak memory.
+    gc.collect()
+    mx.clear_cache()
 
     return load_streamed(
         opts.model,
@@ -302,6 +310,17 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
                 else _rate(pre["requested_bytes"], pre["read_s"]) / 1e9
             ),
             "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
+            # The issue's memory target: peak within 10% of resident + cache budget + KV.
+            "resident_memory_bytes": int(sm.resident_bytes),
+            "kv_cache_bytes": _kv_bytes(result.cache),
+            "memory_bound_bytes": int(sm.resident_bytes)
+            + cache.budget_bytes
+            + _kv_bytes(result.cache),
+            "peak_over_memory_bound": round(
+                st.peak_memory_bytes
+                / (int(sm.resident_bytes) + cache.budget_bytes + _kv_bytes(result.cache)),
+                4,
+            ),
             "peak_rss_bytes": int(st.peak_rss_bytes),
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
@@ -317,6 +336,19 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
         sm.close()
         gc.collect()
         mx.clear_cache()
+
+
+def _kv_bytes(prompt_cache: list) -> int:
+    """Bytes the KV/state cache holds allocated (mlx-lm cache objects keep arrays as attributes)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for c in prompt_cache or []:
+        for _, v in tree_flatten(vars(c)):
+            if isinstance(v, mx.array):
+                total += int(v.nbytes)
+    return total
 
 
 def warmup(opts: BenchOptions, k: int, budget: str, log: Log) -> None:

@@ -133,6 +133,13 @@ def summary(result: dict, markdown: bool = False) -> str:
             for r in result["configs"]
             if r.get("prefill_over_read_all") is not None
         ]
+        mem = [
+            f"K={r['k']} {r['expert_cache']}: {r['peak_over_memory_bound']:.3f}"
+            for r in result["configs"]
+            if r.get("peak_over_memory_bound") is not None
+        ]
+        if mem:
+            text += sep + "peak MLX memory / (resident + cache budget + KV): " + "; ".join(mem)
         if pre:
             text += (
                 sep
