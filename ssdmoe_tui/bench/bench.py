@@ -507,7 +507,7 @@ def run_bench(
     """
     from ssdmoe_tui.engine import runner as _runner  # noqa: F401 - imported before the digest
     from ssdmoe_tui.engine.index import load_index
-    from ssdmoe_tui.engine.loader import _expert_source, _load_config, parse_dtype
+    from ssdmoe_tui.engine.loader import _load_config, parse_dtype, resolve_expert_source
 
     path = Path(opts.model)
     if not path.is_dir():
@@ -537,7 +537,7 @@ def run_bench(
     mem = system.memory_limit()
     expert_set = index.expert_bytes * index.num_experts * index.num_layers
     shards = _shard_paths(path, index)
-    read_index, source, source_note = _expert_source(path, index, opts.experts)
+    read_index, source, source_note = resolve_expert_source(path, index, opts.experts)
     if source == "repacked":  # cold/warm handling and the disk test cover the copy read
         shards.append(Path(read_index.layers[0].components[0].shard))
     conditions = {

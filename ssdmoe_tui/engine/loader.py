@@ -220,6 +220,7 @@ def load_streamed(
     blocks: list[nn.Module] = []
     # Components by name for quant inference (shape/dtype only).
     comp_meta = {c.name: _CompMeta(c.shape, c.dtype) for c in index.layers[0].components}
+    read_index, source, source_note = resolve_expert_source(path, index, experts)
     rd = open_reader(queue_depth=reader_queue_depth, direct=direct_io, prefer=reader)
 
     specs = []
@@ -253,7 +254,6 @@ def load_streamed(
             raise BadValueError(str(e)) from None
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
-    read_index, source, source_note = _expert_source(path, index, experts)
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
 
     for li, block, orig, kind, quant in specs:
@@ -337,7 +337,9 @@ def load_streamed(
 EXPERT_SOURCES = ("auto", "shards", "repacked")
 
 
-def _expert_source(path: Path, index: ExpertIndex, experts: str) -> tuple[ExpertIndex, str, str]:
+def resolve_expert_source(
+    path: Path, index: ExpertIndex, experts: str
+) -> tuple[ExpertIndex, str, str]:
     """(index the cache reads through, source name, note on an unused repacked file)."""
     from ssdmoe_tui.engine.repack import find_repacked, packed_index
 
