@@ -212,3 +212,33 @@ def test_missing_model_is_one_line(tmp_path, capsys):
     assert rc != 0
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "nope" in err
+
+
+def test_prefetch_both_reports_precision_recall_and_net_gain(tiny, tmp_path, capsys):
+    out = tmp_path / "pf.json"
+    rc = main(
+        [
+            "bench", "--model", str(tiny), "--k", "2", "--expert-cache", "64K",
+            "--prompt-tokens", "16", "--decode-tokens", str(DECODE), "--disk-mib", "1",
+            "--baseline", "skip", "--prefetch", "both", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    res = json.loads(out.read_text())
+    off, on = res["configs"]
+    assert (off["prefetch"], on["prefetch"]) == (False, True)
+    assert "prefetch_precision" not in off
+    assert on["prefetch_issued"] >= on["prefetch_used"] >= 0
+    assert on["prefetch_issued"] > 0, "a 64K cache misses every step: something is predicted"
+    assert on["prefetch_precision"] == pytest.approx(
+        on["prefetch_used"] / on["prefetch_issued"], abs=1e-4
+    )
+    assert on["prefetch_recall"] == pytest.approx(
+        on["prefetch_used"] / on["decode_misses"], abs=1e-4
+    )
+    assert on["prefetch_decode_vs_off"] == pytest.approx(
+        on["decode_tok_s"] / off["decode_tok_s"], rel=1e-3
+    )
+    assert off["token_ids"] == on["token_ids"]  # prefetch never changes the output
+    printed = capsys.readouterr().out
+    assert "+pf" in printed and "precision" in printed and "x of off" in printed

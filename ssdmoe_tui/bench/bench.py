@@ -60,6 +60,7 @@ class BenchOptions:
     warmup: bool = True
     seed: int = 0
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
+    prefetch: str = "off"  # off | on | both (each configuration without, then with)
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -113,6 +114,8 @@ class _Window:
         self.sync_s = sm.times.router_sync_s
         self.ensure_s = _EnsureTimer.seconds(sm.cache)
         self.dev = iostats.device_read_bytes()
+        self.pf_issued, self.pf_used = c.prefetch_issued, c.prefetch_used
+        self.pf_wait_s = c.prefetch_wait_s
 
     def delta(self, end: _Window) -> dict:
         dev = end.dev - self.dev if (end.dev is not None and self.dev is not None) else None
@@ -126,6 +129,9 @@ class _Window:
             "router_sync_s": end.sync_s - self.sync_s,
             "ensure_s": end.ensure_s - self.ensure_s,
             "device_bytes": dev,
+            "prefetch_issued": end.pf_issued - self.pf_issued,
+            "prefetch_used": end.pf_used - self.pf_used,
+            "prefetch_wait_s": end.pf_wait_s - self.pf_wait_s,
         }
 
 
@@ -194,7 +200,7 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _load(opts, budget, k):
+def _load(opts, budget, k, prefetch: bool = False):
     """A fresh streamed engine for one (K, budget) configuration."""
     import mlx.core as mx
 
@@ -215,10 +221,13 @@ def _load(opts, budget, k):
         reader=opts.reader,
         direct_io=opts.direct_io,
         experts=opts.experts,
+        prefetch=prefetch,
     )
 
 
-def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log) -> dict:
+def run_config(
+    opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log, prefetch: bool = False
+) -> dict:
     """One configuration on a fresh engine; returns its result dict."""
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
@@ -226,7 +235,7 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
     from ssdmoe_tui.engine.runner import Runner
 
     t0 = time.perf_counter()
-    sm = _load(opts, budget, k)
+    sm = _load(opts, budget, k, prefetch)
     load_s = time.perf_counter() - t0
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
@@ -272,6 +281,8 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
             "policy": cache.policy_name,
             "reader": cache.reader.name,
             "expert_source": sm.expert_source,
+            "prefetch": prefetch,
+            **(_prefetch_stats(dec, steps) if prefetch else {}),
             "slot_placement": cache.placement.placement,
             "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
@@ -336,6 +347,19 @@ def run_config(opts: BenchOptions, k: int, budget: str, prompt: list[int], log: 
         sm.close()
         gc.collect()
         mx.clear_cache()
+
+
+def _prefetch_stats(dec: dict, steps: int) -> dict:
+    """Prediction quality over the decode window: precision = used / issued, recall =
+    used / experts that had to come from disk (misses, prefetched ones included)."""
+    issued, used, misses = dec["prefetch_issued"], dec["prefetch_used"], dec["misses"]
+    return {
+        "prefetch_issued": issued,
+        "prefetch_used": used,
+        "prefetch_precision": round(used / issued, 4) if issued else None,
+        "prefetch_recall": round(used / misses, 4) if misses else None,
+        "prefetch_wait_ms_per_token": _round(_per_step(dec["prefetch_wait_s"] * 1e3, steps), 3),
+    }
 
 
 def _kv_bytes(prompt_cache: list) -> int:
@@ -568,6 +592,7 @@ def run_bench(
         "direct_io": opts.direct_io,
         "expert_source": source,
         "expert_source_note": source_note,
+        "prefetch": opts.prefetch,
         "prefill_step": opts.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),
@@ -634,15 +659,18 @@ def run_bench(
         result["configs"] = configs
         result["complete"] = False
         on_partial(result)
+        modes = {"off": [False], "on": [True], "both": [False, True]}[opts.prefetch]
         for budget in opts.budgets:
             for k in ks:
-                state = prepare()
-                log(f"config K={k} expert cache {budget} [{state}]")
-                r = run_config(opts, k, budget, prompt, log)
-                r["page_cache"] = state
-                configs.append(r)
-                _derive(result, {}, index)
-                on_partial(result)
+                for pf in modes:
+                    state = prepare()
+                    tag = " +prefetch" if pf else ""
+                    log(f"config K={k} expert cache {budget}{tag} [{state}]")
+                    r = run_config(opts, k, budget, prompt, log, prefetch=pf)
+                    r["page_cache"] = state
+                    configs.append(r)
+                    _derive(result, {}, index)
+                    on_partial(result)
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
@@ -730,6 +758,22 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
             round(dec / ceiling, 6) if dec and ceiling not in (None, float("inf")) else None
         )
         _derive_prefill(r, bw, index, result["conditions"].get("prefill_step") or 512)
+        if r.get("prefetch"):
+            off = next(
+                (
+                    o
+                    for o in result["configs"]
+                    if not o.get("prefetch")
+                    and o["k"] == k
+                    and o["expert_cache"] == r["expert_cache"]
+                ),
+                None,
+            )
+            r["prefetch_decode_vs_off"] = (
+                round(r["decode_tok_s"] / off["decode_tok_s"], 4)
+                if off and off.get("decode_tok_s") and r.get("decode_tok_s")
+                else None
+            )
         b = base_by_k.get(k)
         if b and b.get("decode_tok_s"):
             r["resident_decode_tok_s"] = b["decode_tok_s"]

@@ -45,7 +45,8 @@ def _row(r: dict) -> dict[str, str]:
     match = r.get("tokens_match_resident")
     return {
         "k": str(r["k"]),
-        "cache": f"{r['expert_cache']} ({r['budget_over_expert_set']:.0%})",
+        "cache": f"{r['expert_cache']} ({r['budget_over_expert_set']:.0%})"
+        + (" +pf" if r.get("prefetch") else ""),
         "page_cache": str(r.get("page_cache", "?")).split(" ")[0],
         "prefill": _f(r["prefill_tok_s"], ".1f"),
         "decode": _f(r["decode_tok_s"], ".2f"),
@@ -140,6 +141,17 @@ def summary(result: dict, markdown: bool = False) -> str:
         ]
         if mem:
             text += sep + "peak MLX memory / (resident + cache budget + KV): " + "; ".join(mem)
+        pf = [
+            f"K={r['k']} {r['expert_cache']}: precision {_f(r.get('prefetch_precision'), '.2f')}, "
+            f"recall {_f(r.get('prefetch_recall'), '.2f')}, "
+            f"decode {_f(r.get('prefetch_decode_vs_off'), '.2f')}x of off"
+            for r in result["configs"]
+            if r.get("prefetch")
+        ]
+        if pf:
+            text += (
+                sep + "prefetch (+pf: next layer's router on this layer's input): " + "; ".join(pf)
+            )
         if pre:
             text += (
                 sep

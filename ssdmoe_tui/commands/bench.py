@@ -98,6 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="read experts from the repacked file (`ssdmoe repack`) when current (auto), "
         "always from the shards, or only from the repacked file",
     )  # fmt: skip
+    p.add_argument(
+        "--prefetch", default="off", choices=["off", "on", "both"],
+        help="predict the next layer's experts with its router and read them early: off, on, "
+        "or both (each configuration without, then with: precision, recall and net gain)",
+    )  # fmt: skip
     p.add_argument("--disk-mib", type=int, default=512, help="MiB read per K in the disk test")
     p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
@@ -136,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_step=args.prefill_step,
         warmup=not args.no_warmup,
         experts=args.experts,
+        prefetch=args.prefetch,
     )
 
     def log(msg: str) -> None:
