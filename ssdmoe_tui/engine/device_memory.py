@@ -4,7 +4,7 @@ MLX-CUDA allocates every array with `cudaMallocManaged`. The reader writes misse
 experts into slot memory from the CPU, so by default each freshly read page
 migrates host-ward on the write and back to the GPU on the first kernel that reads
 it, page fault by page fault. That cost showed up as a router "sync" that grew with
-the bytes read (54-110 ms per token on an H200, docs/benchmarks.md).
+the bytes read (54-129 ms per token on an H200, docs/benchmarks.md).
 
 Placements (`SSDMOE_SLOT_PLACEMENT` or the `placement` argument):
 - `managed`: leave the pages to the driver's fault-driven migration (MLX's default);
