@@ -129,3 +129,14 @@ def test_cli_status_repack_remove(model_copy) -> None:
     assert len(cli("--remove")["removed"]) == 2
     assert cli("--status")["current"] is False
     assert np.isfinite(made["seconds"])
+
+
+def test_manifest_with_foreign_offsets_is_refused(model_copy) -> None:
+    """A hand-edited or foreign manifest never sends reads to the wrong bytes."""
+    index, _ = load_index(model_copy)
+    man, _ = repack.write_repacked(model_copy, index)
+    m = json.loads(man.read_text())
+    m["layer_offsets"][1] += repack.ALIGN
+    man.write_text(json.dumps(m))
+    layout, note = repack.find_repacked(model_copy, index)
+    assert layout is None and "offsets do not match" in note

@@ -60,6 +60,10 @@ def plan(index: ExpertIndex) -> tuple[tuple[int, ...], int]:
     return tuple(offs), pos
 
 
+def _layer_offsets(index: ExpertIndex, stride: int) -> tuple[int, ...]:
+    return tuple(i * index.num_experts * stride for i in range(index.num_layers))
+
+
 def _fingerprint(model_dir: Path, index: ExpertIndex) -> dict[str, list[int]]:
     shards = sorted({c.shard for layer in index.layers for c in layer.components})
     out = {}
@@ -105,6 +109,15 @@ def find_repacked(model_dir: Path, index: ExpertIndex) -> tuple[PackedLayout | N
                 continue
             if m["layers"] != [layer.prefix for layer in index.layers]:
                 note = f"{man}: MoE layers differ from the model's"
+                continue
+            offs, stride = plan(index)
+            if (
+                tuple(m["component_offsets"]) != offs
+                or m["expert_stride"] != stride
+                or tuple(m["layer_offsets"]) != _layer_offsets(index, stride)
+                or m["bytes"] != index.num_layers * index.num_experts * stride
+            ):
+                note = f"{man}: offsets do not match this version's layout"
                 continue
             if m["source"] != _fingerprint(model_dir, index):
                 note = f"{man}: stale (the model's shards changed since the repack)"
@@ -165,7 +178,7 @@ def write_repacked(
     out_dir = Path(out_dir) if out_dir else default_out_dir(model_dir, index)
     comp_offs, stride = plan(index)
     e = index.num_experts
-    layer_offsets = tuple(i * e * stride for i in range(index.num_layers))
+    layer_offsets = _layer_offsets(index, stride)
     total = index.num_layers * e * stride
     out_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out_dir).free
