@@ -272,6 +272,8 @@ def run_config(
         req_bpt = _per_step(dec["requested_bytes"], steps)
         dev_bpt = _per_step(dec["device_bytes"], steps)
         expert_set = index.expert_bytes * index.num_experts * index.num_layers
+        kv_bytes = _kv_bytes(result.cache)
+        bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
         out = {
             "k": k,
             "expert_cache": budget,
@@ -323,15 +325,9 @@ def run_config(
             "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
             # The memory target: peak within 10% of resident + cache budget + KV.
             "resident_memory_bytes": int(sm.resident_bytes),
-            "kv_cache_bytes": _kv_bytes(result.cache),
-            "memory_bound_bytes": int(sm.resident_bytes)
-            + cache.budget_bytes
-            + _kv_bytes(result.cache),
-            "peak_over_memory_bound": round(
-                st.peak_memory_bytes
-                / (int(sm.resident_bytes) + cache.budget_bytes + _kv_bytes(result.cache)),
-                4,
-            ),
+            "kv_cache_bytes": kv_bytes,
+            "memory_bound_bytes": bound,
+            "peak_over_memory_bound": round(st.peak_memory_bytes / bound, 4),
             "peak_rss_bytes": int(st.peak_rss_bytes),
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
