@@ -140,3 +140,34 @@ def test_manifest_with_foreign_offsets_is_refused(model_copy) -> None:
     man.write_text(json.dumps(m))
     layout, note = repack.find_repacked(model_copy, index)
     assert layout is None and "offsets do not match" in note
+
+
+async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> None:
+    """The TUI reads the repacked copy and says so; a stale copy is reported, not used."""
+    from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+    from ssdmoe_tui.ui.widgets.transcript import Notice
+
+    from .test_ui_app import SIZE, loaded, type_and_send, wait_until
+
+    model = tmp_path / "demo"
+    shutil.copytree(demo_model, model)
+    index, _ = load_index(model)
+    repack.write_repacked(model, index)
+    app = SsdmoeApp(ChatSettings(model=str(model), max_tokens=12))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert app.model_info.expert_source == "repacked"
+        texts = [str(n.render()) for n in app.transcript.query(Notice)]
+        assert any("from the repacked copy" in t for t in texts)
+        await type_and_send(pilot, "hi")
+        await wait_until(pilot, lambda: app.last_done is not None, 60, "a reply")
+        assert app.last_done.stats["expert_source"] == "repacked"
+    shard = model / index.layers[0].components[0].shard
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    app = SsdmoeApp(ChatSettings(model=str(model), max_tokens=12))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert app.model_info.expert_source == "shards"
+        notes = [n.message for n in app._notifications]
+        assert any(m.startswith("Repacked copy not used:") and "stale" in m for m in notes)

@@ -88,6 +88,9 @@ class ModelInfo:
     reader: str  # "native" or "python"
     fingerprint: str  # identifies the exact weights (index key + config); KV checkpoints carry it
     hybrid: bool  # recurrent state (Mamba / linear attention): KV caches cannot be trimmed
+    expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`'s aligned copy)
+    expert_source_note: str = ""  # why a repacked copy present was not used
+    slot_placement: str = "none"  # MLX-CUDA only: "host" or "managed"
 
 
 @dataclass(frozen=True)

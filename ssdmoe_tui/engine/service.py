@@ -283,6 +283,9 @@ class EngineService:
             reader=sm.cache.reader.name,
             fingerprint=sm.index.key,
             hybrid=sm.hybrid,
+            expert_source=sm.expert_source,
+            expert_source_note=sm.expert_source_note,
+            slot_placement=sm.cache.placement.placement,
         )
 
     def _set_cache(self, cmd: P.SetExpertCache) -> None:

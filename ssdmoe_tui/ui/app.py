@@ -323,11 +323,15 @@ class SsdmoeApp(App[int]):
         self.status_bar.loading = ""
         self.status_bar.k = info.k
         self.status_bar.info = info
+        source = " from the repacked copy" if info.expert_source == "repacked" else ""
+        slots = f", {info.slot_placement} slots" if info.slot_placement != "none" else ""
         await self.transcript.add_notice(
             f"Loaded {info.name} ({info.model_type}): {info.num_experts} experts in "
             f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {info.k}, "
-            f"{info.device} {info.dtype}, {info.reader} reader."
+            f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
         )
+        if info.expert_source_note:
+            self.notify(f"Repacked copy not used: {info.expert_source_note}", timeout=8)
 
     async def _on_done(self, done: GenerationDone) -> None:
         if done.request_id != self.inflight:
