@@ -19,6 +19,10 @@ Measured on an H200 (Qwen3.5-35B-A3B shape, bf16, docs/benchmarks.md): with a ca
 (59 % hits) they tie (110 vs 112 ms per token); a hit costs ~0.1 ms per expert more
 under `host` (read over the bus instead of from HBM).
 
+`host` slots take host RAM (allocated by the driver, so a memory cgroup does not charge
+them) where `managed` ones sit in GPU memory: on a box with little host RAM and a big
+GPU, `managed` leaves more room to the page cache.
+
 Only the CUDA driver API is used (`libcuda.so.1`, present wherever the NVIDIA
 driver is), through ctypes; without it the hint is skipped and says why.
 """
