@@ -242,3 +242,20 @@ def test_prefetch_both_reports_precision_recall_and_net_gain(tiny, tmp_path, cap
     assert off["token_ids"] == on["token_ids"]  # prefetch never changes the output
     printed = capsys.readouterr().out
     assert "+pf" in printed and "precision" in printed and "x of off" in printed
+
+
+def test_summary_flags_host_slots_outside_a_cgroup_cap(bench_json):
+    """MLX-CUDA host-placed slots are driver memory: the table says the cap excludes them."""
+    import copy
+
+    from ssdmoe_tui.bench.report import summary
+
+    _, res = bench_json
+    assert "MLX-CUDA placement" not in summary(res)  # CPU: nothing to say
+    res = copy.deepcopy(res)
+    for r in res["configs"]:
+        r["slot_placement"] = "host"
+    res["conditions"]["memory"]["cgroup_limit_bytes"] = 16 << 30
+    text = summary(res)
+    assert "slots host (MLX-CUDA placement)" in text
+    assert "not charged to the cgroup cap" in text

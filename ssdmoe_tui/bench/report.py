@@ -103,6 +103,10 @@ def summary(result: dict, markdown: bool = False) -> str:
     )
     if placements:
         lines[1] += f" | slots {'/'.join(placements)} (MLX-CUDA placement)"
+        if "host" in placements and c["memory"].get("cgroup_limit_bytes"):
+            lines.append(
+                "note: host-placed slots are CUDA driver memory, not charged to the cgroup cap"
+            )
     disk = result.get("disk")
     if disk:
         parts = []
