@@ -232,6 +232,7 @@ def run_config(
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
+    from ssdmoe_tui.engine.kv_pool import cache_nbytes
     from ssdmoe_tui.engine.runner import Runner
 
     t0 = time.perf_counter()
@@ -272,7 +273,7 @@ def run_config(
         req_bpt = _per_step(dec["requested_bytes"], steps)
         dev_bpt = _per_step(dec["device_bytes"], steps)
         expert_set = index.expert_bytes * index.num_experts * index.num_layers
-        kv_bytes = _kv_bytes(result.cache)
+        kv_bytes = cache_nbytes(result.cache)
         bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
         out = {
             "k": k,
@@ -356,19 +357,6 @@ def _prefetch_stats(dec: dict, steps: int) -> dict:
         "prefetch_recall": round(used / misses, 4) if misses else None,
         "prefetch_wait_ms_per_token": _round(_per_step(dec["prefetch_wait_s"] * 1e3, steps), 3),
     }
-
-
-def _kv_bytes(prompt_cache: list) -> int:
-    """Bytes the KV/state cache holds allocated (mlx-lm cache objects keep arrays as attributes)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    total = 0
-    for c in prompt_cache or []:
-        for _, v in tree_flatten(vars(c)):
-            if isinstance(v, mx.array):
-                total += int(v.nbytes)
-    return total
 
 
 def warmup(opts: BenchOptions, k: int, budget: str, log: Log) -> None:

@@ -449,16 +449,13 @@ class EngineService:
         import mlx.core as mx
 
         from ssdmoe_tui.engine import iostats
+        from ssdmoe_tui.engine.kv_pool import cache_nbytes
 
         sm = self._sm
         kv_bytes = 0
         ctx = 0
         if cache is not None:
-            for c in cache:
-                try:
-                    kv_bytes += int(c.nbytes)
-                except Exception:  # noqa: BLE001
-                    pass
+            kv_bytes = cache_nbytes(cache)
             offs = [getattr(c, "offset", 0) for c in cache if hasattr(c, "offset")]
             ctx = max(offs) if offs else 0
         if stats is not None:
