@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ssdmoe_tui.commands.common import add_experts_argument
+
 
 def _int_list(text: str) -> list[int]:
     try:
@@ -93,11 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="take the resident baseline from an earlier bench JSON",
     )
-    p.add_argument(
-        "--experts", default="auto", choices=["auto", "shards", "repacked"],
-        help="read experts from the repacked file (`ssdmoe repack`) when current (auto), "
-        "always from the shards, or only from the repacked file",
-    )  # fmt: skip
+    add_experts_argument(p)
     p.add_argument(
         "--prefetch", default="off", choices=["off", "on", "both"],
         help="predict the next layer's experts with its router and read them early: off, on, "

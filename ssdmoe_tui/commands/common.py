@@ -30,18 +30,23 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--direct-io", action="store_true", help="bypass the page cache for expert reads"
     )
+    add_experts_argument(p)
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="read the next layer's predicted experts while this layer computes (off by default: "
+        "it only pays where the prediction is good; see docs/benchmarks.md)",
+    )
+
+
+def add_experts_argument(p: argparse.ArgumentParser) -> None:
+    """`--experts`: where expert bytes are read from (see `engine.loader.EXPERT_SOURCES`)."""
     p.add_argument(
         "--experts",
         default="auto",
         choices=["auto", "shards", "repacked"],
         help="expert bytes from the repacked file (`ssdmoe repack`) when current (auto), "
         "from the shards, or only from the repacked file",
-    )
-    p.add_argument(
-        "--prefetch",
-        action="store_true",
-        help="read the next layer's predicted experts while this layer computes (off by default: "
-        "it only pays where the prediction is good; see docs/benchmarks.md)",
     )
 
 
