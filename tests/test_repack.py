@@ -169,5 +169,9 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         assert app.model_info.expert_source == "shards"
-        notes = [n.message for n in app._notifications]
-        assert any(m.startswith("Repacked copy not used:") and "stale" in m for m in notes)
+
+        def stale_notice() -> bool:  # posted after the load notice: wait for it
+            notes = [n.message for n in app._notifications]
+            return any(m.startswith("Repacked copy not used:") and "stale" in m for m in notes)
+
+        await wait_until(pilot, stale_notice, 30, "the stale-copy notification")
