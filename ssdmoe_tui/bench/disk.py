@@ -121,11 +121,7 @@ def random_read_bandwidth(
                     break
                 layer, experts = pick
                 lay = index.layers[layer]
-                e = np.array(experts, dtype=np.int64)[:, None]
-                offsets = (
-                    np.array([c.offset for c in lay.components], dtype=np.int64)[None, :]
-                    + e * np.array([c.file_step for c in lay.components], dtype=np.int64)[None, :]
-                ).ravel()
+                offsets = lay.file_offsets(experts)
                 fd_arr = np.tile(np.array([fds[c.shard] for c in lay.components]), k)
                 t0 = time.perf_counter()
                 total += rd.read_batch(fd_arr, offsets, lengths, dests)

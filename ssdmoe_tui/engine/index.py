@@ -18,6 +18,8 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.paths import cache_dir
@@ -59,6 +61,13 @@ class Component:
 class MoELayer:
     prefix: str  # module path of the MoE block, e.g. "model.layers.3.mlp"
     components: tuple[Component, ...]
+
+    def file_offsets(self, experts) -> np.ndarray:
+        """File offset of every component of each expert, row-major (expert, component)."""
+        e = np.asarray(experts, dtype=np.int64)[:, None]
+        base = np.array([c.offset for c in self.components], dtype=np.int64)
+        step = np.array([c.file_step for c in self.components], dtype=np.int64)
+        return (base[None, :] + e * step[None, :]).ravel()
 
 
 @dataclass(frozen=True)

@@ -205,12 +205,8 @@ def write_repacked(
                     handles[c.shard] = rd.open(model_dir / c.shard)
             for first in range(0, e, per_chunk):
                 n = min(per_chunk, e - first)
-                ex = np.arange(first, first + n, dtype=np.int64)[:, None]
                 fds = np.tile(np.array([handles[c.shard] for c in layer.components]), n)
-                offsets = (
-                    np.array([c.offset for c in layer.components], dtype=np.int64)[None, :]
-                    + ex * np.array([c.stride for c in layer.components], dtype=np.int64)[None, :]
-                ).ravel()
+                offsets = layer.file_offsets(np.arange(first, first + n))
                 lengths = np.tile(np.array([c.stride for c in comps], dtype=np.int64), n)
                 dests = (
                     base
