@@ -83,6 +83,37 @@ def config_table(result: dict, markdown: bool = False) -> str:
     return "\n".join(out)
 
 
+def _prefetch_fragment(r: dict) -> str | None:
+    if not r.get("prefetch"):
+        return None
+    return (
+        f"precision {_f(r.get('prefetch_precision'), '.2f')}, "
+        f"recall {_f(r.get('prefetch_recall'), '.2f')}, "
+        f"decode {_f(r.get('prefetch_decode_vs_off'), '.2f')}x of off"
+    )
+
+
+def _prefill_fragment(r: dict) -> str | None:
+    if r.get("prefill_over_read_all") is None:
+        return None
+    return f"union {r['prefill_union_share']:.0%} of the experts, {r['prefill_over_read_all']:.2f}x"
+
+
+# Lines under the table: (label, per-configuration text or None to leave it out).
+_FOOTERS = (
+    (
+        "peak MLX memory / (resident + cache budget + KV)",
+        lambda r: (
+            None
+            if r.get("peak_over_memory_bound") is None
+            else f"{r['peak_over_memory_bound']:.3f}"
+        ),
+    ),
+    ("prefetch (+pf: next layer's router on this layer's input)", _prefetch_fragment),
+    ("prefill vs reading every expert once per chunk (disk-bound)", _prefill_fragment),
+)
+
+
 def summary(result: dict, markdown: bool = False) -> str:
     """Conditions, disk and baseline lines, then the table."""
     c = result["conditions"]
@@ -132,36 +163,14 @@ def summary(result: dict, markdown: bool = False) -> str:
             sep
             + "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping + rest (compute, other)"
         )
-        pre = [
-            f"K={r['k']} {r['expert_cache']}: union {r['prefill_union_share']:.0%} of the experts, "
-            f"{r['prefill_over_read_all']:.2f}x"
-            for r in result["configs"]
-            if r.get("prefill_over_read_all") is not None
-        ]
-        mem = [
-            f"K={r['k']} {r['expert_cache']}: {r['peak_over_memory_bound']:.3f}"
-            for r in result["configs"]
-            if r.get("peak_over_memory_bound") is not None
-        ]
-        if mem:
-            text += sep + "peak MLX memory / (resident + cache budget + KV): " + "; ".join(mem)
-        pf = [
-            f"K={r['k']} {r['expert_cache']}: precision {_f(r.get('prefetch_precision'), '.2f')}, "
-            f"recall {_f(r.get('prefetch_recall'), '.2f')}, "
-            f"decode {_f(r.get('prefetch_decode_vs_off'), '.2f')}x of off"
-            for r in result["configs"]
-            if r.get("prefetch")
-        ]
-        if pf:
-            text += (
-                sep + "prefetch (+pf: next layer's router on this layer's input): " + "; ".join(pf)
-            )
-        if pre:
-            text += (
-                sep
-                + "prefill vs reading every expert once per chunk (disk-bound): "
-                + "; ".join(pre)
-            )
+        for label, fragment in _FOOTERS:
+            parts = [
+                f"K={r['k']} {r['expert_cache']}: {fragment(r)}"
+                for r in result["configs"]
+                if fragment(r) is not None
+            ]
+            if parts:
+                text += sep + label + ": " + "; ".join(parts)
     return text
 
 
