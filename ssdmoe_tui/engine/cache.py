@@ -97,11 +97,7 @@ class ExpertCache:
                 raise ModelError(
                     f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
                 )
-            w = (
-                act_dtype == mx.float32
-                and c.dtype in ("BF16", "F16")
-                and not c.name.endswith(".weight")
-            )
+            w = _widened(c, act_dtype)
             widen.append(w)
             self.pools[c.name] = mx.zeros((capacity, *c.shape), dtype=mx.float32 if w else dt)
         mx.eval(list(self.pools.values()))
