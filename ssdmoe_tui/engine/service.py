@@ -106,6 +106,8 @@ class EngineService:
     def submit(self, cmd: P.Command) -> None:
         if isinstance(cmd, P.SetK):  # not queued: it applies from the next token
             try:
+                if self._runner is None:
+                    raise BadValueError("no model loaded: K applies to a loaded model")
                 self.set_k(cmd.k)
             except BadValueError as e:
                 self._emit(P.EngineError(user_message(e)))
@@ -117,12 +119,12 @@ class EngineService:
         self._queue.put(cmd)
 
     def set_k(self, k: int) -> None:
-        """Thread-safe; applies from the next token. Raises BadValueError out of range
-        (or with no model loaded)."""
+        """Thread-safe; applies from the next token. Raises BadValueError out of range.
+        While no model is loaded (e.g. during a reload) there is no K to set: the next
+        ModelLoaded says which K the model runs with."""
         runner = self._runner
-        if runner is None:
-            raise BadValueError("no model loaded: K applies to a loaded model")
-        runner.set_k(k)
+        if runner is not None:
+            runner.set_k(k)
 
     def cancel(self) -> None:
         self._cancel.set()
