@@ -61,6 +61,12 @@ class BenchOptions:
     seed: int = 0
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
+    distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
+
+    @property
+    def root(self) -> bool:
+        """Rank 0 (or the only process): measures the disk and the baseline, reports."""
+        return self.distributed is None or self.distributed.is_root
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -222,6 +228,7 @@ def _load(opts, budget, k, prefetch: bool = False):
         direct_io=opts.direct_io,
         experts=opts.experts,
         prefetch=prefetch,
+        distributed=opts.distributed,
     )
 
 
@@ -244,9 +251,13 @@ def run_config(
         runner.k = k
         _EnsureTimer.install(sm.cache)
         marks: dict[str, _Window] = {}
+        dist = opts.distributed
+        meter = dist.meter(sm) if dist is not None else None
 
         def on_token(_tok: int, _piece: str, stats) -> None:
             n = stats.generated_tokens
+            if meter is not None and n <= 1:
+                meter.on_token(n)
             if n == 1:
                 marks["first"] = _Window(sm)
             if n == opts.decode_tokens:
@@ -254,10 +265,11 @@ def run_config(
 
         start = _Window(sm)
         rss_reset = system.reset_peak_rss()
+        sampler = make_sampler(0.0)
         result = runner.generate(
             prompt,
             max_tokens=opts.decode_tokens,
-            sampler=make_sampler(0.0),
+            sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
             on_token=on_token,
         )
         end = marks.get("last") or _Window(sm)
@@ -333,6 +345,11 @@ def run_config(
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
         }
+        if dist is not None:
+            from ssdmoe_tui.engine.distributed import summary_line
+
+            out["distributed"] = dist.run_stats(sm, meter, steps)
+            log("  " + summary_line(out["distributed"]))
         log(
             f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
             f"[ms/tok {_fmt_split(out['prefill_ms_per_token'])}], "
@@ -581,6 +598,12 @@ def run_bench(
         "memory": mem.as_dict(),
         "date": system.utc_now(),
     }
+    if opts.distributed is not None:
+        conditions["distributed"] = {
+            "ranks": opts.distributed.size,
+            "expert_cache": "per rank (each rank caches only the experts it owns)",
+            "measured_by": "every rank; rank 0 reports, measures the disk and the baseline",
+        }
     result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
     log(
         f"model {path} ({config.get('model_type')}, {ckpt_bytes / 2**30:.2f} GiB, "
@@ -613,6 +636,7 @@ def run_bench(
                 )
         # ---------------- disk
         state = prepare()
+    if not opts.baseline_only and opts.root:
         log(
             f"disk: random reads of whole experts, batches of K experts, queue depth {opts.queue_depth} [{state}]"
         )
@@ -634,7 +658,7 @@ def run_bench(
             log(
                 f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({d.bytes / 2**20:.0f} MiB in {d.seconds:.2f} s, {d.reader})"
             )
-
+    if not opts.baseline_only:
         if opts.warmup:
             warmup(opts, max(ks), opts.budgets[0], log)
 
@@ -659,7 +683,9 @@ def run_bench(
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
     # ---------------- resident baseline
-    if opts.baseline_json is not None:
+    if not opts.root:
+        base = {"status": "rank 0 measures it", "by_k": {}}
+    elif opts.baseline_json is not None:
         base = _load_baseline_json(opts.baseline_json, conditions)
         log(f"resident baseline from {opts.baseline_json}")
     else:

@@ -6,7 +6,11 @@ import argparse
 import json
 import sys
 
-from ssdmoe_tui.commands.common import add_model_arguments, resolve_model_path
+from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
+    add_model_arguments,
+    resolve_model_path,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,10 +35,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )
+    add_distributed_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.distributed:
+        return _run(args, None)
+    from ssdmoe_tui.engine.distributed import check_args, start
+
+    check_args(args)
+    dist = start()
+    with dist.guard():
+        return _run(args, dist)
+
+
+def _run(args: argparse.Namespace, dist) -> int:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
@@ -45,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     from ssdmoe_tui.models.lock import acquire_model_lock
 
-    path = resolve_model_path(args.model, quiet=args.json)
-    lock = acquire_model_lock(str(path))  # held until exit: one loaded model per machine
+    quiet = dist is not None and not dist.is_root  # only rank 0 talks to the user
+    path = resolve_model_path(args.model, quiet=args.json or quiet)
+    lock = None  # held until exit: one loaded model per machine (one rank per machine)
+    if dist is None or dist.first_on_host():
+        lock = acquire_model_lock(str(path))
     sm = load_streamed(
         path,
         expert_cache=args.expert_cache,
@@ -56,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         direct_io=args.direct_io,
         prefetch=args.prefetch,
         experts=args.experts,
+        distributed=dist,
     )
     runner = Runner(sm, prefill_step_size=args.prefill_step)
     if args.k is not None:
@@ -99,7 +119,13 @@ def run(args: argparse.Namespace) -> int:
             counter["token"], layer, [int(e) for e in experts], phase=counter["phase"]
         )
 
+    meter = dist.meter(sm) if dist is not None else None
+
     def on_token(tok_id: int, piece: str, stats) -> None:
+        if meter is not None:
+            meter.on_token(stats.generated_tokens)
+        if quiet:
+            return
         if writer is not None:
             counter["token"] += 1
             counter["phase"] = DECODE
@@ -107,15 +133,22 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+    sampler = make_sampler(args.temp, top_p=args.top_p)
     result = runner.generate(
         prompt,
         max_tokens=args.max_tokens,
-        sampler=make_sampler(args.temp, top_p=args.top_p),
+        sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
         on_token=on_token,
     )
     if writer is not None:
         writer.close()
-    lock.release()
+    if lock is not None:
+        lock.release()
+    dist_stats = None
+    if dist is not None:
+        dist_stats = dist.run_stats(sm, meter, len(result.tokens) - 1)
+        if quiet:
+            return 0
     stats = result.stats.as_dict()
     stats["reader"] = sm.cache.reader.name
     stats["slot_placement"] = sm.cache.placement.placement
@@ -133,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
             "recall": round(c.prefetch_used / c.misses, 4) if c.misses else 0.0,
             "wait_s": round(c.prefetch_wait_s, 4),
         }
+    if dist_stats is not None:
+        stats["distributed"] = dist_stats
     if args.json:
         print(
             json.dumps(
@@ -158,4 +193,8 @@ def run(args: argparse.Namespace) -> int:
             f"expert cache hit {s.hit_rate:.1%} | K={runner.k}]",
             file=sys.stderr,
         )
+        if dist_stats is not None:
+            from ssdmoe_tui.engine.distributed import summary_line
+
+            print(summary_line(dist_stats), file=sys.stderr)
     return 0
