@@ -446,6 +446,39 @@ class Watchdog:
         for p in self.peers:
             threading.Thread(target=self._listen, args=(p,), daemon=True, name="ssdmoe-dist-watch").start()  # fmt: skip
         threading.Thread(target=self._beat, daemon=True, name="ssdmoe-dist-beat").start()
+        self._watch_sigterm()
+
+    def _watch_sigterm(self) -> None:
+        """`mlx.launch` sends SIGTERM to the other ranks as soon as one exits with an
+        error, often before this rank's side channel has seen why. So SIGTERM is handled
+        on a thread (through the signal wakeup fd, which works while the main thread is
+        blocked in a collective): give the side channel a moment to name the lost rank,
+        then exit without a line of our own."""
+        import signal
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        r, w = socket.socketpair()
+        w.setblocking(False)
+        try:
+            signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+            signal.signal(signal.SIGTERM, lambda *_: None)
+        except (ValueError, OSError):
+            return
+
+        def wait() -> None:
+            while True:
+                data = r.recv(64)
+                if not data:
+                    return
+                if signal.SIGTERM in data:
+                    time.sleep(1.0)  # a verdict from the side channel exits first
+                    if self.rank == 0:
+                        for p in self.peers:
+                            p.send("ERR stopped")
+                    os._exit(128 + signal.SIGTERM)
+
+        threading.Thread(target=wait, daemon=True, name="ssdmoe-dist-sigterm").start()
 
     def _beat(self) -> None:
         while not self._stopping.wait(HEARTBEAT_S):
@@ -511,7 +544,9 @@ class Watchdog:
         self._exit(line)
 
     def _remote_error(self, rank: int, line: str) -> None:
-        if self.rank == 0:
+        if line == "stopped":
+            self._exit(None)  # rank 0 was stopped from outside: nothing failed
+        elif self.rank == 0:
             self._exit(line)  # a follower's own error, named by it
         else:
             self._exit(None)  # rank 0 printed the line
