@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
+
+    remove_orphan_temps_at_startup()  # what killed writers left; live writers' files stay
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ssdmoe_tui.engine import iostats
+from ssdmoe_tui.engine.context import check_context, max_context
 from ssdmoe_tui.engine.loader import StreamedModel
 
 
@@ -210,6 +211,7 @@ class Runner:
         from mlx_lm.sample_utils import make_sampler
 
         sm = self.sm
+        check_context(len(prompt), max_context(sm.config))  # before any prefill
         model = sm.model
         sampler = sampler or make_sampler(0.0)
         tokenizer = sm.tokenizer
