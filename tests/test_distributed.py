@@ -104,9 +104,15 @@ def test_expert_map_is_balanced_and_deterministic():
     assert ExpertMap(3, 5, 16) == m  # nothing random
 
 
-def test_one_rank_group_is_the_single_process_engine(checkpoints):
-    """The distributed switch on a group of one (every expert owned, groups of rows
-    when the cache is smaller than a prefill's union) gives one process's tokens."""
+@pytest.mark.parametrize("bank_bytes", [None, "20K"])
+def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, bank_bytes):
+    """The distributed switch on a group of one (every expert owned; groups of rows when
+    the cache is smaller than a prefill's union; slots over several banks) gives one
+    process's tokens."""
+    from ssdmoe_tui.engine.cache import BANK_BYTES_ENV
+
+    if bank_bytes:
+        monkeypatch.setenv(BANK_BYTES_ENV, bank_bytes)
     path = checkpoints("qwen3_moe")
     want, _ = _single_tokens(path, PROMPT, 8, "60K")
     dist = Distributed(mx.distributed.init(strict=False))
@@ -114,6 +120,7 @@ def test_one_rank_group_is_the_single_process_engine(checkpoints):
     sm = load_streamed(path, expert_cache="60K", distributed=dist)
     try:
         assert type(sm.blocks[0].switch_mlp).__name__ == "DistributedSwitch"
+        assert sm.cache.num_banks > (2 if bank_bytes else 0)
         sm.tokenizer.eos_token_ids = set()
         got = Runner(sm).generate(PROMPT, max_tokens=8, sampler=make_sampler(0.0))
         assert sm.times.grouped_calls > 0  # the 20-token prefill did not fit in 60K

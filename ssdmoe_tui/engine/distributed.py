@@ -290,7 +290,7 @@ class DistributedSwitch(StreamedSwitch):
         object.__setattr__(self, "_owned", np.asarray(owned, dtype=bool))
         object.__setattr__(self, "_dist", dist)
         out_name = "down_proj.weight" if kind == "glu" else "fc2.weight"
-        object.__setattr__(self, "_out_dims", int(cache.pools[out_name].shape[1]))
+        object.__setattr__(self, "_out_dims", int(cache.banks[0][out_name].shape[1]))
 
     def set_predictor(self, predict) -> None:  # prefetch is not used in distributed mode
         pass
@@ -322,10 +322,9 @@ class DistributedSwitch(StreamedSwitch):
         for group in groups:
             r = rows if len(groups) == 1 else rows[np.isin(flat[rows], group)]
             slots = cache.ensure(self._layer, group)
-            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
-            slot_idx = mx.array(lut[flat[r]].reshape(-1, 1))
-            y = self._run(xf[mx.array(r // k)], slot_idx, (len(r), 1))  # (P, 1, D)
+            y = self._run_slots(xf[mx.array(r // k)], lut[flat[r]].reshape(-1, 1))  # (P, 1, D)
             if len(groups) > 1:
                 mx.eval(y)  # before the next group may reuse these slots
             pieces.append(y.reshape(len(r), -1))
@@ -685,7 +684,7 @@ class DecodeMeter:
 
 def _decode_payload_bytes(sm) -> int:
     """One decode step's per-layer all_sum: K rows of the hidden size."""
-    c = sm.cache.pools
+    c = sm.cache.banks[0]
     name = "down_proj.weight" if "down_proj.weight" in c else "fc2.weight"
     return int(c[name].shape[1]) * max(sm.times.last_k, 1) * sm.dtype.size
 
