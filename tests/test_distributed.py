@@ -137,11 +137,10 @@ def test_two_ranks_match_one_process_on_every_architecture(checkpoints):
     archs = ("qwen3_5_moe", "nemotron_h", "mixtral")
     paths = [checkpoints(a) for a in archs]
     want = {str(p): _single_tokens(p, PROMPT, N_TOKENS, "100K")[0] for p in paths}
+    ids = ",".join(map(str, PROMPT))
     r = _run(
-        [
-            sys.executable, "-m", "tests.distributed_worker",
-            ",".join(map(str, PROMPT)), str(N_TOKENS), "100K", *map(str, paths),
-        ]  # fmt: skip
+        [sys.executable, "-m", "tests.distributed_worker", ids, str(N_TOKENS), "100K"]
+        + [str(p) for p in paths]
     )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, r.stderr[-3000:]  # rank 0 alone reports
@@ -157,14 +156,10 @@ def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):
     prompt = fixed_prompt(load_tokenizer(path), 24)
     want, single_bytes = _single_tokens(path, prompt, 10, "120K")
     out = tmp_path / "bench.json"
-    r = _run(
-        [
-            sys.executable, "-m", "ssdmoe_tui.cli", "bench", "--distributed",
-            "--model", str(path), "--k", "4", "--expert-cache", "60K",
-            "--prompt-tokens", "24", "--decode-tokens", "10", "--prefill-step", "2048",
-            "--baseline", "skip", "--no-warmup", "--disk-mib", "1", "--json", str(out),
-        ]  # fmt: skip
-    )
+    flags = "--k 4 --expert-cache 60K --prompt-tokens 24 --decode-tokens 10 --prefill-step 2048"
+    flags += " --baseline skip --no-warmup --disk-mib 1"
+    bench = [sys.executable, "-m", "ssdmoe_tui.cli", "bench", "--distributed", *flags.split()]
+    r = _run([*bench, "--model", str(path), "--json", str(out)])
     assert out.exists(), r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["conditions"]["distributed"]["ranks"] == 2
