@@ -187,3 +187,25 @@ def test_set_k_command_is_checked_and_reported_live(checkpoints):
         assert sample.k == 2
     finally:
         svc.shutdown()
+
+
+def test_k_999_at_start_fails_before_loading_and_holds_no_lock(checkpoints):
+    """`k = 999` in the config: refused on the header, before any weights load, and the
+    machine-wide model lock is not left held (another engine can load at once)."""
+    path = str(checkpoints("qwen3_moe"))
+    ev = Events()
+    svc = EngineService(ev.post)
+    svc.start()
+    other = None
+    try:
+        svc.submit(P.LoadModel(path=path, k=999, expert_cache="1"))
+        err, seen = ev.until(P.EngineError)
+        assert "K=999" in err.message and err.fatal  # fatal: no model is loaded
+        assert not any(isinstance(e, P.PhaseChanged) and e.phase == "indexing" for e in seen)
+        assert svc.model_info is None
+        other, ev2 = start(path)  # would fail with "model locked" if the lock were held
+        assert other.model_info is not None
+    finally:
+        svc.shutdown()
+        if other is not None:
+            other.shutdown()

@@ -182,4 +182,3 @@ def test_engine_reaches_no_sessions_ui_or_textual():
             if m.startswith(("ssdmoe_tui.sessions", "ssdmoe_tui.ui")) or "textual" in outside[m]:
                 bad.append(f"{start} reaches {m}")
     assert not bad, "\n".join(sorted(bad))
-
