@@ -79,8 +79,10 @@ class StreamedSwitch(nn.Module):
         """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
         object.__setattr__(self, "_predict", predict)
 
-    def _proj(self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool) -> mx.array:
-        pools = self._cache.pools
+    def _proj(
+        self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, bank: int
+    ) -> mx.array:
+        pools = self._cache.banks[bank]
         q = self._quant[name]
         biases = pools.get(f"{name}.biases")
         return mx.gather_qmm(
@@ -96,37 +98,82 @@ class StreamedSwitch(nn.Module):
             sorted_indices=sorted_indices,
         )
 
-    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool) -> mx.array:
+    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, bank: int = 0) -> mx.array:
         if self._kind == "glu":
-            x_up = self._proj("up_proj", x, idx, do_sort)
-            x_gate = self._proj("gate_proj", x, idx, do_sort)
-            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort)
-        x = self._proj("fc1", x, idx, do_sort)
+            x_up = self._proj("up_proj", x, idx, do_sort, bank)
+            x_gate = self._proj("gate_proj", x, idx, do_sort, bank)
+            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort, bank)
+        x = self._proj("fc1", x, idx, do_sort, bank)
         x = self.activation(x)
-        return self._proj("fc2", x, idx, do_sort)
+        return self._proj("fc2", x, idx, do_sort, bank)
 
-    def _run(self, x: mx.array, slot_idx: mx.array, shape) -> mx.array:
-        do_sort = slot_idx.size >= 64  # mlx-lm's rule, so kernels match
+    def _run(
+        self, x: mx.array, slot_idx: mx.array, shape, bank: int = 0, do_sort: bool | None = None
+    ) -> mx.array:
+        if do_sort is None:
+            do_sort = slot_idx.size >= 64  # mlx-lm's rule, so kernels match
         inv_order = None
         idx = slot_idx
         if do_sort:
             x, idx, inv_order = _gather_sort(x, slot_idx)
-        y = self._experts(x, idx, do_sort)
+        y = self._experts(x, idx, do_sort, bank)
         if do_sort:
             y = _scatter_unsort(y, inv_order, shape)
         return y.squeeze(-2)
+
+    def _run_slots(self, x: mx.array, slots: np.ndarray) -> mx.array:
+        """`slots`: global slot ids, shaped like the router's indices (..., K).
+
+        One bank: mlx-lm's call as is. Several: each bank's rows are computed by their own
+        `gather_qmm` calls (same kernels, same sort rule over the whole selection) and
+        put back in (token, k) order; every row is one expert's matmul, so the numbers
+        do not change."""
+        bs = self._cache.bank_slots
+        bank, row = np.divmod(slots, bs)
+        banks = np.unique(bank)
+        shape = slots.shape
+        if len(banks) == 1:
+            return self._run(x, mx.array(row.astype(np.uint32)), shape, int(banks[0]))
+        do_sort = slots.size >= 64
+        k = shape[-1]
+        flat_bank, flat_row = bank.reshape(-1), row.reshape(-1).astype(np.uint32)
+        outs, order = [], []
+        if slots.size == k:  # one token: split its K along the last axis, shape kept
+            lead = shape[:-1]
+            for b in banks:
+                pos = np.nonzero(flat_bank == b)[0]
+                idx = mx.array(flat_row[pos].reshape(*lead, len(pos)))
+                outs.append(self._run(x, idx, idx.shape, int(b), do_sort))
+                order.append(pos)
+            y = mx.concatenate(outs, axis=-2)
+            inv = np.empty(k, dtype=np.int64)
+            inv[np.concatenate(order)] = np.arange(k)
+            return y[..., mx.array(inv), :]
+        xf = x.reshape(-1, 1, 1, x.shape[-1])  # one row per token
+        for b in banks:
+            rows = np.nonzero(flat_bank == b)[0]
+            idx = mx.array(flat_row[rows][:, None])
+            xr = xf[mx.array(rows // k)]
+            outs.append(self._run(xr, idx, idx.shape, int(b), do_sort))  # (P, 1, D)
+            order.append(rows)
+        perm = np.concatenate(order)
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(len(perm))
+        y = mx.concatenate(outs, axis=0)[mx.array(inv)]
+        return y.reshape(*shape, y.shape[-1])
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
         predict = self._predict
         cache = self._cache
-        lut = cache.device_lut(self._layer)
-        if lut is not None and predict is None and cache.on_route is None:
+        frozen = cache.device_lut(self._layer)
+        if frozen is not None and predict is None and cache.on_route is None:
             # Every expert of this layer is resident for good: no host sync, no reads.
             times.calls += 1
             times.last_k = int(indices.shape[-1])
             cache.counters.hits += int(indices.size)  # lookups; all hits by construction
-            return self._run(mx.expand_dims(x, (-2, -3)), lut[indices], indices.shape)
+            bank, lut = frozen
+            return self._run(mx.expand_dims(x, (-2, -3)), lut[indices], indices.shape, bank)
         pred = None
         t0 = time.perf_counter()
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
@@ -140,16 +187,32 @@ class StreamedSwitch(nn.Module):
         uniq = np.unique(host)
         if len(uniq) <= cache.capacity:
             slots = cache.ensure(self._layer, uniq)
-            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[uniq] = slots
-            slot_idx = mx.array(lut[host])
-            y = self._run(x, slot_idx, indices.shape)
+            y = self._run_slots(x, lut[host])
             if pred is not None:
                 # Read the next layer's likely experts while this layer computes.
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
             return y
         return self._grouped(x, host, uniq)
+
+    def _run_slots_unsorted(self, xr: mx.array, slots: np.ndarray) -> mx.array:
+        """Rows of one token each (`xr` (P, 1, 1, D), `slots` (P, 1)), unsorted, per bank."""
+        bank, row = np.divmod(slots[:, 0], self._cache.bank_slots)
+        outs, order = [], []
+        for b in np.unique(bank):
+            rows = np.nonzero(bank == b)[0]
+            idx = mx.array(row[rows].astype(np.uint32)[:, None])
+            sub = xr if len(rows) == len(bank) else xr[mx.array(rows)]
+            outs.append(self._experts(sub, idx, False, int(b)).squeeze(-2))
+            order.append(rows)
+        if len(outs) == 1:
+            return outs[0]
+        perm = np.concatenate(order)
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(len(perm))
+        return mx.concatenate(outs, axis=0)[mx.array(inv)]
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
         """Union of experts larger than the cache (big prefill chunks, tiny budgets).
@@ -169,11 +232,10 @@ class StreamedSwitch(nn.Module):
             group = uniq[start : start + cache.capacity]
             rows = np.nonzero(np.isin(flat, group))[0]
             slots = cache.ensure(self._layer, group)
-            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
-            slot_idx = mx.array(lut[flat[rows]][:, None])
             xr = xf[mx.array(rows // k)]
-            y = self._experts(xr, slot_idx, False).squeeze(-2)  # (P, 1, D)
+            y = self._run_slots_unsorted(xr, lut[flat[rows]][:, None])  # (P, 1, D)
             mx.eval(y)
             outs.append(y)
             order.append(rows)
