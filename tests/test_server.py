@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from ssdmoe_tui import cli
-from ssdmoe_tui.engine.protocol import LoadModel
+from ssdmoe_tui.engine.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions, Server, bind, url_of
 from tests.test_sessions_engine import SYSTEM
 
@@ -87,7 +87,7 @@ def reference(model):
 
 @pytest.fixture(scope="module")
 def srv(model, reference, home):
-    running = Running(ServeOptions(load=LoadModel(path=str(model)), cache_root=home / "sc"))
+    running = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
     yield running
     running.stop()
 
@@ -199,7 +199,7 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home):
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
     # a fresh server (new engine, empty memory) continues from the checkpoints on disk
     srv.stop()
-    again = Running(ServeOptions(load=LoadModel(path=str(model)), cache_root=home / "sc"))
+    again = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
     try:
         _, usages = conversation_turns(again.client(), again.model, 1, start=messages)
         u = usages[0]
@@ -208,7 +208,7 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home):
     finally:
         again.stop()
         # later tests use `srv`: bring it back on the same object
-        fresh = Running(ServeOptions(load=LoadModel(path=str(model)), cache_root=home / "sc"))
+        fresh = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
         srv.__dict__.update(fresh.__dict__)
 
 

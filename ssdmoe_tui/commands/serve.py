@@ -4,7 +4,33 @@ from __future__ import annotations
 
 import argparse
 
-from ssdmoe_tui.commands.common import add_model_arguments
+from ssdmoe_tui.commands.common import (
+    add_max_tokens_argument,
+    add_model_arguments,
+    add_prefill_step_argument,
+    arg_type,
+    engine_options,
+)
+from ssdmoe_tui.engine import options as O
+from ssdmoe_tui.errors import BadValueError
+
+
+def _whole_in(text: str, what: str, lo: int, hi: int | None = None) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise BadValueError(f"{what} must be a whole number, got {text!r}") from None
+    if value < lo or (hi is not None and value > hi):
+        raise BadValueError(f"{what} {value} is outside {lo}..{hi if hi is not None else ''}")
+    return value
+
+
+def _port(text: str) -> int:
+    return _whole_in(text, "port", 0, 65535)
+
+
+def _queue(text: str) -> int:
+    return _whole_in(text, "max queue", 0)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,60 +38,48 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="serve the model over an OpenAI-compatible HTTP API",
         description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, "
-        "/v1/models, /v1/stats, /health. Needs the server extra: pip install 'ssdmoe-tui[server]'.",
+        "/v1/models, /v1/stats, /health (docs/server.md). "
+        "Needs the server extra: pip install 'ssdmoe-tui[server]'.",
     )
     add_model_arguments(p)
+    add_prefill_step_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0: any free port)")
+    p.add_argument(
+        "--port", type=arg_type(_port), default=8080, help="port (default 8080; 0: any free port)"
+    )
     p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
-        "(default: $SSDMOE_API_KEY if set)",
+        "(default: $SSDMOE_API_KEY when set)",
     )
     p.add_argument(
-        "--max-queue", type=int, default=8, help="requests that may wait for the engine (then 429)"
+        "--max-queue",
+        type=arg_type(_queue),
+        default=8,
+        metavar="N",
+        help="requests that may wait for the engine before new ones get 429 (default 8)",
+    )
+    add_max_tokens_argument(p, default=4096)
+    p.add_argument(
+        "--temp",
+        type=arg_type(O.parse_temp),
+        default=0.0,
+        help="temperature when a request sets none (default 0: greedy)",
     )
     p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=4096,
-        help="reply length when a request sets none (capped by the context)",
+        "--max-body",
+        type=arg_type(O.parse_bytes, "max body"),
+        default=32 << 20,
+        metavar="SIZE",
+        help="largest request body (default 32M)",
     )
     p.add_argument(
-        "--temp", type=float, default=0.0, help="temperature when a request sets none (default 0)"
-    )
-    p.add_argument("--max-body", default="32M", help="largest request body (default 32M)")
-    p.add_argument(
-        "--no-prompt-cache-disk",
+        "--no-disk-cache",
         action="store_true",
         help="keep the prompt cache in memory only (no KV checkpoints on disk)",
     )
-    p.add_argument(
-        "--prefill-step",
-        type=int,
-        default=None,
-        help="prefill chunk in tokens (default: from memory, at most 2048)",
-    )
     p.set_defaults(func=run)
-
-
-def _check(args: argparse.Namespace) -> None:
-    from ssdmoe_tui.errors import BadValueError
-
-    if not 0 <= args.port <= 65535:
-        raise BadValueError(f"--port {args.port} is outside 0..65535")
-    if args.max_queue < 0:
-        raise BadValueError(f"--max-queue {args.max_queue} must be >= 0")
-    if args.max_tokens < 1:
-        raise BadValueError(f"--max-tokens {args.max_tokens} must be >= 1")
-    if not 0.0 <= args.temp <= 2.0:
-        raise BadValueError(f"--temp {args.temp} is outside 0..2")
-    for flag in ("reader", "experts"):
-        if getattr(args, flag, "auto") != "auto":
-            raise BadValueError(f"--{flag} is not supported by serve yet (use the default)")
-    if getattr(args, "direct_io", False) or getattr(args, "prefetch", False):
-        raise BadValueError("--direct-io / --prefetch are not supported by serve yet")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,40 +96,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from ssdmoe_tui.engine.cache import parse_size
-    from ssdmoe_tui.engine.protocol import LoadModel
-    from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.server.engine_client import EngineFailed
-    from ssdmoe_tui.server.main import (
-        ServeOptions,
-        Server,
-        bind,
-        engine_service_factory,
-        print_ready,
-        url_of,
-    )
+    from ssdmoe_tui.server.main import ServeOptions, Server, bind, print_ready, url_of
 
-    _check(args)
-    try:
-        max_body = parse_size(args.max_body)
-    except ValueError as e:
-        raise BadValueError(f"--max-body {args.max_body!r}: {e}") from None
     api_key = args.api_key if args.api_key is not None else os.environ.get("SSDMOE_API_KEY")
     options = ServeOptions(
-        load=LoadModel(
-            path=args.model,
-            k=args.k,
-            prefill_k=args.prefill_k,
-            expert_cache=args.expert_cache,
-            dtype=args.dtype,
-        ),
+        engine=engine_options(args),
         api_key=api_key or None,
         max_queue=args.max_queue,
-        max_body_bytes=max_body,
+        max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,
-        persist_cache=not args.no_prompt_cache_disk,
-        make_service=engine_service_factory(args.prefill_step),
+        persist_cache=not args.no_disk_cache,
     )
     sock = bind(args.host, args.port)
     server = Server(options)

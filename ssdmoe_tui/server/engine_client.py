@@ -123,7 +123,7 @@ class EngineClient:
             self.notices.append(ev.message)
             self.on_notice(ev.message)
         elif isinstance(ev, P.EngineError) and ev.request_id is None:
-            if ev.fatal and self._loaded is not None and not self._loaded.done():
+            if self._loaded is not None and not self._loaded.done():
                 self._loaded.set_exception(EngineFailed(ev.message))
             else:
                 self.notices.append(ev.message)

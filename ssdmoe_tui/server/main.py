@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.options import EngineOptions
 from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
@@ -31,21 +32,31 @@ def default_cache_root() -> Path:
     return data_dir() / "server-cache"
 
 
-def engine_service_factory(prefill_step_size: int | None = None) -> MakeService:
-    """The default seam: the in-process engine thread, sessions not attached (the server
-    injects its own KV hooks)."""
+def engine_service_factory(options: EngineOptions) -> MakeService:
+    """The default seam: the in-process engine thread, opened with `options`; the server
+    injects its own KV hooks (not the app's sessions)."""
 
     def make(post):  # noqa: ANN001, ANN202
         from ssdmoe_tui.engine.service import EngineService
 
-        return EngineService(post, prefill_step_size=prefill_step_size)
+        return EngineService(post, options=options)
 
     return make
 
 
+def load_command(options: EngineOptions) -> P.LoadModel:
+    return P.LoadModel(
+        path=options.model,
+        k=options.k,
+        prefill_k=options.prefill_k,
+        expert_cache=str(options.expert_cache),
+        dtype=options.dtype,
+    )
+
+
 @dataclass
 class ServeOptions:
-    load: P.LoadModel
+    engine: EngineOptions = field(default_factory=EngineOptions)
     api_key: str | None = None
     max_queue: int = 8
     max_body_bytes: int = 32 << 20
@@ -54,14 +65,15 @@ class ServeOptions:
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
     kv_budget_bytes: int | None = None  # in-memory KV pool (None: the engine's default)
-    make_service: MakeService = field(default_factory=engine_service_factory)
+    make_service: MakeService | None = None  # None: an EngineService in this process
     log_level: str = "warning"
 
 
 class Server:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.engine = EngineClient(options.make_service, max_queue=options.max_queue)
+        make = options.make_service or engine_service_factory(options.engine)
+        self.engine = EngineClient(make, max_queue=options.max_queue)
         self.api: Api | None = None
         self.kv: ServerKV | None = None
         self.model_id = ""
@@ -81,7 +93,7 @@ class Server:
             # The folder depends on the model's fingerprint, known once it is loaded:
             # the hooks look it up lazily through `self.kv`.
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
-        info = await self.engine.start(opts.load, kv_hooks=hooks)
+        info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
         if opts.kv_budget_bytes is not None and getattr(self.engine.service, "kv_pool", None):
             self.engine.service.kv_pool.set_budget(opts.kv_budget_bytes)
         self.model_id = info.name
