@@ -60,6 +60,7 @@ def home(tmp_path_factory):
     home = tmp_path_factory.mktemp("server-home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SSDMOE_HOME", str(home))
+        mp.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))
         yield home
 
 
