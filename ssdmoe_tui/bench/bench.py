@@ -65,6 +65,12 @@ class BenchOptions:
     seed: int = 0
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
+    distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
+
+    @property
+    def root(self) -> bool:
+        """Rank 0 (or the only process): measures the disk and the baseline, reports."""
+        return self.distributed is None or self.distributed.is_root
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -145,8 +151,9 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False):
-    """A fresh engine (its Runner) for one (K, budget) configuration."""
+def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log = lambda _: None):
+    """A fresh engine (its Runner) for one (K, budget) configuration; a budget under the
+    model's minimum is raised to it and logged (`expert_cache_budget_bytes` has it)."""
     import mlx.core as mx
 
     from ssdmoe_tui.engine.open import open_engine
@@ -169,7 +176,9 @@ def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False):
             prefetch=prefetch,
             prefill_step=opts.prefill_step,
             queue_depth=opts.queue_depth,
-        )
+        ),
+        notice=lambda msg: log(f"  note: {msg}"),
+        distributed=opts.distributed,
     )
 
 
@@ -191,18 +200,25 @@ def run_config(
     from ssdmoe_tui.engine.runner import Done, Snapshot, TokenEvent
 
     t0 = time.perf_counter()
-    runner = _open(opts, budget, k, prefetch)
+    runner = _open(opts, budget, k, prefetch, log)
     load_s = time.perf_counter() - t0
     sm = runner.sm
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
+        dist = opts.distributed
+        meter = dist.meter(sm) if dist is not None else None
+        sampler = make_sampler(0.0)
+        if dist is not None:
+            sampler = dist.wrap_sampler(sampler)
         marks: dict[str, Snapshot] = {}
         start = Snapshot.take(sm)
         rss_reset = system.reset_peak_rss()
         result = None
-        for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=make_sampler(0.0)):
+        for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=sampler):
             if isinstance(ev, TokenEvent):
                 n = ev.stats.generated_tokens
+                if meter is not None:
+                    meter.on_token(n)
                 if n == 1:
                     marks["first"] = Snapshot.take(sm)
                 if n == opts.decode_tokens:
@@ -270,6 +286,11 @@ def run_config(
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
         }
+        if dist is not None:
+            from ssdmoe_tui.engine.distributed import summary_line
+
+            out["distributed"] = dist.run_stats(sm, meter, steps)
+            log("  " + summary_line(out["distributed"]))
         log(
             f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
             f"[ms/tok {_fmt_split(out['prefill_ms_per_token'])}], "
@@ -517,6 +538,12 @@ def run_bench(
         "memory": mem.as_dict(),
         "date": system.utc_now(),
     }
+    if opts.distributed is not None:
+        conditions["distributed"] = {
+            "ranks": opts.distributed.size,
+            "expert_cache": "per rank (each rank caches only the experts it owns)",
+            "measured_by": "every rank; rank 0 reports, measures the disk and the baseline",
+        }
     result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
     log(
         f"model {path} ({config.get('model_type')}, {ckpt_bytes / 2**30:.2f} GiB, "
@@ -549,6 +576,7 @@ def run_bench(
                 )
         # ---------------- disk
         state = prepare()
+    if not opts.baseline_only and opts.root:
         log(
             f"disk: random reads of whole experts, batches of K experts, queue depth {opts.queue_depth} [{state}]"
         )
@@ -570,7 +598,7 @@ def run_bench(
             log(
                 f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({d.bytes / 2**20:.0f} MiB in {d.seconds:.2f} s, {d.reader})"
             )
-
+    if not opts.baseline_only:
         if opts.warmup:
             warmup(opts, max(ks), opts.budgets[0], log)
 
@@ -595,7 +623,9 @@ def run_bench(
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
     # ---------------- resident baseline
-    if opts.baseline_json is not None:
+    if not opts.root:
+        base = {"status": "rank 0 measures it", "by_k": {}}
+    elif opts.baseline_json is not None:
         base = _load_baseline_json(opts.baseline_json, conditions)
         log(f"resident baseline from {opts.baseline_json}")
     else:

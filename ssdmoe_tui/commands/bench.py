@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
     add_dtype_argument,
     add_expert_cache_argument,
     add_experts_argument,
@@ -81,10 +82,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prefill_step_argument(p, default=512)
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    add_distributed_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.distributed:
+        return _run(args, None)
+    from ssdmoe_tui.engine.distributed import check_args, start
+
+    check_args(args)
+    dist = start()
+    with dist.guard():
+        return _run(args, dist)
+
+
+def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.atomic import atomic_write_text
     from ssdmoe_tui.bench.bench import BenchOptions, run_bench
     from ssdmoe_tui.bench.report import summary, write_plot
@@ -110,16 +123,21 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         experts=args.experts,
         prefetch=args.prefetch,
+        distributed=dist,
     )
+    quiet = not opts.root  # only rank 0 reports
 
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
 
     def save(result: dict) -> None:
-        if args.json_out:
+        if args.json_out and not quiet:
             atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
 
     result = run_bench(opts, log, on_partial=save)
+    if quiet:
+        return 0
     save(result)
     if args.json_out:
         log(f"JSON written to {args.json_out}")

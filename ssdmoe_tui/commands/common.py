@@ -213,6 +213,16 @@ def read_prompt(text: str) -> str:
     return O.check_text(text)
 
 
+def add_distributed_argument(p: argparse.ArgumentParser) -> None:
+    """`--distributed`: one rank of an expert-parallel `mlx.launch` (docs/distributed.md)."""
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="expert-parallel across the ranks of `mlx.launch` (each rank streams its share "
+        "of the experts; rank 0 talks to the user): see docs/distributed.md",
+    )
+
+
 def resolve_model_path(spec: str, quiet: bool = False):
     """'' -> the demo model (created on first use, with a visible message)."""
     import sys

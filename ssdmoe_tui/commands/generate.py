@@ -7,6 +7,7 @@ import json
 import sys
 
 from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
     add_model_arguments,
     add_prefill_step_argument,
     add_sampling_arguments,
@@ -29,38 +30,57 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )
+    add_distributed_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.distributed:
+        return _run(args, None)
+    from ssdmoe_tui.engine.distributed import check_args, start
+
+    check_args(args)
+    dist = start()
+    with dist.guard():
+        return _run(args, dist)
+
+
+def _run(args: argparse.Namespace, dist) -> int:
+    """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
     from ssdmoe_tui.engine.open import load_engine, plan_engine
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
 
     prompt_text = read_prompt(args.prompt)
 
+    quiet = dist is not None and not dist.is_root
+
     def say(msg: str) -> None:
-        if not args.json:
+        if not (args.json or quiet):
             print(msg, file=sys.stderr, flush=True)
 
     def notice(msg: str) -> None:
-        print(f"ssdmoe: note: {msg}", file=sys.stderr, flush=True)
+        if not quiet:
+            print(f"ssdmoe: note: {msg}", file=sys.stderr, flush=True)
 
     plan = plan_engine(
-        engine_options(args), say=say, download=None if args.json else cli_progress()
+        engine_options(args), say=say, download=None if (args.json or quiet) else cli_progress()
     )
-    lock = acquire_model_lock(str(plan.path))  # held until exit: one loaded model per machine
+    lock = None  # held until exit: one loaded model per machine (one rank per machine)
+    if dist is None or dist.first_on_host():
+        lock = acquire_model_lock(str(plan.path))
     try:
-        runner = load_engine(plan, notice=notice)
+        runner = load_engine(plan, notice=notice, distributed=dist)
         try:
-            return _generate(args, runner, prompt_text, plan.path)
+            return _generate(args, runner, prompt_text, plan.path, dist)
         finally:
             runner.close()
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
-def _generate(args, runner, prompt_text: str, path) -> int:
+def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
@@ -96,13 +116,18 @@ def _generate(args, runner, prompt_text: str, path) -> int:
         )
 
     result = None
+    quiet = dist is not None and not dist.is_root
+    meter = dist.meter(sm) if dist is not None else None
+    sampler = make_sampler(args.temp, top_p=args.top_p)
     try:
         for ev in runner.stream(
             prompt,
             max_tokens=args.max_tokens,
-            sampler=make_sampler(args.temp, top_p=args.top_p),
+            sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
         ):
-            if isinstance(ev, TokenEvent):
+            if isinstance(ev, TokenEvent) and meter is not None:
+                meter.on_token(ev.stats.generated_tokens)
+            if isinstance(ev, TokenEvent) and not quiet:
                 if writer is not None:
                     counter["token"] += 1
                     counter["phase"] = DECODE
@@ -115,6 +140,10 @@ def _generate(args, runner, prompt_text: str, path) -> int:
         if writer is not None:
             writer.close()
     stats = runner.stats_dict(result.stats)
+    if dist is not None:
+        stats["distributed"] = dist.run_stats(sm, meter, len(result.tokens) - 1)
+        if quiet:
+            return 0
     if args.json:
         print(
             json.dumps(
@@ -140,4 +169,8 @@ def _generate(args, runner, prompt_text: str, path) -> int:
             f"expert cache hit {s.hit_rate:.1%} | K={runner.k}]",
             file=sys.stderr,
         )
+        if dist is not None:
+            from ssdmoe_tui.engine.distributed import summary_line
+
+            print(summary_line(stats["distributed"]), file=sys.stderr)
     return 0

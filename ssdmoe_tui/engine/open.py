@@ -77,8 +77,11 @@ def plan_engine(
     return EnginePlan(options, path, index)
 
 
-def load_engine(plan: EnginePlan, *, say: Say = _quiet, notice: Say = _quiet) -> Runner:
-    """Step 2: the streamed model and its Runner (the owner of K)."""
+def load_engine(
+    plan: EnginePlan, *, say: Say = _quiet, notice: Say = _quiet, distributed=None
+) -> Runner:
+    """Step 2: the streamed model and its Runner (the owner of K). `distributed`
+    (`engine.distributed.Distributed`): this rank's share of an expert-parallel launch."""
     from ssdmoe_tui.engine.loader import load_streamed
     from ssdmoe_tui.engine.runner import Runner
 
@@ -96,6 +99,7 @@ def load_engine(plan: EnginePlan, *, say: Say = _quiet, notice: Say = _quiet) ->
         prefetch=o.prefetch,
         experts=o.experts,
         progress=say,
+        distributed=distributed,
     )
     try:
         runner = Runner(sm, o.prefill_step, k=o.k, prefill_k=o.prefill_k)
@@ -106,7 +110,7 @@ def load_engine(plan: EnginePlan, *, say: Say = _quiet, notice: Say = _quiet) ->
     if budget.bytes is not None and got > budget.bytes:
         notice(
             f"expert cache {budget.text} is below this model's minimum "
-            f"({sm.cache.capacity} experts = K x {sm.index.num_layers} MoE layers): "
+            f"({sm.cache.capacity} experts = trained K x {sm.index.num_layers} MoE layers): "
             f"using {got / 2**20:.1f} MiB ({got:,} bytes)"
         )
     return runner
@@ -119,7 +123,8 @@ def open_engine(
     notice: Say = _quiet,
     download: Callable | None = None,
     cancel: threading.Event | None = None,
+    distributed=None,
 ) -> Runner:
     """Plan and load in one go (commands that hold no other model)."""
     plan = plan_engine(options, say=say, download=download, cancel=cancel)
-    return load_engine(plan, say=say, notice=notice)
+    return load_engine(plan, say=say, notice=notice, distributed=distributed)
