@@ -170,6 +170,63 @@ def test_engine_service_on_two_ranks_follows_rank_0(checkpoints):
     assert len(d["per_rank"]) == 2 and d["all_sum_calls_per_token"] == 3
 
 
+def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
+    """`mlx.launch -n 2 ... ssdmoe serve --distributed`: rank 0 serves HTTP (the official
+    openai client gets one process's greedy text), rank 1 follows; SIGINT to rank 0 stops
+    both cleanly."""
+    import openai
+
+    from tests.test_server import HELLO, generate_json
+
+    path = checkpoints("qwen3_moe")
+    want = generate_json(path, HELLO[0]["content"], max_tokens=12)
+    port = _free_port()
+    pidfile = tmp_path / "rank0.pid"
+    serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
+    serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
+    import shlex
+
+    cmd = ["/bin/sh", "-c", f'[ "$MLX_RANK" = 0 ] && echo $$ > {pidfile}; exec {shlex.join(serve)}']
+    p = subprocess.Popen(
+        _launch_cmd(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
+        )
+        end = time.monotonic() + 60
+        model = None
+        while model is None and time.monotonic() < end and p.poll() is None:
+            try:
+                model = client.models.list().data[0].id
+            except openai.APIConnectionError:
+                time.sleep(0.2)
+        assert model is not None, "the server on rank 0 did not come up"
+        r = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=12, temperature=0
+        )
+        assert r.choices[0].message.content == want["text"]
+        d = r.model_extra["ssdmoe"]["distributed"]
+        assert [x["rank"] for x in d["per_rank"]] == [0, 1]
+        assert all(x["requested_bytes"] > 0 for x in d["per_rank"])
+        chunks = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=12, temperature=0, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == want["text"]
+        os.kill(int(pidfile.read_text()), signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert _errors(err.decode(errors="replace")) == [], err.decode(errors="replace")[-3000:]
+
+
 def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):
     """`bench --distributed`: same tokens as one process, each rank requests about half
     the bytes one process does at the same total cache, and the all_sum cost is reported."""

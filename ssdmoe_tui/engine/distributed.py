@@ -232,9 +232,12 @@ class Distributed:
         try:
             yield self
         except BaseException as e:
-            if isinstance(e, KeyboardInterrupt | SystemExit) and self.watchdog is None:
+            stop = isinstance(e, KeyboardInterrupt | SystemExit)
+            if stop and (self.watchdog is None or self.is_root):
+                if self.watchdog is not None:
+                    self.watchdog.finish()  # rank 0 was stopped on purpose: a clean end
                 raise
-            msg = f"rank {self.rank}: {user_message(e)}"
+            msg = f"rank {self.rank}: " + ("interrupted" if stop else user_message(e))
             if self.watchdog is None:
                 raise DistributedError(msg) from e
             self.watchdog.local_failure(msg, comm_error=_looks_like_comm_error(e))
@@ -821,6 +824,18 @@ class ServiceLink:
         service.link = self
         service.use_model_lock = self.lock_here
 
+    def service_factory(self, options):
+        """rank 0: `make(post)` for the server, an EngineService linked to the others."""
+
+        def make(post):
+            from ssdmoe_tui.engine.service import EngineService
+
+            service = EngineService(post, options=options)
+            self.attach(service)
+            return service
+
+        return make
+
     def set_k(self, k: int) -> None:
         """rank 0: K for the next agreement (the next token or the next command)."""
         self._pending_k = int(k)
@@ -872,13 +887,19 @@ class ServiceLink:
         wd.local_failure(line, comm_error=_looks_like_comm_error(exc))
 
 
-def follow(dist: Distributed, options) -> int:
+def follow(dist: Distributed, options, link: ServiceLink | None = None) -> int:
     """A rank other than 0 of `serve --distributed`: run rank 0's engine commands until
     it shuts down (rank 0 alone serves HTTP)."""
+    import signal
+
     from ssdmoe_tui.engine.service import EngineService
 
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C reaches every process of the launch: rank 0 stops the server and then
+        # sends Shutdown here; a follower that left first would look like a failure.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     service = EngineService(lambda _event: None, options=options)
-    ServiceLink(dist).attach(service)
+    (link or ServiceLink(dist)).attach(service)
     service.start()
     service.shutdown(timeout=threading.TIMEOUT_MAX)  # returns once rank 0 sent Shutdown
     return 0
