@@ -493,7 +493,9 @@ def run_bench(
     if len(prompt) < opts.prompt_tokens:
         raise BadValueError(f"could only build {len(prompt)} prompt tokens")
 
-    trained_k = _trained_k(config, index.num_experts)
+    from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
+
+    trained_k = min(max(config_trained_k(config), 1), index.num_experts)
     ks = opts.ks or default_ks(trained_k, index.num_experts)
     for k in ks:
         if not 1 <= k <= index.num_experts:
@@ -653,16 +655,6 @@ def run_bench(
         _derive(result, base["by_k"], index)
     result["complete"] = True
     return result
-
-
-def _trained_k(config: dict, num_experts: int) -> int:
-    """The model's own experts-per-token, read from its config."""
-    text = config.get("text_config", config)
-    for key in ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"):
-        v = text.get(key)
-        if isinstance(v, int) and v > 0:
-            return min(v, num_experts)
-    return min(8, num_experts)
 
 
 def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
