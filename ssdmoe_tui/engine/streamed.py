@@ -121,46 +121,32 @@ class StreamedSwitch(nn.Module):
             y = _scatter_unsort(y, inv_order, shape)
         return y.squeeze(-2)
 
-    def _run_slots(self, x: mx.array, slots: np.ndarray) -> mx.array:
+    def _run_slots(self, x: mx.array, slots: np.ndarray, do_sort: bool | None = None) -> mx.array:
         """`slots`: global slot ids, shaped like the router's indices (..., K).
 
-        One bank: mlx-lm's call as is. Several: each bank's rows are computed by their own
-        `gather_qmm` calls (same kernels, same sort rule over the whole selection) and
-        put back in (token, k) order; every row is one expert's matmul, so the numbers
-        do not change."""
-        bs = self._cache.bank_slots
-        bank, row = np.divmod(slots, bs)
+        One bank: mlx-lm's call as is. Several: one call per bank with mlx-lm's shapes and
+        sort rule unchanged, the rows of other banks pointed at an unused row of this bank,
+        and each row's result taken from its own bank's call. Splitting the rows into
+        smaller calls instead changes which MLX-CUDA kernel runs (measured: tokens differ
+        from mlx-lm's on the H200); keeping the shapes keeps every row's arithmetic."""
+        cache = self._cache
+        bank, row = np.divmod(slots, cache.bank_slots)
         banks = np.unique(bank)
-        shape = slots.shape
         if len(banks) == 1:
-            return self._run(x, mx.array(row.astype(np.uint32)), shape, int(banks[0]))
-        do_sort = slots.size >= 64
-        k = shape[-1]
-        flat_bank, flat_row = bank.reshape(-1), row.reshape(-1).astype(np.uint32)
-        outs, order = [], []
-        if slots.size == k:  # one token: split its K along the last axis, shape kept
-            lead = shape[:-1]
-            for b in banks:
-                pos = np.nonzero(flat_bank == b)[0]
-                idx = mx.array(flat_row[pos].reshape(*lead, len(pos)))
-                outs.append(self._run(x, idx, idx.shape, int(b), do_sort))
-                order.append(pos)
-            y = mx.concatenate(outs, axis=-2)
-            inv = np.empty(k, dtype=np.int64)
-            inv[np.concatenate(order)] = np.arange(k)
-            return y[..., mx.array(inv), :]
-        xf = x.reshape(-1, 1, 1, x.shape[-1])  # one row per token
+            return self._run(
+                x, mx.array(row.astype(np.uint32)), slots.shape, int(banks[0]), do_sort
+            )
+        y = None
         for b in banks:
-            rows = np.nonzero(flat_bank == b)[0]
-            idx = mx.array(flat_row[rows][:, None])
-            xr = xf[mx.array(rows // k)]
-            outs.append(self._run(xr, idx, idx.shape, int(b), do_sort))  # (P, 1, D)
-            order.append(rows)
-        perm = np.concatenate(order)
-        inv = np.empty_like(perm)
-        inv[perm] = np.arange(len(perm))
-        y = mx.concatenate(outs, axis=0)[mx.array(inv)]
-        return y.reshape(*shape, y.shape[-1])
+            mine = bank == b
+            used = np.unique(row[mine])
+            size = next(iter(cache.banks[int(b)].values())).shape[0]
+            free = np.setdiff1d(np.arange(min(size, len(used) + 1)), used)
+            dummy = int(free[0]) if len(free) else int(used[0])
+            idx = mx.array(np.where(mine, row, dummy).astype(np.uint32))
+            yb = self._run(x, idx, slots.shape, int(b), do_sort)
+            y = yb if y is None else mx.where(mx.array(mine)[..., None], yb, y)
+        return y
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
@@ -197,23 +183,6 @@ class StreamedSwitch(nn.Module):
             return y
         return self._grouped(x, host, uniq)
 
-    def _run_slots_unsorted(self, xr: mx.array, slots: np.ndarray) -> mx.array:
-        """Rows of one token each (`xr` (P, 1, 1, D), `slots` (P, 1)), unsorted, per bank."""
-        bank, row = np.divmod(slots[:, 0], self._cache.bank_slots)
-        outs, order = [], []
-        for b in np.unique(bank):
-            rows = np.nonzero(bank == b)[0]
-            idx = mx.array(row[rows].astype(np.uint32)[:, None])
-            sub = xr if len(rows) == len(bank) else xr[mx.array(rows)]
-            outs.append(self._experts(sub, idx, False, int(b)).squeeze(-2))
-            order.append(rows)
-        if len(outs) == 1:
-            return outs[0]
-        perm = np.concatenate(order)
-        inv = np.empty_like(perm)
-        inv[perm] = np.arange(len(perm))
-        return mx.concatenate(outs, axis=0)[mx.array(inv)]
-
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
         """Union of experts larger than the cache (big prefill chunks, tiny budgets).
 
@@ -235,7 +204,7 @@ class StreamedSwitch(nn.Module):
             lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
             xr = xf[mx.array(rows // k)]
-            y = self._run_slots_unsorted(xr, lut[flat[rows]][:, None])  # (P, 1, D)
+            y = self._run_slots(xr, lut[flat[rows]][:, None], do_sort=False)  # (P, 1, D)
             mx.eval(y)
             outs.append(y)
             order.append(rows)
