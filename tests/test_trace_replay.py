@@ -1,5 +1,5 @@
 """Trace formats and the replay simulator, checked against the real routing traces in
-../shared/traces and the numbers TARGETS.md computes or quotes from them."""
+tests/fixtures/traces and the numbers TARGETS.md computes or quotes from them."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from ssdmoe_tui.cli import main
 from ssdmoe_tui.engine.policies import DEFAULT_POLICY
 from ssdmoe_tui.engine.traces import DECODE, PREFILL, TraceMeta, TraceWriter, read_trace
 from ssdmoe_tui.errors import BadValueError
+from tests.fixture_paths import TRACES
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 ROUTES = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace"
 QWEN, GPTOSS = ROUTES / "qwen.route.csv", ROUTES / "gptoss.route.csv"
 OLMOE = TRACES / "olmoe-1b-7b-vllm-layer0" / "moe_routes.jsonl"

@@ -7,7 +7,7 @@ number here is the number the engine would get on that routing.
 Two settings:
 - global (the engine's): one cache of `capacity` slots shared by all layers;
 - per-layer (`per_layer=True`): each layer has its own cache of `capacity` slots, the
-  method behind the [computed] numbers in ../shared/traces/TARGETS.md.
+  method behind the [computed] numbers in tests/fixtures/traces/TARGETS.md.
 
 Hit rates count decode tokens (what the user waits for); prefill steps, when the trace
 has them, warm the cache unless `decode_only`. `warmup` decode tokens warm it further

@@ -51,6 +51,7 @@ class CacheCounters:
     prefetch_issued: int = 0  # experts read ahead on the next layer's predicted routing
     prefetch_used: int = 0  # of those, experts the layer then really needed
     prefetch_wait_s: float = 0.0  # time a layer waited for its prefetch to land
+    ensure_s: float = 0.0  # time in `ensure` (lookups, eviction policy, reads)
 
     def snapshot(self) -> CacheCounters:
         return CacheCounters(**self.__dict__)
@@ -262,8 +263,16 @@ class ExpertCache:
     def ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
         """Make `experts` (unique ids) of `layer` resident; return their slots, in order.
 
-        All misses of the call are read in one batched reader call.
+        All misses of the call are read in one batched reader call. The time spent here
+        is counted (`counters.ensure_s`): minus read time, it is the cache's bookkeeping.
         """
+        t0 = time.perf_counter()
+        try:
+            return self._ensure(layer, experts)
+        finally:
+            self.counters.ensure_s += time.perf_counter() - t0
+
+    def _ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
         n = len(experts)
         if n > self.capacity:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
@@ -457,17 +466,11 @@ def _advise_random(fd: int) -> None:
 
 
 def parse_size(text: str | int) -> int:
-    """'512M', '4G', '1.5GiB', '123456' -> bytes."""
-    if isinstance(text, int):
-        return text
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 4G or auto)") from None
+    """'512M', '4G', '1.5GiB', '123456' -> bytes (`options.parse_bytes`; BadValueError,
+    a ValueError, on anything else)."""
+    from ssdmoe_tui.engine.options import parse_bytes
+
+    return parse_bytes(text)
 
 
 def available_memory_bytes() -> int:

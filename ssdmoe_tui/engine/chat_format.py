@@ -142,3 +142,15 @@ def next_turn_tokens(
         tokenizer, history_tokens, history_messages, new_user_text, **template_kwargs
     )
     return list(history_tokens) + delta
+
+
+def prompt_tokens(tokenizer: Any, messages: Messages, *, raw: bool = False) -> list[int]:
+    """One prompt from `messages`: the chat template with the generation prompt when the
+    tokenizer has one (and not `raw`), else the contents joined by newlines, tokenized
+    as plain text. The same for `generate`, the chat service and the server."""
+    from ssdmoe_tui.engine.options import check_text
+
+    msgs = [{"role": m["role"], "content": check_text(m["content"])} for m in messages]
+    if not raw and getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+    return list(tokenizer.encode("\n".join(m["content"] for m in msgs)))

@@ -44,6 +44,7 @@ class StreamedModel:
     prefetch: bool = False
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`)
     expert_source_note: str = ""  # why a repacked file present was not used
+    distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
 
     @property
     def model_type(self) -> str:
@@ -201,9 +202,12 @@ def load_streamed(
     prefetch: bool = False,
     experts: str = "auto",
     progress: Callable[[str], None] = lambda _: None,
+    distributed=None,
 ) -> StreamedModel:
     """`experts`: where expert bytes are read from: `auto` (the repacked file when one
-    is current, else the shards), `shards`, or `repacked` (an error when none is)."""
+    is current, else the shards), `shards`, or `repacked` (an error when none is).
+    `distributed` (`engine.distributed.Distributed`): an expert-parallel launch; this
+    rank streams only its share of the experts. None: one process holds them all."""
     from mlx_lm.utils import load_tokenizer
 
     path = Path(path)
@@ -254,10 +258,14 @@ def load_streamed(
             raise BadValueError(str(e)) from None
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
+    partition = distributed.partition(index) if distributed is not None else None
+    if partition is not None:
+        capacity = max(min(capacity, partition.owned_slots), 1)
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
 
+    make_switch = StreamedSwitch if partition is None else partition.make_switch
     for li, block, orig, kind, quant in specs:
-        block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
+        block.switch_mlp = make_switch(li, cache, kind, orig.activation, quant, times)
         blocks.append(block)
     if prefetch:
         for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
@@ -328,6 +336,7 @@ def load_streamed(
         prefetch=prefetch,
         expert_source=source,
         expert_source_note=source_note,
+        distributed=distributed,
     )
     if k is not None:
         sm.set_k(k)

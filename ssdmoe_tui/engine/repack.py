@@ -189,7 +189,7 @@ def write_repacked(
         )
     data = out_dir / DATA
     (out_dir / MANIFEST).unlink(missing_ok=True)  # an old copy stops counting before we write
-    tmp = out_dir / f".{DATA}.{os.getpid()}.tmp"
+    tmp = out_dir / f".{DATA}.p{os.getpid()}.tmp"  # the pid: start-up cleanup spares live writers
     per_chunk = max(1, min(e, chunk_bytes // stride))
     buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero
     base = buf.ctypes.data

@@ -1,5 +1,5 @@
 """Expert-routing traces: the engine's own format (write and read) plus readers for the
-real traces in ../shared/traces, so one simulator replays them all.
+real traces (tests/fixtures/traces), so one simulator replays them all.
 
 Engine format ("ssdmoe-route-trace" v1), JSON lines, gzip when the name ends in .gz:
 

@@ -34,19 +34,17 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, load_prompt_cache, save_prompt_cache
 
-from ssdmoe_tui.atomic import atomic_write_via
+from ssdmoe_tui.atomic import STALE_TEMP_S, atomic_write_via, remove_orphan_temps
 from ssdmoe_tui.errors import SsdmoeError
 
 FORMAT_VERSION = "1"
 PREFIX = "kv-"
 SUFFIX = ".safetensors"
 _NAME = re.compile(r"^kv-(\d{1,12})\.safetensors$")
-_TEMP = re.compile(r"^\.kv-.*\.tmp(\.safetensors)?$")
 
 DEFAULT_KEEP = 2  # newest checkpoints kept per conversation
 DEFAULT_SESSION_BUDGET = 4 << 30  # bytes of checkpoints per conversation
 DEFAULT_GLOBAL_BUDGET = 16 << 30  # bytes of checkpoints across all conversations
-_STALE_TEMP_S = 3600
 
 # Test hook: called with the finished temp file just before it is renamed into place.
 _before_rename: Callable[[Path], None] | None = None
@@ -156,23 +154,10 @@ def checkpoints_bytes(session_dir: Path) -> int:
     return sum(c.size for c in list_checkpoints(session_dir))
 
 
-def remove_stale_temps(session_dir: Path, older_than_s: float = _STALE_TEMP_S) -> int:
-    """Delete temp files a killed save left behind. Returns how many."""
-    removed = 0
-    now = time.time()
-    try:
-        entries = list(os.scandir(session_dir))
-    except OSError:
-        return 0
-    for entry in entries:
-        if _TEMP.match(entry.name) and entry.is_file(follow_symlinks=False):
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime >= older_than_s:
-                    os.unlink(entry.path)
-                    removed += 1
-            except OSError:
-                pass
-    return removed
+def remove_stale_temps(session_dir: Path, older_than_s: float = STALE_TEMP_S) -> int:
+    """Delete the temp files killed saves left in this conversation's folder (their
+    writer's pid is gone, or they are `older_than_s` old). Returns how many."""
+    return len(remove_orphan_temps(Path(session_dir), depth=0, stale_s=older_than_s))
 
 
 def _compact(cache: list[Any]) -> list[Any]:
@@ -249,7 +234,8 @@ def save_checkpoint(
         if _before_rename is not None:
             _before_rename(tmp)
 
-    atomic_write_via(path, write, suffix=SUFFIX)
+    # Room for the tensors plus the JSON header: a full disk says how much it needed.
+    atomic_write_via(path, write, suffix=SUFFIX, needed=nbytes + (1 << 16))
     evicted = enforce_budgets(
         session_dir,
         keep=keep,

@@ -278,29 +278,38 @@ class SessionStore:
                     if conv_id is not None:
                         break  # an empty folder (e.g. a crash before the first save): reuse it
                     continue
-            self.save(conv, touch=False)
+            try:
+                self.save(conv, touch=False)
+            except BaseException:
+                # No half-made conversation: a folder without its file (disk full) goes.
+                shutil.rmtree(self.folder(conv.id), ignore_errors=True)
+                raise
             return conv
 
     def save(self, conv: Conversation, *, touch: bool = True) -> None:
         """Write conversation.json atomically (`touch`: set `updated` to now)."""
         if touch:
             conv.updated = max(time.time(), conv.updated)
-        text = json.dumps(conv.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        data = json.dumps(conv.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
 
         def write(tmp: Path) -> None:
-            tmp.write_text(text, encoding="utf-8")
+            tmp.write_bytes(data)
             if _before_rename is not None:
                 _before_rename(tmp)
 
         with self._lock:
-            atomic_write_via(self._file(conv.id), write)
+            atomic_write_via(self._file(conv.id), write, needed=len(data))
 
     def add_turn(self, conv: Conversation, turn: Turn) -> None:
         """Append a turn and save (the first user message becomes the default title)."""
         if turn.role not in ("user", "assistant"):
             raise BadValueError(f"unknown role: {turn.role!r}")
         conv.turns.append(turn)
-        self.save(conv)
+        try:
+            self.save(conv)
+        except BaseException:
+            conv.turns.pop()  # memory stays what the disk holds (e.g. disk full: try again)
+            raise
 
     # -------------------------------------------------------------- read
     def get(self, conv_id: str) -> Conversation:
