@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = [
     "chat",
     "generate",
+    "serve",
     "index",
     "repack",
     "demo_model",

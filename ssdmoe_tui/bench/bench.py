@@ -151,8 +151,9 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False):
-    """A fresh engine (its Runner) for one (K, budget) configuration."""
+def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log = lambda _: None):
+    """A fresh engine (its Runner) for one (K, budget) configuration; a budget under the
+    model's minimum is raised to it and logged (`expert_cache_budget_bytes` has it)."""
     import mlx.core as mx
 
     from ssdmoe_tui.engine.open import open_engine
@@ -176,6 +177,7 @@ def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False):
             prefill_step=opts.prefill_step,
             queue_depth=opts.queue_depth,
         ),
+        notice=lambda msg: log(f"  note: {msg}"),
         distributed=opts.distributed,
     )
 
@@ -198,7 +200,7 @@ def run_config(
     from ssdmoe_tui.engine.runner import Done, Snapshot, TokenEvent
 
     t0 = time.perf_counter()
-    runner = _open(opts, budget, k, prefetch)
+    runner = _open(opts, budget, k, prefetch, log)
     load_s = time.perf_counter() - t0
     sm = runner.sm
     try:

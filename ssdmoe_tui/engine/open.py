@@ -110,7 +110,7 @@ def load_engine(
     if budget.bytes is not None and got > budget.bytes:
         notice(
             f"expert cache {budget.text} is below this model's minimum "
-            f"({sm.cache.capacity} experts = K x {sm.index.num_layers} MoE layers): "
+            f"({sm.cache.capacity} experts = trained K x {sm.index.num_layers} MoE layers): "
             f"using {got / 2**20:.1f} MiB ({got:,} bytes)"
         )
     return runner

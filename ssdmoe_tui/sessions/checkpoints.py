@@ -333,7 +333,7 @@ def read_metadata(path: Path) -> dict[str, str]:
         raise CheckpointInvalid(f"{name}: unreadable ({e.strerror or e})") from None
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise CheckpointInvalid(f"{name}: corrupt header") from None
     if not isinstance(header, dict):
         raise CheckpointInvalid(f"{name}: corrupt header")
@@ -348,7 +348,7 @@ def read_metadata(path: Path) -> dict[str, str]:
             for dim in spec["shape"]:
                 count *= int(dim)
             width = _DTYPE_BYTES[spec["dtype"]]
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):
             raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})") from None
         ok = isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi
         if not ok or hi - lo != count * width:
