@@ -59,7 +59,11 @@ def is_disk_full(exc: BaseException, folder: Path | None = None, needed: int | N
         return True
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         return True
-    if folder is not None and needed is not None and not isinstance(exc, OSError | KeyboardInterrupt):
+    if (
+        folder is not None
+        and needed is not None
+        and not isinstance(exc, OSError | KeyboardInterrupt)
+    ):
         free = free_bytes(folder)
         return free is not None and free < needed
     return False

@@ -74,6 +74,11 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
+        object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
+
+    def set_routing(self, routing) -> None:
+        """Look up the trace's ids for this layer (engine/trace_routing.py)."""
+        object.__setattr__(self, "_routing", routing)
 
     def set_predictor(self, predict) -> None:
         """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
@@ -153,7 +158,8 @@ class StreamedSwitch(nn.Module):
         predict = self._predict
         cache = self._cache
         frozen = cache.device_lut(self._layer)
-        if frozen is not None and predict is None and cache.on_route is None:
+        routing = self._routing
+        if frozen is not None and predict is None and cache.on_route is None and routing is None:
             # Every expert of this layer is resident for good: no host sync, no reads.
             times.calls += 1
             times.last_k = int(indices.shape[-1])
@@ -171,16 +177,28 @@ class StreamedSwitch(nn.Module):
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))
         uniq = np.unique(host)
+        extra = None
+        if routing is not None:
+            cell = routing.cell(self._layer)
+            if cell is not None:
+                # The trace's ids, in trace order. Ids the block picked outside them (only
+                # when K exceeds the cell) carry weight exactly 0: any resident slot serves.
+                extra = np.setdiff1d(uniq, cell)
+                uniq = cell
         if len(uniq) <= cache.capacity:
             slots = cache.ensure(self._layer, uniq)
             lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[uniq] = slots
+            if extra is not None and len(extra):
+                lut[extra] = slots[0]
             y = self._run_slots(x, lut[host])
             if pred is not None:
                 # Read the next layer's likely experts while this layer computes.
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
             return y
+        if extra is not None and len(extra):
+            uniq = np.concatenate([uniq, extra])
         return self._grouped(x, host, uniq)
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
@@ -201,6 +219,8 @@ class StreamedSwitch(nn.Module):
             group = uniq[start : start + cache.capacity]
             rows = np.nonzero(np.isin(flat, group))[0]
             slots = cache.ensure(self._layer, group)
+            if not len(rows):  # a trace-routed union may name experts no row chose
+                continue
             lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
             xr = xf[mx.array(rows // k)]
