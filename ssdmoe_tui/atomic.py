@@ -142,6 +142,20 @@ def remove_orphan_temps_at_startup() -> list[Path]:
         (paths.config_dir(), 1),
     ):
         removed += remove_orphan_temps(root, depth=depth)
+    # A conversation folder whose first save was killed is empty: rmdir only removes
+    # empty folders, and a save racing it re-creates its folder (atomic_write_via).
+    try:
+        folders = [
+            e.path for e in os.scandir(paths.sessions_dir()) if e.is_dir(follow_symlinks=False)
+        ]
+    except OSError:
+        folders = []
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+            removed.append(Path(folder))
+        except OSError:
+            pass
     return removed
 
 

@@ -347,6 +347,8 @@ class SessionStore:
         for conv_id in self.ids():
             try:
                 yield self.get(conv_id)
+            except SessionNotFound:
+                continue  # a folder whose first save never happened (killed): not one yet
             except SessionError as e:
                 if on_error is not None:
                     on_error(str(e))
