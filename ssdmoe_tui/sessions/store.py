@@ -102,6 +102,7 @@ def _timestamp(value: Any, name: str) -> float:
     return float(value)
 
 
+
 @dataclass
 class Turn:
     role: str  # "user" or "assistant"
