@@ -76,11 +76,13 @@ def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def _single_tokens(path: Path, prompt: list[int], n: int, budget: str) -> tuple[list[int], int]:
+def _single_tokens(
+    path: Path, prompt: list[int], n: int, budget: str, k: int | None = None
+) -> tuple[list[int], int]:
     sm = load_streamed(path, expert_cache=budget)
     try:
         sm.tokenizer.eos_token_ids = set()
-        res = Runner(sm).generate(prompt, max_tokens=n, sampler=make_sampler(0.0))
+        res = Runner(sm, k=k).generate(prompt, max_tokens=n, sampler=make_sampler(0.0))
         return res.tokens, sm.cache.counters.bytes_read
     finally:
         sm.close()
@@ -145,6 +147,84 @@ def test_two_ranks_match_one_process_on_every_architecture(checkpoints):
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, r.stderr[-3000:]  # rank 0 alone reports
     assert json.loads(lines[0]) == want
+
+
+def test_engine_service_on_two_ranks_follows_rank_0(checkpoints):
+    """What `serve --distributed` runs: rank 0's EngineService takes the commands (K set
+    per request, a cancel while decoding), the other rank follows in step."""
+    path = checkpoints("qwen3_moe")
+    want = {k: _single_tokens(path, PROMPT, N_TOKENS, "100K", k=k)[0] for k in (2, 4)}
+    ids = ",".join(map(str, PROMPT))
+    cmd = [sys.executable, "-m", "tests.distributed_worker", "--service", ids, str(N_TOKENS)]
+    r = _run([*cmd, "100K", str(path)])
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, r.stderr[-3000:]
+    got = json.loads(lines[0])
+    assert got["a"]["tokens"] == want[2]
+    assert got["b"]["tokens"] == want[4]
+    assert got["c"]["finish"] == "cancelled" and 0 < len(got["c"]["tokens"]) < 10_000
+    assert got["d"]["tokens"] == want[4]  # still in step after the cancel
+    assert len(got["e"]["tokens"]) == N_TOKENS
+    assert got["e"]["stats"]["reused_prompt_tokens"] > len(PROMPT)  # KV reuse, in step
+    d = got["b"]["stats"]["distributed"]
+    assert len(d["per_rank"]) == 2 and d["all_sum_calls_per_token"] == 3
+
+
+def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
+    """`mlx.launch -n 2 ... ssdmoe serve --distributed`: rank 0 serves HTTP (the official
+    openai client gets one process's greedy text), rank 1 follows; SIGINT to rank 0 stops
+    both cleanly."""
+    import openai
+
+    from tests.test_server import HELLO, generate_json
+
+    path = checkpoints("qwen3_moe")
+    want = generate_json(path, HELLO[0]["content"], max_tokens=12)
+    port = _free_port()
+    pidfile = tmp_path / "rank0.pid"
+    serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
+    serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
+    import shlex
+
+    cmd = ["/bin/sh", "-c", f'[ "$MLX_RANK" = 0 ] && echo $$ > {pidfile}; exec {shlex.join(serve)}']
+    p = subprocess.Popen(
+        _launch_cmd(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
+        )
+        end = time.monotonic() + 60
+        model = None
+        while model is None and time.monotonic() < end and p.poll() is None:
+            try:
+                model = client.models.list().data[0].id
+            except openai.APIConnectionError:
+                time.sleep(0.2)
+        assert model is not None, "the server on rank 0 did not come up"
+        r = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=12, temperature=0
+        )
+        assert r.choices[0].message.content == want["text"]
+        d = r.model_extra["ssdmoe"]["distributed"]
+        assert [x["rank"] for x in d["per_rank"]] == [0, 1]
+        assert all(x["requested_bytes"] > 0 for x in d["per_rank"])
+        chunks = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=12, temperature=0, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == want["text"]
+        os.kill(int(pidfile.read_text()), signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert _errors(err.decode(errors="replace")) == [], err.decode(errors="replace")[-3000:]
 
 
 def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):

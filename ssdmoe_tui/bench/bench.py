@@ -66,6 +66,8 @@ class BenchOptions:
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
+    routing_trace: str | None = None  # trace-driven routing (engine/trace_routing.py)
+    policy: str = "auto"  # expert-cache eviction policy
 
     @property
     def root(self) -> bool:
@@ -176,6 +178,8 @@ def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log =
             prefetch=prefetch,
             prefill_step=opts.prefill_step,
             queue_depth=opts.queue_depth,
+            routing_trace=opts.routing_trace,
+            policy=opts.policy,
         ),
         notice=lambda msg: log(f"  note: {msg}"),
         distributed=opts.distributed,
@@ -246,6 +250,7 @@ def run_config(
             "expert_cache_slots": cache.capacity,
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
             "policy": cache.policy_name,
+            **(cache.routing.summary() if cache.routing is not None else {"routing": "model"}),
             "reader": cache.reader.name,
             "expert_source": sm.expert_source,
             "prefetch": prefetch,
@@ -497,6 +502,17 @@ def run_bench(
 
     trained_k = min(max(config_trained_k(config), 1), index.num_experts)
     ks = opts.ks or default_ks(trained_k, index.num_experts)
+    routing_label = "model"
+    if opts.routing_trace:
+        from ssdmoe_tui.engine.traces import read_trace
+
+        trace_meta = read_trace(opts.routing_trace).meta  # K comes from the trace
+        if opts.ks and opts.ks != [trace_meta.k]:
+            raise BadValueError(
+                f"--k {','.join(map(str, opts.ks))}: the routing trace sets K={trace_meta.k}"
+            )
+        ks = [trace_meta.k]
+        routing_label = f"trace:{Path(opts.routing_trace).name}"
     for k in ks:
         if not 1 <= k <= index.num_experts:
             raise BadValueError(f"K={k} is outside 1..{index.num_experts}")
@@ -536,6 +552,8 @@ def run_bench(
         "expert_source": source,
         "expert_source_note": source_note,
         "prefetch": opts.prefetch,
+        "routing": routing_label,
+        "policy": opts.policy,
         "prefill_step": opts.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),

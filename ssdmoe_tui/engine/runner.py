@@ -459,8 +459,12 @@ class Runner:
             slot_placement=sm.cache.placement.placement,
             expert_source=sm.expert_source,
             expert_cache_budget_bytes=sm.cache.budget_bytes,
+            expert_cache_slots=sm.cache.capacity,
+            policy=sm.cache.policy_name,
             dtype=str(sm.dtype).removeprefix("mlx.core."),
         )
+        routing = sm.cache.routing
+        out.update(routing.summary() if routing is not None else {"routing": "model"})
         if sm.prefetch:  # engine-lifetime figures (the cache counts them since the load)
             out["prefetch"] = prefetch_figures(
                 Snapshot(
