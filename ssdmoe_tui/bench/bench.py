@@ -244,18 +244,13 @@ def run_config(
         kv_bytes = cache_nbytes(result.cache)
         bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
         out = {
-            "k": k,
+            # k, prefill_k, reader, slot placement, expert source, budget, slots, policy,
+            # routing, dtype: the same figures `generate --json` and the app report
+            **runner.conditions(),
             "expert_cache": str(budget),
-            "expert_cache_budget_bytes": cache.budget_bytes,
-            "expert_cache_slots": cache.capacity,
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
-            "policy": cache.policy_name,
-            **(cache.routing.summary() if cache.routing is not None else {"routing": "model"}),
-            "reader": cache.reader.name,
-            "expert_source": sm.expert_source,
             "prefetch": prefetch,
             **(_prefetch_stats(dec, steps) if prefetch else {}),
-            "slot_placement": cache.placement.placement,
             "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
             "load_s": round(load_s, 3),
