@@ -76,11 +76,13 @@ def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def _single_tokens(path: Path, prompt: list[int], n: int, budget: str) -> tuple[list[int], int]:
+def _single_tokens(
+    path: Path, prompt: list[int], n: int, budget: str, k: int | None = None
+) -> tuple[list[int], int]:
     sm = load_streamed(path, expert_cache=budget)
     try:
         sm.tokenizer.eos_token_ids = set()
-        res = Runner(sm).generate(prompt, max_tokens=n, sampler=make_sampler(0.0))
+        res = Runner(sm, k=k).generate(prompt, max_tokens=n, sampler=make_sampler(0.0))
         return res.tokens, sm.cache.counters.bytes_read
     finally:
         sm.close()
@@ -132,19 +134,90 @@ def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, b
 # ---------------------------------------------------------------- two ranks
 
 
-def test_two_ranks_match_one_process_on_every_architecture(checkpoints):
-    """Greedy tokens of two ranks equal one process's (the per-layer sum is exact)."""
+def test_two_ranks_match_one_process(checkpoints):
+    """Greedy tokens of two ranks equal one process's on every architecture (the
+    per-layer sum is exact), and an EngineService on two ranks (what `serve
+    --distributed` runs) stays in step with rank 0: K set per request, a cancel while
+    decoding, a next turn that reuses the KV cache. One launch for both (start-up is
+    most of a launch's time)."""
     archs = ("qwen3_5_moe", "nemotron_h", "mixtral")
     paths = [checkpoints(a) for a in archs]
+    qwen = checkpoints("qwen3_moe")
     want = {str(p): _single_tokens(p, PROMPT, N_TOKENS, "100K")[0] for p in paths}
+    want_k = {k: _single_tokens(qwen, PROMPT, N_TOKENS, "100K", k=k)[0] for k in (2, 4)}
     ids = ",".join(map(str, PROMPT))
-    r = _run(
-        [sys.executable, "-m", "tests.distributed_worker", ids, str(N_TOKENS), "100K"]
-        + [str(p) for p in paths]
-    )
+    cmd = [sys.executable, "-m", "tests.distributed_worker", ids, str(N_TOKENS), "100K"]
+    r = _run([*cmd, str(qwen), *map(str, paths)])
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, r.stderr[-3000:]  # rank 0 alone reports
-    assert json.loads(lines[0]) == want
+    got = json.loads(lines[0])
+    assert got["engine"] == want
+    svc = got["service"]
+    assert svc["a"]["tokens"] == want_k[2]
+    assert svc["b"]["tokens"] == want_k[4]
+    assert svc["c"]["finish"] == "cancelled" and 0 < len(svc["c"]["tokens"]) < 10_000
+    assert svc["d"]["tokens"] == want_k[4]  # still in step after the cancel
+    assert len(svc["e"]["tokens"]) == N_TOKENS
+    assert svc["e"]["stats"]["reused_prompt_tokens"] > len(PROMPT)  # KV reuse, in step
+    d = svc["b"]["stats"]["distributed"]
+    assert len(d["per_rank"]) == 2 and d["all_sum_calls_per_token"] == 3
+
+
+def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
+    """`mlx.launch -n 2 ... ssdmoe serve --distributed`: rank 0 serves HTTP (the official
+    openai client gets one process's greedy text), rank 1 follows; SIGINT to rank 0 stops
+    both cleanly."""
+    import openai
+
+    from tests.test_server import HELLO, generate_json
+
+    path = checkpoints("qwen3_moe")
+    want = generate_json(path, HELLO[0]["content"], max_tokens=12)
+    port = _free_port()
+    pidfile = tmp_path / "rank0.pid"
+    serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
+    serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
+    import shlex
+
+    cmd = ["/bin/sh", "-c", f'[ "$MLX_RANK" = 0 ] && echo $$ > {pidfile}; exec {shlex.join(serve)}']
+    p = subprocess.Popen(
+        _launch_cmd(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
+        )
+        end = time.monotonic() + 60
+        model = None
+        while model is None and time.monotonic() < end and p.poll() is None:
+            try:
+                model = client.models.list().data[0].id
+            except openai.APIConnectionError:
+                time.sleep(0.2)
+        assert model is not None, "the server on rank 0 did not come up"
+        r = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=12, temperature=0
+        )
+        assert r.choices[0].message.content == want["text"]
+        d = r.model_extra["ssdmoe"]["distributed"]
+        assert [x["rank"] for x in d["per_rank"]] == [0, 1]
+        assert all(x["requested_bytes"] > 0 for x in d["per_rank"])
+        chunks = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=12, temperature=0, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == want["text"]
+        os.kill(int(pidfile.read_text()), signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert _errors(err.decode(errors="replace")) == [], err.decode(errors="replace")[-3000:]
 
 
 def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):

@@ -66,6 +66,8 @@ class BenchOptions:
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
+    routing_trace: str | None = None  # trace-driven routing (engine/trace_routing.py)
+    policy: str = "auto"  # expert-cache eviction policy
 
     @property
     def root(self) -> bool:
@@ -176,6 +178,8 @@ def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log =
             prefetch=prefetch,
             prefill_step=opts.prefill_step,
             queue_depth=opts.queue_depth,
+            routing_trace=opts.routing_trace,
+            policy=opts.policy,
         ),
         notice=lambda msg: log(f"  note: {msg}"),
         distributed=opts.distributed,
@@ -240,17 +244,13 @@ def run_config(
         kv_bytes = cache_nbytes(result.cache)
         bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
         out = {
-            "k": k,
+            # k, prefill_k, reader, slot placement, expert source, budget, slots, policy,
+            # routing, dtype: the same figures `generate --json` and the app report
+            **runner.conditions(),
             "expert_cache": str(budget),
-            "expert_cache_budget_bytes": cache.budget_bytes,
-            "expert_cache_slots": cache.capacity,
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
-            "policy": cache.policy_name,
-            "reader": cache.reader.name,
-            "expert_source": sm.expert_source,
             "prefetch": prefetch,
             **(_prefetch_stats(dec, steps) if prefetch else {}),
-            "slot_placement": cache.placement.placement,
             "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
             "load_s": round(load_s, 3),
@@ -493,8 +493,21 @@ def run_bench(
     if len(prompt) < opts.prompt_tokens:
         raise BadValueError(f"could only build {len(prompt)} prompt tokens")
 
-    trained_k = _trained_k(config, index.num_experts)
+    from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
+
+    trained_k = min(max(config_trained_k(config), 1), index.num_experts)
     ks = opts.ks or default_ks(trained_k, index.num_experts)
+    routing_label = "model"
+    if opts.routing_trace:
+        from ssdmoe_tui.engine.traces import read_trace
+
+        trace_meta = read_trace(opts.routing_trace).meta  # K comes from the trace
+        if opts.ks and opts.ks != [trace_meta.k]:
+            raise BadValueError(
+                f"--k {','.join(map(str, opts.ks))}: the routing trace sets K={trace_meta.k}"
+            )
+        ks = [trace_meta.k]
+        routing_label = f"trace:{Path(opts.routing_trace).name}"
     for k in ks:
         if not 1 <= k <= index.num_experts:
             raise BadValueError(f"K={k} is outside 1..{index.num_experts}")
@@ -534,6 +547,8 @@ def run_bench(
         "expert_source": source,
         "expert_source_note": source_note,
         "prefetch": opts.prefetch,
+        "routing": routing_label,
+        "policy": opts.policy,
         "prefill_step": opts.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),
@@ -653,16 +668,6 @@ def run_bench(
         _derive(result, base["by_k"], index)
     result["complete"] = True
     return result
-
-
-def _trained_k(config: dict, num_experts: int) -> int:
-    """The model's own experts-per-token, read from its config."""
-    text = config.get("text_config", config)
-    for key in ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"):
-        v = text.get(key)
-        if isinstance(v, int) and v > 0:
-            return min(v, num_experts)
-    return min(8, num_experts)
 
 
 def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:

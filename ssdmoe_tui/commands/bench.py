@@ -16,6 +16,7 @@ from ssdmoe_tui.commands.common import (
     add_model_argument,
     add_prefill_step_argument,
     add_reader_arguments,
+    add_routing_trace_argument,
     arg_type,
 )
 from ssdmoe_tui.engine.options import parse_positive
@@ -69,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--baseline-json",
         default=None,
         help="take the resident baseline from an earlier bench JSON",
+    )
+    add_routing_trace_argument(p)
+    p.add_argument(
+        "--policy",
+        default="auto",
+        help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
     )
     add_experts_argument(p)
     p.add_argument(
@@ -124,6 +131,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         experts=args.experts,
         prefetch=args.prefetch,
         distributed=dist,
+        routing_trace=args.routing_trace,
+        policy=args.policy,
     )
     quiet = not opts.root  # only rank 0 reports
 

@@ -179,6 +179,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="read the next layer's predicted experts while this layer computes (off by default: "
         "it only pays where the prediction is good; see docs/benchmarks.md)",
     )
+    add_routing_trace_argument(p)
+
+
+def add_routing_trace_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--routing-trace",
+        default=None,
+        metavar="FILE",
+        help="route every MoE layer by this recorded trace (any format `ssdmoe trace replay` "
+        "reads; K, layers and experts must match the model): measures the cache on real "
+        "routing; the tokens are not the model's own",
+    )
 
 
 def engine_options(args: argparse.Namespace, **overrides) -> O.EngineOptions:
@@ -197,6 +209,7 @@ def engine_options(args: argparse.Namespace, **overrides) -> O.EngineOptions:
             "experts",
             "prefetch",
             "prefill_step",
+            "routing_trace",
         )  # fmt: skip
         if getattr(args, name, None) is not None
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
     add_max_tokens_argument,
     add_model_arguments,
     add_prefill_step_argument,
@@ -79,12 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the prompt cache in memory only (no KV checkpoints on disk)",
     )
+    add_distributed_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-    import os
     import sys
 
     try:
@@ -96,6 +96,25 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+
+    link = None
+    if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
+        from ssdmoe_tui.engine.distributed import ServiceLink, follow, start
+
+        dist = start(sigterm=False)
+        with dist.guard():
+            link = ServiceLink(dist)
+            if not dist.is_root:
+                return follow(dist, engine_options(args), link)
+            return _serve(args, link)
+    return _serve(args, link)
+
+
+def _serve(args: argparse.Namespace, link) -> int:
+    import asyncio
+    import os
+    import sys
+
     from ssdmoe_tui.server.engine_client import EngineFailed
     from ssdmoe_tui.server.main import ServeOptions, Server, bind, print_ready, url_of
 
@@ -107,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,
-        persist_cache=not args.no_disk_cache,
+        persist_cache=not args.no_disk_cache and link is None,  # ranks share no disk
+        make_service=link.service_factory(engine_options(args)) if link is not None else None,
     )
     sock = bind(args.host, args.port)
     server = Server(options)

@@ -446,21 +446,31 @@ class Runner:
         return cache.all_frozen and cache.on_route is None and not self.sm.prefetch
 
     # ------------------------------------------------------------------ reporting
+    def conditions(self) -> dict:
+        """What a measurement runs under: K, prefill K, reader, slot placement, expert
+        source, cache budget, slots and policy, routing, dtype (stats, bench, server)."""
+        sm = self.sm
+        cache = sm.cache
+        out = {
+            "k": self.k,
+            "prefill_k": self.prefill_k or self.k,
+            "reader": cache.reader.name,
+            "slot_placement": cache.placement.placement,
+            "expert_source": sm.expert_source,
+            "expert_cache_budget_bytes": cache.budget_bytes,
+            "expert_cache_slots": cache.capacity,
+            "policy": cache.policy_name,
+            "dtype": str(sm.dtype).removeprefix("mlx.core."),
+        }
+        out.update(cache.routing.summary() if cache.routing is not None else {"routing": "model"})
+        return out
+
     def stats_dict(self, stats: TurnStats) -> dict:
         """A turn's figures plus the engine's conditions, as `generate --json`, the
         service's GenerationDone and the server report them (one place)."""
         sm = self.sm
         c = sm.cache.counters
-        out = stats.as_dict()
-        out.update(
-            k=self.k,
-            prefill_k=self.prefill_k or self.k,
-            reader=sm.cache.reader.name,
-            slot_placement=sm.cache.placement.placement,
-            expert_source=sm.expert_source,
-            expert_cache_budget_bytes=sm.cache.budget_bytes,
-            dtype=str(sm.dtype).removeprefix("mlx.core."),
-        )
+        out = {**stats.as_dict(), **self.conditions()}
         if sm.prefetch:  # engine-lifetime figures (the cache counts them since the load)
             out["prefetch"] = prefetch_figures(
                 Snapshot(

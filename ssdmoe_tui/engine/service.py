@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions
+from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions, check_k
 from ssdmoe_tui.errors import BadValueError, user_message
 
 if TYPE_CHECKING:
@@ -96,6 +96,9 @@ class EngineService:
         self.last_stats: P.StatsSample | None = None
         self._lock = None  # cross-process "one loaded model" lock (models.lock)
         self.use_model_lock = True
+        # engine.distributed.ServiceLink: one rank of an expert-parallel launch (serve
+        # --distributed); commands, K and stops then come from rank 0, in step.
+        self.link = None
 
     # ------------------------------------------------------------------ client API
     def start(self) -> None:
@@ -124,6 +127,10 @@ class EngineService:
         ModelLoaded says which K the model runs with."""
         runner = self._runner
         if runner is not None:
+            if self.link is not None:  # every rank switches at the same token
+                check_k(k, runner.sm.index.num_experts, "K")
+                self.link.set_k(k)
+                return
             runner.set_k(k)
 
     def cancel(self) -> None:
@@ -166,7 +173,7 @@ class EngineService:
             except Exception as e:  # noqa: BLE001 - chatting works without persistence
                 self._notice(f"conversations will not be saved: {user_message(e)}")
         while True:
-            cmd = self._queue.get()
+            cmd = self._next_command()
             try:
                 if isinstance(cmd, P.Shutdown):
                     self._unload()
@@ -179,6 +186,8 @@ class EngineService:
                 elif isinstance(cmd, P.SetExpertCache):
                     self._set_cache(cmd)
             except Exception as e:  # noqa: BLE001 - every failure becomes one line for the user
+                if self.link is not None and not isinstance(e, BadValueError):
+                    self.link.fatal(e)  # the ranks are out of step: end them all
                 rid = getattr(cmd, "request_id", None)
                 # fatal: no model is loaded now (a failed open that kept the previous
                 # model, or a bad value, is not fatal: that model stays usable).
@@ -192,6 +201,14 @@ class EngineService:
             finally:
                 if isinstance(cmd, P.Generate):
                     self._busy.clear()
+
+    def _next_command(self) -> P.Command:
+        if self.link is None:
+            return self._queue.get()
+        cmd, k = self.link.next_command(self._queue)
+        if k is not None and self._runner is not None:
+            self._runner.set_k(k)
+        return cmd
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -258,7 +275,12 @@ class EngineService:
         try:
             self._take_lock(plan.path)
             self._emit(P.PhaseChanged("indexing", detail=str(plan.path)))
-            runner = load_engine(plan, say=say, notice=self._notice)
+            runner = load_engine(
+                plan,
+                say=say,
+                notice=self._notice,
+                distributed=self.link.dist if self.link is not None else None,
+            )
         except BaseException:
             self._release_lock()  # nothing loaded: another instance may load a model
             raise
@@ -364,16 +386,24 @@ class EngineService:
             last_flush = time.monotonic()
 
         result = None
+        sampler = make_sampler(sampling.temp, top_p=sampling.top_p)
+        should_stop = self._cancel.is_set
+        link, meter = self.link, None
+        if link is not None:
+            sampler, meter = link.sampler(sampler), link.meter(runner.sm)
+            should_stop = link.should_stop(should_stop, runner)
         for ev in runner.stream(
             prompt,
             max_tokens=sampling.max_tokens,
-            sampler=make_sampler(sampling.temp, top_p=sampling.top_p),
+            sampler=sampler,
             cache=cache,
             reused_tokens=reused,
-            should_stop=self._cancel.is_set,
+            should_stop=should_stop,
         ):
             now = time.monotonic()
             if isinstance(ev, TokenEvent):
+                if meter is not None:
+                    meter.on_token(ev.stats.generated_tokens)
                 pending.append(ev.token)
                 if ev.text:
                     pending_text.append(ev.text)
@@ -390,6 +420,9 @@ class EngineService:
             elif isinstance(ev, Done):
                 result = ev.result
         flush()
+        stats = runner.stats_dict(result.stats)
+        if link is not None:
+            stats["distributed"] = link.turn_stats(runner.sm, meter, len(result.tokens) - 1)
         self._emit(
             P.GenerationDone(
                 cmd.request_id,
@@ -398,7 +431,7 @@ class EngineService:
                 tuple(result.tokens),
                 result.finish_reason,
                 tuple(result.stats.k_per_token),
-                runner.stats_dict(result.stats),
+                stats,
             )
         )
         self.last_stats = self._sample(result.stats, result.cache)

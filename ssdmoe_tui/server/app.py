@@ -356,6 +356,8 @@ class Api:
                 "generated_tokens": len(done.token_ids),
             },
         }
+        if "distributed" in s:  # serve --distributed: per-rank bytes, hit rate, all_sum
+            ext["distributed"] = s["distributed"]
         self.last_response_stats = ext
         return ext
 

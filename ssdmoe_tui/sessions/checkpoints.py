@@ -17,10 +17,8 @@ conversation.json is never touched here.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import struct
 import sys
 import time
 import zlib
@@ -35,6 +33,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, load_prompt_cache, save_prompt_cache
 
 from ssdmoe_tui.atomic import STALE_TEMP_S, atomic_write_via, remove_orphan_temps
+from ssdmoe_tui.checkpoint.header import HeaderError, read_header
 from ssdmoe_tui.errors import SsdmoeError
 
 FORMAT_VERSION = "1"
@@ -307,62 +306,20 @@ def _gib(n: int) -> str:
 # --------------------------------------------------------------------------- load
 
 
-_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
-}  # fmt: skip
-
-
 def read_metadata(path: Path) -> dict[str, str]:
     """The safetensors header's metadata, after checking the file is whole: the header
-    parses and every tensor's bytes lie inside the file. Raises CheckpointInvalid."""
+    passes checkpoint.header's checks and every tensor's bytes lie inside the file.
+    Raises CheckpointInvalid naming the file."""
     name = Path(path).name
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointInvalid(f"{name}: truncated (no safetensors header)")
-            (hlen,) = struct.unpack("<Q", head)
-            size = os.fstat(f.fileno()).st_size
-            if hlen > min(size - 8, 100 << 20):
-                raise CheckpointInvalid(f"{name}: truncated or corrupt header")
-            raw = f.read(hlen)
-    except FileNotFoundError:
-        raise CheckpointInvalid(f"{name}: missing") from None
-    except OSError as e:
-        raise CheckpointInvalid(f"{name}: unreadable ({e.strerror or e})") from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise CheckpointInvalid(f"{name}: corrupt header") from None
-    if not isinstance(header, dict):
-        raise CheckpointInvalid(f"{name}: corrupt header")
-    data_len = size - 8 - hlen
-    end = 0
-    for key, spec in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            lo, hi = spec["data_offsets"]
-            count = 1
-            for dim in spec["shape"]:
-                count *= int(dim)
-            width = _DTYPE_BYTES[spec["dtype"]]
-        except (TypeError, KeyError, ValueError, OverflowError):
-            raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})") from None
-        ok = isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi
-        if not ok or hi - lo != count * width:
-            raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})")
-        end = max(end, hi)
-    if end > data_len:
-        raise CheckpointInvalid(f"{name}: truncated ({data_len} of {end} data bytes)")
-    raw_meta = header.get("__metadata__")
+        header = read_header(path, label=name)
+    except HeaderError as e:
+        reason = e.reason
+        if not reason.startswith(("truncated", "missing", "unreadable")):
+            reason = f"corrupt header ({reason})"
+        raise CheckpointInvalid(f"{name}: {reason}") from None
     # save_prompt_cache stores [our metadata, classes, scalars] flattened: ours is "0.<key>"
-    meta = {
-        str(k)[2:]: str(v)
-        for k, v in (raw_meta.items() if isinstance(raw_meta, dict) else ())
-        if str(k).startswith("0.")
-    }
+    meta = {k[2:]: v for k, v in header.metadata.items() if k.startswith("0.")}
     if meta.get("ssdmoe_format") is None:
         raise CheckpointInvalid(f"{name}: not an ssdmoe checkpoint")
     return meta
