@@ -63,3 +63,14 @@ def test_no_ui_module_imports_mlx_or_safetensors():
             assert name.split(".")[0] not in ("mlx", "mlx_lm", "safetensors"), (
                 f"{path} imports {name}"
             )
+
+
+def test_chat_controller_needs_no_textual_and_screens_never_import_the_app():
+    loaded = _loaded_after("import ssdmoe_tui.chat.controller, ssdmoe_tui.chat.progress")
+    assert "textual" not in loaded and "mlx" not in loaded
+    ui = ROOT / "ssdmoe_tui" / "ui"
+    for path in sorted(ui.rglob("*.py")):
+        if path.name == "app.py":
+            continue
+        for name in imported_names(path):
+            assert name != "ssdmoe_tui.ui.app", f"{path} imports the app (a cycle)"

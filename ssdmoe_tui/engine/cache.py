@@ -26,6 +26,7 @@ from ssdmoe_tui.engine.device_memory import place_slots
 from ssdmoe_tui.engine.index import ExpertIndex
 from ssdmoe_tui.engine.reader import Reader, ReadError, buffer_address
 from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.units import parse_size  # noqa: F401 - re-exported (loader, bench)
 
 _MX_DTYPES = {
     "U8": mx.uint8, "I8": mx.int8, "U16": mx.uint16, "I16": mx.int16,
@@ -380,20 +381,6 @@ def _advise_random(fd: int) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         except OSError:
             pass
-
-
-def parse_size(text: str | int) -> int:
-    """'512M', '4G', '1.5GiB', '123456' -> bytes."""
-    if isinstance(text, int):
-        return text
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 4G or auto)") from None
 
 
 def available_memory_bytes() -> int:

@@ -158,9 +158,8 @@ class EngineService:
                     self._set_cache(cmd)
             except Exception as e:  # noqa: BLE001 - every failure becomes one line for the user
                 rid = getattr(cmd, "request_id", None)
-                fatal = isinstance(cmd, P.LoadModel) or (
-                    isinstance(cmd, P.SetExpertCache) and self._sm is None
-                )
+                # Fatal only when no model is left: a failed switch keeps the loaded one.
+                fatal = isinstance(cmd, (P.LoadModel, P.SetExpertCache)) and self._sm is None
                 self._emit(P.EngineError(user_message(e), request_id=rid, fatal=fatal))
                 if isinstance(cmd, P.Generate):
                     self._emit(
@@ -203,9 +202,11 @@ class EngineService:
         from ssdmoe_tui.engine.loader import load_streamed
         from ssdmoe_tui.engine.runner import Runner
 
-        self._emit(P.PhaseChanged("loading", detail="unloading previous model" if self._sm else ""))
+        self._emit(P.PhaseChanged("loading", detail=cmd.path or "the demo model"))
+        path = self._resolve(cmd.path)  # a typo must not cost the loaded model
+        if self._sm is not None:
+            self._emit(P.PhaseChanged("loading", detail="unloading the previous model"))
         self._unload()
-        path = self._resolve(cmd.path)
         self._take_lock(path)
         self._emit(P.PhaseChanged("indexing", detail=str(path)))
         sm = load_streamed(

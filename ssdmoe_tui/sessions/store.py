@@ -91,9 +91,13 @@ class Turn:
     role: str  # "user" or "assistant"
     text: str
     token_ids: list[int] = field(default_factory=list)
-    k: int | None = None  # experts per token used (assistant turns)
+    k: int | None = None  # experts per token used (assistant turns; the most common)
     stopped: bool = False  # generation was stopped before its end-of-turn token
     created: float = field(default_factory=time.time)
+    k_min: int | None = None  # the range of K over the reply's tokens (K changed live)
+    k_max: int | None = None
+    model: str = ""  # the model that wrote the reply
+    decode_tok_s: float | None = None  # its decode speed
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -104,6 +108,12 @@ class Turn:
         if not all(isinstance(i, int) and i >= 0 for i in ids):
             raise ValueError("token_ids must be non-negative integers")
         k = d.get("k")
+
+        def opt_int(key: str) -> int | None:
+            value = d.get(key)
+            return int(value) if value is not None else None
+
+        rate = d.get("decode_tok_s")
         return cls(
             role=role,
             text=str(d["text"]),
@@ -111,6 +121,10 @@ class Turn:
             k=int(k) if k is not None else None,
             stopped=bool(d.get("stopped", False)),
             created=float(d.get("created", 0.0)),
+            k_min=opt_int("k_min"),
+            k_max=opt_int("k_max"),
+            model=str(d.get("model", "")),
+            decode_tok_s=float(rate) if rate is not None else None,
         )
 
 
@@ -418,7 +432,9 @@ def to_markdown(conv: Conversation) -> str:
     for t in conv.turns:
         heading = "## User" if t.role == "user" else "## Assistant"
         notes = []
-        if t.role == "assistant" and t.k is not None:
+        if t.role == "assistant" and t.k_min is not None and t.k_max != t.k_min:
+            notes.append(f"K={t.k_min}–{t.k_max}")
+        elif t.role == "assistant" and t.k is not None:
             notes.append(f"K={t.k}")
         if t.stopped:
             notes.append("stopped")
