@@ -41,3 +41,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check ssdmoe_tui tests scripts
+
+# `make fuzz FUZZ_SECONDS=600`: fuzz the readers of user files (scripts/fuzz.py) with
+# atheris where it installs, else the seeded mutator; findings land in tests/fuzz/crashes/.
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz: setup
+	-$(VPY) -m pip install -q atheris 2>/dev/null || echo "atheris does not install here: using the seeded mutator"
+	$(VPY) scripts/fuzz.py --seconds $(FUZZ_SECONDS)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.engine.options import CacheBudget, parse_temp, parse_top_p
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,21 +49,20 @@ def _optional_positive_int(value: object) -> int | None:
 
 
 def _cache_size(value: object) -> str:
-    from ssdmoe_tui.units import check_cache_size
-
     try:
-        return check_cache_size(_text(value))
+        CacheBudget.parse(_text(value))
     except ValueError:
         raise ValueError('expected "auto" or a size such as 512M or 4G') from None
+    return value  # type: ignore[return-value]
 
 
-def _number(low: float, high: float) -> Callable[[object], float]:
+def _number(parse: Callable[[float], float]) -> Callable[[object], float]:
+    """A TOML number checked by the engine's own parser (one rule for flags and file)."""
+
     def check(value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"expected a number from {low:g} to {high:g}")
-        if not low <= value <= high:
-            raise ValueError(f"expected a number from {low:g} to {high:g}")
-        return float(value)
+            raise ValueError("expected a number")
+        return parse(value)
 
     return check
 
@@ -95,8 +95,8 @@ class Config:
     )
     expert_cache: str = setting("auto", _cache_size, '"auto"', '"auto", "512M", "4G", ...')
     max_tokens: int = setting(1024, _positive_int, "1024", "longest reply, in tokens")
-    temperature: float = setting(0.0, _number(0.0, 2.0), "0.7", "0: greedy (the same reply)")
-    top_p: float = setting(1.0, _number(0.0, 1.0), "0.95", "nucleus sampling; 1: off")
+    temperature: float = setting(0.0, _number(parse_temp), "0.7", "0: greedy (the same reply)")
+    top_p: float = setting(0.0, _number(parse_top_p), "0.95", "nucleus sampling; 0: off")
     system_prompt: str = setting("", _text, '"You are a helpful assistant."', "")
     theme: str = setting(DEFAULT_THEME, _text, f'"{DEFAULT_THEME}"', "or ssdmoe-light, ...")
     keymap: dict[str, str] = setting({}, _keymap, "", "binding id = keys; F1 lists the ids")
@@ -181,7 +181,7 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         )
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         return LoadedConfig(Config(), path, (f"{path}: bad TOML ({e}); using defaults",), False)
     values: dict[str, object] = {}
     warnings: list[str] = []

@@ -127,6 +127,9 @@ def summary(result: dict, markdown: bool = False) -> str:
         f"device: {dev['backend']} {dev['name']} | dtype {c['dtype']} | mlx {v.get('mlx')} "
         f"mlx-lm {v.get('mlx_lm')} ssdmoe {v.get('ssdmoe')} | {c['date']}",
         f"prompt {c['prompt_tokens']} tokens, {c['decode_tokens']} decoded (greedy) | mode {c['mode']} "
+        f"| routing {c.get('routing', 'model')}"
+        + (" (tokens not the model's own)" if c.get("routing", "model") != "model" else "")
+        + " "
         f"| queue depth {c['queue_depth']} | {_mem(c['memory'])}",
     ]
     placements = sorted(

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
 from ssdmoe_tui.config import ChatSettings
+from ssdmoe_tui.engine.options import CacheBudget, check_k
 from ssdmoe_tui.engine.protocol import (
     EngineError,
     Generate,
@@ -25,9 +26,9 @@ from ssdmoe_tui.engine.protocol import (
     Message,
     ModelInfo,
     SetExpertCache,
+    SetK,
 )
 from ssdmoe_tui.errors import user_message
-from ssdmoe_tui.units import check_cache_size
 
 
 class Refused(Exception):
@@ -39,7 +40,6 @@ class Engine(Protocol):
 
     def start(self) -> None: ...
     def submit(self, command: Any) -> None: ...
-    def set_k(self, k: int) -> None: ...
     def cancel(self) -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
 
@@ -107,9 +107,9 @@ class ChatController:
     def set_expert_cache(self, size: str) -> None:
         """Reload the model with another expert-cache budget; a bad size changes nothing."""
         try:
-            check_cache_size(size)
+            CacheBudget.parse(size)
         except ValueError as e:
-            raise Refused(f"expert cache: {e}") from None
+            raise Refused(str(e)) from None
         if self.engine is None or self.model is None:
             raise Refused("No model loaded.")
         if self.loading is not None:
@@ -123,14 +123,16 @@ class ChatController:
     def check_k(self, k: int) -> None:
         if self.model is None:
             raise Refused("No model loaded yet.")
-        if not 1 <= k <= self.model.num_experts:
-            raise Refused(f"K must be 1..{self.model.num_experts}, not {k}")
+        try:
+            check_k(k, self.model.num_experts)
+        except ValueError as e:
+            raise Refused(str(e)) from None
 
     def set_k(self, k: int) -> None:
         """Applies from the next token (the engine's runner owns K)."""
         self.check_k(k)
         if self.engine is not None:
-            self.engine.set_k(k)
+            self.engine.submit(SetK(k))
 
     def model_loaded(self, info: ModelInfo) -> Loaded:
         self.model = info
@@ -196,7 +198,7 @@ class ChatController:
             messages=self._with_system(tuple(self.history)),
             max_tokens=self.settings.max_tokens,
             temp=self.settings.temperature,
-            top_p=self.settings.top_p if self.settings.top_p < 1.0 else 0.0,
+            top_p=self.settings.top_p,
             session_id=self.session_id,
         )
         self.inflight = request.request_id

@@ -169,6 +169,7 @@ def write_checkpoint(
     seed: int = 0,
     group_size: int = 64,
     bits: int = 4,
+    mode: str = "affine",
     max_shard_bytes: int = 5 << 30,
     tokenizer_from: Path | None = None,
     progress: ProgressFn = _noop,
@@ -220,7 +221,7 @@ def write_checkpoint(
         _quiet_rows(model, unreadable_token_ids(out, int(_text_config(config)["vocab_size"])))
     config.pop("quantization", None)
     config.pop("quantization_config", None)
-    model, qconfig = quantize_model(model, config, group_size, bits)
+    model, qconfig = quantize_model(model, config, group_size, bits, mode=mode)
     weights = dict(tree_flatten(model.parameters()))
     plan = _shard_plan(weights, max_shard_bytes)
     n = len(plan)
