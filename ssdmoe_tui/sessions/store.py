@@ -456,9 +456,14 @@ class SessionStore:
             raise BadValueError(f"export format must be md or json, not {fmt!r}")
         text = self.export_markdown(conv_id) if fmt == "md" else self.export_json(conv_id)
         dest = Path(dest).expanduser()
-        if dest.is_dir():
-            dest = dest / f"conversation-{validate_id(conv_id)}.{fmt}"
-        atomic_write_text(dest, text)
+        try:
+            if dest.is_dir():
+                dest = dest / f"conversation-{validate_id(conv_id)}.{fmt}"
+            atomic_write_text(dest, text)
+        except SsdmoeError:
+            raise  # disk full: already one line with the path
+        except OSError as e:
+            raise SessionError(f"cannot write {dest}: {e.strerror or e}") from None
         return dest
 
 
