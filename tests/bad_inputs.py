@@ -514,15 +514,9 @@ def _config_json(
 
 # Cases whose fix is other work not landed yet (owner, issue item). Never run them in
 # the test process: "trace-layer-1e9" allocates gigabytes until its reader is bounded.
-_HEADERS = "arch-checkpoint: issue 11 items 4-5 (header values)"
 _TRACES = "routing: issue 11 item 2 (trace reader bounds)"
 PENDING: dict[str, str] = {
     "trace-unwritable": "arch-core/routing: issue 11 item 4 (--trace write error names no path)",
-    "header-nested": _HEADERS,
-    "dtype-list": _HEADERS,
-    "offsets-1e400": _HEADERS,
-    "shape-1e400": _HEADERS,
-    "overlapping-experts": _HEADERS,
     "trace-k-word": _TRACES,
     "trace-layer-1e9": _TRACES,
     "trace-expert-negative": _TRACES,
