@@ -23,7 +23,7 @@ import numpy as np
 
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.checkpoint import layout
-from ssdmoe_tui.checkpoint.header import read_header
+from ssdmoe_tui.checkpoint.header import read_header_bytes
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.paths import cache_dir
 
@@ -94,9 +94,9 @@ def shard_names(model_dir: Path) -> list[str]:
 def content_sample(path: Path) -> str:
     """sha256 of a shard's header and of SAMPLE_BLOCKS 4 KiB blocks spread over its data
     (plus the last one): a few reads that catch a shard rewritten with the same size/mtime."""
-    header = read_header(path)
-    h = hashlib.sha256(header.raw)
-    size, start = header.file_size, header.data_start
+    raw, size = read_header_bytes(path)
+    h = hashlib.sha256(raw)
+    start = 8 + len(raw)
     span = max(size - start - SAMPLE_BLOCK, 0)
     points = sorted({start + span * i // SAMPLE_BLOCKS for i in range(SAMPLE_BLOCKS + 1)})
     with open(path, "rb") as f:
