@@ -214,6 +214,8 @@ def load_streamed(
     model_class, args_class = _model_classes(config)
     progress("indexing experts")
     index, _ = load_index(path)
+    if index.note:
+        progress(index.note)
     act_dtype = parse_dtype(dtype)
 
     model = model_class(args_class.from_dict(config))
