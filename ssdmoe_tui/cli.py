@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "demo_model",
     "models",
     "bench",
+    "eval",
     "trace",
 ]
 

@@ -61,6 +61,8 @@ class BenchOptions:
     seed: int = 0
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
+    quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
+    quality_tokens: int = 512
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -332,6 +334,8 @@ def run_config(
             "peak_rss_bytes": int(st.peak_rss_bytes),
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
+            # router mass kept at this K vs the trained K, over the decoded tokens
+            "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
         }
         log(
             f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
@@ -658,6 +662,10 @@ def run_bench(
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
+    if opts.quality_text is not None:
+        run_quality(opts, ks, result, log)
+        on_partial(result)
+
     # ---------------- resident baseline
     if opts.baseline_json is not None:
         base = _load_baseline_json(opts.baseline_json, conditions)
@@ -687,6 +695,28 @@ def run_bench(
         _derive(result, base["by_k"], index)
     result["complete"] = True
     return result
+
+
+def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> None:
+    """Score `opts.quality_text` at each K on one fresh engine; record it beside the speed."""
+    from ssdmoe_tui.bench.quality import RANDOM_WEIGHTS_NOTE, measure_quality, text_tokens
+
+    log(f"quality: {opts.quality_text}, teacher-forced at K {', '.join(map(str, ks))}")
+    sm = _load(opts, opts.budgets[0], None)
+    try:
+        tokens = text_tokens(sm.tokenizer, opts.quality_text, opts.quality_tokens)
+        by_k = measure_quality(sm, tokens, ks, log=log)
+    finally:
+        sm.close()
+        gc.collect()
+    result["quality"] = {
+        "text": str(opts.quality_text),
+        "text_tokens": len(tokens),
+        "note": RANDOM_WEIGHTS_NOTE,
+        "by_k": {str(k): v for k, v in by_k.items()},
+    }
+    for r in result.get("configs", []):
+        r["quality"] = by_k.get(r["k"])
 
 
 def _trained_k(config: dict, num_experts: int) -> int:

@@ -105,6 +105,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument(
+        "--wide", action="store_true",
+        help="print every column (time split, read GB/s, peak MLX memory, I/O ceiling, ...); "
+        "the default table fits 100 columns",
+    )  # fmt: skip
+    p.add_argument(
+        "--quality", default=None, metavar="TEXT_FILE",
+        help="also teacher-force this text at each K: perplexity, agreement with the trained "
+        "K and router mass, recorded beside the speed (as `ssdmoe eval`)",
+    )  # fmt: skip
+    p.add_argument(
+        "--quality-tokens", type=int, default=512, help="with --quality: the text's first N tokens"
+    )
     p.set_defaults(func=run)
 
 
@@ -115,11 +128,20 @@ def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.commands.common import resolve_model_path
     from ssdmoe_tui.errors import BadValueError
 
-    for name in ("prompt_tokens", "decode_tokens", "queue_depth", "disk_mib", "prefill_step"):
+    for name in (
+        "prompt_tokens",
+        "decode_tokens",
+        "queue_depth",
+        "disk_mib",
+        "prefill_step",
+        "quality_tokens",
+    ):
         if getattr(args, name) < 1:
             raise BadValueError(
                 f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
             )
+    if args.quality and not Path(args.quality).is_file():
+        raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
     opts = BenchOptions(
         model=Path(path),
@@ -140,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         experts=args.experts,
         prefetch=args.prefetch,
+        quality_text=Path(args.quality) if args.quality else None,
+        quality_tokens=args.quality_tokens,
     )
 
     def log(msg: str) -> None:
@@ -153,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     save(result)
     if args.json_out:
         log(f"JSON written to {args.json_out}")
-    print(summary(result, markdown=args.markdown))
+    print(summary(result, markdown=args.markdown, wide=args.wide))
     if args.plot:
         log(write_plot(result, Path(args.plot)))
     return 0

@@ -10,6 +10,7 @@ per-token K record come from the computation itself.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class TurnStats:
     peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
     k_per_token: list[int] = field(default_factory=list)
+    # router mass kept at the running K vs the trained K, per generated token (routing_mass.py)
+    mass_per_token: list[float] = field(default_factory=list)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -59,6 +62,12 @@ class TurnStats:
     @property
     def kv_hit_rate(self) -> float:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def routing_mass(self) -> float | None:
+        """Mean over the generated tokens (1.0 at the trained K); None before the first."""
+        m = self.mass_per_token
+        return sum(m) / len(m) if m else None
 
     def ssd_mib_per_token(self) -> float:
         """Device bytes per decoded token (page-cache hits excluded); requested bytes if unmeasurable."""
@@ -102,6 +111,8 @@ class TurnStats:
             "router_sync_s": round(self.router_sync_s, 4),
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "routing_mass": None if self.routing_mass is None else round(self.routing_mass, 4),
+            "routing_mass_min": round(min(self.mass_per_token), 4) if self.mass_per_token else None,
         }
 
 
@@ -173,6 +184,7 @@ class Runner:
         self.k = sm.trained_k
         self.prefill_k: int | None = None  # None: same as k
         self._pending_k: int | None = None
+        self._masses: deque = deque()  # routing mass of each built step, read with its token
 
     def request_k(self, k: int) -> None:
         """Thread-safe: takes effect before the next token."""
@@ -223,6 +235,7 @@ class Runner:
             raise ValueError("nothing to prefill: at least one prompt token must be new")
         mx.reset_peak_memory()
         iostats.reset_peak_rss()
+        self._masses.clear()
         meter = _Meter(sm)
         t0 = time.perf_counter()
 
@@ -259,9 +272,13 @@ class Runner:
         fed_generated = 0  # generated tokens the KV cache holds
         if not cancelled and max_tokens > 0:
             sm.set_k(self.k if (self.prefill_k is None) else self.prefill_k)
+            if sm.routing_mass is not None:
+                sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
             y = step(last)
+            self._queue_mass()
             tok = int(y.item())
             stats.k_per_token.append(sm.times.last_k)
+            self._record_mass(stats)
             t1 = time.perf_counter()
             stats.prefill_s = t1 - t0
             self._update_totals(stats, meter)
@@ -301,6 +318,7 @@ class Runner:
                     mx.async_eval(pending[0])
                 tok = int(y.item())
                 stats.k_per_token.append(k_tok)
+                self._record_mass(stats)
                 self._update_decode(stats, dmeter)
                 self._update_totals(stats, meter)  # live turn totals for the UI
             if pending is not None:
@@ -308,6 +326,8 @@ class Runner:
             stats.decode_s = time.perf_counter() - tdec
             self._update_decode(stats, dmeter)
             stats.k_per_token = stats.k_per_token[: len(tokens)]
+            stats.mass_per_token = stats.mass_per_token[: len(tokens)]
+            self._masses.clear()
         else:
             finish = "cancelled"
             stats.prefill_s = time.perf_counter() - t0
@@ -328,7 +348,18 @@ class Runner:
         self.sm.set_k(self.k)
         self.sm.cache.step()
         y = step(inp)
+        self._queue_mass()
         return y, self.sm.times.last_k
+
+    def _queue_mass(self) -> None:
+        """Keep the routing mass of the step just built, to read with its token."""
+        meter = self.sm.routing_mass
+        self._masses.append(meter.take() if meter is not None else None)
+
+    def _record_mass(self, stats: TurnStats) -> None:
+        m = self._masses.popleft() if self._masses else None
+        if m is not None:
+            stats.mass_per_token.append(float(m.mean().item()))
 
     def _can_pipeline(self) -> bool:
         cache = self.sm.cache

@@ -478,4 +478,6 @@ class EngineService:
             max_context=self.model_info.max_context if self.model_info else 0,
             k=self._runner.k if self._runner else 0,
             generated_tokens=stats.generated_tokens if stats else 0,
+            routing_mass=stats.routing_mass if stats else None,
+            routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )

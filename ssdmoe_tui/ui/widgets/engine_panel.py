@@ -34,6 +34,7 @@ ROWS = {
     "prefill": "prefill (last turn)",
     "ssd": "SSD read",
     "requested": "requested",
+    "mass": "router mass kept",
     "cache_hit": "hit rate",
     "cache_used": "used / budget",
     "mem_resident": "weights (resident)",
@@ -73,6 +74,7 @@ class EnginePanel(VerticalScroll):
         self.shown: dict[str, str] = {}
         self.decode_history: deque[float] = deque(maxlen=HISTORY)
         self.ssd_history: deque[float] = deque(maxlen=HISTORY)
+        self.mass_history: deque[float] = deque(maxlen=HISTORY)
         self.last_sample: StatsSample | None = None
         self.info: ModelInfo | None = None
         self._last_generated = 0
@@ -92,6 +94,9 @@ class EnginePanel(VerticalScroll):
         yield Row("ssd", ROWS["ssd"])
         yield Sparkline([], id="spark-ssd")
         yield Row("requested", ROWS["requested"])
+        # The cost of K: the router's probability mass the running K keeps (100 % at trained K).
+        yield Row("mass", ROWS["mass"])
+        yield Sparkline([], id="spark-mass")
         yield Static("expert cache", classes="section-title")
         yield Row("cache_hit", ROWS["cache_hit"])
         yield Row("cache_used", ROWS["cache_used"])
@@ -168,12 +173,16 @@ class EnginePanel(VerticalScroll):
             for _ in range(min(new_tokens, HISTORY)):
                 self.decode_history.append(s.decode_tok_s)
                 self.ssd_history.append(s.ssd_mib_per_token)
+                if s.routing_mass_last is not None:
+                    self.mass_history.append(s.routing_mass_last)
             self.query_one("#spark-decode", Sparkline).data = list(self.decode_history)
             self.query_one("#spark-ssd", Sparkline).data = list(self.ssd_history)
+            self.query_one("#spark-mass", Sparkline).data = list(self.mass_history)
         self._set("decode", fmt_rate(s.decode_tok_s) if settled else "—")
         self._set("prefill", fmt_rate(s.prefill_tok_s))
         self._set("ssd", f"{fmt_mib(s.ssd_mib_per_token)}/tok")
         self._set("requested", f"{fmt_mib(s.requested_mib_per_token)}/tok")
+        self._set("mass", fmt_pct(s.routing_mass))
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate))
         self._set(
             "cache_used",
@@ -192,6 +201,8 @@ class EnginePanel(VerticalScroll):
     def clear_history(self) -> None:
         self.decode_history.clear()
         self.ssd_history.clear()
+        self.mass_history.clear()
         self._last_generated = 0
         self.query_one("#spark-decode", Sparkline).data = []
         self.query_one("#spark-ssd", Sparkline).data = []
+        self.query_one("#spark-mass", Sparkline).data = []
