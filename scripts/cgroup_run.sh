@@ -5,7 +5,7 @@
 #
 # MODEL_DIR defaults to a Qwen3-30B-A3B-shaped random checkpoint reduced to 8 layers
 # (real widths, 128 experts, 4-bit; ~3.2 GB), written on first use from
-# ../shared/models/qwen3-30b-a3b/config.json. CAP_MIB defaults to a third of the
+# tests/fixtures/models/qwen3-30b-a3b/config.json. CAP_MIB defaults to a third of the
 # checkpoint size. The cap is a cgroup (v1 `memory.limit_in_bytes`, v2 `memory.max`)
 # that counts page cache too; the page cache is dropped first. Needs root on Linux.
 # Prints one JSON line: model bytes, cap, peak usage, OOM events, tokens generated.
@@ -18,7 +18,7 @@ TOKENS=${TOKENS:-24}
 
 if [ "$(id -u)" != 0 ]; then echo "cgroup_run: needs root (cgroup memory limits)" >&2; exit 2; fi
 if [ ! -f "$MODEL/config.json" ]; then
-  cfg="$here/../shared/models/qwen3-30b-a3b/config.json"
+  cfg="$here/tests/fixtures/models/qwen3-30b-a3b/config.json"
   [ -f "$cfg" ] || { echo "cgroup_run: no model at $MODEL and no $cfg to build one" >&2; exit 2; }
   echo "building $MODEL from $cfg (8 layers)" >&2
   "$PY" -m ssdmoe_tui.cli demo-model --config "$cfg" --layers 8 --out "$MODEL" --shard-size 1G

@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = [
     "chat",
     "generate",
+    "serve",
     "index",
     "repack",
     "demo_model",
@@ -28,8 +29,15 @@ class CliError(Exception):
     """A one-line user-facing error; printed without a traceback."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad argument is one line naming it (`--help` shows the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ssdmoe",
         description="Chat with Mixture-of-Experts models larger than memory, streamed from SSD.",
     )
@@ -45,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
+
+    remove_orphan_temps_at_startup()  # what killed writers left; live writers' files stay
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

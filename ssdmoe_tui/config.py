@@ -91,7 +91,7 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         )
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         return LoadedConfig(Config(), path, (f"{path}: bad TOML ({e}); using defaults",), False)
     values: dict[str, object] = {}
     warnings: list[str] = []

@@ -10,6 +10,9 @@ def ssdmoe_home(tmp_path_factory, monkeypatch):
     """Every test runs against a throwaway data/cache/config tree."""
     home = tmp_path_factory.mktemp("ssdmoe-home")
     monkeypatch.setenv("SSDMOE_HOME", str(home))
+    # The model lock is machine-wide (not under SSDMOE_HOME): each test gets its own, so
+    # parallel test runs on one machine never see each other's lock.
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))
     return home
 
 

@@ -7,8 +7,6 @@ does not (Qwen3 think blocks), the difference must be exactly the think block.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
@@ -21,8 +19,8 @@ from ssdmoe_tui.engine.chat_format import (
     render,
     user_turn_delta,
 )
+from tests.fixture_paths import MODELS
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 QWEN3 = MODELS / "qwen3-30b-a3b"
 CHATML = (
     "{% for message in messages %}"

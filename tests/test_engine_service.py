@@ -120,3 +120,92 @@ def test_cancel_during_prefill_then_continue(checkpoints):
         assert done2.stats["reused_prompt_tokens"] > 0
     finally:
         svc.shutdown()
+
+
+def _still_usable(svc, ev, rid: str) -> None:
+    """The model loaded before is still loaded: info, a reply, no fatal error."""
+    assert svc.model_info is not None
+    svc.submit(P.Generate(rid, prompt_tokens=tuple(range(3, 12)), max_tokens=3))
+    done, seen = ev.until(P.GenerationDone)
+    assert done.finish_reason in ("stop", "length") and done.token_ids
+    assert not any(isinstance(e, P.EngineError) for e in seen)
+
+
+def test_bad_values_and_paths_never_unload_the_working_model(checkpoints, tmp_path):
+    """The three reproduced bugs: `banana` as the cache budget, K=999, `open <typo>`:
+    one line each, non-fatal, and the model that was loaded stays loaded and usable."""
+    svc, ev = start(checkpoints("qwen3_moe"))
+    try:
+        path = svc.model_info.path
+        cases = [
+            (P.SetExpertCache("banana"), "banana"),
+            (P.SetExpertCache("inf"), "inf"),
+            (P.LoadModel(path=path, k=999), "999"),
+            (P.LoadModel(path=path, expert_cache="banana"), "banana"),
+            (P.LoadModel(path=str(tmp_path / "typo")), "typo"),
+        ]
+        for i, (cmd, named) in enumerate(cases):
+            svc.submit(cmd)
+            err, seen = ev.until(P.EngineError)
+            assert named in err.message and "\n" not in err.message, err.message
+            assert not err.fatal, err.message
+            assert not any(isinstance(e, P.ModelLoaded) for e in seen)
+            assert "unloading" not in " ".join(
+                e.detail for e in seen if isinstance(e, P.PhaseChanged)
+            )
+            _still_usable(svc, ev, f"after-{i}")
+        assert svc.model_info.path == path
+    finally:
+        svc.shutdown()
+
+
+def test_tiny_budget_is_raised_to_the_minimum_with_one_notice(checkpoints):
+    svc, ev = start(checkpoints("qwen3_moe"))  # expert_cache="1"
+    try:
+        svc.submit(P.SetExpertCache("1K"))
+        loaded, seen = ev.until(P.ModelLoaded)
+        notes = [e.message for e in seen if isinstance(e, P.Notice) and "minimum" in e.message]
+        assert len(notes) == 1 and "1K" in notes[0], notes
+        assert f"{loaded.info.expert_cache_budget:,} bytes" in notes[0]
+    finally:
+        svc.shutdown()
+
+
+def test_set_k_command_is_checked_and_reported_live(checkpoints):
+    svc, ev = start(checkpoints("qwen3_moe"))
+    try:
+        n = svc.model_info.num_experts
+        svc.submit(P.SetK(n + 1))
+        err, _ = ev.until(P.EngineError)
+        assert f"{n + 1}" in err.message and not err.fatal
+        svc.submit(P.SetK(2))
+        assert svc.model_info.k == 2  # ModelInfo reports the live K, not the loaded one
+        svc.submit(P.Generate("k2", prompt_tokens=tuple(range(3, 12)), max_tokens=4))
+        done, _ = ev.until(P.GenerationDone)
+        assert set(done.k_per_token) == {2} and done.stats["k"] == 2
+        sample, _ = ev.until(P.StatsSample)
+        assert sample.k == 2
+    finally:
+        svc.shutdown()
+
+
+def test_k_999_at_start_fails_before_loading_and_holds_no_lock(checkpoints):
+    """`k = 999` in the config: refused on the header, before any weights load, and the
+    machine-wide model lock is not left held (another engine can load at once)."""
+    path = str(checkpoints("qwen3_moe"))
+    ev = Events()
+    svc = EngineService(ev.post)
+    svc.start()
+    other = None
+    try:
+        svc.submit(P.LoadModel(path=path, k=999, expert_cache="1"))
+        err, seen = ev.until(P.EngineError)
+        assert "K=999" in err.message and err.fatal  # fatal: no model is loaded
+        assert not any(isinstance(e, P.PhaseChanged) and e.phase == "indexing" for e in seen)
+        assert svc.model_info is None
+        other, ev2 = start(path)  # would fail with "model locked" if the lock were held
+        assert other.model_info is not None
+    finally:
+        svc.shutdown()
+        if other is not None:
+            other.shutdown()

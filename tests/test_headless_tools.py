@@ -112,13 +112,12 @@ def test_demo_model_does_not_print_mlx_lm_quantization_info(tmp_path, capfd):
 
 
 def test_readme_and_models_supported_list_every_architecture(capsys):
-    from ssdmoe_tui.engine.loader import SUPPORTED_ARCHS
-    from ssdmoe_tui.models.registry import SUPPORTED_ARCHITECTURES
+    from ssdmoe_tui.checkpoint.arch import ARCHITECTURES
 
     readme = (ROOT / "README.md").read_text()
     assert main(["models", "supported"]) == 0
     listed = capsys.readouterr().out
-    for arch in set(SUPPORTED_ARCHS) | set(SUPPORTED_ARCHITECTURES):
+    for arch in ARCHITECTURES:
         assert f"`{arch}`" in readme, arch
         assert arch in listed, arch
     assert "mixtral" in listed

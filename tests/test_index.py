@@ -58,3 +58,53 @@ def test_index_cache_is_keyed_by_shard_size_and_mtime(checkpoints, tmp_path):
 
     text = (cache_dir() / "index" / f"{third.key}.json").read_text()
     assert str(tmp_path) not in text
+
+
+def _poke(path, pos: int) -> None:
+    """Flip one byte at `pos`, keeping the file's size and mtime (an in-place edit that a
+    size+mtime key cannot see)."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_in_place_edit_with_same_size_and_mtime_changes_the_key(checkpoints, tmp_path):
+    import shutil
+
+    from ssdmoe_tui.checkpoint.header import read_header
+
+    path = tmp_path / "m"
+    shutil.copytree(checkpoints("qwen3_moe"), path)
+    first, _ = load_index(path)
+    assert load_index(path)[1]  # cached
+    shard = path / first.shards[0]
+    _poke(shard, read_header(shard).data_start)  # first sampled block
+    again, cached = load_index(path)
+    assert not cached and again.key != first.key and again.layers == first.layers
+
+
+def test_verify_names_the_changed_tensor(checkpoints, tmp_path, capsys):
+    import json
+    import shutil
+
+    from ssdmoe_tui.cli import main
+
+    path = tmp_path / "m"
+    shutil.copytree(checkpoints("qwen3_moe"), path)
+    assert main(["index", "--model", str(path), "--verify"]) == 0
+    assert "first verify" in capsys.readouterr().out
+    assert main(["index", "--model", str(path), "--verify", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["ok"] and r["tensors"] > 20 and r["changed"] == []
+    index = build_index(path)
+    comp = index.layers[1].components[0]
+    _poke(path / comp.shard, comp.offset + 5 * comp.stride + 3)  # expert 5 of layer 1
+    assert main(["index", "--model", str(path), "--verify"]) == 1
+    out = capsys.readouterr().out
+    name = f"{index.layers[1].prefix}.switch_mlp.{comp.name}"
+    assert f"changed: {comp.shard}: {name}" in out and "1 changed" in out

@@ -43,6 +43,11 @@ def test_divergent_prompt_trims_attention_only(arch):
         assert cache[0].offset == len(A)
         got = feed(arch, cache, C)
         assert mx.allclose(got, fresh_logits(arch, A + C), atol=1e-4).item()
+        # the longer cache stays for the conversation it belongs to (a trimmed copy went out)
+        again, n = pool.take("m", A + B + C)
+        assert n == len(A + B) and len(pool) == 0
+        got = feed(arch, again, C)
+        assert mx.allclose(got, fresh_logits(arch, A + B + C), atol=1e-4).item()
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -110,3 +110,46 @@ def test_same_process_cannot_take_it_twice_and_relabel() -> None:
         lock.release()
         lock.release()  # idempotent
     acquire_model_lock("b").release()
+
+
+def test_lock_is_machine_wide_not_per_cache_folder(tmp_path) -> None:
+    """Two processes with different SSDMOE_HOME / XDG_CACHE_HOME still share one lock:
+    the default lock folder is <tmp>/ssdmoe-locks-<uid> (TMPDIR points it into this
+    test's folder, so parallel test runs on the machine do not meet)."""
+    machine_tmp = tmp_path / "machine-tmp"
+    machine_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SSDMOE_LOCK_DIR"}
+    env |= {"TMPDIR": str(machine_tmp)}
+    one = env | {"SSDMOE_HOME": str(tmp_path / "home-1"), "XDG_CACHE_HOME": str(tmp_path / "c1")}
+    two = env | {"SSDMOE_HOME": str(tmp_path / "home-2"), "XDG_CACHE_HOME": str(tmp_path / "c2")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, "/models/Qwen3-30B-A3B"],
+        cwd=ROOT,
+        env=one,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        code = (
+            "from ssdmoe_tui.models.lock import acquire_model_lock, lock_path\n"
+            "print(lock_path())\n"
+            "acquire_model_lock('/models/Qwen3-30B-A3B')\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=two,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode != 0 and f"pid {proc.pid}" in r.stderr
+        path = Path(r.stdout.strip())
+        assert path.parent == machine_tmp / f"ssdmoe-locks-{os.getuid()}"
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    assert not path.exists()  # released: the file goes with the lock

@@ -11,10 +11,11 @@ import pytest
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.scan import geometry_table, measure_experts
+from tests.fixture_paths import MODELS
 from tests.test_models_fakes import fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "models"
+SHARED = MODELS
 REAL_CONFIGS = {
     "qwen3.5-35b-a3b": SHARED / "qwen3.5-35b-a3b" / "config.reconstructed.json",
     "nemotron-3-nano-30b-a3b": SHARED / "nemotron-3-nano-30b-a3b" / "config.json",

@@ -1,4 +1,4 @@
-"""Real model shapes: checkpoints built from the real config.json files in ../shared/models.
+"""Real model shapes: checkpoints built from the real config.json files in tests/fixtures/models.
 
 Depth is cut to one MoE layer (plus one layer of each other kind the architecture
 needs) and the vocabulary to 2048 (both only shrink the resident
@@ -20,8 +20,8 @@ from ssdmoe_tui.engine.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.runner import Runner
 from ssdmoe_tui.models.demo import write_checkpoint
 from ssdmoe_tui.models.registry import expert_bytes_from_config
+from tests.fixture_paths import MODELS
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "models"
 CASES = {
     "qwen3_moe": ("qwen3-30b-a3b/config.json", 128, 8),
     "qwen3_5_moe": ("qwen3.5-35b-a3b/config.reconstructed.json", 256, 8),
@@ -55,7 +55,7 @@ def real_checkpoints(tmp_path_factory):
     def get(arch: str) -> tuple[Path, dict]:
         if arch not in built:
             rel, _, _ = CASES[arch]
-            config = json.loads((SHARED / rel).read_text())
+            config = json.loads((MODELS / rel).read_text())
             out = root / arch
             write_checkpoint(reduced(config), out, group_size=64, max_shard_bytes=256 << 20)
             built[arch] = (out, config)

@@ -7,8 +7,9 @@ import json
 import mlx.core as mx
 import pytest
 
+from ssdmoe_tui.checkpoint.arch import ARCHITECTURES
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.loader import SUPPORTED_ARCHS, load_streamed
+from ssdmoe_tui.engine.loader import load_streamed
 from ssdmoe_tui.engine.runner import Runner
 
 TEXT = (
@@ -27,7 +28,7 @@ def _masses(sm, k: int, tokens: int = 4) -> list[float]:
     return res.stats.mass_per_token
 
 
-@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_mass_is_one_at_trained_k_and_below_one_under_it(checkpoints, arch):
     sm = load_streamed(checkpoints(arch), expert_cache="1")
     try:

@@ -21,8 +21,9 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionStore
-from ssdmoe_tui.sessions.turns import build_prompt, record_exchange
+from ssdmoe_tui.sessions.turns import build_prompt
 from tests.checkpoints import build
+from tests.turn_records import record_exchange
 
 SYSTEM = (
     "You are a patient assistant for people who run large mixture-of-experts language "

@@ -1,6 +1,6 @@
 """Tiny real mlx-lm models of each cache kind, for the session / KV tests.
 
-Configs are mlx-lm's own unit-test configs (../shared/models/mlx-lm-test-configs.md):
+Configs are mlx-lm's own unit-test configs (mlx-lm's tests/test_models.py):
 qwen3_moe (KVCache only), qwen3_5_moe (ArraysCache + KVCache, linear attention),
 nemotron_h (ArraysCache + KVCache, Mamba). Float32: MLX's CPU GatherMM is float32 only.
 """

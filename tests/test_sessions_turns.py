@@ -13,8 +13,9 @@ from ssdmoe_tui.engine.protocol import GenerationDone, Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionNotFound, SessionStore
-from ssdmoe_tui.sessions.turns import build_prompt, record_exchange, tokenizer_id
+from ssdmoe_tui.sessions.turns import build_prompt, tokenizer_id
 from tests.test_chat_format import CHATML, IM_END, QWEN3
+from tests.turn_records import record_exchange
 
 
 @pytest.fixture(scope="module")

@@ -63,3 +63,122 @@ def test_no_ui_module_imports_mlx_or_safetensors():
             assert name.split(".")[0] not in ("mlx", "mlx_lm", "safetensors"), (
                 f"{path} imports {name}"
             )
+
+
+# --------------------------------------------------------------------------- import graph
+
+PACKAGE = ROOT / "ssdmoe_tui"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(package module -> package modules it imports, module -> outside top-level names).
+
+    Every import counts, wherever it is written: at the top, inside functions, under
+    `if TYPE_CHECKING:`. `from pkg import name` is an edge to `pkg.name` when that is a
+    module, else to `pkg`; relative imports are resolved."""
+    files = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    outside: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
+                ]
+            for t in targets:
+                if t.split(".")[0] != "ssdmoe_tui":
+                    outside[mod].add(t.split(".")[0])
+                    continue
+                while t and t not in files:  # a name inside a module: the module
+                    t = t.rpartition(".")[0]
+                if t and t != mod:
+                    graph[mod].add(t)
+    return graph, outside
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                scc = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    scc.append(m)
+                    if m == node:
+                        break
+                if len(scc) > 1:
+                    out.append(sorted(scc))
+    return sorted(out)
+
+
+def test_import_graph_sees_lazy_and_type_checking_imports():
+    graph, outside = import_graph()
+    assert "ssdmoe_tui.engine.runner" in graph["ssdmoe_tui.engine.open"]  # TYPE_CHECKING
+    assert "ssdmoe_tui.engine.loader" in graph["ssdmoe_tui.engine.open"]  # in a function
+    assert "mlx" in outside["ssdmoe_tui.engine.runner"]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_engine_reaches_no_sessions_ui_or_textual():
+    """engine imports none of sessions, ui, textual, directly or through another module."""
+    graph, outside = import_graph()
+    engine = [m for m in graph if m.startswith("ssdmoe_tui.engine")]
+    assert engine
+    bad = []
+    for start in engine:
+        seen, todo = {start}, [start]
+        while todo:
+            m = todo.pop()
+            for n in graph[m] - seen:
+                seen.add(n)
+                todo.append(n)
+        for m in seen:
+            if m.startswith(("ssdmoe_tui.sessions", "ssdmoe_tui.ui")) or "textual" in outside[m]:
+                bad.append(f"{start} reaches {m}")
+    assert not bad, "\n".join(sorted(bad))

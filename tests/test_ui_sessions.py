@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.protocol import StatsSample
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Turn
@@ -54,7 +55,9 @@ def seed(store: SessionStore, *exchanges: tuple[str, str], title: str = "") -> s
 
 async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_model):
     settings = ChatSettings(model=str(demo_model), max_tokens=60)
-    first = SsdmoeApp(settings, session_store=AppSessions(SessionStore()))
+    first = SsdmoeApp(
+        settings, engine_factory=engine_factory, session_store=AppSessions(SessionStore())
+    )
     async with first.run_test(size=SIZE) as pilot:
         await loaded(pilot, first)
         assert await first.send(FIRST)
@@ -71,6 +74,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
 
     second = SsdmoeApp(
         ChatSettings(model=str(demo_model), max_tokens=20),
+        engine_factory=engine_factory,
         session_store=AppSessions(SessionStore()),
     )
     async with second.run_test(size=SIZE) as pilot:
@@ -196,7 +200,9 @@ async def test_list_search_rename_export_delete(tmp_path):
 async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
     store = SessionStore()
     app = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=20), session_store=AppSessions(store)
+        ChatSettings(model=str(demo_model), max_tokens=20),
+        engine_factory=engine_factory,
+        session_store=AppSessions(store),
     )
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)

@@ -24,10 +24,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ssdmoe_tui.bench import system
 from ssdmoe_tui.bench.disk import random_read_bandwidth
 from ssdmoe_tui.errors import BadValueError, ModelError
+
+if TYPE_CHECKING:
+    from ssdmoe_tui.engine.runner import Snapshot
 
 SCHEMA_VERSION = 1
 PROMPT_TEXT = (
@@ -61,8 +65,16 @@ class BenchOptions:
     seed: int = 0
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
+    distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
+    routing_trace: str | None = None  # trace-driven routing (engine/trace_routing.py)
+    policy: str = "auto"  # expert-cache eviction policy
     quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
     quality_tokens: int = 512
+
+    @property
+    def root(self) -> bool:
+        """Rank 0 (or the only process): measures the disk and the baseline, reports."""
+        return self.distributed is None or self.distributed.is_root
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -103,74 +115,15 @@ def _quantization(config: dict) -> dict | None:
     return {k: q[k] for k in ("bits", "group_size", "mode") if k in q} or None
 
 
-class _Window:
-    """Engine counters at one instant, for deltas over a window."""
+def _split(w: Snapshot, steps: int) -> dict:
+    """ms per step: router sync + read wait + cache bookkeeping + rest = total.
 
-    def __init__(self, sm) -> None:
-        from ssdmoe_tui.engine import iostats
-
-        c = sm.cache.counters
-        self.t = time.perf_counter()
-        self.hits, self.misses = c.hits, c.misses
-        self.bytes, self.read_s, self.calls = c.bytes_read, c.read_s, c.read_calls
-        self.sync_s = sm.times.router_sync_s
-        self.ensure_s = _EnsureTimer.seconds(sm.cache)
-        self.dev = iostats.device_read_bytes()
-        self.pf_issued, self.pf_used = c.prefetch_issued, c.prefetch_used
-        self.pf_wait_s = c.prefetch_wait_s
-
-    def delta(self, end: _Window) -> dict:
-        dev = end.dev - self.dev if (end.dev is not None and self.dev is not None) else None
-        return {
-            "seconds": end.t - self.t,
-            "hits": end.hits - self.hits,
-            "misses": end.misses - self.misses,
-            "requested_bytes": end.bytes - self.bytes,
-            "read_s": end.read_s - self.read_s,
-            "read_calls": end.calls - self.calls,
-            "router_sync_s": end.sync_s - self.sync_s,
-            "ensure_s": end.ensure_s - self.ensure_s,
-            "device_bytes": dev,
-            "prefetch_issued": end.pf_issued - self.pf_issued,
-            "prefetch_used": end.pf_used - self.pf_used,
-            "prefetch_wait_s": end.pf_wait_s - self.pf_wait_s,
-        }
-
-
-class _EnsureTimer:
-    """Times `cache.ensure` (slot lookup, eviction policy, reads) from the outside.
-
-    Set as an instance attribute of the engine's cache, so the engine's own code runs
-    unchanged; ensure time minus read time is the cache's bookkeeping.
-    """
-
-    def __init__(self, cache) -> None:
-        self.inner = cache.ensure
-        self.total = 0.0
-
-    def __call__(self, layer, experts):
-        t0 = time.perf_counter()
-        try:
-            return self.inner(layer, experts)
-        finally:
-            self.total += time.perf_counter() - t0
-
-    @staticmethod
-    def install(cache) -> None:
-        cache.ensure = _EnsureTimer(cache)
-
-    @staticmethod
-    def seconds(cache) -> float:
-        t = cache.__dict__.get("ensure")
-        return t.total if isinstance(t, _EnsureTimer) else 0.0
-
-
-def _split(w: dict, steps: int) -> dict:
-    """ms per step: router sync + read wait + cache bookkeeping + rest = total."""
-    total = _per_step(w["seconds"] * 1e3, steps)
-    sync = _per_step(w["router_sync_s"] * 1e3, steps)
-    read = _per_step(w["read_s"] * 1e3, steps)
-    book = _per_step(max(w["ensure_s"] - w["read_s"], 0.0) * 1e3, steps)
+    Cache bookkeeping is the time the cache spent in `ensure` (its own counter) less
+    the reads it made there."""
+    total = _per_step(w.t * 1e3, steps)
+    sync = _per_step(w.router_sync_s * 1e3, steps)
+    read = _per_step(w.read_s * 1e3, steps)
+    book = _per_step(max(w.ensure_s - w.read_s, 0.0) * 1e3, steps)
     rest = None if total is None else total - (sync or 0.0) - (read or 0.0) - (book or 0.0)
     return {
         "total": _round(total, 3),
@@ -202,93 +155,104 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _load(opts, budget, k, prefetch: bool = False):
-    """A fresh streamed engine for one (K, budget) configuration."""
+def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log = lambda _: None):
+    """A fresh engine (its Runner) for one (K, budget) configuration; a budget under the
+    model's minimum is raised to it and logged (`expert_cache_budget_bytes` has it)."""
     import mlx.core as mx
 
-    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.open import open_engine
+    from ssdmoe_tui.engine.options import EngineOptions
 
     # The previous configuration's engine is garbage only once its caller returned (its
     # modules form reference cycles): collect it now, or its arrays count in this
     # configuration's peak memory.
     gc.collect()
     mx.clear_cache()
-
-    return load_streamed(
-        opts.model,
-        expert_cache=budget,
-        k=k,
-        dtype=opts.dtype,
-        reader_queue_depth=opts.queue_depth,
-        reader=opts.reader,
-        direct_io=opts.direct_io,
-        experts=opts.experts,
-        prefetch=prefetch,
+    return open_engine(
+        EngineOptions(
+            model=str(opts.model),
+            k=k,
+            expert_cache=budget,
+            dtype=opts.dtype,
+            reader=opts.reader,
+            direct_io=opts.direct_io,
+            experts=opts.experts,
+            prefetch=prefetch,
+            prefill_step=opts.prefill_step,
+            queue_depth=opts.queue_depth,
+            routing_trace=opts.routing_trace,
+            policy=opts.policy,
+        ),
+        notice=lambda msg: log(f"  note: {msg}"),
+        distributed=opts.distributed,
     )
+
+
+def _close(runner) -> None:
+    import mlx.core as mx
+
+    runner.close()
+    gc.collect()
+    mx.clear_cache()
 
 
 def run_config(
     opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log, prefetch: bool = False
 ) -> dict:
     """One configuration on a fresh engine; returns its result dict."""
-    import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
     from ssdmoe_tui.engine.kv_pool import cache_nbytes
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.runner import Done, Snapshot, TokenEvent
 
     t0 = time.perf_counter()
-    sm = _load(opts, budget, k, prefetch)
+    runner = _open(opts, budget, k, prefetch, log)
     load_s = time.perf_counter() - t0
+    sm = runner.sm
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
-        runner = Runner(sm, prefill_step_size=opts.prefill_step)
-        runner.k = k
-        _EnsureTimer.install(sm.cache)
-        marks: dict[str, _Window] = {}
-
-        def on_token(_tok: int, _piece: str, stats) -> None:
-            n = stats.generated_tokens
-            if n == 1:
-                marks["first"] = _Window(sm)
-            if n == opts.decode_tokens:
-                marks["last"] = _Window(sm)
-
-        start = _Window(sm)
+        dist = opts.distributed
+        meter = dist.meter(sm) if dist is not None else None
+        sampler = make_sampler(0.0)
+        if dist is not None:
+            sampler = dist.wrap_sampler(sampler)
+        marks: dict[str, Snapshot] = {}
+        start = Snapshot.take(sm)
         rss_reset = system.reset_peak_rss()
-        result = runner.generate(
-            prompt,
-            max_tokens=opts.decode_tokens,
-            sampler=make_sampler(0.0),
-            on_token=on_token,
-        )
-        end = marks.get("last") or _Window(sm)
+        result = None
+        for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=sampler):
+            if isinstance(ev, TokenEvent):
+                n = ev.stats.generated_tokens
+                if meter is not None:
+                    meter.on_token(n)
+                if n == 1:
+                    marks["first"] = Snapshot.take(sm)
+                if n == opts.decode_tokens:
+                    marks["last"] = Snapshot.take(sm)
+            elif isinstance(ev, Done):
+                result = ev.result
+        end = marks.get("last") or Snapshot.take(sm)
         first = marks.get("first") or end
         st = result.stats
-        pre = start.delta(first)
-        dec = first.delta(end)
+        pre = first - start
+        dec = end - first
         steps = max(len(result.tokens) - 1, 0)
         cache = sm.cache
         index = sm.index
-        dec_lookups = dec["hits"] + dec["misses"]
-        hit_rate = dec["hits"] / dec_lookups if dec_lookups else 0.0
-        req_bpt = _per_step(dec["requested_bytes"], steps)
-        dev_bpt = _per_step(dec["device_bytes"], steps)
+        hit_rate = dec.hit_rate
+        req_bpt = _per_step(dec.bytes_read, steps)
+        dev_bpt = _per_step(dec.device_bytes, steps)
         expert_set = index.expert_bytes * index.num_experts * index.num_layers
         kv_bytes = cache_nbytes(result.cache)
         bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
         out = {
-            "k": k,
-            "expert_cache": budget,
-            "expert_cache_budget_bytes": cache.budget_bytes,
-            "expert_cache_slots": cache.capacity,
+            # k, prefill_k, reader, slot placement, expert source, budget, slots, policy,
+            # routing, dtype: the same figures `generate --json` and the app report
+            **runner.conditions(),
+            "expert_cache": str(budget),
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
-            "policy": cache.policy_name,
-            "reader": cache.reader.name,
-            "expert_source": sm.expert_source,
             "prefetch": prefetch,
             **(_prefetch_stats(dec, steps) if prefetch else {}),
-            "slot_placement": cache.placement.placement,
             "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
             "load_s": round(load_s, 3),
@@ -297,34 +261,23 @@ def run_config(
             "decode_steps": steps,
             "prefill_s": round(st.prefill_s, 4),
             "prefill_tok_s": round(st.prefill_tok_s, 3),
-            "decode_s": round(dec["seconds"], 4),
-            "decode_tok_s": _round(_per_step(steps, dec["seconds"]), 3),
+            "decode_s": round(dec.t, 4),
+            "decode_tok_s": _round(_per_step(steps, dec.t), 3),
             "ms_per_token": _split(dec, steps),
             "prefill_ms_per_token": _split(pre, st.prompt_tokens),
-            "decode_hits": dec["hits"],
-            "decode_misses": dec["misses"],
+            "decode_hits": dec.hits,
+            "decode_misses": dec.misses,
             "hit_rate": round(hit_rate, 6),
-            "prefill_hit_rate": round(
-                pre["hits"] / (pre["hits"] + pre["misses"]) if pre["hits"] + pre["misses"] else 0.0,
-                4,
-            ),
-            "decode_requested_bytes": dec["requested_bytes"],
-            "decode_device_bytes": dec["device_bytes"],
+            "prefill_hit_rate": round(pre.hit_rate, 4),
+            "decode_requested_bytes": dec.bytes_read,
+            "decode_device_bytes": dec.device_bytes,
             "requested_mib_per_token": _round(None if req_bpt is None else req_bpt / 2**20),
             "device_mib_per_token": _round(None if dev_bpt is None else dev_bpt / 2**20),
-            "decode_read_s": round(dec["read_s"], 4),
-            "decode_read_gb_s": _round(
-                None
-                if _rate(dec["requested_bytes"], dec["read_s"]) is None
-                else _rate(dec["requested_bytes"], dec["read_s"]) / 1e9
-            ),
-            "prefill_requested_bytes": pre["requested_bytes"],
-            "prefill_read_s": round(pre["read_s"], 4),
-            "prefill_read_gb_s": _round(
-                None
-                if _rate(pre["requested_bytes"], pre["read_s"]) is None
-                else _rate(pre["requested_bytes"], pre["read_s"]) / 1e9
-            ),
+            "decode_read_s": round(dec.read_s, 4),
+            "decode_read_gb_s": _gb_s(dec),
+            "prefill_requested_bytes": pre.bytes_read,
+            "prefill_read_s": round(pre.read_s, 4),
+            "prefill_read_gb_s": _gb_s(pre),
             "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
             # The issue's memory target: peak within 10% of resident + cache budget + KV.
             "resident_memory_bytes": int(sm.resident_bytes),
@@ -337,6 +290,11 @@ def run_config(
             # router mass kept at this K vs the trained K, over the decoded tokens
             "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
         }
+        if dist is not None:
+            from ssdmoe_tui.engine.distributed import summary_line
+
+            out["distributed"] = dist.run_stats(sm, meter, steps)
+            log("  " + summary_line(out["distributed"]))
         log(
             f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
             f"[ms/tok {_fmt_split(out['prefill_ms_per_token'])}], "
@@ -345,42 +303,41 @@ def run_config(
         )
         return out
     finally:
-        sm.close()
-        gc.collect()
-        mx.clear_cache()
+        _close(runner)
 
 
-def _prefetch_stats(dec: dict, steps: int) -> dict:
-    """Prediction quality over the decode window: precision = used / issued, recall =
-    used / experts that had to come from disk (misses, prefetched ones included)."""
-    issued, used, misses = dec["prefetch_issued"], dec["prefetch_used"], dec["misses"]
+def _gb_s(w: Snapshot) -> float | None:
+    rate = _rate(w.bytes_read, w.read_s)
+    return None if rate is None else _round(rate / 1e9)
+
+
+def _prefetch_stats(dec: Snapshot, steps: int) -> dict:
+    """Prediction quality over the decode window (`runner.prefetch_figures`)."""
+    from ssdmoe_tui.engine.runner import prefetch_figures
+
+    f = prefetch_figures(dec)
     return {
-        "prefetch_issued": issued,
-        "prefetch_used": used,
-        "prefetch_precision": round(used / issued, 4) if issued else None,
-        "prefetch_recall": round(used / misses, 4) if misses else None,
-        "prefetch_wait_ms_per_token": _round(_per_step(dec["prefetch_wait_s"] * 1e3, steps), 3),
+        "prefetch_issued": f["issued"],
+        "prefetch_used": f["used"],
+        "prefetch_precision": f["precision"],
+        "prefetch_recall": f["recall"],
+        "prefetch_wait_ms_per_token": _round(_per_step(dec.prefetch_wait_s * 1e3, steps), 3),
     }
 
 
 def warmup(opts: BenchOptions, k: int, budget: str, log: Log) -> None:
     """Compile kernels on a throwaway engine so no configuration times compilation."""
-    import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.runner import Runner
-
     log("warm-up (not timed): 16-token prefill + 4 decoded tokens on a separate engine")
-    sm = _load(opts, budget, k)
+    runner = _open(opts, budget, k)
     try:
-        sm.tokenizer.eos_token_ids = set()
-        runner = Runner(sm, prefill_step_size=opts.prefill_step)
-        runner.k = k
-        runner.generate(fixed_prompt(sm.tokenizer, 16), max_tokens=4, sampler=make_sampler(0.0))
+        runner.sm.tokenizer.eos_token_ids = set()
+        runner.generate(
+            fixed_prompt(runner.sm.tokenizer, 16), max_tokens=4, sampler=make_sampler(0.0)
+        )
     finally:
-        sm.close()
-        gc.collect()
-        mx.clear_cache()
+        _close(runner)
 
 
 def _moe_blocks(model) -> list:
@@ -540,8 +497,21 @@ def run_bench(
     if len(prompt) < opts.prompt_tokens:
         raise BadValueError(f"could only build {len(prompt)} prompt tokens")
 
-    trained_k = _trained_k(config, index.num_experts)
+    from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
+
+    trained_k = min(max(config_trained_k(config), 1), index.num_experts)
     ks = opts.ks or default_ks(trained_k, index.num_experts)
+    routing_label = "model"
+    if opts.routing_trace:
+        from ssdmoe_tui.engine.traces import read_trace
+
+        trace_meta = read_trace(opts.routing_trace).meta  # K comes from the trace
+        if opts.ks and opts.ks != [trace_meta.k]:
+            raise BadValueError(
+                f"--k {','.join(map(str, opts.ks))}: the routing trace sets K={trace_meta.k}"
+            )
+        ks = [trace_meta.k]
+        routing_label = f"trace:{Path(opts.routing_trace).name}"
     for k in ks:
         if not 1 <= k <= index.num_experts:
             raise BadValueError(f"K={k} is outside 1..{index.num_experts}")
@@ -581,10 +551,18 @@ def run_bench(
         "expert_source": source,
         "expert_source_note": source_note,
         "prefetch": opts.prefetch,
+        "routing": routing_label,
+        "policy": opts.policy,
         "prefill_step": opts.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),
     }
+    if opts.distributed is not None:
+        conditions["distributed"] = {
+            "ranks": opts.distributed.size,
+            "expert_cache": "per rank (each rank caches only the experts it owns)",
+            "measured_by": "every rank; rank 0 reports, measures the disk and the baseline",
+        }
     result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
     log(
         f"model {path} ({config.get('model_type')}, {ckpt_bytes / 2**30:.2f} GiB, "
@@ -617,6 +595,7 @@ def run_bench(
                 )
         # ---------------- disk
         state = prepare()
+    if not opts.baseline_only and opts.root:
         log(
             f"disk: random reads of whole experts, batches of K experts, queue depth {opts.queue_depth} [{state}]"
         )
@@ -638,7 +617,7 @@ def run_bench(
             log(
                 f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({d.bytes / 2**20:.0f} MiB in {d.seconds:.2f} s, {d.reader})"
             )
-
+    if not opts.baseline_only:
         if opts.warmup:
             warmup(opts, max(ks), opts.budgets[0], log)
 
@@ -667,7 +646,9 @@ def run_bench(
         on_partial(result)
 
     # ---------------- resident baseline
-    if opts.baseline_json is not None:
+    if not opts.root:
+        base = {"status": "rank 0 measures it", "by_k": {}}
+    elif opts.baseline_json is not None:
         base = _load_baseline_json(opts.baseline_json, conditions)
         log(f"resident baseline from {opts.baseline_json}")
     else:
@@ -701,14 +682,17 @@ def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> No
     """Score `opts.quality_text` at each K on one fresh engine; record it beside the speed."""
     from ssdmoe_tui.bench.quality import RANDOM_WEIGHTS_NOTE, measure_quality, text_tokens
 
+    if opts.distributed is not None or opts.routing_trace is not None:
+        result["quality"] = {"status": "not measured with --distributed or --routing-trace"}
+        log("quality: not measured with --distributed or --routing-trace")
+        return
     log(f"quality: {opts.quality_text}, teacher-forced at K {', '.join(map(str, ks))}")
-    sm = _load(opts, opts.budgets[0], None)
+    runner = _open(opts, opts.budgets[0], ks[0], log=log)
     try:
-        tokens = text_tokens(sm.tokenizer, opts.quality_text, opts.quality_tokens)
-        by_k = measure_quality(sm, tokens, ks, log=log)
+        tokens = text_tokens(runner.sm.tokenizer, opts.quality_text, opts.quality_tokens)
+        by_k = measure_quality(runner.sm, tokens, ks, log=log)
     finally:
-        sm.close()
-        gc.collect()
+        _close(runner)
     result["quality"] = {
         "text": str(opts.quality_text),
         "text_tokens": len(tokens),
@@ -717,16 +701,6 @@ def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> No
     }
     for r in result.get("configs", []):
         r["quality"] = by_k.get(r["k"])
-
-
-def _trained_k(config: dict, num_experts: int) -> int:
-    """The model's own experts-per-token, read from its config."""
-    text = config.get("text_config", config)
-    for key in ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"):
-        v = text.get(key)
-        if isinstance(v, int) and v > 0:
-            return min(v, num_experts)
-    return min(8, num_experts)
 
 
 def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
@@ -744,7 +718,7 @@ def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
     ref = p / (all_bytes / bw) if bw else None
     r["prefill_read_all_tok_s"] = _round(ref)
     r["prefill_over_read_all"] = (
-        round(r["prefill_tok_s"] / ref, 4) if ref and r["prefill_tok_s"] else None
+        round(r["prefill_tok_s"] / ref, 6) if ref and r["prefill_tok_s"] else None
     )
 
 

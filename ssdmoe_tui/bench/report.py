@@ -181,6 +181,9 @@ def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
         f"device: {dev['backend']} {dev['name']} | dtype {c['dtype']} | mlx {v.get('mlx')} "
         f"mlx-lm {v.get('mlx_lm')} ssdmoe {v.get('ssdmoe')} | {c['date']}",
         f"prompt {c['prompt_tokens']} tokens, {c['decode_tokens']} decoded (greedy) | mode {c['mode']} "
+        f"| routing {c.get('routing', 'model')}"
+        + (" (tokens not the model's own)" if c.get("routing", "model") != "model" else "")
+        + " "
         f"| queue depth {c['queue_depth']} | {_mem(c['memory'])}",
     ]
     placements = sorted(
@@ -230,7 +233,7 @@ def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
                 notes.append(label + ": " + "; ".join(parts))
         text += "".join(sep + fit(n) for n in notes)
     quality = result.get("quality")
-    if quality:
+    if quality and "by_k" in quality:
         from ssdmoe_tui.bench.quality import quality_legend, quality_table
 
         trained = result["conditions"].get("trained_k") or max(int(k) for k in quality["by_k"])

@@ -7,34 +7,23 @@ import json
 import sys
 from pathlib import Path
 
-from ssdmoe_tui.commands.common import add_experts_argument
+from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
+    add_dtype_argument,
+    add_expert_cache_argument,
+    add_experts_argument,
+    add_k_argument,
+    add_model_argument,
+    add_prefill_step_argument,
+    add_reader_arguments,
+    add_routing_trace_argument,
+    arg_type,
+)
+from ssdmoe_tui.engine.options import parse_positive
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text!r}"
-        ) from None
-    if not out or any(x < 1 for x in out):
-        raise argparse.ArgumentTypeError(f"K values must be >= 1: {text!r}")
-    return out
-
-
-def _budget_list(text: str) -> list[str]:
-    from ssdmoe_tui.engine.cache import parse_size
-
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    for b in out:
-        if b != "auto":
-            try:
-                parse_size(b)
-            except ValueError as e:
-                raise argparse.ArgumentTypeError(str(e)) from None
-    if not out:
-        raise argparse.ArgumentTypeError("no expert cache size given")
-    return out
+def _count(what: str):
+    return arg_type(parse_positive, what)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,21 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "decoding, the disk's random-read bandwidth at the model's expert size, the I/O "
         "ceiling, and plain resident mlx-lm when the model fits in memory.",
     )
-    p.add_argument("--model", required=True, help="model folder or Hub repo id")
-    p.add_argument(
-        "--k",
-        type=_int_list,
-        default=None,
-        help="K values, e.g. 8,4,2 (default: trained K, /2, /4)",
-    )
-    p.add_argument(
-        "--expert-cache",
-        type=_budget_list,
-        default=["auto"],
-        help="budgets, e.g. 2G,8G (default auto)",
-    )
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--decode-tokens", type=int, default=128)
+    add_model_argument(p, default=None, required=True, help="model folder or Hub repo id")
+    add_k_argument(p, many=True)
+    add_expert_cache_argument(p, many=True)
+    p.add_argument("--prompt-tokens", type=_count("--prompt-tokens"), default=512)
+    p.add_argument("--decode-tokens", type=_count("--decode-tokens"), default=128)
     p.add_argument(
         "--cold",
         action="store_true",
@@ -71,16 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--plot", default=None, help="write a PNG of tok/s and MiB/token vs K (needs matplotlib)"
     )
+    add_dtype_argument(p)
+    add_reader_arguments(p)
     p.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-        help="activation dtype (default: float32 on CPU, bfloat16 on GPU)",
-    )  # fmt: skip
-    p.add_argument("--reader", default="auto", choices=["auto", "native", "python"])
-    p.add_argument(
-        "--direct-io", action="store_true", help="bypass the page cache for expert reads"
-    )
-    p.add_argument(
-        "--queue-depth", type=int, default=16, help="reader queue depth (engine default 16)"
+        "--queue-depth",
+        type=_count("--queue-depth"),
+        default=16,
+        help="reader queue depth (engine default 16)",
     )
     p.add_argument(
         "--baseline", default="auto", choices=["auto", "skip", "force"],
@@ -95,14 +71,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="take the resident baseline from an earlier bench JSON",
     )
+    add_routing_trace_argument(p)
+    p.add_argument(
+        "--policy",
+        default="auto",
+        help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
+    )
     add_experts_argument(p)
     p.add_argument(
         "--prefetch", default="off", choices=["off", "on", "both"],
         help="predict the next layer's experts with its router and read them early: off, on, "
         "or both (each configuration without, then with: precision, recall and net gain)",
     )  # fmt: skip
-    p.add_argument("--disk-mib", type=int, default=512, help="MiB read per K in the disk test")
-    p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
+    p.add_argument(
+        "--disk-mib", type=_count("--disk-mib"), default=512, help="MiB read per K in the disk test"
+    )
+    add_prefill_step_argument(p, default=512)
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument(
@@ -116,37 +100,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         "K and router mass, recorded beside the speed (as `ssdmoe eval`)",
     )  # fmt: skip
     p.add_argument(
-        "--quality-tokens", type=int, default=512, help="with --quality: the text's first N tokens"
-    )
+        "--quality-tokens", type=_count("--quality-tokens"), default=512,
+        help="with --quality: the text's first N tokens",
+    )  # fmt: skip
+    add_distributed_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.distributed:
+        return _run(args, None)
+    from ssdmoe_tui.engine.distributed import check_args, start
+
+    check_args(args)
+    dist = start()
+    with dist.guard():
+        return _run(args, dist)
+
+
+def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.atomic import atomic_write_text
     from ssdmoe_tui.bench.bench import BenchOptions, run_bench
     from ssdmoe_tui.bench.report import summary, write_plot
     from ssdmoe_tui.commands.common import resolve_model_path
     from ssdmoe_tui.errors import BadValueError
 
-    for name in (
-        "prompt_tokens",
-        "decode_tokens",
-        "queue_depth",
-        "disk_mib",
-        "prefill_step",
-        "quality_tokens",
-    ):
-        if getattr(args, name) < 1:
-            raise BadValueError(
-                f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-            )
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
     opts = BenchOptions(
         model=Path(path),
         ks=args.k or [],
-        budgets=args.expert_cache,
+        budgets=[str(b) for b in args.expert_cache],
         prompt_tokens=args.prompt_tokens,
         decode_tokens=args.decode_tokens,
         cold=args.cold,
@@ -162,18 +147,25 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         experts=args.experts,
         prefetch=args.prefetch,
+        distributed=dist,
+        routing_trace=args.routing_trace,
+        policy=args.policy,
         quality_text=Path(args.quality) if args.quality else None,
         quality_tokens=args.quality_tokens,
     )
+    quiet = not opts.root  # only rank 0 reports
 
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
 
     def save(result: dict) -> None:
-        if args.json_out:
+        if args.json_out and not quiet:
             atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
 
     result = run_bench(opts, log, on_partial=save)
+    if quiet:
+        return 0
     save(result)
     if args.json_out:
         log(f"JSON written to {args.json_out}")

@@ -5,36 +5,24 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from ssdmoe_tui.commands.common import (
+    add_expert_cache_argument,
+    add_k_argument,
+    add_max_tokens_argument,
+    add_model_argument,
+)
 from ssdmoe_tui.config import Config, LoadedConfig, config_path, load_config
 
 HELP = "open the chat app (the default command)"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by `ssdmoe` and `ssdmoe chat`; each overrides config.toml."""
-    parser.add_argument(
-        "--model", metavar="DIR", help="checkpoint folder (default: the embedded demo model)"
-    )
-    parser.add_argument(
-        "--k", type=_positive_int, metavar="K", help="experts per token (default: the trained K)"
-    )
-    parser.add_argument(
-        "--expert-cache", metavar="SIZE", help='expert-cache budget: "auto", 512M, 4G, ...'
-    )
+    add_model_argument(parser, default=None)
+    add_k_argument(parser)
+    add_expert_cache_argument(parser, default=None)
     parser.add_argument("--theme", metavar="NAME", help="colour theme, e.g. ssdmoe-light")
-    parser.add_argument(
-        "--max-tokens", type=_positive_int, metavar="N", help="longest reply, in tokens"
-    )
+    add_max_tokens_argument(parser, default=None)
     parser.add_argument(
         "--resume",
         nargs="?",
@@ -54,12 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 def merge(config: Config, args: argparse.Namespace) -> Config:
     """CLI flags win over the config file."""
     overrides = {
         "model": getattr(args, "model", None),
         "k": getattr(args, "k", None),
-        "expert_cache": getattr(args, "expert_cache", None),
+        "expert_cache": _text(getattr(args, "expert_cache", None)),
         "theme": getattr(args, "theme", None),
         "max_tokens": getattr(args, "max_tokens", None),
     }
@@ -93,6 +85,15 @@ def session_store(settings) -> object | None:
     return AppSessions(SessionStore(), settings.system_prompt)
 
 
+def engine_factory(post):
+    """The chat engine, with the sessions store's KV hooks injected (built on the engine
+    thread: the checkpoint code imports MLX, which the UI never does)."""
+    from ssdmoe_tui.engine.service import EngineService
+    from ssdmoe_tui.sessions.kv_hooks import session_hooks
+
+    return EngineService(post=post, kv_hooks=session_hooks)
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "config_path", False):
         print(config_path())
@@ -100,6 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.ui.app import SsdmoeApp
 
     settings = build_settings(args)
-    app = SsdmoeApp(settings, session_store=session_store(settings))
+    app = SsdmoeApp(settings, engine_factory=engine_factory, session_store=session_store(settings))
     code = app.run()
     return int(code or app.return_code or 0)

@@ -1,35 +1,177 @@
-"""Arguments shared by the commands that load a model."""
+"""The argument definitions shared by every command that opens a model.
+
+One factory per option: each defines the flag once and validates its value at the
+edge, through the parsers of `engine.options`, so a bad value stops argparse with one
+line naming it (`--k 0`, `--expert-cache banana`, `--seed -1`, `--temp nan`...).
+`engine_options(args)` then builds the typed `EngineOptions` that `open_engine` takes.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+from ssdmoe_tui.engine import options as O
+from ssdmoe_tui.errors import BadValueError
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
+def arg_type(parse: Callable, *extra) -> Callable[[str], object]:
+    """An argparse `type=` from an `engine.options` parser (BadValueError -> one line)."""
+
+    def convert(text: str):
+        try:
+            return parse(text, *extra)
+        except BadValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def list_type(parse: Callable, what: str) -> Callable[[str], list]:
+    """Comma-separated values, each through `parse` (`--k 8,4,2`, `--expert-cache 2G,8G`)."""
+
+    def convert(text: str) -> list:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"no {what} given in {text!r}")
+        return [arg_type(parse)(x) for x in items]
+
+    return convert
+
+
+def add_model_argument(p: argparse.ArgumentParser, *, default: str | None = "", **kw) -> None:
     p.add_argument(
-        "--model", default="", help="model folder or Hub repo id (default: the embedded demo model)"
+        "--model",
+        default=default,
+        metavar=kw.pop("metavar", "MODEL"),
+        help=kw.pop(
+            "help", "model folder or Hub repo id[@revision] (default: the embedded demo model)"
+        ),
+        **kw,
     )
+
+
+def add_k_argument(p: argparse.ArgumentParser, *, many: bool = False) -> None:
+    if many:
+        p.add_argument(
+            "--k",
+            type=list_type(O.parse_k, "K values"),
+            default=None,
+            metavar="K[,K...]",
+            help="K values, e.g. 8,4,2 (default: trained K, /2, /4)",
+        )
+    else:
+        p.add_argument(
+            "--k",
+            type=arg_type(O.parse_k),
+            default=None,
+            metavar="K",
+            help="experts per token (default: the model's trained K)",
+        )
+
+
+def add_prefill_k_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--k", type=int, default=None, help="experts per token (default: the model's trained K)"
+        "--prefill-k",
+        type=arg_type(O.parse_k, "prefill K"),
+        default=None,
+        metavar="K",
+        help="experts per token during prefill (default: K)",
     )
-    p.add_argument(
-        "--prefill-k", type=int, default=None, help="experts per token during prefill (default: K)"
-    )
-    p.add_argument(
-        "--expert-cache", default="auto", help="expert cache budget: auto, 512M, 4G, ..."
-    )
+
+
+def add_expert_cache_argument(
+    p: argparse.ArgumentParser, *, many: bool = False, default: object = "auto"
+) -> None:
+    """Sizes below the model's minimum are raised to it at open time, with a notice."""
+    if many:
+        p.add_argument(
+            "--expert-cache",
+            type=list_type(O.CacheBudget.parse, "expert cache size"),
+            default=[O.CacheBudget()] if default == "auto" else default,
+            metavar="SIZE[,SIZE...]",
+            help="budgets, e.g. 2G,8G (default auto)",
+        )
+    else:
+        p.add_argument(
+            "--expert-cache",
+            type=arg_type(O.CacheBudget.parse),
+            default=O.CacheBudget() if default == "auto" else default,
+            metavar="SIZE",
+            help="expert cache budget: auto, 512M, 4G, ...",
+        )
+
+
+def add_dtype_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=["float32", "bfloat16", "float16"],
+        choices=O.DTYPES,
         help="activation dtype (default: float32 on CPU, bfloat16 on GPU)",
     )
-    p.add_argument(
-        "--reader", default="auto", choices=["auto", "native", "python"], help="expert reader"
-    )
+
+
+def add_reader_arguments(p: argparse.ArgumentParser) -> None:
+    """`--reader` and `--direct-io`: how expert bytes are read."""
+    p.add_argument("--reader", default="auto", choices=O.READERS, help="expert reader")
     p.add_argument(
         "--direct-io", action="store_true", help="bypass the page cache for expert reads"
     )
+
+
+def add_experts_argument(p: argparse.ArgumentParser) -> None:
+    """`--experts`: where expert bytes are read from (see `engine.loader`)."""
+    p.add_argument(
+        "--experts",
+        default="auto",
+        choices=O.EXPERT_SOURCES,
+        help="expert bytes from the repacked file (`ssdmoe repack`) when current (auto), "
+        "from the shards, or only from the repacked file",
+    )
+
+
+def add_prefill_step_argument(p: argparse.ArgumentParser, *, default: int | None = None) -> None:
+    p.add_argument(
+        "--prefill-step",
+        type=arg_type(O.parse_positive, "prefill step"),
+        default=default,
+        metavar="N",
+        help="prefill chunk in tokens"
+        + (f" (default {default})" if default else " (default: from memory, at most 2048)"),
+    )
+
+
+def add_max_tokens_argument(p: argparse.ArgumentParser, *, default: int | None = 256) -> None:
+    p.add_argument(
+        "--max-tokens",
+        type=arg_type(O.parse_positive, "max tokens"),
+        default=default,
+        metavar="N",
+        help="longest reply, in tokens",
+    )
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """--max-tokens, --temp, --top-p, --seed."""
+    add_max_tokens_argument(p)
+    p.add_argument(
+        "--temp", type=arg_type(O.parse_temp), default=0.0, help="temperature (0: greedy)"
+    )
+    p.add_argument(
+        "--top-p", type=arg_type(O.parse_top_p), default=0.0, help="nucleus sampling, 0..1 (0: off)"
+    )
+    p.add_argument("--seed", type=arg_type(O.parse_seed), default=None, help="sampling seed")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Everything `EngineOptions` holds (generate, the server)."""
+    add_model_argument(p)
+    add_k_argument(p)
+    add_prefill_k_argument(p)
+    add_expert_cache_argument(p)
+    add_dtype_argument(p)
+    add_reader_arguments(p)
     add_experts_argument(p)
     p.add_argument(
         "--prefetch",
@@ -37,30 +179,75 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="read the next layer's predicted experts while this layer computes (off by default: "
         "it only pays where the prediction is good; see docs/benchmarks.md)",
     )
+    add_routing_trace_argument(p)
 
 
-def add_experts_argument(p: argparse.ArgumentParser) -> None:
-    """`--experts`: where expert bytes are read from (see `engine.loader.EXPERT_SOURCES`)."""
+def add_routing_trace_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--experts",
-        default="auto",
-        choices=["auto", "shards", "repacked"],
-        help="expert bytes from the repacked file (`ssdmoe repack`) when current (auto), "
-        "from the shards, or only from the repacked file",
+        "--routing-trace",
+        default=None,
+        metavar="FILE",
+        help="route every MoE layer by this recorded trace (any format `ssdmoe trace replay` "
+        "reads; K, layers and experts must match the model): measures the cache on real "
+        "routing; the tokens are not the model's own",
+    )
+
+
+def engine_options(args: argparse.Namespace, **overrides) -> O.EngineOptions:
+    """The typed options from the arguments `add_model_arguments` defined (absent ones
+    keep their defaults)."""
+    values = {
+        name: getattr(args, name)
+        for name in (
+            "model",
+            "k",
+            "prefill_k",
+            "expert_cache",
+            "dtype",
+            "reader",
+            "direct_io",
+            "experts",
+            "prefetch",
+            "prefill_step",
+            "routing_trace",
+        )  # fmt: skip
+        if getattr(args, name, None) is not None
+    }
+    values.update(overrides)
+    return O.EngineOptions(**values)
+
+
+def read_prompt(text: str) -> str:
+    """`--prompt` text, or stdin for '-' (bytes decoded strictly: one line on bad UTF-8)."""
+    import sys
+
+    if text == "-":
+        return O.decode_text(sys.stdin.buffer.read(), "the prompt on stdin")
+    return O.check_text(text)
+
+
+def add_distributed_argument(p: argparse.ArgumentParser) -> None:
+    """`--distributed`: one rank of an expert-parallel `mlx.launch` (docs/distributed.md)."""
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="expert-parallel across the ranks of `mlx.launch` (each rank streams its share "
+        "of the experts; rank 0 talks to the user): see docs/distributed.md",
     )
 
 
 def resolve_model_path(spec: str, quiet: bool = False):
     """'' -> the demo model (created on first use, with a visible message)."""
     import sys
-    from pathlib import Path
 
-    if not spec:
-        from ssdmoe_tui.models.demo import ensure_demo_model
+    from ssdmoe_tui.engine.open import resolve_model_spec
+    from ssdmoe_tui.models.resolve import cli_progress
 
-        return ensure_demo_model(
-            progress=(lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
-        )
-    from ssdmoe_tui.models.resolve import cli_progress, resolve_model
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr)
 
-    return Path(resolve_model(spec, progress=None if quiet else cli_progress()))
+    return resolve_model_spec(
+        spec,
+        say=(lambda _: None) if quiet else say,
+        download=None if quiet else cli_progress(),
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ssdmoe_tui.checkpoint.config import read_json_object
     from ssdmoe_tui.engine.cache import parse_size
     from ssdmoe_tui.errors import BadValueError, ModelError
     from ssdmoe_tui.models.demo import ensure_demo_model, write_checkpoint
@@ -55,12 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise BadValueError("--config needs --out")
     cfg_path = Path(args.config)
-    try:
-        config = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"config not found: {cfg_path}") from None
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg})") from None
+    if not cfg_path.is_file():
+        raise ModelError(f"config not found: {cfg_path}")
+    config = read_json_object(cfg_path)
     config.pop("quantization", None)
     config.pop("quantization_config", None)
     if args.layers is not None:

@@ -7,12 +7,20 @@ import json
 import sys
 from pathlib import Path
 
-from ssdmoe_tui.commands.common import add_experts_argument
+from ssdmoe_tui.commands.common import (
+    add_dtype_argument,
+    add_expert_cache_argument,
+    add_experts_argument,
+    add_k_argument,
+    add_model_argument,
+    add_reader_arguments,
+    arg_type,
+    engine_options,
+)
+from ssdmoe_tui.engine.options import parse_positive
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ssdmoe_tui.commands.bench import _int_list
-
     p = sub.add_parser(
         "eval",
         help="quality at each K on a text: perplexity, agreement with the trained K, router mass",
@@ -22,21 +30,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Runs on any checkpoint; the numbers only mean something on a trained model. "
         "`ssdmoe bench --quality FILE` records the same beside the speed of each K.",
     )
-    p.add_argument("--model", default="", help="model folder or Hub repo id (default: the demo)")
+    add_model_argument(p)
     p.add_argument("--text", required=True, help="UTF-8 text file (tokenized raw, no template)")
+    add_k_argument(p, many=True)
     p.add_argument(
-        "--k",
-        type=_int_list,
-        default=None,
-        help="K values, e.g. 8,4,2 (default: trained K, /2, /4)",
-    )
-    p.add_argument("--max-tokens", type=int, default=512, help="use the text's first N tokens")
-    p.add_argument("--chunk", type=int, default=128, help="positions per forward pass")
-    p.add_argument("--expert-cache", default="auto", help="expert cache budget: auto, 512M, 4G")
-    p.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-        help="activation dtype (default: float32 on CPU, bfloat16 on GPU)",
+        "--max-tokens", type=arg_type(parse_positive, "--max-tokens"), default=512,
+        help="use the text's first N tokens (default 512)",
     )  # fmt: skip
+    p.add_argument(
+        "--chunk", type=arg_type(parse_positive, "--chunk"), default=128,
+        help="positions per forward pass (default 128)",
+    )  # fmt: skip
+    add_expert_cache_argument(p)
+    add_dtype_argument(p)
+    add_reader_arguments(p)
     add_experts_argument(p)
     p.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")
     p.set_defaults(func=run)
@@ -53,22 +60,21 @@ def run(args: argparse.Namespace) -> int:
         quality_table,
         text_tokens,
     )
-    from ssdmoe_tui.commands.common import resolve_model_path
-    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.open import open_engine
     from ssdmoe_tui.errors import BadValueError
-
-    if args.max_tokens < 2:
-        raise BadValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
-    if args.chunk < 1:
-        raise BadValueError(f"--chunk must be >= 1, got {args.chunk}")
+    from ssdmoe_tui.models.resolve import cli_progress
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    path = resolve_model_path(args.model)
-    sm = load_streamed(path, expert_cache=args.expert_cache, dtype=args.dtype, experts=args.experts)
+    text = Path(args.text)
+    if not text.is_file():
+        raise BadValueError(f"--text: file not found: {text}")
+    runner = open_engine(engine_options(args, k=None), say=log, notice=log, download=cli_progress())
+    sm = runner.sm
+    path = sm.path
     try:
-        tokens = text_tokens(sm.tokenizer, Path(args.text), args.max_tokens)
+        tokens = text_tokens(sm.tokenizer, text, args.max_tokens)
         ks = args.k or default_ks(sm.trained_k, sm.index.num_experts)
         log(f"eval: {len(tokens)} tokens of {args.text}, K {', '.join(map(str, ks))}")
         by_k = measure_quality(sm, tokens, ks, chunk=args.chunk, log=log)
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             "by_k": {str(k): v for k, v in by_k.items()},
         }
     finally:
-        sm.close()
+        runner.close()
     if args.json_out:
         atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
         log(f"JSON written to {args.json_out}")

@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from ssdmoe_tui.commands.common import add_model_arguments, resolve_model_path
+from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
+    add_model_arguments,
+    add_prefill_step_argument,
+    add_sampling_arguments,
+    engine_options,
+    read_prompt,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,73 +21,84 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     p.add_argument("--prompt", required=True, help="the prompt ('-' reads stdin)")
     p.add_argument("--system", default=None, help="system prompt (chat template only)")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    add_sampling_arguments(p)
     p.add_argument(
         "--raw", action="store_true", help="tokenize the prompt as given (no chat template)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    p.add_argument(
-        "--prefill-step",
-        type=int,
-        default=None,
-        help="prefill chunk in tokens (default: from memory, at most 2048)",
-    )
+    add_prefill_step_argument(p)
     p.add_argument(
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )
+    add_distributed_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.distributed:
+        return _run(args, None)
+    from ssdmoe_tui.engine.distributed import check_args, start
+
+    check_args(args)
+    dist = start()
+    with dist.guard():
+        return _run(args, dist)
+
+
+def _run(args: argparse.Namespace, dist) -> int:
+    """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
+    from ssdmoe_tui.engine.open import load_engine, plan_engine
+    from ssdmoe_tui.models.lock import acquire_model_lock
+    from ssdmoe_tui.models.resolve import cli_progress
+
+    prompt_text = read_prompt(args.prompt)
+
+    quiet = dist is not None and not dist.is_root
+
+    def say(msg: str) -> None:
+        if not (args.json or quiet):
+            print(msg, file=sys.stderr, flush=True)
+
+    def notice(msg: str) -> None:
+        if not quiet:
+            print(f"ssdmoe: note: {msg}", file=sys.stderr, flush=True)
+
+    plan = plan_engine(
+        engine_options(args), say=say, download=None if (args.json or quiet) else cli_progress()
+    )
+    lock = None  # held until exit: one loaded model per machine (one rank per machine)
+    if dist is None or dist.first_on_host():
+        lock = acquire_model_lock(str(plan.path))
+    try:
+        runner = load_engine(plan, notice=notice, distributed=dist)
+        try:
+            return _generate(args, runner, prompt_text, plan.path, dist)
+        finally:
+            runner.close()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.loader import load_streamed
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.chat_format import prompt_tokens
+    from ssdmoe_tui.engine.runner import Done, TokenEvent
     from ssdmoe_tui.errors import BadValueError
 
-    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
-    from ssdmoe_tui.models.lock import acquire_model_lock
-
-    path = resolve_model_path(args.model, quiet=args.json)
-    lock = acquire_model_lock(str(path))  # held until exit: one loaded model per machine
-    sm = load_streamed(
-        path,
-        expert_cache=args.expert_cache,
-        k=args.k,
-        dtype=args.dtype,
-        reader=args.reader,
-        direct_io=args.direct_io,
-        prefetch=args.prefetch,
-        experts=args.experts,
-    )
-    runner = Runner(sm, prefill_step_size=args.prefill_step)
-    if args.k is not None:
-        runner.k = args.k
-    if args.prefill_k is not None:
-        if not 1 <= args.prefill_k <= sm.index.num_experts:
-            raise BadValueError(
-                f"--prefill-k {args.prefill_k} is outside 1..{sm.index.num_experts}"
-            )
-        runner.prefill_k = args.prefill_k
-    tok = sm.tokenizer
-    if args.raw or not getattr(tok, "chat_template", None):
-        prompt = list(tok.encode(prompt_text))
-    else:
-        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt_text}
-        ]
-        prompt = list(tok.apply_chat_template(msgs, add_generation_prompt=True))
+    sm = runner.sm
+    msgs = [{"role": "system", "content": args.system}] if args.system and not args.raw else []
+    msgs.append({"role": "user", "content": prompt_text})
+    prompt = prompt_tokens(sm.tokenizer, msgs, raw=args.raw)
     if not prompt:
         raise BadValueError("the prompt is empty")
     if args.seed is not None:
         mx.random.seed(args.seed)
     writer = None
     if args.trace:
-        from ssdmoe_tui.engine.traces import TraceWriter
+        from ssdmoe_tui.engine.traces import DECODE, PREFILL, TraceWriter
 
         writer = TraceWriter(
             args.trace,
@@ -92,47 +110,40 @@ def run(args: argparse.Namespace) -> int:
                 "num_experts": sm.index.num_experts,
             },
         )
-        from ssdmoe_tui.engine.traces import DECODE, PREFILL
-
         counter = {"token": 0, "phase": PREFILL}
         sm.cache.on_route = lambda layer, experts: writer.add(
             counter["token"], layer, [int(e) for e in experts], phase=counter["phase"]
         )
 
-    def on_token(tok_id: int, piece: str, stats) -> None:
+    result = None
+    quiet = dist is not None and not dist.is_root
+    meter = dist.meter(sm) if dist is not None else None
+    sampler = make_sampler(args.temp, top_p=args.top_p)
+    try:
+        for ev in runner.stream(
+            prompt,
+            max_tokens=args.max_tokens,
+            sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
+        ):
+            if isinstance(ev, TokenEvent) and meter is not None:
+                meter.on_token(ev.stats.generated_tokens)
+            if isinstance(ev, TokenEvent) and not quiet:
+                if writer is not None:
+                    counter["token"] += 1
+                    counter["phase"] = DECODE
+                if not args.json and ev.text:
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+            elif isinstance(ev, Done):
+                result = ev.result
+    finally:
         if writer is not None:
-            counter["token"] += 1
-            counter["phase"] = DECODE
-        if not args.json and piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-
-    result = runner.generate(
-        prompt,
-        max_tokens=args.max_tokens,
-        sampler=make_sampler(args.temp, top_p=args.top_p),
-        on_token=on_token,
-    )
-    if writer is not None:
-        writer.close()
-    lock.release()
-    stats = result.stats.as_dict()
-    stats["reader"] = sm.cache.reader.name
-    stats["slot_placement"] = sm.cache.placement.placement
-    stats["expert_source"] = sm.expert_source
-    stats["expert_cache_budget_bytes"] = sm.cache.budget_bytes
-    stats["dtype"] = str(sm.dtype).removeprefix("mlx.core.")
-    c = sm.cache.counters
-    if args.prefetch:
-        stats["prefetch"] = {
-            "issued": c.prefetch_issued,
-            "used": c.prefetch_used,
-            "precision": round(c.prefetch_used / c.prefetch_issued, 4)
-            if c.prefetch_issued
-            else 0.0,
-            "recall": round(c.prefetch_used / c.misses, 4) if c.misses else 0.0,
-            "wait_s": round(c.prefetch_wait_s, 4),
-        }
+            writer.close()
+    stats = runner.stats_dict(result.stats)
+    if dist is not None:
+        stats["distributed"] = dist.run_stats(sm, meter, len(result.tokens) - 1)
+        if quiet:
+            return 0
     if args.json:
         print(
             json.dumps(
@@ -158,4 +169,8 @@ def run(args: argparse.Namespace) -> int:
             f"expert cache hit {s.hit_rate:.1%} | K={runner.k}]",
             file=sys.stderr,
         )
+        if dist is not None:
+            from ssdmoe_tui.engine.distributed import summary_line
+
+            print(summary_line(stats["distributed"]), file=sys.stderr)
     return 0

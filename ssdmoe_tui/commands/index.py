@@ -1,4 +1,5 @@
-"""`ssdmoe index`: build or validate the expert byte-offset index and summarise it."""
+"""`ssdmoe index`: build or validate the expert byte-offset index and summarise it;
+`--verify` hashes every tensor and says which ones changed since the last verify."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("index", help="build/validate the expert index of a model")
     p.add_argument("--model", default="", help="model folder or Hub repo id (default: demo model)")
     p.add_argument("--rebuild", action="store_true", help="ignore the cached index")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every tensor (reads the whole model) and name those that changed",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
 
 def summary(index, config: dict) -> dict:
-    text = config.get("text_config", config)
-    trained_k = text.get("num_experts_per_tok")
+    from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
+
+    trained_k = config_trained_k(config) or None
     ks = sorted({1, 2, 4, 8, *([trained_k] if trained_k else [])})
     return {
         "model_type": config.get("model_type"),
@@ -42,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.engine.loader import _load_config
 
     path = resolve_model_path(args.model, quiet=args.json)
+    if args.verify:
+        return run_verify(path, as_json=args.json)
     config = _load_config(path)
     t0 = time.perf_counter()
     if args.rebuild:
@@ -70,3 +79,36 @@ def run(args: argparse.Namespace) -> int:
     print(f"  resident bytes   {s['resident_bytes'] / mib:,.1f} MiB in memory")
     print("  MiB per token    " + ", ".join(f"K={k}: {v:g}" for k, v in s["mib_per_token"].items()))
     return 0
+
+
+def run_verify(path, *, as_json: bool) -> int:
+    from dataclasses import asdict
+
+    from ssdmoe_tui.checkpoint.verify import verify
+    from ssdmoe_tui.paths import cache_dir
+
+    r = verify(path, cache_dir())
+    if as_json:
+        print(json.dumps(asdict(r) | {"ok": r.ok}))
+        return 0 if r.ok else 1
+    gib = r.bytes_read / 2**30
+    print(
+        f"{path}: hashed {r.tensors} tensors in {r.shards} shards ({gib:.2f} GiB, "
+        f"{r.seconds:.1f} s)"
+    )
+    for shard in r.hub_mismatch:
+        print(f"  {shard}: content differs from the Hub's sha256 (damaged or edited)")
+    for what, names in (("changed", r.changed), ("new", r.added), ("gone", r.removed)):
+        for name in names[:20]:
+            print(f"  {what}: {name}")
+        if len(names) > 20:
+            print(f"  ... and {len(names) - 20} more {what}")
+    if r.previous is None:
+        print("  first verify of this folder: hashes recorded for the next one")
+    elif r.ok:
+        print("  no tensor changed since the last verify")
+    else:
+        print(
+            f"  {len(r.changed)} changed, {len(r.added)} new, {len(r.removed)} gone since the last verify"
+        )
+    return 0 if r.ok else 1

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ssdmoe_tui.commands.common import resolve_model_path
+from ssdmoe_tui.commands.common import add_model_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="copy a model's experts into one contiguous, page-aligned file (optional; costs "
         "the experts' size again on disk)",
     )
-    p.add_argument("--model", default="", help="model folder or Hub repo id (default: demo model)")
+    add_model_argument(p)
     p.add_argument("--remove", action="store_true", help="delete the repacked copy instead")
     p.add_argument("--status", action="store_true", help="say whether a current copy exists")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -23,11 +23,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ssdmoe_tui.engine.index import load_index
+    from ssdmoe_tui.engine.open import plan_engine
+    from ssdmoe_tui.engine.options import EngineOptions
     from ssdmoe_tui.engine.repack import find_repacked, remove_repacked, write_repacked
+    from ssdmoe_tui.models.resolve import cli_progress
 
-    path = resolve_model_path(args.model, quiet=args.json)
-    index, _ = load_index(path)
+    # The header-only half of `open_engine`: the folder and its expert index, no weights.
+    plan = plan_engine(
+        EngineOptions(model=args.model),
+        say=(lambda _: None) if args.json else (lambda m: print(m, file=sys.stderr)),
+        download=None if args.json else cli_progress(),
+    )
+    path, index = plan.path, plan.index
     if args.remove:
         gone = remove_repacked(path, index)
         out = {"removed": [str(p) for p in gone]}

@@ -94,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         per = _numbers(args.budget, "--budget") if args.budget else [m * k for m in (1, 2, 4, 8)]
         for b in per:
+            if args.per_layer and b != int(b):
+                raise BadValueError(
+                    f"--per-layer --budget counts whole experts per layer, got {b:g}"
+                )
             slots = int(b) if args.per_layer else int(round(b * layers))
             budgets.append((f"{b:g}/layer", slots))
 

@@ -5,6 +5,13 @@ ids), so no bytes are copied. A miss is read by the native reader straight from 
 shard into the slot's memory (no staging buffer). One cache spans all MoE layers,
 keyed by (layer, expert), within a byte budget; an eviction policy picks victims.
 
+Slot banks: MLX kernels index arrays with 32-bit offsets in places (MLX-CUDA 0.32.4's
+`gather_qmm` returns wrong results for experts that start 2 GiB or more into one array;
+Metal has int32 limits at 2^31 elements), so each component's slots are split into
+banks that each stay under 2 GiB. A slot id is global; its bank is `slot // bank_slots`
+and its row inside the bank `slot % bank_slots`. `SSDMOE_SLOT_BANK_BYTES` lowers the
+bank size (tests force several banks on tiny models with it).
+
 Safety rule: a slot may only be overwritten once the work that reads it has been
 evaluated. The streamed block guarantees it: every layer syncs its router indices
 to the host before asking for slots, and those indices depend on every earlier
@@ -44,6 +51,7 @@ class CacheCounters:
     prefetch_issued: int = 0  # experts read ahead on the next layer's predicted routing
     prefetch_used: int = 0  # of those, experts the layer then really needed
     prefetch_wait_s: float = 0.0  # time a layer waited for its prefetch to land
+    ensure_s: float = 0.0  # time in `ensure` (lookups, eviction policy, reads)
 
     def snapshot(self) -> CacheCounters:
         return CacheCounters(**self.__dict__)
@@ -54,11 +62,44 @@ class CacheCounters:
         return self.hits / n if n else 0.0
 
 
+MAX_BANK_BYTES = (2 << 30) - 1  # every bank array stays under 2 GiB
+BANK_BYTES_ENV = "SSDMOE_SLOT_BANK_BYTES"
+
+
+def bank_slot_count(
+    slot_bytes_max: int, capacity: int, num_experts: int, bank_bytes: int | None = None
+) -> int:
+    """Slots per bank: as many as fit under the bank size in the largest component,
+    rounded down to whole layers (multiples of `num_experts`) when at least one fits, so
+    a layer read whole (a budget holding every expert) lands in one bank."""
+    limit = bank_bytes if bank_bytes is not None else _env_bank_bytes()
+    limit = min(limit, MAX_BANK_BYTES)
+    n = max(1, limit // max(1, slot_bytes_max))
+    if n >= num_experts:
+        n -= n % num_experts
+    return min(n, capacity)
+
+
+def _env_bank_bytes() -> int:
+    text = os.environ.get(BANK_BYTES_ENV, "").strip()
+    if not text:
+        return MAX_BANK_BYTES
+    try:
+        v = parse_size(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise ModelError(f"{BANK_BYTES_ENV}={text!r}: expected a positive size such as 64M")
+    return v
+
+
 @dataclass
 class _Layout:
     names: list[str]
-    strides: np.ndarray  # int64 per component
-    bases: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # slot-0 address
+    strides: np.ndarray  # int64 per component (bytes of one slot in memory's file units)
+    bases: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, 0), np.int64)
+    )  # [bank, comp] slot-0 address
 
 
 class ExpertCache:
@@ -73,11 +114,13 @@ class ExpertCache:
         policy: str = "auto",
         act_dtype: mx.Dtype | None = None,
         placement: str | None = None,
+        bank_bytes: int | None = None,
     ) -> None:
         """`act_dtype` float32: bf16/f16 scales and biases are widened to float32 as they
         are read (exact), because MLX's CPU `gather_qmm` would otherwise convert the whole
         slot array on every call. Packed weights always land in the slots untouched.
-        `placement`: where MLX-CUDA keeps the slots (see `device_memory`)."""
+        `placement`: where MLX-CUDA keeps the slots (see `device_memory`).
+        `bank_bytes`: largest bank array (default: under 2 GiB, or $SSDMOE_SLOT_BANK_BYTES)."""
         from ssdmoe_tui.engine.policies import DEFAULT_POLICY, make_policy
 
         if capacity < 1:
@@ -89,8 +132,8 @@ class ExpertCache:
         self.policy_name = DEFAULT_POLICY if policy == "auto" else policy
         self.policy = make_policy(self.policy_name, capacity, index.num_layers)
         comps = index.layers[0].components
-        self.pools: dict[str, mx.array] = {}
         widen = []
+        dtypes = []
         for c in comps:
             dt = _MX_DTYPES.get(c.dtype)
             if dt is None:
@@ -99,10 +142,26 @@ class ExpertCache:
                 )
             w = _widened(c, act_dtype)
             widen.append(w)
-            self.pools[c.name] = mx.zeros((capacity, *c.shape), dtype=mx.float32 if w else dt)
-        mx.eval(list(self.pools.values()))
+            dtypes.append(mx.float32 if w else dt)
+        mem_strides = [c.stride * (2 if w else 1) for c, w in zip(comps, widen, strict=True)]
+        self.bank_slots = bank_slot_count(max(mem_strides), capacity, index.num_experts, bank_bytes)
+        # banks[b][component] -> array of bank_slots (the last bank: the remainder) slots
+        self.banks: list[dict[str, mx.array]] = []
+        for start in range(0, capacity, self.bank_slots):
+            n = min(self.bank_slots, capacity - start)
+            self.banks.append(
+                {
+                    c.name: mx.zeros((n, *c.shape), dtype=dt)
+                    for c, dt in zip(comps, dtypes, strict=True)
+                }
+            )
+            mx.eval(list(self.banks[-1].values()))
         self.placement = place_slots(
-            [(buffer_address(memoryview(a)), int(a.nbytes)) for a in self.pools.values()],
+            [
+                (buffer_address(memoryview(a)), int(a.nbytes))
+                for bank in self.banks
+                for a in bank.values()
+            ],
             placement,
             share=capacity / (index.num_experts * index.num_layers),
         )
@@ -110,17 +169,21 @@ class ExpertCache:
             names=[c.name for c in comps],
             strides=np.array([c.stride for c in comps], dtype=np.int64),
             bases=np.array(
-                [buffer_address(memoryview(self.pools[c.name])) for c in comps], dtype=np.int64
+                [[buffer_address(memoryview(bank[c.name])) for c in comps] for bank in self.banks],
+                dtype=np.int64,
             ),
         )
-        # Components read into a staging buffer and widened: (index, file dtype, f32 view).
+        # Components read into a staging buffer and widened: (index, file dtype, f32 view per bank).
         self._widen = [
             (
                 i,
                 c.dtype,
-                np.frombuffer(memoryview(self.pools[c.name]), dtype=np.uint32).reshape(
-                    capacity, -1
-                ),
+                [
+                    np.frombuffer(memoryview(bank[c.name]), dtype=np.uint32).reshape(
+                        bank[c.name].shape[0], -1
+                    )
+                    for bank in self.banks
+                ],
             )
             for i, (c, w) in enumerate(zip(comps, widen, strict=True))
             if w
@@ -147,19 +210,24 @@ class ExpertCache:
         # experts are all resident, its expert->slot map lives on the device and the
         # layer needs no host sync at all (the graph stays lazy, as in plain mlx-lm).
         self.holds_everything = capacity >= index.num_experts * index.num_layers
-        self._device_lut: list[mx.array | None] = [None] * index.num_layers
+        self._device_lut: list[tuple[int, mx.array] | None] = [None] * index.num_layers
         self._layer_count = [0] * index.num_layers  # resident experts per layer
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
         self.on_route = None  # optional callback(layer, experts) for trace recording
+        self.routing = None  # a TraceRouting when the run is trace-driven
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
         self._inflight = None  # (layer, Future) of the prefetch being read
         self._pool = None
 
     @property
+    def num_banks(self) -> int:
+        return len(self.banks)
+
+    @property
     def slot_bytes(self) -> int:
         """Memory of one slot (widened scales count double)."""
-        return sum(int(p.nbytes) for p in self.pools.values()) // self.capacity
+        return sum(int(p.nbytes) for b in self.banks for p in b.values()) // self.capacity
 
     @property
     def budget_bytes(self) -> int:
@@ -174,18 +242,21 @@ class ExpertCache:
         """Every layer maps experts to slots on the device: decode needs no host sync."""
         return all(lut is not None for lut in self._device_lut)
 
-    def device_lut(self, layer: int) -> mx.array | None:
-        """expert id -> slot id on the device, once every expert of `layer` is resident
-        for good (only when the budget holds all experts); else None."""
+    def device_lut(self, layer: int) -> tuple[int, mx.array] | None:
+        """(bank, expert id -> row in that bank) on the device, once every expert of
+        `layer` is resident for good (only when the budget holds all experts); else None."""
         return self._device_lut[layer]
 
     def _maybe_freeze_layer(self, layer: int) -> None:
         e = self.index.num_experts
         if self._layer_count[layer] == e and self._device_lut[layer] is None:
-            slots = [self._slot_of[(layer, i)] for i in range(e)]
-            lut = mx.array(np.array(slots, dtype=np.uint32))
+            slots = np.array([self._slot_of[(layer, i)] for i in range(e)], dtype=np.int64)
+            banks = slots // self.bank_slots
+            if (banks != banks[0]).any():
+                return  # split over banks: the layer keeps its host-side lookup
+            lut = mx.array((slots % self.bank_slots).astype(np.uint32))
             mx.eval(lut)
-            self._device_lut[layer] = lut
+            self._device_lut[layer] = (int(banks[0]), lut)
 
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
@@ -193,8 +264,16 @@ class ExpertCache:
     def ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
         """Make `experts` (unique ids) of `layer` resident; return their slots, in order.
 
-        All misses of the call are read in one batched reader call.
+        All misses of the call are read in one batched reader call. The time spent here
+        is counted (`counters.ensure_s`): minus read time, it is the cache's bookkeeping.
         """
+        t0 = time.perf_counter()
+        try:
+            return self._ensure(layer, experts)
+        finally:
+            self.counters.ensure_s += time.perf_counter() - t0
+
+    def _ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
         n = len(experts)
         if n > self.capacity:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
@@ -207,10 +286,14 @@ class ExpertCache:
         slot_of = self._slot_of
         prefetched = self._prefetched
         used_prefetch = 0
+        guard = set(pinned)
         for i, key in enumerate(pinned):
             s = slot_of.get(key)
             if s is None:
+                # Evict and insert in lookup order, interleaved with the hits: the calls
+                # `ssdmoe trace replay` makes, so its numbers are the engine's.
                 miss_pos.append(i)
+                self._assign(pinned, [i], slots, guard)
             else:
                 slots[i] = s
                 if prefetched and key in prefetched:
@@ -223,7 +306,6 @@ class ExpertCache:
         self.counters.misses += len(miss_pos) + used_prefetch
         if not miss_pos:
             return slots
-        self._assign(pinned, miss_pos, slots, set(pinned))
         to_read, read_slots = experts[miss_pos], slots[miss_pos]
         if self.holds_everything:
             # Nothing will ever be evicted: read the rest of the layer in the same batch,
@@ -231,7 +313,7 @@ class ExpertCache:
             rest = [(layer, e) for e in range(self.index.num_experts) if (layer, e) not in slot_of]
             if rest:
                 rest_slots = np.empty(len(rest), dtype=np.int64)
-                self._assign(rest, list(range(len(rest))), rest_slots, set(pinned) | set(rest))
+                self._assign(rest, list(range(len(rest))), rest_slots, guard | set(rest))
                 to_read = np.concatenate([to_read, np.array([k[1] for k in rest], dtype=np.int64)])
                 read_slots = np.concatenate([read_slots, rest_slots])
         self._read(layer, to_read, read_slots)
@@ -311,7 +393,8 @@ class ExpertCache:
         fds = np.broadcast_to(self._fds[layer][None, :], (n, ncomp))
         offsets = self._offsets[layer][None, :] + e * self._steps[layer][None, :]
         lengths = np.broadcast_to(lay.strides[None, :], (n, ncomp))
-        dests = lay.bases[None, :] + s * lay.strides[None, :]
+        bank, row = np.divmod(s, self.bank_slots)
+        dests = lay.bases[bank[:, 0]] + row * lay.strides[None, :]
         staging = []
         if self._widen:
             dests = dests.copy()
@@ -335,11 +418,15 @@ class ExpertCache:
                 self._key_of[int(sl)] = None
                 self._free.append(int(sl))
             raise
-        for (_, dtype, view), buf in zip(self._widen, staging, strict=True):
+        bank, row = np.divmod(slots.astype(np.int64), self.bank_slots)
+        for (_, dtype, views), buf in zip(self._widen, staging, strict=True):
             if dtype == "BF16":  # bf16 is the top half of a float32: exact
-                view[slots] = buf.astype(np.uint32) << 16
+                wide = buf.astype(np.uint32) << 16
             else:
-                view[slots] = buf.view(np.float16).astype(np.float32).view(np.uint32)
+                wide = buf.view(np.float16).astype(np.float32).view(np.uint32)
+            for b in np.unique(bank):
+                sel = bank == b
+                views[b][row[sel]] = wide[sel]
         self.counters.read_s += time.perf_counter() - t0
         self.counters.read_calls += 1
         self.counters.bytes_read += int(nbytes)
@@ -355,7 +442,7 @@ class ExpertCache:
             pass
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        self.pools.clear()
+        self.banks.clear()
         self.reader.close()
 
 
@@ -383,17 +470,11 @@ def _advise_random(fd: int) -> None:
 
 
 def parse_size(text: str | int) -> int:
-    """'512M', '4G', '1.5GiB', '123456' -> bytes."""
-    if isinstance(text, int):
-        return text
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 4G or auto)") from None
+    """'512M', '4G', '1.5GiB', '123456' -> bytes (`options.parse_bytes`; BadValueError,
+    a ValueError, on anything else)."""
+    from ssdmoe_tui.engine.options import parse_bytes
+
+    return parse_bytes(text)
 
 
 def available_memory_bytes() -> int:

@@ -104,19 +104,42 @@ def user_turn_delta(
     turn was cut short (stopped by the user, or max tokens), the template's
     end-of-turn text is appended to close it.
     """
+    return turn_delta(
+        tokenizer,
+        history_tokens,
+        history_messages,
+        [{"role": "user", "content": new_user_text}],
+        **template_kwargs,
+    )
+
+
+def turn_delta(
+    tokenizer: Any,
+    history_tokens: Sequence[int],
+    history_messages: Messages,
+    new_messages: Messages,
+    **template_kwargs: Any,
+) -> list[int]:
+    """Tokens to append to `history_tokens` for any new messages after the assistant turn
+    that ends it (a user turn, tool results, ...), up to the generation prompt. The last
+    assistant message is rendered as a sentinel without its tool calls: what the model
+    generated for it (text and calls) is already in `history_tokens`; only the text the
+    template puts after it is new. Rules as in `user_turn_delta`."""
     if not history_messages or history_messages[-1].get("role") != "assistant":
         raise ChatFormatError("history must end with an assistant turn")
+    if not new_messages:
+        raise ChatFormatError("no new message after the assistant turn")
     sentinel = f"SSDMOE{secrets.token_hex(8)}SENTINEL"
     msgs = [dict(m) for m in history_messages]
     msgs[-1] = {"role": "assistant", "content": sentinel}
-    with_user = msgs + [{"role": "user", "content": new_user_text}]
-    text = render(tokenizer, with_user, add_generation_prompt=True, **template_kwargs)
+    with_new = msgs + [dict(m) for m in new_messages]
+    text = render(tokenizer, with_new, add_generation_prompt=True, **template_kwargs)
     at = text.rfind(sentinel)
     if at < 0:
         raise ChatFormatError("the chat template dropped the last assistant message")
     delta = encode(tokenizer, text[at + len(sentinel) :])
     if not delta:
-        raise ChatFormatError("the chat template produced no text for the new user turn")
+        raise ChatFormatError("the chat template produced no text for the new turn")
     last = history_tokens[-1] if len(history_tokens) else None
     if last is not None and last in stop_token_ids(tokenizer):
         # The token that closes an assistant turn in the template, if any: the first
@@ -142,3 +165,15 @@ def next_turn_tokens(
         tokenizer, history_tokens, history_messages, new_user_text, **template_kwargs
     )
     return list(history_tokens) + delta
+
+
+def prompt_tokens(tokenizer: Any, messages: Messages, *, raw: bool = False) -> list[int]:
+    """One prompt from `messages`: the chat template with the generation prompt when the
+    tokenizer has one (and not `raw`), else the contents joined by newlines, tokenized
+    as plain text. The same for `generate`, the chat service and the server."""
+    from ssdmoe_tui.engine.options import check_text
+
+    msgs = [{"role": m["role"], "content": check_text(m["content"])} for m in messages]
+    if not raw and getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+    return list(tokenizer.encode("\n".join(m["content"] for m in msgs)))

@@ -19,6 +19,7 @@ to another model. Call `clear()` on model switch to free the memory.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -99,21 +100,31 @@ class KVPool:
 
     # ------------------------------------------------------------------ updates
     def take(self, key: str, tokens: Sequence[int]) -> tuple[PromptCache | None, int]:
-        """Remove and return the cache that covers the longest prefix of `tokens`, trimmed
-        to it, and how many tokens it covers (feed `tokens[n:]`); `(None, 0)` if none fits."""
+        """The cache that covers the longest prefix of `tokens`, trimmed to it, and how
+        many tokens it covers (feed `tokens[n:]`); `(None, 0)` if none fits.
+
+        A cache that covers exactly that prefix is removed and handed out (the caller
+        extends it and puts the longer one back). One that must be trimmed stays in the
+        pool for the requests that continue it, and a trimmed copy is handed out (as
+        mlx-lm's server does): a request that shares only a system prompt with a long
+        conversation does not cost that conversation its cache."""
         with self._lock:
             found = self._best(key, tokens)
             if found is None:
                 return None, 0
             entry_id, n = found
-            entry = self._entries.pop(entry_id)
-            self._used -= entry.nbytes
-        excess = len(entry.tokens) - n
-        if excess > 0:
-            trimmed = trim_prompt_cache(entry.cache, excess)
-            if trimmed != excess:  # cannot happen for trimmable caches; never hand out a wrong one
-                return None, 0
-        return entry.cache, n
+            entry = self._entries[entry_id]
+            excess = len(entry.tokens) - n
+            if excess <= 0:
+                del self._entries[entry_id]
+                self._used -= entry.nbytes
+                return entry.cache, n
+            self._entries.move_to_end(entry_id)
+        cache = copy.deepcopy(entry.cache)
+        trimmed = trim_prompt_cache(cache, excess)
+        if trimmed != excess:  # cannot happen for trimmable caches; never hand out a wrong one
+            return None, 0
+        return cache, n
 
     def put(self, key: str, tokens: Sequence[int], cache: PromptCache) -> bool:
         """Keep `cache`, which covers exactly `tokens`. Returns False if it alone is over

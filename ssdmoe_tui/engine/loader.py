@@ -4,13 +4,15 @@ Order matters: the model is constructed with mlx-lm's classes (parameters are la
 nothing is allocated yet), every MoE block's `switch_mlp` is swapped for a
 `StreamedSwitch` *before anything is evaluated*, and only then are the non-expert
 tensors loaded. So no expert tensor is ever allocated. Quantization follows the
-checkpoint's `quantization` config, per-module overrides included, exactly as
-`mlx_lm.utils.load_model` does it.
+checkpoint's `quantization` config (or the legacy `quantization_config` forms mlx-lm
+converts), per-module overrides and nvfp4 global scales included, exactly as
+`mlx_lm.utils.load_model` does it; the config and tokenizer come from mlx-lm's public
+`load_config` / `load_tokenizer`, so EOS ids match `mlx_lm.load`.
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from ssdmoe_tui.checkpoint import arch
+from ssdmoe_tui.checkpoint.config import load_config
 from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size, slot_memory_bytes
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.reader import open_reader
@@ -25,9 +29,6 @@ from ssdmoe_tui.engine.routing_mass import RoutingMass
 from ssdmoe_tui.engine.routing_mass import install as install_routing_mass
 from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
-
-SUPPORTED_ARCHS = ("qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral")
-HYBRID_ARCHS = ("qwen3_5_moe", "nemotron_h")
 
 
 @dataclass
@@ -47,6 +48,7 @@ class StreamedModel:
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`)
     expert_source_note: str = ""  # why a repacked file present was not used
     routing_mass: RoutingMass | None = None  # router mass kept at the running K (per token)
+    distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
 
     @property
     def model_type(self) -> str:
@@ -54,7 +56,7 @@ class StreamedModel:
 
     @property
     def hybrid(self) -> bool:
-        return self.model_type in HYBRID_ARCHS
+        return arch.is_hybrid(self.model_type)
 
     def set_k(self, k: int) -> None:
         if not 1 <= k <= self.index.num_experts:
@@ -125,28 +127,36 @@ def device_name() -> str:
 
 
 def _load_config(path: Path) -> dict:
-    cfg_path = path / "config.json"
-    if not cfg_path.exists():
-        raise ModelError(f"{cfg_path}: missing (not a model folder?)")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg}, line {e.lineno})") from e
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise ModelError(f"{cfg_path}: no model_type")
-    from mlx_lm.utils import _decode_tagged_floats  # inf/nan as mlx-lm's save_config writes them
-
-    return _decode_tagged_floats(config)
+    """mlx-lm's config of a model folder (see checkpoint.config), with the quantization
+    resolved the way mlx_lm.load resolves it (a legacy `quantization_config` becomes the
+    MLX `quantization` block), or one line saying what is wrong."""
+    config = load_config(path)
+    if "model_type" not in config:
+        raise ModelError(f"{path / 'config.json'}: no model_type")
+    if "quantization" not in config:
+        legacy = config.get("quantization_config") or arch.text_config(config).get(
+            "quantization_config"
+        )
+        if isinstance(legacy, dict):
+            quant = arch.quantization(config)
+            if quant is None:
+                method = legacy.get("quant_method", "unknown")
+                raise UnsupportedModelError(
+                    f"{path}: {method}-quantized weights are not streamed (supported: MLX "
+                    f"{', '.join(arch.QUANT_MODES)})"
+                )
+            config["quantization"] = config["quantization_config"] = quant.as_mlx()
+    return config
 
 
 def _model_classes(config: dict):
-    from mlx_lm.utils import _get_classes
+    from mlx_lm.utils import _get_classes  # no public equivalent: load_model takes it as a default
 
     mt = config["model_type"]
-    if mt not in SUPPORTED_ARCHS:
+    if mt not in arch.ARCHITECTURES:
         raise UnsupportedModelError(
             f"architecture {mt!r} is not supported for expert streaming "
-            f"(supported: {', '.join(SUPPORTED_ARCHS)})"
+            f"(supported: {', '.join(arch.ARCHITECTURES)})"
         )
     try:
         return _get_classes(config)
@@ -167,13 +177,10 @@ def _proj_quant(config: dict, block_prefix: str, proj: str, in_dims: int, comp: 
         )
     bits = (w.shape[-1] * 32) // in_dims
     group_size = in_dims // s.shape[-1]
-    mode = (
-        "affine"
-        if s.dtype in ("BF16", "F16", "F32")
-        else {(4, 32): "mxfp4", (4, 16): "nvfp4", (8, 32): "mxfp8"}.get(
-            (bits, group_size), "affine"
-        )
-    )
+    try:
+        mode = arch.infer_mode(bits, group_size, s.dtype)
+    except ModelError as e:
+        raise UnsupportedModelError(f"{path}: {e}") from None
     if isinstance(entry, dict):
         bits = entry.get("bits", bits)
         group_size = entry.get("group_size", group_size)
@@ -204,9 +211,12 @@ def load_streamed(
     prefetch: bool = False,
     experts: str = "auto",
     progress: Callable[[str], None] = lambda _: None,
+    distributed=None,
 ) -> StreamedModel:
     """`experts`: where expert bytes are read from: `auto` (the repacked file when one
-    is current, else the shards), `shards`, or `repacked` (an error when none is)."""
+    is current, else the shards), `shards`, or `repacked` (an error when none is).
+    `distributed` (`engine.distributed.Distributed`): an expert-parallel launch; this
+    rank streams only its share of the experts. None: one process holds them all."""
     from mlx_lm.utils import load_tokenizer
 
     path = Path(path)
@@ -257,10 +267,14 @@ def load_streamed(
             raise BadValueError(str(e)) from None
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
+    partition = distributed.partition(index) if distributed is not None else None
+    if partition is not None:
+        capacity = max(min(capacity, partition.owned_slots), 1)
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
 
+    make_switch = StreamedSwitch if partition is None else partition.make_switch
     for li, block, orig, kind, quant in specs:
-        block.switch_mlp = StreamedSwitch(li, cache, kind, orig.activation, quant, times)
+        block.switch_mlp = make_switch(li, cache, kind, orig.activation, quant, times)
         blocks.append(block)
     if prefetch:
         for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
@@ -290,7 +304,10 @@ def load_streamed(
                 return False
             if f"{p}.scales" not in weights:
                 return False
-            return infer_quant_config(p, m, weights)
+            params = infer_quant_config(p, m, weights)
+            if f"{p}.global_scale" in weights and _takes_global_scale(m):
+                params["global_scale"] = True
+            return params
 
         nn.quantize(
             model,
@@ -312,7 +329,7 @@ def load_streamed(
 
     progress("loading tokenizer")
     try:
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"{path}: cannot load tokenizer ({e})") from e
 
@@ -331,6 +348,7 @@ def load_streamed(
         prefetch=prefetch,
         expert_source=source,
         expert_source_note=source_note,
+        distributed=distributed,
         routing_mass=install_routing_mass(blocks, trained_k),  # after quantize: probes the gates
     )
     if k is not None:
@@ -357,6 +375,11 @@ def resolve_expert_source(
     if experts == "repacked":
         raise ModelError(note or f"{path}: no repacked experts; run `ssdmoe repack --model {path}`")
     return index, "shards", note
+
+
+def _takes_global_scale(module: nn.Module) -> bool:
+    """Only some layers hold an nvfp4 tensor scale (mlx-lm's rule)."""
+    return "global_scale" in inspect.signature(module.to_quantized).parameters
 
 
 @dataclass(frozen=True)

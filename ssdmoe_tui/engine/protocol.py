@@ -20,7 +20,9 @@ Phase = Literal["idle", "loading", "indexing", "prefill", "decoding", "saving"]
 
 @dataclass(frozen=True)
 class LoadModel:
-    """Load (or switch to) a model; unloads the previous one first."""
+    """Load (or switch to) a model. Every value and the model's header are checked
+    first: a bad one is an EngineError with `fatal=False` and the model loaded before
+    stays loaded and usable. Only then is the previous model unloaded."""
 
     path: str
     k: int | None = None  # None: the model's trained K
@@ -55,7 +57,17 @@ class Generate:
 
 @dataclass(frozen=True)
 class SetExpertCache:
+    """Reload the loaded model with another budget (a bad size keeps the model as it is)."""
+
     size: str  # "auto", "512M", "4G", ...
+
+
+@dataclass(frozen=True)
+class SetK:
+    """Experts per token from the next token on (not queued behind a running reply).
+    The Runner owns K; StatsSample.k and `EngineService.model_info` report it."""
+
+    k: int
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,7 @@ class Shutdown:
     pass
 
 
-Command = LoadModel | Generate | SetExpertCache | Shutdown
+Command = LoadModel | Generate | SetExpertCache | SetK | Shutdown
 
 
 # --------------------------------------------------------------------------- events
@@ -160,7 +172,7 @@ class EngineError:
 
     message: str
     request_id: str | None = None
-    fatal: bool = False  # True: the model is unusable until another LoadModel
+    fatal: bool = False  # True: no model is loaded now (until another LoadModel succeeds)
 
 
 @dataclass(frozen=True)

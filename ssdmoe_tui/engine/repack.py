@@ -28,7 +28,7 @@ import numpy as np
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
-from ssdmoe_tui.engine.index import ExpertIndex, MoELayer
+from ssdmoe_tui.engine.index import ExpertIndex, MoELayer, content_sample
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.errors import ModelError
 
@@ -64,12 +64,14 @@ def _layer_offsets(index: ExpertIndex, stride: int) -> tuple[int, ...]:
     return tuple(i * index.num_experts * stride for i in range(index.num_layers))
 
 
-def _fingerprint(model_dir: Path, index: ExpertIndex) -> dict[str, list[int]]:
+def _fingerprint(model_dir: Path, index: ExpertIndex) -> dict[str, list]:
+    """Size, mtime and content sample of each expert shard: a shard edited in place (even
+    with its size and mtime kept) makes the repacked copy stale."""
     shards = sorted({c.shard for layer in index.layers for c in layer.components})
     out = {}
     for s in shards:
         st = (model_dir / s).stat()
-        out[s] = [st.st_size, st.st_mtime_ns]
+        out[s] = [st.st_size, st.st_mtime_ns, content_sample(model_dir / s)]
     return out
 
 
@@ -189,7 +191,7 @@ def write_repacked(
         )
     data = out_dir / DATA
     (out_dir / MANIFEST).unlink(missing_ok=True)  # an old copy stops counting before we write
-    tmp = out_dir / f".{DATA}.{os.getpid()}.tmp"
+    tmp = out_dir / f".{DATA}.p{os.getpid()}.tmp"  # the pid: start-up cleanup spares live writers
     per_chunk = max(1, min(e, chunk_bytes // stride))
     buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero
     base = buf.ctypes.data

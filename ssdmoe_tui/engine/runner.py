@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 
 from ssdmoe_tui.engine import iostats
+from ssdmoe_tui.engine.context import check_context, max_context
 from ssdmoe_tui.engine.loader import StreamedModel
+from ssdmoe_tui.engine.options import check_k
 
 
 @dataclass
@@ -133,28 +135,99 @@ class GenerationResult:
         return self.prompt_tokens[: self.covered_prompt] + self.tokens[: self.covered_generated]
 
 
-class _Meter:
-    """Snapshot of engine counters, to attribute work to phases."""
+@dataclass(frozen=True)
+class Snapshot:
+    """The engine's counters at one instant; `b - a` is the work between two snapshots.
 
-    def __init__(self, sm: StreamedModel) -> None:
+    The one counter type of the engine: the Runner attributes work to prefill and
+    decode with it, the bench to its windows, the stats to a turn."""
+
+    t: float = 0.0
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0  # bytes asked of the reader
+    read_s: float = 0.0
+    read_calls: int = 0
+    ensure_s: float = 0.0  # in `ExpertCache.ensure` (lookups, eviction, reads)
+    router_sync_s: float = 0.0
+    device_bytes: int | None = None  # from the device (/proc/self/io); None: unmeasurable
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
+    prefetch_wait_s: float = 0.0
+
+    @classmethod
+    def take(cls, sm: StreamedModel) -> Snapshot:
         c = sm.cache.counters
-        self.hits, self.misses, self.bytes, self.read_s = c.hits, c.misses, c.bytes_read, c.read_s
-        self.sync_s = sm.times.router_sync_s
-        self.dev = iostats.device_read_bytes()
+        return cls(
+            t=time.perf_counter(),
+            hits=c.hits,
+            misses=c.misses,
+            bytes_read=c.bytes_read,
+            read_s=c.read_s,
+            read_calls=c.read_calls,
+            ensure_s=c.ensure_s,
+            router_sync_s=sm.times.router_sync_s,
+            device_bytes=iostats.device_read_bytes(),
+            prefetch_issued=c.prefetch_issued,
+            prefetch_used=c.prefetch_used,
+            prefetch_wait_s=c.prefetch_wait_s,
+        )
+
+    def __sub__(self, other: Snapshot) -> Snapshot:
+        out = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            out[f.name] = None if a is None or b is None else a - b
+        return Snapshot(**out)
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
 
 
-def _delta(sm: StreamedModel, m: _Meter) -> tuple[int, int, int, float, float, int | None]:
-    c = sm.cache.counters
-    dev_now = iostats.device_read_bytes()
-    dev = dev_now - m.dev if (dev_now is not None and m.dev is not None) else None
-    return (
-        c.hits - m.hits,
-        c.misses - m.misses,
-        c.bytes_read - m.bytes,
-        c.read_s - m.read_s,
-        sm.times.router_sync_s - m.sync_s,
-        dev,
-    )
+def prefetch_figures(d: Snapshot) -> dict:
+    """Prediction quality over a window: precision = used / issued, recall = used /
+    experts that had to come from disk (misses, prefetched ones included); None where
+    nothing was issued or missed."""
+    return {
+        "issued": d.prefetch_issued,
+        "used": d.prefetch_used,
+        "precision": round(d.prefetch_used / d.prefetch_issued, 4) if d.prefetch_issued else None,
+        "recall": round(d.prefetch_used / d.misses, 4) if d.misses else None,
+        "wait_s": round(d.prefetch_wait_s, 4),
+    }
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """`done` of `total` prompt tokens are in the KV cache."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. `stats` is the turn's live TurnStats (updated in place as
+    the turn goes on: copy what you keep)."""
+
+    token: int
+    text: str  # detokenized piece ('' for end-of-sequence)
+    stats: TurnStats
+
+
+@dataclass(frozen=True)
+class Done:
+    """The turn is over (finished, stopped at max tokens, or cancelled)."""
+
+    result: GenerationResult
+
+
+RunnerEvent = PrefillProgress | TokenEvent | Done
 
 
 def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> int:
@@ -178,35 +251,78 @@ def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> 
 
 
 class Runner:
-    def __init__(self, sm: StreamedModel, prefill_step_size: int | None = None) -> None:
+    """Prefill + decode over one streamed model, and the one owner of K.
+
+    K is set with `set_k` (thread-safe: one attribute store, read once per token) and
+    reaches the MoE blocks only when it differs from what they hold."""
+
+    def __init__(
+        self,
+        sm: StreamedModel,
+        prefill_step_size: int | None = None,
+        *,
+        k: int | None = None,
+        prefill_k: int | None = None,
+    ) -> None:
         self.sm = sm
         self.prefill_step_size = prefill_step_size or auto_prefill_step(sm)
-        self.k = sm.trained_k
-        self.prefill_k: int | None = None  # None: same as k
-        self._pending_k: int | None = None
+        self._k = sm.trained_k
+        self._prefill_k: int | None = None  # None: same as k
+        self._applied: int | None = None  # K the blocks hold
         self._masses: deque = deque()  # routing mass of each built step, read with its token
-
-    def request_k(self, k: int) -> None:
-        """Thread-safe: takes effect before the next token."""
-        if not 1 <= k <= self.sm.index.num_experts:
-            from ssdmoe_tui.errors import BadValueError
-
-            raise BadValueError(f"K={k} is outside 1..{self.sm.index.num_experts}")
-        self._pending_k = k
-
-    def _apply_pending_k(self) -> None:
-        k = self._pending_k
         if k is not None:
-            self._pending_k = None
-            self.k = k
-            self.sm.set_k(k)
+            self.set_k(k)
+        self.prefill_k = prefill_k
 
+    # ------------------------------------------------------------------ K
+    @property
+    def k(self) -> int:
+        """The live K: what the next decoded token uses."""
+        return self._k
+
+    @k.setter
+    def k(self, k: int) -> None:
+        self.set_k(k)
+
+    @property
+    def prefill_k(self) -> int | None:
+        return self._prefill_k
+
+    @prefill_k.setter
+    def prefill_k(self, k: int | None) -> None:
+        if k is not None:
+            check_k(k, self.sm.index.num_experts, "prefill K")
+        self._prefill_k = k
+
+    def set_k(self, k: int) -> None:
+        """Thread-safe; takes effect from the next token."""
+        check_k(k, self.sm.index.num_experts, "K")
+        self._k = int(k)
+
+    request_k = set_k  # the name earlier callers used
+
+    def _use_k(self, k: int) -> None:
+        if k != self._applied:
+            self.sm.set_k(k)
+            self._applied = k
+
+    # ------------------------------------------------------------------ generation
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
 
         return make_prompt_cache(self.sm.model)
 
-    def generate(
+    def close(self) -> None:
+        self.sm.close()
+
+    def generate(self, prompt: Sequence[int], **kwargs) -> GenerationResult:
+        """`stream` run to the end; its `Done` result."""
+        for event in self.stream(prompt, **kwargs):
+            if isinstance(event, Done):
+                return event.result
+        raise AssertionError("Runner.stream ended without Done")  # pragma: no cover
+
+    def stream(
         self,
         prompt: Sequence[int],
         *,
@@ -214,14 +330,16 @@ class Runner:
         sampler: Callable[[mx.array], mx.array] | None = None,
         cache: list | None = None,
         reused_tokens: int = 0,
-        on_token: Callable[[int, str, TurnStats], None] | None = None,
-        on_prefill: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
-    ) -> GenerationResult:
-        """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`."""
+    ) -> Iterator[RunnerEvent]:
+        """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
+
+        Yields PrefillProgress while prefilling, a TokenEvent per token, and Done last
+        (also when `should_stop` cut the turn short)."""
         from mlx_lm.sample_utils import make_sampler
 
         sm = self.sm
+        check_context(len(prompt), max_context(sm.config))  # before any prefill
         model = sm.model
         sampler = sampler or make_sampler(0.0)
         tokenizer = sm.tokenizer
@@ -236,23 +354,19 @@ class Runner:
         mx.reset_peak_memory()
         iostats.reset_peak_rss()
         self._masses.clear()
-        meter = _Meter(sm)
-        t0 = time.perf_counter()
+        start = Snapshot.take(sm)
 
         # ---- prefill (prefill K), mlx-lm's chunking: leave the last token for the first step
-        self._apply_pending_k()
-        sm.set_k(self.prefill_k or self.k)
+        self._use_k(self.prefill_k or self.k)
         total = int(todo.size)
         done = 0
-        if on_prefill:
-            on_prefill(reused_tokens, len(prompt))
+        yield PrefillProgress(reused_tokens, len(prompt))
         while total - done > 1:
             n = min(self.prefill_step_size, total - done - 1)
             model(todo[done : done + n][None], cache=cache)
             mx.eval([c.state for c in cache])
             done += n
-            if on_prefill:
-                on_prefill(reused_tokens + done, len(prompt))
+            yield PrefillProgress(reused_tokens + done, len(prompt))
             mx.clear_cache()
             if should_stop():
                 break
@@ -271,7 +385,7 @@ class Runner:
         cancelled = should_stop()
         fed_generated = 0  # generated tokens the KV cache holds
         if not cancelled and max_tokens > 0:
-            sm.set_k(self.k if (self.prefill_k is None) else self.prefill_k)
+            self._use_k(self.prefill_k or self.k)
             if sm.routing_mass is not None:
                 sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
             y = step(last)
@@ -279,13 +393,10 @@ class Runner:
             tok = int(y.item())
             stats.k_per_token.append(sm.times.last_k)
             self._record_mass(stats)
-            t1 = time.perf_counter()
-            stats.prefill_s = t1 - t0
-            self._update_totals(stats, meter)
-            if on_prefill:
-                on_prefill(len(prompt), len(prompt))
-            dmeter = _Meter(sm)
-            tdec = time.perf_counter()
+            stats.prefill_s = time.perf_counter() - start.t
+            _totals(stats, Snapshot.take(sm) - start)
+            yield PrefillProgress(len(prompt), len(prompt))
+            dstart = Snapshot.take(sm)
             pending: tuple[mx.array, int] | None = None  # a step already scheduled
             while True:
                 tokens.append(tok)
@@ -296,9 +407,8 @@ class Runner:
                     detok.add_token(tok)
                     piece = detok.last_segment
                 stats.generated_tokens = len(tokens)
-                stats.decode_s = time.perf_counter() - tdec
-                if on_token:
-                    on_token(tok, piece, stats)
+                stats.decode_s = time.perf_counter() - dstart.t
+                yield TokenEvent(tok, piece, stats)
                 if finish == "stop" or len(tokens) >= max_tokens:
                     break
                 if should_stop():
@@ -319,33 +429,34 @@ class Runner:
                 tok = int(y.item())
                 stats.k_per_token.append(k_tok)
                 self._record_mass(stats)
-                self._update_decode(stats, dmeter)
-                self._update_totals(stats, meter)  # live turn totals for the UI
+                now = Snapshot.take(sm)
+                _decode(stats, now - dstart)
+                _totals(stats, now - start)  # live turn totals for the UI
             if pending is not None:
                 fed_generated += 1  # scheduled on the last token: the cache holds it too
-            stats.decode_s = time.perf_counter() - tdec
-            self._update_decode(stats, dmeter)
+            stats.decode_s = time.perf_counter() - dstart.t
+            _decode(stats, Snapshot.take(sm) - dstart)
             stats.k_per_token = stats.k_per_token[: len(tokens)]
             stats.mass_per_token = stats.mass_per_token[: len(tokens)]
             self._masses.clear()
         else:
             finish = "cancelled"
-            stats.prefill_s = time.perf_counter() - t0
+            stats.prefill_s = time.perf_counter() - start.t
         detok.finalize()
-        text = detok.text
         # totals over the whole turn
-        self._update_totals(stats, meter)
+        _totals(stats, Snapshot.take(sm) - start)
         stats.peak_memory_bytes = int(mx.get_peak_memory())
         stats.peak_rss_bytes = iostats.peak_rss_bytes() or 0
         covered = len(prompt) if tokens else reused_tokens + done
-        return GenerationResult(
-            list(prompt), tokens, text, finish, stats, cache, covered, fed_generated
+        yield Done(
+            GenerationResult(
+                list(prompt), tokens, detok.text, finish, stats, cache, covered, fed_generated
+            )
         )
 
     def _schedule(self, step, inp: mx.array) -> tuple[mx.array, int]:
-        """Apply a pending K, build (and, where a layer must sync, run) one decode step."""
-        self._apply_pending_k()
-        self.sm.set_k(self.k)
+        """Apply a K change, build (and, where a layer must sync, run) one decode step."""
+        self._use_k(self.k)
         self.sm.cache.step()
         y = step(inp)
         self._queue_mass()
@@ -365,13 +476,54 @@ class Runner:
         cache = self.sm.cache
         return cache.all_frozen and cache.on_route is None and not self.sm.prefetch
 
-    def _update_totals(self, stats: TurnStats, m: _Meter) -> None:
-        h, mi, b, rs, ss, dev = _delta(self.sm, m)
-        stats.hits, stats.misses, stats.requested_bytes = h, mi, b
-        stats.read_s, stats.router_sync_s, stats.device_bytes = rs, ss, dev
+    # ------------------------------------------------------------------ reporting
+    def conditions(self) -> dict:
+        """What a measurement runs under: K, prefill K, reader, slot placement, expert
+        source, cache budget, slots and policy, routing, dtype (stats, bench, server)."""
+        sm = self.sm
+        cache = sm.cache
+        out = {
+            "k": self.k,
+            "prefill_k": self.prefill_k or self.k,
+            "reader": cache.reader.name,
+            "slot_placement": cache.placement.placement,
+            "expert_source": sm.expert_source,
+            "expert_cache_budget_bytes": cache.budget_bytes,
+            "expert_cache_slots": cache.capacity,
+            "policy": cache.policy_name,
+            "dtype": str(sm.dtype).removeprefix("mlx.core."),
+        }
+        out.update(cache.routing.summary() if cache.routing is not None else {"routing": "model"})
+        return out
 
-    def _update_decode(self, stats: TurnStats, m: _Meter) -> None:
-        h, mi, b, _, _, dev = _delta(self.sm, m)
-        stats.decode_hits, stats.decode_misses = h, mi
-        stats.decode_requested_bytes = b
-        stats.decode_device_bytes = dev
+    def stats_dict(self, stats: TurnStats) -> dict:
+        """A turn's figures plus the engine's conditions, as `generate --json`, the
+        service's GenerationDone and the server report them (one place)."""
+        sm = self.sm
+        c = sm.cache.counters
+        out = {**stats.as_dict(), **self.conditions()}
+        if sm.prefetch:  # engine-lifetime figures (the cache counts them since the load)
+            out["prefetch"] = prefetch_figures(
+                Snapshot(
+                    misses=c.misses,
+                    prefetch_issued=c.prefetch_issued,
+                    prefetch_used=c.prefetch_used,
+                    prefetch_wait_s=c.prefetch_wait_s,
+                )
+            )
+        return out
+
+
+def _totals(stats: TurnStats, d: Snapshot) -> None:
+    stats.hits, stats.misses, stats.requested_bytes = d.hits, d.misses, d.bytes_read
+    stats.read_s, stats.router_sync_s, stats.device_bytes = (
+        d.read_s,
+        d.router_sync_s,
+        d.device_bytes,
+    )
+
+
+def _decode(stats: TurnStats, d: Snapshot) -> None:
+    stats.decode_hits, stats.decode_misses = d.hits, d.misses
+    stats.decode_requested_bytes = d.bytes_read
+    stats.decode_device_bytes = d.device_bytes

@@ -14,11 +14,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions, check_k
 from ssdmoe_tui.errors import BadValueError, user_message
+
+if TYPE_CHECKING:
+    from ssdmoe_tui.engine.runner import Runner
 
 TOKEN_BATCH_S = 0.025
 STATS_EVERY_S = 0.2
@@ -40,7 +45,9 @@ def _wait_os_thread_gone(thread: threading.Thread, timeout: float) -> None:
 
 @dataclass
 class KVHooks:
-    """Persistence hooks, called on the engine thread (sessions plug in here).
+    """Persistence hooks, called on the engine thread. The engine knows nothing of
+    where they store things: the command that assembles the app injects them
+    (`commands/chat.py` with `sessions.kv_hooks.session_hooks`).
 
     save(session_id, tokens, cache, info): after a reply has been shown.
     load(session_id, tokens, info) -> (cache, n_tokens) | None: when no in-memory
@@ -54,35 +61,44 @@ class KVHooks:
     prompt: Callable | None = None
 
 
+# Builds the hooks on the engine thread (so a store that imports MLX is imported
+# there); gets a `notice(text)` that posts a Notice event.
+KVHooksFactory = Callable[[Callable[[str], None]], KVHooks]
+
+
 class EngineService:
     def __init__(
         self,
         post: Callable[[P.Event], None],
         *,
+        options: EngineOptions | None = None,
         prefill_step_size: int | None = None,
-        persist_sessions: bool = False,
+        kv_hooks: KVHooks | KVHooksFactory | None = None,
     ) -> None:
-        """`persist_sessions`: attach the sessions store's KV hooks (checkpoints on disk,
-        exact-history prompts) on the engine thread, so the UI never imports MLX."""
+        """`options`: what every LoadModel starts from (reader, prefetch, ...); a
+        LoadModel sets the model, K, prefill K, expert cache and dtype on top.
+        `kv_hooks`: persistence (or a factory called on the engine thread)."""
         self._post = post
-        self._persist_sessions = persist_sessions
+        self.options = options or EngineOptions()
+        if prefill_step_size is not None:
+            self.options = self.options.with_(prefill_step=prefill_step_size)
+        self._hooks_source = kv_hooks
         self._queue: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
-        self._prefill_step_size = prefill_step_size
-        self._sm = None
-        self._runner = None
-        self._pending_k: int | None = None
+        self._runner: Runner | None = None
+        self._info: P.ModelInfo | None = None
+        self._options = self.options  # what the loaded model was opened with
         self._busy = threading.Event()
-        self.model_info: P.ModelInfo | None = None
-        self.kv_hooks = KVHooks()
+        self.kv_hooks = kv_hooks if isinstance(kv_hooks, KVHooks) else KVHooks()
         self.kv_pool = None  # ssdmoe_tui.engine.kv_pool.KVPool, created on the engine thread
         self.kv_budget_bytes = 2 << 30
         self.last_stats: P.StatsSample | None = None
-        self.last_result = None  # the last GenerationResult (engine-side record; tests read it)
-        self.k_records: dict[str, tuple[int, ...]] = {}
         self._lock = None  # cross-process "one loaded model" lock (models.lock)
         self.use_model_lock = True
+        # engine.distributed.ServiceLink: one rank of an expert-parallel launch (serve
+        # --distributed); commands, K and stops then come from rank 0, in step.
+        self.link = None
 
     # ------------------------------------------------------------------ client API
     def start(self) -> None:
@@ -91,6 +107,14 @@ class EngineService:
             self._thread.start()
 
     def submit(self, cmd: P.Command) -> None:
+        if isinstance(cmd, P.SetK):  # not queued: it applies from the next token
+            try:
+                if self._runner is None:
+                    raise BadValueError("no model loaded: K applies to a loaded model")
+                self.set_k(cmd.k)
+            except BadValueError as e:
+                self._emit(P.EngineError(user_message(e)))
+            return
         if isinstance(cmd, P.Generate):
             self._busy.set()
         if isinstance(cmd, (P.Generate, P.LoadModel)):
@@ -98,15 +122,16 @@ class EngineService:
         self._queue.put(cmd)
 
     def set_k(self, k: int) -> None:
-        """Thread-safe; applies from the next token."""
-        info = self.model_info
-        if info is not None and not 1 <= k <= info.num_experts:
-            raise BadValueError(f"K={k} is outside 1..{info.num_experts}")
+        """Thread-safe; applies from the next token. Raises BadValueError out of range.
+        While no model is loaded (e.g. during a reload) there is no K to set: the next
+        ModelLoaded says which K the model runs with."""
         runner = self._runner
         if runner is not None:
-            runner.request_k(k)
-        else:
-            self._pending_k = k
+            if self.link is not None:  # every rank switches at the same token
+                check_k(k, runner.sm.index.num_experts, "K")
+                self.link.set_k(k)
+                return
+            runner.set_k(k)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -114,6 +139,14 @@ class EngineService:
     @property
     def busy(self) -> bool:
         return self._busy.is_set()
+
+    @property
+    def model_info(self) -> P.ModelInfo | None:
+        """The loaded model, with the live K (None while none is loaded)."""
+        info, runner = self._info, self._runner
+        if info is None or runner is None:
+            return None
+        return replace(info, k=runner.k, prefill_k=runner.prefill_k or runner.k)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._cancel.set()
@@ -130,21 +163,17 @@ class EngineService:
         except Exception:  # noqa: BLE001 - a broken client must not kill the engine
             pass
 
-    def _attach_sessions(self) -> None:
-        from ssdmoe_tui.sessions.kv_hooks import SessionKV
-        from ssdmoe_tui.sessions.store import SessionStore
-
-        kv = SessionKV(SessionStore(), notice=lambda msg: self._emit(P.Notice(msg)))
-        self.kv_hooks = KVHooks(save=kv.save, load=kv.load, prompt=kv.prompt)
+    def _notice(self, message: str) -> None:
+        self._emit(P.Notice(message))
 
     def _main(self) -> None:
-        if self._persist_sessions:
+        if self._hooks_source is not None and not isinstance(self._hooks_source, KVHooks):
             try:
-                self._attach_sessions()
+                self.kv_hooks = self._hooks_source(self._notice)
             except Exception as e:  # noqa: BLE001 - chatting works without persistence
-                self._emit(P.Notice(f"conversations will not be saved: {user_message(e)}"))
+                self._notice(f"conversations will not be saved: {user_message(e)}")
         while True:
-            cmd = self._queue.get()
+            cmd = self._next_command()
             try:
                 if isinstance(cmd, P.Shutdown):
                     self._unload()
@@ -157,10 +186,12 @@ class EngineService:
                 elif isinstance(cmd, P.SetExpertCache):
                     self._set_cache(cmd)
             except Exception as e:  # noqa: BLE001 - every failure becomes one line for the user
+                if self.link is not None and not isinstance(e, BadValueError):
+                    self.link.fatal(e)  # the ranks are out of step: end them all
                 rid = getattr(cmd, "request_id", None)
-                fatal = isinstance(cmd, P.LoadModel) or (
-                    isinstance(cmd, P.SetExpertCache) and self._sm is None
-                )
+                # fatal: no model is loaded now (a failed open that kept the previous
+                # model, or a bad value, is not fatal: that model stays usable).
+                fatal = isinstance(cmd, (P.LoadModel, P.SetExpertCache)) and self._runner is None
                 self._emit(P.EngineError(user_message(e), request_id=rid, fatal=fatal))
                 if isinstance(cmd, P.Generate):
                     self._emit(
@@ -170,6 +201,14 @@ class EngineService:
             finally:
                 if isinstance(cmd, P.Generate):
                     self._busy.clear()
+
+    def _next_command(self) -> P.Command:
+        if self.link is None:
+            return self._queue.get()
+        cmd, k = self.link.next_command(self._queue)
+        if k is not None and self._runner is not None:
+            self._runner.set_k(k)
+        return cmd
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -188,67 +227,37 @@ class EngineService:
             self._lock.relabel(str(path))
 
     def _unload(self) -> None:
-        if self._sm is not None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
             import mlx.core as mx
 
-            self._sm.close()
-            self._sm = None
-            self._runner = None
+            runner.close()
             self.kv_pool = None
-            self.model_info = None
+            self._info = None
+            del runner
             gc.collect()
             mx.clear_cache()
 
     def _load(self, cmd: P.LoadModel) -> None:
-        from ssdmoe_tui.engine.loader import load_streamed
-        from ssdmoe_tui.engine.runner import Runner
-
-        self._emit(P.PhaseChanged("loading", detail="unloading previous model" if self._sm else ""))
-        self._unload()
-        path = self._resolve(cmd.path)
-        self._take_lock(path)
-        self._emit(P.PhaseChanged("indexing", detail=str(path)))
-        sm = load_streamed(
-            path,
-            expert_cache=cmd.expert_cache,
+        options = self.options.with_(
+            model=cmd.path,
+            k=cmd.k,
+            prefill_k=cmd.prefill_k,
+            expert_cache=CacheBudget.parse(cmd.expert_cache),
             dtype=cmd.dtype,
-            progress=lambda msg: self._emit(P.PhaseChanged("loading", detail=msg)),
         )
-        self._sm = sm
-        runner = Runner(sm, prefill_step_size=self._prefill_step_size)
-        k = cmd.k if cmd.k is not None else self._pending_k
-        self._pending_k = None
-        if k is not None:
-            sm.set_k(k)
-            runner.k = k
-        if cmd.prefill_k is not None:
-            if not 1 <= cmd.prefill_k <= sm.index.num_experts:
-                raise BadValueError(
-                    f"prefill K={cmd.prefill_k} is outside 1..{sm.index.num_experts}"
-                )
-            runner.prefill_k = cmd.prefill_k
-        self._runner = runner
-        try:
-            from ssdmoe_tui.engine.kv_pool import KVPool
+        self._open(options)
 
-            self.kv_pool = KVPool(self.kv_budget_bytes)
-        except ImportError:
-            self.kv_pool = None
-        self.model_info = self._info()
-        self._emit(P.ModelLoaded(self.model_info))
-        self._emit(self._sample(None, None))
-        self._emit(P.PhaseChanged("idle"))
+    def _open(self, options: EngineOptions) -> None:
+        """Plan (every check that needs no weights) while the current model stays
+        loaded; only a good plan unloads it."""
+        from ssdmoe_tui.engine.open import load_engine, plan_engine
+        from ssdmoe_tui.models.resolve import format_progress
 
-    def _resolve(self, spec: str) -> Path:
-        if not spec:
-            from ssdmoe_tui.models.demo import ensure_demo_model
+        def say(msg: str) -> None:
+            self._emit(P.PhaseChanged("loading", detail=msg))
 
-            return ensure_demo_model(
-                progress=lambda msg: self._emit(P.PhaseChanged("loading", detail=msg))
-            )
-        from ssdmoe_tui.models.resolve import format_progress, resolve_model
-
-        def progress(p) -> None:
+        def download(p) -> None:
             self._emit(
                 P.PhaseChanged(
                     "loading",
@@ -258,12 +267,40 @@ class EngineService:
                 )
             )
 
-        return Path(resolve_model(spec, progress=progress, cancel=self._cancel))
+        self._emit(P.PhaseChanged("loading", detail=options.model or "the demo model"))
+        plan = plan_engine(options, say=say, download=download, cancel=self._cancel)
+        if self._runner is not None:
+            say("unloading previous model")
+        self._unload()
+        try:
+            self._take_lock(plan.path)
+            self._emit(P.PhaseChanged("indexing", detail=str(plan.path)))
+            runner = load_engine(
+                plan,
+                say=say,
+                notice=self._notice,
+                distributed=self.link.dist if self.link is not None else None,
+            )
+        except BaseException:
+            self._release_lock()  # nothing loaded: another instance may load a model
+            raise
+        self._runner = runner
+        try:
+            from ssdmoe_tui.engine.kv_pool import KVPool
 
-    def _info(self) -> P.ModelInfo:
+            self.kv_pool = KVPool(self.kv_budget_bytes)
+        except ImportError:
+            self.kv_pool = None
+        self._options = plan.options
+        self._info = self._describe(runner)
+        self._emit(P.ModelLoaded(self.model_info))
+        self._emit(self._sample(None, None))
+        self._emit(P.PhaseChanged("idle"))
+
+    def _describe(self, runner: Runner) -> P.ModelInfo:
         from ssdmoe_tui.engine.loader import device_name
 
-        sm = self._sm
+        sm = runner.sm
         cfg = sm.config.get("text_config", sm.config)
         return P.ModelInfo(
             name=sm.path.name,
@@ -272,8 +309,8 @@ class EngineService:
             num_layers=sm.index.num_layers,
             num_experts=sm.index.num_experts,
             trained_k=sm.trained_k,
-            k=self._runner.k,
-            prefill_k=self._runner.prefill_k or self._runner.k,
+            k=runner.k,
+            prefill_k=runner.prefill_k or runner.k,
             max_context=int(cfg.get("max_position_embeddings", 0) or 0),
             device=device_name(),
             dtype=str(sm.dtype).removeprefix("mlx.core."),
@@ -289,106 +326,103 @@ class EngineService:
         )
 
     def _set_cache(self, cmd: P.SetExpertCache) -> None:
-        if self._sm is None:
+        budget = CacheBudget.parse(cmd.size)  # a bad size must not cost the loaded model
+        runner, info = self._runner, self._info
+        if runner is None or info is None:
             raise BadValueError("no model loaded")
-        if cmd.size != "auto":
-            from ssdmoe_tui.engine.cache import parse_size
-
-            try:
-                parse_size(cmd.size)  # a bad size must not cost the loaded model
-            except ValueError as e:
-                raise BadValueError(str(e)) from None
-        info = self.model_info
-        self._load(
-            P.LoadModel(
-                path=info.path,
-                k=self._runner.k,
-                prefill_k=self._runner.prefill_k,
-                expert_cache=cmd.size,
-                dtype=info.dtype,
+        self._open(
+            self._options.with_(
+                model=info.path,
+                k=runner.k,
+                prefill_k=runner.prefill_k,
+                expert_cache=budget,
             )
         )
 
     def _prompt_tokens(self, cmd: P.Generate) -> list[int]:
+        from ssdmoe_tui.engine.chat_format import prompt_tokens
+
         if cmd.prompt_tokens is not None:
             return list(cmd.prompt_tokens)
         if not cmd.messages:
             raise BadValueError("empty prompt")
-        tok = self._sm.tokenizer
+        tok = self._runner.sm.tokenizer
         hooks = self.kv_hooks
         if cmd.session_id and hooks.prompt is not None:
-            ids = hooks.prompt(cmd.session_id, cmd.messages, tok, self.model_info)
+            ids = hooks.prompt(cmd.session_id, cmd.messages, tok, self._info)
             if ids:
                 return list(ids)
-        msgs = [{"role": m.role, "content": m.content} for m in cmd.messages]
-        if getattr(tok, "chat_template", None):
-            return list(tok.apply_chat_template(msgs, add_generation_prompt=True))
-        return list(tok.encode("\n".join(m["content"] for m in msgs)))
+        return prompt_tokens(tok, [{"role": m.role, "content": m.content} for m in cmd.messages])
 
     def _generate(self, cmd: P.Generate) -> None:
         import mlx.core as mx
         from mlx_lm.sample_utils import make_sampler
 
-        if self._sm is None:
-            raise BadValueError("no model loaded: open a model first")
+        from ssdmoe_tui.engine.runner import Done, PrefillProgress, TokenEvent
+
         runner = self._runner
+        if runner is None:
+            raise BadValueError("no model loaded: open a model first")
+        sampling = SamplingOptions(
+            max_tokens=cmd.max_tokens, temp=cmd.temp, top_p=cmd.top_p, seed=cmd.seed
+        )
         prompt = self._prompt_tokens(cmd)
-        if cmd.seed is not None:
-            mx.random.seed(cmd.seed)
+        if sampling.seed is not None:
+            mx.random.seed(sampling.seed)
         cache, reused = self._take_cache(cmd.session_id, prompt)
         if cache is None:  # made here so live samples can report its size
             cache, reused = runner.make_cache(), 0
-        sampler = make_sampler(cmd.temp, top_p=cmd.top_p)
 
         pending: list[int] = []
         pending_text: list[str] = []
-        last_flush = [time.monotonic()]
-        last_stats = [0.0]
-        last_prefill = [0.0]
+        last_flush = last_stats = last_prefill = 0.0
 
         def flush() -> None:
+            nonlocal last_flush
             if pending or pending_text:
                 self._emit(P.Tokens(cmd.request_id, "".join(pending_text), tuple(pending)))
                 pending.clear()
                 pending_text.clear()
-            last_flush[0] = time.monotonic()
+            last_flush = time.monotonic()
 
-        def on_token(tok: int, piece: str, stats) -> None:
-            pending.append(tok)
-            if piece:
-                pending_text.append(piece)
-            now = time.monotonic()
-            if now - last_flush[0] >= TOKEN_BATCH_S:
-                flush()
-            if now - last_stats[0] >= STATS_EVERY_S:
-                last_stats[0] = now
-                self._emit(self._sample(stats, cache))
-
-        def on_prefill(done: int, total: int) -> None:
-            now = time.monotonic()
-            if done in (0, total) or now - last_prefill[0] >= 0.1:
-                last_prefill[0] = now
-                phase = "prefill" if done < total else "decoding"
-                self._emit(P.PhaseChanged(phase, done, total))
-
-        result = runner.generate(
+        result = None
+        sampler = make_sampler(sampling.temp, top_p=sampling.top_p)
+        should_stop = self._cancel.is_set
+        link, meter = self.link, None
+        if link is not None:
+            sampler, meter = link.sampler(sampler), link.meter(runner.sm)
+            should_stop = link.should_stop(should_stop, runner)
+        for ev in runner.stream(
             prompt,
-            max_tokens=cmd.max_tokens,
+            max_tokens=sampling.max_tokens,
             sampler=sampler,
             cache=cache,
             reused_tokens=reused,
-            on_token=on_token,
-            on_prefill=on_prefill,
-            should_stop=self._cancel.is_set,
-        )
+            should_stop=should_stop,
+        ):
+            now = time.monotonic()
+            if isinstance(ev, TokenEvent):
+                if meter is not None:
+                    meter.on_token(ev.stats.generated_tokens)
+                pending.append(ev.token)
+                if ev.text:
+                    pending_text.append(ev.text)
+                if now - last_flush >= TOKEN_BATCH_S:
+                    flush()
+                if now - last_stats >= STATS_EVERY_S:
+                    last_stats = now
+                    self._emit(self._sample(ev.stats, cache))
+            elif isinstance(ev, PrefillProgress):
+                if ev.done in (0, ev.total) or now - last_prefill >= 0.1:
+                    last_prefill = now
+                    phase = "prefill" if ev.done < ev.total else "decoding"
+                    self._emit(P.PhaseChanged(phase, ev.done, ev.total))
+            elif isinstance(ev, Done):
+                result = ev.result
         flush()
-        self.last_result = result
-        self.k_records[cmd.request_id] = tuple(result.stats.k_per_token)
-        stats = result.stats.as_dict()
-        stats["k"] = runner.k
-        stats["reader"] = self._sm.cache.reader.name
-        stats["slot_placement"] = self._sm.cache.placement.placement
-        stats["expert_source"] = self._sm.expert_source
+        stats = runner.stats_dict(result.stats)
+        if link is not None:
+            stats["distributed"] = link.turn_stats(runner.sm, meter, len(result.tokens) - 1)
         self._emit(
             P.GenerationDone(
                 cmd.request_id,
@@ -420,7 +454,7 @@ class EngineService:
                 return cache, n
         if session_id and self.kv_hooks.load is not None:
             try:
-                got = self.kv_hooks.load(session_id, prompt, self.model_info)
+                got = self.kv_hooks.load(session_id, prompt, self._info)
             except Exception as e:  # noqa: BLE001 - a bad checkpoint only costs a re-prefill
                 self._emit(
                     P.Notice(f"checkpoint ignored: {user_message(e)}; rebuilding the context")
@@ -437,7 +471,7 @@ class EngineService:
         if session_id and self.kv_hooks.save is not None:
             self._emit(P.PhaseChanged("saving"))
             try:
-                self.kv_hooks.save(session_id, tokens, cache, self.model_info)
+                self.kv_hooks.save(session_id, tokens, cache, self._info)
             except Exception as e:  # noqa: BLE001 - saving must never break chatting
                 self._emit(P.Notice(f"could not save the KV checkpoint: {user_message(e)}"))
             self._emit(P.PhaseChanged("idle"))
@@ -451,7 +485,8 @@ class EngineService:
         from ssdmoe_tui.engine import iostats
         from ssdmoe_tui.engine.kv_pool import cache_nbytes
 
-        sm = self._sm
+        runner = self._runner
+        sm = runner.sm
         kv_bytes = 0
         ctx = 0
         if cache is not None:
@@ -475,8 +510,8 @@ class EngineService:
             peak_memory_bytes=int(mx.get_peak_memory()),
             kv_hit_rate=stats.kv_hit_rate if stats else 0.0,
             context_tokens=ctx,
-            max_context=self.model_info.max_context if self.model_info else 0,
-            k=self._runner.k if self._runner else 0,
+            max_context=self._info.max_context if self._info else 0,
+            k=runner.k,
             generated_tokens=stats.generated_tokens if stats else 0,
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,

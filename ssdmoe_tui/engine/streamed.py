@@ -75,6 +75,11 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
         object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
+        object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
+
+    def set_routing(self, routing) -> None:
+        """Look up the trace's ids for this layer (engine/trace_routing.py)."""
+        object.__setattr__(self, "_routing", routing)
 
     def set_predictor(self, predict) -> None:
         """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
@@ -84,8 +89,10 @@ class StreamedSwitch(nn.Module):
         """`meter.kept(layer, indices)` records the router mass these experts keep."""
         object.__setattr__(self, "_mass", meter)
 
-    def _proj(self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool) -> mx.array:
-        pools = self._cache.pools
+    def _proj(
+        self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, bank: int
+    ) -> mx.array:
+        pools = self._cache.banks[bank]
         q = self._quant[name]
         biases = pools.get(f"{name}.biases")
         return mx.gather_qmm(
@@ -101,38 +108,70 @@ class StreamedSwitch(nn.Module):
             sorted_indices=sorted_indices,
         )
 
-    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool) -> mx.array:
+    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, bank: int = 0) -> mx.array:
         if self._kind == "glu":
-            x_up = self._proj("up_proj", x, idx, do_sort)
-            x_gate = self._proj("gate_proj", x, idx, do_sort)
-            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort)
-        x = self._proj("fc1", x, idx, do_sort)
+            x_up = self._proj("up_proj", x, idx, do_sort, bank)
+            x_gate = self._proj("gate_proj", x, idx, do_sort, bank)
+            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort, bank)
+        x = self._proj("fc1", x, idx, do_sort, bank)
         x = self.activation(x)
-        return self._proj("fc2", x, idx, do_sort)
+        return self._proj("fc2", x, idx, do_sort, bank)
 
-    def _run(self, x: mx.array, slot_idx: mx.array, shape) -> mx.array:
-        do_sort = slot_idx.size >= 64  # mlx-lm's rule, so kernels match
+    def _run(
+        self, x: mx.array, slot_idx: mx.array, shape, bank: int = 0, do_sort: bool | None = None
+    ) -> mx.array:
+        if do_sort is None:
+            do_sort = slot_idx.size >= 64  # mlx-lm's rule, so kernels match
         inv_order = None
         idx = slot_idx
         if do_sort:
             x, idx, inv_order = _gather_sort(x, slot_idx)
-        y = self._experts(x, idx, do_sort)
+        y = self._experts(x, idx, do_sort, bank)
         if do_sort:
             y = _scatter_unsort(y, inv_order, shape)
         return y.squeeze(-2)
+
+    def _run_slots(self, x: mx.array, slots: np.ndarray, do_sort: bool | None = None) -> mx.array:
+        """`slots`: global slot ids, shaped like the router's indices (..., K).
+
+        One bank: mlx-lm's call as is. Several: one call per bank with mlx-lm's shapes and
+        sort rule unchanged, the rows of other banks pointed at an unused row of this bank,
+        and each row's result taken from its own bank's call. Splitting the rows into
+        smaller calls instead changes which MLX-CUDA kernel runs (measured: tokens differ
+        from mlx-lm's on the H200); keeping the shapes keeps every row's arithmetic."""
+        cache = self._cache
+        bank, row = np.divmod(slots, cache.bank_slots)
+        banks = np.unique(bank)
+        if len(banks) == 1:
+            return self._run(
+                x, mx.array(row.astype(np.uint32)), slots.shape, int(banks[0]), do_sort
+            )
+        y = None
+        for b in banks:
+            mine = bank == b
+            used = np.unique(row[mine])
+            size = next(iter(cache.banks[int(b)].values())).shape[0]
+            free = np.setdiff1d(np.arange(min(size, len(used) + 1)), used)
+            dummy = int(free[0]) if len(free) else int(used[0])
+            idx = mx.array(np.where(mine, row, dummy).astype(np.uint32))
+            yb = self._run(x, idx, slots.shape, int(b), do_sort)
+            y = yb if y is None else mx.where(mx.array(mine)[..., None], yb, y)
+        return y
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
         predict = self._predict
         cache = self._cache
-        lut = cache.device_lut(self._layer)
+        frozen = cache.device_lut(self._layer)
+        routing = self._routing
         mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
-        if lut is not None and predict is None and cache.on_route is None:
+        if frozen is not None and predict is None and cache.on_route is None and routing is None:
             # Every expert of this layer is resident for good: no host sync, no reads.
             times.calls += 1
             times.last_k = int(indices.shape[-1])
             cache.counters.hits += int(indices.size)  # lookups; all hits by construction
-            return self._run(mx.expand_dims(x, (-2, -3)), lut[indices], indices.shape)
+            bank, lut = frozen
+            return self._run(mx.expand_dims(x, (-2, -3)), lut[indices], indices.shape, bank)
         pred = None
         t0 = time.perf_counter()
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
@@ -146,17 +185,28 @@ class StreamedSwitch(nn.Module):
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))
         uniq = np.unique(host)
+        extra = None
+        if routing is not None:
+            cell = routing.cell(self._layer)
+            if cell is not None:
+                # The trace's ids, in trace order. Ids the block picked outside them (only
+                # when K exceeds the cell) carry weight exactly 0: any resident slot serves.
+                extra = np.setdiff1d(uniq, cell)
+                uniq = cell
         if len(uniq) <= cache.capacity:
             slots = cache.ensure(self._layer, uniq)
-            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[uniq] = slots
-            slot_idx = mx.array(lut[host])
-            y = self._run(x, slot_idx, indices.shape)
+            if extra is not None and len(extra):
+                lut[extra] = slots[0]
+            y = self._run_slots(x, lut[host])
             if pred is not None:
                 # Read the next layer's likely experts while this layer computes.
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
             return y
+        if extra is not None and len(extra):
+            uniq = np.concatenate([uniq, extra])
         return self._grouped(x, host, uniq)
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
@@ -177,11 +227,12 @@ class StreamedSwitch(nn.Module):
             group = uniq[start : start + cache.capacity]
             rows = np.nonzero(np.isin(flat, group))[0]
             slots = cache.ensure(self._layer, group)
-            lut = np.zeros(self._num_experts, dtype=np.uint32)
+            if not len(rows):  # a trace-routed union may name experts no row chose
+                continue
+            lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
-            slot_idx = mx.array(lut[flat[rows]][:, None])
             xr = xf[mx.array(rows // k)]
-            y = self._experts(xr, slot_idx, False).squeeze(-2)  # (P, 1, D)
+            y = self._run_slots(xr, lut[flat[rows]][:, None], do_sort=False)  # (P, 1, D)
             mx.eval(y)
             outs.append(y)
             order.append(rows)

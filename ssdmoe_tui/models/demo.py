@@ -171,6 +171,7 @@ def write_checkpoint(
     seed: int = 0,
     group_size: int = 64,
     bits: int = 4,
+    mode: str = "affine",
     max_shard_bytes: int = 5 << 30,
     tokenizer_from: Path | None = None,
     progress: ProgressFn = _noop,
@@ -223,7 +224,7 @@ def write_checkpoint(
     config.pop("quantization", None)
     config.pop("quantization_config", None)
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints "[INFO] Quantized model ..."
-        model, qconfig = quantize_model(model, config, group_size, bits)
+        model, qconfig = quantize_model(model, config, group_size, bits, mode=mode)
     weights = dict(tree_flatten(model.parameters()))
     plan = _shard_plan(weights, max_shard_bytes)
     n = len(plan)

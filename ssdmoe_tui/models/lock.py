@@ -1,18 +1,26 @@
 """One loaded model per machine: two ssdmoe processes streaming experts would fight over RAM
 and SSD bandwidth, so the second one is told who holds the model instead.
 
-The lock is `flock` on a file under the cache dir; the kernel drops it when the holder
-exits, however it exits, so a crash never leaves a stale lock. The file's content (pid,
-command, model) is only a label for the error message. On platforms without `fcntl`
-(MLX does not run there) the lock is a no-op.
+The lock is `flock` on `model.lock` in one folder per user and machine, whatever the
+cache or data folders (XDG_CACHE_HOME, SSDMOE_HOME) say: `$SSDMOE_LOCK_DIR` if set (tests
+give each run its own), else `<tmp>/ssdmoe-locks-<uid>` (made 0700 and checked to be
+ours; else the cache folder). The kernel drops the lock when the holder exits, however
+it exits, so a crash never leaves a stale lock. The file's content (pid, command, model)
+is only a label for the error message; the holder removes the file when it releases it
+(the inode is checked after locking, so a file removed meanwhile is never trusted), and
+a label that cannot be written (disk full) removes it too, with one line saying so. On
+platforms without `fcntl` (MLX does not run there) the lock is a no-op.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
+import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +62,28 @@ class ModelLockedError(SsdmoeError):
         )
 
 
+LOCK_DIR_ENV = "SSDMOE_LOCK_DIR"
+
+
+def lock_dir() -> Path:
+    """The machine-wide folder of this user's ssdmoe locks (see the module docstring)."""
+    override = os.environ.get(LOCK_DIR_ENV)
+    if override:
+        return Path(override)
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    folder = Path(tempfile.gettempdir()) / f"ssdmoe-locks-{uid}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+            return folder
+    except OSError:
+        pass
+    return cache_dir()  # someone else's or unusable: the per-user cache folder still works
+
+
 def lock_path() -> Path:
-    return cache_dir() / LOCK_NAME
+    return lock_dir() / LOCK_NAME
 
 
 def _command() -> str:
@@ -100,14 +128,17 @@ class ModelLock:
         if self._fd is None:
             raise SsdmoeError("model lock already released")
         self.model = model
-        _write_label(self._fd, model)
+        _write_label(self._fd, model, self.path)
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
-            os.ftruncate(fd, 0)
+            if _same_file(fd, self.path):
+                os.unlink(self.path)  # still ours: nobody else trusts a removed inode
+            else:
+                os.ftruncate(fd, 0)
         except OSError:
             pass
         try:
@@ -126,12 +157,27 @@ class ModelLock:
         return f"ModelLock({str(self.path)!r}, model={self.model!r}, held={self.held})"
 
 
-def _write_label(fd: int, model: str) -> None:
+def _write_label(fd: int, model: str, path: Path | None = None) -> None:
+    from ssdmoe_tui.atomic import DiskFullError, is_disk_full
+
     label = {"pid": os.getpid(), "model": model, "command": _command(), "since": time.time()}
     data = json.dumps(label).encode("utf-8")
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, data)
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, "short write")
+    except OSError as e:
+        if path is not None and is_disk_full(e):
+            raise DiskFullError(path, len(data)) from None
+        raise
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
 
 
 def acquire_model_lock(model_desc: str, *, path: Path | None = None) -> ModelLock:
@@ -142,8 +188,10 @@ def acquire_model_lock(model_desc: str, *, path: Path | None = None) -> ModelLoc
     """
     path = Path(path) if path is not None else lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    if fcntl is not None:
+    for _ in range(20):  # the holder may remove the file between our open and our lock
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        if fcntl is None:
+            break
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -158,9 +206,16 @@ def acquire_model_lock(model_desc: str, *, path: Path | None = None) -> ModelLoc
         except BaseException:
             os.close(fd)
             raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # locked a file its holder had just removed: try the new one
+    else:
+        raise SsdmoeError(f"cannot take the model lock {path}: it keeps being replaced")
     try:
-        _write_label(fd, model_desc)
+        _write_label(fd, model_desc, path)
     except BaseException:
+        if _same_file(fd, path):
+            path.unlink(missing_ok=True)  # no 0-byte lock file left behind
         os.close(fd)
         raise
     return ModelLock(path, fd, model_desc)

@@ -10,6 +10,7 @@ keeps `.incomplete` blobs and continues them with HTTP range requests).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -114,7 +115,53 @@ def parse_spec(spec: str | None) -> ModelSpec:
         ) from None
     if "@" in spec and not revision:
         raise BadValueError(f"--model {spec!r}: empty revision after '@'")
+    if revision:
+        check_revision(revision, spec)
     return ModelSpec(repo_id=repo_id, revision=revision or None)
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REF_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
+
+
+def check_revision(revision: str, spec: str = "") -> str:
+    """A revision the hub cache can hold: a 40-hex commit, or a branch/tag name as git
+    allows it (parts of letters, digits, `._+-`, joined by single `/`: `main`, `v1.0`,
+    `refs/pr/1`). Anything else (`..`, a leading `/`, `\\`, control characters) could name
+    a path outside the cache, so it is refused before any file is read."""
+    shown = spec or revision
+    if _COMMIT.match(revision):
+        return revision
+    parts = revision.split("/")
+    ok = (
+        len(revision) <= 255
+        and all(_REF_PART.match(p) for p in parts)
+        and ".." not in revision
+        and not revision.endswith((".lock", "."))
+    )
+    if not ok:
+        raise BadValueError(
+            f"--model {shown!r}: {revision[:60]!r} is not a revision (a branch or tag name, "
+            "or a 40-hex commit)"
+        )
+    return revision
+
+
+def _inside_cache(folder: Path, spec: ModelSpec, cache_dir) -> Path:
+    """`folder` if it is a snapshot of `spec`'s repo in the hub cache; a planted ref file
+    (refs/<branch> naming `../../x`) cannot send the resolution elsewhere."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    root = Path(cache_dir or constants.HF_HUB_CACHE)
+    snapshots = root / repo_folder_name(repo_id=spec.repo_id or "", repo_type="model") / "snapshots"
+    real = Path(os.path.realpath(folder))
+    if real.parent != Path(os.path.realpath(snapshots)) or not _COMMIT.match(real.name):
+        raise ModelError(
+            f"--model {spec}: the Hugging Face cache ref points outside {snapshots} "
+            f"(to {folder}); refusing it"
+        )
+    return folder
 
 
 def _check_folder(folder: Path, check: bool) -> Path:
@@ -170,7 +217,7 @@ def resolve_model(
 
 #: The way in without the Hub: a model folder copied from a machine that has it.
 COPY_HINT = (
-    "or copy the model folder from a machine that has it and run `ssdmoe --model /path/to/folder`"
+    "copy the model folder from a machine that has it and run `ssdmoe --model /path/to/folder`"
 )
 
 
@@ -222,6 +269,7 @@ def _from_hub(
                 local_files_only=True,
             )
         )
+        folder = _inside_cache(folder, spec, cache_dir)
         why = _complete(folder)
         if why is None:
             return folder
@@ -233,7 +281,7 @@ def _from_hub(
     if _offline():
         raise ModelError(
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
-            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, "
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, or "
             + COPY_HINT
         )
     return download_model(
@@ -267,7 +315,7 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
     if isinstance(exc, OfflineModeIsEnabled):
         return ModelError(
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
-            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, "
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, or "
             + COPY_HINT
         )
     reason = " ".join(str(exc).split())[:80] or type(exc).__name__
@@ -278,8 +326,9 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
             "to resume (finished files are kept)"
         )
     return ModelError(
-        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable "
-        f"({reason[:60]}): connect and try again, " + COPY_HINT
+        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable: "
+        + COPY_HINT
+        + f", or connect and try again ({reason})"
     )
 
 
@@ -369,7 +418,7 @@ def download_model(
         ):
             raise _hub_error(e, spec, cache_dir, problem) from None
         raise
-    folder_path = Path(folder)
+    folder_path = _inside_cache(Path(folder), spec, cache_dir)
     why = _complete(folder_path)
     if why is not None:
         raise ModelError(f"{repo_id}: download finished but the snapshot is incomplete ({why})")

@@ -9,190 +9,25 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ssdmoe_tui.checkpoint.config import read_config
+from ssdmoe_tui.checkpoint.layout import (
+    ExpertMeasure,
+    measure_experts,
+    mib_per_token,
+    missing_shards,
+)
 from ssdmoe_tui.errors import ModelError, SsdmoeError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.paths import demo_model_dir
 
 MIB = 1 << 20
-_MAX_HEADER = 256 << 20  # real headers are a few MB at most; more means a corrupt file
 MODEL_DIRS_ENV = "SSDMOE_MODEL_DIRS"
 
-_EXPERT_RE = re.compile(
-    r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?:.*\.)?switch_mlp\."
-    r"(?P<proj>gate_proj|up_proj|down_proj|fc1|fc2)\.(?P<part>weight|scales|biases)$"
-)
-_LOOSE_EXPERT_RE = re.compile(r"\.experts?\.")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    dtype: str
-    shape: tuple[int, ...]
-    start: int  # byte offsets into the data section (after the header)
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
-
-
-def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
-    """Tensor names -> dtype/shape/offsets, from the header only (no tensor data is read)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise ModelError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            size = os.fstat(f.fileno()).st_size
-            if n == 0 or n > _MAX_HEADER or 8 + n > size:
-                raise ModelError(f"{path}: not a safetensors file (header length {n})")
-            header = json.loads(f.read(n))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path}: corrupt safetensors header ({e})") from None
-    except FileNotFoundError:
-        raise ModelError(f"{path}: missing (a broken link into the hub cache?)") from None
-    if not isinstance(header, dict):
-        raise ModelError(f"{path}: corrupt safetensors header (not an object)")
-    out: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            start, end = (int(x) for x in entry["data_offsets"])
-            info = TensorInfo(
-                str(entry["dtype"]), tuple(int(d) for d in entry["shape"]), start, end
-            )
-        except (KeyError, TypeError, ValueError):
-            raise ModelError(f"{path}: corrupt safetensors entry for {name!r}") from None
-        if end < start or 8 + n + end > size:
-            raise ModelError(f"{path}: tensor {name!r} lies outside the file (truncated?)")
-        out[name] = info
-    return out
-
-
-@dataclass
-class LayerExperts:
-    total_bytes: int = 0
-    num_experts: int = 0
-    quantized: bool = False
-
-    @property
-    def bytes_per_expert(self) -> int:
-        return self.total_bytes // self.num_experts if self.num_experts else 0
-
-
-@dataclass
-class ExpertMeasure:
-    """switch_mlp expert tensors found in a checkpoint's headers, per layer."""
-
-    layers: dict[int, LayerExperts] = field(default_factory=dict)
-    sample_expert_tensor: str | None = None  # an expert-looking tensor outside switch_mlp
-
-    @property
-    def num_experts(self) -> int:
-        return next(iter(self.layers.values())).num_experts if self.layers else 0
-
-    @property
-    def quantized(self) -> bool:
-        return bool(self.layers) and all(layer.quantized for layer in self.layers.values())
-
-    @property
-    def bytes_per_expert(self) -> int:
-        """One expert of the first MoE layer: its layer's switch_mlp bytes / expert count."""
-        if not self.layers:
-            return 0
-        return self.layers[min(self.layers)].bytes_per_expert
-
-    def mib_per_token(self, k: int) -> float:
-        """Expert MiB one token reads at top-k (summed per layer: exact for mixed recipes)."""
-        return sum(layer.bytes_per_expert for layer in self.layers.values()) * k / MIB
-
-
-def shard_files(folder: Path) -> list[Path]:
-    """The checkpoint's shards: those model.safetensors.index.json names, else every
-    `*.safetensors` (the rule the engine's index uses)."""
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            raise ModelError(f"{index}: not a valid safetensors index") from None
-        return [folder / n for n in sorted(names)]
-    return sorted(folder.glob("*.safetensors"))
-
-
-def measure_experts(folder: Path) -> ExpertMeasure:
-    """Sum the `*.switch_mlp.{proj}.{weight,scales,biases}` tensors of each layer.
-
-    Only the main layer stack counts: when several prefixes carry switch_mlp layers (a
-    multi-token-prediction head, say), the one with the most layers is the model.
-    """
-    stacks: dict[str, dict[int, LayerExperts]] = {}
-    sample: str | None = None
-    for shard in shard_files(folder):
-        for name, info in read_safetensors_header(shard).items():
-            m = _EXPERT_RE.match(name)
-            if m is None:
-                if sample is None and _LOOSE_EXPERT_RE.search(name):
-                    sample = name
-                continue
-            stack = stacks.setdefault(m["prefix"], {})
-            layer = stack.setdefault(int(m["layer"]), LayerExperts())
-            layer.total_bytes += info.nbytes
-            if m["part"] == "scales":
-                layer.quantized = True
-            if m["part"] == "weight":
-                if not info.shape:
-                    raise ModelError(f"{shard}: {name} has no expert dimension")
-                if layer.num_experts and layer.num_experts != info.shape[0]:
-                    raise ModelError(
-                        f"{shard}: {name} stacks {info.shape[0]} experts, "
-                        f"its layer's other projections {layer.num_experts}"
-                    )
-                layer.num_experts = info.shape[0]
-    main = max(stacks, key=lambda p: (len(stacks[p]), -len(p)), default=None)
-    measure = ExpertMeasure(layers=stacks.get(main, {}) if main is not None else {})
-    measure.sample_expert_tensor = sample
-    counts = {layer.num_experts for layer in measure.layers.values()}
-    if len(counts) > 1:
-        raise ModelError(f"{folder}: expert counts differ between layers ({sorted(counts)})")
-    return measure
-
-
-def missing_shards(folder: Path) -> list[str]:
-    """Shards named by model.safetensors.index.json that are not in the folder."""
-    index = Path(folder) / "model.safetensors.index.json"
-    if not index.is_file():
-        return []
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-    except (OSError, ValueError, AttributeError):
-        raise ModelError(f"{index}: not a valid safetensors index") from None
-    return sorted({f for f in weight_map.values() if not (Path(folder) / f).is_file()})
-
-
-def read_config(folder: Path) -> dict:
-    path = Path(folder) / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelError(
-            f"{folder}: no config.json (not a Hugging Face / MLX model folder)"
-        ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ModelError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ModelError(f"{path}: not a JSON object")
-    return config
+__all__ = ["ExpertMeasure", "measure_experts", "missing_shards", "read_config"]
 
 
 # --------------------------------------------------------------------------- listing
@@ -388,5 +223,5 @@ def geometry_table(config: Mapping, ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
         "bytes_per_expert": per_expert,
     }
     for k in sorted({*ks, geo.trained_k}):
-        row[f"mib_per_token_k{k}"] = per_expert * k * len(geo.moe_layers) / MIB
+        row[f"mib_per_token_k{k}"] = mib_per_token(per_expert, k, len(geo.moe_layers))
     return row

@@ -17,10 +17,8 @@ conversation.json is never touched here.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import struct
 import sys
 import time
 import zlib
@@ -34,19 +32,18 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, load_prompt_cache, save_prompt_cache
 
-from ssdmoe_tui.atomic import atomic_write_via
+from ssdmoe_tui.atomic import STALE_TEMP_S, atomic_write_via, remove_orphan_temps
+from ssdmoe_tui.checkpoint.header import HeaderError, read_header
 from ssdmoe_tui.errors import SsdmoeError
 
 FORMAT_VERSION = "1"
 PREFIX = "kv-"
 SUFFIX = ".safetensors"
 _NAME = re.compile(r"^kv-(\d{1,12})\.safetensors$")
-_TEMP = re.compile(r"^\.kv-.*\.tmp(\.safetensors)?$")
 
 DEFAULT_KEEP = 2  # newest checkpoints kept per conversation
 DEFAULT_SESSION_BUDGET = 4 << 30  # bytes of checkpoints per conversation
 DEFAULT_GLOBAL_BUDGET = 16 << 30  # bytes of checkpoints across all conversations
-_STALE_TEMP_S = 3600
 
 # Test hook: called with the finished temp file just before it is renamed into place.
 _before_rename: Callable[[Path], None] | None = None
@@ -156,23 +153,10 @@ def checkpoints_bytes(session_dir: Path) -> int:
     return sum(c.size for c in list_checkpoints(session_dir))
 
 
-def remove_stale_temps(session_dir: Path, older_than_s: float = _STALE_TEMP_S) -> int:
-    """Delete temp files a killed save left behind. Returns how many."""
-    removed = 0
-    now = time.time()
-    try:
-        entries = list(os.scandir(session_dir))
-    except OSError:
-        return 0
-    for entry in entries:
-        if _TEMP.match(entry.name) and entry.is_file(follow_symlinks=False):
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime >= older_than_s:
-                    os.unlink(entry.path)
-                    removed += 1
-            except OSError:
-                pass
-    return removed
+def remove_stale_temps(session_dir: Path, older_than_s: float = STALE_TEMP_S) -> int:
+    """Delete the temp files killed saves left in this conversation's folder (their
+    writer's pid is gone, or they are `older_than_s` old). Returns how many."""
+    return len(remove_orphan_temps(Path(session_dir), depth=0, stale_s=older_than_s))
 
 
 def _compact(cache: list[Any]) -> list[Any]:
@@ -249,7 +233,8 @@ def save_checkpoint(
         if _before_rename is not None:
             _before_rename(tmp)
 
-    atomic_write_via(path, write, suffix=SUFFIX)
+    # Room for the tensors plus the JSON header: a full disk says how much it needed.
+    atomic_write_via(path, write, suffix=SUFFIX, needed=nbytes + (1 << 16))
     evicted = enforce_budgets(
         session_dir,
         keep=keep,
@@ -321,62 +306,20 @@ def _gib(n: int) -> str:
 # --------------------------------------------------------------------------- load
 
 
-_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
-}  # fmt: skip
-
-
 def read_metadata(path: Path) -> dict[str, str]:
     """The safetensors header's metadata, after checking the file is whole: the header
-    parses and every tensor's bytes lie inside the file. Raises CheckpointInvalid."""
+    passes checkpoint.header's checks and every tensor's bytes lie inside the file.
+    Raises CheckpointInvalid naming the file."""
     name = Path(path).name
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointInvalid(f"{name}: truncated (no safetensors header)")
-            (hlen,) = struct.unpack("<Q", head)
-            size = os.fstat(f.fileno()).st_size
-            if hlen > min(size - 8, 100 << 20):
-                raise CheckpointInvalid(f"{name}: truncated or corrupt header")
-            raw = f.read(hlen)
-    except FileNotFoundError:
-        raise CheckpointInvalid(f"{name}: missing") from None
-    except OSError as e:
-        raise CheckpointInvalid(f"{name}: unreadable ({e.strerror or e})") from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointInvalid(f"{name}: corrupt header") from None
-    if not isinstance(header, dict):
-        raise CheckpointInvalid(f"{name}: corrupt header")
-    data_len = size - 8 - hlen
-    end = 0
-    for key, spec in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            lo, hi = spec["data_offsets"]
-            count = 1
-            for dim in spec["shape"]:
-                count *= int(dim)
-            width = _DTYPE_BYTES[spec["dtype"]]
-        except (TypeError, KeyError, ValueError):
-            raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})") from None
-        ok = isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi
-        if not ok or hi - lo != count * width:
-            raise CheckpointInvalid(f"{name}: corrupt header (tensor {key})")
-        end = max(end, hi)
-    if end > data_len:
-        raise CheckpointInvalid(f"{name}: truncated ({data_len} of {end} data bytes)")
-    raw_meta = header.get("__metadata__")
+        header = read_header(path, label=name)
+    except HeaderError as e:
+        reason = e.reason
+        if not reason.startswith(("truncated", "missing", "unreadable")):
+            reason = f"corrupt header ({reason})"
+        raise CheckpointInvalid(f"{name}: {reason}") from None
     # save_prompt_cache stores [our metadata, classes, scalars] flattened: ours is "0.<key>"
-    meta = {
-        str(k)[2:]: str(v)
-        for k, v in (raw_meta.items() if isinstance(raw_meta, dict) else ())
-        if str(k).startswith("0.")
-    }
+    meta = {k[2:]: v for k, v in header.metadata.items() if k.startswith("0.")}
     if meta.get("ssdmoe_format") is None:
         raise CheckpointInvalid(f"{name}: not an ssdmoe checkpoint")
     return meta

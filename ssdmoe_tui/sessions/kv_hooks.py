@@ -1,7 +1,8 @@
 """The engine's KV persistence hooks, backed by the session store.
 
-    kv = SessionKV(store, notice=lambda msg: post(Notice(msg)))
-    service.kv_hooks = KVHooks(save=kv.save, load=kv.load)
+    EngineService(post, kv_hooks=session_hooks)   # what `commands/chat.py` does
+
+`session_hooks(notice)` runs on the engine thread and returns the `KVHooks`.
 
 Both run on the engine thread. `save` writes a checkpoint of the cache at the end of
 a turn (after the reply is shown); `load` is called when no in-memory cache serves a
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ssdmoe_tui.engine.chat_format import ChatFormatError
+from ssdmoe_tui.engine.service import KVHooks
 from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,
@@ -120,3 +122,9 @@ class SessionKV:
         for reason in self.skipped:  # an older checkpoint served; say what was passed over
             self._tell(f"checkpoint ignored: {reason}")
         return cache, n
+
+
+def session_hooks(notice: Callable[[str], None]) -> KVHooks:
+    """KV hooks over the default session store (`EngineService(kv_hooks=session_hooks)`)."""
+    kv = SessionKV(SessionStore(), notice=notice)
+    return KVHooks(save=kv.save, load=kv.load, prompt=kv.prompt)

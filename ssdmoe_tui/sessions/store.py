@@ -85,6 +85,22 @@ def iso(ts: float) -> str:
 
 # --------------------------------------------------------------------------- data
 
+TOKEN_ID_MAX = (1 << 32) - 1  # token ids are hashed as uint32 (checkpoints.tokens_sha256)
+_TIME_MAX = 253402300799.0  # 9999-12-31: any later time cannot be shown as a date
+
+
+def _is_int(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _timestamp(value: Any, name: str) -> float:
+    """A time in seconds that can be shown as a date (finite, 0..year 9999)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} is not a number")
+    if not 0 <= value <= _TIME_MAX:  # also rejects nan and inf
+        raise ValueError(f"{name} is out of range ({str(value)[:20]})")
+    return float(value)
+
 
 @dataclass
 class Turn:
@@ -101,16 +117,18 @@ class Turn:
         if role not in ("user", "assistant"):
             raise ValueError(f"unknown role {role!r}")
         ids = d.get("token_ids") or []
-        if not all(isinstance(i, int) and i >= 0 for i in ids):
-            raise ValueError("token_ids must be non-negative integers")
+        if not isinstance(ids, list) or not all(_is_int(i, 0, TOKEN_ID_MAX) for i in ids):
+            raise ValueError(f"token_ids must be integers in 0..{TOKEN_ID_MAX}")
         k = d.get("k")
+        if k is not None and not _is_int(k, 1, 1 << 16):
+            raise ValueError(f"k must be a positive integer, not {str(k)[:20]}")
         return cls(
             role=role,
             text=str(d["text"]),
             token_ids=list(ids),
-            k=int(k) if k is not None else None,
+            k=k,
             stopped=bool(d.get("stopped", False)),
-            created=float(d.get("created", 0.0)),
+            created=_timestamp(d.get("created", 0.0), "created"),
         )
 
 
@@ -175,8 +193,8 @@ class Conversation:
         return cls(
             id=validate_id(d["id"]),
             title=clean_title(str(d.get("title", ""))),
-            created=float(d["created"]),
-            updated=float(d["updated"]),
+            created=_timestamp(d["created"], "created"),
+            updated=_timestamp(d["updated"], "updated"),
             model_id=str(d.get("model_id", "")),
             fingerprint=str(d.get("fingerprint", "")),
             system_prompt=str(d.get("system_prompt", "")),
@@ -259,43 +277,61 @@ class SessionStore:
                     if conv_id is not None:
                         break  # an empty folder (e.g. a crash before the first save): reuse it
                     continue
-            self.save(conv, touch=False)
+            try:
+                self.save(conv, touch=False)
+            except BaseException:
+                # No half-made conversation: a folder without its file (disk full) goes.
+                shutil.rmtree(self.folder(conv.id), ignore_errors=True)
+                raise
             return conv
 
     def save(self, conv: Conversation, *, touch: bool = True) -> None:
         """Write conversation.json atomically (`touch`: set `updated` to now)."""
         if touch:
             conv.updated = max(time.time(), conv.updated)
-        text = json.dumps(conv.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        data = json.dumps(conv.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
 
         def write(tmp: Path) -> None:
-            tmp.write_text(text, encoding="utf-8")
+            tmp.write_bytes(data)
             if _before_rename is not None:
                 _before_rename(tmp)
 
         with self._lock:
-            atomic_write_via(self._file(conv.id), write)
+            atomic_write_via(self._file(conv.id), write, needed=len(data))
 
     def add_turn(self, conv: Conversation, turn: Turn) -> None:
         """Append a turn and save (the first user message becomes the default title)."""
         if turn.role not in ("user", "assistant"):
             raise BadValueError(f"unknown role: {turn.role!r}")
         conv.turns.append(turn)
-        self.save(conv)
+        try:
+            self.save(conv)
+        except BaseException:
+            conv.turns.pop()  # memory stays what the disk holds (e.g. disk full: try again)
+            raise
 
     # -------------------------------------------------------------- read
     def get(self, conv_id: str) -> Conversation:
+        """The conversation `conv_id`; SessionNotFound / SessionCorrupt (one line naming the
+        file) for a missing or damaged one: never another exception, whatever the bytes."""
         path = self._file(conv_id)
         try:
-            raw = path.read_text(encoding="utf-8")
+            raw = path.read_bytes()
         except FileNotFoundError:
             raise SessionNotFound(f"no conversation {conv_id}") from None
         except OSError as e:
             raise SessionCorrupt(f"cannot read {path}: {e.strerror or e}") from None
         try:
-            conv = Conversation.from_dict(json.loads(raw))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise SessionCorrupt(f"{path} is not a valid conversation: {e}") from None
+            conv = Conversation.from_dict(json.loads(raw.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            raise SessionCorrupt(f"{path} is not UTF-8 text (byte {e.start})") from None
+        except RecursionError:
+            raise SessionCorrupt(f"{path} is not a valid conversation: nested too deeply") from None
+        except KeyError as e:
+            raise SessionCorrupt(f"{path} is not a valid conversation: no {e}") from None
+        except (ValueError, TypeError, AttributeError, OverflowError) as e:
+            why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise SessionCorrupt(f"{path} is not a valid conversation: {why}") from None
         if conv.id != conv_id:
             raise SessionCorrupt(f"{path} holds conversation {conv.id}, not {conv_id}")
         return conv
@@ -311,6 +347,8 @@ class SessionStore:
         for conv_id in self.ids():
             try:
                 yield self.get(conv_id)
+            except SessionNotFound:
+                continue  # a folder whose first save never happened (killed): not one yet
             except SessionError as e:
                 if on_error is not None:
                     on_error(str(e))

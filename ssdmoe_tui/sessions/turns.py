@@ -2,8 +2,7 @@
 
     prompt, delta = build_prompt(tokenizer, conv, text)
     service.submit(Generate(rid, prompt_tokens=tuple(prompt), session_id=conv.id, ...))
-    ... GenerationDone ...
-    record_exchange(store, conv, text, delta, done)
+    ... GenerationDone ...   (the app records the turn with AppSessions.record)
 
 `tokenizer` is the model's (mlx-lm TokenizerWrapper or a Hugging Face tokenizer); no
 MLX is used here.
@@ -12,8 +11,6 @@ MLX is used here.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from ssdmoe_tui.engine.chat_format import (
@@ -22,7 +19,7 @@ from ssdmoe_tui.engine.chat_format import (
     hf_tokenizer,
     user_turn_delta,
 )
-from ssdmoe_tui.sessions.store import Conversation, SessionStore, Turn
+from ssdmoe_tui.sessions.store import Conversation
 
 _IDS: dict[int, tuple[Any, str]] = {}
 
@@ -84,32 +81,3 @@ def build_prompt(
         return prompt, list(prompt)
     delta = user_turn_delta(tokenizer, history, conv.messages(), user_text, **template_kwargs)
     return history + delta, delta
-
-
-def record_exchange(
-    store: SessionStore,
-    conv: Conversation,
-    user_text: str,
-    delta: Sequence[int],
-    reply_text: str,
-    reply_tokens: Sequence[int],
-    finish_reason: str,
-    k_per_token: Sequence[int] = (),
-) -> bool:
-    """Append the user turn and the reply, and save. A failed generation ("error") records
-    nothing (the history must stay what the model saw) and returns False."""
-    if finish_reason == "error":
-        return False
-    k = Counter(k_per_token).most_common(1)[0][0] if k_per_token else None
-    conv.turns.append(Turn("user", user_text, list(delta)))
-    conv.turns.append(
-        Turn(
-            "assistant",
-            reply_text,
-            list(reply_tokens),
-            k=k,
-            stopped=finish_reason == "cancelled",
-        )
-    )
-    store.save(conv)
-    return True

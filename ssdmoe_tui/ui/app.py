@@ -96,7 +96,7 @@ def default_engine(post: Callable[[object], None]) -> Engine:
     # UI start (and tests build it) even where the engine cannot.
     from ssdmoe_tui.engine.service import EngineService
 
-    return EngineService(post=post, persist_sessions=True)
+    return EngineService(post=post)  # no persistence: `commands/chat.py` injects it
 
 
 @dataclass

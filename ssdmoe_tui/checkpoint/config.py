@@ -1,0 +1,52 @@
+"""A model folder's config.json: `read_config` checks it (one line naming the file on any
+fault) without importing mlx-lm, for listings; `load_config` is mlx-lm's own public
+`load_config` on a checked folder (tagged inf/nan floats decoded, generation_config.json's
+EOS ids merged in as `eos_token_id`), for loading a model exactly as `mlx_lm.load` does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ssdmoe_tui.errors import ModelError
+
+
+def read_json_object(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_bytes())
+    except UnicodeDecodeError:
+        raise ModelError(f"{path}: not valid JSON (not UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except ValueError as e:  # an integer literal over Python's digit limit
+        raise ModelError(f"{path}: not valid JSON ({str(e).split(';')[0]})") from None
+    except RecursionError:
+        raise ModelError(f"{path}: not valid JSON (nested too deep)") from None
+    except OSError as e:
+        raise ModelError(f"{path}: unreadable ({e.strerror or e})") from None
+    if not isinstance(value, dict):
+        raise ModelError(f"{path}: not a JSON object")
+    return value
+
+
+def read_config(folder: Path) -> dict:
+    """config.json as a dict (no mlx-lm import: cheap enough for listing many models)."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelError(f"{folder}: no config.json (not a Hugging Face / MLX model folder)")
+    return read_json_object(path)
+
+
+def load_config(folder: Path) -> dict:
+    """The config mlx_lm.load builds its model and tokenizer from."""
+    folder = Path(folder)
+    read_config(folder)
+    from mlx_lm.utils import load_config as mlx_load_config
+
+    try:  # config.json is sound; mlx-lm skips a generation_config.json that is not JSON
+        return mlx_load_config(folder)
+    except (ValueError, TypeError, AttributeError, RecursionError, OSError):
+        raise ModelError(
+            f"{folder / 'generation_config.json'}: not a readable JSON object"
+        ) from None

@@ -1,0 +1,146 @@
+"""`ssdmoe serve`: an OpenAI-compatible HTTP server on the streamed engine (docs/server.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ssdmoe_tui.commands.common import (
+    add_distributed_argument,
+    add_max_tokens_argument,
+    add_model_arguments,
+    add_prefill_step_argument,
+    arg_type,
+    engine_options,
+)
+from ssdmoe_tui.engine import options as O
+from ssdmoe_tui.errors import BadValueError
+
+
+def _whole_in(text: str, what: str, lo: int, hi: int | None = None) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise BadValueError(f"{what} must be a whole number, got {text!r}") from None
+    if value < lo or (hi is not None and value > hi):
+        raise BadValueError(f"{what} {value} is outside {lo}..{hi if hi is not None else ''}")
+    return value
+
+
+def _port(text: str) -> int:
+    return _whole_in(text, "port", 0, 65535)
+
+
+def _queue(text: str) -> int:
+    return _whole_in(text, "max queue", 0)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the model over an OpenAI-compatible HTTP API",
+        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, "
+        "/v1/models, /v1/stats, /health (docs/server.md). "
+        "Needs the server extra: pip install 'ssdmoe-tui[server]'.",
+    )
+    add_model_arguments(p)
+    add_prefill_step_argument(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument(
+        "--port", type=arg_type(_port), default=8080, help="port (default 8080; 0: any free port)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+        "(default: $SSDMOE_API_KEY when set)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=arg_type(_queue),
+        default=8,
+        metavar="N",
+        help="requests that may wait for the engine before new ones get 429 (default 8)",
+    )
+    add_max_tokens_argument(p, default=4096)
+    p.add_argument(
+        "--temp",
+        type=arg_type(O.parse_temp),
+        default=0.0,
+        help="temperature when a request sets none (default 0: greedy)",
+    )
+    p.add_argument(
+        "--max-body",
+        type=arg_type(O.parse_bytes, "max body"),
+        default=32 << 20,
+        metavar="SIZE",
+        help="largest request body (default 32M)",
+    )
+    p.add_argument(
+        "--no-disk-cache",
+        action="store_true",
+        help="keep the prompt cache in memory only (no KV checkpoints on disk)",
+    )
+    add_distributed_argument(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        print(
+            "ssdmoe: error: serve needs the server extra: pip install 'ssdmoe-tui[server]'",
+            file=sys.stderr,
+        )
+        return 2
+
+    link = None
+    if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
+        from ssdmoe_tui.engine.distributed import ServiceLink, follow, start
+
+        dist = start(sigterm=False)
+        with dist.guard():
+            link = ServiceLink(dist)
+            if not dist.is_root:
+                return follow(dist, engine_options(args), link)
+            return _serve(args, link)
+    return _serve(args, link)
+
+
+def _serve(args: argparse.Namespace, link) -> int:
+    import asyncio
+    import os
+    import sys
+
+    from ssdmoe_tui.server.engine_client import EngineFailed
+    from ssdmoe_tui.server.main import ServeOptions, Server, bind, print_ready, url_of
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("SSDMOE_API_KEY")
+    options = ServeOptions(
+        engine=engine_options(args),
+        api_key=api_key or None,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body,
+        max_tokens=args.max_tokens,
+        temperature=args.temp,
+        persist_cache=not args.no_disk_cache and link is None,  # ranks share no disk
+        make_service=link.service_factory(engine_options(args)) if link is not None else None,
+    )
+    sock = bind(args.host, args.port)
+    server = Server(options)
+    print(f"ssdmoe serve: loading {args.model or 'the demo model'} ...", file=sys.stderr)
+    try:
+        asyncio.run(
+            server.run(
+                sock, on_ready=lambda s: print_ready(url_of(sock), s.model_id, bool(api_key))
+            )
+        )
+    except EngineFailed as e:
+        print(f"ssdmoe: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,217 @@
+"""What an engine is opened with, parsed and validated once, at the edge.
+
+Every command that loads a model (`chat`, `generate`, `bench`, `repack`, the server)
+builds one `EngineOptions` from its arguments or the config, through the parsers
+here (argparse definitions in `commands/common.py` wrap them), and hands it to
+`engine.open.open_engine`. A bad value fails here with one line naming it, before
+anything is loaded or unloaded; only checks that need the model's own header (K
+against its expert count) wait for `open.plan_engine`, which still runs before the
+current model is dropped. Nothing here imports MLX.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+from ssdmoe_tui.errors import BadValueError
+
+DTYPES = ("float32", "bfloat16", "float16")
+READERS = ("auto", "native", "python")
+EXPERT_SOURCES = ("auto", "shards", "repacked")
+SEED_MAX = 2**64 - 1  # MLX takes an unsigned 64-bit seed
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.I)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str | int, what: str = "size") -> int:
+    """'512M', '4G', '1.5GiB', '123456', '1e-30' -> bytes (>= 0, finite). One line on error."""
+    if isinstance(text, bool):
+        raise BadValueError(f"{what} {text!r} is not a size (use e.g. 512M, 4G or auto)")
+    if isinstance(text, int):
+        if text < 0:
+            raise BadValueError(f"{what} {text} is negative")
+        return text
+    if str(text).strip().startswith("-"):
+        raise BadValueError(f"{what} {text!r} is negative")
+    m = _SIZE.match(str(text))
+    if m is None:
+        raise BadValueError(f"{what} {text!r} is not a size (use e.g. 512M, 4G or auto)")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not math.isfinite(value) or value >= 2**63:
+        raise BadValueError(f"{what} {text!r} is too large")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    """The expert cache budget: `auto` (from free memory) or a number of bytes.
+
+    A budget below the model's minimum (K x MoE layers slots) is raised to it when the
+    model opens, and `open_engine` says so once, with both numbers."""
+
+    bytes: int | None = None  # None: auto
+    text: str = "auto"  # as the user wrote it, for messages and settings
+
+    @property
+    def auto(self) -> bool:
+        return self.bytes is None
+
+    @classmethod
+    def parse(cls, text: str | int | CacheBudget | None) -> CacheBudget:
+        if isinstance(text, CacheBudget):
+            return text
+        if text is None or (isinstance(text, str) and text.strip().lower() == "auto"):
+            return cls()
+        return cls(parse_bytes(text, "expert cache"), str(text).strip())
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _whole(text: str | int, what: str) -> int:
+    if isinstance(text, bool):
+        raise BadValueError(f"{what} must be a whole number, got {text!r}")
+    if isinstance(text, int):
+        return text
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise BadValueError(f"{what} must be a whole number, got {text!r}") from None
+
+
+def parse_positive(text: str | int, what: str) -> int:
+    value = _whole(text, what)
+    if value < 1:
+        raise BadValueError(f"{what} must be at least 1, got {value}")
+    return value
+
+
+def parse_k(text: str | int, what: str = "K") -> int:
+    """Experts per token: >= 1 here; <= the model's experts is checked on its header."""
+    return parse_positive(text, what)
+
+
+def check_k(k: int | None, num_experts: int, what: str = "K") -> None:
+    """The one range check of K against a model (its header-only index gives `num_experts`)."""
+    if k is not None and not 1 <= k <= num_experts:
+        raise BadValueError(f"{what}={k} is outside 1..{num_experts} for this model")
+
+
+def parse_seed(text: str | int) -> int:
+    value = _whole(text, "seed")
+    if not 0 <= value <= SEED_MAX:
+        raise BadValueError(f"seed must be 0..2**64-1, got {value}")
+    return value
+
+
+def _finite(text: str | float, what: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise BadValueError(f"{what} must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise BadValueError(f"{what} must be a finite number, got {text!r}")
+    return value
+
+
+def parse_temp(text: str | float) -> float:
+    value = _finite(text, "temperature")
+    if value < 0:
+        raise BadValueError(f"temperature must be >= 0, got {value:g}")
+    return value
+
+
+def parse_top_p(text: str | float) -> float:
+    value = _finite(text, "top-p")
+    if not 0.0 <= value <= 1.0:
+        raise BadValueError(f"top-p must be within 0..1 (0: off), got {value:g}")
+    return value
+
+
+def parse_choice(text: str, choices: tuple[str, ...], what: str) -> str:
+    if text not in choices:
+        raise BadValueError(f"{what} {text!r}: use one of {', '.join(choices)}")
+    return text
+
+
+def check_text(text: str, what: str = "the prompt") -> str:
+    """Text that the tokenizer can take: argv decodes undecodable bytes to lone
+    surrogates (PEP 383), which tokenizers reject with a bare TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start].encode("utf-8", "surrogateescape")
+        raise BadValueError(
+            f"{what} is not valid UTF-8 (byte 0x{bad.hex()} at character {e.start})"
+        ) from None
+    return text
+
+
+def decode_text(data: bytes, what: str = "the prompt") -> str:
+    """Bytes read from stdin or a file -> text, or one line naming the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadValueError(
+            f"{what} is not valid UTF-8 (byte 0x{data[e.start : e.start + 1].hex()} at offset "
+            f"{e.start})"
+        ) from None
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How one reply is sampled (validated like the engine options)."""
+
+    max_tokens: int = 256
+    temp: float = 0.0
+    top_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        parse_positive(self.max_tokens, "max tokens")
+        parse_temp(self.temp)
+        parse_top_p(self.top_p)
+        if self.seed is not None:
+            parse_seed(self.seed)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Everything `open_engine` needs, typed. Built once per command; the service
+    derives a load's options from it with `replace` (`for_load`)."""
+
+    model: str = ""  # folder, Hub repo id[@revision], or "" for the embedded demo model
+    k: int | None = None  # None: the model's trained K
+    prefill_k: int | None = None  # None: same as k
+    expert_cache: CacheBudget = field(default_factory=CacheBudget)
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on GPU
+    reader: str = "auto"
+    direct_io: bool = False
+    experts: str = "auto"  # where expert bytes come from (see engine.loader)
+    prefetch: bool = False
+    policy: str = "auto"
+    prefill_step: int | None = None  # None: from free memory (Runner)
+    queue_depth: int = 16
+    routing_trace: str | None = None  # route by this recorded trace (engine/trace_routing.py)
+
+    def __post_init__(self) -> None:
+        # Programmatic callers (tests, the server, the protocol) get the same checks as the CLI.
+        if not isinstance(self.expert_cache, CacheBudget):
+            object.__setattr__(self, "expert_cache", CacheBudget.parse(self.expert_cache))
+        for name in ("k", "prefill_k"):
+            value = getattr(self, name)
+            if value is not None:
+                parse_k(value, "prefill K" if name == "prefill_k" else "K")
+        if self.dtype is not None:
+            parse_choice(self.dtype, DTYPES, "dtype")
+        parse_choice(self.reader, READERS, "reader")
+        parse_choice(self.experts, EXPERT_SOURCES, "experts")
+        if self.prefill_step is not None:
+            parse_positive(self.prefill_step, "prefill step")
+        parse_positive(self.queue_depth, "queue depth")
+
+    def with_(self, **changes) -> EngineOptions:
+        return replace(self, **changes)

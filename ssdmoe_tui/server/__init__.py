@@ -1,0 +1,14 @@
+"""`ssdmoe serve`: an OpenAI-compatible HTTP server on the streamed engine.
+
+Layers, each one job:
+- `schema.py`: request bodies parsed and validated once, into typed dataclasses;
+- `engine_client.py`: the one seam to the engine (an `EngineService` or anything with
+  its client API), events bridged into asyncio, one generation at a time, a bounded queue;
+- `prompts.py`: exact-history prompts (a record of each reply's tokens, keyed by the
+  messages a client sends back) and `prompt_cache.py`: KV checkpoints on disk;
+- `output.py`: stop strings and tool calls cut out of the streamed text;
+- `app.py`: the Starlette routes (OpenAI JSON and SSE).
+
+Starlette and uvicorn are an optional extra (`ssdmoe-tui[server]`); nothing outside this
+package imports it, and the engine never imports it.
+"""

@@ -1,0 +1,215 @@
+"""The server's one seam to the engine: an `EngineService` (or anything with its client
+API: `start`, `submit`, `cancel`, `set_k`, `shutdown`, `kv_hooks`) driven from asyncio.
+
+Events arrive on the engine thread through the service's `post` callback and are handed
+to the event loop with `call_soon_threadsafe`; each generation's events go to its `Job`.
+One generation runs at a time (the engine thread is one); other requests wait in a
+bounded FIFO and get a 429 when it is full. A job keeps the engine until its
+`GenerationDone` arrives, also when its client has gone: the next request starts
+only once the engine is free.
+
+Another process layout (rank 0 of a distributed launch) plugs in by passing its own
+`make_service`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.server.errors import ApiError
+
+
+class ServiceLike(Protocol):
+    kv_hooks: Any
+
+    def start(self) -> None: ...
+    def submit(self, cmd: P.Command) -> None: ...
+    def cancel(self) -> None: ...
+    def set_k(self, k: int) -> None: ...
+    def shutdown(self, timeout: float = 5.0) -> None: ...
+
+
+MakeService = Callable[[Callable[[P.Event], None]], ServiceLike]
+
+
+class EngineFailed(Exception):
+    """The model could not be loaded (one line, from the engine)."""
+
+
+@dataclass
+class Job:
+    request_id: str
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    result: P.GenerationDone | None = None
+    cancel_requested: bool = False
+    _client: EngineClient | None = None
+
+    def cancel(self) -> None:
+        """Stop this generation (between two tokens). Harmless once it has ended."""
+        if not self.done.is_set() and not self.cancel_requested and self._client is not None:
+            self.cancel_requested = True
+            self._client._cancel(self)
+
+
+class EngineClient:
+    def __init__(self, make_service: MakeService, *, max_queue: int = 8) -> None:
+        self._make_service = make_service
+        self.max_queue = max_queue
+        self.service: ServiceLike | None = None
+        self.info: P.ModelInfo | None = None
+        self.tokenizer: Any = None
+        self.default_k: int = 0
+        self.phase: P.PhaseChanged = P.PhaseChanged("idle")
+        self.last_sample: P.StatsSample | None = None
+        self.notices: collections.deque[str] = collections.deque(maxlen=20)
+        self.on_notice: Callable[[str], None] = lambda msg: print(f"ssdmoe: {msg}", file=sys.stderr)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loaded: asyncio.Future | None = None
+        self._jobs: dict[str, Job] = {}
+        self._active: Job | None = None
+        self._busy = False
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.generations = 0
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, load: P.LoadModel, kv_hooks: Any = None) -> P.ModelInfo:
+        """Start the engine thread, load the model, load the tokenizer (off the loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._loaded = self._loop.create_future()
+        self.service = self._make_service(self._post)
+        if kv_hooks is not None:
+            self.service.kv_hooks = kv_hooks
+        self.service.start()
+        self.service.submit(load)
+        self.info = await self._loaded
+        self.default_k = self.info.k
+        self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.info.path)
+        return self.info
+
+    def shutdown(self) -> None:
+        if self.service is not None:
+            self.service.shutdown()
+
+    # ------------------------------------------------------------------ events (engine thread)
+    def _post(self, event: P.Event) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._on_event, event)
+        except RuntimeError:  # the loop is closed: the server is going down
+            pass
+
+    def _on_event(self, ev: P.Event) -> None:
+        if isinstance(ev, P.ModelLoaded):
+            if self._loaded is not None and not self._loaded.done():
+                self._loaded.set_result(ev.info)
+            self.info = ev.info
+        elif isinstance(ev, P.PhaseChanged):
+            self.phase = ev
+        elif isinstance(ev, P.StatsSample):
+            self.last_sample = ev
+        elif isinstance(ev, P.Notice):
+            self.notices.append(ev.message)
+            self.on_notice(ev.message)
+        elif isinstance(ev, P.EngineError) and ev.request_id is None:
+            if self._loaded is not None and not self._loaded.done():
+                self._loaded.set_exception(EngineFailed(ev.message))
+            else:
+                self.notices.append(ev.message)
+                self.on_notice(f"error: {ev.message}")
+        elif isinstance(ev, (P.Tokens, P.GenerationDone, P.EngineError)):
+            job = self._jobs.get(ev.request_id)
+            if job is None:
+                return
+            job.events.put_nowait(ev)
+            if isinstance(ev, P.GenerationDone):
+                job.result = ev
+                job.done.set()
+                del self._jobs[ev.request_id]
+                if self._active is job:
+                    self._active = None
+                self.generations += 1
+                self._release()
+
+    # ------------------------------------------------------------------ one at a time
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    async def acquire(self) -> None:
+        """Wait for the engine (FIFO); a full queue is a 429."""
+        if not self._busy and not self._waiters:
+            self._busy = True
+            return
+        if len(self._waiters) >= self.max_queue:
+            raise ApiError(
+                429,
+                f"the engine is busy and {len(self._waiters)} request(s) are waiting; retry later",
+                code="queue_full",
+                headers={"Retry-After": "2"},
+            )
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+            elif fut.done() and not fut.cancelled():
+                self._release()  # the slot was handed to us as we went away
+            raise
+
+    def _release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot passes straight to the next waiter
+                return
+        self._busy = False
+
+    def release_unused(self) -> None:
+        """Give the slot back when no generation was submitted after `acquire`."""
+        self._release()
+
+    def submit(self, cmd: P.Generate, k: int | None) -> Job:
+        """Run `cmd` (the caller holds the slot). K applies from its first token."""
+        assert self.service is not None
+        self.service.set_k(k if k is not None else self.default_k)
+        job = Job(cmd.request_id, _client=self)
+        self._jobs[cmd.request_id] = job
+        self._active = job
+        self.service.submit(cmd)
+        return job
+
+    def _cancel(self, job: Job) -> None:
+        if self._active is job and self.service is not None:
+            self.service.cancel()
+
+
+def new_request_id(prefix: str = "chatcmpl") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def _load_tokenizer(path: str) -> Any:
+    """The model's tokenizer for templating on the server side (no MLX): the same loader
+    the engine uses, so eos ids, template and tool-call format are the engine's."""
+    from pathlib import Path
+
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(Path(path))

@@ -1,0 +1,194 @@
+"""Start the engine, then serve HTTP until stopped: what `ssdmoe serve` and the tests run.
+
+    server = Server(ServeOptions(load=LoadModel(path=...)))
+    asyncio.run(server.run(sock))      # sock: a bound socket (a port of our choice, or 0)
+    server.stop()                      # from any thread
+
+The model is loaded before the socket accepts anything, so a client never sees a
+half-started server; a load failure (model lock held, bad folder) is one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.server.app import Api, ApiSettings
+from ssdmoe_tui.server.engine_client import EngineClient, MakeService
+from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
+from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
+
+
+def default_cache_root() -> Path:
+    from ssdmoe_tui.paths import data_dir
+
+    return data_dir() / "server-cache"
+
+
+def engine_service_factory(options: EngineOptions) -> MakeService:
+    """The default seam: the in-process engine thread, opened with `options`; the server
+    injects its own KV hooks (not the app's sessions)."""
+
+    def make(post):  # noqa: ANN001, ANN202
+        from ssdmoe_tui.engine.service import EngineService
+
+        return EngineService(post, options=options)
+
+    return make
+
+
+def load_command(options: EngineOptions) -> P.LoadModel:
+    return P.LoadModel(
+        path=options.model,
+        k=options.k,
+        prefill_k=options.prefill_k,
+        expert_cache=str(options.expert_cache),
+        dtype=options.dtype,
+    )
+
+
+@dataclass
+class ServeOptions:
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    api_key: str | None = None
+    max_queue: int = 8
+    max_body_bytes: int = 32 << 20
+    max_tokens: int = 4096
+    temperature: float = 0.0
+    cache_root: Path | None = None  # None: <data dir>/server-cache
+    persist_cache: bool = True  # False: in-memory prompt cache only
+    kv_budget_bytes: int | None = None  # in-memory KV pool (None: the engine's default)
+    make_service: MakeService | None = None  # None: an EngineService in this process
+    log_level: str = "warning"
+
+
+class Server:
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        make = options.make_service or engine_service_factory(options.engine)
+        self.engine = EngineClient(make, max_queue=options.max_queue)
+        self.api: Api | None = None
+        self.kv: ServerKV | None = None
+        self.model_id = ""
+        self._uvicorn = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ready = threading.Event()
+        self.error: str | None = None
+
+    async def start_engine(self) -> None:
+        opts = self.options
+        notice = self.engine.on_notice
+        kv = None
+        hooks = None
+        if opts.persist_cache:
+            from ssdmoe_tui.engine.service import KVHooks
+
+            # The folder depends on the model's fingerprint, known once it is loaded:
+            # the hooks look it up lazily through `self.kv`.
+            hooks = KVHooks(save=self._kv_save, load=self._kv_load)
+        info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
+        if opts.kv_budget_bytes is not None and getattr(self.engine.service, "kv_pool", None):
+            self.engine.service.kv_pool.set_budget(opts.kv_budget_bytes)
+        self.model_id = info.name
+        records_path = None
+        if opts.persist_cache:
+            folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
+            kv = ServerKV(folder, notice=notice)
+            records_path = folder / HISTORY_FILE
+        self.kv = kv
+        records = await asyncio.to_thread(HistoryRecords, records_path, notice)
+        builder = PromptBuilder(self.engine.tokenizer, records)
+        self.api = Api(
+            self.engine,
+            builder,
+            ApiSettings(
+                model_id=self.model_id,
+                api_key=opts.api_key,
+                max_body_bytes=opts.max_body_bytes,
+                max_tokens=opts.max_tokens,
+                temperature=opts.temperature,
+            ),
+            kv,
+        )
+
+    # Engine-thread hooks; `self.kv` is set before any request can reach the engine.
+    def _kv_save(self, *args):  # noqa: ANN002, ANN202
+        if self.kv is not None:
+            return self.kv.save(*args)
+        return None
+
+    def _kv_load(self, *args):  # noqa: ANN002, ANN202
+        if self.kv is not None:
+            return self.kv.load(*args)
+        return None
+
+    async def run(
+        self, sock: socket.socket, on_ready: Callable[[Server], None] | None = None
+    ) -> None:
+        import uvicorn
+
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self.start_engine()
+            config = uvicorn.Config(
+                self.api.app(),
+                log_level=self.options.log_level,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=2,
+            )
+            self._uvicorn = uvicorn.Server(config)
+            task = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
+            while not self._uvicorn.started and not task.done():
+                await asyncio.sleep(0.01)
+            if self._uvicorn.started:
+                self.ready.set()
+                if on_ready is not None:
+                    on_ready(self)
+            await task
+        finally:
+            self.ready.set()
+            await asyncio.to_thread(self.engine.shutdown)
+
+    def stop(self) -> None:
+        """Thread-safe: stop serving (the current generation is cancelled)."""
+        srv = self._uvicorn
+        if srv is not None:
+            srv.should_exit = True
+        if self.engine.service is not None:
+            self.engine.service.cancel()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, so a taken port is one clear error before the model loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+def print_ready(url: str, model_id: str, api_key: bool) -> None:
+    print(
+        f"ssdmoe serve: {url}/v1  model {model_id!r}" + ("  (API key required)" if api_key else "")
+    )
+    sys.stdout.flush()

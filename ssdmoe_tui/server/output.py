@@ -1,0 +1,196 @@
+"""The generated text, as a client sees it: stop strings cut, tool calls pulled out.
+
+`OutputFilter.feed(text)` takes the engine's streamed text and returns what can be
+sent now: `Content` pieces, and a `Call` as soon as a whole tool-call block has been
+generated (so tool calls stream call by call, not after the reply ends). Text that
+might be the start of a stop string or of a tool-call marker is held back until the
+next piece decides it. A block that does not parse is passed on as text: nothing the
+model wrote is lost.
+
+Tool-call formats are mlx-lm's own parsers (`mlx_lm/tool_parsers/`), chosen by mlx-lm
+from the chat template when the tokenizer is loaded: Qwen3's JSON inside
+`<tool_call>` (`json_tools`), and the XML `<function=..><parameter=..>` form of
+Qwen3.5, Qwen3-Coder and Nemotron-3 (`qwen3_coder`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ssdmoe_tui.server.schema import ToolCall
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    start: str
+    end: str
+    parse: Callable[[str, Any], Any]  # mlx-lm: parse_tool_call(text, tools) -> dict or list
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Content:
+    text: str
+
+
+@dataclass(frozen=True)
+class Call:
+    call: ToolCall
+
+
+Piece = Content | Call
+
+
+def tool_format_for(tokenizer: Any) -> ToolFormat | None:
+    """The tool-call format mlx-lm inferred for this tokenizer (None: no tool calling)."""
+    parse = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    end = getattr(tokenizer, "tool_call_end", None)
+    if parse is None or not start or not end:
+        return None
+    return ToolFormat(start, end, parse, getattr(parse, "__module__", "").rsplit(".", 1)[-1])
+
+
+def named_format(name: str) -> ToolFormat:
+    """A format by mlx-lm parser name ("json_tools", "qwen3_coder", ...)."""
+    import importlib
+
+    mod = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    return ToolFormat(mod.tool_call_start, mod.tool_call_end, mod.parse_tool_call, name)
+
+
+def _held(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a marker."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+class _StopCutter:
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.buf = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        self.buf += text
+        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.buf, self.stopped = self.buf[: min(hits)], "", True
+            return out
+        keep = _held(self.buf, self.stops)
+        out = self.buf[: len(self.buf) - keep]
+        self.buf = self.buf[len(out) :]
+        return out
+
+    def finish(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+class OutputFilter:
+    def __init__(
+        self,
+        stops: Sequence[str] = (),
+        tool_format: ToolFormat | None = None,
+        tools: Sequence[dict] | None = None,
+    ) -> None:
+        self._stop = _StopCutter(stops)
+        self._fmt = tool_format if tools else None
+        self._tools = list(tools or [])
+        self._buf = ""
+        self._inside = False
+        self.calls: list[ToolCall] = []
+        self.content: list[str] = []  # all content text sent
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string was generated: the caller stops the engine."""
+        return self._stop.stopped
+
+    def feed(self, text: str) -> list[Piece]:
+        return self._pieces(self._stop.feed(text), final=False)
+
+    def finish(self) -> list[Piece]:
+        return self._pieces(self._stop.finish(), final=True)
+
+    def _pieces(self, text: str, *, final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        fmt = self._fmt
+        if fmt is None:
+            if text:
+                self._emit_text(out, text)
+            return out
+        self._buf += text
+        while True:
+            if not self._inside:
+                at = self._buf.find(fmt.start)
+                if at < 0:
+                    keep = 0 if final else _held(self._buf, [fmt.start])
+                    self._emit_text(out, self._buf[: len(self._buf) - keep])
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    return out
+                self._emit_text(out, self._buf[:at])
+                self._buf = self._buf[at:]
+                self._inside = True
+            end = self._buf.find(fmt.end, len(fmt.start))
+            if end < 0:
+                if final:  # the reply ended inside a block: parse what is there
+                    block, self._buf, self._inside = self._buf, "", False
+                    self._emit_block(out, block, block[len(fmt.start) :])
+                return out
+            block = self._buf[: end + len(fmt.end)]
+            self._buf = self._buf[end + len(fmt.end) :]
+            self._inside = False
+            self._emit_block(out, block, block[len(fmt.start) : end])
+
+    def _emit_text(self, out: list[Piece], text: str) -> None:
+        if text:
+            self.content.append(text)
+            out.append(Content(text))
+
+    def _emit_block(self, out: list[Piece], block: str, body: str) -> None:
+        calls = self._parse(body)
+        if not calls:
+            self._emit_text(out, block)
+            return
+        for call in calls:
+            self.calls.append(call)
+            out.append(Call(call))
+
+    def _parse(self, body: str) -> list[ToolCall]:
+        try:
+            parsed = self._fmt.parse(body.strip(), self._tools)
+        except Exception:  # noqa: BLE001 - a malformed call is passed on as text
+            return []
+        items = parsed if isinstance(parsed, list) else [parsed]
+        calls = []
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                return []
+            args = item.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    return []
+            calls.append(
+                ToolCall(new_call_id(), item["name"], json.dumps(args, ensure_ascii=False))
+            )
+        return calls

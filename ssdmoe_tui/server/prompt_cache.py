@@ -1,0 +1,165 @@
+"""The server's KV checkpoints: the app's safetensors format and budgets, filed by chain.
+
+The engine keeps recent caches in memory (`KVPool`, longest prefix across requests:
+attention-only caches are trimmed to the common prefix, hybrid ones need an exact
+prefix). These hooks add the disk, so a restarted server answers a long prompt it has
+seen from a checkpoint instead of a prefill:
+
+- `save` (engine thread, after each reply): `sessions.checkpoints.save_checkpoint` of the
+  cache into `<root>/chains/<chain>/`, the chain being the conversation the prompt
+  continues (`prompts.Prompt.chain`); the app's budgets apply (2 checkpoints per chain,
+  4 GiB per chain, 16 GiB over all chains of the model), and at most `max_chains`
+  chains are kept (least recently used go).
+- `load` (engine thread, when no in-memory cache serves a prompt): the checkpoint, over
+  all chains, that covers the longest exact prefix of the prompt (header and token
+  hash checked first, tensors' checksum on load; a bad file is skipped with a notice).
+
+The engine only sees `KVHooks`; it imports nothing from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ssdmoe_tui.sessions.checkpoints import (
+    DEFAULT_GLOBAL_BUDGET,
+    DEFAULT_KEEP,
+    DEFAULT_SESSION_BUDGET,
+    CheckpointInvalid,
+    NoCheckpoint,
+    check_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+SESSION_KEY = "ssdmoe-server"  # one in-memory pool namespace for every request
+_CHAIN = re.compile(r"^[0-9a-f]{16}$")
+
+
+def model_folder(root: Path, fingerprint: str) -> Path:
+    """Per-model folder under the server cache (the fingerprint hashed into a safe name)."""
+    return Path(root) / hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+
+
+class ServerKV:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        notice: Callable[[str], None] = lambda msg: None,
+        keep: int = DEFAULT_KEEP,
+        session_budget: int = DEFAULT_SESSION_BUDGET,
+        global_budget: int = DEFAULT_GLOBAL_BUDGET,
+        max_chains: int = 32,
+    ) -> None:
+        self.chains = Path(folder) / "chains"
+        self.notice = notice
+        self.keep = keep
+        self.session_budget = session_budget
+        self.global_budget = global_budget
+        self.max_chains = max_chains
+        self._pending: list[tuple[tuple[int, ...], str]] = []  # (prompt, chain), newest last
+        self._lock = threading.Lock()
+        self.last_load: tuple[str, int] | None = None  # (chain, tokens) of the last disk hit
+        self.saves = 0
+
+    def register(self, prompt: Sequence[int], chain: str) -> None:
+        """Before submitting a prompt: which chain its checkpoint goes to."""
+        if not _CHAIN.match(chain):
+            raise ValueError(f"bad chain id {chain!r}")
+        with self._lock:
+            self._pending.append((tuple(prompt), chain))
+            del self._pending[:-8]
+
+    def _chain_of(self, tokens: Sequence[int]) -> str | None:
+        with self._lock:
+            for prompt, chain in reversed(self._pending):
+                if len(tokens) >= len(prompt) and tuple(tokens[: len(prompt)]) == prompt:
+                    return chain
+        return None
+
+    # ------------------------------------------------------------------ engine hooks
+    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+        chain = self._chain_of(tokens)
+        if chain is None:
+            return
+        folder = self.chains / chain
+        folder.mkdir(parents=True, exist_ok=True)
+        res = save_checkpoint(
+            folder,
+            cache,
+            tokens,
+            info.fingerprint,
+            keep=self.keep,
+            session_budget=self.session_budget,
+            global_budget=self.global_budget,
+        )
+        self.saves += 1
+        if res.skipped:
+            self.notice(res.skipped)
+        os.utime(folder)
+        self._prune(keep=folder)
+
+    def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
+        best: tuple[Path, int] | None = None
+        for folder in self._folders():
+            for ck in list_checkpoints(folder):
+                if ck.n_tokens >= len(tokens) or (best is not None and ck.n_tokens <= best[1]):
+                    continue
+                try:
+                    n = check_checkpoint(ck.path, tokens, info.fingerprint)
+                except CheckpointInvalid:
+                    continue
+                best = (folder, n)
+                break
+        if best is None:
+            return None
+        folder, n = best
+        try:
+            cache, got = load_checkpoint(
+                folder,
+                tokens[:n],
+                info.fingerprint,
+                on_skip=lambda r: self.notice(f"checkpoint ignored: {r}"),
+            )
+        except NoCheckpoint:
+            return None
+        os.utime(folder)
+        self.last_load = (folder.name, got)
+        return cache, got
+
+    # ------------------------------------------------------------------ housekeeping
+    def _folders(self) -> list[Path]:
+        try:
+            found = [
+                Path(e.path)
+                for e in os.scandir(self.chains)
+                if _CHAIN.match(e.name) and e.is_dir(follow_symlinks=False)
+            ]
+        except OSError:
+            return []
+        return sorted(found, key=lambda p: _mtime(p), reverse=True)
+
+    def _prune(self, keep: Path) -> None:
+        """At most `max_chains` chains; empty ones (budgets evicted their files) go too."""
+        folders = self._folders()
+        for i, folder in enumerate(folders):
+            if folder == keep:
+                continue
+            if i >= self.max_chains or not list_checkpoints(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,186 @@
+"""Exact-history prompts for stateless requests.
+
+An OpenAI client sends the whole chat every time. Re-rendering it through the template
+would not give the tokens the model saw: templates drop earlier think blocks, and the
+model's own tool-call text differs from the template's rendering of the same call. So
+after each reply the server records the exact tokens (prompt + generated ids), keyed by
+the messages a client will send back (the request's messages plus the reply as we
+returned it, tools and template options included). A later request whose messages
+start with a recorded conversation gets that record's tokens followed by the templated
+new messages (`chat_format.turn_delta`): the KV cache of the previous turn is then a
+true prefix of the new prompt, also for hybrid models whose state cannot be trimmed.
+A request that matches no record is rendered by the template, as a fresh chat.
+
+Records live in memory and in `history.json` next to the KV checkpoints (written
+atomically), so a restarted server continues the same token sequences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.engine.chat_format import ChatFormatError, first_turn_tokens, turn_delta
+from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
+
+HISTORY_FILE = "history.json"
+MAX_RECORDS = 64
+MAX_RECORD_TOKENS = 4_000_000  # all records together
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    chain: str  # the conversation the KV checkpoints are filed under
+    from_history: bool  # built on a recorded exact history
+
+
+@dataclass
+class _Record:
+    tokens: tuple[int, ...]
+    chain: str
+
+
+def new_chain() -> str:
+    return secrets.token_hex(8)
+
+
+def _keys(options: Any, messages: Sequence[ChatMessage]) -> list[str]:
+    """keys[j]: the key of messages[:j] (incremental hash: linear in the chat's size)."""
+    h = hashlib.sha256(json.dumps(options, sort_keys=True, ensure_ascii=False).encode())
+    keys = [h.hexdigest()]
+    for m in messages:
+        h.update(b"\x1e" + json.dumps(m.canonical(), ensure_ascii=False).encode())
+        keys.append(h.copy().hexdigest())
+    return keys
+
+
+class HistoryRecords:
+    """LRU of (messages key -> exact tokens, chain), bounded, persisted atomically."""
+
+    def __init__(self, path: Path | None, notice=lambda msg: None) -> None:
+        self.path = path
+        self._notice = notice
+        self._records: OrderedDict[str, _Record] = OrderedDict()
+        self._lock = threading.Lock()
+        if path is not None:
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            self._notice(f"prompt history ignored: {self.path}: unreadable ({type(e).__name__})")
+            return
+        try:
+            if raw.get("format") != "ssdmoe-server-history" or raw.get("version") != 1:
+                raise ValueError("another format")
+            for r in raw["records"]:
+                tokens = tuple(int(t) for t in r["tokens"])
+                if not isinstance(r["key"], str) or not isinstance(r["chain"], str):
+                    raise ValueError("bad record")
+                self._records[r["key"]] = _Record(tokens, r["chain"])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            self._records.clear()
+            self._notice(f"prompt history ignored: {self.path}: not a server history file")
+
+    def get(self, key: str) -> _Record | None:
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is not None:
+                self._records.move_to_end(key)
+            return rec
+
+    def put(self, key: str, tokens: Sequence[int], chain: str) -> None:
+        with self._lock:
+            self._records[key] = _Record(tuple(int(t) for t in tokens), chain)
+            self._records.move_to_end(key)
+            total = sum(len(r.tokens) for r in self._records.values())
+            while len(self._records) > 1 and (
+                len(self._records) > MAX_RECORDS or total > MAX_RECORD_TOKENS
+            ):
+                _, old = self._records.popitem(last=False)
+                total -= len(old.tokens)
+            data = {
+                "format": "ssdmoe-server-history",
+                "version": 1,
+                "records": [
+                    {"key": k, "chain": r.chain, "tokens": list(r.tokens)}
+                    for k, r in self._records.items()
+                ],
+            }
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(self.path, json.dumps(data, separators=(",", ":")))
+            except OSError as e:
+                self._notice(f"prompt history not saved: {self.path}: {e.strerror or e}")
+
+
+class PromptBuilder:
+    """Request -> prompt tokens (runs off the event loop: templating and tokenizing)."""
+
+    def __init__(self, tokenizer: Any, records: HistoryRecords) -> None:
+        self.tokenizer = tokenizer
+        self.records = records
+
+    @staticmethod
+    def _options(req: ChatRequest) -> list:
+        return [list(req.tools), req.template_kwargs]
+
+    def _template_kwargs(self, req: ChatRequest) -> dict:
+        kw = dict(req.template_kwargs)
+        if req.tools:
+            kw["tools"] = [dict(t) for t in req.tools]
+        return kw
+
+    def chat(self, req: ChatRequest) -> Prompt:
+        msgs = req.messages
+        kw = self._template_kwargs(req)
+        keys = _keys(self._options(req), msgs)
+        for j in range(len(msgs) - 1, 0, -1):
+            if msgs[j - 1].role != "assistant":
+                continue
+            rec = self.records.get(keys[j])
+            if rec is None:
+                continue
+            try:
+                delta = turn_delta(
+                    self.tokenizer,
+                    rec.tokens,
+                    [m.for_template() for m in msgs[:j]],
+                    [m.for_template() for m in msgs[j:]],
+                    **kw,
+                )
+            except ChatFormatError:
+                break
+            return Prompt(list(rec.tokens) + delta, rec.chain, True)
+        return Prompt(self._fresh(msgs, kw), new_chain(), False)
+
+    def _fresh(self, msgs: Sequence[ChatMessage], kw: dict) -> list[int]:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            return first_turn_tokens(tok, [m.for_template() for m in msgs], **kw)
+        return list(tok.encode("\n".join(m.content for m in msgs)))
+
+    def completion(self, req: CompletionRequest) -> Prompt:
+        if isinstance(req.prompt, tuple):
+            return Prompt(list(req.prompt), new_chain(), False)
+        return Prompt(list(self.tokenizer.encode(req.prompt)), new_chain(), False)
+
+    def record(
+        self, req: ChatRequest, prompt: Prompt, generated: Sequence[int], reply: ChatMessage
+    ) -> None:
+        """File the exact tokens under the messages the client will send back."""
+        key = _keys(self._options(req), [*req.messages, reply])[-1]
+        self.records.put(key, list(prompt.tokens) + list(generated), prompt.chain)

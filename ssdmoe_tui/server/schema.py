@@ -1,0 +1,392 @@
+"""Request bodies of the OpenAI API, parsed and validated once into typed dataclasses.
+
+Everything the engine cannot honour is refused with a 400 naming the field (`n > 1`,
+`logprobs`, a `response_format` other than text, penalties, `logit_bias`, ...), never
+silently ignored. Fields that do not change the output (`user`, `metadata`, `store`,
+`parallel_tool_calls`, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ssdmoe_tui.server.errors import ApiError, bad_request
+
+_K_SUFFIX = re.compile(r"^(?P<base>.+)@k(?P<k>\d{1,4})$")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON text, as OpenAI sends it
+
+    def for_template(self) -> dict:
+        """Templates iterate the arguments (`|items`): give them the parsed object."""
+        try:
+            args: Any = json.loads(self.arguments) if self.arguments.strip() else {}
+        except json.JSONDecodeError:
+            args = self.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": args},
+        }
+
+    def canonical(self) -> tuple[str, str]:
+        """(name, arguments) with the JSON normalized, so a client's re-serialization of
+        the same call (spacing, key order) still matches what we sent."""
+        try:
+            args = json.dumps(json.loads(self.arguments), sort_keys=True, ensure_ascii=False)
+        except json.JSONDecodeError:
+            args = self.arguments
+        return self.name, args
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # system, user, assistant, tool ("developer" is read as system)
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def for_template(self) -> dict:
+        msg: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            msg["name"] = self.name
+        return msg
+
+    def canonical(self) -> list:
+        """What identifies the message for the exact-history record (ids left out)."""
+        return [self.role, self.content, [list(c.canonical()) for c in self.tool_calls]]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    tools: tuple[dict, ...] = ()
+    template_kwargs: dict = field(default_factory=dict)
+    k: int | None = None
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt: str | tuple[int, ...]
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    k: int | None = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _obj(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_request(f"'{name}' must be an integer", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise bad_request(f"'{name}' must be {rng}, got {v}", name)
+    return v
+
+
+def _float(body: dict, name: str, lo: float, hi: float) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be a number", name)
+    if not lo <= v <= hi:
+        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}", name)
+    return float(v)
+
+
+def _bool(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise bad_request(f"'{name}' must be true or false", name)
+    return v
+
+
+def _refuse_unsupported(body: dict, *, chat: bool) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("'n' > 1 is not supported (one choice per request)", "n")
+    if body.get("logprobs") not in (None, False, 0):
+        raise bad_request("'logprobs' is not supported", "logprobs")
+    if body.get("top_logprobs") not in (None, 0):
+        raise bad_request("'top_logprobs' is not supported", "top_logprobs")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise bad_request(f"'{name}' is not supported", name)
+    if body.get("logit_bias") not in (None, {}):
+        raise bad_request("'logit_bias' is not supported", "logit_bias")
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        if kind != "text":
+            raise bad_request(
+                f"'response_format' {kind!r} is not supported (only 'text')", "response_format"
+            )
+    if chat:
+        mods = body.get("modalities")
+        if mods not in (None, ["text"]):
+            raise bad_request("'modalities' other than ['text'] are not supported", "modalities")
+        if body.get("audio") is not None:
+            raise bad_request("'audio' is not supported", "audio")
+        if body.get("prediction") is not None:
+            raise bad_request("'prediction' is not supported", "prediction")
+    else:
+        if body.get("echo"):
+            raise bad_request("'echo' is not supported", "echo")
+        if body.get("suffix"):
+            raise bad_request("'suffix' is not supported", "suffix")
+        if body.get("best_of") not in (None, 1):
+            raise bad_request("'best_of' > 1 is not supported", "best_of")
+
+
+def split_model(model: Any, served: str) -> tuple[str, int | None]:
+    """'<id>' or '<id>@k4' -> (id, 4). A model other than the served one is a 404."""
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required (see GET /v1/models)", "model")
+    k = None
+    m = _K_SUFFIX.match(model)
+    base = model
+    if m and m.group("base") == served:
+        base, k = m.group("base"), int(m.group("k"))
+    if base != served:
+        raise ApiError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{served}'",
+            "model",
+            "model_not_found",
+        )
+    return base, k
+
+
+def _ext_k(body: dict) -> int | None:
+    ext = body.get("ssdmoe")
+    if ext is None:
+        return None
+    if not isinstance(ext, dict):
+        raise bad_request("'ssdmoe' must be an object, e.g. {\"k\": 4}", "ssdmoe")
+    unknown = set(ext) - {"k"}
+    if unknown:
+        raise bad_request(f"unknown 'ssdmoe' field(s): {', '.join(sorted(unknown))}", "ssdmoe")
+    return _int(ext, "k", 1)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    if len(stop) > 4:
+        raise bad_request("'stop' takes at most 4 sequences", "stop")
+    return tuple(stop)
+
+
+def _sampling(body: dict, *, chat: bool) -> Sampling:
+    max_tokens = _int(body, "max_tokens", 1)
+    if chat:
+        mct = _int(body, "max_completion_tokens", 1)
+        max_tokens = mct if mct is not None else max_tokens
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=_float(body, "temperature", 0.0, 2.0),
+        top_p=_float(body, "top_p", 0.0, 1.0),
+        seed=_int(body, "seed"),
+        stop=_stop(body),
+    )
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    include = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad_request("'stream_options' must be an object", "stream_options")
+        include = _bool(opts, "include_usage")
+    return stream, include
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise bad_request(
+                    f"{where}: content part {kind!r} is not supported (text only)", where
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise bad_request(f"{where}: 'content' must be a string or a list of text parts", where)
+
+
+def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise bad_request(f"{where}.tool_calls must be a list", where)
+    calls = []
+    for i, c in enumerate(raw):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}.tool_calls[{i}] needs function.name", where)
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
+        calls.append(ToolCall(str(c.get("id") or f"call_{i}"), fn["name"], args))
+    return tuple(calls)
+
+
+def _messages(raw: Any) -> tuple[ChatMessage, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object", "messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(
+                f"{where}: role {role!r} is not one of {', '.join(ROLES)}", "messages"
+            )
+        role = "system" if role == "developer" else role
+        calls = _tool_calls(m.get("tool_calls"), where) if role == "assistant" else ()
+        tcid = m.get("tool_call_id")
+        if role == "tool" and tcid is not None and not isinstance(tcid, str):
+            raise bad_request(f"{where}: 'tool_call_id' must be a string", "messages")
+        name = m.get("name") if isinstance(m.get("name"), str) else None
+        out.append(ChatMessage(role, _text(m.get("content"), where), calls, tcid, name))
+    return tuple(out)
+
+
+def _tools(body: dict) -> tuple[dict, ...]:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise bad_request(
+            "'tool_choice' other than 'auto' or 'none' is not supported", "tool_choice"
+        )
+    if tools is None or choice == "none":
+        return ()
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be a list", "tools")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise bad_request(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", "tools"
+            )
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function.name is required", "tools")
+    return tuple(tools)
+
+
+def _template_kwargs(body: dict) -> dict:
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    if {"tools", "messages", "add_generation_prompt", "tokenize"} & set(kw):
+        raise bad_request(
+            "'chat_template_kwargs' cannot set tools/messages", "chat_template_kwargs"
+        )
+    return dict(kw)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def parse_chat(body: Any, served_model: str) -> ChatRequest:
+    body = _obj(body)
+    _, k_suffix = split_model(body.get("model"), served_model)
+    _refuse_unsupported(body, chat=True)
+    stream, include = _stream(body)
+    k = _ext_k(body)
+    return ChatRequest(
+        model=body["model"],
+        messages=_messages(body.get("messages")),
+        sampling=_sampling(body, chat=True),
+        stream=stream,
+        include_usage=include,
+        tools=_tools(body),
+        template_kwargs=_template_kwargs(body),
+        k=k if k is not None else k_suffix,
+    )
+
+
+def parse_completion(body: Any, served_model: str) -> CompletionRequest:
+    body = _obj(body)
+    _, k_suffix = split_model(body.get("model"), served_model)
+    _refuse_unsupported(body, chat=False)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    ):
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str) or not prompt:
+        raise bad_request(
+            "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
+            "prompt",
+        )
+    stream, include = _stream(body)
+    k = _ext_k(body)
+    return CompletionRequest(
+        model=body["model"],
+        prompt=prompt,
+        sampling=_sampling(body, chat=False),
+        stream=stream,
+        include_usage=include,
+        k=k if k is not None else k_suffix,
+    )

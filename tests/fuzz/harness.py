@@ -1,0 +1,244 @@
+"""Fuzz targets for every reader of user-controlled files, and a seeded mutator.
+
+Each target takes bytes, writes them where the reader expects a file, and calls the
+real reader. The contract is the project's: bad input gives an `SsdmoeError` whose
+message is one line (no traceback, not a bare exception type) or, for the config, a
+warning; anything else (TypeError, OverflowError, RecursionError, MemoryError, a
+multi-line message...) is a finding. The harness is independent of how it is driven:
+`scripts/fuzz.py` runs it with atheris (coverage-guided, where it installs) or with the
+seeded mutator below, and `tests/test_fuzz.py` replays every finding kept in
+`tests/fuzz/crashes/` and runs a short bounded session.
+
+Inputs of the two safetensors targets are `<framing byte><header JSON>`: the target
+writes the 8-byte length, the header and as many data bytes as the header declares
+(sparse), then the framing byte may cut the data or garble the length.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+SEEDS = Path(__file__).resolve().parent / "seeds"
+CRASHES = Path(__file__).resolve().parent / "crashes"
+_MAX_DATA = 64 << 20  # sparse data bytes written for a header (more: the file is cut short)
+
+
+class Finding(Exception):
+    """The reader broke the contract on this input."""
+
+
+def _check_message(text: str, what: str) -> None:
+    if "\n" in text.strip():
+        raise Finding(f"{what}: message spans lines: {text[:200]!r}")
+    bare = text.strip().rstrip(":")
+    if not bare or re.fullmatch(r"[A-Za-z_]*(Error|Exception)", bare):
+        raise Finding(f"{what}: bare message {text[:100]!r}")
+
+
+def _expect_clean(call: Callable[[], object], what: str) -> None:
+    """Run a reader: returning or raising SsdmoeError with a one-line message is fine."""
+    from ssdmoe_tui.errors import SsdmoeError
+
+    try:
+        call()
+    except SsdmoeError as e:
+        _check_message(str(e), what)
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def _frame(data: bytes) -> tuple[bytes, int]:
+    """`<framing byte><header>` -> (the file's first bytes, data bytes after them)."""
+    mode, header = (data[0], data[1:]) if data else (0, b"")
+    declared = 0
+    try:
+        parsed = json.loads(header)
+        if isinstance(parsed, dict):
+            for spec in parsed.values():
+                offs = spec.get("data_offsets") if isinstance(spec, dict) else None
+                if isinstance(offs, list) and len(offs) == 2 and isinstance(offs[1], int):
+                    declared = max(declared, offs[1])
+    except (ValueError, RecursionError):
+        pass
+    declared = min(max(declared, 0), _MAX_DATA)
+    length = len(header)
+    if mode % 7 == 1:
+        declared //= 2  # data cut short
+    elif mode % 7 == 2:
+        length += 1 + mode  # length past the header
+    elif mode % 7 == 3:
+        length = (1 << 63) + mode  # absurd length
+    elif mode % 7 == 4:
+        return struct.pack("<Q", length)[: mode % 8], 0  # the length field itself cut
+    return struct.pack("<Q", length % (1 << 64)) + header, declared
+
+
+def _write_safetensors(path: Path, data: bytes) -> None:
+    head, declared = _frame(data)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + declared)  # sparse: the data bytes are never written
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    run: Callable[[bytes, Path], None]  # (input, scratch folder)
+    seed_glob: str
+
+    def seeds(self) -> list[bytes]:
+        out = []
+        for p in sorted((SEEDS / self.name).glob(self.seed_glob)):
+            raw = p.read_bytes()
+            out.append(raw if self.name not in _FRAMED else b"\0" + raw)
+        return out
+
+
+def _safetensors(data: bytes, work: Path) -> None:
+    from ssdmoe_tui.engine.index import build_index
+
+    folder = work / "model"
+    folder.mkdir(exist_ok=True)
+    _write_safetensors(folder / "model.safetensors", data)
+    _expect_clean(lambda: build_index(folder), "safetensors header/index")
+
+
+def _kv_checkpoint(data: bytes, work: Path) -> None:
+    from ssdmoe_tui.sessions.checkpoints import check_checkpoint, read_metadata
+
+    path = work / "kv-00000004.safetensors"
+    _write_safetensors(path, data)
+    _expect_clean(lambda: read_metadata(path), "KV checkpoint metadata")
+    _expect_clean(lambda: check_checkpoint(path, [3, 4, 5, 6], "fp"), "KV checkpoint check")
+
+
+def _trace(data: bytes, work: Path) -> None:
+    from ssdmoe_tui.engine.traces import read_trace
+
+    path = work / "trace.jsonl"
+    path.write_bytes(data)
+    _expect_clean(lambda: read_trace(path), "trace reader")
+
+
+def _conversation(data: bytes, work: Path) -> None:
+    from ssdmoe_tui.sessions.store import SessionStore
+
+    conv_id = "20261129-191118-a1b2c3"
+    folder = work / "sessions" / conv_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "conversation.json").write_bytes(data)
+    store = SessionStore(work / "sessions")
+    _expect_clean(lambda: store.get(conv_id), "conversation loader")
+    problems: list[str] = []
+    store.list(problems.append)  # must never raise
+    for p in problems:
+        _check_message(p, "conversation list")
+
+
+def _config(data: bytes, work: Path) -> None:
+    from ssdmoe_tui.config import load_config
+
+    path = work / "config.toml"
+    path.write_bytes(data)
+    loaded = load_config(path)  # never raises: warnings instead
+    for w in loaded.warnings:
+        _check_message(w, "config loader")
+
+
+_FRAMED = {"safetensors", "kv_checkpoint"}
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("safetensors", _safetensors, "*.json"),
+        Target("kv_checkpoint", _kv_checkpoint, "*.json"),
+        Target("trace", _trace, "*"),
+        Target("conversation", _conversation, "*.json"),
+        Target("config", _config, "*.toml"),
+    )
+}
+
+
+def run_one(target: Target, data: bytes, work: Path | None = None) -> None:
+    """Run `target` on `data`; raises Finding (or the reader's stray exception)."""
+    if work is not None:
+        target.run(data, work)
+        return
+    with tempfile.TemporaryDirectory(prefix="ssdmoe-fuzz-") as tmp:
+        target.run(data, Path(tmp))
+
+
+# --------------------------------------------------------------------------- mutator
+
+INTERESTING_NUMBERS = [
+    b"0", b"-1", b"1", b"1e400", b"-1e400", b"NaN", b"Infinity", b"1.5", b"2.5e-30",
+    b"9223372036854775807", b"9223372036854775808", b"18446744073709551616",
+    b"-9223372036854775809", b"4294967296", b"1000000000", b"1180591620717411303424",
+]  # fmt: skip
+INTERESTING_VALUES = [
+    b'"x"', b'""', b"[]", b"{}", b"null", b"true", b"false", b'["U32"]', b'{"a":1}',
+    b'"\\u0000"', b'"\\ud800"', b"[-1, 9223372036854775808]", b"[0, 0]", b"[1e400]",
+]  # fmt: skip
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def mutate(data: bytes, rng: random.Random, pool: list[bytes], max_size: int = 1 << 16) -> bytes:
+    """One to four stacked mutations, byte-level and token-aware (numbers, strings)."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(12)
+        n = len(out)
+        if op == 0 and n:  # flip bits
+            i = rng.randrange(n)
+            out[i] ^= 1 << rng.randrange(8)
+        elif op == 1 and n:  # interesting byte
+            out[rng.randrange(n)] = rng.choice([0, 0xFF, 0x7F, 0x80, 0x22, 0x5B, 0x0A, 0x2C])
+        elif op == 2:  # insert random bytes
+            i = rng.randint(0, n)
+            out[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif op == 3 and n > 1:  # delete a range
+            i = rng.randrange(n)
+            del out[i : i + rng.randint(1, max(1, n // 8))]
+        elif op == 4 and n > 1:  # duplicate a range
+            i = rng.randrange(n)
+            j = min(n, i + rng.randint(1, 64))
+            k = rng.randint(0, n)
+            out[k:k] = out[i:j]
+        elif op == 5 and n:  # truncate
+            del out[rng.randrange(n) :]
+        elif op in (6, 7):  # replace a number with an interesting one
+            spans = [m.span() for m in _NUMBER.finditer(out)]
+            if spans:
+                a, b = rng.choice(spans)
+                out[a:b] = rng.choice(INTERESTING_NUMBERS)
+        elif op == 8:  # replace a string or number with an interesting value
+            spans = [m.span() for m in _STRING.finditer(out)] + [
+                m.span() for m in _NUMBER.finditer(out)
+            ]
+            if spans:
+                a, b = rng.choice(spans)
+                out[a:b] = rng.choice(INTERESTING_VALUES + INTERESTING_NUMBERS)
+        elif op == 9:  # deep nesting
+            depth = rng.choice([100, 1000, 100_000])
+            i = rng.randint(0, n)
+            out[i:i] = b"[" * depth + b"]" * depth * rng.randint(0, 1)
+        elif op == 10 and pool:  # splice with another input
+            other = rng.choice(pool)
+            if other:
+                i, j = rng.randint(0, n), rng.randrange(len(other))
+                out[i:] = other[j:]
+        elif op == 11 and n:  # not UTF-8
+            i = rng.randrange(n)
+            out[i:i] = rng.choice([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x00"])
+    return bytes(out[:max_size])

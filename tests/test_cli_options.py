@@ -1,0 +1,110 @@
+"""Shared engine options: each value is checked once, at the edge, with one line naming it
+(issue 11 items 4-5), and `EngineOptions` holds the same checks for programmatic callers."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from ssdmoe_tui.cli import main
+from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions
+from ssdmoe_tui.errors import BadValueError
+
+BAD_ARGS = [
+    (["generate", "--k", "0"], "at least 1, got 0"),
+    (["generate", "--k", "-3"], "at least 1, got -3"),
+    (["generate", "--k", "two"], "'two'"),
+    (["generate", "--prefill-k", "0"], "prefill K must be at least 1"),
+    (["generate", "--expert-cache", "banana"], "'banana'"),
+    (["generate", "--expert-cache", "inf"], "'inf'"),
+    (["generate", "--expert-cache", "nan"], "'nan'"),
+    (["generate", "--expert-cache=-1G"], "negative"),
+    (["generate", "--expert-cache", "1e400"], "too large"),
+    (["generate", "--seed", "-1"], "got -1"),
+    (["generate", "--seed", str(2**70)], str(2**70)),
+    (["generate", "--max-tokens", "-1"], "got -1"),
+    (["generate", "--max-tokens", "0"], "got 0"),
+    (["generate", "--temp", "-1"], "got -1"),
+    (["generate", "--temp", "nan"], "'nan'"),
+    (["generate", "--top-p", "2"], "got 2"),
+    (["generate", "--prefill-step", "-1"], "prefill step must be at least 1, got -1"),
+    (["bench", "--model", "x", "--k", "8,0"], "got 0"),
+    (["bench", "--model", "x", "--expert-cache", "2G,banana"], "'banana'"),
+    (["bench", "--model", "x", "--prefill-step", "0"], "got 0"),
+    (["bench", "--model", "x", "--decode-tokens", "0"], "--decode-tokens must be at least 1"),
+    (["chat", "--k", "0"], "got 0"),
+    (["--expert-cache", "banana"], "'banana'"),
+    (["--max-tokens", "0"], "got 0"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named"), BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
+def test_bad_value_is_one_line_naming_it(argv, named, capsys):
+    if argv[0] == "generate":
+        argv = [*argv, "--prompt", "hi"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err and named in err, err
+    assert "Traceback" not in err
+
+
+def test_sizes_parse_once_and_tiny_ones_are_kept_for_the_clamp():
+    assert CacheBudget.parse("auto").auto
+    assert CacheBudget.parse("512M").bytes == 512 << 20
+    assert CacheBudget.parse("1.5GiB").bytes == 3 << 29
+    assert [CacheBudget.parse(t).bytes for t in ("0", "1K", "1e-30")] == [0, 1024, 0]
+    for bad in ("banana", "inf", "-5", "", "4X"):
+        with pytest.raises(BadValueError):
+            CacheBudget.parse(bad)
+
+
+def test_engine_options_check_programmatic_values_too():
+    assert EngineOptions(expert_cache="2G").expert_cache.bytes == 2 << 30
+    for bad in (
+        {"k": 0},
+        {"prefill_k": -1},
+        {"expert_cache": "banana"},
+        {"dtype": "int8"},
+        {"reader": "fast"},
+        {"experts": "both"},
+        {"prefill_step": 0},
+    ):
+        with pytest.raises(BadValueError):
+            EngineOptions(**bad)
+    for bad in ({"max_tokens": 0}, {"temp": float("nan")}, {"top_p": 1.5}, {"seed": 2**70}):
+        with pytest.raises(BadValueError):
+            SamplingOptions(**bad)
+
+
+def test_non_utf8_prompt_from_argv_and_stdin(monkeypatch, capsys, checkpoints):
+    path = str(checkpoints("qwen3_moe"))
+    bad_argv = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python decodes argv
+    assert main(["generate", "--model", path, "--prompt", bad_argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid UTF-8 (byte 0xe9" in err, err
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok \xff\xfe")))
+    assert main(["generate", "--model", path, "--prompt", "-"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stdin is not valid UTF-8 (byte 0xff at offset 3)" in err
+
+
+def test_k_beyond_the_model_fails_on_its_header(checkpoints, capsys):
+    path = str(checkpoints("qwen3_moe"))
+    assert main(["generate", "--model", path, "--k", "999", "--prompt", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "K=999 is outside 1..16" in err, err
+    # The model lock was never taken, so the next command loads at once.
+    assert main(["generate", "--model", path, "--k", "2", "--prompt", "hi", "--json",
+                 "--max-tokens", "3", "--expert-cache", "1e-30"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert set(result["k_per_token"]) == {2} and result["stats"]["k"] == 2
+    assert out.err.count("minimum") == 1, out.err  # the clamp, said once with the numbers
+    budget = result["stats"]["expert_cache_budget_bytes"]
+    assert f"{budget:,} bytes" in out.err

@@ -1,0 +1,34 @@
+"""The repository stands alone: tests read tests/fixtures/, and nothing reads the sibling
+development folder that a user's clone does not have."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from tests.fixture_paths import FIXTURES
+
+ROOT = Path(__file__).resolve().parents[1]
+# "../shared", "..\shared", parents[N] / "shared", .parent / "shared"
+SIBLING = re.compile(r"\.\.[/\\]shared\b|/work/shared\b|/\s*[\"']shared[\"']|[\"']shared[\"']\s*/")
+
+
+def test_nothing_references_the_sibling_shared_folder() -> None:
+    offenders = []
+    for top in ("ssdmoe_tui", "tests"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if not path.is_file() or path.suffix not in {".py", ".c", ".h", ".toml", ".tcss"}:
+                continue
+            for no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if SIBLING.search(line) and path != Path(__file__).resolve():
+                    offenders.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_fixture_copies_match_their_recorded_checksums() -> None:
+    text = (FIXTURES / "SOURCES.md").read_text()
+    sums = re.findall(r"^([0-9a-f]{64})  (\S+)$", text, re.M)
+    assert len(sums) >= 20
+    for digest, rel in sums:
+        assert hashlib.sha256((FIXTURES / rel).read_bytes()).hexdigest() == digest, rel
