@@ -25,6 +25,8 @@ from ssdmoe_tui.checkpoint.config import load_config
 from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size, slot_memory_bytes
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.reader import open_reader
+from ssdmoe_tui.engine.routing_mass import RoutingMass
+from ssdmoe_tui.engine.routing_mass import install as install_routing_mass
 from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 
@@ -45,6 +47,7 @@ class StreamedModel:
     prefetch: bool = False
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`)
     expert_source_note: str = ""  # why a repacked file present was not used
+    routing_mass: RoutingMass | None = None  # router mass kept at the running K (per token)
     distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
 
     @property
@@ -341,6 +344,7 @@ def load_streamed(
         expert_source=source,
         expert_source_note=source_note,
         distributed=distributed,
+        routing_mass=install_routing_mass(blocks, trained_k),  # after quantize: probes the gates
     )
     if k is not None:
         sm.set_k(k)
