@@ -490,7 +490,7 @@ def run_bench(
     act_dtype = parse_dtype(opts.dtype)
     dtype_name = str(act_dtype).removeprefix("mlx.core.")
 
-    from mlx_lm.utils import load_tokenizer
+    from ssdmoe_tui.checkpoint.config import load_tokenizer
 
     tokenizer = load_tokenizer(path)
     prompt = fixed_prompt(tokenizer, opts.prompt_tokens)
@@ -771,7 +771,9 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
                 round(r["prefill_tok_s"] / b["prefill_tok_s"], 4) if b["prefill_tok_s"] else None
             )
             bt = b.get("token_ids") or []
-            r["tokens_match_resident"] = bt == r["token_ids"]
+            # Trace-routed tokens are not the model's own: no exactness claim (None: "-").
+            routed = r.get("routing", "model") != "model"
+            r["tokens_match_resident"] = None if routed else bt == r["token_ids"]
             n = 0
             for a, c in zip(bt, r["token_ids"], strict=False):
                 if a != c:
