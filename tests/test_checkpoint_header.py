@@ -158,6 +158,8 @@ BAD_EXPERTS = [
     ("experts-count-differs", {W: t(shape=(2, 2)), W.replace("gate", "up"): t(shape=(4, 1), offsets=(16, 32))},
      32, "has 4 experts, other layers have 2"),
     ("experts-overlap", {W: t(), W.replace("gate", "up"): t(offsets=(8, 24))}, 32, "overlap"),
+    ("experts-global-scale", {W: t(), W.replace("weight", "global_scale"): t(dtype="F32", shape=(2,), offsets=(16, 24))},
+     24, "global_scale: nvfp4 experts with per-expert global scales are not streamed"),
 ]  # fmt: skip
 
 

@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 #: Architectures whose experts the engine streams (the table lives in checkpoint.arch).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {a.model_type: a.description for a in ARCHITECTURES.values()}
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    a.model_type: a.description for a in ARCHITECTURES.values()
+}
 
 #: Architectures with the same switch_mlp layout that the engine does not load yet.
 PLANNED_ARCHITECTURES: dict[str, str] = {}
