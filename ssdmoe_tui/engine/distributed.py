@@ -885,9 +885,13 @@ class ServiceLink:
         if wd is None:
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
             os._exit(1)
-        if self.dist.is_root:
-            wd._exit(line)
-        wd.local_failure(line, comm_error=_looks_like_comm_error(exc))
+        if not self.dist.is_root:
+            wd.local_failure(line, comm_error=_looks_like_comm_error(exc))  # exits
+        if _looks_like_comm_error(exc):
+            time.sleep(min(2.0, wd.timeout))  # the side channel names the lost rank first
+        wd._exit(line)
+        time.sleep(5)  # another verdict is ending the process
+        os._exit(1)
 
 
 def follow(dist: Distributed, options, link: ServiceLink | None = None) -> int:
