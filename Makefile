@@ -1,23 +1,33 @@
 # ssdmoe-tui developer tasks.
+VENV := .venv
+VPY := $(VENV)/bin/python
 
-# --- native expert reader (ssdmoe_tui/engine/_native) ---
-NATIVE_DIR := ssdmoe_tui/engine/_native
-NATIVE_EXT := $(if $(filter Darwin,$(shell uname -s)),dylib,so)
-NATIVE_LIB := $(NATIVE_DIR)/libssdmoe_reader.$(NATIVE_EXT)
+# --- native expert reader (native/) --------------------------------------------------
+# The package build compiles native/ssdmoe_reader.c (setup.py) with native/cflags.txt, the
+# one set of flags; `make native` rebuilds it in place after the C source changed.
+NATIVE_SRC := native/ssdmoe_reader.c native/ssdmoe_reader.h native/cflags.txt
+NATIVE_CFLAGS := $(shell cat native/cflags.txt)
 NATIVE_CC ?= $(or $(CC),cc)
 
-.PHONY: native
-native: $(NATIVE_LIB)
+.PHONY: native sanitize
+native: $(VENV)/.installed
 
-$(NATIVE_LIB): $(NATIVE_DIR)/ssdmoe_reader.c $(NATIVE_DIR)/ssdmoe_reader.h
-	$(NATIVE_CC) -O2 -Wall -Wextra -shared -fPIC -pthread -o $@.tmp $(NATIVE_DIR)/ssdmoe_reader.c && mv -f $@.tmp $@
+# `make sanitize`: the reader built with AddressSanitizer + UndefinedBehaviorSanitizer
+# (any report aborts), and tests/test_reader.py run against it via SSDMOE_READER_LIB.
+SAN_LIB := build/sanitize/libssdmoe_reader.so
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
+sanitize: setup
+	mkdir -p $(dir $(SAN_LIB))
+	$(NATIVE_CC) $(NATIVE_CFLAGS) $(SAN_FLAGS) -shared -fPIC -o $(SAN_LIB) native/ssdmoe_reader.c
+	SSDMOE_READER_LIB=$(abspath $(SAN_LIB)) \
+	LD_PRELOAD="$$($(NATIVE_CC) -print-file-name=libasan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(VPY) -m pytest -q -s -p no:cacheprovider tests/test_reader.py
 
 # --- setup / run / test ---------------------------------------------------------
 # `make run`  : set up a venv and open the chat on the embedded demo model.
 # `make test` : set up a venv and run the whole test suite.
 PYTHON ?= python3
-VENV := .venv
-VPY := $(VENV)/bin/python
 comma := ,
 EXTRAS := $(if $(filter Linux,$(shell uname -s)),cpu,)
 DEV_EXTRAS := $(if $(EXTRAS),$(EXTRAS)$(comma)dev,dev)
@@ -27,11 +37,11 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(VPY)
+$(VENV)/.installed: pyproject.toml setup.py $(NATIVE_SRC) | $(VPY)
 	$(VPY) -m pip install -q -e ".[$(DEV_EXTRAS)]"
 	touch $@
 
-setup: $(VENV)/.installed native
+setup: $(VENV)/.installed
 
 run: setup
 	$(VENV)/bin/ssdmoe

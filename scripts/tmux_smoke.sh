@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the real terminal app: start `ssdmoe` (the demo model) in a detached
-# tmux pane, send a prompt, and check the reply and the engine panel on screen, then
-# the conversations list (ctrl+o) and the model picker (F4).
+# tmux pane, check the first-run screen, send a prompt, and check the reply and the
+# engine panel on screen, then the conversations list (ctrl+o) and the model picker
+# (F4); then the same chat at 80x24, where every panel figure must be on screen.
 # Exits non-zero (printing the pane) on failure. Uses the repo's .venv unless
 # SSDMOE_PYTHON_BIN points at another bin/ folder; SSDMOE_HOME is a fresh temp dir.
 set -euo pipefail
@@ -45,35 +46,64 @@ wait_for() {
     done
 }
 
-"${T[@]}" new-session -d -s "$SESSION" -x 120 -y 40 \
-    "cd '$ROOT' && sleep 0.5 && SSDMOE_HOME='$HOME_DIR' TERM=xterm-256color '$SSDMOE' --max-tokens 40; echo SSDMOE-EXITED \$?; sleep 60"
-# Without a client attached, tmux may size the window from its defaults: pin 120x40.
-"${T[@]}" set-option -t "$SESSION" window-size manual
-"${T[@]}" resize-window -t "$SESSION" -x 120 -y 40
+start_app() {  # $1 x $2: terminal size
+    "${T[@]}" new-session -d -s "$SESSION" -x "$1" -y "$2" \
+        "cd '$ROOT' && sleep 0.5 && SSDMOE_HOME='$HOME_DIR' TERM=xterm-256color '$SSDMOE' --max-tokens 40; echo SSDMOE-EXITED \$?; sleep 60"
+    # Without a client attached, tmux may size the window from its defaults: pin it.
+    "${T[@]}" set-option -t "$SESSION" window-size manual
+    "${T[@]}" resize-window -t "$SESSION" -x "$1" -y "$2"
+}
+
+quit_app() {
+    "${T[@]}" send-keys -t "$SESSION" C-q
+    wait_for "SSDMOE-EXITED" 20
+    code="$(pane | sed -n 's/.*SSDMOE-EXITED \([0-9]*\).*/\1/p' | tail -1)"
+    [ "$code" = "0" ] || fail "ssdmoe exited with status $code after ctrl+q"
+    "${T[@]}" kill-session -t "$SESSION" 2>/dev/null || true
+}
+
+start_app 120 40
+# First run: the welcome panel says what happens and what the demo is, at once.
+wait_for "Welcome to ssdmoe" 10
+wait_for "random weights" 2
+wait_for "ssdmoe --model mlx-community/Qwen3-30B-A3B-4bit" 2
 
 wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
 wait_for "experts per token" 5
 
-"${T[@]}" send-keys -t "$SESSION" -l "hello from tmux"
-sleep 0.5
-"${T[@]}" send-keys -t "$SESSION" Enter
-wait_for "hello from tmux" 10
-# The reply header gets "N tokens · X tok/s" once the reply has finished streaming.
-wait_for "tok/s" "$REPLY_TIMEOUT"
-start=$SECONDS
-until pane | grep -qE "^ ▌ demo-model .*[0-9]+ tokens"; do
-    (( SECONDS - start >= REPLY_TIMEOUT )) && fail "the reply never finished"
+# Send a prompt and wait for its reply to finish: the header then ends with the K it
+# used ("… N tokens · X tok/s · K 4"; the line may wrap on a small screen).
+chat_once() {
+    "${T[@]}" send-keys -t "$SESSION" -l "$1"
     sleep 0.5
-done
+    "${T[@]}" send-keys -t "$SESSION" Enter
+    wait_for "$1" 10
+    local start=$SECONDS
+    until pane | grep -qE "tok/s · K [0-9]+"; do
+        (( SECONDS - start >= REPLY_TIMEOUT )) && fail "the reply to '$1' never finished"
+        sleep 0.5
+    done
+}
 
+# Every label on screen at once (no scrolling): check_on_screen WHERE LABEL...
+check_on_screen() {
+    local where="$1" screen
+    shift
+    screen="$(pane)"
+    for label in "$@"; do
+        grep -qF -- "$label" <<<"$screen" || fail "$where: '$label' is not on screen"
+    done
+    grep -qF "Traceback" <<<"$screen" && fail "$where: a traceback is on screen"
+    return 0
+}
+
+PANEL=("decode" "prefill (last)" "read from SSD" "from page cache" "cache hit rate"
+    "cache used" "weights" "KV cache" "process RSS" "peak RSS" "KV hit (turn)" "context")
+
+chat_once "hello from tmux"
+check_on_screen "120x40" "${PANEL[@]}" "K 4 of 32" "cpu" "cache "
 screen="$(pane)"
-for label in "decode" "prefill (last turn)" "SSD read" "hit rate" "used / budget" \
-    "weights (resident)" "KV cache" "process RSS" "peak RSS" "KV hit (this turn)" \
-    "context" "K 4 of 32" "cpu" "cache "; do
-    grep -qF -- "$label" <<<"$screen" || fail "panel label '$label' missing"
-done
 grep -qE "decode +[1-9][0-9]*\.[0-9] tok/s" <<<"$screen" || fail "decode tok/s is not above zero"
-grep -qF "Traceback" <<<"$screen" && fail "a traceback is on screen"
 
 # ctrl+o lists the conversation just saved; F4 lists the models found.
 "${T[@]}" send-keys -t "$SESSION" C-o
@@ -87,9 +117,14 @@ wait_for "MiB/token" 20
 "${T[@]}" send-keys -t "$SESSION" Escape
 sleep 0.5
 
-"${T[@]}" send-keys -t "$SESSION" C-q
-wait_for "SSDMOE-EXITED" 20
-code="$(pane | sed -n 's/.*SSDMOE-EXITED \([0-9]*\).*/\1/p' | tail -1)"
-[ "$code" = "0" ] || fail "ssdmoe exited with status $code after ctrl+q"
+quit_app
+
+# 80x24: the compact panel shows every figure, the header keeps K, cache and phase.
+start_app 80 24
+wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
+chat_once "small screen"
+check_on_screen "80x24" "${PANEL[@]}" "K 4/32" "cache " "idle"
+grep -qE "[a-z)][0-9]+\.[0-9] tok/s" <<<"$(pane)" && fail "80x24: a label runs into its value"
+quit_app
 
 echo "tmux_smoke: OK"

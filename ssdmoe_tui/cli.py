@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Order here is the order in `ssdmoe --help`.
@@ -20,6 +21,7 @@ COMMAND_MODULES = [
     "demo_model",
     "models",
     "bench",
+    "eval",
     "trace",
 ]
 
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
 
     remove_orphan_temps_at_startup()  # what killed writers left; live writers' files stay
+    # transformers' warnings are not ours to show: e.g. "Token indices sequence length is
+    # longer than..." would come as a second line before our own context refusal.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.engine.options import CacheBudget, parse_temp, parse_top_p
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,30 +26,110 @@ else:  # pragma: no cover - Python 3.10
 
 DEFAULT_THEME = "ssdmoe-dark"
 
-TEMPLATE = """\
-# ssdmoe settings. Command-line flags override these.
-# model = "/path/to/checkpoint"   # empty: the embedded demo model
-# k = 4                            # experts per token; unset: the model's trained K
-# expert_cache = "auto"            # "auto", "512M", "4G", ...
-# max_tokens = 1024
-# system_prompt = "You are a helpful assistant."
-theme = "{theme}"
 
-# [keymap]                         # binding id = "keys"; F1 in the app lists the ids
-# "app.stop" = "escape"
-# "app.k_up" = "ctrl+up,f4"
-"""
+# ---------------------------------------------------------------- value checks
+# Each takes what TOML (or the app) gave and returns the typed value, or raises
+# ValueError with what was expected (the caller names the file and key).
 
 
-@dataclass(frozen=True)
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _positive_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _optional_positive_int(value: object) -> int | None:
+    return None if value is None else _positive_int(value)
+
+
+def _cache_size(value: object) -> str:
+    try:
+        CacheBudget.parse(_text(value))
+    except ValueError:
+        raise ValueError('expected "auto" or a size such as 512M or 4G') from None
+    return value  # type: ignore[return-value]
+
+
+def _number(parse: Callable[[float], float]) -> Callable[[object], float]:
+    """A TOML number checked by the engine's own parser (one rule for flags and file)."""
+
+    def check(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("expected a number")
+        return parse(value)
+
+    return check
+
+
+def _keymap(value: object) -> dict[str, str]:
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+    if not ok:
+        raise ValueError('expected id = "keys" pairs')
+    return dict(value)  # type: ignore[arg-type]
+
+
+def setting(default: Any, check: Callable[[object], Any], example: str, doc: str) -> Any:
+    """A config key: its default, its check, and the commented template line."""
+    factory = {"default_factory": dict} if isinstance(default, dict) else {"default": default}
+    return field(metadata={"check": check, "example": example, "doc": doc}, **factory)
+
+
+@dataclass
 class Config:
-    model: str = ""  # "" = the embedded demo model
-    k: int | None = None  # None = the model's trained K
-    expert_cache: str = "auto"
-    theme: str = DEFAULT_THEME
-    max_tokens: int = 1024
-    system_prompt: str = ""
-    keymap: dict[str, str] = field(default_factory=dict)
+    """Every key of config.toml, in template order. The template, the checks and the
+    chat settings (`ChatSettings` adds the command line's own fields) derive from it."""
+
+    model: str = setting(
+        "", _text, '"mlx-community/Qwen3-30B-A3B-4bit"', "folder or repo id; empty: the demo"
+    )
+    k: int | None = setting(
+        None, _optional_positive_int, "4", "experts per token; unset: trained K"
+    )
+    expert_cache: str = setting("auto", _cache_size, '"auto"', '"auto", "512M", "4G", ...')
+    max_tokens: int = setting(1024, _positive_int, "1024", "longest reply, in tokens")
+    temperature: float = setting(0.0, _number(parse_temp), "0.7", "0: greedy (the same reply)")
+    top_p: float = setting(0.0, _number(parse_top_p), "0.95", "nucleus sampling; 0: off")
+    system_prompt: str = setting("", _text, '"You are a helpful assistant."', "")
+    theme: str = setting(DEFAULT_THEME, _text, f'"{DEFAULT_THEME}"', "or ssdmoe-light, ...")
+    keymap: dict[str, str] = setting({}, _keymap, "", "binding id = keys; F1 lists the ids")
+
+
+def template() -> str:
+    """The commented config.toml written on first run: every key, none set."""
+    lines = ["# ssdmoe settings. Command-line flags override these. Uncomment to change."]
+    for f in fields(Config):
+        if f.name == "keymap":
+            continue
+        line = f"# {f.name} = {f.metadata['example']}"
+        doc = f.metadata["doc"]
+        lines.append(f"{line:<52} # {doc}" if doc else line)
+    lines += [
+        "",
+        "# [keymap]                                         # " + fields_doc("keymap"),
+        '# "app.stop" = "escape"',
+        '# "app.k_up" = "ctrl+up,f9"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fields_doc(name: str) -> str:
+    return next(f.metadata["doc"] for f in fields(Config) if f.name == name)
+
+
+def check_value(name: str, value: object) -> Any:
+    """The typed value of one key, or ValueError saying what was expected."""
+    for f in fields(Config):
+        if f.name == name:
+            return f.metadata["check"](value)
+    raise KeyError(name)
 
 
 @dataclass(frozen=True)
@@ -57,24 +140,31 @@ class LoadedConfig:
     writable: bool = True  # False: the file exists but did not parse; never write it
 
 
+@dataclass
+class ChatSettings(Config):
+    """What the app starts from: config.toml merged with the command line."""
+
+    resume: str | None = None
+    config: LoadedConfig | None = None  # where to remember the theme; None: never write
+    warnings: tuple[str, ...] = ()
+
+
 def config_path() -> Path:
     return paths.config_dir() / "config.toml"
 
 
-def _check(name: str, value: object, path: Path) -> tuple[object | None, str | None]:
-    """Validate one key; returns (value, None) or (None, one-line warning)."""
-    bad = f"{path}: {name} = {value!r} is not valid"
-    if name in ("model", "expert_cache", "theme", "system_prompt"):
-        return (value, None) if isinstance(value, str) else (None, f"{bad} (expected a string)")
-    if name in ("k", "max_tokens"):
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        return (value, None) if ok else (None, f"{bad} (expected a positive integer)")
-    if name == "keymap":
-        ok = isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        )
-        return (dict(value), None) if ok else (None, f'{bad} (expected id = "keys" pairs)')
-    return None, None  # unknown keys are kept in the file and ignored
+def ensure_config_file(path: Path | None = None) -> str | None:
+    """Write the commented template where no config exists yet (never over one);
+    returns a one-line reason when it could not be written."""
+    path = path or config_path()
+    if path.exists():
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, template())
+    except OSError as e:
+        return f"could not write {path}: {e.strerror or e}"
+    return None
 
 
 def load_config(path: Path | None = None) -> LoadedConfig:
@@ -95,15 +185,14 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         return LoadedConfig(Config(), path, (f"{path}: bad TOML ({e}); using defaults",), False)
     values: dict[str, object] = {}
     warnings: list[str] = []
-    names = {f.name for f in fields(Config)}
-    for name, value in data.items():
-        if name not in names:
-            continue
-        checked, warning = _check(name, value, path)
-        if warning:
-            warnings.append(warning)
-        else:
-            values[name] = checked
+    for f in fields(Config):
+        if f.name not in data:
+            continue  # unknown keys are kept in the file and ignored
+        value = data[f.name]
+        try:
+            values[f.name] = f.metadata["check"](value)
+        except ValueError as e:
+            warnings.append(f"{path}: {f.name} = {value!r} is not valid ({e})")
     return LoadedConfig(replace(Config(), **values), path, tuple(warnings))
 
 
@@ -131,7 +220,7 @@ def set_config_value(loaded: LoadedConfig, key: str, value: str | int) -> str | 
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        text = TEMPLATE.format(theme=DEFAULT_THEME)
+        text = template()
     except OSError as e:
         return f"not saved: {path}: {e.strerror or e}"
     lines = text.splitlines()

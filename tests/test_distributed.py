@@ -134,39 +134,32 @@ def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, b
 # ---------------------------------------------------------------- two ranks
 
 
-def test_two_ranks_match_one_process_on_every_architecture(checkpoints):
-    """Greedy tokens of two ranks equal one process's (the per-layer sum is exact)."""
+def test_two_ranks_match_one_process(checkpoints):
+    """Greedy tokens of two ranks equal one process's on every architecture (the
+    per-layer sum is exact), and an EngineService on two ranks (what `serve
+    --distributed` runs) stays in step with rank 0: K set per request, a cancel while
+    decoding, a next turn that reuses the KV cache. One launch for both (start-up is
+    most of a launch's time)."""
     archs = ("qwen3_5_moe", "nemotron_h", "mixtral")
     paths = [checkpoints(a) for a in archs]
+    qwen = checkpoints("qwen3_moe")
     want = {str(p): _single_tokens(p, PROMPT, N_TOKENS, "100K")[0] for p in paths}
+    want_k = {k: _single_tokens(qwen, PROMPT, N_TOKENS, "100K", k=k)[0] for k in (2, 4)}
     ids = ",".join(map(str, PROMPT))
-    r = _run(
-        [sys.executable, "-m", "tests.distributed_worker", ids, str(N_TOKENS), "100K"]
-        + [str(p) for p in paths]
-    )
+    cmd = [sys.executable, "-m", "tests.distributed_worker", ids, str(N_TOKENS), "100K"]
+    r = _run([*cmd, str(qwen), *map(str, paths)])
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, r.stderr[-3000:]  # rank 0 alone reports
-    assert json.loads(lines[0]) == want
-
-
-def test_engine_service_on_two_ranks_follows_rank_0(checkpoints):
-    """What `serve --distributed` runs: rank 0's EngineService takes the commands (K set
-    per request, a cancel while decoding), the other rank follows in step."""
-    path = checkpoints("qwen3_moe")
-    want = {k: _single_tokens(path, PROMPT, N_TOKENS, "100K", k=k)[0] for k in (2, 4)}
-    ids = ",".join(map(str, PROMPT))
-    cmd = [sys.executable, "-m", "tests.distributed_worker", "--service", ids, str(N_TOKENS)]
-    r = _run([*cmd, "100K", str(path)])
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert len(lines) == 1, r.stderr[-3000:]
     got = json.loads(lines[0])
-    assert got["a"]["tokens"] == want[2]
-    assert got["b"]["tokens"] == want[4]
-    assert got["c"]["finish"] == "cancelled" and 0 < len(got["c"]["tokens"]) < 10_000
-    assert got["d"]["tokens"] == want[4]  # still in step after the cancel
-    assert len(got["e"]["tokens"]) == N_TOKENS
-    assert got["e"]["stats"]["reused_prompt_tokens"] > len(PROMPT)  # KV reuse, in step
-    d = got["b"]["stats"]["distributed"]
+    assert got["engine"] == want
+    svc = got["service"]
+    assert svc["a"]["tokens"] == want_k[2]
+    assert svc["b"]["tokens"] == want_k[4]
+    assert svc["c"]["finish"] == "cancelled" and 0 < len(svc["c"]["tokens"]) < 10_000
+    assert svc["d"]["tokens"] == want_k[4]  # still in step after the cancel
+    assert len(svc["e"]["tokens"]) == N_TOKENS
+    assert svc["e"]["stats"]["reused_prompt_tokens"] > len(PROMPT)  # KV reuse, in step
+    d = svc["b"]["stats"]["distributed"]
     assert len(d["per_rank"]) == 2 and d["all_sum_calls_per_token"] == 3
 
 

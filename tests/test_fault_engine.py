@@ -76,3 +76,22 @@ async def test_too_long_prompt_in_the_app_is_one_line(demo_model):
         await type_and_send(pilot, "hi")  # still usable
         await wait_until(pilot, lambda: app.inflight is None and app.last_done, 60, "a reply")
         assert app.last_done.finish_reason in ("stop", "length")
+
+
+def test_too_long_prompt_from_the_shell_is_exactly_one_line(checkpoints):
+    """As a user runs it: nothing else (no tokenizer warning) on stderr before the refusal."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    argv = ["generate", "--model", str(checkpoints("qwen3_moe")), "--raw"]
+    r = subprocess.run(
+        [sys.executable, "-m", "ssdmoe_tui.cli", *argv, "--prompt", "lorem ipsum " * 2500],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "17,501 tokens" in r.stderr and "context is 2,048" in r.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -149,6 +148,29 @@ def test_short_read_past_eof_names_file(data_file, kind, direct):
     assert user_message(e) == str(e)  # already one line, no class-name prefix
 
 
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize(
+    ("offset", "length"), [(INT64_MAX - 10, 100), (INT64_MAX - 4096, 4096), (INT64_MAX, 1)]
+)
+def test_offsets_near_int64_max_are_refused_in_one_line(data_file, kind, direct, offset, length):
+    """The C reader checks ranges before adding (issue 11: UBSan saw off + len overflow)."""
+    path, _ = data_file
+    buf = bytearray(length)
+    with make_reader(kind, 4, direct) as rd:
+        fd = rd.open(path)
+        with pytest.raises(ReadError) as err:
+            rd.read_batch(
+                np.array([fd]), np.array([offset]), np.array([length]),
+                np.array([buffer_address(buf)]),
+            )  # fmt: skip
+    text = user_message(err.value)
+    assert str(path) in text and str(offset) in text and "\n" not in text
+
+
 @pytest.mark.parametrize("kind", ["native", "python"])
 def test_bad_fd_raises_read_error(kind):
     buf = bytearray(16)
@@ -260,16 +282,20 @@ def test_env_forces_python(monkeypatch):
 
 def copy_sources(dest: Path) -> Path:
     dest.mkdir(parents=True)
-    for name in ("ssdmoe_reader.c", "ssdmoe_reader.h"):
+    for name in ("ssdmoe_reader.c", "ssdmoe_reader.h", "cflags.txt"):
         shutil.copy(reader.PACKAGE_NATIVE_DIR / name, dest / name)
     return dest
 
 
-def test_builds_library_when_missing(tmp_path, data_file):
+def test_runtime_build_goes_to_the_cache_keyed_by_source(tmp_path, data_file, monkeypatch):
+    """A checkout without a built library (or with an edited source) builds one into the
+    user cache with native/cflags.txt (-Werror included), never into the source folder."""
+    monkeypatch.delenv(reader.LIB_ENV, raising=False)
     src = copy_sources(tmp_path / "pkg")
     lib = reader.load_native_library(src)
-    built = src / f"libssdmoe_reader{'.dylib' if sys.platform == 'darwin' else '.so'}"
-    assert built.is_file() and Path(lib._name) == built
+    built = Path(lib._name)
+    assert built.parent == tmp_path / "home" / "cache" / "native"
+    assert reader._source_hash(src) in built.name and not list(src.glob("*.so"))
     path, data = data_file
     with NativeReader(2, lib=lib) as rd:
         buf = bytearray(100)
@@ -278,40 +304,41 @@ def test_builds_library_when_missing(tmp_path, data_file):
             np.array([fd]), np.array([7]), np.array([100]), np.array([buffer_address(buf)])
         )
     assert bytes(buf) == data[7:107]
-    # a stale library (older than its source) is rebuilt
-    old = built.stat().st_mtime - 100
-    os.utime(built, (old, old))
-    reader.load_native_library(src)
-    assert built.stat().st_mtime > old + 50
+    with open(src / "ssdmoe_reader.c", "a") as f:
+        f.write("\n/* edited */\n")
+    again = Path(reader.load_native_library(src)._name)
+    assert again != built and again.parent == built.parent
+    # the flags really are the one set: a warning is an error
+    with open(src / "ssdmoe_reader.c", "a") as f:
+        f.write("static int unused_function(void) { return 0; }\n")
+    with pytest.raises(NativeReaderUnavailable, match="unused"):
+        reader.load_native_library(src)
 
 
-def make_unwritable(folder: Path) -> None:
-    folder.chmod(0o555)
-    if reader._writable_dir(folder):  # root ignores modes: make it immutable instead
-        subprocess.run(["chattr", "+i", str(folder)], check=True, capture_output=True)
-    assert not reader._writable_dir(folder)
+def test_installed_package_uses_the_build_extension(monkeypatch):
+    """The package build compiled the reader (setup.py); with no override that is the
+    library loaded."""
+    monkeypatch.delenv(reader.LIB_ENV, raising=False)
+    ext = reader.built_extension()
+    assert ext is not None and ext.is_file(), "package build made no native reader"
+    assert reader.native_library_path() == ext
 
 
-def make_writable(folder: Path) -> None:
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
-    folder.chmod(0o755)
-
-
-def test_read_only_package_builds_into_cache(tmp_path):
-    src = copy_sources(tmp_path / "pkg")
-    make_unwritable(src)
-    try:
-        lib = reader.load_native_library(src)
-    finally:
-        make_writable(src)
-    built = Path(lib._name)
-    assert built.parent == tmp_path / "home" / "cache" / "native"
-    assert reader._source_hash(src) in built.name
-    assert not list(src.glob("libssdmoe_reader*"))
+def test_env_points_the_reader_at_a_given_library(tmp_path, monkeypatch):
+    env = os.environ.get(reader.LIB_ENV)
+    if env is None:  # make one (make sanitize sets it to the ASan/UBSan build)
+        env = str(reader.build_native_library(reader.PACKAGE_NATIVE_DIR, tmp_path / "lib.so"))
+        monkeypatch.setenv(reader.LIB_ENV, env)
+    else:  # the process-wide library is the one asked for
+        assert Path(reader._native_lib()._name) == Path(env)
+    assert Path(reader.load_native_library()._name) == Path(env)
+    monkeypatch.setenv(reader.LIB_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(NativeReaderUnavailable, match="SSDMOE_READER_LIB=.*missing.so"):
+        reader.load_native_library()
 
 
 def test_missing_compiler_is_one_line_and_falls_back(tmp_path, monkeypatch, data_file):
+    monkeypatch.delenv(reader.LIB_ENV, raising=False)
     src = copy_sources(tmp_path / "pkg")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(NativeReaderUnavailable) as err:

@@ -44,7 +44,7 @@ def pct(trace, policy, capacity, **kw) -> float:
 
 def test_route_csv_reader_gets_the_shape(qwen, gptoss) -> None:
     assert (qwen.meta.num_layers, qwen.meta.num_experts, qwen.meta.k) == (48, 128, 6)
-    assert qwen.decode_steps() == 128 and len(qwen.steps) == 28 + 128
+    assert qwen.decode_steps() == 128 and len(qwen.steps) == 1 + 128  # prefill: one chunk
     decode = [s for s in qwen.steps if s.phase == DECODE]
     assert all(len(s.layers) == 48 and all(len(e) == 6 for _, e in s.layers) for s in decode)
     assert (gptoss.meta.num_layers, gptoss.meta.k, gptoss.decode_steps()) == (36, 2, 64)
@@ -155,14 +155,16 @@ def test_engine_trace_header_and_rows_are_plain_json(tmp_path) -> None:
         w.add(6, 0, [1])
 
 
-def test_torn_last_line_is_ignored_but_a_bad_middle_line_names_the_file(tmp_path) -> None:
+def test_torn_last_line_and_a_bad_middle_line_name_the_file_and_line(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     with TraceWriter(path, TraceMeta(model="m", k=1, num_layers=1, num_experts=4)) as w:
         w.add(0, 0, [1])
         w.add(1, 0, [1])
     text = path.read_text()
-    path.write_text(text + "[2,0,1,[")  # recording cut mid-line
     assert len(read_trace(path).steps) == 2
+    path.write_text(text + "[2,0,1,[")  # recording cut mid-line (issue 11, item 2)
+    with pytest.raises(BadValueError, match=rf"{path.name}:4: truncated last line"):
+        read_trace(path)
     lines = text.splitlines()
     path.write_text("\n".join([lines[0], "[0,0,1,oops]", lines[2]]) + "\n")
     with pytest.raises(BadValueError, match=rf"{path.name}:2"):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 from textual import events
-from textual.widgets import Markdown, Static
+from textual.widgets import Markdown, ProgressBar, Static
 
 from ssdmoe_tui.engine.service import EngineService
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
@@ -125,13 +125,27 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         phases: list[str] = []
         show_phase = app.panel.show_phase
         app.panel.show_phase = lambda event: (phases.append(event.phase), show_phase(event))
-        # Writing the demo model takes seconds; the UI answers meanwhile.
+        # Writing the demo model takes seconds; the UI answers meanwhile, and the first
+        # frame already says what happens, what the demo is, and how to run a real model.
         assert "loading the demo model" in str(app.status_bar.render())
+        welcome = app.welcome
+        text = " ".join(str(w.render()) for w in welcome.query(Static))
+        for part in ("random weights", "word salad", "--model mlx-community/", "models fetch"):
+            assert part in text, part
+        assert "F4" in text and "qwen3_moe" in text and "mixtral" in text
+        assert welcome.query_one(ProgressBar).display
+        fractions: list[float] = []
+        show = welcome.show_progress
+        welcome.show_progress = lambda *a: (show(*a), fractions.append(welcome.progress.fraction))
         await pilot.press("x")
         assert app.prompt.text == "x"
         app.prompt.clear()
         await loaded(pilot, app)
         assert "loading" in phases
+        # The bar moved through the writing and loading steps, with an estimate.
+        assert fractions == sorted(fractions) and fractions[-1] >= 0.9, fractions
+        assert any(0 < f < 0.6 for f in fractions), fractions  # writing the demo, shard by shard
+        assert "is ready" in str(welcome.query_one("#welcome-title", Static).render())
         await wait_until(pilot, lambda: phases[-1] == "idle", 10, "the idle phase")
         assert isinstance(app.engine, EngineService)
         assert app.model_info.name == "demo-model"
@@ -262,13 +276,12 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
         expected = {
             "decode": fmt_rate(s.decode_tok_s),
             "prefill": fmt_rate(s.prefill_tok_s),
-            "ssd": f"{fmt_mib(s.ssd_mib_per_token)}/tok",
-            "requested": f"{fmt_mib(s.requested_mib_per_token)}/tok",
+            "ssd": fmt_mib(s.ssd_mib_per_token),
+            "page_cache": fmt_mib(max(0.0, s.requested_mib_per_token - s.ssd_mib_per_token)),
             "cache_hit": fmt_pct(s.expert_cache_hit_rate),
             "cache_used": f"{fmt_bytes(s.expert_cache_used_bytes)} / "
             f"{fmt_bytes(s.expert_cache_budget_bytes)}",
             "mem_resident": fmt_bytes(s.resident_bytes),
-            "mem_cache": fmt_bytes(s.expert_cache_used_bytes),
             "mem_kv": fmt_bytes(s.kv_cache_bytes),
             "mem_rss": fmt_bytes(s.rss_bytes),
             "mem_peak": fmt_bytes(s.peak_rss_bytes),

@@ -105,7 +105,13 @@ def test_config_path_flag_prints_and_exits(ssdmoe_home):
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(ssdmoe_home / "config" / "config.toml")
+    path = ssdmoe_home / "config" / "config.toml"
+    assert out.stdout.strip() == str(path)
+    # The file it names exists from the first run: the commented template (every key).
+    template = path.read_text()
+    assert "# k = 4" in template and "# temperature = " in template and "f4" not in template
+    assert load_config(path).config == Config() and not load_config(path).warnings
+    path.write_text("k = 3\n")
     out = subprocess.run(
         [sys.executable, "-m", "ssdmoe_tui.cli", "chat", "--config-path"],
         capture_output=True,
@@ -113,6 +119,7 @@ def test_config_path_flag_prints_and_exits(ssdmoe_home):
         timeout=60,
     )
     assert out.stdout.strip() == str(ssdmoe_home / "config" / "config.toml")
+    assert path.read_text() == "k = 3\n"  # never written over
 
 
 def test_bad_flag_values_are_one_line_errors():

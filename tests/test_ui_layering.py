@@ -182,3 +182,19 @@ def test_engine_reaches_no_sessions_ui_or_textual():
             if m.startswith(("ssdmoe_tui.sessions", "ssdmoe_tui.ui")) or "textual" in outside[m]:
                 bad.append(f"{start} reaches {m}")
     assert not bad, "\n".join(sorted(bad))
+
+
+def test_chat_controller_needs_no_textual_and_screens_never_import_the_app():
+    loaded = _loaded_after("import ssdmoe_tui.chat.controller, ssdmoe_tui.chat.progress")
+    assert "textual" not in loaded and "mlx" not in loaded
+    ui = ROOT / "ssdmoe_tui" / "ui"
+    for path in sorted(ui.rglob("*.py")):
+        if path.name == "app.py":
+            continue
+        for name in imported_names(path):
+            assert name != "ssdmoe_tui.ui.app", f"{path} imports the app (a cycle)"
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph()[0])
+    assert not cycles, "import cycles remain:\n" + "\n".join(" <-> ".join(c) for c in cycles)

@@ -66,6 +66,10 @@ class BenchOptions:
     experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
+    routing_trace: str | None = None  # trace-driven routing (engine/trace_routing.py)
+    policy: str = "auto"  # expert-cache eviction policy
+    quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
+    quality_tokens: int = 512
 
     @property
     def root(self) -> bool:
@@ -176,6 +180,8 @@ def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log =
             prefetch=prefetch,
             prefill_step=opts.prefill_step,
             queue_depth=opts.queue_depth,
+            routing_trace=opts.routing_trace,
+            policy=opts.policy,
         ),
         notice=lambda msg: log(f"  note: {msg}"),
         distributed=opts.distributed,
@@ -240,17 +246,13 @@ def run_config(
         kv_bytes = cache_nbytes(result.cache)
         bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
         out = {
-            "k": k,
+            # k, prefill_k, reader, slot placement, expert source, budget, slots, policy,
+            # routing, dtype: the same figures `generate --json` and the app report
+            **runner.conditions(),
             "expert_cache": str(budget),
-            "expert_cache_budget_bytes": cache.budget_bytes,
-            "expert_cache_slots": cache.capacity,
             "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
-            "policy": cache.policy_name,
-            "reader": cache.reader.name,
-            "expert_source": sm.expert_source,
             "prefetch": prefetch,
             **(_prefetch_stats(dec, steps) if prefetch else {}),
-            "slot_placement": cache.placement.placement,
             "slot_placement_note": cache.placement.note,
             "direct_io": cache.reader.direct_active,
             "load_s": round(load_s, 3),
@@ -285,6 +287,8 @@ def run_config(
             "peak_rss_bytes": int(st.peak_rss_bytes),
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
+            # router mass kept at this K vs the trained K, over the decoded tokens
+            "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
         }
         if dist is not None:
             from ssdmoe_tui.engine.distributed import summary_line
@@ -486,15 +490,28 @@ def run_bench(
     act_dtype = parse_dtype(opts.dtype)
     dtype_name = str(act_dtype).removeprefix("mlx.core.")
 
-    from mlx_lm.utils import load_tokenizer
+    from ssdmoe_tui.checkpoint.config import load_tokenizer
 
     tokenizer = load_tokenizer(path)
     prompt = fixed_prompt(tokenizer, opts.prompt_tokens)
     if len(prompt) < opts.prompt_tokens:
         raise BadValueError(f"could only build {len(prompt)} prompt tokens")
 
-    trained_k = _trained_k(config, index.num_experts)
+    from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
+
+    trained_k = min(max(config_trained_k(config), 1), index.num_experts)
     ks = opts.ks or default_ks(trained_k, index.num_experts)
+    routing_label = "model"
+    if opts.routing_trace:
+        from ssdmoe_tui.engine.traces import read_trace
+
+        trace_meta = read_trace(opts.routing_trace).meta  # K comes from the trace
+        if opts.ks and opts.ks != [trace_meta.k]:
+            raise BadValueError(
+                f"--k {','.join(map(str, opts.ks))}: the routing trace sets K={trace_meta.k}"
+            )
+        ks = [trace_meta.k]
+        routing_label = f"trace:{Path(opts.routing_trace).name}"
     for k in ks:
         if not 1 <= k <= index.num_experts:
             raise BadValueError(f"K={k} is outside 1..{index.num_experts}")
@@ -534,6 +551,8 @@ def run_bench(
         "expert_source": source,
         "expert_source_note": source_note,
         "prefetch": opts.prefetch,
+        "routing": routing_label,
+        "policy": opts.policy,
         "prefill_step": opts.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),
@@ -622,6 +641,10 @@ def run_bench(
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
+    if opts.quality_text is not None:
+        run_quality(opts, ks, result, log)
+        on_partial(result)
+
     # ---------------- resident baseline
     if not opts.root:
         base = {"status": "rank 0 measures it", "by_k": {}}
@@ -655,14 +678,29 @@ def run_bench(
     return result
 
 
-def _trained_k(config: dict, num_experts: int) -> int:
-    """The model's own experts-per-token, read from its config."""
-    text = config.get("text_config", config)
-    for key in ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"):
-        v = text.get(key)
-        if isinstance(v, int) and v > 0:
-            return min(v, num_experts)
-    return min(8, num_experts)
+def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> None:
+    """Score `opts.quality_text` at each K on one fresh engine; record it beside the speed."""
+    from ssdmoe_tui.bench.quality import RANDOM_WEIGHTS_NOTE, measure_quality, text_tokens
+
+    if opts.distributed is not None or opts.routing_trace is not None:
+        result["quality"] = {"status": "not measured with --distributed or --routing-trace"}
+        log("quality: not measured with --distributed or --routing-trace")
+        return
+    log(f"quality: {opts.quality_text}, teacher-forced at K {', '.join(map(str, ks))}")
+    runner = _open(opts, opts.budgets[0], ks[0], log=log)
+    try:
+        tokens = text_tokens(runner.sm.tokenizer, opts.quality_text, opts.quality_tokens)
+        by_k = measure_quality(runner.sm, tokens, ks, log=log)
+    finally:
+        _close(runner)
+    result["quality"] = {
+        "text": str(opts.quality_text),
+        "text_tokens": len(tokens),
+        "note": RANDOM_WEIGHTS_NOTE,
+        "by_k": {str(k): v for k, v in by_k.items()},
+    }
+    for r in result.get("configs", []):
+        r["quality"] = by_k.get(r["k"])
 
 
 def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
@@ -680,7 +718,7 @@ def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
     ref = p / (all_bytes / bw) if bw else None
     r["prefill_read_all_tok_s"] = _round(ref)
     r["prefill_over_read_all"] = (
-        round(r["prefill_tok_s"] / ref, 4) if ref and r["prefill_tok_s"] else None
+        round(r["prefill_tok_s"] / ref, 6) if ref and r["prefill_tok_s"] else None
     )
 
 
@@ -733,7 +771,9 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
                 round(r["prefill_tok_s"] / b["prefill_tok_s"], 4) if b["prefill_tok_s"] else None
             )
             bt = b.get("token_ids") or []
-            r["tokens_match_resident"] = bt == r["token_ids"]
+            # Trace-routed tokens are not the model's own: no exactness claim (None: "-").
+            routed = r.get("routing", "model") != "model"
+            r["tokens_match_resident"] = None if routed else bt == r["token_ids"]
             n = 0
             for a, c in zip(bt, r["token_ids"], strict=False):
                 if a != c:

@@ -60,7 +60,27 @@ class _Lookups:
     # one entry per (step, layer): (keys of that layer's selection, counted?)
     cells: list[tuple[tuple[Key, ...], bool]]
     step_ends: list[int]  # index into cells after which policy.step() runs
-    max_selection: int
+    max_selection: int  # widest decode selection (a prefill union may be wider)
+
+    def grouped(self, capacity: int) -> _Lookups:
+        """Cells wider than the cache split into groups of `capacity` keys, in order: what
+        the engine does with a prefill chunk whose union exceeds the cache."""
+        if all(len(keys) <= capacity for keys, _ in self.cells):
+            return self
+        cells: list[tuple[tuple[Key, ...], bool]] = []
+        ends: list[int] = []
+        it = iter(self.step_ends)
+        nxt = next(it, -1)
+        for i, (keys, counted) in enumerate(self.cells):
+            while nxt != -1 and nxt <= i:
+                ends.append(len(cells))
+                nxt = next(it, -1)
+            for start in range(0, len(keys), capacity):
+                cells.append((keys[start : start + capacity], counted))
+        while nxt != -1:
+            ends.append(len(cells))
+            nxt = next(it, -1)
+        return _Lookups(cells, ends, self.max_selection)
 
 
 def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
@@ -80,7 +100,8 @@ def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
             keys = tuple(dict.fromkeys((layer, e) for e in experts))  # dedupe, keep order
             if keys:
                 cells.append((keys, counted))
-                widest = max(widest, len(keys))
+                if step.phase == DECODE:
+                    widest = max(widest, len(keys))
         ends.append(len(cells))
     return _Lookups(cells, ends, widest)
 
@@ -93,6 +114,9 @@ def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, 
     end_iter = iter(ends)
     next_end = next(end_iter, -1)
     for i, (keys, counted) in enumerate(cells):
+        while next_end != -1 and next_end <= i:  # steps that ended before this cell,
+            policy.step()  # empty ones (no lookups) included: they still age the policy
+            next_end = next(end_iter, -1)
         pinned = keys
         h = 0
         for key in keys:
@@ -111,9 +135,6 @@ def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, 
         if counted:
             hits += h
             lookups += len(keys)
-        while i + 1 == next_end:
-            policy.step()
-            next_end = next(end_iter, -1)
     return hits, lookups, hits_all, lookups_all
 
 
@@ -134,6 +155,7 @@ def replay(
             f"cache of {capacity} experts is below one layer's selection "
             f"({flat.max_selection}): the experts in use must all be resident"
         )
+    flat = flat.grouped(capacity)
     t0 = time.perf_counter()
     if per_layer:
         totals = [0, 0, 0, 0]

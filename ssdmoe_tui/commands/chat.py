@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from ssdmoe_tui.commands.common import (
     add_expert_cache_argument,
@@ -11,7 +11,14 @@ from ssdmoe_tui.commands.common import (
     add_max_tokens_argument,
     add_model_argument,
 )
-from ssdmoe_tui.config import Config, LoadedConfig, config_path, load_config
+from ssdmoe_tui.config import (
+    ChatSettings,
+    Config,
+    LoadedConfig,
+    config_path,
+    ensure_config_file,
+    load_config,
+)
 
 HELP = "open the chat app (the default command)"
 
@@ -42,35 +49,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
+def _plain(value: object) -> object:
+    """A parsed flag as its config value (the cache budget is kept as the text typed)."""
+    return value if value is None or isinstance(value, (str, int, float)) else str(value)
 
 
 def merge(config: Config, args: argparse.Namespace) -> Config:
-    """CLI flags win over the config file."""
-    overrides = {
-        "model": getattr(args, "model", None),
-        "k": getattr(args, "k", None),
-        "expert_cache": _text(getattr(args, "expert_cache", None)),
-        "theme": getattr(args, "theme", None),
-        "max_tokens": getattr(args, "max_tokens", None),
-    }
+    """CLI flags win over the config file (a flag is named as its config key)."""
+    overrides = {f.name: _plain(getattr(args, f.name, None)) for f in fields(Config)}
     return replace(config, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def build_settings(args: argparse.Namespace, loaded: LoadedConfig | None = None):
-    from ssdmoe_tui.ui.app import ChatSettings
-
+def build_settings(args: argparse.Namespace, loaded: LoadedConfig | None = None) -> ChatSettings:
     loaded = loaded or load_config()
     cfg = merge(loaded.config, args)
+    values = {f.name: getattr(cfg, f.name) for f in fields(Config)}
+    values["keymap"] = dict(cfg.keymap)
     return ChatSettings(
-        model=cfg.model,
-        k=cfg.k,
-        expert_cache=cfg.expert_cache,
-        theme=cfg.theme,
-        max_tokens=cfg.max_tokens,
-        system_prompt=cfg.system_prompt,
-        keymap=dict(cfg.keymap),
+        **values,
         resume=getattr(args, "resume", None),
         config=loaded,
         warnings=loaded.warnings,
@@ -95,12 +91,15 @@ def engine_factory(post):
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = ensure_config_file()  # the commented template, on first run only
     if getattr(args, "config_path", False):
         print(config_path())
         return 0
     from ssdmoe_tui.ui.app import SsdmoeApp
 
     settings = build_settings(args)
+    if problem:
+        settings.warnings = (*settings.warnings, problem)
     app = SsdmoeApp(settings, engine_factory=engine_factory, session_store=session_store(settings))
     code = app.run()
     return int(code or app.return_code or 0)

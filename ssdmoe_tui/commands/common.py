@@ -179,6 +179,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="read the next layer's predicted experts while this layer computes (off by default: "
         "it only pays where the prediction is good; see docs/benchmarks.md)",
     )
+    add_routing_trace_argument(p)
+
+
+def add_routing_trace_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--routing-trace",
+        default=None,
+        metavar="FILE",
+        help="route every MoE layer by this recorded trace (any format `ssdmoe trace replay` "
+        "reads; K, layers and experts must match the model): measures the cache on real "
+        "routing; the tokens are not the model's own",
+    )
 
 
 def engine_options(args: argparse.Namespace, **overrides) -> O.EngineOptions:
@@ -197,6 +209,7 @@ def engine_options(args: argparse.Namespace, **overrides) -> O.EngineOptions:
             "experts",
             "prefetch",
             "prefill_step",
+            "routing_trace",
         )  # fmt: skip
         if getattr(args, name, None) is not None
     }
@@ -221,6 +234,23 @@ def add_distributed_argument(p: argparse.ArgumentParser) -> None:
         help="expert-parallel across the ranks of `mlx.launch` (each rank streams its share "
         "of the experts; rank 0 talks to the user): see docs/distributed.md",
     )
+
+
+def distributed_run(body: Callable[[argparse.Namespace, object], int]):
+    """A command's `run(args)`: `body(args, None)`, or with `--distributed` this rank's
+    `engine.distributed` handle, inside its guard (errors end the whole launch)."""
+
+    def run(args: argparse.Namespace) -> int:
+        if not getattr(args, "distributed", False):
+            return body(args, None)
+        from ssdmoe_tui.engine.distributed import check_args, start
+
+        check_args(args)
+        dist = start()
+        with dist.guard():
+            return body(args, dist)
+
+    return run
 
 
 def resolve_model_path(spec: str, quiet: bool = False):

@@ -17,10 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = tsub.add_parser(
         "replay",
         help="hit rate of each cache policy at each budget",
-        description="Replay a routing trace (ssdmoe --trace output, a route_trace v1 CSV, or "
-        "a vLLM moe_routes.jsonl) against expert-cache policies and budgets.",
+        description="Replay a routing trace (one recorded with `ssdmoe generate --trace FILE`, "
+        "a route_trace v1 CSV, or a vLLM moe_routes.jsonl) against expert-cache policies and "
+        "budgets.",
     )
-    r.add_argument("trace", help="trace file")
+    r.add_argument("trace", help="trace file (record one with `ssdmoe generate --trace FILE`)")
     r.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
@@ -93,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         per = _numbers(args.budget, "--budget") if args.budget else [m * k for m in (1, 2, 4, 8)]
         for b in per:
+            if args.per_layer and b != int(b):
+                raise BadValueError(
+                    f"--per-layer --budget counts whole experts per layer, got {b:g}"
+                )
             slots = int(b) if args.per_layer else int(round(b * layers))
             budgets.append((f"{b:g}/layer", slots))
 

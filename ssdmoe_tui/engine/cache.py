@@ -215,6 +215,7 @@ class ExpertCache:
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
         self.on_route = None  # optional callback(layer, experts) for trace recording
+        self.routing = None  # a TraceRouting when the run is trace-driven
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
         self._inflight = None  # (layer, Future) of the prefetch being read
         self._pool = None
@@ -285,10 +286,14 @@ class ExpertCache:
         slot_of = self._slot_of
         prefetched = self._prefetched
         used_prefetch = 0
+        guard = set(pinned)
         for i, key in enumerate(pinned):
             s = slot_of.get(key)
             if s is None:
+                # Evict and insert in lookup order, interleaved with the hits: the calls
+                # `ssdmoe trace replay` makes, so its numbers are the engine's.
                 miss_pos.append(i)
+                self._assign(pinned, [i], slots, guard)
             else:
                 slots[i] = s
                 if prefetched and key in prefetched:
@@ -301,7 +306,6 @@ class ExpertCache:
         self.counters.misses += len(miss_pos) + used_prefetch
         if not miss_pos:
             return slots
-        self._assign(pinned, miss_pos, slots, set(pinned))
         to_read, read_slots = experts[miss_pos], slots[miss_pos]
         if self.holds_everything:
             # Nothing will ever be evicted: read the rest of the layer in the same batch,
@@ -309,7 +313,7 @@ class ExpertCache:
             rest = [(layer, e) for e in range(self.index.num_experts) if (layer, e) not in slot_of]
             if rest:
                 rest_slots = np.empty(len(rest), dtype=np.int64)
-                self._assign(rest, list(range(len(rest))), rest_slots, set(pinned) | set(rest))
+                self._assign(rest, list(range(len(rest))), rest_slots, guard | set(rest))
                 to_read = np.concatenate([to_read, np.array([k[1] for k in rest], dtype=np.int64)])
                 read_slots = np.concatenate([read_slots, rest_slots])
         self._read(layer, to_read, read_slots)

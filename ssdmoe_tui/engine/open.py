@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine.options import EngineOptions, check_k
+from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.index import ExpertIndex
@@ -103,6 +105,15 @@ def load_engine(
     )
     try:
         runner = Runner(sm, o.prefill_step, k=o.k, prefill_k=o.prefill_k)
+        if o.routing_trace:
+            from ssdmoe_tui.engine.trace_routing import attach
+
+            routing = attach(sm, o.routing_trace)
+            if o.k is not None and o.k != routing.k:
+                raise BadValueError(
+                    f"--k {o.k} differs from the routing trace's K={routing.k} (K comes from the trace)"
+                )
+            runner.k = routing.k
     except BaseException:
         sm.close()
         raise
@@ -111,7 +122,7 @@ def load_engine(
         notice(
             f"expert cache {budget.text} is below this model's minimum "
             f"({sm.cache.capacity} experts = trained K x {sm.index.num_layers} MoE layers): "
-            f"using {got / 2**20:.1f} MiB ({got:,} bytes)"
+            f"using {human_bytes(got)} ({got:,} bytes)"
         )
     return runner
 

@@ -195,6 +195,7 @@ class EngineOptions:
     policy: str = "auto"
     prefill_step: int | None = None  # None: from free memory (Runner)
     queue_depth: int = 16
+    routing_trace: str | None = None  # route by this recorded trace (engine/trace_routing.py)
 
     def __post_init__(self) -> None:
         # Programmatic callers (tests, the server, the protocol) get the same checks as the CLI.

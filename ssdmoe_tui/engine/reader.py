@@ -3,9 +3,12 @@
 The engine hands over int64 arrays (fd, offset, length, destination address) for every
 expert slice it needs and gets them read in parallel. Two implementations:
 
-* ``NativeReader``: ``_native/ssdmoe_reader.c`` through ctypes (the call releases the
-  GIL); a persistent pthread pool, no per-request Python objects. Built with ``cc`` on
-  first use when the shared library is missing or stale.
+* ``NativeReader``: ``native/ssdmoe_reader.c`` through ctypes (the call releases the
+  GIL); a persistent pthread pool, no per-request Python objects. The package build
+  compiles it (the ``ssdmoe_tui.engine._ssdmoe_reader`` extension, flags in
+  ``native/cflags.txt``); ``SSDMOE_READER_LIB`` points at another build (``make sanitize``).
+  Only a source checkout whose build made no library (no compiler then, or the source
+  edited since) builds one at run time, into the user cache.
 * ``PythonReader``: ``os.preadv`` on a thread pool; the fallback when no compiler exists.
 
 ``direct=True`` bypasses the page cache (Linux ``O_DIRECT`` through aligned bounce
@@ -18,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import errno as errno_mod
 import hashlib
+import importlib.util
 import itertools
 import mmap
 import os
@@ -40,8 +44,11 @@ ALIGN = 4096
 _BOUNCE_MAX = 8 << 20
 _MAX_CHUNK = 1 << 30
 
-PACKAGE_NATIVE_DIR = Path(__file__).resolve().parent / "_native"
-_SOURCES = ("ssdmoe_reader.c", "ssdmoe_reader.h")
+#: The C source in a source checkout (editable install); absent from an installed wheel.
+PACKAGE_NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
+EXTENSION = "ssdmoe_tui.engine._ssdmoe_reader"
+LIB_ENV = "SSDMOE_READER_LIB"
+_SOURCES = ("ssdmoe_reader.c", "ssdmoe_reader.h", "cflags.txt")
 _LIB_STEM = "libssdmoe_reader"
 
 
@@ -91,6 +98,11 @@ def _source_hash(src_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def compile_flags(src_dir: Path) -> list[str]:
+    """The one set of C flags (native/cflags.txt), shared with setup.py and the Makefile."""
+    return (src_dir / "cflags.txt").read_text().split()
+
+
 def _compiler() -> str:
     """$CC when set (no second guess), else the first of cc/clang/gcc on PATH."""
     cc = os.environ.get("CC")
@@ -110,9 +122,10 @@ def build_native_library(src_dir: Path, out: Path) -> Path:
     """Compile ``src_dir/ssdmoe_reader.c`` into ``out`` atomically (temp file + rename)."""
     cc = _compiler()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=f".p{os.getpid()}.tmp", dir=out.parent)
     os.close(fd)
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-pthread", "-o", tmp, str(src_dir / "ssdmoe_reader.c")]
+    flags = [*compile_flags(src_dir), "-shared", "-fPIC"]
+    cmd = [cc, *flags, "-o", tmp, str(src_dir / "ssdmoe_reader.c")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
@@ -139,28 +152,38 @@ def _try_load(path: Path) -> ctypes.CDLL | None:
     return lib
 
 
-def _writable_dir(folder: Path) -> bool:
-    """Whether we can create files in folder (tried, since os.access lies for root)."""
+def built_extension() -> Path | None:
+    """The library the package build made (found without importing it), if any."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".probe.", dir=folder)
-    except OSError:
-        return False
-    os.close(fd)
-    os.unlink(tmp)
-    return True
+        spec = importlib.util.find_spec(EXTENSION)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def native_library_path(src_dir: Path | None = None) -> Path:
-    """Where the library lives: next to the source when fresh or buildable there, else the
-    user cache, keyed by a hash of the source (read-only installs)."""
+    """Which library to load: $SSDMOE_READER_LIB, else the package build's extension
+    (unless the checkout's source is newer), else a run-time build of the checkout's source
+    into the user cache, keyed by a hash of the source and flags."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        if not Path(env).is_file():
+            raise NativeReaderUnavailable(f"{LIB_ENV}={env}: no such file")
+        return Path(env)
     src_dir = src_dir or PACKAGE_NATIVE_DIR
-    local = src_dir / f"{_LIB_STEM}{_lib_suffix()}"
-    src_mtime = max((src_dir / n).stat().st_mtime for n in _SOURCES)
-    if local.exists() and local.stat().st_mtime >= src_mtime and _try_load(local):
-        return local
-    if _writable_dir(src_dir):
-        return build_native_library(src_dir, local)
-    from ssdmoe_tui import paths  # only needed here (read-only installs)
+    source = (src_dir / "ssdmoe_reader.c").is_file()
+    if src_dir == PACKAGE_NATIVE_DIR:  # the package's own library, when its build made one
+        ext = built_extension()
+        if ext is not None and _try_load(ext):
+            newest = max((src_dir / n).stat().st_mtime for n in _SOURCES) if source else 0
+            if ext.stat().st_mtime >= newest:
+                return ext
+    if not source:
+        raise NativeReaderUnavailable(
+            "the native reader was not built with this install (no compiler at install "
+            "time?) and its source is not here to build it"
+        )
+    from ssdmoe_tui import paths  # only needed for a run-time build
 
     cached = paths.cache_dir() / "native" / f"{_LIB_STEM}-{_source_hash(src_dir)}{_lib_suffix()}"
     if cached.exists() and _try_load(cached):
@@ -170,11 +193,6 @@ def native_library_path(src_dir: Path | None = None) -> Path:
 
 def load_native_library(src_dir: Path | None = None) -> ctypes.CDLL:
     """Find or build the library and declare its signatures."""
-    src_dir = src_dir or PACKAGE_NATIVE_DIR
-    if not (src_dir / "ssdmoe_reader.c").is_file():
-        raise NativeReaderUnavailable(
-            f"native reader source missing: {src_dir / 'ssdmoe_reader.c'}"
-        )
     path = native_library_path(src_dir)
     lib = _try_load(path)
     if lib is None:

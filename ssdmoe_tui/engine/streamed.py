@@ -74,10 +74,20 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
+        object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
+        object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
+
+    def set_routing(self, routing) -> None:
+        """Look up the trace's ids for this layer (engine/trace_routing.py)."""
+        object.__setattr__(self, "_routing", routing)
 
     def set_predictor(self, predict) -> None:
         """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
         object.__setattr__(self, "_predict", predict)
+
+    def set_mass_meter(self, meter) -> None:
+        """`meter.kept(layer, indices)` records the router mass these experts keep."""
+        object.__setattr__(self, "_mass", meter)
 
     def _proj(
         self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, bank: int
@@ -121,53 +131,41 @@ class StreamedSwitch(nn.Module):
             y = _scatter_unsort(y, inv_order, shape)
         return y.squeeze(-2)
 
-    def _run_slots(self, x: mx.array, slots: np.ndarray) -> mx.array:
+    def _run_slots(self, x: mx.array, slots: np.ndarray, do_sort: bool | None = None) -> mx.array:
         """`slots`: global slot ids, shaped like the router's indices (..., K).
 
-        One bank: mlx-lm's call as is. Several: each bank's rows are computed by their own
-        `gather_qmm` calls (same kernels, same sort rule over the whole selection) and
-        put back in (token, k) order; every row is one expert's matmul, so the numbers
-        do not change."""
-        bs = self._cache.bank_slots
-        bank, row = np.divmod(slots, bs)
+        One bank: mlx-lm's call as is. Several: one call per bank with mlx-lm's shapes and
+        sort rule unchanged, the rows of other banks pointed at an unused row of this bank,
+        and each row's result taken from its own bank's call. Splitting the rows into
+        smaller calls instead changes which MLX-CUDA kernel runs (measured: tokens differ
+        from mlx-lm's on the H200); keeping the shapes keeps every row's arithmetic."""
+        cache = self._cache
+        bank, row = np.divmod(slots, cache.bank_slots)
         banks = np.unique(bank)
-        shape = slots.shape
         if len(banks) == 1:
-            return self._run(x, mx.array(row.astype(np.uint32)), shape, int(banks[0]))
-        do_sort = slots.size >= 64
-        k = shape[-1]
-        flat_bank, flat_row = bank.reshape(-1), row.reshape(-1).astype(np.uint32)
-        outs, order = [], []
-        if slots.size == k:  # one token: split its K along the last axis, shape kept
-            lead = shape[:-1]
-            for b in banks:
-                pos = np.nonzero(flat_bank == b)[0]
-                idx = mx.array(flat_row[pos].reshape(*lead, len(pos)))
-                outs.append(self._run(x, idx, idx.shape, int(b), do_sort))
-                order.append(pos)
-            y = mx.concatenate(outs, axis=-2)
-            inv = np.empty(k, dtype=np.int64)
-            inv[np.concatenate(order)] = np.arange(k)
-            return y[..., mx.array(inv), :]
-        xf = x.reshape(-1, 1, 1, x.shape[-1])  # one row per token
+            return self._run(
+                x, mx.array(row.astype(np.uint32)), slots.shape, int(banks[0]), do_sort
+            )
+        y = None
         for b in banks:
-            rows = np.nonzero(flat_bank == b)[0]
-            idx = mx.array(flat_row[rows][:, None])
-            xr = xf[mx.array(rows // k)]
-            outs.append(self._run(xr, idx, idx.shape, int(b), do_sort))  # (P, 1, D)
-            order.append(rows)
-        perm = np.concatenate(order)
-        inv = np.empty_like(perm)
-        inv[perm] = np.arange(len(perm))
-        y = mx.concatenate(outs, axis=0)[mx.array(inv)]
-        return y.reshape(*shape, y.shape[-1])
+            mine = bank == b
+            used = np.unique(row[mine])
+            size = next(iter(cache.banks[int(b)].values())).shape[0]
+            free = np.setdiff1d(np.arange(min(size, len(used) + 1)), used)
+            dummy = int(free[0]) if len(free) else int(used[0])
+            idx = mx.array(np.where(mine, row, dummy).astype(np.uint32))
+            yb = self._run(x, idx, slots.shape, int(b), do_sort)
+            y = yb if y is None else mx.where(mx.array(mine)[..., None], yb, y)
+        return y
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
         predict = self._predict
         cache = self._cache
         frozen = cache.device_lut(self._layer)
-        if frozen is not None and predict is None and cache.on_route is None:
+        routing = self._routing
+        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
+        if frozen is not None and predict is None and cache.on_route is None and routing is None:
             # Every expert of this layer is resident for good: no host sync, no reads.
             times.calls += 1
             times.last_k = int(indices.shape[-1])
@@ -179,40 +177,37 @@ class StreamedSwitch(nn.Module):
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
+        elif mass is not None:
+            mx.eval(indices, mass)  # the mass comes back with the indices: no extra sync
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))
         uniq = np.unique(host)
+        extra = None
+        if routing is not None:
+            cell = routing.cell(self._layer)
+            if cell is not None:
+                # The trace's ids, in trace order. Ids the block picked outside them (only
+                # when K exceeds the cell) carry weight exactly 0: any resident slot serves.
+                extra = np.setdiff1d(uniq, cell)
+                uniq = cell
         if len(uniq) <= cache.capacity:
             slots = cache.ensure(self._layer, uniq)
             lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[uniq] = slots
+            if extra is not None and len(extra):
+                lut[extra] = slots[0]
             y = self._run_slots(x, lut[host])
             if pred is not None:
                 # Read the next layer's likely experts while this layer computes.
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
             return y
+        if extra is not None and len(extra):
+            uniq = np.concatenate([uniq, extra])
         return self._grouped(x, host, uniq)
-
-    def _run_slots_unsorted(self, xr: mx.array, slots: np.ndarray) -> mx.array:
-        """Rows of one token each (`xr` (P, 1, 1, D), `slots` (P, 1)), unsorted, per bank."""
-        bank, row = np.divmod(slots[:, 0], self._cache.bank_slots)
-        outs, order = [], []
-        for b in np.unique(bank):
-            rows = np.nonzero(bank == b)[0]
-            idx = mx.array(row[rows].astype(np.uint32)[:, None])
-            sub = xr if len(rows) == len(bank) else xr[mx.array(rows)]
-            outs.append(self._experts(sub, idx, False, int(b)).squeeze(-2))
-            order.append(rows)
-        if len(outs) == 1:
-            return outs[0]
-        perm = np.concatenate(order)
-        inv = np.empty_like(perm)
-        inv[perm] = np.arange(len(perm))
-        return mx.concatenate(outs, axis=0)[mx.array(inv)]
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
         """Union of experts larger than the cache (big prefill chunks, tiny budgets).
@@ -232,10 +227,12 @@ class StreamedSwitch(nn.Module):
             group = uniq[start : start + cache.capacity]
             rows = np.nonzero(np.isin(flat, group))[0]
             slots = cache.ensure(self._layer, group)
+            if not len(rows):  # a trace-routed union may name experts no row chose
+                continue
             lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
             xr = xf[mx.array(rows // k)]
-            y = self._run_slots_unsorted(xr, lut[flat[rows]][:, None])  # (P, 1, D)
+            y = self._run_slots(xr, lut[flat[rows]][:, None], do_sort=False)  # (P, 1, D)
             mx.eval(y)
             outs.append(y)
             order.append(rows)

@@ -9,8 +9,18 @@ Engine format ("ssdmoe-route-trace" v1), JSON lines, gzip when the name ends in 
 
 `phase` is 0 for prefill, 1 for decode. Rows are kept in the order the engine routed
 them; consecutive rows with the same (token, phase) form one step. A prefill chunk may
-be one row whose experts are the union over the chunk. A torn last line (crash while
-recording) is ignored.
+be one row whose experts are the union over the chunk.
+
+Plain JSON lines ("moe-routing-jsonl", for converting other tools' traces; documented in
+docs/cache-policy.md): an optional header `{"format": "moe-routing-jsonl", "num_layers":
+48, "num_experts": 128, "k": 6, "model": "..."}`, then one object per (token, layer):
+`{"token": 17, "layer": 3, "experts": [5, 9, ...], "phase": "decode"}` (`phase`
+"prefill" or "decode", default "decode"). All prefill rows of a turn form one step, read
+as one chunk per layer (their union), as the engine reads a prompt.
+
+Every reader bounds layer and expert ids by the header (or, without one, by
+`MAX_LAYERS` / `MAX_EXPERTS`) and rejects negative ids, non-integer K and a truncated
+last line with one line naming the file and line.
 """
 
 from __future__ import annotations
@@ -28,7 +38,10 @@ from ssdmoe_tui.errors import BadValueError
 
 FORMAT = "ssdmoe-route-trace"
 VERSION = 1
+JSONL_FORMAT = "moe-routing-jsonl"
 PREFILL, DECODE = 0, 1
+MAX_LAYERS = 4096  # sane caps when a trace does not say its shape
+MAX_EXPERTS = 65536
 
 
 @dataclass
@@ -83,9 +96,15 @@ class TraceWriter:
             header = dict(meta)
         header = {"format": FORMAT, "version": VERSION, **header}
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[str] | None = _open_text(self.path, "w")
-        self._f.write(json.dumps(header, separators=(",", ":")) + "\n")
+        try:
+            if self.path.exists() and not self.path.is_file():
+                raise OSError(f"{self.path} is not a regular file")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f: IO[str] | None = _open_text(self.path, "w")
+            self._f.write(json.dumps(header, separators=(",", ":")) + "\n")
+            self._f.flush()
+        except OSError as e:
+            raise BadValueError(f"cannot write trace {self.path}: {_why(e)}") from None
         self.rows = 0
 
     def add(self, token_idx: int, layer: int, experts: Iterable[int], phase: int = DECODE) -> None:
@@ -93,17 +112,26 @@ class TraceWriter:
             raise ValueError(f"trace {self.path} is closed")
         ids = experts.tolist() if hasattr(experts, "tolist") else list(experts)  # type: ignore[union-attr]
         ids = ",".join(str(int(e)) for e in ids)
-        self._f.write(f"[{int(token_idx)},{int(layer)},{int(phase)},[{ids}]]\n")
+        try:
+            self._f.write(f"[{int(token_idx)},{int(layer)},{int(phase)},[{ids}]]\n")
+        except OSError as e:
+            raise BadValueError(f"cannot write trace {self.path}: {_why(e)}") from None
         self.rows += 1
 
     def flush(self) -> None:
         if self._f is not None:
-            self._f.flush()
+            try:
+                self._f.flush()
+            except OSError as e:
+                raise BadValueError(f"cannot write trace {self.path}: {_why(e)}") from None
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError as e:
+                raise BadValueError(f"cannot write trace {self.path}: {_why(e)}") from None
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -112,21 +140,62 @@ class TraceWriter:
         self.close()
 
 
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
 # --------------------------------------------------------------------------- readers
 
 
 class _Steps:
-    """Groups consecutive rows with the same (token, phase) into steps."""
+    """Groups consecutive rows with the same (token, phase) into steps; bounds the ids.
 
-    def __init__(self) -> None:
+    `union_prefill`: all prefill rows up to the next decode row form one step whose
+    layers hold the union of their experts (first-seen order): one chunk, as the engine
+    reads a prompt.
+    """
+
+    def __init__(
+        self, path: Path, num_layers: int = 0, num_experts: int = 0, union_prefill: bool = False
+    ) -> None:
         self.steps: list[TraceStep] = []
         self._cur: tuple[int, int] | None = None
+        self._path = path
+        self._max_layers = num_layers if num_layers > 0 else MAX_LAYERS
+        self._max_experts = num_experts if num_experts > 0 else MAX_EXPERTS
+        self._union = union_prefill
+        self._prefill: dict[int, dict[int, None]] | None = None
 
-    def add(self, token: int, phase: int, layer: int, experts: tuple[int, ...]) -> None:
+    def add(
+        self, token: int, phase: int, layer: int, experts: tuple[int, ...], where: int | str = "?"
+    ) -> None:
+        if not 0 <= layer < self._max_layers:
+            raise _bad(self._path, where, f"layer {layer} is outside 0..{self._max_layers - 1}")
+        for e in experts:
+            if not 0 <= e < self._max_experts:
+                raise _bad(self._path, where, f"expert {e} is outside 0..{self._max_experts - 1}")
+        if self._union and phase == PREFILL:
+            if self._prefill is None:
+                self._prefill = {}
+                self._cur = None
+                self.steps.append(TraceStep(token, PREFILL, []))
+            self._prefill.setdefault(layer, {}).update(dict.fromkeys(experts))
+            return
+        self._close_prefill()
         if self._cur != (token, phase):
             self._cur = (token, phase)
             self.steps.append(TraceStep(token, phase, []))
         self.steps[-1].layers.append((layer, experts))
+
+    def _close_prefill(self) -> None:
+        if self._prefill is not None:
+            step = next(s for s in reversed(self.steps) if s.phase == PREFILL)
+            step.layers = [(la, tuple(ids)) for la, ids in sorted(self._prefill.items())]
+            self._prefill = None
+
+    def done(self) -> list[TraceStep]:
+        self._close_prefill()
+        return self.steps
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -139,56 +208,147 @@ def read_trace(path: str | Path) -> Trace:
             first = f.readline()
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise BadValueError(f"cannot read trace {path}: {e}") from None
-    if first.startswith("# route_trace"):
-        return _read_route_csv(path)
     try:
         head = json.loads(first)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested too deeply: not a header
         head = None
-    if isinstance(head, dict) and head.get("format") == FORMAT:
-        return _read_engine(path)
-    if isinstance(head, dict) and head.get("type") == "meta":
-        return _read_vllm_routes(path)
+    try:
+        if first.startswith("# route_trace"):
+            return _read_route_csv(path)
+        if isinstance(head, dict) and head.get("format") == FORMAT:
+            return _read_engine(path)
+        if isinstance(head, dict) and head.get("type") == "meta":
+            return _read_vllm_routes(path)
+        if isinstance(head, dict) and (
+            head.get("format") == JSONL_FORMAT or ("experts" in head and "layer" in head)
+        ):
+            return _read_jsonl(path)
+    except (OSError, UnicodeDecodeError, EOFError, RecursionError) as e:
+        why = _why(e) if isinstance(e, OSError) else type(e).__name__
+        raise BadValueError(f"cannot read trace {path}: {why}") from None
     raise BadValueError(
-        f"unrecognised trace format: {path} (expected an ssdmoe trace, a route_trace v1 CSV "
-        "or a vLLM moe_routes.jsonl)"
+        f"unrecognised trace format: {path} (expected an ssdmoe trace, a route_trace v1 CSV, "
+        f"a vLLM moe_routes.jsonl or {JSONL_FORMAT} lines)"
     )
 
 
-def _bad(path: Path, lineno: int, why: str) -> BadValueError:
+def _bad(path: Path, lineno: int | str, why: str) -> BadValueError:
     return BadValueError(f"bad trace row at {path}:{lineno}: {why}")
 
 
-def _read_engine(path: Path) -> Trace:
-    steps = _Steps()
+def _int(value: Any, path: Path, lineno: int | str, what: str, *, minimum: int = 0) -> int:
+    """A JSON integer (not a bool, float or string) >= minimum, else one line."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(path, lineno, f"{what} must be an integer, got {value!r:.40}")
+    if value < minimum:
+        raise _bad(path, lineno, f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def _ids(value: Any, path: Path, lineno: int | str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _bad(path, lineno, f"experts must be a list of integers, got {value!r:.40}")
+    return tuple(_int(e, path, lineno, "expert id") for e in value)
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines; a last line without its newline was cut short: one error."""
     with _open_text(path, "r") as f:
-        lines = f.read().split("\n")
+        text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1].strip():
+        raise _bad(
+            path,
+            len(lines),
+            "truncated last line (no newline: the recording was cut short); "
+            "delete that line to replay the rest",
+        )
+    return lines
+
+
+def _header_meta(header: dict, path: Path, **defaults: Any) -> TraceMeta:
+    def num(key: str) -> int:
+        return _int(header.get(key, 0), path, 1, f"header {key!r}")
+
+    return TraceMeta(
+        model=str(header.get("model", "")),
+        k=num("k"),
+        num_layers=num("num_layers"),
+        num_experts=num("num_experts"),
+        note=str(header.get("note", "")),
+        **defaults,
+    )
+
+
+def _read_engine(path: Path) -> Trace:
+    lines = _lines(path)
     header = json.loads(lines[0])
     if header.get("version") != VERSION:
         raise BadValueError(f"{path}: trace version {header.get('version')} is not {VERSION}")
     known = {"format", "version", "model", "k", "num_layers", "num_experts", "note"}
-    meta = TraceMeta(
-        model=str(header.get("model", "")),
-        k=int(header.get("k", 0)),
-        num_layers=int(header.get("num_layers", 0)),
-        num_experts=int(header.get("num_experts", 0)),
-        note=str(header.get("note", "")),
-        extra={k: v for k, v in header.items() if k not in known},
-    )
-    last = len(lines) - 1
+    meta = _header_meta(header, path, extra={k: v for k, v in header.items() if k not in known})
+    steps = _Steps(path, meta.num_layers, meta.num_experts)
     for i, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         try:
             t, layer, phase, experts = json.loads(line)
-            row = (int(t), int(phase), int(layer), tuple(int(e) for e in experts))
-        except (json.JSONDecodeError, ValueError, TypeError) as e:
-            if i - 1 == last:  # torn final line: the recording was cut short
-                break
-            raise _bad(path, i, str(e)) from None
-        steps.add(row[0], row[1], row[2], row[3])
-    _fill_shape(meta, steps.steps)
-    return Trace(meta, steps.steps)
+        except (json.JSONDecodeError, ValueError, TypeError, RecursionError) as e:
+            why = (
+                e.msg
+                if isinstance(e, json.JSONDecodeError)
+                else "expected [token, layer, phase, [experts]]"
+            )
+            raise _bad(path, i, why) from None
+        phase = _int(phase, path, i, "phase")
+        if phase not in (PREFILL, DECODE):
+            raise _bad(path, i, f"phase must be 0 (prefill) or 1 (decode), got {phase}")
+        steps.add(
+            _int(t, path, i, "token"),
+            phase,
+            _int(layer, path, i, "layer"),
+            _ids(experts, path, i),
+            i,
+        )
+    trace = Trace(meta, steps.done())
+    _fill_shape(meta, trace.steps)
+    return trace
+
+
+def _read_jsonl(path: Path) -> Trace:
+    """The documented plain layout (see the module docstring and docs/cache-policy.md)."""
+    lines = _lines(path)
+    meta = TraceMeta(source=JSONL_FORMAT)
+    steps: _Steps | None = None
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise _bad(path, i, getattr(e, "msg", "nested too deeply")) from None
+        if not isinstance(row, dict):
+            raise _bad(path, i, "expected a JSON object")
+        if "experts" not in row:
+            if i != 1 and steps is not None:
+                raise _bad(path, i, "a header is only allowed on line 1")
+            meta = _header_meta(row, path, source=JSONL_FORMAT)
+            continue
+        if steps is None:
+            steps = _Steps(path, meta.num_layers, meta.num_experts, union_prefill=True)
+        phase = row.get("phase", "decode")
+        if phase not in ("prefill", "decode"):
+            raise _bad(path, i, f'phase must be "prefill" or "decode", got {phase!r:.20}')
+        steps.add(
+            _int(row.get("token"), path, i, "token"),
+            PREFILL if phase == "prefill" else DECODE,
+            _int(row.get("layer"), path, i, "layer"),
+            _ids(row["experts"], path, i),
+            i,
+        )
+    trace = Trace(meta, steps.done() if steps else [])
+    _fill_shape(meta, trace.steps)
+    return trace
 
 
 def _read_route_csv(path: Path) -> Trace:
@@ -196,19 +356,34 @@ def _read_route_csv(path: Path) -> Trace:
     meta = TraceMeta(source="route_trace v1")
     layer_bytes: dict[int, int] = {}
     body: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("#"):
-                fields = dict(p.split("=", 1) for p in line[1:].split() if "=" in p)
-                if "layer" in fields and "expert_bytes" in fields:
-                    layer_bytes[int(fields["layer"])] = int(fields["expert_bytes"])
-                else:
-                    meta.model = Path(fields.get("model", meta.model)).name
-                    meta.num_layers = int(fields.get("n_layer", meta.num_layers))
-                    meta.num_experts = int(fields.get("n_expert", meta.num_experts))
-                    meta.k = int(fields.get("n_expert_used", meta.k))
+    body_start = 0  # line number of the column header
+    lines = _lines(path)
+    for n, line in enumerate(lines, start=1):
+        if line.startswith("#"):
+            fields = dict(p.split("=", 1) for p in line[1:].split() if "=" in p)
+
+            def num(key: str, default: int, n: int = n, fields: dict = fields) -> int:
+                v = fields.get(key)
+                if v is None:
+                    return default
+                if not v.isdigit():
+                    raise _bad(path, n, f"{key} must be a non-negative integer, got {v!r:.40}")
+                return int(v)
+
+            if "layer" in fields and "expert_bytes" in fields:
+                layer_bytes[num("layer", 0)] = num("expert_bytes", 0)
             else:
-                body.append(line)
+                meta.model = Path(fields.get("model", meta.model)).name
+                meta.num_layers = num("n_layer", meta.num_layers)
+                meta.num_experts = num("n_expert", meta.num_experts)
+                meta.k = num("n_expert_used", meta.k)
+        elif line.strip():
+            body_start = body_start or n
+            body.append(line)
+    if len(layer_bytes) and max(layer_bytes) >= (meta.num_layers or MAX_LAYERS):
+        raise BadValueError(
+            f"{path}: expert_bytes for layer {max(layer_bytes)} of {meta.num_layers or MAX_LAYERS}"
+        )
     if layer_bytes:
         meta.extra["expert_bytes"] = [layer_bytes.get(i, 0) for i in range(max(layer_bytes) + 1)]
     # Gather (turn, phase, step) -> layer -> [(slot, expert)], keeping first-seen order.
@@ -217,21 +392,34 @@ def _read_route_csv(path: Path) -> Trace:
     need = {"turn", "phase", "step", "layer", "slot", "expert"}
     if not reader.fieldnames or not need <= set(reader.fieldnames):
         raise BadValueError(f"{path}: route_trace header lacks {sorted(need)}")
-    for n, row in enumerate(reader, start=1):
+    for n, row in enumerate(reader, start=body_start + 1):
         try:
-            key = (int(row["turn"]), int(row["phase"]), int(row["step"]))
-            cells.setdefault(key, {}).setdefault(int(row["layer"]), []).append(
-                (int(row["slot"]), int(row["expert"]))
-            )
+            vals = [row[c] for c in ("turn", "phase", "step", "layer", "slot", "expert")]
+            if any(v is None or not v.strip().isdigit() for v in vals):
+                raise ValueError(
+                    f"expected non-negative integers, got {','.join(map(str, vals)):.60}"
+                )
+            turn, phase, step, layer, slot, expert = (int(v) for v in vals)
         except (TypeError, ValueError) as e:
-            raise BadValueError(f"bad trace row {n} in {path}: {e}") from None
-    steps = _Steps()
-    for (_turn, phase, step), layers in cells.items():
+            raise _bad(path, n, str(e)) from None
+        if layer >= (meta.num_layers or MAX_LAYERS) or expert >= (meta.num_experts or MAX_EXPERTS):
+            raise _bad(path, n, f"layer {layer} / expert {expert} outside the trace's "
+                       f"{meta.num_layers or MAX_LAYERS} layers x {meta.num_experts or MAX_EXPERTS} experts")  # fmt: skip
+        cells.setdefault((turn, phase, step), {}).setdefault(layer, []).append((slot, expert))
+    # Prefill positions of a turn are one chunk (each layer reads their union), as the
+    # engine and BigMoeOnEdge's own replay read a prompt.
+    steps = _Steps(path, meta.num_layers, meta.num_experts, union_prefill=True)
+    prev_turn = None
+    for (turn, phase, step), layers in cells.items():
+        if turn != prev_turn:
+            steps._close_prefill()
+            prev_turn = turn
         for layer in sorted(layers):
             experts = tuple(e for _, e in sorted(layers[layer]))
             steps.add(step, PREFILL if phase == 0 else DECODE, layer, experts)
-    _fill_shape(meta, steps.steps)
-    return Trace(meta, steps.steps)
+    trace = Trace(meta, steps.done())
+    _fill_shape(meta, trace.steps)
+    return trace
 
 
 def _read_vllm_routes(path: Path) -> Trace:
@@ -241,31 +429,37 @@ def _read_vllm_routes(path: Path) -> Trace:
     and are dropped. Requests are interleaved by the batcher, so token order is not a
     per-request order: fine for popularity, not for recency.
     """
-    steps = _Steps()
+    steps: _Steps | None = None
     head: dict[str, Any] = {}
     dummy = True
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise _bad(path, i, str(e)) from None
-            if row.get("type") == "meta":
-                head = row
-                continue
-            if row.get("type") != "route":
-                continue
-            try:
-                ids = tuple(int(e) for e in row["topk_ids"])
-                weights = [float(w) for w in row.get("topk_weights", [])]
-                if dummy and weights and max(weights) - min(weights) < 1e-9:
-                    continue
-                dummy = False
-                steps.add(int(row["token_idx"]), DECODE, int(row["layer"]), ids)
-            except (KeyError, TypeError, ValueError) as e:
-                raise _bad(path, i, str(e)) from None
+    for i, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise _bad(path, i, getattr(e, "msg", "nested too deeply")) from None
+        if not isinstance(row, dict):
+            raise _bad(path, i, "expected a JSON object")
+        if row.get("type") == "meta":
+            head = row
+            _int(head.get("top_k", 0), path, i, "top_k")
+            _int(head.get("num_experts", 0), path, i, "num_experts")
+            continue
+        if row.get("type") != "route":
+            continue
+        if steps is None:
+            steps = _Steps(path, 0, int(head.get("num_experts", 0)))
+        try:
+            ids = _ids(row["topk_ids"], path, i)
+            weights = [float(w) for w in row.get("topk_weights", [])]
+        except (KeyError, TypeError, ValueError) as e:
+            raise _bad(path, i, f"bad route row ({type(e).__name__}: {e})") from None
+        if dummy and weights and max(weights) - min(weights) < 1e-9:
+            continue
+        dummy = False
+        steps.add(_int(row.get("token_idx"), path, i, "token_idx"), DECODE,
+                  _int(row.get("layer"), path, i, "layer"), ids, i)  # fmt: skip
     meta = TraceMeta(
         model=str(head.get("model_id", "")),
         k=int(head.get("top_k", 0)),
@@ -274,8 +468,9 @@ def _read_vllm_routes(path: Path) -> Trace:
         note="requests are interleaved by the batcher: token order is not per-request; "
         "use for expert popularity, not for recency-based hit rates",
     )
-    _fill_shape(meta, steps.steps)
-    return Trace(meta, steps.steps)
+    trace = Trace(meta, steps.done() if steps else [])
+    _fill_shape(meta, trace.steps)
+    return trace
 
 
 def _fill_shape(meta: TraceMeta, steps: list[TraceStep]) -> None:

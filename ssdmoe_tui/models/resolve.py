@@ -23,6 +23,7 @@ from typing import IO, Any
 from ssdmoe_tui.errors import BadValueError, ModelError, SsdmoeError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.scan import missing_shards, read_config
+from ssdmoe_tui.units import human_bytes
 
 #: What a checkpoint needs: weights, configs + tokenizer.json, templates, tokenizer files and
 #: the small remote-code files. The same list as mlx-lm's `DEFAULT_ALLOW_PATTERNS`, so a model
@@ -215,6 +216,12 @@ def resolve_model(
 # --------------------------------------------------------------------------- hub
 
 
+#: The way in without the Hub: a model folder copied from a machine that has it.
+COPY_HINT = (
+    "copy the model folder from a machine that has it and run `ssdmoe --model /path/to/folder`"
+)
+
+
 def _offline() -> bool:
     from huggingface_hub import constants
 
@@ -275,7 +282,8 @@ def _from_hub(
     if _offline():
         raise ModelError(
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
-            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, or "
+            + COPY_HINT
         )
     return download_model(
         spec, progress, cache_dir=cache_dir, endpoint=endpoint, problem=problem, cancel=cancel
@@ -308,7 +316,8 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
     if isinstance(exc, OfflineModeIsEnabled):
         return ModelError(
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
-            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, or "
+            + COPY_HINT
         )
     reason = " ".join(str(exc).split())[:80] or type(exc).__name__
     failed = isinstance(exc, HfHubHTTPError | OSError) and not _is_transport(exc)
@@ -318,8 +327,9 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
             "to resume (finished files are kept)"
         )
     return ModelError(
-        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable "
-        f"({reason}): connect and run `ssdmoe models fetch {repo}`"
+        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable: "
+        + COPY_HINT
+        + f", or connect and try again ({reason})"
     )
 
 
@@ -596,14 +606,6 @@ class _Tracker:
         return _Bar
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _fmt_eta(s: float | None) -> str:
     if s is None:
         return "--:--"
@@ -615,12 +617,12 @@ def _fmt_eta(s: float | None) -> str:
 
 def format_progress(p: DownloadProgress) -> str:
     """`mlx-community/X  1.2 GiB / 19.5 GiB  6%  45.3 MiB/s  ETA 06:52  3/14 files`."""
-    total = _fmt_bytes(p.total_bytes) if p.total_bytes else "?"
+    total = human_bytes(p.total_bytes) if p.total_bytes else "?"
     pct = f"{p.fraction * 100:3.0f}%"
     files = f"{p.files_done}/{p.files_total} files" if p.files_total else ""
     return (
-        f"{p.repo_id}  {_fmt_bytes(p.downloaded_bytes)} / {total}  {pct}  "
-        f"{_fmt_bytes(p.bytes_per_s)}/s  ETA {_fmt_eta(p.eta_s)}  {files}"
+        f"{p.repo_id}  {human_bytes(p.downloaded_bytes)} / {total}  {pct}  "
+        f"{human_bytes(p.bytes_per_s)}/s  ETA {_fmt_eta(p.eta_s)}  {files}"
     ).rstrip()
 
 

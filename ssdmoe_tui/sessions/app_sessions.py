@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ssdmoe_tui.engine.protocol import GenerationDone, Message
+from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
+from ssdmoe_tui.engine.protocol import GenerationDone
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
     SessionNotFound,
@@ -27,7 +28,7 @@ class AppSessions:
         self.store = store or SessionStore()
         self.system_prompt = system_prompt  # for conversations this side creates
 
-    def open(self, resume: str | None) -> tuple[str, list[Message]]:
+    def open(self, resume: str | None) -> tuple[str, list[ShownTurn]]:
         """None: a new conversation (its folder is made by the first turn, so an unused
         window leaves nothing behind); "": the last one; else that id."""
         if resume is None:
@@ -37,9 +38,11 @@ class AppSessions:
             raise SessionNotFound("no saved conversation to resume")
         conv = self.store.get(conv_id)
         self.store.mark_opened(conv.id)
-        return conv.id, [Message(t.role, t.text) for t in conv.turns]  # type: ignore[arg-type]
+        return conv.id, [shown(t) for t in conv.turns]
 
-    def record(self, session_id: str, messages: Sequence[Any], done: GenerationDone) -> None:
+    def record(
+        self, session_id: str, messages: Sequence[Any], done: GenerationDone, model: str = ""
+    ) -> None:
         """Save the exchange `done` answered. `messages` is the app's chat so far (the
         reply last, if it kept one). The stored turns mirror the app's history; their ids
         extend the stored token history when the prompt did (the normal case), otherwise
@@ -67,6 +70,8 @@ class AppSessions:
         conv.turns.append(Turn("user", chat[last_user].content, delta))
         if last_user + 1 < len(chat):  # the app kept the reply
             k = max(set(done.k_per_token), key=list(done.k_per_token).count, default=None)
+            k_min, k_max = k_range(done.k_per_token)
+            stats = ReplyStats.from_done(done, model)
             conv.turns.append(
                 Turn(
                     "assistant",
@@ -74,7 +79,21 @@ class AppSessions:
                     list(done.token_ids),
                     k=k,
                     stopped=done.finish_reason == "cancelled",
+                    k_min=k_min,
+                    k_max=k_max,
+                    model=model,
+                    decode_tok_s=stats.decode_tok_s,
                 )
             )
         self.store.save(conv)
         self.store.mark_opened(conv.id)
+
+
+def shown(turn: Turn) -> ShownTurn:
+    """A stored turn as the transcript shows it: a reply keeps its model and stats line."""
+    if turn.role != "assistant":
+        return ShownTurn(turn.role, turn.text)
+    k_min = turn.k_min if turn.k_min is not None else turn.k
+    k_max = turn.k_max if turn.k_max is not None else turn.k
+    stats = ReplyStats(turn.model, len(turn.token_ids), turn.decode_tok_s, k_min, k_max)
+    return ShownTurn(turn.role, turn.text, stats, turn.stopped)

@@ -102,15 +102,18 @@ def _timestamp(value: Any, name: str) -> float:
     return float(value)
 
 
-
 @dataclass
 class Turn:
     role: str  # "user" or "assistant"
     text: str
     token_ids: list[int] = field(default_factory=list)
-    k: int | None = None  # experts per token used (assistant turns)
+    k: int | None = None  # experts per token used (assistant turns; the most common)
     stopped: bool = False  # generation was stopped before its end-of-turn token
     created: float = field(default_factory=time.time)
+    k_min: int | None = None  # the range of K over the reply's tokens (K changed live)
+    k_max: int | None = None
+    model: str = ""  # the model that wrote the reply
+    decode_tok_s: float | None = None  # its decode speed
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -123,6 +126,16 @@ class Turn:
         k = d.get("k")
         if k is not None and not _is_int(k, 1, 1 << 16):
             raise ValueError(f"k must be a positive integer, not {str(k)[:20]}")
+
+        def opt_k(key: str) -> int | None:
+            value = d.get(key)
+            if value is not None and not _is_int(value, 1, 1 << 16):
+                raise ValueError(f"{key} must be a positive integer, not {str(value)[:20]}")
+            return value
+
+        rate = d.get("decode_tok_s")
+        if rate is not None and not (isinstance(rate, int | float) and 0 <= rate < 1e9):
+            raise ValueError(f"decode_tok_s is not a rate ({str(rate)[:20]})")
         return cls(
             role=role,
             text=str(d["text"]),
@@ -130,6 +143,10 @@ class Turn:
             k=k,
             stopped=bool(d.get("stopped", False)),
             created=_timestamp(d.get("created", 0.0), "created"),
+            k_min=opt_k("k_min"),
+            k_max=opt_k("k_max"),
+            model=str(d.get("model", ""))[:200],
+            decode_tok_s=float(rate) if rate is not None else None,
         )
 
 
@@ -439,9 +456,14 @@ class SessionStore:
             raise BadValueError(f"export format must be md or json, not {fmt!r}")
         text = self.export_markdown(conv_id) if fmt == "md" else self.export_json(conv_id)
         dest = Path(dest).expanduser()
-        if dest.is_dir():
-            dest = dest / f"conversation-{validate_id(conv_id)}.{fmt}"
-        atomic_write_text(dest, text)
+        try:
+            if dest.is_dir():
+                dest = dest / f"conversation-{validate_id(conv_id)}.{fmt}"
+            atomic_write_text(dest, text)
+        except SsdmoeError:
+            raise  # disk full: already one line with the path
+        except OSError as e:
+            raise SessionError(f"cannot write {dest}: {e.strerror or e}") from None
         return dest
 
 
@@ -457,7 +479,9 @@ def to_markdown(conv: Conversation) -> str:
     for t in conv.turns:
         heading = "## User" if t.role == "user" else "## Assistant"
         notes = []
-        if t.role == "assistant" and t.k is not None:
+        if t.role == "assistant" and t.k_min is not None and t.k_max != t.k_min:
+            notes.append(f"K={t.k_min}–{t.k_max}")
+        elif t.role == "assistant" and t.k is not None:
             notes.append(f"K={t.k}")
         if t.stopped:
             notes.append("stopped")

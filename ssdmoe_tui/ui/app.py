@@ -1,49 +1,56 @@
 """The chat app: transcript, prompt, engine panel, K control.
 
-The engine thread owns MLX. This app only sends commands (`submit`, `set_k`,
-`cancel`) and receives protocol events, each wrapped in an `EngineEvent` message
-and handed to `App.post_message`, which is thread-safe and never blocks the engine.
-Nothing here imports mlx or safetensors (tests/test_ui_layering.py checks).
+The state lives in `ssdmoe_tui.chat.controller.ChatController` (no Textual): this
+module shows it. The engine thread posts each protocol event as its own typed message
+(`ui.messages`), handled here with `@on`; screens and the palette post request messages
+instead of calling the app. Nothing here imports mlx or safetensors
+(tests/test_ui_layering.py checks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.message import Message as TextualMessage
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from ssdmoe_tui.config import DEFAULT_THEME, LoadedConfig, config_path, set_config_value
-from ssdmoe_tui.engine.protocol import (
-    EngineError,
-    Generate,
-    GenerationDone,
-    LoadModel,
-    Message,
-    ModelInfo,
-    ModelLoaded,
-    Notice,
-    PhaseChanged,
-    SetExpertCache,
-    StatsSample,
-    Tokens,
-)
+from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
+from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.replies import ShownTurn
+from ssdmoe_tui.config import DEFAULT_THEME, ChatSettings, config_path, set_config_value
+from ssdmoe_tui.engine.protocol import EngineError, GenerationDone, ModelInfo
+from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.commands import SsdmoeCommands
-from ssdmoe_tui.ui.fmt import fmt_rate
+from ssdmoe_tui.ui.messages import (
+    AskModelPath,
+    ConversationDeleted,
+    EngineFailed,
+    EngineNotice,
+    ModelReady,
+    OpenConversation,
+    OpenModel,
+    PhaseEntered,
+    ReplyDone,
+    RequestExpertCache,
+    RequestK,
+    SampleArrived,
+    TokensArrived,
+    engine_message,
+)
 from ssdmoe_tui.ui.screens.conversations import (
     ConversationOps,
     ConversationsScreen,
@@ -53,7 +60,7 @@ from ssdmoe_tui.ui.screens.conversations import (
 )
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.screens.keys import KeysScreen
-from ssdmoe_tui.ui.screens.models import ModelsScreen
+from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen
 from ssdmoe_tui.ui.theming import load_themes
 from ssdmoe_tui.ui.widgets.engine_panel import PHASE_LABELS, EnginePanel
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
@@ -64,31 +71,12 @@ from ssdmoe_tui.ui.widgets.transcript import (
     ChatMessage,
     Transcript,
 )
+from ssdmoe_tui.ui.widgets.welcome import Welcome
 
-
-class Engine(Protocol):
-    """What the app needs from `ssdmoe_tui.engine.service.EngineService`."""
-
-    def start(self) -> None: ...
-    def submit(self, command: Any) -> None: ...
-    def set_k(self, k: int) -> None: ...
-    def cancel(self) -> None: ...
-    def shutdown(self, timeout: float = 5.0) -> None: ...
-
-
-class SessionStore(Protocol):
-    """Hook for conversation persistence (built elsewhere; the app works without it)."""
-
-    def open(self, resume: str | None) -> tuple[str, list[Message]]:
-        """Start a session (or resume `resume`, "" = the latest); returns its id and turns."""
-        ...
-
-    def record(self, session_id: str, messages: Sequence[Message], done: GenerationDone) -> None:
-        """Called after every finished reply with the whole conversation so far."""
-        ...
-
+__all__ = ["ChatSettings", "SsdmoeApp"]
 
 EngineFactory = Callable[[Callable[[object], None]], Engine]
+K_ECHO_GRACE_S = 1.0  # samples this soon after a K change may predate it: not reflected
 
 
 def default_engine(post: Callable[[object], None]) -> Engine:
@@ -99,28 +87,18 @@ def default_engine(post: Callable[[object], None]) -> Engine:
     return EngineService(post=post)  # no persistence: `commands/chat.py` injects it
 
 
-@dataclass
-class ChatSettings:
-    """Everything the app starts from: config.toml merged with CLI flags."""
+def while_mounted(handler: Callable) -> Callable:
+    """An engine message may land while the app exits and its widgets are gone."""
 
-    model: str = ""  # "" = the embedded demo model
-    k: int | None = None
-    expert_cache: str = "auto"
-    theme: str = DEFAULT_THEME
-    max_tokens: int = 1024
-    system_prompt: str = ""
-    keymap: dict[str, str] = field(default_factory=dict)
-    resume: str | None = None
-    config: LoadedConfig | None = None  # where to remember the theme; None: never write
-    warnings: tuple[str, ...] = ()
+    @functools.wraps(handler)
+    async def run(self: SsdmoeApp, message: Any) -> None:
+        try:
+            await handler(self, message)
+        except NoMatches:
+            if self.is_running and not self._exit:
+                raise  # a real bug; while exiting, the widgets are simply gone
 
-
-class EngineEvent(TextualMessage):
-    """A protocol event from the engine thread."""
-
-    def __init__(self, event: object) -> None:
-        super().__init__()
-        self.event = event
+    return run
 
 
 class SsdmoeApp(App[int]):
@@ -129,6 +107,7 @@ class SsdmoeApp(App[int]):
     COMMANDS = App.COMMANDS | {SsdmoeCommands}
     ENABLE_COMMAND_PALETTE = True
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
         Binding("escape", "stop", "Stop", id="app.stop"),
@@ -143,7 +122,8 @@ class SsdmoeApp(App[int]):
             "ctrl+p", "command_palette", "Commands", show=False, id="app.palette", priority=True
         ),
         Binding("ctrl+end", "pin", "Follow", show=False, id="app.pin"),
-        Binding("ctrl+y", "copy_last", "Copy reply", show=False, id="app.copy_last"),
+        # Not ctrl+y (the prompt, a TextArea, takes it as redo) nor F5-F7 (it selects with them).
+        Binding("f8", "copy_last", "Copy reply", show=False, id="app.copy_last"),
     ]
 
     def __init__(
@@ -158,22 +138,48 @@ class SsdmoeApp(App[int]):
         super().__init__()
         self.settings = settings or ChatSettings()
         self.engine_factory = engine_factory
-        self.engine: Engine | None = None
         self.session_store = session_store
-        self.session_id: str | None = None
-        self.model_info: ModelInfo | None = None
-        self.loading_path: str | None = None
-        self.k: int | None = self.settings.k
-        self.history: list[Message] = []
-        self.inflight: str | None = None  # request id awaiting GenerationDone
-        self._abandoned: set[str] = set()  # replies whose chat was cleared while streaming
+        self.chat = ChatController(
+            self.settings,
+            sessions=session_store,
+            on_warning=lambda text: self.notify(text, severity="warning", markup=False),
+        )
         self.current: AssistantMessage | None = None
-        self.last_done: GenerationDone | None = None
+        self.load_progress = LoadProgress()
         self.events_seen: dict[str, int] = {}
-        self._request_counter = 0
+        self._fallback_theme: str | None = None
         themes, self._theme_warnings = load_themes()
         for theme in themes:
             self.register_theme(theme)
+
+    # The chat's state, read through (tests and screens read these names).
+    @property
+    def engine(self) -> Engine | None:
+        return self.chat.engine
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self.chat.model
+
+    @property
+    def loading_path(self) -> str | None:
+        return self.chat.loading
+
+    @property
+    def session_id(self) -> str | None:
+        return self.chat.session_id
+
+    @property
+    def history(self) -> list:
+        return self.chat.history
+
+    @property
+    def inflight(self) -> str | None:
+        return self.chat.inflight
+
+    @property
+    def last_done(self) -> GenerationDone | None:
+        return self.chat.last_done
 
     # ------------------------------------------------------------------ layout
 
@@ -183,8 +189,7 @@ class SsdmoeApp(App[int]):
             with Vertical(id="chat"):
                 yield Transcript(id="transcript")
                 yield PromptInput(
-                    id="prompt",
-                    placeholder="Ask anything · Enter sends · shift+enter/ctrl+j newline · ↑ history",
+                    id="prompt", placeholder="Ask anything (Enter sends, ctrl+j newline)"
                 )
             yield EnginePanel(id="panel")
         yield Footer()
@@ -205,29 +210,38 @@ class SsdmoeApp(App[int]):
     def prompt(self) -> PromptInput:
         return self.query_one(PromptInput)
 
+    @property
+    def k_control(self) -> KSlider:
+        return self.query_one(KSlider)
+
+    @property
+    def welcome(self) -> Welcome | None:
+        found = self.query(Welcome)
+        return found.first() if found else None
+
     async def on_mount(self) -> None:
         self._apply_theme(self.settings.theme)
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self._apply_keymap(self.settings.keymap)
         for warning in (*self.settings.warnings, *self._theme_warnings):
-            self.notify(warning, severity="warning", timeout=10)
+            self.notify(warning, severity="warning", timeout=10, markup=False)
         self.prompt.focus()
         await self._open_session(self.settings.resume)
+        if self.engine_factory is not None and not self.settings.model and not self.history:
+            await self.transcript.mount(Welcome())  # the demo model: say what happens
         if self.engine_factory is not None:
             try:
-                self.engine = self.engine_factory(self._post_from_engine)
-                self.engine.start()
+                self.chat.engine = self.engine_factory(self._post_from_engine)
+                self.chat.engine.start()
             except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
-                from ssdmoe_tui.errors import user_message
-
-                self.engine = None
+                self.chat.engine = None
                 self.status_bar.phase = "no engine"
                 self.notify(f"the engine did not start: {user_message(e)}", severity="error")
                 return
             self.open_model(self.settings.model, k=self.settings.k)
 
     async def on_unmount(self) -> None:
-        engine, self.engine = self.engine, None
+        engine, self.chat.engine = self.chat.engine, None
         if engine is not None:
             engine.cancel()
             await asyncio.to_thread(engine.shutdown, 5.0)
@@ -235,9 +249,14 @@ class SsdmoeApp(App[int]):
     def _apply_theme(self, name: str) -> None:
         if name in self.available_themes:
             self.theme = name
-        else:
-            self.notify(f"unknown theme {name!r}; using {DEFAULT_THEME}", severity="warning")
-            self.theme = DEFAULT_THEME
+            return
+        self.notify(
+            f"unknown theme {name!r}; using {DEFAULT_THEME} (config.toml is left as it is)",
+            severity="warning",
+            markup=False,
+        )
+        self._fallback_theme = DEFAULT_THEME  # not the user's choice: never written back
+        self.theme = DEFAULT_THEME
 
     def _apply_keymap(self, keymap: dict[str, str]) -> None:
         known = {b.id for _, bindings in self.binding_groups() for b in bindings if b.id}
@@ -250,8 +269,6 @@ class SsdmoeApp(App[int]):
         self.set_keymap({k: v for k, v in keymap.items() if k in known})
 
     def binding_groups(self) -> list[tuple[str, list[Binding]]]:
-        from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
-
         def of(cls: type) -> list[Binding]:
             return [b for b in cls.BINDINGS if isinstance(b, Binding)]
 
@@ -274,112 +291,123 @@ class SsdmoeApp(App[int]):
     # ------------------------------------------------------------------ engine link
 
     def _post_from_engine(self, event: object) -> None:
-        """Called on the engine thread: queue the event, never block."""
+        """Called on the engine thread: queue the event's message, never block."""
+        message = engine_message(event)
+        if message is None:
+            return
+        name = type(event).__name__
+        self.events_seen[name] = self.events_seen.get(name, 0) + 1
         try:
-            self.post_message(EngineEvent(event))
+            self.post_message(message)
         except RuntimeError:  # the app's loop has closed (shutting down)
             pass
 
     def feed(self, event: object) -> None:
         """Deliver an event as if the engine had posted it."""
-        self.post_message(EngineEvent(event))
+        self._post_from_engine(event)
 
-    async def on_engine_event(self, message: EngineEvent) -> None:
+    @on(TokensArrived)
+    @while_mounted
+    async def _tokens(self, message: TokensArrived) -> None:
         event = message.event
-        name = type(event).__name__
-        self.events_seen[name] = self.events_seen.get(name, 0) + 1
-        try:
-            await self._handle(event)
-        except NoMatches:
-            if self.is_running and not self._exit:
-                raise  # a real bug; while exiting, the widgets are simply gone
+        if self.current is not None and event.request_id == self.current.request_id:
+            await self.current.append(event.text)
 
-    async def _handle(self, event: object) -> None:
-        if isinstance(event, Tokens):
-            if self.current is not None and event.request_id == self.current.request_id:
-                await self.current.append(event.text)
-        elif isinstance(event, StatsSample):
-            self.panel.show_sample(event)
-        elif isinstance(event, PhaseChanged):
-            self.panel.show_phase(event)
-            label = PHASE_LABELS.get(event.phase, event.phase)
-            if event.total and event.phase in ("prefill", "loading", "indexing"):
-                label += f" {event.done}/{event.total}"
-            self.status_bar.phase = label
-        elif isinstance(event, GenerationDone):
-            await self._on_done(event)
-        elif isinstance(event, ModelLoaded):
-            await self._on_model_loaded(event.info)
-        elif isinstance(event, EngineError):
-            await self._on_error(event)
-        elif isinstance(event, Notice):
-            self.notify(event.message, timeout=8)
+    @on(SampleArrived)
+    @while_mounted
+    async def _sample(self, message: SampleArrived) -> None:
+        sample = message.event
+        self.panel.show_sample(sample)
+        # The K control shows the K the engine reports, unless the user has just moved it
+        # (a sample taken before the change reached the engine would undo it on screen).
+        control = self.k_control
+        recent = time.monotonic() - control.user_changed_at < K_ECHO_GRACE_S
+        if sample.k and control.num_experts and sample.k != control.k and not recent:
+            control.set_k(sample.k, notify=False)
+            self.status_bar.k = control.k
 
-    async def _on_model_loaded(self, info: ModelInfo) -> None:
-        self.model_info = info
-        self.loading_path = None
-        self.k = info.k
-        self.panel.show_model(info)
+    @on(PhaseEntered)
+    @while_mounted
+    async def _phase(self, message: PhaseEntered) -> None:
+        event = message.event
+        self.panel.show_phase(event)
+        if event.phase in ("loading", "indexing") and self.chat.loading is not None:
+            self.load_progress.update(event.phase, event.done, event.total, event.detail)
+            self.panel.show_load(self.load_progress)
+            if welcome := self.welcome:
+                welcome.show_progress(event.phase, event.done, event.total, event.detail)
+        label = PHASE_LABELS.get(event.phase, event.phase)
+        if event.total and event.phase in ("prefill", "loading", "indexing"):
+            label += f" {event.done}/{event.total}"
+        self.status_bar.phase = label
+
+    @on(ReplyDone)
+    @while_mounted
+    async def _reply_done(self, message: ReplyDone) -> None:
+        await self._on_done(message.event)
+
+    @on(ModelReady)
+    @while_mounted
+    async def _model_ready(self, message: ModelReady) -> None:
+        info = message.event.info
+        loaded = self.chat.model_loaded(info)
+        if welcome := self.welcome:
+            welcome.loaded(info.name)
+        self.panel.show_model(info, k=loaded.k)
         self.status_bar.loading = ""
-        self.status_bar.k = info.k
+        self.status_bar.k = loaded.k
         self.status_bar.info = info
         source = " from the repacked copy" if info.expert_source == "repacked" else ""
         slots = f", {info.slot_placement} slots" if info.slot_placement != "none" else ""
         await self.transcript.add_notice(
             f"Loaded {info.name} ({info.model_type}): {info.num_experts} experts in "
-            f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {info.k}, "
+            f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {loaded.k}, "
             f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
         )
+        for warning in loaded.warnings:
+            self.notify(warning, severity="warning", timeout=10, markup=False)
         if info.expert_source_note:
             self.notify(f"Repacked copy not used: {info.expert_source_note}", timeout=8)
 
+    @on(EngineFailed)
+    @while_mounted
+    async def _engine_failed(self, message: EngineFailed) -> None:
+        await self._on_error(message.event)
+
+    @on(EngineNotice)
+    def _engine_notice(self, message: EngineNotice) -> None:
+        self.notify(message.event.message, timeout=8, markup=False)
+
     async def _on_done(self, done: GenerationDone) -> None:
-        if done.request_id != self.inflight:
+        if done.request_id != self.chat.inflight:
             return
         message, self.current = self.current, None
-        self.last_done = done
-        try:
-            if done.request_id in self._abandoned:
-                return  # the chat was cleared or the model switched while it streamed
-            stats = done.stats or {}
-            detail = f"{len(done.token_ids)} tokens"
-            if isinstance(stats.get("decode_tok_s"), (int, float)):
-                detail += f" · {fmt_rate(stats['decode_tok_s'])}"
-            if message is not None and message.is_attached:
-                await message.finish(done.text, done.finish_reason, detail)
-            if done.finish_reason != "error" and done.text:
-                self.history.append(Message("assistant", done.text))
-            if self.session_store is not None and self.session_id is not None:
-                try:
-                    self.session_store.record(self.session_id, tuple(self.history), done)
-                except Exception as e:  # noqa: BLE001 - persistence must not kill the chat
-                    from ssdmoe_tui.errors import user_message
-
-                    self.notify(f"session not saved: {user_message(e)}", severity="warning")
-        finally:
-            self._abandoned.discard(done.request_id)
-            self.inflight = None  # last: a new prompt may go once this reply is settled
+        stats = self.chat.reply_done(done)
+        if stats is not None and message is not None and message.is_attached:
+            await message.finish(done.text, done.finish_reason, stats.detail())
 
     async def _on_error(self, error: EngineError) -> None:
-        self.notify(error.message, title="engine error", severity="error", timeout=12)
-        if error.request_id is not None and error.request_id == self.inflight:
+        self.notify(error.message, title="engine error", severity="error", timeout=12, markup=False)
+        failure = self.chat.engine_error(error)
+        if failure.reply_failed:
             message, self.current = self.current, None
-            abandoned = error.request_id in self._abandoned
-            self._abandoned.discard(error.request_id)
-            self.inflight = None
             if message is not None and message.is_attached:
                 await message.finish(message.text, "error", error.message)
-            if not abandoned and self.history and self.history[-1].role == "user":
-                self.history.pop()  # the turn failed; the user can send it again
-        if error.fatal or (error.request_id is None and self.loading_path is not None):
-            self.model_info = None
-            self.loading_path = None
-            self.status_bar.loading = ""
-            self.status_bar.info = None
+        self.status_bar.loading = ""
+        self.status_bar.info = self.chat.model
+        if failure.model_lost:
+            if welcome := self.welcome:
+                welcome.failed(error.message)
             self.status_bar.phase = "idle"
             self.panel.show_model(None)
             await self.transcript.add_notice(
-                f"No model loaded: {error.message}  (ctrl+p → Open model…)", classes="error"
+                f"No model loaded: {error.message}  (F4 or ctrl+p → Open model…)",
+                classes="error",
+            )
+        elif error.request_id is None and self.chat.model is not None:
+            await self.transcript.add_notice(
+                f"{self.chat.model.name} is still loaded and unchanged: {error.message}",
+                classes="error",
             )
 
     # ------------------------------------------------------------------ chat
@@ -390,50 +418,26 @@ class SsdmoeApp(App[int]):
 
     async def send(self, text: str) -> bool:
         """Send one user turn; False (with a notice) when it cannot go now."""
-        if self.inflight is not None:
-            if self.inflight in self._abandoned:
-                self.notify("Still stopping the previous reply; send again in a moment.")
-            else:
-                self.notify("A reply is still streaming: Esc stops it.", severity="warning")
-            return False
-        if self.engine is None or self.model_info is None:
-            why = (
-                "The model is still loading."
-                if self.loading_path is not None
-                else ("No model is loaded: ctrl+p → Open model…")
-            )
+        if why := self.chat.why_not_send():
             self.notify(why, severity="warning")
             return False
         self.prompt.clear()
         await self.transcript.add_user(text)
-        self.history.append(Message("user", text))
-        self._request_counter += 1
-        request_id = f"r{self._request_counter}"
-        self.current = await self.transcript.add_assistant(request_id, self.model_info.name)
-        self.inflight = request_id
+        request = self.chat.prepare(text)
+        assert self.chat.model is not None
+        self.current = await self.transcript.add_assistant(request.request_id, self.chat.model.name)
         self.transcript.action_pin()
         self.panel.clear_history()
-        messages = tuple(self.history)
-        if self.settings.system_prompt:
-            messages = (Message("system", self.settings.system_prompt), *messages)
-        self.engine.submit(
-            Generate(
-                request_id=request_id,
-                messages=messages,
-                max_tokens=self.settings.max_tokens,
-                session_id=self.session_id,
-            )
-        )
+        self.chat.submit(request)
         return True
 
     def action_stop(self) -> None:
         """Stop the streaming reply; what arrived stays, marked as stopped."""
-        if self.inflight is not None and self.engine is not None:
-            self.engine.cancel()
+        self.chat.stop()
 
     async def action_new_chat(self) -> None:
         self._abandon_reply()
-        self.history.clear()
+        self.chat.new_chat()
         await self.transcript.clear()
         self.panel.clear_history()
         await self._open_session(None)
@@ -441,37 +445,30 @@ class SsdmoeApp(App[int]):
         self.prompt.focus()
 
     def _abandon_reply(self) -> None:
-        """Stop the streaming reply and drop it; its GenerationDone still clears `inflight`."""
-        if self.inflight is not None:
-            self._abandoned.add(self.inflight)
-            self.current = None
-            if self.engine is not None:
-                self.engine.cancel()
+        self.chat.abandon_reply()
+        self.current = None
 
     async def _open_session(self, resume: str | None) -> None:
-        if self.session_store is None:
-            self.session_id = None
-            if resume is not None:
-                self.notify("--resume: saved sessions are not available here", severity="warning")
-            return
         try:
-            self.session_id, turns = self.session_store.open(resume)
+            turns = self.chat.open_session(resume)
+        except Refused as e:
+            self.notify(str(e), severity="warning")
+            return
         except Exception as e:  # noqa: BLE001 - a bad session file must not stop the chat
-            from ssdmoe_tui.errors import user_message
-
             self.notify(f"could not open the session: {user_message(e)}", severity="error")
-            self.session_id = None
+            self.chat.session_id = None
             return
         await self._show_turns(turns)
 
-    async def _show_turns(self, turns: Sequence[Message]) -> None:
+    async def _show_turns(self, turns: Sequence[ShownTurn]) -> None:
         for turn in turns:
             if turn.role == "user":
                 await self.transcript.add_user(turn.content)
             elif turn.role == "assistant":
-                message = await self.transcript.add_assistant("", "")
-                await message.finish(turn.content, "stop")
-        self.history = [t for t in turns if t.role in ("user", "assistant")]
+                stats = turn.reply
+                message = await self.transcript.add_assistant("", stats.model if stats else "")
+                reason = "cancelled" if turn.stopped else "stop"
+                await message.finish(turn.content, reason, stats.detail() if stats else "")
 
     # ------------------------------------------------------------------ conversations
 
@@ -486,11 +483,13 @@ class SsdmoeApp(App[int]):
         if conv_id:
             await self.open_conversation(conv_id)
 
+    @on(OpenConversation)
+    async def _open_conversation_requested(self, message: OpenConversation) -> None:
+        await self.open_conversation(message.conv_id)
+
     async def open_conversation(self, conv_id: str) -> bool:
         """Show a saved conversation in this window; its KV checkpoint loads (engine side)
         with the next turn. The current chat stays as it is if this fails."""
-        from ssdmoe_tui.errors import user_message
-
         if conv_id == self.session_id:
             return True
         if self.inflight is not None or self.session_store is None:
@@ -499,30 +498,31 @@ class SsdmoeApp(App[int]):
                 why = "a reply is still streaming: Esc stops it first"
             self.notify(f"Not opened: {why}.", severity="warning")
             return False
+        before = (self.chat.session_id, list(self.chat.history))
         try:
-            session_id, turns = self.session_store.open(conv_id)
+            turns = self.chat.open_session(conv_id)
         except Exception as e:  # noqa: BLE001 - one line; the current chat is untouched
+            self.chat.session_id, self.chat.history = before
             self.notify(
                 f"could not open the conversation: {user_message(e)}",
                 severity="error",
                 markup=False,
             )
             return False
-        self.history.clear()
         await self.transcript.clear()
         self.panel.clear_history()
-        self.session_id = session_id
         await self._show_turns(turns)
         model = self.model_info.name if self.model_info else None
-        await self.transcript.add_notice(resumed_notice(store_of(self), session_id, model))
+        await self.transcript.add_notice(resumed_notice(store_of(self), conv_id, model))
         self.transcript.action_pin()
         self.prompt.focus()
         return True
 
-    def conversation_deleted(self, conv_id: str) -> None:
+    @on(ConversationDeleted)
+    def conversation_deleted(self, message: ConversationDeleted) -> None:
         """The open conversation was deleted: the window starts a new one (its text
         would otherwise be saved again by the next turn)."""
-        if conv_id == self.session_id:
+        if message.conv_id == self.session_id:
             self.call_later(self.action_new_chat)
 
     def _saved_conversation(self) -> tuple[ConversationOps, str] | None:
@@ -533,7 +533,7 @@ class SsdmoeApp(App[int]):
         if not is_saved(store, self.session_id):
             self.notify("This chat is saved after its first reply.", severity="warning")
             return None
-        return ConversationOps(self, store), self.session_id
+        return ConversationOps(self, store), self.session_id  # type: ignore[return-value]
 
     def action_rename_conversation(self) -> None:
         if found := self._saved_conversation():
@@ -569,8 +569,10 @@ class SsdmoeApp(App[int]):
 
     def action_copy_last(self) -> None:
         replies = [m for m in self.transcript.messages() if isinstance(m, AssistantMessage)]
-        if replies:
+        if replies and replies[-1].text:
             replies[-1].action_copy_message()
+        else:
+            self.notify("No reply to copy yet.", severity="warning")
 
     def action_keys(self) -> None:
         if not isinstance(self.screen, KeysScreen):
@@ -586,30 +588,34 @@ class SsdmoeApp(App[int]):
 
     @on(KSlider.Changed)
     def _on_k_changed(self, event: KSlider.Changed) -> None:
-        self.k = event.k
         self.status_bar.k = event.k
-        if self.engine is not None:
-            self.engine.set_k(event.k)  # thread-safe; applies from the next token
+        try:
+            self.chat.set_k(event.k)  # thread-safe; applies from the next token
+        except Refused as e:
+            self.notify(str(e), severity="error")
 
     def action_k_step(self, delta: int) -> None:
-        slider = self.query_one(KSlider)
-        if not slider.num_experts:
+        control = self.k_control
+        if not control.num_experts:
             self.notify("No model loaded yet.", severity="warning")
             return
-        slider.set_k(slider.k + delta)
+        control.set_k(control.k + delta)
+
+    @on(RequestK)
+    def _k_requested(self, message: RequestK) -> None:
+        self.request_k(message.k)
 
     def request_k(self, k: int) -> None:
-        slider = self.query_one(KSlider)
-        if not slider.num_experts:
-            self.notify("No model loaded yet.", severity="warning")
-        elif not 1 <= k <= slider.num_experts:
-            self.notify(f"K must be 1..{slider.num_experts}, not {k}", severity="error")
-        else:
-            slider.set_k(k)
+        try:
+            self.chat.check_k(k)
+        except Refused as e:
+            self.notify(str(e), severity="error")
+            return
+        self.k_control.set_k(k)
 
     def action_ask_k(self) -> None:
-        slider = self.query_one(KSlider)
-        if not slider.num_experts:
+        control = self.k_control
+        if not control.num_experts:
             self.notify("No model loaded yet.", severity="warning")
             return
 
@@ -622,29 +628,29 @@ class SsdmoeApp(App[int]):
 
         self.push_screen(
             AskScreen(
-                f"K (experts per token), 1..{slider.num_experts}",
-                str(slider.k),
-                hint=f"The model was trained with K = {slider.trained_k}; lower is faster, "
+                f"K (experts per token), 1..{control.num_experts}",
+                str(control.k),
+                hint=f"The model was trained with K = {control.trained_k}; lower is faster, "
                 "and trades quality for speed.",
             ),
             done,
         )
 
+    @on(RequestExpertCache)
+    def _cache_requested(self, message: RequestExpertCache) -> None:
+        self.request_expert_cache(message.size)
+
     def request_expert_cache(self, size: str) -> None:
-        """The engine reloads the model with the new budget (ModelLoaded follows)."""
-        if self.engine is None:
+        """The engine reloads the model with the new budget (ModelLoaded follows); a
+        bad size is refused here and changes nothing."""
+        try:
+            self.chat.set_expert_cache(size)
+        except Refused as e:
+            self.notify(str(e), severity="error", markup=False)
             return
-        if self.model_info is None:
-            self.notify("No model loaded.", severity="warning")
-            return
-        path = self.model_info.path
-        self._abandon_reply()
-        self.settings.expert_cache = size
-        self.model_info = None
-        self.loading_path = path
-        self.status_bar.info = None
-        self.status_bar.loading = f"{Path(path).name} with a {size} expert cache"
-        self.engine.submit(SetExpertCache(size=size))
+        self.current = None
+        model = self.chat.model
+        self.status_bar.loading = f"{model.name if model else ''} with a {size} expert cache"
 
     def action_ask_expert_cache(self) -> None:
         current = self.model_info.expert_cache_budget if self.model_info else None
@@ -658,17 +664,21 @@ class SsdmoeApp(App[int]):
             AskScreen("Expert-cache budget", "auto", hint=hint + "auto, 512M, 4G, ..."), done
         )
 
+    @on(OpenModel)
+    def _open_model_requested(self, message: OpenModel) -> None:
+        self.open_model(message.path)
+
     def open_model(self, path: str, k: int | None = None) -> None:
-        """Load (or switch to) a model; progress and errors arrive as events."""
-        if self.engine is None:
+        """Load (or switch to) a model; progress and errors arrive as events. The loaded
+        model stays loaded if this one fails."""
+        try:
+            self.chat.open_model(path, k)
+        except Refused as e:
+            self.notify(str(e), severity="warning")
             return
-        self._abandon_reply()
-        self.model_info = None
-        self.loading_path = path
-        self.status_bar.info = None
+        self.current = None
+        self.load_progress = LoadProgress()
         self.status_bar.loading = path or "the demo model"
-        self.panel.show_model(None)
-        self.engine.submit(LoadModel(path=path, k=k, expert_cache=self.settings.expert_cache))
 
     def action_models(self) -> None:
         if isinstance(self.screen, ModelsScreen):
@@ -678,7 +688,9 @@ class SsdmoeApp(App[int]):
         def chosen(path: str | None) -> None:
             if path is None:
                 return
-            if self.model_info is not None and path and Path(path) == Path(self.model_info.path):
+            if path == OTHER:
+                self.action_ask_model()
+            elif self.model_info is not None and path and Path(path) == Path(self.model_info.path):
                 self.notify(f"{self.model_info.name} is already loaded.", markup=False)
             else:
                 self.open_model(path)
@@ -687,6 +699,7 @@ class SsdmoeApp(App[int]):
         extra = [self.model_info.path] if self.model_info else []
         self.push_screen(ModelsScreen(current, extra), chosen)
 
+    @on(AskModelPath)
     def action_ask_model(self) -> None:
         def done(value: str | None) -> None:
             if value is not None:
@@ -696,7 +709,7 @@ class SsdmoeApp(App[int]):
             AskScreen(
                 "Open model",
                 self.model_info.path if self.model_info else "",
-                placeholder="/path/to/checkpoint (empty: the demo model)",
+                placeholder="/path/to/checkpoint or org/repo (empty: the demo model)",
                 hint="A folder with config.json and *.safetensors, or a Hugging Face repo id.",
             ),
             done,
@@ -733,6 +746,10 @@ class SsdmoeApp(App[int]):
         self.theme = name
 
     def _remember_theme(self, theme: Any) -> None:
+        if self._fallback_theme is not None and theme.name == self._fallback_theme:
+            self._fallback_theme = None  # the fallback for an unknown theme: not a choice
+            return
+        self._fallback_theme = None
         loaded = self.settings.config
         if loaded is None or theme.name == self.settings.theme:
             return

@@ -1,17 +1,16 @@
 """Command palette (ctrl+p): chat, conversations, K, expert cache, panel, themes, model,
-config."""
+config. Each command runs an app action by name or posts a request message: the palette
+does not know the app's class."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-if TYPE_CHECKING:
-    from ssdmoe_tui.ui.app import SsdmoeApp
+from ssdmoe_tui.ui.messages import OpenModel, RequestExpertCache, RequestK
 
 _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
 _SET_CACHE = re.compile(r"(?:set\s+)?(?:expert[-\s]?)?cache\s*=?\s*(\S+)", re.IGNORECASE)
@@ -19,73 +18,80 @@ _OPEN = re.compile(r"open(?:\s+model)?\s+(\S.*)", re.IGNORECASE)
 
 
 class SsdmoeCommands(Provider):
-    @property
-    def _app(self) -> SsdmoeApp:
-        return self.app  # type: ignore[return-value]
+    def _action(self, name: str) -> Callable[[], object]:
+        return partial(self.app.run_action, name)
+
+    def _post(self, message: object) -> Callable[[], object]:
+        return partial(self.app.post_message, message)
 
     def _static(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app = self._app
+        app = self.app
+        act = self._action
         commands: list[tuple[str, str, Callable[[], object]]] = [
-            ("New chat", "Clear the conversation and start over", app.action_new_chat),
-            ("Stop generation", "Stop the streaming reply and keep what arrived", app.action_stop),
-            ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", app.action_ask_k),
+            ("New chat", "Clear the conversation and start over", act("new_chat")),
+            ("Stop generation", "Stop the streaming reply and keep what arrived", act("stop")),
+            ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", act("ask_k")),
             (
                 "Set expert-cache budget…",
                 "Memory for cached experts: auto, 512M, 4G (or type: cache 2G)",
-                app.action_ask_expert_cache,
+                act("ask_expert_cache"),
             ),
-            ("Toggle engine panel", "Show or hide the engine side column", app.action_toggle_panel),
+            ("Toggle engine panel", "Show or hide the engine side column", act("toggle_panel")),
             (
                 "Switch model",
                 "Pick a model found on this machine (F4)",
-                app.action_models,
+                act("models"),
             ),
-            ("Open model…", "Load a checkpoint folder (or type: open /path)", app.action_ask_model),
+            ("Open model…", "Load a checkpoint folder (or type: open /path)", act("ask_model")),
             (
                 "Conversations",
                 "Saved conversations: search, open, rename (ctrl+o)",
-                app.action_conversations,
+                act("conversations"),
             ),
             (
                 "Clear conversation",
                 "New context in this window; the conversation stays in the list",
-                app.action_new_chat,
+                act("new_chat"),
             ),
             (
                 "Rename conversation…",
                 "Give this conversation a title",
-                app.action_rename_conversation,
+                act("rename_conversation"),
             ),
             (
                 "Delete conversation…",
                 "Remove this conversation and its KV checkpoints (asks first)",
-                app.action_delete_conversation,
+                act("delete_conversation"),
             ),
             (
                 "Export conversation as Markdown",
                 "Write this conversation to a .md file",
-                partial(app.action_export_conversation, "md"),
+                act("export_conversation('md')"),
             ),
             (
                 "Export conversation as JSON",
                 "Write this conversation, token ids included, to a .json file",
-                partial(app.action_export_conversation, "json"),
+                act("export_conversation('json')"),
             ),
             (
                 "Open the model folder",
                 "Show the loaded model's folder",
-                app.action_open_model_folder,
+                act("open_model_folder"),
             ),
             (
                 "Show config path",
                 "Where config.toml lives (also copied)",
-                app.action_show_config_path,
+                act("show_config_path"),
             ),
-            ("Keys", "Every key binding and its id", app.action_keys),
+            ("Keys", "Every key binding and its id", act("keys")),
         ]
         for name in sorted(app.available_themes):
             commands.append(
-                (f"Theme: {name}", "Switch theme (remembered)", partial(app.choose_theme, name))
+                (
+                    f"Theme: {name}",
+                    "Switch theme (remembered)",
+                    partial(setattr, app, "theme", name),
+                )
             )
         return commands
 
@@ -96,23 +102,22 @@ class SsdmoeCommands(Provider):
             yield DiscoveryHit(title, callback, help=help_text)
 
     async def search(self, query: str) -> Hits:
-        app = self._app
         text = query.strip()
         if m := _SET_K.fullmatch(text):
             k = int(m.group(1))
-            yield Hit(1.0, f"Set K to {k}", partial(app.request_k, k), help="Experts per token")
+            yield Hit(1.0, f"Set K to {k}", self._post(RequestK(k)), help="Experts per token")
         elif m := _SET_CACHE.fullmatch(text):
             size = m.group(1)
             yield Hit(
                 1.0,
                 f"Set expert-cache budget to {size}",
-                partial(app.request_expert_cache, size),
+                self._post(RequestExpertCache(size)),
                 help="auto, 512M, 4G, ...",
             )
         elif m := _OPEN.fullmatch(text):
             path = m.group(1).strip()
             yield Hit(
-                1.0, f"Open model {path}", partial(app.open_model, path), help="Load a checkpoint"
+                1.0, f"Open model {path}", self._post(OpenModel(path)), help="Load a checkpoint"
             )
         matcher = self.matcher(query)
         for title, help_text, callback in self._static():

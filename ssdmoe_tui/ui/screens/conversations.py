@@ -11,11 +11,11 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -25,9 +25,7 @@ from textual.widgets.option_list import Option
 from ssdmoe_tui import paths
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Summary
-
-if TYPE_CHECKING:
-    from ssdmoe_tui.ui.app import SsdmoeApp
+from ssdmoe_tui.ui.messages import ConversationDeleted
 
 EXPORT_FORMATS = {"md": "Markdown", "json": "JSON"}
 
@@ -88,7 +86,7 @@ class ConversationOps:
 
     `done` callbacks run after a change went through (the list refreshes itself)."""
 
-    def __init__(self, app: SsdmoeApp, store: SessionStore) -> None:
+    def __init__(self, app: App, store: SessionStore) -> None:
         self.app = app
         self.store = store
 
@@ -142,7 +140,7 @@ class ConversationOps:
                 self._fail("not deleted", e)
                 return
             self.app.notify(f"Deleted “{title}”", markup=False)
-            self.app.conversation_deleted(conv_id)
+            self.app.post_message(ConversationDeleted(conv_id))
             if done is not None:
                 done()
 
@@ -231,7 +229,7 @@ class ConversationsScreen(ModalScreen[str | None]):
 
     @property
     def ops(self) -> ConversationOps:
-        return ConversationOps(self.app, self.store)  # type: ignore[arg-type]
+        return ConversationOps(self.app, self.store)
 
     # -------------------------------------------------------------- the list
     def refresh_list(self) -> None:

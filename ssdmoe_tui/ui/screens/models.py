@@ -26,6 +26,7 @@ from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.models.scan import ModelEntry, scan_models
 from ssdmoe_tui.paths import demo_model_dir
 from ssdmoe_tui.ui.fmt import fmt_bytes
+from ssdmoe_tui.ui.messages import AskModelPath
 
 OTHER = "__other__"  # option id: type a path or repo id
 DEMO = "__demo__"  # option id: the built-in demo model, not written yet
@@ -141,8 +142,10 @@ class ModelsScreen(ModalScreen[str | None]):
         event.stop()
         chosen = event.option.id
         if chosen == OTHER:
+            # Dismissed first: the app asks for the path once this screen is gone (asking
+            # from here would put the question under this screen, and its answer nowhere).
             self.dismiss(None)
-            self.app.action_ask_model()  # type: ignore[attr-defined]
+            self.app.post_message(AskModelPath())
         elif chosen == DEMO:
             self.dismiss("")
         elif chosen is not None:

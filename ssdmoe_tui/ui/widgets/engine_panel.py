@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
+from ssdmoe_tui.chat.progress import LoadProgress
 from ssdmoe_tui.engine.protocol import ModelInfo, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
@@ -29,21 +30,41 @@ PHASE_LABELS = {
 }
 
 # (key, label) rows in display order; the section a row belongs to is set in compose().
+# Labels stay short: at 80x24 the panel is ~30 columns and shows every row at once.
 ROWS = {
     "decode": "decode",
-    "prefill": "prefill (last turn)",
-    "ssd": "SSD read",
-    "requested": "requested",
-    "cache_hit": "hit rate",
-    "cache_used": "used / budget",
-    "mem_resident": "weights (resident)",
-    "mem_cache": "expert cache",
+    "prefill": "prefill (last)",
+    "ssd": "read from SSD",
+    "page_cache": "from page cache",
+    "mass": "router mass kept",
+    "cache_hit": "cache hit rate",
+    "cache_used": "cache used",
+    "mem_resident": "weights",
     "mem_kv": "KV cache",
     "mem_rss": "process RSS",
     "mem_peak": "peak RSS",
-    "kv_hit": "KV hit (this turn)",
+    "kv_hit": "KV hit (turn)",
     "context": "context",
 }
+
+TOOLTIPS = {
+    "ssd": "Expert bytes per token that came from the storage device (/proc/self/io "
+    "read_bytes): the cost of streaming.",
+    "page_cache": "Expert bytes per token the engine read that the OS served from its "
+    "page cache in RAM, not from the device (a small model's shards sit there after the "
+    "first read).",
+    "mass": "The cost of K: the router's probability mass kept by the experts run, against "
+    "the trained K (100 % there), mean over MoE layers and this reply's tokens; the "
+    "sparkline is per token.",
+    "cache_hit": "Share of routed experts found in the engine's own expert cache this turn.",
+    "kv_hit": "Share of this turn's prompt served from the saved KV cache.",
+}
+
+
+def page_cache_mib(s: StatsSample) -> float:
+    """MiB per token the engine read that did not come from the device: the OS served
+    them from its page cache (read-ahead can make the device side the larger one)."""
+    return max(0.0, s.requested_mib_per_token - s.ssd_mib_per_token)
 
 
 class Row(Horizontal):
@@ -51,7 +72,8 @@ class Row(Horizontal):
 
     DEFAULT_CSS = """
     Row { height: 1; }
-    Row > .row-label { width: 1fr; color: $foreground-muted; }
+    Row > .row-label { width: 1fr; color: $foreground-muted; padding-right: 1;
+                       text-wrap: nowrap; text-overflow: ellipsis; }
     Row > .row-value { width: auto; text-style: bold; }
     """
 
@@ -59,6 +81,8 @@ class Row(Horizontal):
         super().__init__(id=f"row-{key}")
         self.key = key
         self.label = label
+        if key in TOOLTIPS:
+            self.tooltip = TOOLTIPS[key]
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="row-label")
@@ -73,6 +97,7 @@ class EnginePanel(VerticalScroll):
         self.shown: dict[str, str] = {}
         self.decode_history: deque[float] = deque(maxlen=HISTORY)
         self.ssd_history: deque[float] = deque(maxlen=HISTORY)
+        self.mass_history: deque[float] = deque(maxlen=HISTORY)
         self.last_sample: StatsSample | None = None
         self.info: ModelInfo | None = None
         self._last_generated = 0
@@ -88,15 +113,18 @@ class EnginePanel(VerticalScroll):
         yield Row("decode", ROWS["decode"])
         yield Sparkline([], id="spark-decode")
         yield Row("prefill", ROWS["prefill"])
-        yield Static("SSD per token", classes="section-title")
+        yield Static("expert bytes per token", classes="section-title")
         yield Row("ssd", ROWS["ssd"])
-        yield Sparkline([], id="spark-ssd")
-        yield Row("requested", ROWS["requested"])
+        yield Row("page_cache", ROWS["page_cache"])
+        yield Sparkline([], id="spark-ssd")  # all bytes read per token: SSD + page cache
+        # The cost of K: the router's probability mass the running K keeps (100 % at trained K).
+        yield Row("mass", ROWS["mass"])
+        yield Sparkline([], id="spark-mass")
         yield Static("expert cache", classes="section-title")
         yield Row("cache_hit", ROWS["cache_hit"])
         yield Row("cache_used", ROWS["cache_used"])
         yield Static("memory", classes="section-title")
-        for key in ("mem_resident", "mem_cache", "mem_kv", "mem_rss", "mem_peak"):
+        for key in ("mem_resident", "mem_kv", "mem_rss", "mem_peak"):
             yield Row(key, ROWS[key])
         yield Static("context", classes="section-title")
         yield Row("kv_hit", ROWS["kv_hit"])
@@ -114,7 +142,8 @@ class EnginePanel(VerticalScroll):
             self.shown[key] = text
             self.query_one(f"#v-{key}", Static).update(text)
 
-    def show_model(self, info: ModelInfo | None) -> None:
+    def show_model(self, info: ModelInfo | None, k: int | None = None) -> None:
+        """Show a loaded model (None: no model); `k` is the K it runs at."""
         self.info = info
         slider = self.query_one(KSlider)
         if info is None:
@@ -128,7 +157,7 @@ class EnginePanel(VerticalScroll):
         slider.configure(
             num_experts=info.num_experts,
             trained_k=info.trained_k,
-            k=info.k,
+            k=k if k is not None else info.k,
             expert_bytes=info.expert_bytes,
             num_layers=info.num_layers,
         )
@@ -154,6 +183,15 @@ class EnginePanel(VerticalScroll):
         if event.phase == "prefill" and event.done == 0:
             self._last_generated = 0
 
+    def show_load(self, progress: LoadProgress) -> None:
+        """A model load: its step, share done and time left, on the phase line and bar."""
+        label = f"{PHASE_LABELS['loading']}\n{progress.text()}"
+        self.query_one("#phase", Static).update(label)
+        self.shown["phase"] = label
+        bar = self.query_one("#phase-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=100, progress=progress.fraction * 100)
+
     def show_sample(self, s: StatsSample) -> None:
         self.last_sample = s
         new_tokens = s.generated_tokens - self._last_generated
@@ -167,20 +205,23 @@ class EnginePanel(VerticalScroll):
             # lines span ~60 tokens whatever the sample rate.
             for _ in range(min(new_tokens, HISTORY)):
                 self.decode_history.append(s.decode_tok_s)
-                self.ssd_history.append(s.ssd_mib_per_token)
+                self.ssd_history.append(s.requested_mib_per_token)
+                if s.routing_mass_last is not None:
+                    self.mass_history.append(s.routing_mass_last)
             self.query_one("#spark-decode", Sparkline).data = list(self.decode_history)
             self.query_one("#spark-ssd", Sparkline).data = list(self.ssd_history)
+            self.query_one("#spark-mass", Sparkline).data = list(self.mass_history)
         self._set("decode", fmt_rate(s.decode_tok_s) if settled else "—")
         self._set("prefill", fmt_rate(s.prefill_tok_s))
-        self._set("ssd", f"{fmt_mib(s.ssd_mib_per_token)}/tok")
-        self._set("requested", f"{fmt_mib(s.requested_mib_per_token)}/tok")
+        self._set("ssd", fmt_mib(s.ssd_mib_per_token))
+        self._set("page_cache", fmt_mib(page_cache_mib(s)))
+        self._set("mass", fmt_pct(s.routing_mass))
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate))
         self._set(
             "cache_used",
             f"{fmt_bytes(s.expert_cache_used_bytes)} / {fmt_bytes(s.expert_cache_budget_bytes)}",
         )
         self._set("mem_resident", fmt_bytes(s.resident_bytes))
-        self._set("mem_cache", fmt_bytes(s.expert_cache_used_bytes))
         self._set("mem_kv", fmt_bytes(s.kv_cache_bytes))
         self._set("mem_rss", fmt_bytes(s.rss_bytes))
         self._set("mem_peak", fmt_bytes(s.peak_rss_bytes))
@@ -192,6 +233,8 @@ class EnginePanel(VerticalScroll):
     def clear_history(self) -> None:
         self.decode_history.clear()
         self.ssd_history.clear()
+        self.mass_history.clear()
         self._last_generated = 0
         self.query_one("#spark-decode", Sparkline).data = []
         self.query_one("#spark-ssd", Sparkline).data = []
+        self.query_one("#spark-mass", Sparkline).data = []

@@ -7,6 +7,8 @@ traffic per token the choice implies.
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
@@ -63,6 +65,7 @@ class KSlider(Widget, can_focus=True):
         super().__init__(id=id, classes=classes)
         self.expert_bytes = 0
         self.num_layers = 0
+        self.user_changed_at = 0.0  # monotonic time of the last change by the user
 
     def configure(
         self, *, num_experts: int, trained_k: int, k: int, expert_bytes: int, num_layers: int
@@ -85,6 +88,7 @@ class KSlider(Widget, can_focus=True):
         if new != self.k:
             self.k = new
             if notify:
+                self.user_changed_at = time.monotonic()
                 self.post_message(self.Changed(self, new))
 
     def action_step(self, delta: int) -> None:
@@ -141,6 +145,8 @@ class KSlider(Widget, can_focus=True):
                 track.append("─", self._style("kslider--rest"))
         track.append("]")
         foot = Text(f"≈ {self.implied_mib_per_token:.2f} MiB/token uncached")
+        if 0 < self.size.height < 4:  # compact (short terminals): the figures, no note
+            return Text("\n").join([head, track, foot])
         if k < trained:
             note = Text(f"speed/quality trade-off (< {trained})", self._style("kslider--tradeoff"))
         elif k > trained:

@@ -16,27 +16,42 @@ class StatusBar(Static):
     phase: reactive[str] = reactive("idle")
     loading: reactive[str] = reactive("")  # model being loaded, "" when none
 
-    def render(self) -> Text:
-        sep = ("  │  ", "dim")
-        text = Text.assemble(("ssdmoe", "bold"), sep)
+    def parts(self) -> list[tuple[int, Text]]:
+        """(priority, piece) in display order; the lowest priorities go first when the
+        terminal is too narrow for all of them (at 80 columns the figures all stay)."""
         info = self.info
+        parts: list[tuple[int, Text]] = [(0, Text("ssdmoe", style="bold"))]
         if info is None:
             if self.loading:
-                text.append(f"loading {self.loading} …", style="italic")
+                parts.append((9, Text(f"loading {self.loading} …", style="italic")))
             else:
-                text.append("no model  (ctrl+p → Open model)", style="italic")
+                parts.append((9, Text("no model  (F4 picks one)", style="italic")))
         else:
-            text.append(info.name, style="bold")
-            text.append(f" ({info.model_type})", style="dim")
-            text.append_text(Text.assemble(sep, (info.device, "bold"), (f" · {info.dtype}", "dim")))
+            name = Text(info.name, style="bold")
+            parts.append((9, name))
+            parts.append((2, Text(f"({info.model_type})", style="dim")))
+            parts.append((6, Text(info.device, style="bold")))
+            parts.append((1, Text(info.dtype, style="dim")))
             k = self.k or info.k
-            text.append_text(
-                Text.assemble(sep, "K ", (str(k), "bold"), (f"/{info.num_experts}", "dim"))
-            )
+            k_text = Text.assemble("K ", (str(k), "bold"), (f"/{info.num_experts}", "dim"))
             if k != info.trained_k:
-                text.append(f" (trained {info.trained_k})", style="dim")
-            text.append_text(
-                Text.assemble(sep, "cache ", (fmt_bytes(info.expert_cache_budget), "bold"))
+                k_text.append(f" (trained {info.trained_k})", style="dim")
+            parts.append((8, k_text))
+            parts.append(
+                (7, Text.assemble("cache ", (fmt_bytes(info.expert_cache_budget), "bold")))
             )
-        text.append_text(Text.assemble(sep, (self.phase, "italic")))
-        return text
+            if self.loading:
+                parts.append((5, Text(f"reloading {self.loading} …", style="italic")))
+        parts.append((8, Text(self.phase, style="italic")))
+        return parts
+
+    def render(self) -> Text:
+        parts = self.parts()
+        width = self.content_size.width or 10_000
+        while len(parts) > 1 and _joined(parts).cell_len > width:
+            parts.remove(min(parts, key=lambda p: p[0]))
+        return _joined(parts)
+
+
+def _joined(parts: list[tuple[int, Text]]) -> Text:
+    return Text(" │ ", style="dim").join(piece for _, piece in parts)

@@ -47,7 +47,7 @@ class ChatMessage(Vertical, can_focus=True):
 
     DEFAULT_CSS = """
     ChatMessage { height: auto; }
-    ChatMessage .message-header { height: 1; }
+    ChatMessage .message-header { height: auto; }
     ChatMessage .message-title { width: 1fr; }
     """
     BINDINGS = [

@@ -1,7 +1,7 @@
 /* ssdmoe native expert reader: see ssdmoe_reader.h for the contract.
  *
- * Build: cc -O2 -shared -fPIC -pthread -o libssdmoe_reader.so ssdmoe_reader.c
- * (macOS: same flags, .dylib). reader.py builds it on first use when missing.
+ * Built by the package build (setup.py: an extension module that reader.py loads with
+ * ctypes) with the flags in cflags.txt; `make sanitize` builds it with ASan + UBSan.
  *
  * Why native: the engine reads thousands of expert slices per token; a pool of threads
  * doing pread straight into MLX buffers keeps the SSD queue full without the GIL or any
@@ -161,6 +161,9 @@ static int64_t read_one(struct ssdmoe_reader *r, worker_t *w, int fd, int64_t of
     if (off < 0 || len < 0) return -EINVAL;
     if (len == 0) return 0;
     if (!dest) return -EFAULT;
+    /* Range check before any arithmetic: off + len, and the end rounded up to the next
+     * 4096 block (O_DIRECT), must both fit in int64 (signed overflow is undefined). */
+    if (off > INT64_MAX - SSDMOE_ALIGN - len) return -EOVERFLOW;
 #ifdef __linux__
     if (fd >= 0 && fd < r->fdcap) {
         fd_entry *e = &r->fdtab[fd];

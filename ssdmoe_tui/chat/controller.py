@@ -1,0 +1,274 @@
+"""The chat's state, without Textual: which model is loaded, what is loading, the
+conversation, the reply in flight.
+
+The model state changes here and only here. The app calls a method for what the user
+asked (`open_model`, `set_expert_cache`, `set_k`, `send`) and for what the engine said
+(`model_loaded`, `engine_error`, `reply_done`); a request that cannot go now raises
+`Refused` with one line for the user, and nothing changes. The loaded model stays
+`model` until another one has loaded or the engine says it is gone (a fatal error), so a
+typo or a bad value never costs the working model, and a bad value is never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
+from ssdmoe_tui.config import ChatSettings
+from ssdmoe_tui.engine.options import CacheBudget, check_k
+from ssdmoe_tui.engine.protocol import (
+    EngineError,
+    Generate,
+    GenerationDone,
+    LoadModel,
+    Message,
+    ModelInfo,
+    SetExpertCache,
+    SetK,
+)
+from ssdmoe_tui.errors import user_message
+
+
+class Refused(Exception):
+    """The request cannot go now; the message is one line for the user."""
+
+
+class Engine(Protocol):
+    """What the chat needs from `ssdmoe_tui.engine.service.EngineService`."""
+
+    def start(self) -> None: ...
+    def submit(self, command: Any) -> None: ...
+    def cancel(self) -> None: ...
+    def shutdown(self, timeout: float = 5.0) -> None: ...
+
+
+class SessionStore(Protocol):
+    """Conversation persistence (`sessions.app_sessions.AppSessions`); optional."""
+
+    def open(self, resume: str | None) -> tuple[str, list[ShownTurn]]:
+        """Start a session (or resume `resume`, "" = the latest): its id and turns."""
+        ...
+
+    def record(
+        self, session_id: str, messages: Sequence[Message], done: GenerationDone, model: str = ""
+    ) -> None:
+        """Called after every finished reply with the whole conversation so far."""
+        ...
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What `model_loaded` decided: the K to show, and warnings for the user."""
+
+    k: int
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What an engine error meant: a reply ended, and/or the model is gone."""
+
+    reply_failed: bool = False
+    model_lost: bool = False
+
+
+@dataclass
+class ChatController:
+    settings: ChatSettings
+    engine: Engine | None = None
+    sessions: SessionStore | None = None
+    model: ModelInfo | None = None  # the model the engine holds and serves
+    loading: str | None = None  # a model (or expert-cache change) on its way; None: none
+    session_id: str | None = None
+    history: list[Message] = field(default_factory=list)
+    inflight: str | None = None  # request awaiting its GenerationDone
+    last_done: GenerationDone | None = None
+    on_warning: Callable[[str], None] | None = None  # persistence problems, one line
+    _abandoned: set[str] = field(default_factory=set)
+    _pending_cache: str | None = None
+    _wanted_k: int | None = None
+    _requests: int = 0
+
+    # ------------------------------------------------------------------ model lifecycle
+
+    def open_model(self, path: str, k: int | None = None) -> None:
+        """Load (or switch to) a model. The current one serves until the new one has
+        loaded; `k` is applied once the model's range is known."""
+        if self.engine is None:
+            raise Refused("The engine is not running.")
+        self.abandon_reply()
+        self.loading = path
+        self._wanted_k = k
+        self._pending_cache = None
+        self.engine.submit(LoadModel(path=path, expert_cache=self.settings.expert_cache))
+
+    def set_expert_cache(self, size: str) -> None:
+        """Reload the model with another expert-cache budget; a bad size changes nothing."""
+        try:
+            CacheBudget.parse(size)
+        except ValueError as e:
+            raise Refused(str(e)) from None
+        if self.engine is None or self.model is None:
+            raise Refused("No model loaded.")
+        if self.loading is not None:
+            raise Refused("A model is loading; try again when it has loaded.")
+        self.abandon_reply()
+        self.loading = self.model.path
+        self._pending_cache = size
+        self._wanted_k = None
+        self.engine.submit(SetExpertCache(size=size))
+
+    def check_k(self, k: int) -> None:
+        if self.model is None:
+            raise Refused("No model loaded yet.")
+        try:
+            check_k(k, self.model.num_experts)
+        except ValueError as e:
+            raise Refused(str(e)) from None
+
+    def set_k(self, k: int) -> None:
+        """Applies from the next token (the engine's runner owns K)."""
+        self.check_k(k)
+        if self.engine is not None:
+            self.engine.submit(SetK(k))
+
+    def model_loaded(self, info: ModelInfo) -> Loaded:
+        self.model = info
+        self.loading = None
+        if self._pending_cache is not None:
+            self.settings.expert_cache = self._pending_cache  # stored once it worked
+            self._pending_cache = None
+        wanted, self._wanted_k = self._wanted_k, None
+        if wanted is None or wanted == info.k:
+            return Loaded(info.k)
+        try:
+            self.set_k(wanted)
+        except Exception as e:  # noqa: BLE001 - the model works at its own K
+            why = str(e) if isinstance(e, Refused) else user_message(e)
+            if self.settings.k == wanted:
+                self.settings.k = None  # a bad value is not kept (nor offered again)
+            return Loaded(info.k, (f"k = {wanted} not used ({why}); K is {info.k}",))
+        return Loaded(wanted)
+
+    def engine_error(self, error: EngineError) -> Failure:
+        """A failed reply gives its turn back (the user can send it again); a failed load
+        or setting ends the loading; only a fatal error drops the model."""
+        reply_failed = error.request_id is not None and error.request_id == self.inflight
+        if reply_failed:
+            abandoned = error.request_id in self._abandoned
+            self._abandoned.discard(error.request_id)  # type: ignore[arg-type]
+            self.inflight = None
+            if not abandoned and self.history and self.history[-1].role == "user":
+                self.history.pop()
+        elif error.request_id is None:
+            self.loading = None
+            self._pending_cache = None
+            self._wanted_k = None
+        if error.fatal:
+            self.model = None
+        return Failure(reply_failed=reply_failed, model_lost=error.fatal)
+
+    # ------------------------------------------------------------------ chat
+
+    def why_not_send(self) -> str | None:
+        if self.inflight is not None:
+            if self.inflight in self._abandoned:
+                return "Still stopping the previous reply; send again in a moment."
+            return "A reply is still streaming: Esc stops it."
+        if self.engine is None:
+            return "The engine is not running."
+        if self.loading is not None:
+            return "The model is still loading."
+        if self.model is None:
+            return "No model is loaded: F4 picks one, ctrl+p → Open model…"
+        return None
+
+    def prepare(self, text: str) -> Generate:
+        """The Generate for one user turn, recorded as in flight; `submit` sends it (the
+        app shows the empty reply in between, so no token arrives before it). Refused
+        when it cannot go now."""
+        if why := self.why_not_send():
+            raise Refused(why)
+        self.history.append(Message("user", text))
+        self._requests += 1
+        request = Generate(
+            request_id=f"r{self._requests}",
+            messages=self._with_system(tuple(self.history)),
+            max_tokens=self.settings.max_tokens,
+            temp=self.settings.temperature,
+            top_p=self.settings.top_p,
+            session_id=self.session_id,
+        )
+        self.inflight = request.request_id
+        return request
+
+    def submit(self, request: Generate) -> None:
+        assert self.engine is not None
+        self.engine.submit(request)
+
+    def _with_system(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        if self.settings.system_prompt:
+            return (Message("system", self.settings.system_prompt), *messages)
+        return messages
+
+    def reply_done(self, done: GenerationDone) -> ReplyStats | None:
+        """Settle the reply `done` ends: its stats for the header, or None when it is not
+        one to show (another request's, or one dropped by a new chat / model switch)."""
+        if done.request_id != self.inflight:
+            return None
+        self.last_done = done
+        try:
+            if done.request_id in self._abandoned:
+                return None
+            if done.finish_reason != "error" and done.text:
+                self.history.append(Message("assistant", done.text))
+            model = self.model.name if self.model else ""
+            if self.sessions is not None and self.session_id is not None:
+                try:
+                    self.sessions.record(self.session_id, tuple(self.history), done, model)
+                except Exception as e:  # noqa: BLE001 - persistence must not stop the chat
+                    self._warn(f"session not saved: {user_message(e)}")
+            return ReplyStats.from_done(done, model)
+        finally:
+            self._abandoned.discard(done.request_id)
+            self.inflight = None  # last: a new prompt may go once this reply is settled
+
+    def stop(self) -> None:
+        if self.inflight is not None and self.engine is not None:
+            self.engine.cancel()
+
+    def abandon_reply(self) -> None:
+        """Stop the streaming reply and drop it; its GenerationDone still clears `inflight`."""
+        if self.inflight is not None:
+            self._abandoned.add(self.inflight)
+            if self.engine is not None:
+                self.engine.cancel()
+
+    def is_abandoned(self, request_id: str) -> bool:
+        return request_id in self._abandoned
+
+    # ------------------------------------------------------------------ conversations
+
+    def open_session(self, resume: str | None) -> list[ShownTurn]:
+        """Start (None) or resume a conversation; raises (one line) if it cannot be read,
+        leaving the current one as it was."""
+        if self.sessions is None:
+            self.session_id = None
+            if resume is not None:
+                raise Refused("--resume: saved sessions are not available here")
+            return []
+        session_id, turns = self.sessions.open(resume)
+        self.session_id = session_id
+        chat = [t for t in turns if t.role in ("user", "assistant")]
+        self.history = [Message(t.role, t.content) for t in chat]  # type: ignore[arg-type]
+        return turns
+
+    def new_chat(self) -> None:
+        self.abandon_reply()
+        self.history.clear()
+
+    def _warn(self, text: str) -> None:
+        if self.on_warning is not None:
+            self.on_warning(text)

@@ -1,0 +1,159 @@
+"""Trace-driven routing: the engine computes every MoE layer as usual but routes each
+token to the experts a recorded trace names, so cache policy and prediction can be
+measured in the real engine on real routing (issue 13, part 1).
+
+Each MoE block's router (`gate`) still runs; its logits outside the trace's ids for that
+(step, layer) are set to the dtype's lowest value, so the block's own top-k picks the
+trace's ids and its own softmax and renormalisation weight them with the router's
+scores at those ids. The cache is asked for exactly the trace's ids, in trace order
+(what `ssdmoe trace replay` replays), so engine and simulator see the same lookups.
+
+Steps: every forward pass of more than one token is a prefill chunk and routes to the
+trace's prefill union for that layer (one chunk per layer, whatever the prompt's
+length); single-token passes follow the trace's decode steps in order, and wrap to the
+first decode step at the trace's end (counted in `wraps`). The first single-token pass
+is the one that samples the first token from the prompt's last position.
+
+Tokens produced this way are not the model's own: output is labelled `trace:<name>` and
+no exactness claim is made for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ssdmoe_tui.engine.traces import DECODE, PREFILL, Trace, read_trace
+from ssdmoe_tui.errors import BadValueError
+
+SUPPORTED = ("qwen3_moe", "qwen3_5_moe", "mixtral")
+
+
+class TraceRouting:
+    """The trace's expert ids per (step, layer), and where the engine is in it."""
+
+    def __init__(self, trace: Trace, name: str, num_layers: int, num_experts: int) -> None:
+        meta = trace.meta
+        self.name = name
+        self.label = f"trace:{name}"
+        if (meta.num_layers, meta.num_experts) != (num_layers, num_experts):
+            raise BadValueError(
+                f"routing trace {name} has {meta.num_layers} MoE layers x {meta.num_experts} "
+                f"experts, the model {num_layers} x {num_experts}: build a matching checkpoint "
+                f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
+            )
+        self.k = meta.k
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        prefill: dict[int, dict[int, None]] = {}
+        self.decode: list[dict[int, np.ndarray]] = []
+        for step in trace.steps:
+            if step.phase == PREFILL:
+                for layer, ids in step.layers:
+                    prefill.setdefault(layer, {}).update(dict.fromkeys(ids))
+            elif step.phase == DECODE:
+                cells = {}
+                for layer, ids in step.layers:
+                    if len(ids) != self.k or len(set(ids)) != self.k:
+                        raise BadValueError(
+                            f"routing trace {name}: decode token {step.token} layer {layer} "
+                            f"has {len(ids)} distinct-or-not ids {list(ids)[:8]}, expected "
+                            f"K={self.k} distinct"
+                        )
+                    cells[layer] = np.array(ids, dtype=np.int64)
+                self.decode.append(cells)
+        if not self.decode:
+            raise BadValueError(f"routing trace {name} has no decode steps")
+        if self.k < 1:
+            raise BadValueError(f"routing trace {name} does not say K")
+        self.prefill = {la: np.array(list(ids), dtype=np.int64) for la, ids in prefill.items()}
+        self.phase = PREFILL
+        self.position = -1  # decode step index (before wrapping)
+        self.wraps = 0
+        self.on_decode_start = None  # callback when the first decode pass begins
+        self._masks: dict[int, mx.array] = {}
+
+    # ---------------------------------------------------------------- position
+    def begin_pass(self, tokens: int) -> None:
+        """Called once per forward pass (by the first MoE layer's gate)."""
+        self._masks = {}
+        if tokens > 1:
+            self.phase = PREFILL
+            return
+        first = self.phase == PREFILL and self.position < 0
+        self.phase = DECODE
+        self.position += 1
+        if self.position and self.position % len(self.decode) == 0:
+            self.wraps += 1
+        if first and self.on_decode_start is not None:
+            self.on_decode_start()
+
+    def cell(self, layer: int) -> np.ndarray | None:
+        """The ids this pass routes `layer` to (trace order); None: the trace has no row
+        (then the router's own choice stands)."""
+        if self.phase == PREFILL:
+            return self.prefill.get(layer)
+        return self.decode[self.position % len(self.decode)].get(layer)
+
+    def mask(self, layer: int) -> mx.array | None:
+        m = self._masks.get(layer)
+        if m is None:
+            ids = self.cell(layer)
+            if ids is None:
+                return None
+            host = np.zeros(self.num_experts, dtype=bool)
+            host[ids] = True
+            m = self._masks[layer] = mx.array(host)
+        return m
+
+    def summary(self) -> dict:
+        return {
+            "routing": self.label,
+            "routing_k": self.k,
+            "routing_decode_steps": len(self.decode),
+            "routing_wraps": self.wraps,
+        }
+
+
+class TraceGate(nn.Module):
+    """The block's router with logits outside the trace's ids pushed to the lowest value."""
+
+    def __init__(self, inner: nn.Module, routing: TraceRouting, layer: int) -> None:
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_routing", routing)
+        object.__setattr__(self, "_layer", layer)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        routing = self._routing
+        if self._layer == 0:
+            routing.begin_pass(int(np.prod(x.shape[:-1])))
+        logits = self.inner(x)
+        mask = routing.mask(self._layer)
+        if mask is None:
+            return logits
+        return mx.where(mask, logits, mx.array(mx.finfo(logits.dtype).min, logits.dtype))
+
+
+def attach(sm, path: str | Path) -> TraceRouting:
+    """Route `sm` (a StreamedModel) by the trace at `path`; sets K to the trace's."""
+    if sm.model_type not in SUPPORTED:
+        raise BadValueError(
+            f"--routing-trace supports {', '.join(SUPPORTED)} checkpoints, not {sm.model_type}"
+        )
+    trace = read_trace(path)
+    routing = TraceRouting(trace, Path(path).name, sm.index.num_layers, sm.index.num_experts)
+    if routing.k > sm.index.num_experts:
+        raise BadValueError(f"routing trace K={routing.k} exceeds {sm.index.num_experts} experts")
+    for layer, block in enumerate(sm.blocks):
+        block.gate = TraceGate(block.gate, routing, layer)
+        block.switch_mlp.set_routing(routing)
+    sm.cache.routing = routing
+    # The simulator ages the policy once after the prefill step; the runner ages it
+    # before every decode step but the first.
+    routing.on_decode_start = sm.cache.step
+    sm.set_k(routing.k)
+    return routing

@@ -1,0 +1,135 @@
+"""Trace-driven routing in the real engine (`--routing-trace`): the engine computes every
+layer but routes by a recorded trace, and its decode hit rate equals `trace replay`'s."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ssdmoe_tui.bench.trace_replay import replay
+from ssdmoe_tui.engine import trace_routing
+from ssdmoe_tui.engine.cache import slot_memory_bytes
+from ssdmoe_tui.engine.loader import load_streamed
+from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.traces import DECODE, read_trace
+from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.models.demo import write_checkpoint
+from tests.checkpoints import QWEN3_MOE
+from tests.fixture_paths import TRACES
+
+ROUTES = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace"
+QWEN, GPTOSS = ROUTES / "qwen.route.csv", ROUTES / "gptoss.route.csv"
+
+
+def _shaped(tmp_path_factory, name: str, layers: int, k: int):
+    """A tiny qwen3_moe checkpoint with the trace's MoE layers, 128 experts and K."""
+    cfg = dict(QWEN3_MOE, num_hidden_layers=layers, num_experts=128, num_experts_per_tok=k)
+    cfg.update(hidden_size=64, head_dim=16, moe_intermediate_size=32, vocab_size=256)
+    out = tmp_path_factory.mktemp(name) / "ckpt"
+    return write_checkpoint(cfg, out, seed=1, group_size=32, max_shard_bytes=8 << 20)
+
+
+LAYERS, STEPS = 12, 64  # the traces cut to their first layers and decode steps (test time)
+
+
+def _cut(src, dst, layers: int = LAYERS, steps: int = STEPS):
+    """The trace's first `layers` layers and `steps` decode steps, written in the
+    documented moe-routing-jsonl layout (so that reader is exercised too)."""
+    trace = read_trace(src)
+    meta = trace.meta
+    lines = [{"format": "moe-routing-jsonl", "model": meta.model, "k": meta.k,
+              "num_layers": layers, "num_experts": meta.num_experts}]  # fmt: skip
+    decode = 0
+    for step in trace.steps:
+        if step.phase == DECODE:
+            if decode == steps:
+                break
+            decode += 1
+        for layer, ids in step.layers:
+            if layer < layers:
+                phase = "decode" if step.phase == DECODE else "prefill"
+                lines.append(
+                    {"token": step.token, "layer": layer, "experts": list(ids), "phase": phase}
+                )
+    dst.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def qwen_cut(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen-cut")
+    return _shaped(tmp_path_factory, "qwen12", LAYERS, 6), _cut(QWEN, d / "qwen-cut.jsonl")
+
+
+@pytest.fixture(scope="module")
+def gptoss_cut(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gptoss-cut")
+    return _shaped(tmp_path_factory, "gptoss12", LAYERS, 2), _cut(GPTOSS, d / "gptoss-cut.jsonl")
+
+
+def _engine_decode_hit(path, trace_path, slots: int, policy: str = "auto") -> tuple[float, dict]:
+    from ssdmoe_tui.engine.index import load_index
+
+    index, _ = load_index(path)
+    import mlx.core as mx
+
+    budget = slots * slot_memory_bytes(index, mx.float32)
+    sm = load_streamed(path, expert_cache=str(budget), policy=policy)
+    try:
+        assert sm.cache.capacity == slots
+        routing = trace_routing.attach(sm, trace_path)
+        sm.tokenizer.eos_token_ids = set()
+        runner = Runner(sm, prefill_step_size=64)
+        runner.k = routing.k
+        steps = len(routing.decode)
+        res = runner.generate(list(range(3, 19)), max_tokens=steps)
+        st = res.stats
+        assert st.k_per_token == [routing.k] * steps
+        assert routing.wraps == 0 and routing.position == steps - 1
+        return st.decode_hits / (st.decode_hits + st.decode_misses), routing.summary()
+    finally:
+        sm.close()
+
+
+@pytest.mark.parametrize(
+    ("per_layer", "policy"), [(12, "cycle-lfu"), (24, "lru"), (9, "layer-lfu")]
+)
+def test_engine_decode_hit_rate_equals_trace_replay_qwen(qwen_cut, per_layer, policy) -> None:
+    path, trace = qwen_cut
+    slots = per_layer * LAYERS
+    got, summary = _engine_decode_hit(path, trace, slots, policy)
+    want = replay(read_trace(trace), policy, slots, warmup=1).hit_rate
+    assert 0.2 < want < 0.95
+    assert abs(100 * got - 100 * want) <= 0.5, (got, want)
+    assert summary["routing"] == "trace:qwen-cut.jsonl" and summary["routing_k"] == 6
+
+
+def test_engine_decode_hit_rate_equals_trace_replay_gptoss(gptoss_cut) -> None:
+    path, trace = gptoss_cut
+    slots = 4 * LAYERS  # 2xK per layer; the prefill union (up to ~60 ids) exceeds it: grouped
+    got, _ = _engine_decode_hit(path, trace, slots)
+    want = replay(read_trace(trace), "cycle-lfu", slots, warmup=1).hit_rate
+    assert abs(100 * got - 100 * want) <= 0.5, (got, want)
+
+
+def test_mismatched_shape_is_one_line(checkpoints) -> None:
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    try:
+        with pytest.raises(BadValueError, match=r"48 MoE layers x 128 experts.*--layers 48"):
+            trace_routing.attach(sm, QWEN)
+    finally:
+        sm.close()
+
+
+def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:
+    from ssdmoe_tui.cli import main
+
+    path, trace = qwen_cut
+    rc = main(["generate", "--model", str(path), "--prompt", "hello there", "--raw",
+               "--max-tokens", "4", "--json", "--routing-trace", str(trace)])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    st = doc["stats"]
+    assert st["routing"] == "trace:qwen-cut.jsonl" and doc["k"] == 6
+    assert st["expert_cache_slots"] > 0 and st["policy"] == "cycle-lfu"
