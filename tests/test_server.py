@@ -198,7 +198,8 @@ def conversation_turns(c, model, n: int, start: list | None = None) -> tuple[lis
     return messages, usages
 
 
-def test_multi_turn_reuse_and_restart_from_disk(srv, model, home):
+def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))  # the module server's lock folder
     c = srv.client()
     messages, usages = conversation_turns(c, srv.model, 3)
     for u in usages[1:]:
