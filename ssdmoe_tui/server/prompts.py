@@ -21,9 +21,9 @@ import hashlib
 import json
 import secrets
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
