@@ -109,6 +109,15 @@ def test_expert_map_is_balanced_and_deterministic():
     assert ExpertMap(3, 5, 16) == m  # nothing random
 
 
+@pytest.mark.parametrize("flag", [["--prefetch"], ["--trace", "t.jsonl"]])
+def test_options_that_do_not_combine_are_refused_in_one_line(flag, capsys):
+    from ssdmoe_tui import cli
+
+    assert cli.main(["generate", "--distributed", "--prompt", "hi", *flag]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ssdmoe: error: {flag[0]} does not combine with --distributed"]
+
+
 @pytest.mark.parametrize("bank_bytes", [None, "20K"])
 def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, bank_bytes):
     """The distributed switch on a group of one (every expert owned; groups of rows when

@@ -776,7 +776,11 @@ def check_args(args) -> None:
     """Options that do not combine with --distributed, as one line before anything starts."""
     from ssdmoe_tui.errors import BadValueError
 
-    for name, flag in (("prefetch", "--prefetch"), ("trace", "--trace")):
+    for name, flag in (
+        ("prefetch", "--prefetch"),
+        ("trace", "--trace"),
+        ("routing_trace", "--routing-trace"),
+    ):
         value = getattr(args, name, None)
         if value not in (None, False, "off"):
             raise BadValueError(f"{flag} does not combine with --distributed")
