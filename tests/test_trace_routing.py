@@ -151,3 +151,13 @@ def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:
     st = doc["stats"]
     assert st["routing"] == "trace:qwen-cut.jsonl" and doc["k"] == 6
     assert st["expert_cache_slots"] > 0 and st["policy"] == "cycle-lfu"
+
+
+def test_cli_replay_prefetch_reports_issued_used_wasted(qwen_cut, capsys) -> None:
+    from ssdmoe_tui.cli import main
+
+    _, trace = qwen_cut
+    assert main(["trace", "replay", str(trace), "--policy", "cycle-lfu", "--budget", "12",
+                 "--prefetch"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "prefetch (co-occurrence" in out and "wasted" in out and "precision 0." in out

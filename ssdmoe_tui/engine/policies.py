@@ -712,7 +712,9 @@ def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
         inner = base.removeprefix("predict").removeprefix("-") or "cycle-lfu"
         if inner.startswith("predict") or inner not in POLICY_NAMES:
             raise BadValueError(f"unknown cache policy {name!r} (predict-<policy>)")
-        protect = int(arg) if arg and arg.isdigit() else PREDICT_PROTECT
+        if arg and not arg.isdigit():
+            raise BadValueError(f"bad policy parameter in {name!r}: expected a count")
+        protect = int(arg) if arg else PREDICT_PROTECT
         return PredictivePolicy(name, make_policy(inner, capacity, num_layers), num_layers, protect)
     known = ", ".join(POLICY_NAMES)
     raise BadValueError(f"unknown cache policy {name!r} (known: {known})")

@@ -204,7 +204,7 @@ class StreamedSwitch(nn.Module):
                 # Read the next layer's likely experts while this layer computes.
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
-            elif cache.predictor is not None and host.size == len(uniq):
+            elif cache.predictor is not None and host.size == host.shape[-1]:
                 # Decode (one token): co-occurrence predicts the next layer's ids (trace-
                 # driven runs), read while this layer computes.
                 nxt = cache.predictor.predict(self._layer, uniq.tolist(), len(uniq))
