@@ -490,7 +490,7 @@ def run_bench(
     act_dtype = parse_dtype(opts.dtype)
     dtype_name = str(act_dtype).removeprefix("mlx.core.")
 
-    from mlx_lm.utils import load_tokenizer
+    from ssdmoe_tui.checkpoint.config import load_tokenizer
 
     tokenizer = load_tokenizer(path)
     prompt = fixed_prompt(tokenizer, opts.prompt_tokens)

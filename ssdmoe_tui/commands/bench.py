@@ -18,6 +18,7 @@ from ssdmoe_tui.commands.common import (
     add_reader_arguments,
     add_routing_trace_argument,
     arg_type,
+    distributed_run,
 )
 from ssdmoe_tui.engine.options import parse_positive
 
@@ -104,18 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --quality: the text's first N tokens",
     )  # fmt: skip
     add_distributed_argument(p)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.distributed:
-        return _run(args, None)
-    from ssdmoe_tui.engine.distributed import check_args, start
-
-    check_args(args)
-    dist = start()
-    with dist.guard():
-        return _run(args, dist)
+    p.set_defaults(func=distributed_run(_run))
 
 
 def _run(args: argparse.Namespace, dist) -> int:

@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ssdmoe_tui.checkpoint import arch
-from ssdmoe_tui.checkpoint.config import load_config
+from ssdmoe_tui.checkpoint.config import load_config, load_tokenizer
 from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size, slot_memory_bytes
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.reader import open_reader
@@ -208,8 +208,6 @@ def load_streamed(
     is current, else the shards), `shards`, or `repacked` (an error when none is).
     `distributed` (`engine.distributed.Distributed`): an expert-parallel launch; this
     rank streams only its share of the experts. None: one process holds them all."""
-    from mlx_lm.utils import load_tokenizer
-
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
@@ -323,10 +321,7 @@ def load_streamed(
     resident = sum(v.nbytes for _, v in _flat(model.parameters()))
 
     progress("loading tokenizer")
-    try:
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    except Exception as e:  # noqa: BLE001
-        raise ModelError(f"{path}: cannot load tokenizer ({e})") from e
+    tokenizer = load_tokenizer(path)
 
     sm = StreamedModel(
         model=model,

@@ -29,6 +29,7 @@ from ssdmoe_tui.checkpoint.arch import (
 from ssdmoe_tui.checkpoint.layout import measure_experts
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 
+# Config reading is checkpoint.arch's; these names stay importable from here for callers.
 __all__ = [
     "MoeGeometry",
     "Quantization",
