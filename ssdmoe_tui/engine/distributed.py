@@ -776,7 +776,11 @@ def check_args(args) -> None:
     """Options that do not combine with --distributed, as one line before anything starts."""
     from ssdmoe_tui.errors import BadValueError
 
-    for name, flag in (("prefetch", "--prefetch"), ("trace", "--trace")):
+    for name, flag in (
+        ("prefetch", "--prefetch"),
+        ("trace", "--trace"),
+        ("routing_trace", "--routing-trace"),
+    ):
         value = getattr(args, name, None)
         if value not in (None, False, "off"):
             raise BadValueError(f"{flag} does not combine with --distributed")
@@ -885,9 +889,13 @@ class ServiceLink:
         if wd is None:
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
             os._exit(1)
-        if self.dist.is_root:
-            wd._exit(line)
-        wd.local_failure(line, comm_error=_looks_like_comm_error(exc))
+        if not self.dist.is_root:
+            wd.local_failure(line, comm_error=_looks_like_comm_error(exc))  # exits
+        if _looks_like_comm_error(exc):
+            time.sleep(min(2.0, wd.timeout))  # the side channel names the lost rank first
+        wd._exit(line)
+        time.sleep(5)  # another verdict is ending the process
+        os._exit(1)
 
 
 def follow(dist: Distributed, options, link: ServiceLink | None = None) -> int:
