@@ -73,3 +73,10 @@ def test_legacy_quantization_config_loads_like_mlx_lm(tmp_path, mode):
     config["quantization_config"] = {"quant_method": mode}
     (path / "config.json").write_text(json.dumps(config))
     compare(path)
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5_moe"])
+def test_other_architectures_quantize_like_mlx_lm(checkpoints, arch):
+    """SwitchMLP (fc1/fc2, unquantized router) and the hybrid Qwen3.5 layout: every
+    module's quantization and the generated tokens equal mlx_lm.load's."""
+    compare(checkpoints(arch))
