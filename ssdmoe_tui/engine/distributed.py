@@ -115,6 +115,7 @@ class Distributed:
         self.size = int(group.size())
         self.watchdog = watchdog
         self.counters = CommCounters()
+        self._hosts: list[str] | None = None
 
     @property
     def is_root(self) -> bool:
@@ -203,10 +204,22 @@ class Distributed:
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
+    def hosts(self) -> list[str]:
+        """Every rank's host name. A collective the first time (`start` calls it on every
+        rank), then cached."""
+        if self._hosts is None:
+            self._hosts = self.gather_json(socket.gethostname())
+        return self._hosts
+
     def first_on_host(self) -> bool:
         """Whether no lower rank runs on this machine (it takes machine-wide locks)."""
-        hosts = self.gather_json(socket.gethostname())
+        hosts = self.hosts()
         return hosts.index(hosts[self.rank]) == self.rank
+
+    def ranks_on_host(self) -> int:
+        """Ranks sharing this machine's memory (an `auto` expert cache is split among them)."""
+        hosts = self.hosts()
+        return hosts.count(hosts[self.rank])
 
     # -------------------------------------------------------- the engine hook
     def partition(self, index) -> Partition:
@@ -628,6 +641,7 @@ def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
         wd = Watchdog(dist.rank, dist.size, _timeout_s())
         wd.connect(dist, sigterm=sigterm)
         dist.watchdog = wd
+        dist.hosts()
     else:
         print(
             "ssdmoe: note: --distributed but this process is alone (start it with "
