@@ -99,9 +99,6 @@ class CommCounters:
     all_sum_bytes: int = 0  # payload bytes this rank contributed
     expert_compute_s: float = 0.0  # evaluating this rank's share of the experts
 
-    def snapshot(self) -> CommCounters:
-        return CommCounters(**self.__dict__)
-
 
 # ---------------------------------------------------------------- the group
 
@@ -258,10 +255,6 @@ class Distributed:
         else:
             if self.watchdog is not None:
                 self.watchdog.finish()
-
-    def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.finish()
 
 
 def _looks_like_comm_error(e: BaseException) -> bool:
@@ -620,18 +613,12 @@ def _readline(sock: socket.socket) -> str:
 # ---------------------------------------------------------------- start
 
 
-_current: Distributed | None = None
-
-
 def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
     """Join the launch (`mlx.launch` sets it up) and start the side channel.
 
     Outside a launch MLX gives a group of one: the engine then runs as one process,
     and a notice says so. `sigterm=False`: leave SIGTERM to the caller (a server that
     shuts down gracefully on it)."""
-    global _current
-    if _current is not None:
-        return _current
     try:
         group = mx.distributed.init(strict=False, backend=backend)
     except RuntimeError as e:
@@ -649,13 +636,7 @@ def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
             file=sys.stderr,
             flush=True,
         )
-    _current = dist
     return dist
-
-
-def current() -> Distributed | None:
-    """The process's distributed group once `start` ran (one per process, like MLX's)."""
-    return _current
 
 
 # ---------------------------------------------------------------- stats
