@@ -363,7 +363,7 @@ async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_mo
         await wait_until(pilot, lambda: app.inflight is None, 10, "the abandoned reply to end")
         assert app.last_done.finish_reason == "cancelled"
         assert app.history == [] and not replies(app)
-        app.settings.max_tokens = 20
+        app.chat.gen.max_tokens = 20  # this conversation's setting
         await type_and_send(pilot, "fresh")
         await wait_until(pilot, lambda: app.inflight is None and app.history, 60, "a reply")
         assert [m.role for m in app.history] == ["user", "assistant"]
