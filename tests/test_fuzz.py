@@ -15,13 +15,10 @@ from tests.fuzz.harness import CRASHES, TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = ROOT / "scripts" / "fuzz.py"
-# Targets whose readers still have open defects that other work fixes (issue 11 items 2
-# and 4): their saved findings stay in tests/fuzz/crashes/ (`scripts/fuzz.py --replay`
-# lists them), but only the hardened readers must be clean here. Remove a name once its reader passes `scripts/fuzz.py --replay`.
-OPEN = {
-    "safetensors": "issue 11 item 4: header values (arch-checkpoint)",
-    "trace": "issue 11 item 2: trace reader bounds (routing)",
-}
+# Targets whose readers still have open defects that other work fixes: {name: owner}.
+# Their saved findings stay in tests/fuzz/crashes/ (`scripts/fuzz.py --replay` lists
+# them), but only the hardened readers must be clean here. None open now.
+OPEN: dict[str, str] = {}
 HARDENED = [name for name in TARGETS if name not in OPEN]
 SECONDS = 20
 

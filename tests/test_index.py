@@ -75,6 +75,7 @@ def _poke(path, pos: int) -> None:
 
 def test_in_place_edit_with_same_size_and_mtime_changes_the_key(checkpoints, tmp_path):
     import shutil
+    from dataclasses import replace
 
     from ssdmoe_tui.checkpoint.header import read_header
 
@@ -86,6 +87,8 @@ def test_in_place_edit_with_same_size_and_mtime_changes_the_key(checkpoints, tmp
     _poke(shard, read_header(shard).data_start)  # first sampled block
     again, cached = load_index(path)
     assert not cached and again.key != first.key and again.layers == first.layers
+    assert shard.name in again.note and "changed in place" in again.note
+    assert load_index(path) == (replace(again, note=""), True)  # said once
 
 
 def test_verify_names_the_changed_tensor(checkpoints, tmp_path, capsys):

@@ -110,13 +110,20 @@ def _pairs(path: Path):
     return hook
 
 
-def nesting_depth(blob: bytes) -> int:
-    """Deepest [ / { nesting of a JSON text, strings ignored; linear and recursion-free."""
-    bare = np.frombuffer(_STRING.sub(b'""', blob), dtype=np.uint8)
-    step = np.zeros(len(bare), dtype=np.int64)
-    step[(bare == ord("[")) | (bare == ord("{"))] = 1
-    step[(bare == ord("]")) | (bare == ord("}"))] = -1
+def _bracket_depth(blob: bytes) -> int:
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    step = np.zeros(len(raw), dtype=np.int32)
+    step[(raw == ord("[")) | (raw == ord("{"))] = 1
+    step[(raw == ord("]")) | (raw == ord("}"))] = -1
     return int(np.cumsum(step).max(initial=0))
+
+
+def nesting_depth(blob: bytes) -> int:
+    """Deepest [ / { nesting of a JSON text, strings ignored; linear and recursion-free.
+    Counting brackets inside strings too gives an upper bound, which is all a header under
+    the limit needs; strings are stripped (slower) only when that bound is over it."""
+    bound = _bracket_depth(blob)
+    return bound if bound <= MAX_DEPTH else _bracket_depth(_STRING.sub(b'""', blob))
 
 
 def parse_json(blob: bytes, path: Path, what: str = "safetensors header") -> object:
@@ -231,10 +238,9 @@ def parse_header(blob: bytes, path: Path, file_size: int) -> Header:
     return Header(path, tensors, metadata, data_start, file_size, bytes(blob))
 
 
-def read_header(path: Path | str, *, label: str | None = None) -> Header:
-    """Read and validate a safetensors file's header; no tensor data is read.
-
-    `label` replaces the path in messages (the KV checkpoints name only the file)."""
+def read_header_bytes(path: Path | str, *, label: str | None = None) -> tuple[bytes, int]:
+    """(the header's JSON bytes, file size), framing checked but the JSON not parsed: what
+    a content hash needs, at the cost of one small read."""
     path = Path(path)
     shown = Path(label) if label is not None else path
     try:
@@ -258,12 +264,20 @@ def read_header(path: Path | str, *, label: str | None = None) -> Header:
                 )
             if n < 2:
                 raise HeaderError(shown, f"safetensors header length {n} is too short for JSON")
-            blob = f.read(n)
+            return f.read(n), size
     except FileNotFoundError:
         raise HeaderError(shown, "missing (a broken link into the hub cache?)") from None
     except IsADirectoryError:
         raise HeaderError(shown, "is a folder, not a safetensors file") from None
     except OSError as e:
         raise HeaderError(shown, f"unreadable ({e.strerror or e})") from None
-    header = parse_header(blob, shown, size)
+
+
+def read_header(path: Path | str, *, label: str | None = None) -> Header:
+    """Read and validate a safetensors file's header; no tensor data is read.
+
+    `label` replaces the path in messages (the KV checkpoints name only the file)."""
+    path = Path(path)
+    blob, size = read_header_bytes(path, label=label)
+    header = parse_header(blob, Path(label) if label is not None else path, size)
     return header if label is None else replace(header, path=path)

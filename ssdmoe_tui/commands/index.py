@@ -60,12 +60,15 @@ def run(args: argparse.Namespace) -> int:
         index, cached = load_index(path)
     s = summary(index, config)
     s["from_cache"] = cached
+    s["note"] = index.note
     s["seconds"] = round(time.perf_counter() - t0, 4)
     if args.json:
         print(json.dumps(s))
         return 0
     mib = 2**20
     print(f"{path}")
+    if s["note"]:
+        print(f"  warning: {s['note']}")
     print(
         f"  architecture     {s['model_type']}  ({s['shards']} shards, index {'cached' if cached else 'built'} in {s['seconds']} s)"
     )

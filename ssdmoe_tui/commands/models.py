@@ -8,6 +8,7 @@ import os
 import sys
 
 from ssdmoe_tui.models import registry
+from ssdmoe_tui.units import human_bytes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,14 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sup.set_defaults(func=run_supported)
 
 
-def _size(n: float, digits: int = 1) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
-        n /= 1024
-    return f"{n:.{digits}f} TiB"
-
-
 def _mib(x: float) -> str:
     return f"{x:,.1f}" if x >= 1 else f"{x:.3f}"
 
@@ -60,10 +53,10 @@ def format_table(entries: list) -> str:
             (
                 e.name,
                 e.architecture,
-                _size(e.size_bytes),
+                human_bytes(e.size_bytes),
                 f"{e.moe_layers}x{e.num_experts}",
                 str(e.trained_k),
-                _size(e.bytes_per_expert, 2) if e.bytes_per_expert else "-",
+                human_bytes(e.bytes_per_expert, 2) if e.bytes_per_expert else "-",
                 _mib(e.mib_per_token) if e.mib_per_token else "-",
                 "yes" if e.supported else "no",
             )

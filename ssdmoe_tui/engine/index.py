@@ -16,14 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.checkpoint import layout
-from ssdmoe_tui.checkpoint.header import read_header
+from ssdmoe_tui.checkpoint.header import read_header_bytes
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.paths import cache_dir
 
@@ -71,6 +71,7 @@ class ExpertIndex:
     expert_pieces: int  # reads per expert after coalescing touching components
     resident_bytes: int  # every tensor that is not an expert tensor
     total_bytes: int
+    note: str = ""  # a warning for the user (a shard edited in place); never cached
 
     @property
     def num_layers(self) -> int:
@@ -94,9 +95,9 @@ def shard_names(model_dir: Path) -> list[str]:
 def content_sample(path: Path) -> str:
     """sha256 of a shard's header and of SAMPLE_BLOCKS 4 KiB blocks spread over its data
     (plus the last one): a few reads that catch a shard rewritten with the same size/mtime."""
-    header = read_header(path)
-    h = hashlib.sha256(header.raw)
-    size, start = header.file_size, header.data_start
+    raw, size = read_header_bytes(path)
+    h = hashlib.sha256(raw)
+    start = 8 + len(raw)
     span = max(size - start - SAMPLE_BLOCK, 0)
     points = sorted({start + span * i // SAMPLE_BLOCKS for i in range(SAMPLE_BLOCKS + 1)})
     with open(path, "rb") as f:
@@ -105,11 +106,21 @@ def content_sample(path: Path) -> str:
     return h.hexdigest()
 
 
-def _index_key(model_dir: Path, names: list[str]) -> str:
-    h = hashlib.sha256(f"v{INDEX_VERSION}".encode())
+def shard_states(model_dir: Path, names: list[str]) -> dict[str, list]:
+    """[size, mtime_ns, content sample] of each shard: what the index key is made of."""
+    out = {}
     for n in names:
         st = (model_dir / n).stat()
-        h.update(f"{n}:{st.st_size}:{st.st_mtime_ns}:{content_sample(model_dir / n)}".encode())
+        out[n] = [st.st_size, st.st_mtime_ns, content_sample(model_dir / n)]
+    return out
+
+
+def _index_key(model_dir: Path, names: list[str], states: dict[str, list] | None = None) -> str:
+    states = shard_states(model_dir, names) if states is None else states
+    h = hashlib.sha256(f"v{INDEX_VERSION}".encode())
+    for n in names:
+        size, mtime, sample = states[n]
+        h.update(f"{n}:{size}:{mtime}:{sample}".encode())
     cfg = model_dir / "config.json"
     if cfg.exists():
         h.update(cfg.read_bytes())
@@ -202,13 +213,46 @@ def _from_json(text: str) -> ExpertIndex:
     return ExpertIndex(**{**i, "layers": layers, "shards": tuple(i["shards"])})
 
 
+def changed_in_place(model_dir: Path, states: dict[str, list]) -> list[str]:
+    """Shards whose content sample differs from the last time this folder was indexed
+    while their size and mtime did not (an in-place edit); records the states."""
+    key = hashlib.sha256(os.path.realpath(model_dir).encode()).hexdigest()[:32]
+    record = cache_dir() / "index" / "folders" / f"{key}.json"
+    try:
+        before = json.loads(record.read_text())
+    except (OSError, ValueError):
+        before = {}
+    changed = [
+        n
+        for n, (size, mtime, sample) in states.items()
+        if isinstance(before.get(n), list)
+        and before[n][:2] == [size, mtime]
+        and before[n][2:] != [sample]
+    ]
+    if before != states:
+        try:
+            atomic_write_text(record, json.dumps(states))
+        except OSError:
+            pass
+    return changed
+
+
 def load_index(model_dir: Path, use_cache: bool = True) -> tuple[ExpertIndex, bool]:
-    """Return (index, from_cache). The cache entry is valid while shard sizes/mtimes match."""
+    """Return (index, from_cache). The cache entry is valid while the shards' sizes,
+    mtimes and content samples match. `index.note` says when a shard changed in place."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelError(f"model folder not found: {model_dir}")
     names = shard_names(model_dir)
-    key = _index_key(model_dir, names)
+    states = shard_states(model_dir, names)
+    key = _index_key(model_dir, names, states)
+    changed = changed_in_place(model_dir, states) if use_cache else []
+    note = (
+        f"{model_dir / changed[0]}: content changed in place (same size and mtime) since it "
+        "was last indexed; `ssdmoe index --verify` names the tensors"
+        if changed
+        else ""
+    )
     cached = cache_dir() / "index" / f"{key}.json"
     if use_cache and cached.exists():
         try:
@@ -226,4 +270,4 @@ def load_index(model_dir: Path, use_cache: bool = True) -> tuple[ExpertIndex, bo
             atomic_write_text(cached, _to_json(index))
         except OSError:
             pass  # a read-only cache dir only costs a rebuild next time
-    return index, False
+    return (replace(index, note=note) if note else index), False

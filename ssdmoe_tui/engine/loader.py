@@ -76,15 +76,6 @@ def set_block_k(block: nn.Module, k: int) -> None:
         gate.top_k = k
 
 
-def block_k(block: nn.Module) -> int:
-    gate = getattr(block, "gate", None)
-    if gate is not None and hasattr(gate, "top_k"):
-        return int(gate.top_k)
-    if hasattr(block, "top_k"):
-        return int(block.top_k)
-    return int(block.num_experts_per_tok)
-
-
 def default_dtype() -> mx.Dtype:
     """float32 activations on CPU (4-bit matmuls with bf16 run ~8x slower there), bf16 on GPU."""
     return mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16
@@ -223,6 +214,8 @@ def load_streamed(
     model_class, args_class = _model_classes(config)
     progress("indexing experts")
     index, _ = load_index(path)
+    if index.note:
+        progress(index.note)
     act_dtype = parse_dtype(dtype)
 
     model = model_class(args_class.from_dict(config))
@@ -252,7 +245,9 @@ def load_streamed(
         }
         specs.append((li, block, orig, kind, quant))
 
-    trained_k = block_k(specs[0][1])
+    trained_k = arch.trained_k(config)  # the one reading of it (checkpoint.arch)
+    if not trained_k:
+        raise ModelError(f"{path / 'config.json'}: no num_experts_per_tok (trained top-k)")
     min_slots = max(trained_k, 1) * index.num_layers
     resident_est = index.resident_bytes
     if expert_cache == "auto":

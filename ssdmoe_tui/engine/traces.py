@@ -208,13 +208,13 @@ def read_trace(path: str | Path) -> Trace:
             first = f.readline()
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise BadValueError(f"cannot read trace {path}: {e}") from None
-    if first.startswith("# route_trace"):
-        return _read_route_csv(path)
     try:
         head = json.loads(first)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested too deeply: not a header
         head = None
     try:
+        if first.startswith("# route_trace"):
+            return _read_route_csv(path)
         if isinstance(head, dict) and head.get("format") == FORMAT:
             return _read_engine(path)
         if isinstance(head, dict) and head.get("type") == "meta":

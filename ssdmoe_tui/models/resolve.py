@@ -23,6 +23,7 @@ from typing import IO, Any
 from ssdmoe_tui.errors import BadValueError, ModelError, SsdmoeError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.scan import missing_shards, read_config
+from ssdmoe_tui.units import human_bytes
 
 #: What a checkpoint needs: weights, configs + tokenizer.json, templates, tokenizer files and
 #: the small remote-code files. The same list as mlx-lm's `DEFAULT_ALLOW_PATTERNS`, so a model
@@ -596,14 +597,6 @@ class _Tracker:
         return _Bar
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _fmt_eta(s: float | None) -> str:
     if s is None:
         return "--:--"
@@ -615,12 +608,12 @@ def _fmt_eta(s: float | None) -> str:
 
 def format_progress(p: DownloadProgress) -> str:
     """`mlx-community/X  1.2 GiB / 19.5 GiB  6%  45.3 MiB/s  ETA 06:52  3/14 files`."""
-    total = _fmt_bytes(p.total_bytes) if p.total_bytes else "?"
+    total = human_bytes(p.total_bytes) if p.total_bytes else "?"
     pct = f"{p.fraction * 100:3.0f}%"
     files = f"{p.files_done}/{p.files_total} files" if p.files_total else ""
     return (
-        f"{p.repo_id}  {_fmt_bytes(p.downloaded_bytes)} / {total}  {pct}  "
-        f"{_fmt_bytes(p.bytes_per_s)}/s  ETA {_fmt_eta(p.eta_s)}  {files}"
+        f"{p.repo_id}  {human_bytes(p.downloaded_bytes)} / {total}  {pct}  "
+        f"{human_bytes(p.bytes_per_s)}/s  ETA {_fmt_eta(p.eta_s)}  {files}"
     ).rstrip()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ssdmoe_tui.checkpoint.layout import mib_per_token
+
 MIB = 1024 * 1024
 
 
@@ -32,6 +34,5 @@ def fmt_count(n: int) -> str:
     return f"{n:,}"
 
 
-def mib_per_token(expert_bytes: int, k: int, num_layers: int) -> float:
-    """SSD bytes per decoded token if no expert were cached: K experts in every MoE layer."""
-    return expert_bytes * k * num_layers / MIB
+# mib_per_token is re-exported: its one definition lives with the expert layout.
+__all__ = ["fmt_bytes", "fmt_count", "fmt_mib", "fmt_pct", "fmt_rate", "mib_per_token"]
