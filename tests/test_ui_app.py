@@ -76,6 +76,20 @@ def errors(app: SsdmoeApp) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "error"]
 
 
+def record_notifications(app: SsdmoeApp) -> list[tuple[str, str]]:
+    """Every (severity, message) the app notifies, kept (on screen they expire, and a
+    slow shared machine can outlast their timeout)."""
+    said: list[tuple[str, str]] = []
+    notify = app.notify
+
+    def record(message: str, **kw) -> object:
+        said.append((kw.get("severity", "information"), message))
+        return notify(message, **kw)
+
+    app.notify = record
+    return said
+
+
 def warnings(app: SsdmoeApp) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "warning"]
 
@@ -226,6 +240,11 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
     broken.mkdir()
     (broken / "config.json").write_text("{ not json")
     app = SsdmoeApp(ChatSettings(model=str(tmp_path / "no-such-model"), max_tokens=40))
+    said = record_notifications(app)
+
+    def errors(app) -> list[str]:
+        return [message for severity, message in said if severity == "error"]
+
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: errors(app), 60, "an error notification")
         (message,) = errors(app)

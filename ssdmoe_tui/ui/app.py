@@ -158,6 +158,7 @@ class SsdmoeApp(App[int]):
         self.current: AssistantMessage | None = None
         self.load_progress = LoadProgress()
         self.editing = False  # the prompt holds the last prompt, to be edited and resent
+        self._finishing: str | None = None  # a finished reply whose widget is settling
         self.events_seen: dict[str, int] = {}
         self._fallback_theme: str | None = None
         themes, self._theme_warnings = load_themes()
@@ -187,7 +188,8 @@ class SsdmoeApp(App[int]):
 
     @property
     def inflight(self) -> str | None:
-        return self.chat.inflight
+        """The reply in flight, until its widget has settled too."""
+        return self.chat.inflight or self._finishing
 
     @property
     def last_done(self) -> GenerationDone | None:
@@ -396,9 +398,13 @@ class SsdmoeApp(App[int]):
         if done.request_id != self.chat.inflight:
             return
         message, self.current = self.current, None
-        stats = self.chat.reply_done(done)
-        if stats is not None and message is not None and message.is_attached:
-            await message.finish(done.text, done.finish_reason, stats.detail())
+        self._finishing = done.request_id
+        try:
+            stats = self.chat.reply_done(done)
+            if stats is not None and message is not None and message.is_attached:
+                await message.finish(done.text, done.finish_reason, stats.detail())
+        finally:
+            self._finishing = None
 
     async def _on_error(self, error: EngineError) -> None:
         self.notify(error.message, title="engine error", severity="error", timeout=12, markup=False)

@@ -64,6 +64,7 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
                         else str(value),
                         placeholder=hint,
                         id=f"set-{key}",
+                        compact=True,
                     )
             yield Label("", id="settings-error", classes="dialog-hint")
             yield Label(
