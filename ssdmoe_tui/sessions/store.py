@@ -239,7 +239,8 @@ def _replaced(value: Any) -> list[list[Turn]]:
 def _settings(value: Any) -> dict[str, Any]:
     """Plain key = value pairs; their meaning is checked where they are used."""
     ok = isinstance(value, dict) and all(
-        isinstance(k, str) and (v is None or isinstance(v, str | int | float)) for k, v in value.items()
+        isinstance(k, str) and (v is None or isinstance(v, str | int | float))
+        for k, v in value.items()
     )
     if not ok:
         raise ValueError("settings must be a table of plain values")
