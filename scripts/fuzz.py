@@ -145,6 +145,7 @@ def atheris_child(name: str, seconds: float, seed: int, save: Path | None) -> in
         "-rss_limit_mb=0",  # RLIMIT_AS caps memory: a MemoryError is a finding
         "-max_len=65536",
         "-print_final_stats=1",
+        f"-artifact_prefix={corpus}/",  # libFuzzer's own crash/slow-unit files stay out of the repo
     ]
     atheris.Setup(args, one, custom_mutator=custom_mutator)
     try:

@@ -19,6 +19,9 @@
 #   R. (only when STEPS names it) `ssdmoe repack`, then the cold capped bench once per
 #      expert source (`--experts repacked`, then `shards`): cold-repacked.json and
 #      cold-shards.json (docs/benchmarks.md, "Repacked experts").
+#   H. (only when STEPS names it) `hold`: a budget that holds every expert (HOLD_CACHE,
+#      64G: clamped to the expert set), uncapped, warm, against the resident baseline.
+# BENCH_ARGS: extra `ssdmoe bench` arguments, e.g. "--routing-trace FILE" (trace-driven).
 # STEPS (build,resident,cold,warm) picks steps, so one warm machine can run them over
 # two calls: STEPS=build,resident,placement then STEPS=cold,warm.
 # Environment: MODEL (/root/q35), CONFIG (.benchcfg/q35/config.json), TOKENIZER
@@ -89,8 +92,9 @@ run_capped() {  # run_capped SECONDS CMD...: CMD inside the cap, killed after SE
   if [ -n "$cg" ]; then timeout "$secs" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@"
   else timeout "$secs" "$@"; fi
 }
+read -ra extra <<< "${BENCH_ARGS:-}"  # e.g. "--routing-trace FILE" (trace-driven routing)
 bench=("$PY" -m ssdmoe_tui.cli bench --model "$MODEL" --k "$KS" --prompt-tokens "$PROMPT_TOKENS"
-  --decode-tokens "$DECODE_TOKENS")
+  --decode-tokens "$DECODE_TOKENS" "${extra[@]}")
 
 sample_cg() {  # sample_cg FILE: the capped cgroup's memory split every 2 s, in the background
   [ -n "$cg" ] || return 0
@@ -184,4 +188,13 @@ elif [ "$(left)" -gt 60 ]; then
   log "warm exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   kill "$sampler" 2>/dev/null
 else log "warm bench skipped: deadline"; fi
+# ---- H. a budget that holds every expert, uncapped, against the resident baseline
+if want hold; then
+  if [ "$(left)" -gt 60 ]; then
+    log "hold-everything bench (expert cache ${HOLD_CACHE:-64G}, uncapped, warm)"
+    timeout "$(( $(left) - 10 ))" "${bench[@]}" --expert-cache "${HOLD_CACHE:-64G}" --baseline skip "${base[@]}" \
+      --json "$OUT/hold.json" > "$OUT/hold.txt" 2> "$OUT/hold.err"
+    log "hold exit $?"
+  else log "hold skipped: deadline"; fi
+fi
 log "done"

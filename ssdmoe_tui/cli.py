@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "demo_model",
     "models",
     "bench",
+    "eval",
     "trace",
 ]
 

@@ -415,6 +415,12 @@ CASES: list[Bad] = [
             ("trace-row-1e400", "a row with 1e400", "[0, 1e400, 1, [1, 2]]"),
         ]
     ),
+    trace_case(
+        "trace-csv-layer-2**64",
+        "route_trace CSV: expert_bytes for layer 2**64, no n_layer",
+        b"# route_trace v1\n# layer=18446744073709551616 expert_bytes=3 dense_bytes=1\n"
+        b"turn,phase,step,layer,slot,expert\n0,0,0,0,0,1\n",
+    ),
     trace_case("trace-header-nested", "a trace header nested 50,000 deep", (DEEP + "\n").encode()),
     trace_case(
         "trace-truncated-last",

@@ -81,7 +81,7 @@ def main() -> int:
             finally:
                 os._exit(0)
         os.close(w)
-        delay = rng.uniform(0.05, 0.45)
+        delay = rng.uniform(0.03, 0.3)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

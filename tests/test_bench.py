@@ -144,11 +144,14 @@ def test_reuse_baseline_json_and_plot(bench_json, tiny, tmp_path, capsys):
     path, first = bench_json
     out = tmp_path / "again.json"
     png = tmp_path / "plot.png"
+    text = tmp_path / "text.txt"
+    text.write_text("Experts per token trade bytes for quality. " * 8)
     rc = main(
         [
             "bench", "--model", str(tiny), "--k", "2", "--expert-cache", "64K",
             "--prompt-tokens", "24", "--decode-tokens", str(DECODE), "--disk-mib", "1",
             "--no-warmup", "--baseline-json", str(path), "--json", str(out), "--plot", str(png),
+            "--wide", "--quality", str(text), "--quality-tokens", "24",
         ]
     )  # fmt: skip
     assert rc == 0
@@ -156,8 +159,13 @@ def test_reuse_baseline_json_and_plot(bench_json, tiny, tmp_path, capsys):
     assert res["resident_baseline"]["source"] == str(path)
     (r,) = res["configs"]
     assert r["resident_decode_tok_s"] == first["resident_baseline"]["by_k"]["2"]["decode_tok_s"]
+    # quality recorded beside the speed of the same K (the trained K is scored too)
+    assert set(res["quality"]["by_k"]) == {"4", "2"} and res["quality"]["text_tokens"] == 24
+    assert r["quality"] == res["quality"]["by_k"]["2"]
+    assert 0 < r["quality"]["routing_mass"] < 1 and 0 < r["routing_mass"] < 1
     captured = capsys.readouterr()
-    assert "streamed/resident" in captured.out
+    assert "streamed/resident" in captured.out  # --wide: every column
+    assert "quality at each K" in captured.out and "only mean something" in captured.out
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -158,6 +158,8 @@ BAD_EXPERTS = [
     ("experts-count-differs", {W: t(shape=(2, 2)), W.replace("gate", "up"): t(shape=(4, 1), offsets=(16, 32))},
      32, "has 4 experts, other layers have 2"),
     ("experts-overlap", {W: t(), W.replace("gate", "up"): t(offsets=(8, 24))}, 32, "overlap"),
+    ("experts-global-scale", {W: t(), W.replace("weight", "global_scale"): t(dtype="F32", shape=(2,), offsets=(16, 24))},
+     24, "global_scale: nvfp4 experts with per-expert global scales are not streamed"),
 ]  # fmt: skip
 
 
@@ -206,3 +208,23 @@ def test_good_header_reads(tmp_path):
     h = read_header(path)
     assert list(h.tensors) == ["a", "b", "c"] and h.metadata == {"format": "mlx"}
     assert h.absolute(h.tensors["c"]) == 8 + len(js(header)) + 16
+
+
+@pytest.mark.parametrize(
+    ("weight_map", "fragment"),
+    [
+        ({"w": "../outside.safetensors"}, "shard name '../outside.safetensors' points outside"),
+        ({"w": "/etc/passwd"}, "shard name '/etc/passwd' points outside"),
+        ({"w": "model-2.safetensors"}, "missing shard"),
+        ([1, 2], "not a valid safetensors index"),
+    ],
+    ids=["index-dotdot", "index-absolute", "index-missing-shard", "index-not-object"],
+)
+def test_bad_shard_index(tmp_path, weight_map, fragment):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ModelError) as e:
+        scan_experts(folder)
+    text = str(e.value)
+    assert "\n" not in text and fragment in text and "model" in text

@@ -32,3 +32,11 @@ def test_fixture_copies_match_their_recorded_checksums() -> None:
     assert len(sums) >= 20
     for digest, rel in sums:
         assert hashlib.sha256((FIXTURES / rel).read_bytes()).hexdigest() == digest, rel
+    # every data file has its source noted (a checksum line in SOURCES.md)
+    listed = {rel for _, rel in sums}
+    files = {
+        str(p.relative_to(FIXTURES))
+        for p in FIXTURES.rglob("*")
+        if p.is_file() and p.suffix != ".md" and p.name != ".gitattributes"
+    }
+    assert files <= listed, f"fixtures without a SOURCES.md entry: {sorted(files - listed)}"

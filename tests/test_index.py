@@ -111,3 +111,29 @@ def test_verify_names_the_changed_tensor(checkpoints, tmp_path, capsys):
     out = capsys.readouterr().out
     name = f"{index.layers[1].prefix}.switch_mlp.{comp.name}"
     assert f"changed: {comp.shard}: {name}" in out and "1 changed" in out
+
+
+def test_verify_checks_hub_blobs_against_their_sha256(checkpoints, tmp_path):
+    """In the Hub cache a shard is a link to blobs/<sha256>: verify compares the two."""
+    import hashlib
+    import shutil
+
+    from ssdmoe_tui.checkpoint.verify import verify
+
+    src = checkpoints("qwen3_moe")
+    snap, blobs = tmp_path / "snapshots" / "abc", tmp_path / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            data = f.read_bytes()
+            blob = blobs / hashlib.sha256(data).hexdigest()
+            blob.write_bytes(data)
+            (snap / f.name).symlink_to(blob)
+        else:
+            shutil.copy(f, snap / f.name)
+    assert verify(snap, tmp_path / "cache").ok
+    victim = sorted(snap.glob("*.safetensors"))[0]
+    _poke(victim.resolve(), victim.stat().st_size - 1)
+    r = verify(snap, tmp_path / "cache")
+    assert r.hub_mismatch == [victim.name] and not r.ok

@@ -11,6 +11,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
+from ssdmoe_tui.checkpoint.config import load_tokenizer
 from ssdmoe_tui.engine.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.runner import Runner
 from ssdmoe_tui.engine.streamed import StreamedSwitch
@@ -54,6 +55,8 @@ def test_eos_ids_from_generation_config_match_mlx_lm(checkpoints, tmp_path):
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
     _, tok = load(str(path))
     assert {7, 9} <= set(tok.eos_token_ids)  # mlx-lm takes them from generation_config.json
+    # the one tokenizer loader (engine, bench, server) agrees without loading weights
+    assert load_tokenizer(path).eos_token_ids == tok.eos_token_ids
     compare(path)
 
 
@@ -70,3 +73,10 @@ def test_legacy_quantization_config_loads_like_mlx_lm(tmp_path, mode):
     config["quantization_config"] = {"quant_method": mode}
     (path / "config.json").write_text(json.dumps(config))
     compare(path)
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5_moe"])
+def test_other_architectures_quantize_like_mlx_lm(checkpoints, arch):
+    """SwitchMLP (fc1/fc2, unquantized router) and the hybrid Qwen3.5 layout: every
+    module's quantization and the generated tokens equal mlx_lm.load's."""
+    compare(checkpoints(arch))

@@ -89,6 +89,7 @@ def test_missing_repo_offline_is_one_clear_line(tmp_path: Path) -> None:
     assert missing in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
     assert f"ssdmoe models fetch {missing}" in lines[0]
     assert str(tmp_path / "empty-hub") in lines[0]
+    assert "copy the model folder" in lines[0]
     # A revision is named as given.
     r2 = _cli(["models", "fetch", f"{missing}@main"], env)
     assert len(r2.stderr.strip().splitlines()) == 1 and "@main" in r2.stderr
@@ -108,7 +109,9 @@ def test_missing_repo_without_network_is_one_clear_line(tmp_path: Path) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert REPO in lines[0] and "unreachable" in lines[0]
-    assert f"ssdmoe models fetch {REPO}" in lines[0]
+    # `models fetch` is what failed: the way out is a copied folder, not `models fetch` again
+    assert "models fetch" not in lines[0]
+    assert "copy the model folder" in lines[0] and "ssdmoe --model /path/to/folder" in lines[0]
 
 
 def test_incomplete_snapshot_offline_names_the_gap(tmp_path: Path, monkeypatch) -> None:

@@ -86,9 +86,14 @@ def reference(model):
     return generate_json(model, HELLO[0]["content"], max_tokens=16)
 
 
+def options(model, home) -> ServeOptions:
+    # prefill in chunks of 256 tokens, so a cancel during a long prefill lands quickly
+    return ServeOptions(EngineOptions(model=str(model), prefill_step=256), cache_root=home / "sc")
+
+
 @pytest.fixture(scope="module")
 def srv(model, reference, home):
-    running = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
+    running = Running(options(model, home))
     yield running
     running.stop()
 
@@ -193,14 +198,15 @@ def conversation_turns(c, model, n: int, start: list | None = None) -> tuple[lis
     return messages, usages
 
 
-def test_multi_turn_reuse_and_restart_from_disk(srv, model, home):
+def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))  # the module server's lock folder
     c = srv.client()
     messages, usages = conversation_turns(c, srv.model, 3)
     for u in usages[1:]:
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
     # a fresh server (new engine, empty memory) continues from the checkpoints on disk
     srv.stop()
-    again = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
+    again = Running(options(model, home))
     try:
         _, usages = conversation_turns(again.client(), again.model, 1, start=messages)
         u = usages[0]
@@ -209,7 +215,7 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home):
     finally:
         again.stop()
         # later tests use `srv`: bring it back on the same object
-        fresh = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
+        fresh = Running(options(model, home))
         srv.__dict__.update(fresh.__dict__)
 
 
@@ -227,6 +233,47 @@ def test_disconnect_cancels_and_frees_the_engine(srv):
     assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
     r = srv.client().chat.completions.create(model=srv.model, messages=HELLO, max_tokens=2)
     assert r.usage.completion_tokens == 2
+
+
+def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
+    long_text = " ".join(["streaming experts from the disk"] * 300)  # ~1,500 tokens
+    body = {"model": srv.model, "messages": [{"role": "user", "content": long_text}],
+            "max_tokens": 1, "stream": True}  # fmt: skip
+    slowest = 0.0
+    seen_prefill = False
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # the role chunk comes before the prefill ends
+        t_end = time.monotonic() + 10
+        while time.monotonic() < t_end and not seen_prefill:
+            t0 = time.monotonic()
+            h = httpx.get(srv.url + "/health", timeout=5).json()
+            slowest = max(slowest, time.monotonic() - t0)
+            seen_prefill = h["phase"] == "prefill"
+    assert seen_prefill and slowest < 0.5, slowest
+    t0 = time.monotonic()
+    while srv.server.engine.busy and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
+
+
+def test_second_server_is_told_who_holds_the_model(srv, model, home):
+    """`ssdmoe serve` on a model while this process holds the lock: one line, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--model", str(model), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "SSDMOE_LOCK_DIR": str(home / "locks")},  # the module server's
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ssdmoe: error: another ssdmoe is running: pid {os.getpid()}"), last
+    assert "Traceback" not in proc.stderr
 
 
 def test_two_clients_wait_or_get_429(srv):

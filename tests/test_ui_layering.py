@@ -193,3 +193,8 @@ def test_chat_controller_needs_no_textual_and_screens_never_import_the_app():
             continue
         for name in imported_names(path):
             assert name != "ssdmoe_tui.ui.app", f"{path} imports the app (a cycle)"
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph()[0])
+    assert not cycles, "import cycles remain:\n" + "\n".join(" <-> ".join(c) for c in cycles)

@@ -46,6 +46,8 @@ def sample(generated: int, tok_s: float, ssd: float) -> StatsSample:
         max_context=40960,
         k=6,
         generated_tokens=generated,
+        routing_mass=0.874,
+        routing_mass_last=0.82 + (generated % 4) * 0.03,
     )
 
 

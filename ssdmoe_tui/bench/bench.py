@@ -68,6 +68,8 @@ class BenchOptions:
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
     routing_trace: str | None = None  # trace-driven routing (engine/trace_routing.py)
     policy: str = "auto"  # expert-cache eviction policy
+    quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
+    quality_tokens: int = 512
 
     @property
     def root(self) -> bool:
@@ -285,6 +287,8 @@ def run_config(
             "peak_rss_bytes": int(st.peak_rss_bytes),
             "peak_rss_scope": "this generation" if rss_reset else "whole process",
             "token_ids": result.tokens,
+            # router mass kept at this K vs the trained K, over the decoded tokens
+            "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
         }
         if dist is not None:
             from ssdmoe_tui.engine.distributed import summary_line
@@ -486,7 +490,7 @@ def run_bench(
     act_dtype = parse_dtype(opts.dtype)
     dtype_name = str(act_dtype).removeprefix("mlx.core.")
 
-    from mlx_lm.utils import load_tokenizer
+    from ssdmoe_tui.checkpoint.config import load_tokenizer
 
     tokenizer = load_tokenizer(path)
     prompt = fixed_prompt(tokenizer, opts.prompt_tokens)
@@ -637,6 +641,10 @@ def run_bench(
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
+    if opts.quality_text is not None:
+        run_quality(opts, ks, result, log)
+        on_partial(result)
+
     # ---------------- resident baseline
     if not opts.root:
         base = {"status": "rank 0 measures it", "by_k": {}}
@@ -670,6 +678,31 @@ def run_bench(
     return result
 
 
+def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> None:
+    """Score `opts.quality_text` at each K on one fresh engine; record it beside the speed."""
+    from ssdmoe_tui.bench.quality import RANDOM_WEIGHTS_NOTE, measure_quality, text_tokens
+
+    if opts.distributed is not None or opts.routing_trace is not None:
+        result["quality"] = {"status": "not measured with --distributed or --routing-trace"}
+        log("quality: not measured with --distributed or --routing-trace")
+        return
+    log(f"quality: {opts.quality_text}, teacher-forced at K {', '.join(map(str, ks))}")
+    runner = _open(opts, opts.budgets[0], ks[0], log=log)
+    try:
+        tokens = text_tokens(runner.sm.tokenizer, opts.quality_text, opts.quality_tokens)
+        by_k = measure_quality(runner.sm, tokens, ks, log=log)
+    finally:
+        _close(runner)
+    result["quality"] = {
+        "text": str(opts.quality_text),
+        "text_tokens": len(tokens),
+        "note": RANDOM_WEIGHTS_NOTE,
+        "by_k": {str(k): v for k, v in by_k.items()},
+    }
+    for r in result.get("configs", []):
+        r["quality"] = by_k.get(r["k"])
+
+
 def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
     """Prefill against reading every expert once per chunk (the issue's reference).
 
@@ -685,7 +718,7 @@ def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
     ref = p / (all_bytes / bw) if bw else None
     r["prefill_read_all_tok_s"] = _round(ref)
     r["prefill_over_read_all"] = (
-        round(r["prefill_tok_s"] / ref, 4) if ref and r["prefill_tok_s"] else None
+        round(r["prefill_tok_s"] / ref, 6) if ref and r["prefill_tok_s"] else None
     )
 
 
@@ -738,7 +771,9 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
                 round(r["prefill_tok_s"] / b["prefill_tok_s"], 4) if b["prefill_tok_s"] else None
             )
             bt = b.get("token_ids") or []
-            r["tokens_match_resident"] = bt == r["token_ids"]
+            # Trace-routed tokens are not the model's own: no exactness claim (None: "-").
+            routed = r.get("routing", "model") != "model"
+            r["tokens_match_resident"] = None if routed else bt == r["token_ids"]
             n = 0
             for a, c in zip(bt, r["token_ids"], strict=False):
                 if a != c:

@@ -1,9 +1,44 @@
-"""Rendering of a bench result: a terminal (or Markdown) table and an optional PNG plot."""
+"""Rendering of a bench result: a terminal (or Markdown) table and an optional PNG plot.
+
+The default table fits 100 columns: plain two-line column names and a legend under
+it. `--wide` prints every column (the time split, read bandwidth, MLX peak, ceiling).
+"""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
+WIDTH = 100  # the default table and the lines under it fit this many columns
+
+# (top line, bottom line, row key): the default table.
+COMPACT = [
+    ("", "K", "k"),
+    ("expert", "cache", "cache_short"),
+    ("decode", "tok/s", "decode"),
+    ("prefill", "tok/s", "prefill"),
+    ("cache", "hit", "hit_short"),
+    ("MiB/tok", "asked", "req"),
+    ("MiB/tok", "disk", "dev"),
+    ("peak", "RSS", "rss_short"),
+    ("% of", "limit", "ach"),
+    ("vs", "mlx-lm", "ratio_short"),
+    ("same", "tokens", "match"),
+    ("router", "mass", "mass"),
+]
+
+LEGEND = (
+    "K: experts per token. expert cache: budget (share of all experts; +pf: prefetch). "
+    "decode, prefill: tokens per second. cache hit: share of expert lookups served from "
+    "memory. MiB/tok asked: expert bytes read per decoded token; disk: the part the device "
+    "delivered (the rest came from the OS page cache). peak RSS: process memory. % of limit: "
+    "decode speed against the disk's limit for these bytes. vs mlx-lm: against plain "
+    "resident mlx-lm at the same K. same tokens: output equal to mlx-lm's. router mass: the "
+    "router's probability kept by the experts run, against the trained K (100% there). "
+    "--wide shows every column."
+)
+
+# Every column (`--wide`, and the Markdown tables of docs/benchmarks.md).
 COLUMNS = [
     ("K", "k"),
     ("cache", "cache"),
@@ -27,6 +62,14 @@ COLUMNS = [
 
 def _gib(b: int | None) -> str:
     return "-" if not b else f"{b / 2**30:.2f}G"
+
+
+def _gib_short(b: int | None) -> str:
+    """At most 5 characters: 2.40G, 12.3G, 123G."""
+    if not b:
+        return "-"
+    g = b / 2**30
+    return f"{g:.2f}G" if g < 10 else f"{g:.1f}G" if g < 100 else f"{g:.0f}G"
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -66,21 +109,32 @@ def _row(r: dict) -> dict[str, str]:
         "match": "-"
         if match is None
         else ("yes" if match else f"first {r['tokens_common_prefix']}"),
+        "cache_short": f"{r['expert_cache']} {r['budget_over_expert_set']:.0%}"
+        + (" +pf" if r.get("prefetch") else ""),
+        "hit_short": f"{r['hit_rate']:.1%}" if r["hit_rate"] < 0.9995 else "100%",
+        "ratio_short": _f(r.get("ratio_decode_vs_resident"), ".2f")
+        + ("x" if r.get("ratio_decode_vs_resident") is not None else ""),
+        "rss_short": _gib_short(r["peak_rss_bytes"]),
+        "mass": "-" if r.get("routing_mass") is None else f"{r['routing_mass']:.1%}",
     }
 
 
-def config_table(result: dict, markdown: bool = False) -> str:
+def config_table(result: dict, markdown: bool = False, wide: bool = False) -> str:
     rows = [_row(r) for r in result.get("configs", [])]
-    heads = [h for h, _ in COLUMNS]
-    keys = [k for _, k in COLUMNS]
+    cols = [("", h, k) for h, k in COLUMNS] if wide else COMPACT
+    keys = [k for _, _, k in cols]
     if markdown:
+        heads = [f"{top} {bottom}".strip() for top, bottom, _ in cols]
         lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         lines += ["| " + " | ".join(r[k] for k in keys) + " |" for r in rows]
         return "\n".join(lines)
-    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for h, k in COLUMNS]
-    out = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
+    widths = [max(len(t), len(b), *(len(r[k]) for r in rows)) for t, b, k in cols]
+    out = []
+    if any(t for t, _, _ in cols):
+        out.append("  ".join(t.rjust(w) for (t, _, _), w in zip(cols, widths, strict=True)))
+    out.append("  ".join(b.rjust(w) for (_, b, _), w in zip(cols, widths, strict=True)))
     out += ["  ".join(r[k].rjust(w) for k, w in zip(keys, widths, strict=True)) for r in rows]
-    return "\n".join(out)
+    return "\n".join(line.rstrip() for line in out)
 
 
 def _prefetch_fragment(r: dict) -> str | None:
@@ -114,8 +168,8 @@ _FOOTERS = (
 )
 
 
-def summary(result: dict, markdown: bool = False) -> str:
-    """Conditions, disk and baseline lines, then the table."""
+def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
+    """Conditions, disk and baseline lines, then the table (and the quality table)."""
     c = result["conditions"]
     v = c["versions"]
     dev = c["device"]
@@ -159,13 +213,16 @@ def summary(result: dict, markdown: bool = False) -> str:
     else:
         lines.append(f"resident mlx-lm: {base.get('status', 'not run')}")
     sep = "\n\n" if markdown else "\n"
-    text = ("\n".join(f"- {x}" for x in lines) if markdown else "\n".join(lines)) + sep
+    fit = (lambda t: t) if markdown or wide else _fit
+    text = ("\n".join(f"- {x}" for x in lines) if markdown else "\n".join(map(fit, lines))) + sep
     if result.get("configs"):
-        text += config_table(result, markdown)
-        text += (
-            sep
-            + "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping + rest (compute, other)"
-        )
+        text += config_table(result, markdown, wide)
+        notes = [LEGEND] if not wide else []
+        if wide:
+            notes.append(
+                "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping "
+                "+ rest (compute, other)"
+            )
         for label, fragment in _FOOTERS:
             parts = [
                 f"K={r['k']} {r['expert_cache']}: {fragment(r)}"
@@ -173,8 +230,27 @@ def summary(result: dict, markdown: bool = False) -> str:
                 if fragment(r) is not None
             ]
             if parts:
-                text += sep + label + ": " + "; ".join(parts)
+                notes.append(label + ": " + "; ".join(parts))
+        text += "".join(sep + fit(n) for n in notes)
+    quality = result.get("quality")
+    if quality and "by_k" in quality:
+        from ssdmoe_tui.bench.quality import quality_legend, quality_table
+
+        trained = result["conditions"].get("trained_k") or max(int(k) for k in quality["by_k"])
+        text += (
+            sep * 2
+            + fit(f"quality at each K: {quality['text']}, {quality['text_tokens']} tokens")
+            + "\n"
+            + quality_table({int(k): v for k, v in quality["by_k"].items()}, trained)
+            + "\n"
+            + quality_legend(trained, WIDTH if not (markdown or wide) else 10_000)
+        )
     return text
+
+
+def _fit(line: str) -> str:
+    """One line wrapped to WIDTH columns (continuations indented)."""
+    return textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _mem(m: dict) -> str:

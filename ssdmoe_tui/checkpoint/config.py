@@ -50,3 +50,17 @@ def load_config(folder: Path) -> dict:
         raise ModelError(
             f"{folder / 'generation_config.json'}: not a readable JSON object"
         ) from None
+
+
+def load_tokenizer(folder: Path):
+    """The model's tokenizer exactly as `mlx_lm.load` builds it: mlx-lm's public
+    `load_tokenizer` with the EOS ids of generation_config.json (via `load_config`)."""
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    folder = Path(folder)
+    eos = load_config(folder).get("eos_token_id")
+    try:
+        return mlx_load_tokenizer(folder, eos_token_ids=eos)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"{folder}: cannot load tokenizer ({first})") from e

@@ -18,6 +18,7 @@ from ssdmoe_tui.commands.common import (
     add_reader_arguments,
     add_routing_trace_argument,
     arg_type,
+    distributed_run,
 )
 from ssdmoe_tui.engine.options import parse_positive
 
@@ -89,19 +90,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prefill_step_argument(p, default=512)
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument(
+        "--wide", action="store_true",
+        help="print every column (time split, read GB/s, peak MLX memory, I/O ceiling, ...); "
+        "the default table fits 100 columns",
+    )  # fmt: skip
+    p.add_argument(
+        "--quality", default=None, metavar="TEXT_FILE",
+        help="also teacher-force this text at each K: perplexity, agreement with the trained "
+        "K and router mass, recorded beside the speed (as `ssdmoe eval`)",
+    )  # fmt: skip
+    p.add_argument(
+        "--quality-tokens", type=_count("--quality-tokens"), default=512,
+        help="with --quality: the text's first N tokens",
+    )  # fmt: skip
     add_distributed_argument(p)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.distributed:
-        return _run(args, None)
-    from ssdmoe_tui.engine.distributed import check_args, start
-
-    check_args(args)
-    dist = start()
-    with dist.guard():
-        return _run(args, dist)
+    p.set_defaults(func=distributed_run(_run))
 
 
 def _run(args: argparse.Namespace, dist) -> int:
@@ -109,7 +113,10 @@ def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.bench.bench import BenchOptions, run_bench
     from ssdmoe_tui.bench.report import summary, write_plot
     from ssdmoe_tui.commands.common import resolve_model_path
+    from ssdmoe_tui.errors import BadValueError
 
+    if args.quality and not Path(args.quality).is_file():
+        raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
     opts = BenchOptions(
         model=Path(path),
@@ -133,6 +140,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         distributed=dist,
         routing_trace=args.routing_trace,
         policy=args.policy,
+        quality_text=Path(args.quality) if args.quality else None,
+        quality_tokens=args.quality_tokens,
     )
     quiet = not opts.root  # only rank 0 reports
 
@@ -150,7 +159,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     save(result)
     if args.json_out:
         log(f"JSON written to {args.json_out}")
-    print(summary(result, markdown=args.markdown))
+    print(summary(result, markdown=args.markdown, wide=args.wide))
     if args.plot:
         log(write_plot(result, Path(args.plot)))
     return 0

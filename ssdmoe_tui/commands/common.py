@@ -236,6 +236,23 @@ def add_distributed_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def distributed_run(body: Callable[[argparse.Namespace, object], int]):
+    """A command's `run(args)`: `body(args, None)`, or with `--distributed` this rank's
+    `engine.distributed` handle, inside its guard (errors end the whole launch)."""
+
+    def run(args: argparse.Namespace) -> int:
+        if not getattr(args, "distributed", False):
+            return body(args, None)
+        from ssdmoe_tui.engine.distributed import check_args, start
+
+        check_args(args)
+        dist = start()
+        with dist.guard():
+            return body(args, dist)
+
+    return run
+
+
 def resolve_model_path(spec: str, quiet: bool = False):
     """'' -> the demo model (created on first use, with a visible message)."""
     import sys

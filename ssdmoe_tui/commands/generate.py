@@ -11,6 +11,7 @@ from ssdmoe_tui.commands.common import (
     add_model_arguments,
     add_prefill_step_argument,
     add_sampling_arguments,
+    distributed_run,
     engine_options,
     read_prompt,
 )
@@ -31,18 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )
     add_distributed_argument(p)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.distributed:
-        return _run(args, None)
-    from ssdmoe_tui.engine.distributed import check_args, start
-
-    check_args(args)
-    dist = start()
-    with dist.guard():
-        return _run(args, dist)
+    p.set_defaults(func=distributed_run(_run))
 
 
 def _run(args: argparse.Namespace, dist) -> int:

@@ -111,5 +111,7 @@ def run_verify(path, *, as_json: bool) -> int:
     elif r.ok:
         print("  no tensor changed since the last verify")
     else:
-        print(f"  {len(r.changed)} changed, {len(r.added)} new, {len(r.removed)} gone since the last verify")
+        print(
+            f"  {len(r.changed)} changed, {len(r.added)} new, {len(r.removed)} gone since the last verify"
+        )
     return 0 if r.ok else 1

@@ -17,10 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = tsub.add_parser(
         "replay",
         help="hit rate of each cache policy at each budget",
-        description="Replay a routing trace (ssdmoe --trace output, a route_trace v1 CSV, or "
-        "a vLLM moe_routes.jsonl) against expert-cache policies and budgets.",
+        description="Replay a routing trace (one recorded with `ssdmoe generate --trace FILE`, "
+        "a route_trace v1 CSV, or a vLLM moe_routes.jsonl) against expert-cache policies and "
+        "budgets.",
     )
-    r.add_argument("trace", help="trace file")
+    r.add_argument("trace", help="trace file (record one with `ssdmoe generate --trace FILE`)")
     r.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,

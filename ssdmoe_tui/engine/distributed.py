@@ -301,6 +301,9 @@ class DistributedSwitch(StreamedSwitch):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
         t0 = time.perf_counter()
+        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
+        if mass is not None:
+            mx.eval(indices, mass)  # the router mass (routing_mass.py) in the same sync
         host = np.array(indices, copy=False)  # the layer's one host sync, as in one process
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1

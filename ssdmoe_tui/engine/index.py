@@ -31,6 +31,7 @@ INDEX_VERSION = 3
 SAMPLE_BLOCK = 4096
 SAMPLE_BLOCKS = 8  # evenly spaced over the data section, plus the last block
 
+
 @dataclass(frozen=True)
 class Component:
     """One stacked tensor of one MoE layer, e.g. `gate_proj.weight`."""

@@ -21,10 +21,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ssdmoe_tui.checkpoint import arch
-from ssdmoe_tui.checkpoint.config import load_config
+from ssdmoe_tui.checkpoint.config import load_config, load_tokenizer
 from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size, slot_memory_bytes
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.reader import open_reader
+from ssdmoe_tui.engine.routing_mass import RoutingMass
+from ssdmoe_tui.engine.routing_mass import install as install_routing_mass
 from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 
@@ -45,6 +47,7 @@ class StreamedModel:
     prefetch: bool = False
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`)
     expert_source_note: str = ""  # why a repacked file present was not used
+    routing_mass: RoutingMass | None = None  # router mass kept at the running K (per token)
     distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
 
     @property
@@ -205,8 +208,6 @@ def load_streamed(
     is current, else the shards), `shards`, or `repacked` (an error when none is).
     `distributed` (`engine.distributed.Distributed`): an expert-parallel launch; this
     rank streams only its share of the experts. None: one process holds them all."""
-    from mlx_lm.utils import load_tokenizer
-
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
@@ -320,10 +321,7 @@ def load_streamed(
     resident = sum(v.nbytes for _, v in _flat(model.parameters()))
 
     progress("loading tokenizer")
-    try:
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    except Exception as e:  # noqa: BLE001
-        raise ModelError(f"{path}: cannot load tokenizer ({e})") from e
+    tokenizer = load_tokenizer(path)
 
     sm = StreamedModel(
         model=model,
@@ -341,6 +339,7 @@ def load_streamed(
         expert_source=source,
         expert_source_note=source_note,
         distributed=distributed,
+        routing_mass=install_routing_mass(blocks, trained_k),  # after quantize: probes the gates
     )
     if k is not None:
         sm.set_k(k)

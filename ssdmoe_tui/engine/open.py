@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine.options import EngineOptions, check_k
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.index import ExpertIndex
@@ -121,7 +122,7 @@ def load_engine(
         notice(
             f"expert cache {budget.text} is below this model's minimum "
             f"({sm.cache.capacity} experts = trained K x {sm.index.num_layers} MoE layers): "
-            f"using {got / 2**20:.1f} MiB ({got:,} bytes)"
+            f"using {human_bytes(got)} ({got:,} bytes)"
         )
     return runner
 

@@ -10,6 +10,7 @@ per-token K record come from the computation itself.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -41,6 +42,8 @@ class TurnStats:
     peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
     k_per_token: list[int] = field(default_factory=list)
+    # router mass kept at the running K vs the trained K, per generated token (routing_mass.py)
+    mass_per_token: list[float] = field(default_factory=list)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -61,6 +64,12 @@ class TurnStats:
     @property
     def kv_hit_rate(self) -> float:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def routing_mass(self) -> float | None:
+        """Mean over the generated tokens (1.0 at the trained K); None before the first."""
+        m = self.mass_per_token
+        return sum(m) / len(m) if m else None
 
     def ssd_mib_per_token(self) -> float:
         """Device bytes per decoded token (page-cache hits excluded); requested bytes if unmeasurable."""
@@ -104,6 +113,8 @@ class TurnStats:
             "router_sync_s": round(self.router_sync_s, 4),
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "routing_mass": None if self.routing_mass is None else round(self.routing_mass, 4),
+            "routing_mass_min": round(min(self.mass_per_token), 4) if self.mass_per_token else None,
         }
 
 
@@ -258,6 +269,7 @@ class Runner:
         self._k = sm.trained_k
         self._prefill_k: int | None = None  # None: same as k
         self._applied: int | None = None  # K the blocks hold
+        self._masses: deque = deque()  # routing mass of each built step, read with its token
         if k is not None:
             self.set_k(k)
         self.prefill_k = prefill_k
@@ -341,6 +353,7 @@ class Runner:
             raise ValueError("nothing to prefill: at least one prompt token must be new")
         mx.reset_peak_memory()
         iostats.reset_peak_rss()
+        self._masses.clear()
         start = Snapshot.take(sm)
 
         # ---- prefill (prefill K), mlx-lm's chunking: leave the last token for the first step
@@ -373,9 +386,13 @@ class Runner:
         fed_generated = 0  # generated tokens the KV cache holds
         if not cancelled and max_tokens > 0:
             self._use_k(self.prefill_k or self.k)
+            if sm.routing_mass is not None:
+                sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
             y = step(last)
+            self._queue_mass()
             tok = int(y.item())
             stats.k_per_token.append(sm.times.last_k)
+            self._record_mass(stats)
             stats.prefill_s = time.perf_counter() - start.t
             _totals(stats, Snapshot.take(sm) - start)
             yield PrefillProgress(len(prompt), len(prompt))
@@ -411,6 +428,7 @@ class Runner:
                     mx.async_eval(pending[0])
                 tok = int(y.item())
                 stats.k_per_token.append(k_tok)
+                self._record_mass(stats)
                 now = Snapshot.take(sm)
                 _decode(stats, now - dstart)
                 _totals(stats, now - start)  # live turn totals for the UI
@@ -419,6 +437,8 @@ class Runner:
             stats.decode_s = time.perf_counter() - dstart.t
             _decode(stats, Snapshot.take(sm) - dstart)
             stats.k_per_token = stats.k_per_token[: len(tokens)]
+            stats.mass_per_token = stats.mass_per_token[: len(tokens)]
+            self._masses.clear()
         else:
             finish = "cancelled"
             stats.prefill_s = time.perf_counter() - start.t
@@ -439,7 +459,18 @@ class Runner:
         self._use_k(self.k)
         self.sm.cache.step()
         y = step(inp)
+        self._queue_mass()
         return y, self.sm.times.last_k
+
+    def _queue_mass(self) -> None:
+        """Keep the routing mass of the step just built, to read with its token."""
+        meter = self.sm.routing_mass
+        self._masses.append(meter.take() if meter is not None else None)
+
+    def _record_mass(self, stats: TurnStats) -> None:
+        m = self._masses.popleft() if self._masses else None
+        if m is not None:
+            stats.mass_per_token.append(float(m.mean().item()))
 
     def _can_pipeline(self) -> bool:
         cache = self.sm.cache

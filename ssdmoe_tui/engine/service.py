@@ -513,4 +513,6 @@ class EngineService:
             max_context=self._info.max_context if self._info else 0,
             k=runner.k,
             generated_tokens=stats.generated_tokens if stats else 0,
+            routing_mass=stats.routing_mass if stats else None,
+            routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )

@@ -74,6 +74,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
+        object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
 
     def set_routing(self, routing) -> None:
@@ -83,6 +84,10 @@ class StreamedSwitch(nn.Module):
     def set_predictor(self, predict) -> None:
         """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
         object.__setattr__(self, "_predict", predict)
+
+    def set_mass_meter(self, meter) -> None:
+        """`meter.kept(layer, indices)` records the router mass these experts keep."""
+        object.__setattr__(self, "_mass", meter)
 
     def _proj(
         self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, bank: int
@@ -159,6 +164,7 @@ class StreamedSwitch(nn.Module):
         cache = self._cache
         frozen = cache.device_lut(self._layer)
         routing = self._routing
+        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
         if frozen is not None and predict is None and cache.on_route is None and routing is None:
             # Every expert of this layer is resident for good: no host sync, no reads.
             times.calls += 1
@@ -171,6 +177,8 @@ class StreamedSwitch(nn.Module):
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
+        elif mass is not None:
+            mx.eval(indices, mass)  # the mass comes back with the indices: no extra sync
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1

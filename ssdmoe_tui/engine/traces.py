@@ -380,9 +380,9 @@ def _read_route_csv(path: Path) -> Trace:
         elif line.strip():
             body_start = body_start or n
             body.append(line)
-    if meta.num_layers and len(layer_bytes) and max(layer_bytes) >= meta.num_layers:
+    if len(layer_bytes) and max(layer_bytes) >= (meta.num_layers or MAX_LAYERS):
         raise BadValueError(
-            f"{path}: expert_bytes for layer {max(layer_bytes)} of {meta.num_layers}"
+            f"{path}: expert_bytes for layer {max(layer_bytes)} of {meta.num_layers or MAX_LAYERS}"
         )
     if layer_bytes:
         meta.extra["expert_bytes"] = [layer_bytes.get(i, 0) for i in range(max(layer_bytes) + 1)]

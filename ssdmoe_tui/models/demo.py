@@ -11,6 +11,8 @@ multi-GB checkpoints.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import time
@@ -221,7 +223,8 @@ def write_checkpoint(
         _quiet_rows(model, unreadable_token_ids(out, int(_text_config(config)["vocab_size"])))
     config.pop("quantization", None)
     config.pop("quantization_config", None)
-    model, qconfig = quantize_model(model, config, group_size, bits, mode=mode)
+    with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints "[INFO] Quantized model ..."
+        model, qconfig = quantize_model(model, config, group_size, bits, mode=mode)
     weights = dict(tree_flatten(model.parameters()))
     plan = _shard_plan(weights, max_shard_bytes)
     n = len(plan)

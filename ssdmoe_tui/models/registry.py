@@ -29,6 +29,7 @@ from ssdmoe_tui.checkpoint.arch import (
 from ssdmoe_tui.checkpoint.layout import measure_experts
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 
+# Config reading is checkpoint.arch's; these names stay importable from here for callers.
 __all__ = [
     "MoeGeometry",
     "Quantization",
@@ -40,7 +41,9 @@ __all__ = [
 ]
 
 #: Architectures whose experts the engine streams (the table lives in checkpoint.arch).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {a.model_type: a.description for a in ARCHITECTURES.values()}
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    a.model_type: a.description for a in ARCHITECTURES.values()
+}
 
 #: Architectures with the same switch_mlp layout that the engine does not load yet.
 PLANNED_ARCHITECTURES: dict[str, str] = {}

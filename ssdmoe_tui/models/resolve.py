@@ -216,6 +216,12 @@ def resolve_model(
 # --------------------------------------------------------------------------- hub
 
 
+#: The way in without the Hub: a model folder copied from a machine that has it.
+COPY_HINT = (
+    "copy the model folder from a machine that has it and run `ssdmoe --model /path/to/folder`"
+)
+
+
 def _offline() -> bool:
     from huggingface_hub import constants
 
@@ -276,7 +282,8 @@ def _from_hub(
     if _offline():
         raise ModelError(
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
-            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, or "
+            + COPY_HINT
         )
     return download_model(
         spec, progress, cache_dir=cache_dir, endpoint=endpoint, problem=problem, cancel=cancel
@@ -309,7 +316,8 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
     if isinstance(exc, OfflineModeIsEnabled):
         return ModelError(
             f"{repo} is {problem} ({_cache_label(cache_dir)}) and HF_HUB_OFFLINE=1 forbids "
-            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`"
+            f"downloading: fetch it with `HF_HUB_OFFLINE=0 ssdmoe models fetch {repo}`, or "
+            + COPY_HINT
         )
     reason = " ".join(str(exc).split())[:80] or type(exc).__name__
     failed = isinstance(exc, HfHubHTTPError | OSError) and not _is_transport(exc)
@@ -319,8 +327,9 @@ def _hub_error(exc: Exception, spec: ModelSpec, cache_dir, problem: str) -> Ssdm
             "to resume (finished files are kept)"
         )
     return ModelError(
-        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable "
-        f"({reason}): connect and run `ssdmoe models fetch {repo}`"
+        f"{repo} is {problem} ({_cache_label(cache_dir)}) and the Hub is unreachable: "
+        + COPY_HINT
+        + f", or connect and try again ({reason})"
     )
 
 

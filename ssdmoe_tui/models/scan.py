@@ -24,9 +24,9 @@ from ssdmoe_tui.errors import ModelError, SsdmoeError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.paths import demo_model_dir
 
-MIB = 1 << 20
 MODEL_DIRS_ENV = "SSDMOE_MODEL_DIRS"
 
+# Measuring is checkpoint.layout's; these names stay importable from here for callers.
 __all__ = ["ExpertMeasure", "measure_experts", "missing_shards", "read_config"]
 
 

@@ -208,8 +208,6 @@ def new_request_id(prefix: str = "chatcmpl") -> str:
 def _load_tokenizer(path: str) -> Any:
     """The model's tokenizer for templating on the server side (no MLX): the same loader
     the engine uses, so eos ids, template and tool-call format are the engine's."""
-    from pathlib import Path
+    from ssdmoe_tui.checkpoint.config import load_tokenizer
 
-    from mlx_lm.utils import load_tokenizer
-
-    return load_tokenizer(Path(path))
+    return load_tokenizer(path)

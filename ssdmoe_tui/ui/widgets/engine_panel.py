@@ -36,6 +36,7 @@ ROWS = {
     "prefill": "prefill (last)",
     "ssd": "read from SSD",
     "page_cache": "from page cache",
+    "mass": "router mass kept",
     "cache_hit": "cache hit rate",
     "cache_used": "cache used",
     "mem_resident": "weights",
@@ -52,6 +53,9 @@ TOOLTIPS = {
     "page_cache": "Expert bytes per token the engine read that the OS served from its "
     "page cache in RAM, not from the device (a small model's shards sit there after the "
     "first read).",
+    "mass": "The cost of K: the router's probability mass kept by the experts run, against "
+    "the trained K (100 % there), mean over MoE layers and this reply's tokens; the "
+    "sparkline is per token.",
     "cache_hit": "Share of routed experts found in the engine's own expert cache this turn.",
     "kv_hit": "Share of this turn's prompt served from the saved KV cache.",
 }
@@ -93,6 +97,7 @@ class EnginePanel(VerticalScroll):
         self.shown: dict[str, str] = {}
         self.decode_history: deque[float] = deque(maxlen=HISTORY)
         self.ssd_history: deque[float] = deque(maxlen=HISTORY)
+        self.mass_history: deque[float] = deque(maxlen=HISTORY)
         self.last_sample: StatsSample | None = None
         self.info: ModelInfo | None = None
         self._last_generated = 0
@@ -112,6 +117,9 @@ class EnginePanel(VerticalScroll):
         yield Row("ssd", ROWS["ssd"])
         yield Row("page_cache", ROWS["page_cache"])
         yield Sparkline([], id="spark-ssd")  # all bytes read per token: SSD + page cache
+        # The cost of K: the router's probability mass the running K keeps (100 % at trained K).
+        yield Row("mass", ROWS["mass"])
+        yield Sparkline([], id="spark-mass")
         yield Static("expert cache", classes="section-title")
         yield Row("cache_hit", ROWS["cache_hit"])
         yield Row("cache_used", ROWS["cache_used"])
@@ -198,12 +206,16 @@ class EnginePanel(VerticalScroll):
             for _ in range(min(new_tokens, HISTORY)):
                 self.decode_history.append(s.decode_tok_s)
                 self.ssd_history.append(s.requested_mib_per_token)
+                if s.routing_mass_last is not None:
+                    self.mass_history.append(s.routing_mass_last)
             self.query_one("#spark-decode", Sparkline).data = list(self.decode_history)
             self.query_one("#spark-ssd", Sparkline).data = list(self.ssd_history)
+            self.query_one("#spark-mass", Sparkline).data = list(self.mass_history)
         self._set("decode", fmt_rate(s.decode_tok_s) if settled else "—")
         self._set("prefill", fmt_rate(s.prefill_tok_s))
         self._set("ssd", fmt_mib(s.ssd_mib_per_token))
         self._set("page_cache", fmt_mib(page_cache_mib(s)))
+        self._set("mass", fmt_pct(s.routing_mass))
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate))
         self._set(
             "cache_used",
@@ -221,6 +233,8 @@ class EnginePanel(VerticalScroll):
     def clear_history(self) -> None:
         self.decode_history.clear()
         self.ssd_history.clear()
+        self.mass_history.clear()
         self._last_generated = 0
         self.query_one("#spark-decode", Sparkline).data = []
         self.query_one("#spark-ssd", Sparkline).data = []
+        self.query_one("#spark-mass", Sparkline).data = []

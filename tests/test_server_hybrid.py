@@ -1,0 +1,33 @@
+"""The server's prompt cache on hybrid models (Mamba / gated-delta state that cannot be
+trimmed): turn N+1 must extend turn N's exact tokens, or nothing is reused. Three turns
+reuse >= 97 %, and a restarted server continues from the checkpoint on disk."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.server.main import ServeOptions
+from tests.test_server import Running, conversation_turns
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5_moe"])
+def test_hybrid_multi_turn_and_restart(checkpoints, tmp_path, arch):
+    model = checkpoints(arch)
+    options = ServeOptions(EngineOptions(model=str(model)), cache_root=tmp_path / "sc")
+    srv = Running(options)
+    try:
+        assert srv.server.engine.info.hybrid
+        messages, usages = conversation_turns(srv.client(), srv.model, 3)
+    finally:
+        srv.stop()
+    for u in usages[1:]:
+        assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+    again = Running(options)
+    try:
+        _, usages = conversation_turns(again.client(), again.model, 1, start=messages)
+        u = usages[0]
+        assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+        assert again.server.kv.last_load is not None  # from disk, not a re-prefill
+    finally:
+        again.stop()
