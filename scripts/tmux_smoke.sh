@@ -2,7 +2,7 @@
 # Smoke test of the real terminal app: start `ssdmoe` (the demo model) in a detached
 # tmux pane, check the first-run screen, send a prompt, and check the reply and the
 # engine panel on screen, then the conversations list (ctrl+o) and the model picker
-# (F4); then the same chat at 80x24, where every panel figure must be on screen.
+# (F4); then the same app resized to 80x24, where every panel figure must be on screen.
 # Exits non-zero (printing the pane) on failure. Uses the repo's .venv unless
 # SSDMOE_PYTHON_BIN points at another bin/ folder; SSDMOE_HOME is a fresh temp dir.
 set -euo pipefail
@@ -97,7 +97,7 @@ check_on_screen() {
     return 0
 }
 
-PANEL=("decode" "prefill (last)" "read from SSD" "from page cache" "cache hit rate"
+PANEL=("decode" "prefill (last)" "read from SSD" "from page cache" "router mass kept" "cache hit rate"
     "cache used" "weights" "KV cache" "process RSS" "peak RSS" "KV hit (turn)" "context")
 
 chat_once "hello from tmux"
@@ -117,11 +117,10 @@ wait_for "MiB/token" 20
 "${T[@]}" send-keys -t "$SESSION" Escape
 sleep 0.5
 
-quit_app
-
-# 80x24: the compact panel shows every figure, the header keeps K, cache and phase.
-start_app 80 24
-wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
+# 80x24 (the same app, its terminal resized): the compact panel shows every figure at
+# once, the header keeps K, cache and phase, and no label runs into its value.
+"${T[@]}" resize-window -t "$SESSION" -x 80 -y 24
+sleep 1
 chat_once "small screen"
 check_on_screen "80x24" "${PANEL[@]}" "K 4/32" "cache " "idle"
 grep -qE "[a-z)][0-9]+\.[0-9] tok/s" <<<"$(pane)" && fail "80x24: a label runs into its value"
