@@ -71,15 +71,21 @@ wait_for "ssdmoe --model mlx-community/Qwen3-30B-A3B-4bit" 2
 wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
 wait_for "experts per token" 5
 
-# Send a prompt and wait for its reply to finish: the header then ends with the K it
-# used ("… N tokens · X tok/s · K 4"; the line may wrap on a small screen).
+# Send a prompt and wait for its reply to finish: the status bar (first line) leaves
+# "idle" while it streams and ends on it again, and the reply's header ends with the K
+# it used ("… N tokens · X tok/s · K 4"; the line may wrap on a small screen).
 chat_once() {
     "${T[@]}" send-keys -t "$SESSION" -l "$1"
     sleep 0.5
     "${T[@]}" send-keys -t "$SESSION" Enter
     wait_for "$1" 10
     local start=$SECONDS
-    until pane | grep -qE "tok/s · K [0-9]+"; do
+    until pane | head -1 | grep -qvE "idle *$"; do  # a very fast reply may be missed here
+        (( SECONDS - start >= 10 )) && break
+        sleep 0.2
+    done
+    start=$SECONDS
+    until pane | head -1 | grep -qE "idle *$" && pane | grep -qE "tok/s · K [0-9]+"; do
         (( SECONDS - start >= REPLY_TIMEOUT )) && fail "the reply to '$1' never finished"
         sleep 0.5
     done
