@@ -1,9 +1,11 @@
 """Expert-parallel streaming: two real ranks (`mlx.launch -n 2 --backend ring`, loopback).
 
 Each launch starts two Python processes that load a small checkpoint, so the launches
-are few and short: tokens against one process (every architecture), bytes per rank and
-the all_sum cost from `bench --distributed`, and a failing rank (unreadable shard, a
-killed process) ending the run on both ranks with one line."""
+are few (four) and short: tokens against one process (every architecture, bare engine
+and engine service), `serve --distributed` driven by the openai client (then a rank
+killed mid-reply), bytes per rank and the all_sum cost from `bench --distributed`, and a
+rank that cannot read its shard. A failing rank ends the run on both ranks with one
+line."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -33,13 +36,13 @@ N_TOKENS = 12
 LAUNCH_TIMEOUT_S = 90
 
 
-def _free_port() -> int:
-    """A port p with p and p+1 free (the ring backend takes one per rank)."""
+def _free_port(avoid: tuple[int, ...] = ()) -> int:
+    """A port p with p and p+1 free (the ring backend takes one per rank), not near `avoid`."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = s.getsockname()[1]
-        if p >= 65000:
+        if p >= 65000 or any(abs(p - a) <= 1 for a in avoid):
             continue
         with socket.socket() as s2:
             try:
@@ -50,10 +53,10 @@ def _free_port() -> int:
     raise RuntimeError("no free port pair")
 
 
-def _launch_cmd(cmd: list[str]) -> list[str]:
+def _launch_cmd(cmd: list[str], avoid: tuple[int, ...] = ()) -> list[str]:
     return [
         str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring",
-        "--starting-port", str(_free_port()), *cmd,
+        "--starting-port", str(_free_port(avoid)), *cmd,
     ]  # fmt: skip
 
 
@@ -104,6 +107,15 @@ def test_expert_map_is_balanced_and_deterministic():
     d = m.as_dict()
     assert d["owned_experts"] == [m.owned_count(r) for r in range(3)]
     assert ExpertMap(3, 5, 16) == m  # nothing random
+
+
+@pytest.mark.parametrize("flag", [["--prefetch"], ["--trace", "t.jsonl"]])
+def test_options_that_do_not_combine_are_refused_in_one_line(flag, capsys):
+    from ssdmoe_tui import cli
+
+    assert cli.main(["generate", "--distributed", "--prompt", "hi", *flag]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ssdmoe: error: {flag[0]} does not combine with --distributed"]
 
 
 @pytest.mark.parametrize("bank_bytes", [None, "20K"])
@@ -163,10 +175,13 @@ def test_two_ranks_match_one_process(checkpoints):
     assert len(d["per_rank"]) == 2 and d["all_sum_calls_per_token"] == 3
 
 
-def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
+def test_serve_on_rank_0_and_a_killed_rank(checkpoints, tmp_path):
     """`mlx.launch -n 2 ... ssdmoe serve --distributed`: rank 0 serves HTTP (the official
-    openai client gets one process's greedy text), rank 1 follows; SIGINT to rank 0 stops
-    both cleanly."""
+    openai client gets one process's greedy text, JSON and SSE), rank 1 follows. Then rank
+    1 is killed (SIGKILL) while a reply streams: rank 0, blocked in a collective, ends the
+    launch with one line naming rank 1, well within the heartbeat timeout."""
+    import shlex
+
     import openai
 
     from tests.test_server import HELLO, generate_json
@@ -174,17 +189,16 @@ def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
     path = checkpoints("qwen3_moe")
     want = generate_json(path, HELLO[0]["content"], max_tokens=12)
     port = _free_port()
-    pidfile = tmp_path / "rank0.pid"
     serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
     serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
-    import shlex
-
-    cmd = ["/bin/sh", "-c", f'[ "$MLX_RANK" = 0 ] && echo $$ > {pidfile}; exec {shlex.join(serve)}']
+    pids = shlex.quote(str(tmp_path))
+    cmd = ["/bin/sh", "-c", f"echo $$ > {pids}/rank$MLX_RANK.pid; exec {shlex.join(serve)}"]
     p = subprocess.Popen(
-        _launch_cmd(cmd),
+        _launch_cmd(cmd, avoid=(port,)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, "SSDMOE_DIST_TIMEOUT": "30"},
         start_new_session=True,
     )
     try:
@@ -198,7 +212,9 @@ def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
                 model = client.models.list().data[0].id
             except openai.APIConnectionError:
                 time.sleep(0.2)
-        assert model is not None, "the server on rank 0 did not come up"
+        if model is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail(f"the server on rank 0 did not come up:\n{p.communicate()[1][-3000:]}")
         r = client.chat.completions.create(
             model=model, messages=HELLO, max_tokens=12, temperature=0
         )
@@ -211,13 +227,27 @@ def test_serve_on_rank_0_of_two(checkpoints, tmp_path):
         )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == want["text"]
-        os.kill(int(pidfile.read_text()), signal.SIGINT)
+        long = client.chat.completions.create(
+            model=model, messages=HELLO, max_tokens=2000, temperature=0, stream=True
+        )
+        t_kill = None
+        try:
+            for c in long:
+                if t_kill is None and c.choices and c.choices[0].delta.content:
+                    os.kill(int((tmp_path / "rank1.pid").read_text()), signal.SIGKILL)
+                    t_kill = time.monotonic()
+        except (openai.APIError, httpx.HTTPError):
+            pass  # the server went away mid-reply, as it should
+        assert t_kill is not None, "no token streamed"
         _, err = p.communicate(timeout=30)
+        assert time.monotonic() - t_kill < 15
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
-    assert _errors(err.decode(errors="replace")) == [], err.decode(errors="replace")[-3000:]
+    errs = _errors(err.decode(errors="replace"))
+    assert len(errs) == 1, err.decode(errors="replace")[-3000:]
+    assert "rank 1" in errs[0] and "exited unexpectedly" in errs[0], errs
 
 
 def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):
@@ -289,45 +319,3 @@ def test_rank_that_cannot_read_its_shard_ends_the_run_with_one_line(checkpoints,
     errs = _errors(r.stderr)
     assert len(errs) == 1, r.stderr[-3000:]
     assert "rank 1:" in errs[0] and "truncated" in errs[0], errs
-
-
-def test_killed_rank_ends_the_run_with_one_line(checkpoints, tmp_path):
-    """Rank 1 is killed (SIGKILL) mid-generation: rank 0, blocked in a collective, says
-    so in one line and exits, well within the heartbeat timeout."""
-    path = checkpoints("qwen3_moe")
-    pidfile = tmp_path / "rank1.pid"
-    gen = [sys.executable, "-m", "ssdmoe_tui.cli", "generate", "--distributed", "--raw"]
-    gen += ["--prompt", "hello", "--max-tokens", "2000", "--expert-cache", "100K"]
-    gen += ["--model", str(path)]
-    import shlex
-
-    cmd = _per_rank_shell(gen, f"echo $$ > {shlex.quote(str(pidfile))}; exec {shlex.join(gen)}")
-    p = subprocess.Popen(
-        _launch_cmd(cmd),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "SSDMOE_DIST_TIMEOUT": "20"},
-        start_new_session=True,
-    )
-    try:
-        # Rank 0 streams text once decoding runs: then kill rank 1.
-        os.set_blocking(p.stdout.fileno(), False)
-        end = time.monotonic() + 60
-        seen = b""
-        while time.monotonic() < end and len(seen) < 8 and p.poll() is None:
-            seen += p.stdout.read() or b""
-            time.sleep(0.05)
-        assert len(seen) >= 8, "rank 0 never started decoding"
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)
-        t_kill = time.monotonic()
-        os.set_blocking(p.stdout.fileno(), True)
-        _, err = p.communicate(timeout=30)
-        assert time.monotonic() - t_kill < 15
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-    errs = _errors(err.decode(errors="replace"))
-    assert len(errs) == 1, err.decode(errors="replace")[-3000:]
-    assert "rank 1" in errs[0] and "exited unexpectedly" in errs[0], errs

@@ -149,3 +149,30 @@ async def test_panel_shows_the_mass_live_with_a_sparkline(checkpoints):
         assert app.panel.shown["mass"] == f"{last.routing_mass * 100:.1f} %"
         spark = app.panel.query_one("#spark-mass", Sparkline)
         assert spark.data and all(0 < v < 1 for v in spark.data)
+
+
+def test_nemotron_mass_uses_plain_sigmoids_over_the_biased_selection(checkpoints):
+    """nemotron_h: selection ranks sigmoid + correction bias; the mass sums plain sigmoids."""
+    import numpy as np
+
+    sm = load_streamed(checkpoints("nemotron_h"), expert_cache="1")
+    try:
+        sm.set_k(2)
+        block = sm.blocks[0]
+        gate = block.gate
+        n, hidden = gate.weight.shape
+        gate.weight = mx.random.normal((n, hidden), key=mx.random.key(1)) * 0.2
+        gate.e_score_correction_bias = mx.random.normal((n,), key=mx.random.key(2)) * 0.3
+        x = mx.random.normal((1, 1, hidden), key=mx.random.key(3))
+        meter = sm.routing_mass
+        meter.clear()
+        block(x)
+        got = meter.take().item()
+        logits = np.array((x @ gate.weight.T)[0, 0], dtype=np.float64)
+        sig = 1 / (1 + np.exp(-logits))
+        order = np.argsort(-(sig + np.array(gate.e_score_correction_bias)))
+        want = sig[order[:2]].sum() / sig[order[:4]].sum()
+        assert got == pytest.approx(want, rel=1e-4)
+        assert 0 < got < 1
+    finally:
+        sm.close()

@@ -162,9 +162,27 @@ def test_streaming_sse_shape_and_equals_generate(srv, reference):
 
 
 def test_completions_endpoint(srv):
-    r = srv.client().completions.create(model=srv.model, prompt="Paris is", max_tokens=5)
+    c = srv.client()
+    r = c.completions.create(model=srv.model, prompt="Paris is", max_tokens=5)
     assert r.choices[0].text and r.usage.completion_tokens == 5
     assert r.choices[0].finish_reason == "length"
+    stream = c.completions.create(model=srv.model, prompt="Paris is", max_tokens=5, stream=True)
+    assert "".join(ch.choices[0].text for ch in stream if ch.choices) == r.choices[0].text
+
+
+def test_stop_string_cuts_the_reply(srv, reference):
+    text = reference["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    want = text[: text.index(stop)]
+    c = srv.client()
+    r = c.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=16, stop=[stop])
+    assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+    stream = c.chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=16, stop=stop, stream=True
+    )
+    chunks = [ch for ch in stream if ch.choices]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 # --------------------------------------------------------------------------- K and stats

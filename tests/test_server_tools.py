@@ -246,6 +246,11 @@ def test_tool_results_render_into_the_next_turn_on_the_exact_history(tokenizers,
     req3 = parse_chat({"model": "m", "messages": [system, user, spaced, *results],
                        "tools": TOOLS}, "m")  # fmt: skip
     assert builder.chat(req3).tokens == p2.tokens
+    # ... and so does one that sends the answer back without its think block
+    bare = {**echoed, "content": (reply.content or "").split("</think>")[-1].strip() or None}
+    req5 = parse_chat({"model": "m", "messages": [system, user, bare, *results],
+                       "tools": TOOLS}, "m")  # fmt: skip
+    assert builder.chat(req5).tokens == p2.tokens
     # other tools: another history (the system prompt renders differently)
     req4 = parse_chat({"model": "m", "messages": [system, user, echoed, *results],
                        "tools": TOOLS[:1]}, "m")  # fmt: skip

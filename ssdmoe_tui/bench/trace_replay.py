@@ -19,7 +19,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from ssdmoe_tui.engine.policies import BeladyPolicy, EvictionPolicy, Key, make_policy
+from ssdmoe_tui.engine.policies import (
+    BeladyPolicy,
+    CooccurrencePredictor,
+    EvictionPolicy,
+    Key,
+    NoVictimError,
+    make_policy,
+)
 from ssdmoe_tui.engine.traces import DECODE, Trace
 from ssdmoe_tui.errors import BadValueError
 
@@ -37,10 +44,19 @@ class ReplayResult:
     hits_all: int  # every replayed lookup, prefill and warm-up included
     lookups_all: int
     seconds: float
+    # prefetch (co-occurrence, as the engine's --prefetch in trace-driven runs), counted
+    # over the decode tokens: experts read ahead, of those looked up by the next layer
+    # (a prefetched expert still counts as a miss: its bytes came from disk), and wasted
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def prefetch_wasted(self) -> int:
+        return self.prefetch_issued - self.prefetch_used
 
     @property
     def us_per_lookup(self) -> float:
@@ -49,6 +65,7 @@ class ReplayResult:
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["hit_rate"] = round(self.hit_rate, 6)
+        d["prefetch_wasted"] = self.prefetch_wasted
         d["us_per_lookup"] = round(self.us_per_lookup, 3)
         return d
 
@@ -61,6 +78,7 @@ class _Lookups:
     cells: list[tuple[tuple[Key, ...], bool]]
     step_ends: list[int]  # index into cells after which policy.step() runs
     max_selection: int  # widest decode selection (a prefill union may be wider)
+    decode: list[bool] | None = None  # per cell: a decode step's (prefetch runs there)
 
     def grouped(self, capacity: int) -> _Lookups:
         """Cells wider than the cache split into groups of `capacity` keys, in order: what
@@ -68,6 +86,7 @@ class _Lookups:
         if all(len(keys) <= capacity for keys, _ in self.cells):
             return self
         cells: list[tuple[tuple[Key, ...], bool]] = []
+        decode: list[bool] = []
         ends: list[int] = []
         it = iter(self.step_ends)
         nxt = next(it, -1)
@@ -77,14 +96,16 @@ class _Lookups:
                 nxt = next(it, -1)
             for start in range(0, len(keys), capacity):
                 cells.append((keys[start : start + capacity], counted))
+                decode.append(bool(self.decode and self.decode[i]))
         while nxt != -1:
             ends.append(len(cells))
             nxt = next(it, -1)
-        return _Lookups(cells, ends, self.max_selection)
+        return _Lookups(cells, ends, self.max_selection, decode)
 
 
 def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
     cells: list[tuple[tuple[Key, ...], bool]] = []
+    decode: list[bool] = []
     ends: list[int] = []
     decode_seen = 0
     widest = 0
@@ -100,16 +121,30 @@ def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
             keys = tuple(dict.fromkeys((layer, e) for e in experts))  # dedupe, keep order
             if keys:
                 cells.append((keys, counted))
+                decode.append(step.phase == DECODE)
                 if step.phase == DECODE:
                     widest = max(widest, len(keys))
         ends.append(len(cells))
-    return _Lookups(cells, ends, widest)
+    return _Lookups(cells, ends, widest, decode)
 
 
-def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, int, int]:
-    """Drive one cache; returns (hits, lookups) counted and over everything."""
+def _run(
+    policy: EvictionPolicy, capacity: int, cells, ends, prefetch: list[bool] | None = None
+) -> tuple[int, ...]:
+    """Drive one cache; returns (hits, lookups) counted and over everything, then the
+    prefetch counts (issued, used) when `prefetch` (per cell: a decode step's) is given.
+
+    Prefetch is the engine's (`ExpertCache.prefetch` after each decode layer): the
+    co-occurrence predictor names as many next-layer ids as this layer selected; those
+    not resident get slots now (the current layer's keys and the predicted ones pinned),
+    and one the next layer looks up counts as a miss that was read early."""
     resident: set[Key] = set()
     hits = lookups = hits_all = lookups_all = 0
+    predictor = (
+        CooccurrencePredictor(1 + max((k[0][0] for k, _ in cells), default=0)) if prefetch else None
+    )
+    early: set[Key] = set()  # prefetched, not yet looked up
+    issued = used = 0
     hit, insert, victim, remove = policy.hit, policy.insert, policy.victim, policy.remove
     end_iter = iter(ends)
     next_end = next(end_iter, -1)
@@ -117,10 +152,17 @@ def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, 
         while next_end != -1 and next_end <= i:  # steps that ended before this cell,
             policy.step()  # empty ones (no lookups) included: they still age the policy
             next_end = next(end_iter, -1)
+            if predictor is not None:
+                predictor.reset_token()
         pinned = keys
         h = 0
         for key in keys:
             if key in resident:
+                if early and key in early:
+                    early.discard(key)
+                    if counted:
+                        used += 1
+                    h -= 1  # read from disk, only earlier
                 h += 1
                 hit(key)
             else:
@@ -128,6 +170,7 @@ def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, 
                     v = victim(pinned, key)
                     remove(v)
                     resident.discard(v)
+                    early.discard(v)
                 insert(key)
                 resident.add(key)
         hits_all += h
@@ -135,7 +178,29 @@ def _run(policy: EvictionPolicy, capacity: int, cells, ends) -> tuple[int, int, 
         if counted:
             hits += h
             lookups += len(keys)
-    return hits, lookups, hits_all, lookups_all
+        if predictor is not None:
+            layer = keys[0][0]
+            ids = [e for _, e in keys]
+            predictor.observe(layer, ids)
+            if prefetch[i]:
+                want = [(layer + 1, e) for e in predictor.predict(layer, ids, len(ids))]
+                want = [k for k in want if k not in resident][: max(capacity - len(keys), 0)]
+                guard = set(keys) | set(want)
+                for key in want:
+                    if len(resident) >= capacity:
+                        try:
+                            v = victim(guard, key)
+                        except NoVictimError:
+                            break
+                        remove(v)
+                        resident.discard(v)
+                        early.discard(v)
+                    insert(key)
+                    resident.add(key)
+                    early.add(key)
+                    if counted:
+                        issued += 1
+    return hits, lookups, hits_all, lookups_all, issued, used
 
 
 def replay(
@@ -146,8 +211,13 @@ def replay(
     per_layer: bool = False,
     decode_only: bool = False,
     warmup: int = 0,
+    prefetch: bool = False,
 ) -> ReplayResult:
-    """Replay `trace` through one policy at one capacity (slots; per layer if per_layer)."""
+    """Replay `trace` through one policy at one capacity (slots; per layer if per_layer).
+
+    `prefetch`: replay the engine's co-occurrence prefetch too (global cache only)."""
+    if prefetch and per_layer:
+        raise BadValueError("prefetch is replayed with one global cache, not --per-layer")
     flat = _flatten(trace, decode_only, warmup)
     num_layers = max(1, trace.meta.num_layers)
     if capacity < flat.max_selection:
@@ -157,8 +227,9 @@ def replay(
         )
     flat = flat.grouped(capacity)
     t0 = time.perf_counter()
+    issued = used = 0
     if per_layer:
-        totals = [0, 0, 0, 0]
+        totals = [0, 0, 0, 0, 0, 0]
         for layer in sorted({keys[0][0] for keys, _ in flat.cells}):
             # that layer alone, as layer 0 of a one-layer model
             cells = [
@@ -171,11 +242,13 @@ def replay(
             pol = _policy(policy, capacity, 1, cells)
             for j, v in enumerate(_run(pol, capacity, cells, ends)):
                 totals[j] += v
-        hits, lookups, hits_all, lookups_all = totals
+        hits, lookups, hits_all, lookups_all, _, _ = totals
         spread = float(capacity)
     else:
         pol = _policy(policy, capacity, num_layers, flat.cells)
-        hits, lookups, hits_all, lookups_all = _run(pol, capacity, flat.cells, flat.step_ends)
+        hits, lookups, hits_all, lookups_all, issued, used = _run(
+            pol, capacity, flat.cells, flat.step_ends, flat.decode if prefetch else None
+        )
         spread = capacity / num_layers
     return ReplayResult(
         policy=policy,
@@ -187,6 +260,8 @@ def replay(
         hits_all=hits_all,
         lookups_all=lookups_all,
         seconds=time.perf_counter() - t0,
+        prefetch_issued=issued,
+        prefetch_used=used,
     )
 
 

@@ -48,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--warmup", type=int, default=0, help="decode tokens that warm the cache, uncounted"
     )
+    r.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="also replay the engine's co-occurrence prefetch (issued, used, wasted experts)",
+    )
     r.add_argument("--json", metavar="OUT", help="also write the results as JSON ('-': stdout)")
     p.set_defaults(func=run)
     r.set_defaults(func=run)
@@ -111,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 per_layer=args.per_layer,
                 decode_only=args.decode_only,
                 warmup=args.warmup,
+                prefetch=args.prefetch and p != BELADY,
             )
             results.append((label, res))
 
@@ -130,6 +136,18 @@ def run(args: argparse.Namespace) -> int:
         + (f", first {args.warmup} decode tokens uncounted" if args.warmup else "")
     )
     _print_table(budgets, policies, results, per_layer=args.per_layer, layers=layers)
+    if args.prefetch:
+        mib = _trace_expert_mib(meta.extra)
+        print("prefetch (co-occurrence, K ids per layer; a prefetched expert counts as a miss):")
+        for label, res in results:
+            if res.policy == BELADY:
+                continue
+            n, used = res.prefetch_issued, res.prefetch_used
+            size = (lambda x: f" ({x * mib:.0f} MiB)") if mib else (lambda x: "")
+            print(
+                f"  {label} {res.policy}: issued {n}{size(n)}, used {used}, wasted "
+                f"{n - used}{size(n - used)}, precision {used / n if n else 0:.2f}"
+            )
     if args.json:
         doc = {
             "trace": str(args.trace),

@@ -216,6 +216,7 @@ class ExpertCache:
         self._free = list(range(capacity - 1, -1, -1))
         self.on_route = None  # optional callback(layer, experts) for trace recording
         self.routing = None  # a TraceRouting when the run is trace-driven
+        self.predictor = None  # a CooccurrencePredictor learning from the lookups (prefetch)
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
         self._inflight = None  # (layer, Future) of the prefetch being read
         self._pool = None
@@ -279,6 +280,8 @@ class ExpertCache:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
         if self.on_route is not None:
             self.on_route(layer, experts)
+        if self.predictor is not None:
+            self.predictor.observe(layer, experts.tolist())
         self.wait_prefetch()
         slots = np.empty(n, dtype=np.int64)
         pinned = [(layer, int(e)) for e in experts]
@@ -434,6 +437,8 @@ class ExpertCache:
     def step(self) -> None:
         """Called once per generated token (policy aging)."""
         self.policy.step()
+        if self.predictor is not None:
+            self.predictor.reset_token()
 
     def close(self) -> None:
         try:

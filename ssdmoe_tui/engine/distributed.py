@@ -99,9 +99,6 @@ class CommCounters:
     all_sum_bytes: int = 0  # payload bytes this rank contributed
     expert_compute_s: float = 0.0  # evaluating this rank's share of the experts
 
-    def snapshot(self) -> CommCounters:
-        return CommCounters(**self.__dict__)
-
 
 # ---------------------------------------------------------------- the group
 
@@ -115,6 +112,7 @@ class Distributed:
         self.size = int(group.size())
         self.watchdog = watchdog
         self.counters = CommCounters()
+        self._hosts: list[str] | None = None
 
     @property
     def is_root(self) -> bool:
@@ -203,10 +201,22 @@ class Distributed:
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
+    def hosts(self) -> list[str]:
+        """Every rank's host name. A collective the first time (`start` calls it on every
+        rank), then cached."""
+        if self._hosts is None:
+            self._hosts = self.gather_json(socket.gethostname())
+        return self._hosts
+
     def first_on_host(self) -> bool:
         """Whether no lower rank runs on this machine (it takes machine-wide locks)."""
-        hosts = self.gather_json(socket.gethostname())
+        hosts = self.hosts()
         return hosts.index(hosts[self.rank]) == self.rank
+
+    def ranks_on_host(self) -> int:
+        """Ranks sharing this machine's memory (an `auto` expert cache is split among them)."""
+        hosts = self.hosts()
+        return hosts.count(hosts[self.rank])
 
     # -------------------------------------------------------- the engine hook
     def partition(self, index) -> Partition:
@@ -245,10 +255,6 @@ class Distributed:
         else:
             if self.watchdog is not None:
                 self.watchdog.finish()
-
-    def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.finish()
 
 
 def _looks_like_comm_error(e: BaseException) -> bool:
@@ -607,18 +613,12 @@ def _readline(sock: socket.socket) -> str:
 # ---------------------------------------------------------------- start
 
 
-_current: Distributed | None = None
-
-
 def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
     """Join the launch (`mlx.launch` sets it up) and start the side channel.
 
     Outside a launch MLX gives a group of one: the engine then runs as one process,
     and a notice says so. `sigterm=False`: leave SIGTERM to the caller (a server that
     shuts down gracefully on it)."""
-    global _current
-    if _current is not None:
-        return _current
     try:
         group = mx.distributed.init(strict=False, backend=backend)
     except RuntimeError as e:
@@ -628,6 +628,7 @@ def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
         wd = Watchdog(dist.rank, dist.size, _timeout_s())
         wd.connect(dist, sigterm=sigterm)
         dist.watchdog = wd
+        dist.hosts()
     else:
         print(
             "ssdmoe: note: --distributed but this process is alone (start it with "
@@ -635,13 +636,7 @@ def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
             file=sys.stderr,
             flush=True,
         )
-    _current = dist
     return dist
-
-
-def current() -> Distributed | None:
-    """The process's distributed group once `start` ran (one per process, like MLX's)."""
-    return _current
 
 
 # ---------------------------------------------------------------- stats
@@ -776,7 +771,11 @@ def check_args(args) -> None:
     """Options that do not combine with --distributed, as one line before anything starts."""
     from ssdmoe_tui.errors import BadValueError
 
-    for name, flag in (("prefetch", "--prefetch"), ("trace", "--trace")):
+    for name, flag in (
+        ("prefetch", "--prefetch"),
+        ("trace", "--trace"),
+        ("routing_trace", "--routing-trace"),
+    ):
         value = getattr(args, name, None)
         if value not in (None, False, "off"):
             raise BadValueError(f"{flag} does not combine with --distributed")
@@ -885,9 +884,13 @@ class ServiceLink:
         if wd is None:
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
             os._exit(1)
-        if self.dist.is_root:
-            wd._exit(line)
-        wd.local_failure(line, comm_error=_looks_like_comm_error(exc))
+        if not self.dist.is_root:
+            wd.local_failure(line, comm_error=_looks_like_comm_error(exc))  # exits
+        if _looks_like_comm_error(exc):
+            time.sleep(min(2.0, wd.timeout))  # the side channel names the lost rank first
+        wd._exit(line)
+        time.sleep(5)  # another verdict is ending the process
+        os._exit(1)
 
 
 def follow(dist: Distributed, options, link: ServiceLink | None = None) -> int:

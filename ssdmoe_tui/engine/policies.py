@@ -538,11 +538,143 @@ class BeladyPolicy:
         pass
 
 
+# --------------------------------------------------------------------------- prediction
+
+
+class CooccurrencePredictor:
+    """Online next-layer predictor: which experts layer L+1 selects, given layer L's ids.
+
+    Learns from the lookups it is shown (no weights): for every token, each pair
+    (e in S_L, e' in S_L+1) adds one count; the prediction for L+1 is the ids with the
+    highest summed (row-normalised) counts over S_L, plus `reuse_weight` for layer
+    L+1's last selection (temporal reuse; 0 by default: adding it lowered top-K precision
+    from 0.56 to 0.39 on the Qwen3-30B trace, docs/cache-policy.md). Selections wider than
+    `max_learn` (prefill unions) are not learned from.
+    """
+
+    def __init__(self, num_layers: int, max_learn: int = 32, reuse_weight: float = 0.0) -> None:
+        self._n = num_layers
+        self._max_learn = max_learn
+        self._reuse = reuse_weight
+        self._counts: dict[int, dict[int, dict[int, float]]] = {}  # layer -> e -> e' -> n
+        self._last: dict[int, tuple[int, ...]] = {}  # layer -> its last selection
+        self._prev: tuple[int, tuple[int, ...]] | None = None  # (layer, ids) this token
+
+    def observe(self, layer: int, ids: Sequence[int]) -> None:
+        """Layer `layer` selected `ids` (call in forward order; `reset_token` between tokens)."""
+        ids = tuple(ids)
+        if len(ids) > self._max_learn:
+            self._prev = None
+            return
+        prev = self._prev
+        if prev is not None and prev[0] == layer - 1:
+            table = self._counts.setdefault(prev[0], {})
+            for e in prev[1]:
+                row = table.setdefault(e, {})
+                for f in ids:
+                    row[f] = row.get(f, 0.0) + 1.0
+        self._last[layer] = ids
+        self._prev = (layer, ids)
+
+    def reset_token(self) -> None:
+        self._prev = None
+
+    def predict(self, layer: int, ids: Sequence[int], m: int) -> list[int]:
+        """Up to `m` ids layer `layer + 1` is likely to select, best first."""
+        nxt = layer + 1
+        if nxt >= self._n or m < 1:
+            return []
+        score: dict[int, float] = {}
+        table = self._counts.get(layer, {})
+        for e in ids:
+            row = table.get(e)
+            if row:
+                total = sum(row.values())
+                for f, c in row.items():
+                    score[f] = score.get(f, 0.0) + c / total
+        for f in self._last.get(nxt, ()):
+            score[f] = score.get(f, 0.0) + self._reuse
+        return [f for f, _ in sorted(score.items(), key=lambda kv: -kv[1])[:m]]
+
+
+class PredictivePolicy:
+    """An eviction policy that protects what is predicted to be used soon.
+
+    Wraps a base policy (default cycle-lfu). It watches the lookups (layer by layer, in
+    forward order) to learn a `CooccurrencePredictor`; when a victim is needed while
+    layer L is served, the experts predicted for layer L+1 (its very next use: one layer
+    later) are protected as if pinned, so the base policy's victim is, of the keys not
+    needed right away, its usual choice: an approximation of Belady's "evict the key
+    used furthest in the future" with a predicted reuse distance of one layer for the
+    protected keys. If only protected keys are left, the base policy's choice stands.
+    """
+
+    def __init__(
+        self, name: str, base: EvictionPolicy, num_layers: int, protect: int, reuse: float = 1.0
+    ) -> None:
+        self.name = name
+        self._base = base
+        self._protect = protect
+        self.predictor = CooccurrencePredictor(num_layers, reuse_weight=reuse)
+        self._layer: int | None = None
+        self._ids: list[int] = []
+        self._pred_for: tuple[int, frozenset[Key]] | None = None
+
+    def _see(self, key: Key) -> None:
+        if key[0] != self._layer:
+            self._flush()
+            self._layer = key[0]
+        self._ids.append(key[1])
+
+    def _flush(self) -> None:
+        if self._layer is not None and self._ids:
+            self.predictor.observe(self._layer, self._ids)
+        self._ids = []
+
+    def hit(self, key: Key) -> None:
+        self._see(key)
+        self._base.hit(key)
+
+    def insert(self, key: Key) -> None:
+        self._see(key)
+        self._base.insert(key)
+
+    def remove(self, key: Key) -> None:
+        self._base.remove(key)
+
+    def step(self) -> None:
+        self._flush()
+        self._layer = None
+        self.predictor.reset_token()
+        self._base.step()
+
+    def protected(self, pinned: Collection[Key]) -> frozenset[Key]:
+        """Keys of the next layer predicted from the selection being served."""
+        if not pinned:
+            return frozenset()
+        layer = next(iter(pinned))[0]
+        ids = tuple(sorted(e for _, e in pinned))
+        if self._pred_for is None or self._pred_for[0] != hash((layer, ids)):
+            pred = self.predictor.predict(layer, ids, self._protect)
+            self._pred_for = (hash((layer, ids)), frozenset((layer + 1, e) for e in pred))
+        return self._pred_for[1]
+
+    def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
+        guard = self.protected(pinned)
+        if guard:
+            try:
+                return self._base.victim(set(pinned) | guard, incoming)
+            except NoVictimError:
+                pass
+        return self._base.victim(pinned, incoming)
+
+
 # --------------------------------------------------------------------------- factory
 
-POLICY_NAMES = ("lru", "lfu", "lfu-decay", "arc", "layer-lru", "layer-lfu", "cycle-lfu")
+POLICY_NAMES = ("lru", "lfu", "lfu-decay", "arc", "layer-lru", "layer-lfu", "cycle-lfu", "predict")
 DEFAULT_POLICY = "cycle-lfu"
 LFU_DECAY = 0.9  # per token; see docs/cache-policy.md for the sweep
+PREDICT_PROTECT = 12  # next-layer experts a predictive policy protects (predict:N sets N)
 
 
 def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
@@ -555,7 +687,7 @@ def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
     """
     base, _, arg = name.partition(":")
     decay = LFU_DECAY
-    if arg:
+    if arg and not base.startswith("predict"):
         try:
             decay = float(arg)
         except ValueError:
@@ -576,6 +708,14 @@ def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
         return LayerPartitioned(name, capacity, num_layers, decay)
     if base == "cycle-lfu":
         return LayerPartitioned(name, capacity, num_layers, decay, strict=False, own_bias=0.5)
+    if base.startswith("predict"):  # predict (cycle-lfu base), predict-lru, predict-layer-lfu
+        inner = base.removeprefix("predict").removeprefix("-") or "cycle-lfu"
+        if inner.startswith("predict") or inner not in POLICY_NAMES:
+            raise BadValueError(f"unknown cache policy {name!r} (predict-<policy>)")
+        if arg and not arg.isdigit():
+            raise BadValueError(f"bad policy parameter in {name!r}: expected a count")
+        protect = int(arg) if arg else PREDICT_PROTECT
+        return PredictivePolicy(name, make_policy(inner, capacity, num_layers), num_layers, protect)
     known = ", ".join(POLICY_NAMES)
     raise BadValueError(f"unknown cache policy {name!r} (known: {known})")
 

@@ -204,6 +204,13 @@ class StreamedSwitch(nn.Module):
                 # Read the next layer's likely experts while this layer computes.
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
+            elif cache.predictor is not None and host.size == host.shape[-1]:
+                # Decode (one token): co-occurrence predicts the next layer's ids (trace-
+                # driven runs), read while this layer computes.
+                nxt = cache.predictor.predict(self._layer, uniq.tolist(), len(uniq))
+                if nxt:
+                    pinned = {(self._layer, int(e)) for e in uniq}
+                    cache.prefetch(self._layer + 1, np.array(nxt, dtype=np.int64), pinned)
             return y
         if extra is not None and len(extra):
             uniq = np.concatenate([uniq, extra])

@@ -152,6 +152,14 @@ def attach(sm, path: str | Path) -> TraceRouting:
         block.gate = TraceGate(block.gate, routing, layer)
         block.switch_mlp.set_routing(routing)
     sm.cache.routing = routing
+    if sm.prefetch:
+        # The next block's router cannot foresee the trace's ids: predict them from the
+        # lookups instead (co-occurrence, layer L -> L+1), as `trace replay --prefetch` does.
+        from ssdmoe_tui.engine.policies import CooccurrencePredictor
+
+        for block in sm.blocks:
+            block.switch_mlp.set_predictor(None)
+        sm.cache.predictor = CooccurrencePredictor(sm.index.num_layers)
     # The simulator ages the policy once after the prefill step; the runner ages it
     # before every decode step but the first.
     routing.on_decode_start = sm.cache.step

@@ -155,6 +155,8 @@ class Server:
             await task
         finally:
             self.ready.set()
+            if self.api is not None:
+                await asyncio.to_thread(self.api.builder.records.flush)
             await asyncio.to_thread(self.engine.shutdown)
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
 
 HISTORY_FILE = "history.json"
 MAX_RECORDS = 64
-MAX_RECORD_TOKENS = 4_000_000  # all records together
+MAX_RECORD_TOKENS = 2_000_000  # all records together (~12 MB of JSON)
+PER_CHAIN = 2
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class HistoryRecords:
         self._notice = notice
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssdmoe-history")
         if path is not None:
             self._load()
 
@@ -102,15 +105,26 @@ class HistoryRecords:
             return rec
 
     def put(self, key: str, tokens: Sequence[int], chain: str) -> None:
+        """Record a reply's exact tokens. A conversation keeps its last `PER_CHAIN` records
+        (the latest turn, and the one before for a regenerated reply); the file is
+        rewritten off the caller's thread, one write at a time."""
         with self._lock:
             self._records[key] = _Record(tuple(int(t) for t in tokens), chain)
             self._records.move_to_end(key)
+            mine = [k for k, r in self._records.items() if r.chain == chain]
+            for k in mine[:-PER_CHAIN]:
+                del self._records[k]
             total = sum(len(r.tokens) for r in self._records.values())
             while len(self._records) > 1 and (
                 len(self._records) > MAX_RECORDS or total > MAX_RECORD_TOKENS
             ):
                 _, old = self._records.popitem(last=False)
                 total -= len(old.tokens)
+        if self.path is not None:
+            self._writer.submit(self._save)
+
+    def _save(self) -> None:
+        with self._lock:
             data = {
                 "format": "ssdmoe-server-history",
                 "version": 1,
@@ -119,12 +133,15 @@ class HistoryRecords:
                     for k, r in self._records.items()
                 ],
             }
-        if self.path is not None:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(self.path, json.dumps(data, separators=(",", ":")))
-            except OSError as e:
-                self._notice(f"prompt history not saved: {self.path}: {e.strerror or e}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path, json.dumps(data, separators=(",", ":")))
+        except OSError as e:
+            self._notice(f"prompt history not saved: {self.path}: {e.strerror or e}")
+
+    def flush(self) -> None:
+        """Wait for pending writes (tests, shutdown)."""
+        self._writer.submit(lambda: None).result()
 
 
 class PromptBuilder:

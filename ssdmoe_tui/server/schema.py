@@ -16,6 +16,7 @@ from typing import Any
 from ssdmoe_tui.server.errors import ApiError, bad_request
 
 _K_SUFFIX = re.compile(r"^(?P<base>.+)@k(?P<k>\d{1,4})$")
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -66,8 +67,13 @@ class ChatMessage:
         return msg
 
     def canonical(self) -> list:
-        """What identifies the message for the exact-history record (ids left out)."""
-        return [self.role, self.content, [list(c.canonical()) for c in self.tool_calls]]
+        """What identifies the message for the exact-history record (ids left out). An
+        assistant's think blocks and surrounding whitespace are left out too: clients that
+        show reasoning apart often send the answer back without it."""
+        content = self.content
+        if self.role == "assistant":
+            content = _THINK.sub("", content).strip()
+        return [self.role, content, [list(c.canonical()) for c in self.tool_calls]]
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,8 @@ class Turn:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
+        if not isinstance(d, dict):
+            raise ValueError("a turn is not a JSON object")
         role = d["role"]
         if role not in ("user", "assistant"):
             raise ValueError(f"unknown role {role!r}")
@@ -211,7 +213,7 @@ class Conversation:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Conversation:
-        if d.get("format") != FORMAT:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError("not an ssdmoe conversation")
         if int(d.get("version", 0)) > VERSION:
             raise ValueError(f"written by a newer ssdmoe (version {d.get('version')})")
@@ -489,7 +491,9 @@ class SessionStore:
         except SsdmoeError:
             raise  # disk full: already one line with the path
         except OSError as e:
-            raise SessionError(f"cannot write {dest}: {e.strerror or e}") from None
+            blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+            why = f"{blocker} is a file, not a folder" if blocker else e.strerror or str(e)
+            raise SessionError(f"cannot write {dest}: {why}") from None
         return dest
 
 
