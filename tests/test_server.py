@@ -216,6 +216,17 @@ def conversation_turns(c, model, n: int, start: list | None = None) -> tuple[lis
     return messages, usages
 
 
+def assert_new_chat_reuses_system_prompt(running: Running) -> int:
+    """A new chat with a known system prompt: served >= 95 % from a cache. Returns the
+    cached tokens (attention-only models may get them from memory, a trimmed copy of
+    the longer conversation's cache; hybrid ones only from the system part's checkpoint)."""
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Other topic?"}]
+    r = running.client().chat.completions.create(model=running.model, messages=chat, max_tokens=2)
+    u = r.usage
+    assert u.prompt_tokens_details.cached_tokens >= 0.95 * u.prompt_tokens, u
+    return u.prompt_tokens_details.cached_tokens
+
+
 def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
     monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))  # the module server's lock folder
     c = srv.client()
@@ -230,6 +241,8 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
         u = usages[0]
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
         assert again.server.kv.last_load is not None
+        # a new chat with the same system prompt loads the system part's own checkpoint
+        assert_new_chat_reuses_system_prompt(again)
     finally:
         again.stop()
         # later tests use `srv`: bring it back on the same object
