@@ -216,6 +216,17 @@ def conversation_turns(c, model, n: int, start: list | None = None) -> tuple[lis
     return messages, usages
 
 
+def assert_new_chat_reuses_system_prompt(running: Running) -> int:
+    """A new chat with a known system prompt: served >= 95 % from a cache. Returns the
+    cached tokens (attention-only models may get them from memory, a trimmed copy of
+    the longer conversation's cache; hybrid ones only from the system part's checkpoint)."""
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Other topic?"}]
+    r = running.client().chat.completions.create(model=running.model, messages=chat, max_tokens=2)
+    u = r.usage
+    assert u.prompt_tokens_details.cached_tokens >= 0.95 * u.prompt_tokens, u
+    return u.prompt_tokens_details.cached_tokens
+
+
 def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
     monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))  # the module server's lock folder
     c = srv.client()
@@ -230,6 +241,8 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
         u = usages[0]
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
         assert again.server.kv.last_load is not None
+        # a new chat with the same system prompt loads the system part's own checkpoint
+        assert_new_chat_reuses_system_prompt(again)
     finally:
         again.stop()
         # later tests use `srv`: bring it back on the same object
@@ -273,6 +286,20 @@ def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
     while srv.server.engine.busy and time.monotonic() - t0 < 5:
         time.sleep(0.01)
     assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
+
+
+def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
+    chat = [{"role": "system", "content": "Another agent. " + SYSTEM},
+            {"role": "user", "content": "Hi"}]  # fmt: skip
+    body = {"model": srv.model, "messages": chat, "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up during the prefill
+        httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=0.3)
+    t0 = time.monotonic()
+    while srv.server.engine.busy and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.5
+    r = srv.client().chat.completions.create(model=srv.model, messages=chat, max_tokens=2)
+    assert r.usage.completion_tokens == 2
 
 
 def test_second_server_is_told_who_holds_the_model(srv, model, home):

@@ -292,7 +292,11 @@ class Api:
     ) -> Job:
         max_tokens = self._max_tokens(prompt, sampling)
         await _until_disconnect(request, self.engine.acquire())
+        step = None
         try:
+            if self._needs_prefix_checkpoint(prompt):
+                step = self._prefix_step(prompt, k, rid)
+                await _until_disconnect(request, step.done.wait())
             if self.kv is not None:
                 self.kv.register(prompt.tokens, prompt.chain)
             temp = sampling.temperature
@@ -307,8 +311,33 @@ class Api:
             )
             return self.engine.submit(cmd, k)
         except BaseException:
-            self.engine.release_unused()
+            if step is not None and not step.done.is_set():
+                step.keep_slot = False  # the client left during the step: its end frees the engine
+                step.cancel()
+            else:
+                self.engine.release_unused()
             raise
+
+    def _needs_prefix_checkpoint(self, prompt: Prompt) -> bool:
+        n = prompt.shared_prefix
+        return (
+            bool(n) and self.kv is not None and not self.kv.has_checkpoint(prompt.prefix_chain, n)
+        )
+
+    def _prefix_step(self, prompt: Prompt, k: int | None, rid: str) -> Job:
+        """Prefill the shared system part alone first, so it gets a KV checkpoint of its
+        own: a new chat that starts the same way (an agent's next session, also after a
+        restart) loads it instead of prefilling it; on hybrid models nothing else could
+        serve it. Costs one extra step and a checkpoint save, once per system prompt."""
+        prefix = prompt.tokens[: prompt.shared_prefix]
+        self.kv.register(prefix, prompt.prefix_chain)
+        cmd = P.Generate(
+            request_id=rid + "-prefix",
+            prompt_tokens=tuple(prefix),
+            max_tokens=1,  # one sampled token, never fed: the cache covers exactly the prefix
+            session_id=SESSION_KEY,
+        )
+        return self.engine.submit(cmd, k, keep_slot=True)
 
     async def _pieces(self, job: Job, filt: OutputFilter) -> AsyncIterator[list[Piece]]:
         """The job's output as filtered pieces; the last item follows GenerationDone."""

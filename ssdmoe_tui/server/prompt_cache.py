@@ -35,6 +35,7 @@ from ssdmoe_tui.sessions.checkpoints import (
     CheckpointInvalid,
     NoCheckpoint,
     check_checkpoint,
+    checkpoint_path,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
@@ -85,6 +86,13 @@ class ServerKV:
                 if len(tokens) >= len(prompt) and tuple(tokens[: len(prompt)]) == prompt:
                     return chain
         return None
+
+    def has_checkpoint(self, chain: str, n_tokens: int) -> bool:
+        """Whether `chain` holds a checkpoint of exactly `n_tokens` (contents unchecked)."""
+        return (
+            _CHAIN.match(chain) is not None
+            and checkpoint_path(self.chains / chain, n_tokens).is_file()
+        )
 
     # ------------------------------------------------------------------ engine hooks
     def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:

@@ -163,6 +163,11 @@ class Conversation:
     system_prompt: str = ""
     turns: list[Turn] = field(default_factory=list)
     tokenizer_id: str = ""  # which tokenizer + template produced the token ids
+    # The conversation's generation settings (config keys: temperature, top_p,
+    # max_tokens, k, system_prompt), checked by the app when it opens the conversation.
+    settings: dict[str, Any] = field(default_factory=dict)
+    # Exchanges taken out by a regenerate or an edit, oldest first: never lost.
+    replaced: list[list[Turn]] = field(default_factory=list)
 
     @property
     def display_title(self) -> str:
@@ -202,6 +207,8 @@ class Conversation:
             "system_prompt": self.system_prompt,
             "tokenizer_id": self.tokenizer_id,
             "turns": [asdict(t) for t in self.turns],
+            "settings": dict(self.settings),
+            "replaced": [[asdict(t) for t in group] for group in self.replaced],
         }
 
     @classmethod
@@ -220,7 +227,26 @@ class Conversation:
             system_prompt=str(d.get("system_prompt", "")),
             turns=[Turn.from_dict(t) for t in d.get("turns", [])],
             tokenizer_id=str(d.get("tokenizer_id", "")),
+            settings=_settings(d.get("settings", {})),
+            replaced=_replaced(d.get("replaced", [])),
         )
+
+
+def _replaced(value: Any) -> list[list[Turn]]:
+    if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
+        raise ValueError("replaced must be a list of exchanges")
+    return [[Turn.from_dict(t) for t in group] for group in value]
+
+
+def _settings(value: Any) -> dict[str, Any]:
+    """Plain key = value pairs; their meaning is checked where they are used."""
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str) and (v is None or isinstance(v, str | int | float))
+        for k, v in value.items()
+    )
+    if not ok:
+        raise ValueError("settings must be a table of plain values")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -519,6 +545,10 @@ def to_markdown(conv: Conversation) -> str:
         if notes:
             heading += f" ({', '.join(notes)})"
         lines += [heading, "", t.text, ""]
+    for n, group in enumerate(conv.replaced, 1):
+        lines += [f"## Replaced exchange {n} (regenerated or edited)", ""]
+        for t in group:
+            lines += [f"**{'User' if t.role == 'user' else 'Assistant'}:**", "", t.text, ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
