@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from ssdmoe_tui.bench import system
 from ssdmoe_tui.bench.disk import random_read_bandwidth
 from ssdmoe_tui.errors import BadValueError, ModelError
+from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.runner import Snapshot
@@ -437,8 +438,8 @@ def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLi
     if ckpt_bytes < limit:
         return None
     return (
-        f"cannot run: model {ckpt_bytes / 2**30:.1f} GiB > memory "
-        f"(needs < {BASELINE_FRACTION:.0%} of {mem.available / 2**30:.1f} GiB available: {mem.describe()})"
+        f"cannot run: model {human_bytes(ckpt_bytes)} > memory "
+        f"(needs < {BASELINE_FRACTION:.0%} of {human_bytes(mem.available)} available: {mem.describe()})"
     )
 
 
@@ -565,9 +566,9 @@ def run_bench(
         }
     result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
     log(
-        f"model {path} ({config.get('model_type')}, {ckpt_bytes / 2**30:.2f} GiB, "
+        f"model {path} ({config.get('model_type')}, {human_bytes(ckpt_bytes, 2)}, "
         f"{index.num_layers} MoE layers x {index.num_experts} experts x "
-        f"{index.expert_bytes / 2**20:.2f} MiB)"
+        f"{human_bytes(index.expert_bytes, 2)})"
     )
 
     # ---------------- page cache: cold drops it before each measurement; warm fills it once
@@ -615,7 +616,7 @@ def run_bench(
         }
         for k, d in disk.items():
             log(
-                f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({d.bytes / 2**20:.0f} MiB in {d.seconds:.2f} s, {d.reader})"
+                f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({human_bytes(d.bytes)} in {d.seconds:.2f} s, {d.reader})"
             )
     if not opts.baseline_only:
         if opts.warmup:

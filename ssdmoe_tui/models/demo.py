@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ssdmoe_tui.paths import demo_model_dir
+from ssdmoe_tui.units import human_bytes
 
 DEMO_VERSION = 3
 
@@ -242,7 +243,7 @@ def write_checkpoint(
         del shard
         mx.clear_cache()
         progress(
-            f"wrote {fname} ({i + 1}/{n}, {total / 2**20:.0f} MiB, {time.monotonic() - t0:.0f} s)"
+            f"wrote {fname} ({i + 1}/{n}, {human_bytes(total)}, {time.monotonic() - t0:.0f} s)"
         )
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
