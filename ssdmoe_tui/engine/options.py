@@ -117,6 +117,15 @@ def _finite(text: str | float, what: str) -> float:
     return value
 
 
+def parse_seconds(text: str | float, what: str, most: float = 7 * 86400) -> float:
+    """A positive, finite duration; `most` keeps it within what socket and thread
+    timeouts accept (1e300 s would overflow them)."""
+    value = _finite(text, what)
+    if not 0 < value <= most:
+        raise BadValueError(f"{what} must be a number of seconds in (0, {most:g}], got {text!r}")
+    return value
+
+
 def parse_temp(text: str | float) -> float:
     value = _finite(text, "temperature")
     if value < 0:
