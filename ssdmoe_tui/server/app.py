@@ -13,7 +13,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -309,7 +309,10 @@ class Api:
                 seed=sampling.seed,
                 session_id=SESSION_KEY,
             )
-            return self.engine.submit(cmd, k)
+            job = self.engine.submit(cmd, k)
+            if step is not None and step.result is not None:
+                job.cached_before = step.result.stats.get("reused_prompt_tokens", 0)
+            return job
         except BaseException:
             if step is not None and not step.done.is_set():
                 step.keep_slot = False  # the client left during the step: its end frees the engine
@@ -366,6 +369,20 @@ class Api:
             return "length"
         return "stop"
 
+    @staticmethod
+    def _done(job: Job) -> P.GenerationDone:
+        """The job's result as the client should see it: after a system-prompt step, the
+        prompt tokens cached are those that were cached before the request, not the step's."""
+        done = job.result
+        if job.cached_before is None:
+            return done
+        stats = dict(done.stats)
+        n = len(done.prompt_token_ids)
+        stats["reused_prompt_tokens"] = job.cached_before
+        stats["kv_hit_rate"] = round(job.cached_before / n, 4) if n else 0.0
+        stats["system_prompt_checkpoint"] = True
+        return replace(done, stats=stats)
+
     def _ext(self, done: P.GenerationDone) -> dict:
         """The `ssdmoe` extension field: which K ran and the engine's figures."""
         s = done.stats
@@ -385,6 +402,8 @@ class Api:
                 "generated_tokens": len(done.token_ids),
             },
         }
+        if s.get("system_prompt_checkpoint"):
+            ext["system_prompt_checkpoint"] = True  # this request wrote one for its system part
         if "distributed" in s:  # serve --distributed: per-rank bytes, hit rate, all_sum
             ext["distributed"] = s["distributed"]
         self.last_response_stats = ext
@@ -472,7 +491,7 @@ class Api:
             await _until_disconnect(request, self._drain(job, filt))
         finally:
             job.cancel()
-        done = job.result
+        done = self._done(job)
         if on_done is not None:
             on_done(done)
         ext = self._ext(done)
@@ -533,7 +552,7 @@ class Api:
                 yield event(e.body())
                 yield "data: [DONE]\n\n"
                 return
-            done = job.result
+            done = self._done(job)
             if on_done is not None:
                 on_done(done)
             yield chunk(last, self._finish_reason(done, filt), ssdmoe=self._ext(done))
