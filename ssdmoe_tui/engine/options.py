@@ -190,7 +190,7 @@ class SamplingOptions:
 @dataclass(frozen=True)
 class EngineOptions:
     """Everything `open_engine` needs, typed. Built once per command; the service
-    derives a load's options from it with `replace` (`for_load`)."""
+    derives a load's options from it with `with_` (a `dataclasses.replace`, so checked again)."""
 
     model: str = ""  # folder, Hub repo id[@revision], or "" for the embedded demo model
     k: int | None = None  # None: the model's trained K

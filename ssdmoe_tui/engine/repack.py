@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ssdmoe_tui import paths
-from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.atomic import atomic_write_text, remove_orphan_temps
 from ssdmoe_tui.engine.index import ExpertIndex, MoELayer, content_sample
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.errors import ModelError
@@ -192,6 +192,7 @@ def write_repacked(
         )
     data = out_dir / DATA
     (out_dir / MANIFEST).unlink(missing_ok=True)  # an old copy stops counting before we write
+    remove_orphan_temps(out_dir, depth=0)  # a killed repack's partial copy (GBs), if any
     tmp = out_dir / f".{DATA}.p{os.getpid()}.tmp"  # the pid: start-up cleanup spares live writers
     per_chunk = max(1, min(e, chunk_bytes // stride))
     buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero
