@@ -111,6 +111,26 @@ def test_demo_model_does_not_print_mlx_lm_quantization_info(tmp_path, capfd):
     assert out.strip() == str(tmp_path / "m")
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_demo_model_never_replaces_a_folder_it_did_not_write(tmp_path, capsys, force):
+    """`demo-model --out DIR` replaces DIR whole: a folder without the demo stamp (the
+    user's own files) is refused in one line and left as it was, with --force too."""
+    from ssdmoe_tui.models.demo import DEMO_VERSION, ensure_demo_model
+
+    mine = tmp_path / "work"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    argv = ["demo-model", "--out", str(mine), *(["--force"] if force else [])]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a demo model folder" in err[0] and str(mine) in err[0]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    demo = tmp_path / "demo"  # a current demo folder is returned as is, nothing rewritten
+    demo.mkdir()
+    (demo / ".ssdmoe-demo").write_text(str(DEMO_VERSION))
+    assert ensure_demo_model(demo) == demo and len(list(demo.iterdir())) == 1
+
+
 def test_readme_and_models_supported_list_every_architecture(capsys):
     from ssdmoe_tui.checkpoint.arch import ARCHITECTURES
 

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.checkpoint.config import read_json_object
-    from ssdmoe_tui.engine.cache import parse_size
+    from ssdmoe_tui.engine.options import parse_bytes
     from ssdmoe_tui.errors import BadValueError, ModelError
     from ssdmoe_tui.models.demo import ensure_demo_model, write_checkpoint
 
@@ -42,15 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.config is None:
         out = Path(args.out) if args.out else None
-        if args.force and out is not None:
-            import shutil
-
-            shutil.rmtree(out, ignore_errors=True)
-        elif args.force:
-            from ssdmoe_tui.paths import demo_model_dir
-
-            (demo_model_dir() / ".ssdmoe-demo").unlink(missing_ok=True)
-        print(ensure_demo_model(out, progress=say))
+        print(ensure_demo_model(out, progress=say, force=args.force))
         return 0
     if args.out is None:
         raise BadValueError("--config needs --out")
@@ -68,10 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 text[key] = text[key][: args.layers]
         if isinstance(text.get("hybrid_override_pattern"), str):
             text["hybrid_override_pattern"] = text["hybrid_override_pattern"][: args.layers]
-    try:
-        shard = parse_size(args.shard_size)
-    except ValueError as e:
-        raise BadValueError(str(e)) from None
+    shard = parse_bytes(args.shard_size, "--shard-size")
     out = write_checkpoint(
         config,
         Path(args.out),
