@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -118,6 +119,9 @@ class Api:
         self.tool_format = tool_format_for(engine.tokenizer)
         self.created = int(time.time())
         self.last_response_stats: dict | None = None
+        self.log: Callable[[str], None] = lambda line: print(
+            f"ssdmoe serve: {line}", file=sys.stderr, flush=True
+        )
 
     # ------------------------------------------------------------------ plumbing
     def app(self) -> Starlette:
@@ -407,6 +411,12 @@ class Api:
         if "distributed" in s:  # serve --distributed: per-rank bytes, hit rate, all_sum
             ext["distributed"] = s["distributed"]
         self.last_response_stats = ext
+        st = ext["stats"]
+        self.log(
+            f"{done.request_id}: {st['prompt_tokens']} prompt tokens ({st['kv_cached_tokens']} "
+            f"cached) -> {st['generated_tokens']} tokens ({done.finish_reason}), "
+            f"{st['decode_tok_s']} tok/s, K={ext['k']}, {st['ssd_mib_per_token']} MiB/token from SSD"
+        )
         return ext
 
     @staticmethod
