@@ -49,6 +49,7 @@ class ApiSettings:
     max_body_bytes: int = 32 << 20
     max_tokens: int = 4096  # default when a request gives none (and the context allows)
     temperature: float = 0.0  # default when a request gives none
+    system_checkpoints: bool = True  # see Api._prefix_step
 
 
 class _Disconnected(Exception):
@@ -327,9 +328,9 @@ class Api:
 
     def _needs_prefix_checkpoint(self, prompt: Prompt) -> bool:
         n = prompt.shared_prefix
-        return (
-            bool(n) and self.kv is not None and not self.kv.has_checkpoint(prompt.prefix_chain, n)
-        )
+        if not n or self.kv is None or not self.settings.system_checkpoints:
+            return False
+        return not self.kv.has_checkpoint(prompt.prefix_chain, n)
 
     def _prefix_step(self, prompt: Prompt, k: int | None, rid: str) -> Job:
         """Prefill the shared system part alone first, so it gets a KV checkpoint of its

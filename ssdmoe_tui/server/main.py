@@ -64,6 +64,7 @@ class ServeOptions:
     temperature: float = 0.0
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
+    system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     kv_budget_bytes: int | None = None  # in-memory KV pool (None: the engine's default)
     make_service: MakeService | None = None  # None: an EngineService in this process
     log_level: str = "warning"
@@ -114,6 +115,7 @@ class Server:
                 max_body_bytes=opts.max_body_bytes,
                 max_tokens=opts.max_tokens,
                 temperature=opts.temperature,
+                system_checkpoints=opts.system_checkpoints,
             ),
             kv,
         )
