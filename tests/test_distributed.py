@@ -132,6 +132,19 @@ def test_options_that_do_not_combine_are_refused_in_one_line(flag, capsys):
     assert err == [f"ssdmoe: error: {flag[0]} does not combine with --distributed"]
 
 
+@pytest.mark.parametrize("flag", [["--prefetch"], ["--routing-trace", "t.jsonl"]])
+def test_serve_refuses_the_same_options(flag):
+    """serve --distributed starts its ranks itself: it must refuse what generate refuses
+    (in a subprocess with a bound, since a regression would start serving)."""
+    code = "import sys; from ssdmoe_tui.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", "--distributed", "--port", "0", *flag]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        f"ssdmoe: error: {flag[0]} does not combine with --distributed"
+    ]
+
+
 @pytest.mark.parametrize("bank_bytes", [None, "20K"])
 def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, bank_bytes):
     """The distributed switch on a group of one (every expert owned; groups of rows when

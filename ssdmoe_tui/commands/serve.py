@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
     link = None
     if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
-        from ssdmoe_tui.engine.distributed import ServiceLink, follow, start
+        from ssdmoe_tui.engine.distributed import ServiceLink, check_args, follow, start
 
+        check_args(args)  # the same refusals as generate and bench (--prefetch, ...)
         dist = start(sigterm=False)
         with dist.guard():
             link = ServiceLink(dist)
