@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,7 +80,6 @@ class EngineClient:
         self._busy = False
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self.generations = 0
-        self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, load: P.LoadModel, kv_hooks: Any = None) -> P.ModelInfo:

@@ -65,7 +65,6 @@ class ServeOptions:
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
-    kv_budget_bytes: int | None = None  # in-memory KV pool (None: the engine's default)
     make_service: MakeService | None = None  # None: an EngineService in this process
     log_level: str = "warning"
 
@@ -95,8 +94,6 @@ class Server:
             # the hooks look it up lazily through `self.kv`.
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
         info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
-        if opts.kv_budget_bytes is not None and getattr(self.engine.service, "kv_pool", None):
-            self.engine.service.kv_pool.set_budget(opts.kv_budget_bytes)
         self.model_id = info.name
         records_path = None
         if opts.persist_cache:

@@ -70,7 +70,6 @@ class ServerKV:
         self._pending: list[tuple[tuple[int, ...], str]] = []  # (prompt, chain), newest last
         self._lock = threading.Lock()
         self.last_load: tuple[str, int] | None = None  # (chain, tokens) of the last disk hit
-        self.saves = 0
 
     def register(self, prompt: Sequence[int], chain: str) -> None:
         """Before submitting a prompt: which chain its checkpoint goes to."""
@@ -110,7 +109,6 @@ class ServerKV:
             session_budget=self.session_budget,
             global_budget=self.global_budget,
         )
-        self.saves += 1
         if res.skipped:
             self.notice(res.skipped)
         os.utime(folder)
