@@ -446,14 +446,21 @@ def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLi
 def _load_baseline_json(p: Path, conditions: dict) -> dict:
     try:
         data = json.loads(Path(p).read_text())
-        base = data["resident_baseline"]
     except FileNotFoundError:
         raise BadValueError(f"--baseline-json: file not found: {p}") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise BadValueError(f"--baseline-json {p}: not an ssdmoe bench result ({e})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) else getattr(e, "msg", None) or "not UTF-8 JSON"
+        raise BadValueError(f"--baseline-json {p}: cannot read ({why})") from None
+    base = data.get("resident_baseline") if isinstance(data, dict) else None
+    by_k = base.get("by_k", {}) if isinstance(base, dict) else None
+    if not isinstance(by_k, dict) or not all(str(k).isdigit() for k in by_k):
+        raise BadValueError(
+            f"--baseline-json {p}: not an ssdmoe bench result (no resident_baseline)"
+        )
     if base.get("status") != "ran":
         raise BadValueError(f"--baseline-json {p}: its resident baseline did not run")
-    theirs = data.get("conditions", {})
+    theirs = data.get("conditions")
+    theirs = theirs if isinstance(theirs, dict) else {}
     for key in ("model_type", "dtype", "prompt_tokens", "decode_tokens", "checkpoint_bytes"):
         if theirs.get(key) != conditions.get(key):
             raise BadValueError(
@@ -461,7 +468,7 @@ def _load_baseline_json(p: Path, conditions: dict) -> dict:
             )
     base = dict(base)
     base["source"] = str(p)
-    base["by_k"] = {int(k): v for k, v in base.get("by_k", {}).items()}
+    base["by_k"] = {int(k): v for k, v in by_k.items()}
     return base
 
 
