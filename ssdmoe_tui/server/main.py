@@ -95,13 +95,12 @@ class Server:
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
         info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
         self.model_id = info.name
-        records_path = None
-        if opts.persist_cache:
-            folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
-            kv = ServerKV(folder, notice=notice)
-            records_path = folder / HISTORY_FILE
-        self.kv = kv
+        folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
+        records_path = folder / HISTORY_FILE if opts.persist_cache else None
         records = await asyncio.to_thread(HistoryRecords, records_path, notice)
+        if opts.persist_cache:
+            kv = ServerKV(folder, notice=notice, tokens_of=records.tokens_of)
+        self.kv = kv
         builder = PromptBuilder(self.engine.tokenizer, records)
         self.api = Api(
             self.engine,
