@@ -4,6 +4,8 @@ Measures, through HTTP with the official `openai` client (streaming):
 - time to first token (TTFT) of a cold ~4,000-token prompt (nothing cached),
 - TTFT of the next turn of that conversation (served from the in-memory KV cache),
 - TTFT of that same turn after a server restart (served from the KV checkpoint on disk),
+- TTFT of a new chat with the same system prompt on the restarted server (the system
+  part's own checkpoint),
 - decode tok/s as the client sees it (tokens after the first / time since the first) and
   as the engine reports it, against `ssdmoe generate --json` on the same messages.
 
@@ -116,6 +118,63 @@ def stream_chat(client, model: str, messages: list, max_tokens: int) -> dict:
     }
 
 
+def stream_raw(base: str, model: str, messages: list, max_tokens: int) -> dict:
+    """A streamed request read with httpx, parsing only what is needed: on this 2-core
+    machine a client's own CPU use slows the engine, so the decode comparison keeps it small."""
+    import httpx
+
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    first = last = None
+    text, ext, usage = [], None, None
+    with httpx.stream("POST", base + "/chat/completions", json=body, timeout=3600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            c = json.loads(line[6:])
+            usage = c.get("usage") or usage
+            ext = c.get("ssdmoe") or ext
+            delta = c["choices"][0]["delta"] if c.get("choices") else {}
+            if delta.get("content"):
+                last = time.perf_counter()
+                first = first or last
+                text.append(delta["content"])
+    n = usage["completion_tokens"]
+    return {
+        "client_decode_tok_s": round((n - 1) / (last - first), 2)
+        if n > 1 and last > first
+        else 0.0,
+        "server_decode_tok_s": ext["stats"]["decode_tok_s"],
+        "completion_tokens": n,
+        "text": "".join(text),
+    }
+
+
+def ttft_runs(args, model: str, env: dict, messages: list, q2: str, rows: dict, connect) -> None:
+    """Cold prompt, the next turn from memory, the same turn after a restart from disk."""
+    srv = ServerProc(model, env)
+    try:
+        print("serve: cold prompt ...", file=sys.stderr)
+        rows["cold"] = stream_chat(connect(srv), srv.model, messages, args.max_tokens)
+        turn2 = messages + [
+            {"role": "assistant", "content": rows["cold"]["text"]},
+            {"role": "user", "content": q2},
+        ]
+        print("serve: next turn (memory) ...", file=sys.stderr)
+        rows["cached"] = stream_chat(connect(srv), srv.model, turn2, args.max_tokens)
+    finally:
+        srv.stop()
+    srv = ServerProc(model, env)
+    try:
+        print("serve: next turn after a restart (disk) ...", file=sys.stderr)
+        rows["restart"] = stream_chat(connect(srv), srv.model, turn2, args.max_tokens)
+        print("serve: new chat, same system prompt ...", file=sys.stderr)
+        other = [messages[0], {"role": "user", "content": "A different question, then."}]
+        rows["new_chat"] = stream_chat(connect(srv), srv.model, other, args.max_tokens)
+    finally:
+        srv.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="model folder (a demo or test checkpoint)")
@@ -123,6 +182,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens per TTFT request")
     ap.add_argument("--decode-tokens", type=int, default=128, help="tokens per decode run")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved decode runs")
+    ap.add_argument("--decode-only", action="store_true", help="skip the TTFT part")
     ap.add_argument("--out", default="serve_load.json")
     args = ap.parse_args()
 
@@ -149,28 +209,12 @@ def main() -> int:
 
     messages = [{"role": "system", "content": system}, {"role": "user", "content": q1}]
     rows: dict = {}
-    srv = ServerProc(model, env)
-    try:
-        print("serve: cold prompt ...", file=sys.stderr)
-        rows["cold"] = stream_chat(connect(srv), srv.model, messages, args.max_tokens)
-        turn2 = messages + [
-            {"role": "assistant", "content": rows["cold"]["text"]},
-            {"role": "user", "content": q2},
-        ]
-        print("serve: next turn (memory) ...", file=sys.stderr)
-        rows["cached"] = stream_chat(connect(srv), srv.model, turn2, args.max_tokens)
-    finally:
-        srv.stop()
+    if not args.decode_only:
+        ttft_runs(args, model, env, messages, q2, rows, connect)
     decode: dict[str, list] = {"generate": [], "serve_client": [], "serve_engine": [],
                                "serve_warm_engine": []}  # fmt: skip
     short = [{"role": "user", "content": q1}]
     same = False
-    srv = ServerProc(model, env)
-    try:
-        print("serve: next turn after a restart (disk) ...", file=sys.stderr)
-        rows["restart"] = stream_chat(connect(srv), srv.model, turn2, args.max_tokens)
-    finally:
-        srv.stop()
     # Decode: `generate` (a fresh process: cold expert cache) against the first request of
     # a fresh server (cold too), alternately on a short prompt; the machine is shared, so
     # medians of interleaved runs. A second request on the same server shows the warm rate.
@@ -180,10 +224,10 @@ def main() -> int:
         decode["generate"].append(gen["stats"]["decode_tok_s"])
         srv = ServerProc(model, env)
         try:
-            r = stream_chat(connect(srv), srv.model, short, args.decode_tokens)
+            r = stream_raw(srv.base, srv.model, short, args.decode_tokens)
             decode["serve_client"].append(r["client_decode_tok_s"])
             decode["serve_engine"].append(r["server_decode_tok_s"])
-            warm = stream_chat(connect(srv), srv.model, short, args.decode_tokens)
+            warm = stream_raw(srv.base, srv.model, short, args.decode_tokens)
             decode["serve_warm_engine"].append(warm["server_decode_tok_s"])
         finally:
             srv.stop()
@@ -204,7 +248,10 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"{'TTFT':<28}{'prompt':>8}{'cached':>8}{'TTFT s':>9}")
     for name, label in (("cold", "serve, cold"), ("cached", "serve, next turn (memory)"),
-                        ("restart", "serve, next turn (disk)")):  # fmt: skip
+                        ("restart", "serve, next turn (disk)"),
+                        ("new_chat", "serve, new chat (disk)")):  # fmt: skip
+        if name not in rows:
+            continue
         r = rows[name]
         print(f"{label:<28}{r['prompt_tokens']:>8}{r['cached_tokens']:>8}{r['ttft_s']:>9.2f}")
     print(f"decode tok/s, median of {args.repeat} ({args.decode_tokens} tokens): generate "

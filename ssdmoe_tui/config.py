@@ -141,6 +141,38 @@ class LoadedConfig:
 
 
 @dataclass
+class GenSettings:
+    """How one conversation generates: its own copy of these config keys, editable in
+    the app, saved with the conversation and used again when it is resumed."""
+
+    system_prompt: str = ""
+    temperature: float = 0.0
+    top_p: float = 0.0
+    max_tokens: int = 1024
+    k: int | None = None  # None: the model's trained K
+
+    @classmethod
+    def from_config(cls, config: Config) -> GenSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any], defaults: GenSettings) -> GenSettings:
+        """A conversation's saved settings, each checked like the config's (a bad or
+        missing one falls back to `defaults`)."""
+        values = {}
+        for f in fields(cls):
+            if f.name in saved:
+                try:
+                    values[f.name] = check_value(f.name, saved[f.name])
+                except ValueError:
+                    pass
+        return replace(defaults, **values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
 class ChatSettings(Config):
     """What the app starts from: config.toml merged with the command line."""
 

@@ -162,9 +162,27 @@ def test_streaming_sse_shape_and_equals_generate(srv, reference):
 
 
 def test_completions_endpoint(srv):
-    r = srv.client().completions.create(model=srv.model, prompt="Paris is", max_tokens=5)
+    c = srv.client()
+    r = c.completions.create(model=srv.model, prompt="Paris is", max_tokens=5)
     assert r.choices[0].text and r.usage.completion_tokens == 5
     assert r.choices[0].finish_reason == "length"
+    stream = c.completions.create(model=srv.model, prompt="Paris is", max_tokens=5, stream=True)
+    assert "".join(ch.choices[0].text for ch in stream if ch.choices) == r.choices[0].text
+
+
+def test_stop_string_cuts_the_reply(srv, reference):
+    text = reference["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    want = text[: text.index(stop)]
+    c = srv.client()
+    r = c.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=16, stop=[stop])
+    assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+    stream = c.chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=16, stop=stop, stream=True
+    )
+    chunks = [ch for ch in stream if ch.choices]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 # --------------------------------------------------------------------------- K and stats
@@ -198,6 +216,17 @@ def conversation_turns(c, model, n: int, start: list | None = None) -> tuple[lis
     return messages, usages
 
 
+def assert_new_chat_reuses_system_prompt(running: Running) -> int:
+    """A new chat with a known system prompt: served >= 95 % from a cache. Returns the
+    cached tokens (attention-only models may get them from memory, a trimmed copy of
+    the longer conversation's cache; hybrid ones only from the system part's checkpoint)."""
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Other topic?"}]
+    r = running.client().chat.completions.create(model=running.model, messages=chat, max_tokens=2)
+    u = r.usage
+    assert u.prompt_tokens_details.cached_tokens >= 0.95 * u.prompt_tokens, u
+    return u.prompt_tokens_details.cached_tokens
+
+
 def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
     monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))  # the module server's lock folder
     c = srv.client()
@@ -212,11 +241,22 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
         u = usages[0]
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
         assert again.server.kv.last_load is not None
+        # a new chat with the same system prompt loads the system part's own checkpoint
+        system_part = assert_new_chat_reuses_system_prompt(again)
     finally:
         again.stop()
         # later tests use `srv`: bring it back on the same object
         fresh = Running(options(model, home))
         srv.__dict__.update(fresh.__dict__)
+    # An edited earlier reply matches no recorded history: the conversation's checkpoint
+    # on disk (attention-only) is trimmed to the part the prompts share, which is more
+    # than the system part's own checkpoint.
+    branch = [dict(m) for m in messages[:3]]
+    branch[2]["content"] += " (edited)"
+    branch.append({"role": "user", "content": "And?"})
+    r = srv.client().chat.completions.create(model=srv.model, messages=branch, max_tokens=2)
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert srv.server.kv.last_load[1] == cached > system_part, (cached, system_part)
 
 
 # --------------------------------------------------------------------------- one at a time
@@ -255,6 +295,20 @@ def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
     while srv.server.engine.busy and time.monotonic() - t0 < 5:
         time.sleep(0.01)
     assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
+
+
+def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
+    chat = [{"role": "system", "content": "Another agent. " + SYSTEM},
+            {"role": "user", "content": "Hi"}]  # fmt: skip
+    body = {"model": srv.model, "messages": chat, "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up during the prefill
+        httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=0.3)
+    t0 = time.monotonic()
+    while srv.server.engine.busy and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.5
+    r = srv.client().chat.completions.create(model=srv.model, messages=chat, max_tokens=2)
+    assert r.usage.completion_tokens == 2
 
 
 def test_second_server_is_told_who_holds_the_model(srv, model, home):

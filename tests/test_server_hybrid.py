@@ -1,6 +1,7 @@
 """The server's prompt cache on hybrid models (Mamba / gated-delta state that cannot be
 trimmed): turn N+1 must extend turn N's exact tokens, or nothing is reused. Three turns
-reuse >= 97 %, and a restarted server continues from the checkpoint on disk."""
+reuse >= 97 %, a restarted server continues from the checkpoint on disk, and a new chat
+with the same system prompt loads the system part's own checkpoint."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import pytest
 
 from ssdmoe_tui.engine.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
-from tests.test_server import Running, conversation_turns
+from tests.test_server import Running, assert_new_chat_reuses_system_prompt, conversation_turns
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_5_moe"])  # nemotron_h: tests/test_sessions_engine.py
 def test_hybrid_multi_turn_and_restart(checkpoints, tmp_path, arch):
     model = checkpoints(arch)
     options = ServeOptions(EngineOptions(model=str(model)), cache_root=tmp_path / "sc")
@@ -21,6 +22,7 @@ def test_hybrid_multi_turn_and_restart(checkpoints, tmp_path, arch):
         messages, usages = conversation_turns(srv.client(), srv.model, 3)
     finally:
         srv.stop()
+    assert usages[0].prompt_tokens_details.cached_tokens == 0  # cold (the system step is its own)
     for u in usages[1:]:
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
     again = Running(options)
@@ -29,5 +31,7 @@ def test_hybrid_multi_turn_and_restart(checkpoints, tmp_path, arch):
         u = usages[0]
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
         assert again.server.kv.last_load is not None  # from disk, not a re-prefill
+        cached = assert_new_chat_reuses_system_prompt(again)
+        assert again.server.kv.last_load[1] == cached  # the system part's checkpoint
     finally:
         again.stop()

@@ -76,6 +76,20 @@ def errors(app: SsdmoeApp) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "error"]
 
 
+def record_notifications(app: SsdmoeApp) -> list[tuple[str, str]]:
+    """Every (severity, message) the app notifies, kept (on screen they expire, and a
+    slow shared machine can outlast their timeout)."""
+    said: list[tuple[str, str]] = []
+    notify = app.notify
+
+    def record(message: str, **kw) -> object:
+        said.append((kw.get("severity", "information"), message))
+        return notify(message, **kw)
+
+    app.notify = record
+    return said
+
+
 def warnings(app: SsdmoeApp) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "warning"]
 
@@ -226,6 +240,11 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
     broken.mkdir()
     (broken / "config.json").write_text("{ not json")
     app = SsdmoeApp(ChatSettings(model=str(tmp_path / "no-such-model"), max_tokens=40))
+    said = record_notifications(app)
+
+    def errors(app) -> list[str]:
+        return [message for severity, message in said if severity == "error"]
+
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: errors(app), 60, "an error notification")
         (message,) = errors(app)
@@ -363,7 +382,7 @@ async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_mo
         await wait_until(pilot, lambda: app.inflight is None, 10, "the abandoned reply to end")
         assert app.last_done.finish_reason == "cancelled"
         assert app.history == [] and not replies(app)
-        app.settings.max_tokens = 20
+        app.chat.gen.max_tokens = 20  # this conversation's setting
         await type_and_send(pilot, "fresh")
         await wait_until(pilot, lambda: app.inflight is None and app.history, 60, "a reply")
         assert [m.role for m in app.history] == ["user", "assistant"]

@@ -20,7 +20,14 @@ from ssdmoe_tui.ui.screens.dialogs import AskScreen
 from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen
 from ssdmoe_tui.ui.widgets.engine_panel import ROWS, Row
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
-from tests.test_ui_app import SIZE, loaded, type_and_send, wait_until, warnings
+from tests.test_ui_app import (
+    SIZE,
+    loaded,
+    record_notifications,
+    type_and_send,
+    wait_until,
+    warnings,
+)
 from tests.test_ui_snapshot import INFO, REPLY, setup
 
 
@@ -116,12 +123,7 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
     a typo in F4's "Other folder…" dialog: one line each, the model stays loaded and
     usable, and no bad value is kept in the settings."""
     app = SsdmoeApp(ChatSettings(model=str(demo_model), k=999, max_tokens=12))
-    said: list[tuple[str, str]] = []  # every notification (they expire on screen)
-    notify = app.notify
-    app.notify = lambda message, **kw: (
-        said.append((kw.get("severity", "information"), message)),
-        notify(message, **kw),
-    )[1]
+    said = record_notifications(app)
 
     def errors(app) -> list[str]:
         return [message for severity, message in said if severity == "error"]
@@ -174,3 +176,20 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
         assert app.last_done.finish_reason in ("stop", "length") and app.last_done.text
         header = str(app.query(AssistantMessage).last().header_text())
         assert info.name in header and f"K {info.trained_k}" in header and "tok/s" in header
+
+
+def test_load_progress_steps_and_hub_download():
+    """The load bar's share, step and estimate, from the engine's phase events."""
+    from ssdmoe_tui.chat.progress import LoadProgress
+
+    p = LoadProgress(started=0.0)
+    p.update("loading", 0, 0, "/models/x")  # a path: not a step, nothing moves
+    assert p.fraction == 0.0 and p.eta_s is None
+    p.update("loading", 512, 1024, "downloading 512 MiB of 1.0 GiB")
+    assert p.fraction == 0.3 and "Hugging Face" in p.label and "30%" in p.text()
+    assert "s left" in p.text() or "min left" in p.text()
+    p.update("indexing", 0, 0, "/models/x")
+    assert p.fraction == 0.6 and p.label == "indexing experts"
+    p.update("loading", 0, 0, "loading resident weights")
+    p.update("loading", 0, 0, "wrote model-00001-of-00008.safetensors (1/8, 3 MiB, 0 s)")
+    assert p.fraction == 0.7 and p.label == "loading resident weights"  # never goes back

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
-from ssdmoe_tui.config import ChatSettings
+from ssdmoe_tui.config import ChatSettings, GenSettings
 from ssdmoe_tui.engine.options import CacheBudget, check_k
 from ssdmoe_tui.engine.protocol import (
     EngineError,
@@ -52,9 +52,24 @@ class SessionStore(Protocol):
         ...
 
     def record(
-        self, session_id: str, messages: Sequence[Message], done: GenerationDone, model: str = ""
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        done: GenerationDone,
+        model: str = "",
+        settings: dict[str, Any] | None = None,
     ) -> None:
         """Called after every finished reply with the whole conversation so far."""
+        ...
+
+    def settings_of(self, session_id: str) -> dict[str, Any]:
+        """A saved conversation's generation settings ({} if none)."""
+        ...
+
+    def save_settings(self, session_id: str, settings: dict[str, Any]) -> None: ...
+
+    def rewind(self, session_id: str, keep: int) -> None:
+        """Keep the first `keep` stored turns; the rest stays reachable as replaced."""
         ...
 
 
@@ -90,6 +105,14 @@ class ChatController:
     _pending_cache: str | None = None
     _wanted_k: int | None = None
     _requests: int = 0
+    gen: GenSettings = field(init=False)  # the open conversation's generation settings
+
+    def __post_init__(self) -> None:
+        self.gen = self.defaults()
+
+    def defaults(self) -> GenSettings:
+        """A new conversation's settings: the config's (and the command line's)."""
+        return GenSettings.from_config(self.settings)
 
     # ------------------------------------------------------------------ model lifecycle
 
@@ -196,9 +219,9 @@ class ChatController:
         request = Generate(
             request_id=f"r{self._requests}",
             messages=self._with_system(tuple(self.history)),
-            max_tokens=self.settings.max_tokens,
-            temp=self.settings.temperature,
-            top_p=self.settings.top_p,
+            max_tokens=self.gen.max_tokens,
+            temp=self.gen.temperature,
+            top_p=self.gen.top_p,
             session_id=self.session_id,
         )
         self.inflight = request.request_id
@@ -209,8 +232,8 @@ class ChatController:
         self.engine.submit(request)
 
     def _with_system(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
-        if self.settings.system_prompt:
-            return (Message("system", self.settings.system_prompt), *messages)
+        if self.gen.system_prompt:
+            return (Message("system", self.gen.system_prompt), *messages)
         return messages
 
     def reply_done(self, done: GenerationDone) -> ReplyStats | None:
@@ -225,9 +248,13 @@ class ChatController:
             if done.finish_reason != "error" and done.text:
                 self.history.append(Message("assistant", done.text))
             model = self.model.name if self.model else ""
+            if done.k_per_token:
+                self.gen.k = done.k_per_token[-1]  # the K this conversation goes on with
             if self.sessions is not None and self.session_id is not None:
                 try:
-                    self.sessions.record(self.session_id, tuple(self.history), done, model)
+                    self.sessions.record(
+                        self.session_id, tuple(self.history), done, model, self.gen.as_dict()
+                    )
                 except Exception as e:  # noqa: BLE001 - persistence must not stop the chat
                     self._warn(f"session not saved: {user_message(e)}")
             return ReplyStats.from_done(done, model)
@@ -260,14 +287,50 @@ class ChatController:
                 raise Refused("--resume: saved sessions are not available here")
             return []
         session_id, turns = self.sessions.open(resume)
+        saved = self.sessions.settings_of(session_id) if resume is not None else {}
         self.session_id = session_id
         chat = [t for t in turns if t.role in ("user", "assistant")]
         self.history = [Message(t.role, t.content) for t in chat]  # type: ignore[arg-type]
+        self.gen = GenSettings.from_saved(saved, self.defaults())
         return turns
+
+    def set_gen(self, gen: GenSettings) -> None:
+        """New settings for this conversation (already checked); K applies at once."""
+        if gen.k is not None and gen.k != self.gen.k:
+            self.set_k(gen.k)
+        self.gen = gen
+        if self.sessions is not None and self.session_id is not None:
+            try:
+                self.sessions.save_settings(self.session_id, gen.as_dict())
+            except Exception as e:  # noqa: BLE001 - they still apply in this window
+                self._warn(f"settings not saved: {user_message(e)}")
+
+    def redo(self, text: str | None = None) -> Generate:
+        """Regenerate the last reply (`text` None: the same prompt, a new sample or, with
+        temperature 0, the same greedy reply at the K now set) or edit and resend the
+        last prompt. The replaced exchange is kept by the store; the prompt up to it is
+        the stored exact history, so the engine reuses its KV prefix."""
+        if why := self.why_not_send():
+            raise Refused(why)
+        last = max((i for i, m in enumerate(self.history) if m.role == "user"), default=None)
+        if last is None:
+            raise Refused("Nothing to regenerate yet: send a message first.")
+        prompt = self.history[last].content if text is None else text
+        if self.sessions is not None and self.session_id is not None:
+            try:
+                self.sessions.rewind(self.session_id, last)
+            except Exception as e:  # noqa: BLE001 - the redo still works, less cached
+                self._warn(f"conversation not updated: {user_message(e)}")
+        del self.history[last:]
+        return self.prepare(prompt)
+
+    def last_prompt(self) -> str | None:
+        return next((m.content for m in reversed(self.history) if m.role == "user"), None)
 
     def new_chat(self) -> None:
         self.abandon_reply()
         self.history.clear()
+        self.gen = self.defaults()
 
     def _warn(self, text: str) -> None:
         if self.on_warning is not None:

@@ -60,6 +60,8 @@ class LoadProgress:
         if step is None:
             return
         start, end = STEPS[step]
+        if end <= self.fraction:
+            return  # an earlier step: the bar never goes back
         within = 0.0
         if step == "download" and total:
             within = done / total

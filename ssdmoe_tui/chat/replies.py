@@ -30,10 +30,12 @@ class ReplyStats:
     decode_tok_s: float | None = None
     k_min: int | None = None
     k_max: int | None = None
+    kv_hit_rate: float | None = None  # share of the prompt served from the KV cache
 
     @classmethod
     def from_done(cls, done: Any, model: str) -> ReplyStats:
-        rate = (done.stats or {}).get("decode_tok_s")
+        stats = done.stats or {}
+        rate, kv = stats.get("decode_tok_s"), stats.get("kv_hit_rate")
         k_min, k_max = k_range(done.k_per_token)
         return cls(
             model=model,
@@ -41,6 +43,7 @@ class ReplyStats:
             decode_tok_s=float(rate) if isinstance(rate, (int, float)) else None,
             k_min=k_min,
             k_max=k_max,
+            kv_hit_rate=float(kv) if isinstance(kv, (int, float)) else None,
         )
 
     def detail(self) -> str:
@@ -50,6 +53,8 @@ class ReplyStats:
             parts.append(f"{self.decode_tok_s:.1f} tok/s")
         if k := k_label(self.k_min, self.k_max):
             parts.append(k)
+        if self.kv_hit_rate:
+            parts.append(f"KV hit {self.kv_hit_rate * 100:.0f}%")
         return " · ".join(parts)
 
 

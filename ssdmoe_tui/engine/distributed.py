@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.options import parse_seconds
 from ssdmoe_tui.engine.streamed import StreamedSwitch
-from ssdmoe_tui.errors import SsdmoeError, user_message
+from ssdmoe_tui.errors import BadValueError, SsdmoeError, user_message
 
 ENV_TIMEOUT = "SSDMOE_DIST_TIMEOUT"  # seconds without a heartbeat before a rank counts as hung
 ENV_CONTROL = "SSDMOE_DIST_CONTROL"  # host[:port] of rank 0's side channel (default: from launch)
@@ -99,9 +100,6 @@ class CommCounters:
     all_sum_bytes: int = 0  # payload bytes this rank contributed
     expert_compute_s: float = 0.0  # evaluating this rank's share of the experts
 
-    def snapshot(self) -> CommCounters:
-        return CommCounters(**self.__dict__)
-
 
 # ---------------------------------------------------------------- the group
 
@@ -115,6 +113,7 @@ class Distributed:
         self.size = int(group.size())
         self.watchdog = watchdog
         self.counters = CommCounters()
+        self._hosts: list[str] | None = None
 
     @property
     def is_root(self) -> bool:
@@ -203,10 +202,22 @@ class Distributed:
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
+    def hosts(self) -> list[str]:
+        """Every rank's host name. A collective the first time (`start` calls it on every
+        rank), then cached."""
+        if self._hosts is None:
+            self._hosts = self.gather_json(socket.gethostname())
+        return self._hosts
+
     def first_on_host(self) -> bool:
         """Whether no lower rank runs on this machine (it takes machine-wide locks)."""
-        hosts = self.gather_json(socket.gethostname())
+        hosts = self.hosts()
         return hosts.index(hosts[self.rank]) == self.rank
+
+    def ranks_on_host(self) -> int:
+        """Ranks sharing this machine's memory (an `auto` expert cache is split among them)."""
+        hosts = self.hosts()
+        return hosts.count(hosts[self.rank])
 
     # -------------------------------------------------------- the engine hook
     def partition(self, index) -> Partition:
@@ -245,10 +256,6 @@ class Distributed:
         else:
             if self.watchdog is not None:
                 self.watchdog.finish()
-
-    def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.finish()
 
 
 def _looks_like_comm_error(e: BaseException) -> bool:
@@ -349,12 +356,9 @@ def _timeout_s() -> float:
     if not text:
         return DEFAULT_TIMEOUT_S
     try:
-        value = float(text)
-    except ValueError:
-        raise DistributedError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise DistributedError(f"{ENV_TIMEOUT}={text!r} must be > 0")
-    return value
+        return parse_seconds(text, ENV_TIMEOUT)
+    except BadValueError as e:
+        raise DistributedError(str(e)) from None
 
 
 def _root_host() -> str:
@@ -607,18 +611,12 @@ def _readline(sock: socket.socket) -> str:
 # ---------------------------------------------------------------- start
 
 
-_current: Distributed | None = None
-
-
 def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
     """Join the launch (`mlx.launch` sets it up) and start the side channel.
 
     Outside a launch MLX gives a group of one: the engine then runs as one process,
     and a notice says so. `sigterm=False`: leave SIGTERM to the caller (a server that
     shuts down gracefully on it)."""
-    global _current
-    if _current is not None:
-        return _current
     try:
         group = mx.distributed.init(strict=False, backend=backend)
     except RuntimeError as e:
@@ -628,6 +626,7 @@ def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
         wd = Watchdog(dist.rank, dist.size, _timeout_s())
         wd.connect(dist, sigterm=sigterm)
         dist.watchdog = wd
+        dist.hosts()
     else:
         print(
             "ssdmoe: note: --distributed but this process is alone (start it with "
@@ -635,13 +634,7 @@ def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:
             file=sys.stderr,
             flush=True,
         )
-    _current = dist
     return dist
-
-
-def current() -> Distributed | None:
-    """The process's distributed group once `start` ran (one per process, like MLX's)."""
-    return _current
 
 
 # ---------------------------------------------------------------- stats

@@ -22,8 +22,14 @@ import mlx.nn as nn
 
 from ssdmoe_tui.checkpoint import arch
 from ssdmoe_tui.checkpoint.config import load_config, load_tokenizer
-from ssdmoe_tui.engine.cache import ExpertCache, auto_budget, parse_size, slot_memory_bytes
+from ssdmoe_tui.engine.cache import (
+    ExpertCache,
+    auto_budget,
+    available_memory_bytes,
+    slot_memory_bytes,
+)
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
+from ssdmoe_tui.engine.options import parse_bytes
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.engine.routing_mass import RoutingMass
 from ssdmoe_tui.engine.routing_mass import install as install_routing_mass
@@ -251,13 +257,15 @@ def load_streamed(
         raise ModelError(f"{path / 'config.json'}: no num_experts_per_tok (trained top-k)")
     min_slots = max(trained_k, 1) * index.num_layers
     resident_est = index.resident_bytes
-    if expert_cache == "auto":
+    if expert_cache == "auto" and distributed is not None:
+        # auto_budget's rule (half of what is left) over the ranks sharing this machine;
+        # the rank's owned experts cap it below
+        free = available_memory_bytes() - resident_est
+        budget = max(min_slots * index.expert_bytes, free // (2 * distributed.ranks_on_host()))
+    elif expert_cache == "auto":
         budget = auto_budget(index, resident_est, min_slots * index.expert_bytes)
     else:
-        try:
-            budget = parse_size(expert_cache)
-        except ValueError as e:
-            raise BadValueError(str(e)) from None
+        budget = parse_bytes(expert_cache, "expert cache")
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
     partition = distributed.partition(index) if distributed is not None else None

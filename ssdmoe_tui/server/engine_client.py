@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +50,8 @@ class Job:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: P.GenerationDone | None = None
     cancel_requested: bool = False
+    keep_slot: bool = False  # its end does not free the engine (a step of a longer request)
+    cached_before: int | None = None  # prompt tokens cached before the request, if a step ran first
     _client: EngineClient | None = None
 
     def cancel(self) -> None:
@@ -79,7 +80,6 @@ class EngineClient:
         self._busy = False
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self.generations = 0
-        self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, load: P.LoadModel, kv_hooks: Any = None) -> P.ModelInfo:
@@ -140,7 +140,8 @@ class EngineClient:
                 if self._active is job:
                     self._active = None
                 self.generations += 1
-                self._release()
+                if not job.keep_slot:
+                    self._release()
 
     # ------------------------------------------------------------------ one at a time
     @property
@@ -186,11 +187,12 @@ class EngineClient:
         """Give the slot back when no generation was submitted after `acquire`."""
         self._release()
 
-    def submit(self, cmd: P.Generate, k: int | None) -> Job:
-        """Run `cmd` (the caller holds the slot). K applies from its first token."""
+    def submit(self, cmd: P.Generate, k: int | None, *, keep_slot: bool = False) -> Job:
+        """Run `cmd` (the caller holds the slot). K applies from its first token. With
+        `keep_slot` the caller still holds the engine when the job ends."""
         assert self.service is not None
         self.service.set_k(k if k is not None else self.default_k)
-        job = Job(cmd.request_id, _client=self)
+        job = Job(cmd.request_id, _client=self, keep_slot=keep_slot)
         self._jobs[cmd.request_id] = job
         self._active = job
         self.service.submit(cmd)

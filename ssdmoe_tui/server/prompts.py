@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.atomic import atomic_write_text
-from ssdmoe_tui.engine.chat_format import ChatFormatError, first_turn_tokens, turn_delta
+from ssdmoe_tui.engine.chat_format import (
+    ChatFormatError,
+    encode,
+    first_turn_tokens,
+    render,
+    turn_delta,
+)
+from ssdmoe_tui.engine.kv_pool import common_prefix
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
 
 HISTORY_FILE = "history.json"
@@ -43,6 +50,13 @@ class Prompt:
     tokens: list[int]
     chain: str  # the conversation the KV checkpoints are filed under
     from_history: bool  # built on a recorded exact history
+    shared_prefix: int = 0  # tokens of the system part other chats share (0: none worth it)
+
+    @property
+    def prefix_chain(self) -> str:
+        """The chain a shared prefix is filed under: named by its tokens, so every chat
+        that starts with the same system prompt (and tools) finds it."""
+        return prefix_chain(self.tokens[: self.shared_prefix])
 
 
 @dataclass
@@ -51,8 +65,15 @@ class _Record:
     chain: str
 
 
+MIN_SHARED_PREFIX = 256  # shorter system prompts prefill fast enough
+
+
 def new_chain() -> str:
     return secrets.token_hex(8)
+
+
+def prefix_chain(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:16]
 
 
 def _keys(options: Any, messages: Sequence[ChatMessage]) -> list[str]:
@@ -96,6 +117,11 @@ class HistoryRecords:
         except (AttributeError, KeyError, TypeError, ValueError):
             self._records.clear()
             self._notice(f"prompt history ignored: {self.path}: not a server history file")
+
+    def tokens_of(self, chain: str) -> list[tuple[int, ...]]:
+        """The recorded token sequences of one conversation, newest first."""
+        with self._lock:
+            return [r.tokens for r in reversed(self._records.values()) if r.chain == chain]
 
     def get(self, key: str) -> _Record | None:
         with self._lock:
@@ -182,7 +208,29 @@ class PromptBuilder:
             except ChatFormatError:
                 break
             return Prompt(list(rec.tokens) + delta, rec.chain, True)
-        return Prompt(self._fresh(msgs, kw), new_chain(), False)
+        tokens = self._fresh(msgs, kw)
+        return Prompt(tokens, new_chain(), False, self._shared_prefix(msgs, kw, tokens))
+
+    def _shared_prefix(self, msgs: Sequence[ChatMessage], kw: dict, tokens: list[int]) -> int:
+        """How many prompt tokens come before the first user message's text: the system
+        prompt and tools, which an agent sends unchanged at the start of every chat. The
+        template renders the chat up to a sentinel as that message; the tokens of the
+        text before it that match the prompt are the shared part."""
+        first_user = next((i for i, m in enumerate(msgs) if m.role == "user"), None)
+        if first_user is None or not getattr(self.tokenizer, "chat_template", None):
+            return 0
+        sentinel = f"SSDMOE{secrets.token_hex(8)}PREFIX"
+        head = [m.for_template() for m in msgs[:first_user]]
+        head.append({"role": "user", "content": sentinel})
+        try:
+            text = render(self.tokenizer, head, add_generation_prompt=False, **kw)
+        except Exception:  # noqa: BLE001 - a template that refuses this: no shared prefix
+            return 0
+        at = text.find(sentinel)
+        if at <= 0:
+            return 0
+        n = common_prefix(encode(self.tokenizer, text[:at]), tokens)
+        return n if MIN_SHARED_PREFIX <= n < len(tokens) - 1 else 0
 
     def _fresh(self, msgs: Sequence[ChatMessage], kw: dict) -> list[int]:
         tok = self.tokenizer

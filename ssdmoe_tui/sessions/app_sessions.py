@@ -16,6 +16,7 @@ from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
 from ssdmoe_tui.engine.protocol import GenerationDone
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
+    Conversation,
     SessionNotFound,
     SessionStore,
     Turn,
@@ -40,8 +41,41 @@ class AppSessions:
         self.store.mark_opened(conv.id)
         return conv.id, [shown(t) for t in conv.turns]
 
+    def _stored(self, session_id: str) -> Conversation | None:
+        folder = self.store.folder(session_id)
+        return self.store.get(session_id) if (folder / CONVERSATION_FILE).exists() else None
+
+    def settings_of(self, session_id: str) -> dict[str, Any]:
+        """The conversation's saved generation settings ({} when none are saved)."""
+        conv = self._stored(session_id)
+        return dict(conv.settings) if conv is not None else {}
+
+    def save_settings(self, session_id: str, settings: dict[str, Any]) -> None:
+        """Keep edited settings with a saved conversation (a new one gets them with its
+        first reply)."""
+        conv = self._stored(session_id)
+        if conv is not None and conv.settings != settings:
+            conv.settings = dict(settings)
+            self.store.save(conv, touch=False)
+
+    def rewind(self, session_id: str, keep: int) -> None:
+        """Before a regenerate or an edit: keep the first `keep` turns; the exchange after
+        them moves to `replaced` (still in the file and the exports, never lost), so the
+        next prompt is built on the kept turns' exact token ids."""
+        conv = self._stored(session_id)
+        if conv is None or len(conv.turns) <= keep:
+            return
+        conv.replaced.append(conv.turns[keep:])
+        conv.turns = conv.turns[:keep]
+        self.store.save(conv)
+
     def record(
-        self, session_id: str, messages: Sequence[Any], done: GenerationDone, model: str = ""
+        self,
+        session_id: str,
+        messages: Sequence[Any],
+        done: GenerationDone,
+        model: str = "",
+        settings: dict[str, Any] | None = None,
     ) -> None:
         """Save the exchange `done` answered. `messages` is the app's chat so far (the
         reply last, if it kept one). The stored turns mirror the app's history; their ids
@@ -53,15 +87,20 @@ class AppSessions:
         last_user = max((i for i, m in enumerate(chat) if m.role == "user"), default=None)
         if last_user is None:
             return
-        folder = self.store.folder(session_id)
-        if (folder / CONVERSATION_FILE).exists():
-            conv = self.store.get(session_id)
+        conv = self._stored(session_id)
+        if settings is not None and "system_prompt" in settings:
+            system = str(settings["system_prompt"])
         else:
-            conv = self.store.create(system_prompt=self.system_prompt, conv_id=session_id)
+            system = conv.system_prompt if conv is not None else self.system_prompt
+        if conv is None:
+            conv = self.store.create(system_prompt=system, conv_id=session_id)
+        if settings is not None:
+            conv.settings = dict(settings)
         prompt = list(done.prompt_token_ids)
         history = conv.history_tokens()
         prior = [(m.role, m.content) for m in chat[:last_user]]
-        same = [(t.role, t.text) for t in conv.turns] == prior
+        same = [(t.role, t.text) for t in conv.turns] == prior and conv.system_prompt == system
+        conv.system_prompt = system
         if same and prompt[: len(history)] == history:
             delta = prompt[len(history) :]
         else:  # the prompt was not built on the stored ids: re-base on it

@@ -117,6 +117,8 @@ class Turn:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
+        if not isinstance(d, dict):
+            raise ValueError("a turn is not a JSON object")
         role = d["role"]
         if role not in ("user", "assistant"):
             raise ValueError(f"unknown role {role!r}")
@@ -161,6 +163,11 @@ class Conversation:
     system_prompt: str = ""
     turns: list[Turn] = field(default_factory=list)
     tokenizer_id: str = ""  # which tokenizer + template produced the token ids
+    # The conversation's generation settings (config keys: temperature, top_p,
+    # max_tokens, k, system_prompt), checked by the app when it opens the conversation.
+    settings: dict[str, Any] = field(default_factory=dict)
+    # Exchanges taken out by a regenerate or an edit, oldest first: never lost.
+    replaced: list[list[Turn]] = field(default_factory=list)
 
     @property
     def display_title(self) -> str:
@@ -200,11 +207,13 @@ class Conversation:
             "system_prompt": self.system_prompt,
             "tokenizer_id": self.tokenizer_id,
             "turns": [asdict(t) for t in self.turns],
+            "settings": dict(self.settings),
+            "replaced": [[asdict(t) for t in group] for group in self.replaced],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Conversation:
-        if d.get("format") != FORMAT:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError("not an ssdmoe conversation")
         if int(d.get("version", 0)) > VERSION:
             raise ValueError(f"written by a newer ssdmoe (version {d.get('version')})")
@@ -218,7 +227,26 @@ class Conversation:
             system_prompt=str(d.get("system_prompt", "")),
             turns=[Turn.from_dict(t) for t in d.get("turns", [])],
             tokenizer_id=str(d.get("tokenizer_id", "")),
+            settings=_settings(d.get("settings", {})),
+            replaced=_replaced(d.get("replaced", [])),
         )
+
+
+def _replaced(value: Any) -> list[list[Turn]]:
+    if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
+        raise ValueError("replaced must be a list of exchanges")
+    return [[Turn.from_dict(t) for t in group] for group in value]
+
+
+def _settings(value: Any) -> dict[str, Any]:
+    """Plain key = value pairs; their meaning is checked where they are used."""
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str) and (v is None or isinstance(v, str | int | float))
+        for k, v in value.items()
+    )
+    if not ok:
+        raise ValueError("settings must be a table of plain values")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -232,6 +260,7 @@ class Summary:
     model_id: str
     n_turns: int
     snippet: str = ""  # search hit in context (search results only)
+    problem: str = ""  # why it cannot be read (rows of unreadable conversations only)
 
 
 def _summary(conv: Conversation, snippet: str = "") -> Summary:
@@ -361,7 +390,11 @@ class SessionStore:
             return []
         return sorted((n for n in names if ID_PATTERN.match(n)), reverse=True)
 
-    def _all(self, on_error: Callable[[str], None] | None) -> Iterable[Conversation]:
+    def _all(
+        self,
+        on_error: Callable[[str], None] | None,
+        unreadable: list[Summary] | None = None,
+    ) -> Iterable[Conversation]:
         for conv_id in self.ids():
             try:
                 yield self.get(conv_id)
@@ -370,17 +403,39 @@ class SessionStore:
             except SessionError as e:
                 if on_error is not None:
                     on_error(str(e))
+                if unreadable is not None:
+                    unreadable.append(self._unreadable_row(conv_id, str(e)))
 
-    def list(self, on_error: Callable[[str], None] | None = None) -> list[Summary]:
-        """Every readable conversation, most recently updated first."""
-        convs = sorted(self._all(on_error), key=lambda c: c.updated, reverse=True)
+    def _unreadable_row(self, conv_id: str, why: str) -> Summary:
+        try:
+            when = (self.folder(conv_id) / CONVERSATION_FILE).stat().st_mtime
+        except OSError:
+            when = 0.0
+        return Summary(conv_id, f"Unreadable conversation {conv_id}", when, when, "", 0, "", why)
+
+    def list(
+        self,
+        on_error: Callable[[str], None] | None = None,
+        *,
+        unreadable: list[Summary] | None = None,
+    ) -> list[Summary]:
+        """Every readable conversation, most recently updated first. Unreadable ones go to
+        `on_error` (one line each) and, as list rows with their `problem`, to `unreadable`."""
+        convs = sorted(self._all(on_error, unreadable), key=lambda c: c.updated, reverse=True)
         return [_summary(c) for c in convs]
 
-    def search(self, text: str, on_error: Callable[[str], None] | None = None) -> list[Summary]:
-        """Conversations whose title or any message contains `text` (case-insensitive)."""
+    def search(
+        self,
+        text: str,
+        on_error: Callable[[str], None] | None = None,
+        *,
+        unreadable: list[Summary] | None = None,
+    ) -> list[Summary]:
+        """Conversations whose title or any message contains `text` (case-insensitive);
+        an empty `text` lists them all (then `unreadable` gets the unreadable ones)."""
         needle = " ".join(text.split()).casefold()
         if not needle:
-            return self.list(on_error)
+            return self.list(on_error, unreadable=unreadable)
         hits = []
         for conv in self._all(on_error):
             for source in [conv.display_title, conv.system_prompt] + [t.text for t in conv.turns]:
@@ -463,7 +518,9 @@ class SessionStore:
         except SsdmoeError:
             raise  # disk full: already one line with the path
         except OSError as e:
-            raise SessionError(f"cannot write {dest}: {e.strerror or e}") from None
+            blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+            why = f"{blocker} is a file, not a folder" if blocker else e.strerror or str(e)
+            raise SessionError(f"cannot write {dest}: {why}") from None
         return dest
 
 
@@ -488,6 +545,10 @@ def to_markdown(conv: Conversation) -> str:
         if notes:
             heading += f" ({', '.join(notes)})"
         lines += [heading, "", t.text, ""]
+    for n, group in enumerate(conv.replaced, 1):
+        lines += [f"## Replaced exchange {n} (regenerated or edited)", ""]
+        for t in group:
+            lines += [f"**{'User' if t.role == 'user' else 'Assistant'}:**", "", t.text, ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,14 @@ from textual.widgets import Footer
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
 from ssdmoe_tui.chat.progress import LoadProgress
 from ssdmoe_tui.chat.replies import ShownTurn
-from ssdmoe_tui.config import DEFAULT_THEME, ChatSettings, config_path, set_config_value
-from ssdmoe_tui.engine.protocol import EngineError, GenerationDone, ModelInfo
+from ssdmoe_tui.config import (
+    DEFAULT_THEME,
+    ChatSettings,
+    GenSettings,
+    config_path,
+    set_config_value,
+)
+from ssdmoe_tui.engine.protocol import EngineError, Generate, GenerationDone, ModelInfo
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.commands import SsdmoeCommands
 from ssdmoe_tui.ui.messages import (
@@ -59,6 +66,7 @@ from ssdmoe_tui.ui.screens.conversations import (
     store_of,
 )
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
+from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.screens.keys import KeysScreen
 from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen
 from ssdmoe_tui.ui.theming import load_themes
@@ -124,6 +132,9 @@ class SsdmoeApp(App[int]):
         Binding("ctrl+end", "pin", "Follow", show=False, id="app.pin"),
         # Not ctrl+y (the prompt, a TextArea, takes it as redo) nor F5-F7 (it selects with them).
         Binding("f8", "copy_last", "Copy reply", show=False, id="app.copy_last"),
+        Binding("ctrl+g", "regenerate", "Regenerate", show=False, id="app.regenerate"),
+        Binding("ctrl+l", "edit_last", "Edit last prompt", show=False, id="app.edit_last"),
+        Binding("f9", "gen_settings", "Settings", show=False, id="app.settings"),
     ]
 
     def __init__(
@@ -146,6 +157,8 @@ class SsdmoeApp(App[int]):
         )
         self.current: AssistantMessage | None = None
         self.load_progress = LoadProgress()
+        self.editing = False  # the prompt holds the last prompt, to be edited and resent
+        self._finishing: str | None = None  # a finished reply whose widget is settling
         self.events_seen: dict[str, int] = {}
         self._fallback_theme: str | None = None
         themes, self._theme_warnings = load_themes()
@@ -175,7 +188,8 @@ class SsdmoeApp(App[int]):
 
     @property
     def inflight(self) -> str | None:
-        return self.chat.inflight
+        """The reply in flight, until its widget has settled too."""
+        return self.chat.inflight or self._finishing
 
     @property
     def last_done(self) -> GenerationDone | None:
@@ -238,7 +252,7 @@ class SsdmoeApp(App[int]):
                 self.status_bar.phase = "no engine"
                 self.notify(f"the engine did not start: {user_message(e)}", severity="error")
                 return
-            self.open_model(self.settings.model, k=self.settings.k)
+            self.open_model(self.settings.model, k=self.chat.gen.k)
 
     async def on_unmount(self) -> None:
         engine, self.chat.engine = self.chat.engine, None
@@ -278,7 +292,7 @@ class SsdmoeApp(App[int]):
             ("transcript", of(Transcript)),
             ("message", of(ChatMessage)),
             ("K control", of(KSlider)),
-            ("dialogs", of(ConfirmScreen) + of(AskScreen)),
+            ("dialogs", of(ConfirmScreen) + of(AskScreen) + of(GenSettingsScreen)),
             ("conversations", of(ConversationsScreen)),
             ("models", of(ModelsScreen)),
         ]
@@ -318,11 +332,13 @@ class SsdmoeApp(App[int]):
     async def _sample(self, message: SampleArrived) -> None:
         sample = message.event
         self.panel.show_sample(sample)
-        # The K control shows the K the engine reports, unless the user has just moved it
-        # (a sample taken before the change reached the engine would undo it on screen).
+        # The K control shows the K the engine decodes with (a token's K), unless the user
+        # has just moved it (a sample taken before the change reached the engine would
+        # undo it on screen). Idle samples may predate a K set between replies.
         control = self.k_control
+        decoding = self.chat.inflight is not None and sample.generated_tokens > 0
         recent = time.monotonic() - control.user_changed_at < K_ECHO_GRACE_S
-        if sample.k and control.num_experts and sample.k != control.k and not recent:
+        if decoding and sample.k and control.num_experts and sample.k != control.k and not recent:
             control.set_k(sample.k, notify=False)
             self.status_bar.k = control.k
 
@@ -382,9 +398,13 @@ class SsdmoeApp(App[int]):
         if done.request_id != self.chat.inflight:
             return
         message, self.current = self.current, None
-        stats = self.chat.reply_done(done)
-        if stats is not None and message is not None and message.is_attached:
-            await message.finish(done.text, done.finish_reason, stats.detail())
+        self._finishing = done.request_id
+        try:
+            stats = self.chat.reply_done(done)
+            if stats is not None and message is not None and message.is_attached:
+                await message.finish(done.text, done.finish_reason, stats.detail())
+        finally:
+            self._finishing = None
 
     async def _on_error(self, error: EngineError) -> None:
         self.notify(error.message, title="engine error", severity="error", timeout=12, markup=False)
@@ -414,7 +434,10 @@ class SsdmoeApp(App[int]):
 
     @on(PromptInput.Submitted)
     async def _on_prompt(self, event: PromptInput.Submitted) -> None:
-        await self.send(event.text)
+        if self.editing:
+            await self.redo(event.text)
+        else:
+            await self.send(event.text)
 
     async def send(self, text: str) -> bool:
         """Send one user turn; False (with a notice) when it cannot go now."""
@@ -423,7 +446,70 @@ class SsdmoeApp(App[int]):
             return False
         self.prompt.clear()
         await self.transcript.add_user(text)
-        request = self.chat.prepare(text)
+        await self._start_reply(self.chat.prepare(text))
+        return True
+
+    async def redo(self, text: str | None = None) -> bool:
+        """Regenerate the last reply (`text` None) or resend the edited last prompt; the
+        replaced turns stay on screen, marked, and in the conversation file."""
+        try:
+            request = self.chat.redo(text)
+        except Refused as e:
+            self.notify(str(e), severity="warning")
+            return False
+        self.editing = False
+        self.prompt.clear()
+        messages = self.transcript.messages()
+        last_user = max(
+            (i for i, m in enumerate(messages) if not isinstance(m, AssistantMessage)), default=0
+        )
+        for message in messages[last_user if text is not None else last_user + 1 :]:
+            if not message.has_class("replaced"):
+                message.mark_replaced()
+        if text is not None:
+            await self.transcript.add_user(text)
+        await self._start_reply(request)
+        return True
+
+    def action_regenerate(self) -> None:
+        self.call_later(self.redo)
+
+    def action_edit_last(self) -> None:
+        text = self.chat.last_prompt()
+        if text is None:
+            self.notify("No prompt to edit yet.", severity="warning")
+            return
+        if why := self.chat.why_not_send():
+            self.notify(why, severity="warning")
+            return
+        self.editing = True
+        self.prompt.load_text(text)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
+        self.notify("Editing the last prompt: Enter resends it, Esc cancels.")
+
+    def action_gen_settings(self) -> None:
+        if isinstance(self.screen, GenSettingsScreen):
+            return
+        current = replace(self.chat.gen, k=self.k_control.k if self.model_info else None)
+        experts = self.model_info.num_experts if self.model_info else 0
+
+        def chosen(gen: GenSettings | None) -> None:
+            if gen is None:
+                return
+            try:
+                self.chat.set_gen(gen)
+            except Refused as e:
+                self.notify(str(e), severity="error")
+                return
+            if gen.k is not None and self.model_info is not None:
+                self.k_control.set_k(gen.k, notify=False)
+                self.status_bar.k = self.k_control.k
+            self.notify("Settings saved for this conversation.")
+
+        self.push_screen(GenSettingsScreen(current, experts), chosen)
+
+    async def _start_reply(self, request: Generate) -> None:
         assert self.chat.model is not None
         self.current = await self.transcript.add_assistant(request.request_id, self.chat.model.name)
         self.transcript.action_pin()
@@ -437,6 +523,7 @@ class SsdmoeApp(App[int]):
 
     async def action_new_chat(self) -> None:
         self._abandon_reply()
+        self.editing = False
         self.chat.new_chat()
         await self.transcript.clear()
         self.panel.clear_history()
@@ -512,6 +599,9 @@ class SsdmoeApp(App[int]):
         await self.transcript.clear()
         self.panel.clear_history()
         await self._show_turns(turns)
+        self.editing = False
+        if self.chat.gen.k is not None and self.model_info is not None:
+            self.request_k(self.chat.gen.k)  # the conversation goes on at its own K
         model = self.model_info.name if self.model_info else None
         await self.transcript.add_notice(resumed_notice(store_of(self), conv_id, model))
         self.transcript.action_pin()

@@ -30,6 +30,21 @@ class SsdmoeCommands(Provider):
         commands: list[tuple[str, str, Callable[[], object]]] = [
             ("New chat", "Clear the conversation and start over", act("new_chat")),
             ("Stop generation", "Stop the streaming reply and keep what arrived", act("stop")),
+            (
+                "Regenerate last reply",
+                "A new sample, or the same greedy reply at the K now set (ctrl+g)",
+                act("regenerate"),
+            ),
+            (
+                "Edit and resend last prompt",
+                "Put the last prompt back in the box; Enter resends it (ctrl+l)",
+                act("edit_last"),
+            ),
+            (
+                "Generation settings…",
+                "System prompt, temperature, top-p, max tokens, K for this conversation (F9)",
+                act("gen_settings"),
+            ),
             ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", act("ask_k")),
             (
                 "Set expert-cache budget…",

@@ -54,4 +54,10 @@ class StatusBar(Static):
 
 
 def _joined(parts: list[tuple[int, Text]]) -> Text:
-    return Text(" │ ", style="dim").join(piece for _, piece in parts)
+    """Pieces with a bar between them; a "(…)" piece stays next to the one before it."""
+    text = Text()
+    for i, (_, piece) in enumerate(parts):
+        if i:
+            text.append(" " if piece.plain.startswith("(") else " │ ", style="dim")
+        text.append_text(piece)
+    return text

@@ -62,7 +62,16 @@ class ChatMessage(Vertical, can_focus=True):
         self._next_block = 0
 
     def header_text(self) -> Text:
-        return Text(self.ROLE, style="bold")
+        title = Text(self.ROLE, style="bold")
+        if self.has_class("replaced"):
+            title.append("  [replaced]", style="italic")
+        return title
+
+    def mark_replaced(self) -> None:
+        """A regenerate or an edit took this turn out of the context; it stays shown (and
+        stored, under the conversation's replaced exchanges)."""
+        self.add_class("replaced")
+        self.query_one(".message-title", Label).update(self.header_text())
 
     def compose_header(self) -> ComposeResult:
         with Horizontal(classes="message-header"):
@@ -108,6 +117,8 @@ class AssistantMessage(ChatMessage):
 
     def header_text(self) -> Text:
         title = Text(self.model_name or self.ROLE, style="bold")
+        if self.has_class("replaced"):
+            title.append("  [replaced]", style="italic")
         if self.finish_reason is None:
             title.append("  …", style="italic")
         else:
