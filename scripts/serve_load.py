@@ -4,6 +4,8 @@ Measures, through HTTP with the official `openai` client (streaming):
 - time to first token (TTFT) of a cold ~4,000-token prompt (nothing cached),
 - TTFT of the next turn of that conversation (served from the in-memory KV cache),
 - TTFT of that same turn after a server restart (served from the KV checkpoint on disk),
+- TTFT of a new chat with the same system prompt on the restarted server (the system
+  part's own checkpoint),
 - decode tok/s as the client sees it (tokens after the first / time since the first) and
   as the engine reports it, against `ssdmoe generate --json` on the same messages.
 
@@ -166,6 +168,9 @@ def ttft_runs(args, model: str, env: dict, messages: list, q2: str, rows: dict, 
     try:
         print("serve: next turn after a restart (disk) ...", file=sys.stderr)
         rows["restart"] = stream_chat(connect(srv), srv.model, turn2, args.max_tokens)
+        print("serve: new chat, same system prompt ...", file=sys.stderr)
+        other = [messages[0], {"role": "user", "content": "A different question, then."}]
+        rows["new_chat"] = stream_chat(connect(srv), srv.model, other, args.max_tokens)
     finally:
         srv.stop()
 
@@ -243,7 +248,8 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"{'TTFT':<28}{'prompt':>8}{'cached':>8}{'TTFT s':>9}")
     for name, label in (("cold", "serve, cold"), ("cached", "serve, next turn (memory)"),
-                        ("restart", "serve, next turn (disk)")):  # fmt: skip
+                        ("restart", "serve, next turn (disk)"),
+                        ("new_chat", "serve, new chat (disk)")):  # fmt: skip
         if name not in rows:
             continue
         r = rows[name]

@@ -288,6 +288,20 @@ def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
     assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
 
 
+def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
+    chat = [{"role": "system", "content": "Another agent. " + SYSTEM},
+            {"role": "user", "content": "Hi"}]  # fmt: skip
+    body = {"model": srv.model, "messages": chat, "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up during the prefill
+        httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=0.3)
+    t0 = time.monotonic()
+    while srv.server.engine.busy and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.5
+    r = srv.client().chat.completions.create(model=srv.model, messages=chat, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
 def test_second_server_is_told_who_holds_the_model(srv, model, home):
     """`ssdmoe serve` on a model while this process holds the lock: one line, exit 1."""
     import os
