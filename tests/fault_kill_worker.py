@@ -42,6 +42,9 @@ def _writer(conv_id: str, out: int, seed: int) -> None:
 
     store = SessionStore()
     conv = store.get(conv_id)
+    # What this writer loaded is on disk already: committed, even if the previous writer
+    # was killed before reporting its last turn (else two unreported turns could pile up).
+    os.write(out, f"T {conv_id} {len(conv.turns)}\n".encode())
     mx.random.seed(seed)
     while True:
         for role in ("user", "assistant"):

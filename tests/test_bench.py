@@ -267,3 +267,24 @@ def test_summary_flags_host_slots_outside_a_cgroup_cap(bench_json):
     text = summary(res)
     assert "slots host (MLX-CUDA placement)" in text
     assert "not charged to the cgroup cap" in text
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"resident_baseline": "x"}',
+        b'{"resident_baseline": {"status": "ran", "by_k": {"a": 1}}}',
+        b"[1]",
+        b"\xff\xfe",
+        b"[" * 100_000,
+    ],
+)
+def test_damaged_baseline_json_is_one_line_naming_the_file(content, tmp_path):
+    from ssdmoe_tui.bench.bench import _load_baseline_json
+    from ssdmoe_tui.errors import BadValueError
+
+    path = tmp_path / "old.json"
+    path.write_bytes(content)
+    with pytest.raises(BadValueError) as e:
+        _load_baseline_json(path, {})
+    assert str(path) in str(e.value) and "\n" not in str(e.value)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions
+from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions, parse_bytes
 from ssdmoe_tui.errors import BadValueError
 
 BAD_ARGS = [
@@ -108,3 +108,19 @@ def test_k_beyond_the_model_fails_on_its_header(checkpoints, capsys):
     assert out.err.count("minimum") == 1, out.err  # the clamp, said once with the numbers
     budget = result["stats"]["expert_cache_budget_bytes"]
     assert f"{budget:,} bytes" in out.err
+
+
+def test_human_bytes_is_the_one_byte_formatter():
+    """CLI lines, errors and the app's panels format bytes with units.human_bytes; the
+    panels ask for live precision (two decimals below 10 of a unit, else one)."""
+    from ssdmoe_tui.ui.fmt import fmt_bytes
+    from ssdmoe_tui.units import human_bytes
+
+    assert [human_bytes(n) for n in (0, 1023, 1536, 3 << 30, 5 << 40)] == [
+        "0 B", "1023 B", "1.5 KiB", "3.0 GiB", "5.0 TiB",
+    ]  # fmt: skip
+    assert human_bytes(19 << 30, 2) == "19.00 GiB"
+    assert [fmt_bytes(n) for n in (None, 512, 1536, 123 << 20, 3 << 30)] == [
+        "—", "512 B", "1.50 KiB", "123.0 MiB", "3.00 GiB",
+    ]  # fmt: skip
+    assert parse_bytes(human_bytes(3 << 30).replace(" ", "")) == 3 << 30

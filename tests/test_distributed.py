@@ -109,6 +109,20 @@ def test_expert_map_is_balanced_and_deterministic():
     assert ExpertMap(3, 5, 16) == m  # nothing random
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e300"])
+def test_bad_heartbeat_timeout_is_one_line(value, monkeypatch):
+    """SSDMOE_DIST_TIMEOUT: a timeout sockets cannot take (inf, 1e300 overflow them) is
+    refused with the variable named, not an OverflowError at connect time."""
+    from ssdmoe_tui.engine.distributed import ENV_TIMEOUT, DistributedError, _timeout_s
+
+    monkeypatch.setenv(ENV_TIMEOUT, value)
+    with pytest.raises(DistributedError, match=ENV_TIMEOUT) as e:
+        _timeout_s()
+    assert "\n" not in str(e.value) and repr(value) in str(e.value)
+    monkeypatch.setenv(ENV_TIMEOUT, "2.5")
+    assert _timeout_s() == 2.5
+
+
 @pytest.mark.parametrize("flag", [["--prefetch"], ["--trace", "t.jsonl"]])
 def test_options_that_do_not_combine_are_refused_in_one_line(flag, capsys):
     from ssdmoe_tui import cli
@@ -116,6 +130,19 @@ def test_options_that_do_not_combine_are_refused_in_one_line(flag, capsys):
     assert cli.main(["generate", "--distributed", "--prompt", "hi", *flag]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ssdmoe: error: {flag[0]} does not combine with --distributed"]
+
+
+@pytest.mark.parametrize("flag", [["--prefetch"], ["--routing-trace", "t.jsonl"]])
+def test_serve_refuses_the_same_options(flag):
+    """serve --distributed starts its ranks itself: it must refuse what generate refuses
+    (in a subprocess with a bound, since a regression would start serving)."""
+    code = "import sys; from ssdmoe_tui.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", "--distributed", "--port", "0", *flag]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        f"ssdmoe: error: {flag[0]} does not combine with --distributed"
+    ]
 
 
 @pytest.mark.parametrize("bank_bytes", [None, "20K"])

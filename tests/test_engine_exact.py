@@ -33,7 +33,7 @@ def engine_tokens(path, k, budget, dtype=None):
     sm = load_streamed(path, expert_cache=budget, dtype=dtype)
     runner = Runner(sm)
     if k is not None:
-        runner.request_k(k)
+        runner.set_k(k)
     prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
     res = runner.generate(prompt, max_tokens=MAX_TOKENS)
     return sm, prompt, res

@@ -66,8 +66,9 @@ def test_one_damaged_conversation_leaves_the_others_usable(tmp_path, kind):
 
 async def test_conversation_list_in_the_app_survives_a_damaged_file():
     """F3 with a non-UTF-8, a deeply nested and an overflowing conversation present: the
-    app does not crash, says which file it skipped, and the good one opens."""
-    from tests.test_ui_app import SIZE, wait_until
+    app does not crash, lists them as unreadable with their reason, and the good one
+    opens."""
+    from tests.test_ui_app import SIZE, errors, wait_until
     from tests.test_ui_sessions import open_list
 
     store = SessionStore()
@@ -83,9 +84,21 @@ async def test_conversation_list_in_the_app_survives_a_damaged_file():
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_list(pilot, app, "f3")
         assert [s.id for s in screen.summaries] == [good]
-        skipped = [n.message for n in app._notifications if "skipped" in n.message]
-        assert len(skipped) == 1 and "(+2 more)" in skipped[0] and "\n" not in skipped[0]
-        assert "20200103-000000-abcdef" in skipped[0]  # the first one named, by its file
+        told = [n.message for n in app._notifications if "unreadable" in n.message]
+        assert len(told) == 1 and "(+2 more)" in told[0] and "\n" not in told[0]
+        assert "20200103-000000-abcdef" in told[0]  # the first one named, by its file
+        # The three are listed as unreadable (below the good one), each with its reason.
+        bad = [f"2020010{i}-000000-abcdef" for i in (3, 2, 1)]
+        assert [s.id for s in screen.unreadable] == bad
+        rows = [str(screen.option_list.get_option(i).prompt) for i in bad]
+        assert all("Unreadable conversation" in r for r in rows)
+        assert "not UTF-8" in rows[2] and "nested too deeply" in rows[1] and "k must be" in rows[0]
+        # Opening one says why in one line; the list stays usable.
+        screen.option_list.highlighted = screen.option_list.get_option_index(bad[2])
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: errors(app), 5, "the open error")
+        assert "not UTF-8" in errors(app)[-1] and "\n" not in errors(app)[-1]
+        screen = await open_list(pilot, app, "f3")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.session_id == good, 5, "the open")
     assert app.return_code in (None, 0)

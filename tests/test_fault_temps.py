@@ -79,3 +79,21 @@ def test_a_temp_is_an_orphan_when_its_writer_is_gone_or_it_is_old():
     assert not is_orphan_temp(".conversation.json.a.tmp", now)
     assert is_orphan_temp(".conversation.json.a.tmp", now - STALE_TEMP_S)
     assert not is_orphan_temp("conversation.json", 0)
+
+
+def test_a_killed_repack_leaves_no_partial_copy_after_the_next(checkpoints, tmp_path):
+    """The repacked copy can sit in the user's model folder (outside the folders swept at
+    start): the next repack there removes a killed one's partial file."""
+    import shutil
+
+    from ssdmoe_tui.engine import repack
+    from ssdmoe_tui.engine.index import load_index
+
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("qwen3_moe"), model)
+    partial = model / f".{repack.DATA}.p{dead_pid()}.tmp"
+    partial.write_bytes(b"\0" * 4096)
+    index, _ = load_index(model)
+    repack.write_repacked(model, index)
+    assert not partial.exists()
+    assert (model / repack.DATA).is_file()

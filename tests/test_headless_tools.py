@@ -111,6 +111,47 @@ def test_demo_model_does_not_print_mlx_lm_quantization_info(tmp_path, capfd):
     assert out.strip() == str(tmp_path / "m")
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},  # no model_type
+        {"model_type": "llama", "hidden_size": 64},  # dense
+        {  # MoE, but mlx-lm's ModelArgs needs more (vocab_size...)
+            "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 2, "hidden_size": 64, "moe_intermediate_size": 64,
+        },
+    ],
+)  # fmt: skip
+def test_demo_model_bad_config_is_one_line_naming_it(config, tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    assert main(["demo-model", "--config", str(cfg), "--out", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ssdmoe: error: {cfg}: "), err
+    assert "Error:" not in err[0]  # not a bare exception type
+    assert not (tmp_path / "m").exists()  # nothing half-made left behind
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_demo_model_never_replaces_a_folder_it_did_not_write(tmp_path, capsys, force):
+    """`demo-model --out DIR` replaces DIR whole: a folder without the demo stamp (the
+    user's own files) is refused in one line and left as it was, with --force too."""
+    from ssdmoe_tui.models.demo import DEMO_VERSION, ensure_demo_model
+
+    mine = tmp_path / "work"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    argv = ["demo-model", "--out", str(mine), *(["--force"] if force else [])]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a demo model folder" in err[0] and str(mine) in err[0]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    demo = tmp_path / "demo"  # a current demo folder is returned as is, nothing rewritten
+    demo.mkdir()
+    (demo / ".ssdmoe-demo").write_text(str(DEMO_VERSION))
+    assert ensure_demo_model(demo) == demo and len(list(demo.iterdir())) == 1
+
+
 def test_readme_and_models_supported_list_every_architecture(capsys):
     from ssdmoe_tui.checkpoint.arch import ARCHITECTURES
 

@@ -91,6 +91,26 @@ def test_in_place_edit_with_same_size_and_mtime_changes_the_key(checkpoints, tmp
     assert load_index(path) == (replace(again, note=""), True)  # said once
 
 
+def test_damaged_folder_record_only_costs_the_comparison(checkpoints, tmp_path):
+    """The per-folder record of shard states is ours, but a damaged one (not an object)
+    must not stop the model from opening."""
+    import hashlib
+    import os
+    import shutil
+
+    from ssdmoe_tui.paths import cache_dir
+
+    path = tmp_path / "m"
+    shutil.copytree(checkpoints("qwen3_moe"), path)
+    key = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:32]
+    record = cache_dir() / "index" / "folders" / f"{key}.json"
+    for damaged in ("[1, 2]", "[" * 100_000, '{"x": 3}'):
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(damaged)
+        index, _ = load_index(path)
+        assert index.num_experts > 0 and not index.note
+
+
 def test_verify_names_the_changed_tensor(checkpoints, tmp_path, capsys):
     import json
     import shutil

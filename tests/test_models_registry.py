@@ -10,7 +10,7 @@ import pytest
 
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.models import registry
-from ssdmoe_tui.models.scan import geometry_table, measure_experts
+from ssdmoe_tui.models.scan import measure_experts
 from tests.fixture_paths import MODELS
 from tests.test_models_fakes import fake_config, write_checkpoint
 
@@ -102,15 +102,15 @@ def test_docs_table_matches_config_arithmetic() -> None:
             rows[cells[0].strip("`")] = cells
     assert set(rows) == set(REAL_CONFIGS)
     for name, cells in rows.items():
-        table = geometry_table(_real(name))
-        assert int(cells[5].replace(",", "")) == table["bytes_per_expert"], name
+        config = _real(name)
+        assert int(cells[5].replace(",", "")) == registry.expert_bytes_from_config(config), name
         ks = [int(k) for k in re.findall(r"K=(\d+)", text.split("| config |")[1].split("\n")[0])]
         for k, cell in zip(ks, cells[6 : 6 + len(ks)], strict=True):
             assert float(cell.replace(",", "")) == pytest.approx(
-                table[f"mib_per_token_k{k}"], abs=0.05
+                registry.mib_per_token(config, k), abs=0.05
             ), (name, k)
         trained = float(cells[6 + len(ks)].replace(",", ""))
-        assert trained == pytest.approx(table[f"mib_per_token_k{table['trained_k']}"], abs=0.05)
+        assert trained == pytest.approx(registry.mib_per_token(config), abs=0.05)  # trained K
 
 
 # --------------------------------------------------------------------------- check_supported

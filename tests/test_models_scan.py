@@ -154,3 +154,13 @@ def test_table_output(tmp_path: Path, capsys, monkeypatch) -> None:
         "SUPPORTED",
     ]
     assert any(line.startswith("m ") and line.rstrip().endswith("yes") for line in out[1:])
+
+
+def test_models_dir_typo_is_said(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`models --dir TYPO` says the folder does not exist instead of listing nothing."""
+    from ssdmoe_tui.cli import main
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    assert main(["models", "--json", "--dir", str(tmp_path / "typo")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ssdmoe: note: --dir {tmp_path / 'typo'}: no such folder"]

@@ -242,12 +242,21 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
         assert again.server.kv.last_load is not None
         # a new chat with the same system prompt loads the system part's own checkpoint
-        assert_new_chat_reuses_system_prompt(again)
+        system_part = assert_new_chat_reuses_system_prompt(again)
     finally:
         again.stop()
         # later tests use `srv`: bring it back on the same object
         fresh = Running(options(model, home))
         srv.__dict__.update(fresh.__dict__)
+    # An edited earlier reply matches no recorded history: the conversation's checkpoint
+    # on disk (attention-only) is trimmed to the part the prompts share, which is more
+    # than the system part's own checkpoint.
+    branch = [dict(m) for m in messages[:3]]
+    branch[2]["content"] += " (edited)"
+    branch.append({"role": "user", "content": "And?"})
+    r = srv.client().chat.completions.create(model=srv.model, messages=branch, max_tokens=2)
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert srv.server.kv.last_load[1] == cached > system_part, (cached, system_part)
 
 
 # --------------------------------------------------------------------------- one at a time

@@ -22,6 +22,7 @@ def test_hybrid_multi_turn_and_restart(checkpoints, tmp_path, arch):
         messages, usages = conversation_turns(srv.client(), srv.model, 3)
     finally:
         srv.stop()
+    assert usages[0].prompt_tokens_details.cached_tokens == 0  # cold (the system step is its own)
     for u in usages[1:]:
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
     again = Running(options)

@@ -120,13 +120,13 @@ async def test_list_search_rename_export_delete(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_list(pilot, app, "f3")
         assert [s.id for s in screen.summaries] == [knock, ssd]  # most recent first
-        assert any("skipped" in n.message for n in app._notifications)  # the broken one
+        assert any("unreadable" in n.message for n in app._notifications)  # the broken one
         # Search as you type, in titles and messages, with the hit in context.
         assert await search(pilot, screen, "routed") == [ssd]
         assert "routed experts" in str(screen.option_list.get_option_at_index(0).prompt)
         assert await search(pilot, screen, "zebra") == []
         assert await search(pilot, screen, "lettuce") == [knock]
-        assert sum("skipped" in n.message for n in app._notifications) == 1  # told once
+        assert sum("unreadable" in n.message for n in app._notifications) == 1  # told once
 
         # Rename (modal input).
         await pilot.press("f2")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from ssdmoe_tui.bench import system
 from ssdmoe_tui.bench.disk import random_read_bandwidth
 from ssdmoe_tui.errors import BadValueError, ModelError
+from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.runner import Snapshot
@@ -437,22 +438,29 @@ def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLi
     if ckpt_bytes < limit:
         return None
     return (
-        f"cannot run: model {ckpt_bytes / 2**30:.1f} GiB > memory "
-        f"(needs < {BASELINE_FRACTION:.0%} of {mem.available / 2**30:.1f} GiB available: {mem.describe()})"
+        f"cannot run: model {human_bytes(ckpt_bytes)} > memory "
+        f"(needs < {BASELINE_FRACTION:.0%} of {human_bytes(mem.available)} available: {mem.describe()})"
     )
 
 
 def _load_baseline_json(p: Path, conditions: dict) -> dict:
     try:
         data = json.loads(Path(p).read_text())
-        base = data["resident_baseline"]
     except FileNotFoundError:
         raise BadValueError(f"--baseline-json: file not found: {p}") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise BadValueError(f"--baseline-json {p}: not an ssdmoe bench result ({e})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) else getattr(e, "msg", None) or "not UTF-8 JSON"
+        raise BadValueError(f"--baseline-json {p}: cannot read ({why})") from None
+    base = data.get("resident_baseline") if isinstance(data, dict) else None
+    by_k = base.get("by_k", {}) if isinstance(base, dict) else None
+    if not isinstance(by_k, dict) or not all(str(k).isdigit() for k in by_k):
+        raise BadValueError(
+            f"--baseline-json {p}: not an ssdmoe bench result (no resident_baseline)"
+        )
     if base.get("status") != "ran":
         raise BadValueError(f"--baseline-json {p}: its resident baseline did not run")
-    theirs = data.get("conditions", {})
+    theirs = data.get("conditions")
+    theirs = theirs if isinstance(theirs, dict) else {}
     for key in ("model_type", "dtype", "prompt_tokens", "decode_tokens", "checkpoint_bytes"):
         if theirs.get(key) != conditions.get(key):
             raise BadValueError(
@@ -460,7 +468,7 @@ def _load_baseline_json(p: Path, conditions: dict) -> dict:
             )
     base = dict(base)
     base["source"] = str(p)
-    base["by_k"] = {int(k): v for k, v in base.get("by_k", {}).items()}
+    base["by_k"] = {int(k): v for k, v in by_k.items()}
     return base
 
 
@@ -565,9 +573,9 @@ def run_bench(
         }
     result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
     log(
-        f"model {path} ({config.get('model_type')}, {ckpt_bytes / 2**30:.2f} GiB, "
+        f"model {path} ({config.get('model_type')}, {human_bytes(ckpt_bytes, 2)}, "
         f"{index.num_layers} MoE layers x {index.num_experts} experts x "
-        f"{index.expert_bytes / 2**20:.2f} MiB)"
+        f"{human_bytes(index.expert_bytes, 2)})"
     )
 
     # ---------------- page cache: cold drops it before each measurement; warm fills it once
@@ -615,7 +623,7 @@ def run_bench(
         }
         for k, d in disk.items():
             log(
-                f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({d.bytes / 2**20:.0f} MiB in {d.seconds:.2f} s, {d.reader})"
+                f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({human_bytes(d.bytes)} in {d.seconds:.2f} s, {d.reader})"
             )
     if not opts.baseline_only:
         if opts.warmup:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ssdmoe_tui.engine.iostats import reset_peak_rss  # noqa: F401 - the bench's per-run reset
+from ssdmoe_tui.units import human_bytes
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")
@@ -124,9 +125,9 @@ class MemoryLimit:
         return max(avail, 0)
 
     def describe(self) -> str:
-        s = f"MemAvailable {self.mem_available / 2**30:.1f} GiB"
+        s = f"MemAvailable {human_bytes(self.mem_available)}"
         if self.cgroup_limit is not None:
-            s += f", cgroup limit {self.cgroup_limit / 2**30:.1f} GiB"
+            s += f", cgroup limit {human_bytes(self.cgroup_limit)}"
         return s
 
     def as_dict(self) -> dict:

@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from ssdmoe_tui.commands.common import arg_type
+from ssdmoe_tui.engine import options as O
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -18,39 +21,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="config.json of a real model: write a random checkpoint of that shape",
     )
     p.add_argument(
-        "--layers", type=int, default=None, help="with --config: keep only this many layers"
+        "--layers",
+        type=arg_type(O.parse_positive, "--layers"),
+        default=None,
+        help="with --config: keep only this many layers",
     )
     p.add_argument(
         "--tokenizer", default=None, help="with --config: copy tokenizer files from this folder"
     )
-    p.add_argument("--group-size", type=int, default=64)
-    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8))
     p.add_argument("--shard-size", default="5G", help="maximum shard size")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=arg_type(O.parse_seed), default=0)
     p.add_argument("--force", action="store_true", help="rewrite the demo model even if present")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.checkpoint.config import read_json_object
-    from ssdmoe_tui.engine.cache import parse_size
+    from ssdmoe_tui.engine.options import parse_bytes
     from ssdmoe_tui.errors import BadValueError, ModelError
     from ssdmoe_tui.models.demo import ensure_demo_model, write_checkpoint
+    from ssdmoe_tui.models.registry import check_supported
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     if args.config is None:
         out = Path(args.out) if args.out else None
-        if args.force and out is not None:
-            import shutil
-
-            shutil.rmtree(out, ignore_errors=True)
-        elif args.force:
-            from ssdmoe_tui.paths import demo_model_dir
-
-            (demo_model_dir() / ".ssdmoe-demo").unlink(missing_ok=True)
-        print(ensure_demo_model(out, progress=say))
+        print(ensure_demo_model(out, progress=say, force=args.force))
         return 0
     if args.out is None:
         raise BadValueError("--config needs --out")
@@ -58,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     if not cfg_path.is_file():
         raise ModelError(f"config not found: {cfg_path}")
     config = read_json_object(cfg_path)
+    quant = {"group_size": args.group_size, "bits": args.bits}  # what will be written
+    try:
+        check_supported({**config, "quantization": quant})  # dense, unknown, incomplete
+    except ModelError as e:
+        raise ModelError(f"{cfg_path}: {e}") from None
     config.pop("quantization", None)
     config.pop("quantization_config", None)
     if args.layers is not None:
@@ -68,19 +72,29 @@ def run(args: argparse.Namespace) -> int:
                 text[key] = text[key][: args.layers]
         if isinstance(text.get("hybrid_override_pattern"), str):
             text["hybrid_override_pattern"] = text["hybrid_override_pattern"][: args.layers]
+    shard = parse_bytes(args.shard_size, "--shard-size")
+    out = Path(args.out)
+    created = not out.exists()  # a failed write leaves no half-made folder of ours behind
     try:
-        shard = parse_size(args.shard_size)
-    except ValueError as e:
-        raise BadValueError(str(e)) from None
-    out = write_checkpoint(
-        config,
-        Path(args.out),
-        seed=args.seed,
-        group_size=args.group_size,
-        bits=args.bits,
-        max_shard_bytes=shard,
-        tokenizer_from=Path(args.tokenizer) if args.tokenizer else None,
-        progress=say,
-    )
+        write_checkpoint(
+            config,
+            out,
+            seed=args.seed,
+            group_size=args.group_size,
+            bits=args.bits,
+            max_shard_bytes=shard,
+            tokenizer_from=Path(args.tokenizer) if args.tokenizer else None,
+            progress=say,
+        )
+    except BaseException as e:
+        if created:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        if isinstance(e, BadValueError) or not isinstance(e, KeyError | TypeError | ValueError):
+            raise
+        # mlx-lm's ModelArgs on a partial config
+        why = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise ModelError(f"{cfg_path}: cannot build a model from this config ({why})") from None
     print(out)
     return 0

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from ssdmoe_tui.commands.common import resolve_model_path
+from ssdmoe_tui.units import human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,9 +95,8 @@ def run_verify(path, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(asdict(r) | {"ok": r.ok}))
         return 0 if r.ok else 1
-    gib = r.bytes_read / 2**30
     print(
-        f"{path}: hashed {r.tensors} tensors in {r.shards} shards ({gib:.2f} GiB, "
+        f"{path}: hashed {r.tensors} tensors in {r.shards} shards ({human_bytes(r.bytes_read, 2)}, "
         f"{r.seconds:.1f} s)"
     )
     for shard in r.hub_mismatch:

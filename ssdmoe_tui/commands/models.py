@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.units import human_bytes
@@ -72,6 +73,9 @@ def format_table(entries: list) -> str:
 def run_list(args: argparse.Namespace) -> int:
     from ssdmoe_tui.models.scan import entries_json, scan_models
 
+    for folder in args.dir or ():
+        if not Path(folder).is_dir():  # a typo would otherwise list as "nothing there"
+            print(f"ssdmoe: note: --dir {folder}: no such folder", file=sys.stderr)
     entries = scan_models(args.dir)
     if args.json:
         print(entries_json(entries))

@@ -7,6 +7,7 @@ import json
 import sys
 
 from ssdmoe_tui.commands.common import add_model_argument
+from ssdmoe_tui.units import human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(
-            f"wrote {summary['data']} ({summary['bytes'] / 2**30:.2f} GiB, "
-            f"{summary['padding_bytes'] / 2**20:.1f} MiB alignment padding) in "
+            f"wrote {summary['data']} ({human_bytes(summary['bytes'], 2)}, "
+            f"{human_bytes(summary['padding_bytes'])} alignment padding) in "
             f"{summary['seconds']} s; the engine reads experts from it while the shards "
             "are unchanged (`--experts shards` to compare)"
         )

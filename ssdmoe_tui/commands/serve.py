@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the prompt cache in memory only (no KV checkpoints on disk)",
     )
+    p.add_argument(
+        "--no-system-checkpoint",
+        action="store_true",
+        help="do not give a new chat's system prompt its own KV checkpoint (saves a step and "
+        "a checkpoint per distinct system prompt; new chats then prefill it)",
+    )
     add_distributed_argument(p)
     p.set_defaults(func=run)
 
@@ -99,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
     link = None
     if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
-        from ssdmoe_tui.engine.distributed import ServiceLink, follow, start
+        from ssdmoe_tui.engine.distributed import ServiceLink, check_args, follow, start
 
+        check_args(args)  # the same refusals as generate and bench (--prefetch, ...)
         dist = start(sigterm=False)
         with dist.guard():
             link = ServiceLink(dist)
@@ -127,6 +134,7 @@ def _serve(args: argparse.Namespace, link) -> int:
         max_tokens=args.max_tokens,
         temperature=args.temp,
         persist_cache=not args.no_disk_cache and link is None,  # ranks share no disk
+        system_checkpoints=not args.no_system_checkpoint,
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
     )
     sock = bind(args.host, args.port)

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.options import parse_seconds
 from ssdmoe_tui.engine.streamed import StreamedSwitch
-from ssdmoe_tui.errors import SsdmoeError, user_message
+from ssdmoe_tui.errors import BadValueError, SsdmoeError, user_message
 
 ENV_TIMEOUT = "SSDMOE_DIST_TIMEOUT"  # seconds without a heartbeat before a rank counts as hung
 ENV_CONTROL = "SSDMOE_DIST_CONTROL"  # host[:port] of rank 0's side channel (default: from launch)
@@ -355,12 +356,9 @@ def _timeout_s() -> float:
     if not text:
         return DEFAULT_TIMEOUT_S
     try:
-        value = float(text)
-    except ValueError:
-        raise DistributedError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise DistributedError(f"{ENV_TIMEOUT}={text!r} must be > 0")
-    return value
+        return parse_seconds(text, ENV_TIMEOUT)
+    except BadValueError as e:
+        raise DistributedError(str(e)) from None
 
 
 def _root_host() -> str:

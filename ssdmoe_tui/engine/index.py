@@ -89,10 +89,6 @@ class ExpertIndex:
         return layout.is_expert_tensor(name)
 
 
-def shard_names(model_dir: Path) -> list[str]:
-    return layout.shard_names(model_dir)
-
-
 def content_sample(path: Path) -> str:
     """sha256 of a shard's header and of SAMPLE_BLOCKS 4 KiB blocks spread over its data
     (plus the last one): a few reads that catch a shard rewritten with the same size/mtime."""
@@ -143,7 +139,7 @@ def _coalesced_pieces(components: list[Component], num_experts: int) -> int:
 def build_index(model_dir: Path) -> ExpertIndex:
     """Scan every shard header and map each MoE layer's experts to byte ranges."""
     model_dir = Path(model_dir)
-    names = shard_names(model_dir)
+    names = layout.shard_names(model_dir)
     key = _index_key(model_dir, names)
     scan = layout.scan_experts(model_dir, names)
     groups = {
@@ -221,7 +217,9 @@ def changed_in_place(model_dir: Path, states: dict[str, list]) -> list[str]:
     record = cache_dir() / "index" / "folders" / f"{key}.json"
     try:
         before = json.loads(record.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        before = {}
+    if not isinstance(before, dict):  # a damaged record only costs this comparison
         before = {}
     changed = [
         n
@@ -244,7 +242,7 @@ def load_index(model_dir: Path, use_cache: bool = True) -> tuple[ExpertIndex, bo
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelError(f"model folder not found: {model_dir}")
-    names = shard_names(model_dir)
+    names = layout.shard_names(model_dir)
     states = shard_states(model_dir, names)
     key = _index_key(model_dir, names, states)
     changed = changed_in_place(model_dir, states) if use_cache else []

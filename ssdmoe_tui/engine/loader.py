@@ -26,10 +26,10 @@ from ssdmoe_tui.engine.cache import (
     ExpertCache,
     auto_budget,
     available_memory_bytes,
-    parse_size,
     slot_memory_bytes,
 )
 from ssdmoe_tui.engine.index import ExpertIndex, load_index
+from ssdmoe_tui.engine.options import parse_bytes
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.engine.routing_mass import RoutingMass
 from ssdmoe_tui.engine.routing_mass import install as install_routing_mass
@@ -265,10 +265,7 @@ def load_streamed(
     elif expert_cache == "auto":
         budget = auto_budget(index, resident_est, min_slots * index.expert_bytes)
     else:
-        try:
-            budget = parse_size(expert_cache)
-        except ValueError as e:
-            raise BadValueError(str(e)) from None
+        budget = parse_bytes(expert_cache, "expert cache")
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
     capacity = min(capacity, index.num_experts * index.num_layers)
     partition = distributed.partition(index) if distributed is not None else None

@@ -117,6 +117,15 @@ def _finite(text: str | float, what: str) -> float:
     return value
 
 
+def parse_seconds(text: str | float, what: str, most: float = 7 * 86400) -> float:
+    """A positive, finite duration; `most` keeps it within what socket and thread
+    timeouts accept (1e300 s would overflow them)."""
+    value = _finite(text, what)
+    if not 0 < value <= most:
+        raise BadValueError(f"{what} must be a number of seconds in (0, {most:g}], got {text!r}")
+    return value
+
+
 def parse_temp(text: str | float) -> float:
     value = _finite(text, "temperature")
     if value < 0:
@@ -181,7 +190,7 @@ class SamplingOptions:
 @dataclass(frozen=True)
 class EngineOptions:
     """Everything `open_engine` needs, typed. Built once per command; the service
-    derives a load's options from it with `replace` (`for_load`)."""
+    derives a load's options from it with `with_` (a `dataclasses.replace`, so checked again)."""
 
     model: str = ""  # folder, Hub repo id[@revision], or "" for the embedded demo model
     k: int | None = None  # None: the model's trained K

@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from ssdmoe_tui import paths
-from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.atomic import atomic_write_text, remove_orphan_temps
 from ssdmoe_tui.engine.index import ExpertIndex, MoELayer, content_sample
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.units import human_bytes
 
 MANIFEST = "ssdmoe-experts.json"
 DATA = "ssdmoe-experts.bin"
@@ -186,11 +187,12 @@ def write_repacked(
     free = shutil.disk_usage(out_dir).free
     if free < total + (64 << 20):
         raise ModelError(
-            f"{out_dir}: {total / 2**30:.2f} GiB needed for the repacked experts, "
-            f"{free / 2**30:.2f} GiB free"
+            f"{out_dir}: {human_bytes(total, 2)} needed for the repacked experts, "
+            f"{human_bytes(free, 2)} free"
         )
     data = out_dir / DATA
     (out_dir / MANIFEST).unlink(missing_ok=True)  # an old copy stops counting before we write
+    remove_orphan_temps(out_dir, depth=0)  # a killed repack's partial copy (GBs), if any
     tmp = out_dir / f".{DATA}.p{os.getpid()}.tmp"  # the pid: start-up cleanup spares live writers
     per_chunk = max(1, min(e, chunk_bytes // stride))
     buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero

@@ -299,8 +299,6 @@ class Runner:
         check_k(k, self.sm.index.num_experts, "K")
         self._k = int(k)
 
-    request_k = set_k  # the name earlier callers used
-
     def _use_k(self, k: int) -> None:
         if k != self._applied:
             self.sm.set_k(k)

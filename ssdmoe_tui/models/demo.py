@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.paths import demo_model_dir
+from ssdmoe_tui.units import human_bytes
 
 DEMO_VERSION = 3
 
@@ -242,7 +244,7 @@ def write_checkpoint(
         del shard
         mx.clear_cache()
         progress(
-            f"wrote {fname} ({i + 1}/{n}, {total / 2**20:.0f} MiB, {time.monotonic() - t0:.0f} s)"
+            f"wrote {fname} ({i + 1}/{n}, {human_bytes(total)}, {time.monotonic() - t0:.0f} s)"
         )
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
@@ -303,12 +305,21 @@ Version {version}.
 """
 
 
-def ensure_demo_model(out: Path | None = None, progress: ProgressFn = _noop) -> Path:
-    """Return the demo model folder, writing it first if it is missing or stale."""
+def ensure_demo_model(
+    out: Path | None = None, progress: ProgressFn = _noop, *, force: bool = False
+) -> Path:
+    """Return the demo model folder, writing it first if it is missing, stale or `force`d.
+
+    The folder is replaced whole, so only an empty folder or one this function wrote (it
+    has the `.ssdmoe-demo` stamp) is ever replaced: `--out ~/work` must not delete work."""
     out = Path(out) if out is not None else demo_model_dir()
     stamp = out / ".ssdmoe-demo"
-    if stamp.exists() and stamp.read_text().strip() == str(DEMO_VERSION):
+    if stamp.is_file() and stamp.read_text().strip() == str(DEMO_VERSION) and not force:
         return out
+    if out.exists() and not stamp.is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelError(
+            f"{out} exists and is not a demo model folder: nothing written (choose another folder)"
+        )
     progress(f"creating the demo model in {out} (first run only)")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,7 +17,6 @@ from ssdmoe_tui.checkpoint.config import read_config
 from ssdmoe_tui.checkpoint.layout import (
     ExpertMeasure,
     measure_experts,
-    mib_per_token,
     missing_shards,
 )
 from ssdmoe_tui.errors import ModelError, SsdmoeError
@@ -207,21 +206,3 @@ def scan_models(
 
 def entries_json(entries: Sequence[ModelEntry]) -> str:
     return json.dumps([e.to_dict() for e in entries], indent=2)
-
-
-def geometry_table(config: Mapping, ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
-    """Config arithmetic for docs/tests: bytes per expert at 4-bit/64 and MiB per token."""
-    geo = registry.moe_geometry(config)
-    if geo is None:
-        raise registry.UnsupportedModelError("dense model")
-    per_expert = registry.expert_bytes_from_config(config)
-    row = {
-        "model_type": geo.model_type,
-        "moe_layers": len(geo.moe_layers),
-        "num_experts": geo.num_experts,
-        "trained_k": geo.trained_k,
-        "bytes_per_expert": per_expert,
-    }
-    for k in sorted({*ks, geo.trained_k}):
-        row[f"mib_per_token_k{k}"] = mib_per_token(per_expert, k, len(geo.moe_layers))
-    return row

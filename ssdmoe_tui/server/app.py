@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -48,6 +49,7 @@ class ApiSettings:
     max_body_bytes: int = 32 << 20
     max_tokens: int = 4096  # default when a request gives none (and the context allows)
     temperature: float = 0.0  # default when a request gives none
+    system_checkpoints: bool = True  # see Api._prefix_step
 
 
 class _Disconnected(Exception):
@@ -118,6 +120,9 @@ class Api:
         self.tool_format = tool_format_for(engine.tokenizer)
         self.created = int(time.time())
         self.last_response_stats: dict | None = None
+        self.log: Callable[[str], None] = lambda line: print(
+            f"ssdmoe serve: {line}", file=sys.stderr, flush=True
+        )
 
     # ------------------------------------------------------------------ plumbing
     def app(self) -> Starlette:
@@ -309,7 +314,10 @@ class Api:
                 seed=sampling.seed,
                 session_id=SESSION_KEY,
             )
-            return self.engine.submit(cmd, k)
+            job = self.engine.submit(cmd, k)
+            if step is not None and step.result is not None:
+                job.cached_before = step.result.stats.get("reused_prompt_tokens", 0)
+            return job
         except BaseException:
             if step is not None and not step.done.is_set():
                 step.keep_slot = False  # the client left during the step: its end frees the engine
@@ -320,9 +328,9 @@ class Api:
 
     def _needs_prefix_checkpoint(self, prompt: Prompt) -> bool:
         n = prompt.shared_prefix
-        return (
-            bool(n) and self.kv is not None and not self.kv.has_checkpoint(prompt.prefix_chain, n)
-        )
+        if not n or self.kv is None or not self.settings.system_checkpoints:
+            return False
+        return not self.kv.has_checkpoint(prompt.prefix_chain, n)
 
     def _prefix_step(self, prompt: Prompt, k: int | None, rid: str) -> Job:
         """Prefill the shared system part alone first, so it gets a KV checkpoint of its
@@ -366,6 +374,20 @@ class Api:
             return "length"
         return "stop"
 
+    @staticmethod
+    def _done(job: Job) -> P.GenerationDone:
+        """The job's result as the client should see it: after a system-prompt step, the
+        prompt tokens cached are those that were cached before the request, not the step's."""
+        done = job.result
+        if job.cached_before is None:
+            return done
+        stats = dict(done.stats)
+        n = len(done.prompt_token_ids)
+        stats["reused_prompt_tokens"] = job.cached_before
+        stats["kv_hit_rate"] = round(job.cached_before / n, 4) if n else 0.0
+        stats["system_prompt_checkpoint"] = True
+        return replace(done, stats=stats)
+
     def _ext(self, done: P.GenerationDone) -> dict:
         """The `ssdmoe` extension field: which K ran and the engine's figures."""
         s = done.stats
@@ -385,9 +407,17 @@ class Api:
                 "generated_tokens": len(done.token_ids),
             },
         }
+        if s.get("system_prompt_checkpoint"):
+            ext["system_prompt_checkpoint"] = True  # this request wrote one for its system part
         if "distributed" in s:  # serve --distributed: per-rank bytes, hit rate, all_sum
             ext["distributed"] = s["distributed"]
         self.last_response_stats = ext
+        st = ext["stats"]
+        self.log(
+            f"{done.request_id}: {st['prompt_tokens']} prompt tokens ({st['kv_cached_tokens']} "
+            f"cached) -> {st['generated_tokens']} tokens ({done.finish_reason}), "
+            f"{st['decode_tok_s']} tok/s, K={ext['k']}, {st['ssd_mib_per_token']} MiB/token from SSD"
+        )
         return ext
 
     @staticmethod
@@ -472,7 +502,7 @@ class Api:
             await _until_disconnect(request, self._drain(job, filt))
         finally:
             job.cancel()
-        done = job.result
+        done = self._done(job)
         if on_done is not None:
             on_done(done)
         ext = self._ext(done)
@@ -533,7 +563,7 @@ class Api:
                 yield event(e.body())
                 yield "data: [DONE]\n\n"
                 return
-            done = job.result
+            done = self._done(job)
             if on_done is not None:
                 on_done(done)
             yield chunk(last, self._finish_reason(done, filt), ssdmoe=self._ext(done))

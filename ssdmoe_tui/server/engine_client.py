@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ class Job:
     result: P.GenerationDone | None = None
     cancel_requested: bool = False
     keep_slot: bool = False  # its end does not free the engine (a step of a longer request)
+    cached_before: int | None = None  # prompt tokens cached before the request, if a step ran first
     _client: EngineClient | None = None
 
     def cancel(self) -> None:
@@ -80,7 +80,6 @@ class EngineClient:
         self._busy = False
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self.generations = 0
-        self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, load: P.LoadModel, kv_hooks: Any = None) -> P.ModelInfo:

@@ -64,7 +64,7 @@ class ServeOptions:
     temperature: float = 0.0
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
-    kv_budget_bytes: int | None = None  # in-memory KV pool (None: the engine's default)
+    system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     make_service: MakeService | None = None  # None: an EngineService in this process
     log_level: str = "warning"
 
@@ -94,16 +94,13 @@ class Server:
             # the hooks look it up lazily through `self.kv`.
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
         info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
-        if opts.kv_budget_bytes is not None and getattr(self.engine.service, "kv_pool", None):
-            self.engine.service.kv_pool.set_budget(opts.kv_budget_bytes)
         self.model_id = info.name
-        records_path = None
-        if opts.persist_cache:
-            folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
-            kv = ServerKV(folder, notice=notice)
-            records_path = folder / HISTORY_FILE
-        self.kv = kv
+        folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
+        records_path = folder / HISTORY_FILE if opts.persist_cache else None
         records = await asyncio.to_thread(HistoryRecords, records_path, notice)
+        if opts.persist_cache:
+            kv = ServerKV(folder, notice=notice, tokens_of=records.tokens_of)
+        self.kv = kv
         builder = PromptBuilder(self.engine.tokenizer, records)
         self.api = Api(
             self.engine,
@@ -114,6 +111,7 @@ class Server:
                 max_body_bytes=opts.max_body_bytes,
                 max_tokens=opts.max_tokens,
                 temperature=opts.temperature,
+                system_checkpoints=opts.system_checkpoints,
             ),
             kv,
         )

@@ -28,6 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+from ssdmoe_tui.engine.kv_pool import common_prefix
 from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,
@@ -60,6 +63,7 @@ class ServerKV:
         session_budget: int = DEFAULT_SESSION_BUDGET,
         global_budget: int = DEFAULT_GLOBAL_BUDGET,
         max_chains: int = 32,
+        tokens_of: Callable[[str], list[tuple[int, ...]]] = lambda chain: [],
     ) -> None:
         self.chains = Path(folder) / "chains"
         self.notice = notice
@@ -67,10 +71,10 @@ class ServerKV:
         self.session_budget = session_budget
         self.global_budget = global_budget
         self.max_chains = max_chains
+        self.tokens_of = tokens_of  # a chain's known token sequences (its history records)
         self._pending: list[tuple[tuple[int, ...], str]] = []  # (prompt, chain), newest last
         self._lock = threading.Lock()
         self.last_load: tuple[str, int] | None = None  # (chain, tokens) of the last disk hit
-        self.saves = 0
 
     def register(self, prompt: Sequence[int], chain: str) -> None:
         """Before submitting a prompt: which chain its checkpoint goes to."""
@@ -110,36 +114,64 @@ class ServerKV:
             session_budget=self.session_budget,
             global_budget=self.global_budget,
         )
-        self.saves += 1
         if res.skipped:
             self.notice(res.skipped)
         os.utime(folder)
         self._prune(keep=folder)
 
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
-        best: tuple[Path, int] | None = None
+        """The checkpoint that serves the longest prefix of `tokens`: one covering an exact
+        prefix, or (attention-only models) one whose tokens share a longer prefix with
+        them, trimmed to it. A checkpoint's tokens are known from its conversation's
+        history record (`tokens_of`); the header's token hash confirms them."""
+        limit = len(tokens) - 1  # at least one token is always fed
+        exact: tuple[Path, int] | None = None
+        trim: tuple[Path, tuple[int, ...], int] | None = None  # folder, its tokens, reuse
         for folder in self._folders():
+            seqs = self.tokens_of(folder.name) if not info.hybrid else []
             for ck in list_checkpoints(folder):
-                if ck.n_tokens >= len(tokens) or (best is not None and ck.n_tokens <= best[1]):
-                    continue
-                try:
-                    n = check_checkpoint(ck.path, tokens, info.fingerprint)
-                except CheckpointInvalid:
-                    continue
-                best = (folder, n)
-                break
-        if best is None:
+                best = max(exact[1] if exact else 0, trim[2] if trim else 0)
+                if ck.n_tokens <= limit and ck.n_tokens > best:
+                    try:
+                        exact = (folder, check_checkpoint(ck.path, tokens, info.fingerprint))
+                        continue
+                    except CheckpointInvalid:
+                        pass
+                for seq in seqs:
+                    if len(seq) < ck.n_tokens:
+                        continue
+                    reuse = min(common_prefix(seq[: ck.n_tokens], tokens), limit)
+                    if reuse <= best or reuse >= ck.n_tokens:
+                        continue
+                    try:
+                        if check_checkpoint(ck.path, seq, info.fingerprint) != ck.n_tokens:
+                            continue
+                    except CheckpointInvalid:
+                        continue
+                    trim = (folder, tuple(seq[: ck.n_tokens]), reuse)
+                    break
+        if trim is not None and trim[2] > (exact[1] if exact else 0):
+            folder, covered, reuse = trim
+        elif exact is not None:
+            folder, covered, reuse = exact[0], tuple(tokens[: exact[1]]), exact[1]
+        else:
             return None
-        folder, n = best
         try:
             cache, got = load_checkpoint(
                 folder,
-                tokens[:n],
+                covered,
                 info.fingerprint,
                 on_skip=lambda r: self.notice(f"checkpoint ignored: {r}"),
             )
         except NoCheckpoint:
             return None
+        if got > reuse:
+            if not can_trim_prompt_cache(cache) or trim_prompt_cache(cache, got - reuse) != (
+                got - reuse
+            ):
+                return None
+            got = reuse
+        # (got < reuse: an older checkpoint served instead; it covers a prefix of the prompt)
         os.utime(folder)
         self.last_load = (folder.name, got)
         return cache, got

@@ -118,6 +118,11 @@ class HistoryRecords:
             self._records.clear()
             self._notice(f"prompt history ignored: {self.path}: not a server history file")
 
+    def tokens_of(self, chain: str) -> list[tuple[int, ...]]:
+        """The recorded token sequences of one conversation, newest first."""
+        with self._lock:
+            return [r.tokens for r in reversed(self._records.values()) if r.chain == chain]
+
     def get(self, key: str) -> _Record | None:
         with self._lock:
             rec = self._records.get(key)

@@ -35,6 +35,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, load_prompt_cache, sa
 from ssdmoe_tui.atomic import STALE_TEMP_S, atomic_write_via, remove_orphan_temps
 from ssdmoe_tui.checkpoint.header import HeaderError, read_header
 from ssdmoe_tui.errors import SsdmoeError
+from ssdmoe_tui.units import human_bytes
 
 FORMAT_VERSION = "1"
 PREFIX = "kv-"
@@ -209,8 +210,8 @@ def save_checkpoint(
                 None,
                 nbytes,
                 time.perf_counter() - start,
-                skipped=f"KV checkpoint not saved: {_gib(nbytes)} is over the {what} "
-                f"budget of {_gib(budget)}",
+                skipped=f"KV checkpoint not saved: {human_bytes(nbytes, 2)} is over the {what} "
+                f"budget of {human_bytes(budget, 2)}",
             )
     metadata = {
         "ssdmoe_format": FORMAT_VERSION,
@@ -297,10 +298,6 @@ def _all_checkpoints(root: Path) -> Iterator[CheckpointInfo]:
         return
     for folder in folders:
         yield from list_checkpoints(Path(folder))
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 # --------------------------------------------------------------------------- load

@@ -260,6 +260,7 @@ class Summary:
     model_id: str
     n_turns: int
     snippet: str = ""  # search hit in context (search results only)
+    problem: str = ""  # why it cannot be read (rows of unreadable conversations only)
 
 
 def _summary(conv: Conversation, snippet: str = "") -> Summary:
@@ -389,7 +390,11 @@ class SessionStore:
             return []
         return sorted((n for n in names if ID_PATTERN.match(n)), reverse=True)
 
-    def _all(self, on_error: Callable[[str], None] | None) -> Iterable[Conversation]:
+    def _all(
+        self,
+        on_error: Callable[[str], None] | None,
+        unreadable: list[Summary] | None = None,
+    ) -> Iterable[Conversation]:
         for conv_id in self.ids():
             try:
                 yield self.get(conv_id)
@@ -398,17 +403,39 @@ class SessionStore:
             except SessionError as e:
                 if on_error is not None:
                     on_error(str(e))
+                if unreadable is not None:
+                    unreadable.append(self._unreadable_row(conv_id, str(e)))
 
-    def list(self, on_error: Callable[[str], None] | None = None) -> list[Summary]:
-        """Every readable conversation, most recently updated first."""
-        convs = sorted(self._all(on_error), key=lambda c: c.updated, reverse=True)
+    def _unreadable_row(self, conv_id: str, why: str) -> Summary:
+        try:
+            when = (self.folder(conv_id) / CONVERSATION_FILE).stat().st_mtime
+        except OSError:
+            when = 0.0
+        return Summary(conv_id, f"Unreadable conversation {conv_id}", when, when, "", 0, "", why)
+
+    def list(
+        self,
+        on_error: Callable[[str], None] | None = None,
+        *,
+        unreadable: list[Summary] | None = None,
+    ) -> list[Summary]:
+        """Every readable conversation, most recently updated first. Unreadable ones go to
+        `on_error` (one line each) and, as list rows with their `problem`, to `unreadable`."""
+        convs = sorted(self._all(on_error, unreadable), key=lambda c: c.updated, reverse=True)
         return [_summary(c) for c in convs]
 
-    def search(self, text: str, on_error: Callable[[str], None] | None = None) -> list[Summary]:
-        """Conversations whose title or any message contains `text` (case-insensitive)."""
+    def search(
+        self,
+        text: str,
+        on_error: Callable[[str], None] | None = None,
+        *,
+        unreadable: list[Summary] | None = None,
+    ) -> list[Summary]:
+        """Conversations whose title or any message contains `text` (case-insensitive);
+        an empty `text` lists them all (then `unreadable` gets the unreadable ones)."""
         needle = " ".join(text.split()).casefold()
         if not needle:
-            return self.list(on_error)
+            return self.list(on_error, unreadable=unreadable)
         hits = []
         for conv in self._all(on_error):
             for source in [conv.display_title, conv.system_prompt] + [t.text for t in conv.turns]:

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 from ssdmoe_tui.checkpoint.layout import mib_per_token
-
-MIB = 1024 * 1024
+from ssdmoe_tui.units import human_bytes
 
 
 def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "—"
-    n = float(n)
-    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}"
-    return f"{int(n)} B"
+    return "—" if n is None else human_bytes(n, digits=None)
 
 
 def fmt_rate(tok_s: float | None) -> str:

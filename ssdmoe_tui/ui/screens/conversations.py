@@ -207,6 +207,7 @@ class ConversationsScreen(ModalScreen[str | None]):
         self.shown_query: str | None = None  # the query the list shows (None: loading)
         self.problems: list[str] = []
         self.problems_told = False
+        self.unreadable: list[Summary] = []
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="conversations"):
@@ -245,7 +246,11 @@ class ConversationsScreen(ModalScreen[str | None]):
     @work(exclusive=True, group="conversations-search")
     async def _search(self, text: str) -> None:
         problems: list[str] = []
-        found = await asyncio.to_thread(self.store.search, text, problems.append)
+        unreadable: list[Summary] = []
+        found = await asyncio.to_thread(
+            self.store.search, text, problems.append, unreadable=unreadable
+        )
+        self.unreadable = unreadable  # listed (below the others) so they can be deleted
         self._show(found, text, problems)
 
     def _show(self, found: list[Summary], query: str, problems: list[str]) -> None:
@@ -254,20 +259,26 @@ class ConversationsScreen(ModalScreen[str | None]):
         self.problems = problems
         options = self.option_list
         options.clear_options()
-        if not found:
+        if not found and not self.unreadable:
             empty = "No conversation matches." if query.strip() else "No saved conversations yet."
             options.add_option(Option(Text(empty, style="italic"), disabled=True))
         for i, s in enumerate(found):
             if i:
                 options.add_option(None)  # a separator line
             options.add_option(Option(self._prompt(s, bool(query.strip())), id=s.id))
-        if found:
-            ids = [s.id for s in found]
+        for i, s in enumerate(self.unreadable):  # shown as such: F8 still deletes one
+            if i or found:
+                options.add_option(None)
+            row = Text(s.title, style="bold italic", no_wrap=True, overflow="ellipsis")
+            row.append("\n" + s.problem, style="dim")
+            options.add_option(Option(row, id=s.id))
+        ids = [s.id for s in found + self.unreadable]
+        if ids:
             options.highlighted = ids.index(keep) if keep in ids else 0
         if problems and not self.problems_told:
             self.problems_told = True  # once per opening, not on every keystroke
             shown = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-            self.app.notify(f"skipped: {shown}", severity="warning", markup=False)
+            self.app.notify(f"unreadable: {shown}", severity="warning", markup=False)
         self.shown_query = query
 
     def _prompt(self, s: Summary, searching: bool) -> Text:
