@@ -308,7 +308,8 @@ def write_plot(result: dict, out: Path) -> str:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.suptitle(
-        f"{Path(c['model']).name} ({c['model_type']}), {c['device']['backend']}, {c['mode']}",
+        f"{Path(c['model']).name} ({c['model_type']}), {c['device']['backend']}, {c['mode']}"
+        + (f", routing {c['routing']}" if c.get("routing", "model") != "model" else ""),
         fontsize=9,
     )
     fig.tight_layout()
