@@ -2,7 +2,7 @@
 # Smoke test of the real terminal app: start `ssdmoe` (the demo model) in a detached
 # tmux pane, check the first-run screen, send a prompt, and check the reply and the
 # engine panel on screen, then the conversations list (ctrl+o) and the model picker
-# (F4); then the same app resized to 80x24, where every panel figure must be on screen.
+# (F4); then the app again at 80x24, where every panel figure must be on screen.
 # Exits non-zero (printing the pane) on failure. Uses the repo's .venv unless
 # SSDMOE_PYTHON_BIN points at another bin/ folder; SSDMOE_HOME is a fresh temp dir.
 set -euo pipefail
@@ -59,7 +59,6 @@ quit_app() {
     wait_for "SSDMOE-EXITED" 20
     code="$(pane | sed -n 's/.*SSDMOE-EXITED \([0-9]*\).*/\1/p' | tail -1)"
     [ "$code" = "0" ] || fail "ssdmoe exited with status $code after ctrl+q"
-    "${T[@]}" kill-session -t "$SESSION" 2>/dev/null || true
 }
 
 start_app 120 40
@@ -123,10 +122,14 @@ wait_for "MiB/token" 20
 "${T[@]}" send-keys -t "$SESSION" Escape
 sleep 0.5
 
-# 80x24 (the same app, its terminal resized): the compact panel shows every figure at
-# once, the header keeps K, cache and phase, and no label runs into its value.
-"${T[@]}" resize-window -t "$SESSION" -x 80 -y 24
-sleep 1
+quit_app
+
+# 80x24 (a fresh start: resizing a running pane can leave tmux's copy of the screen
+# half redrawn): the compact panel shows every figure at once, the header keeps K,
+# cache and phase, and no label runs into its value.
+SESSION="smoke-80x24"  # a second window: the first one keeps the tmux server up
+start_app 80 24
+wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
 chat_once "small screen"
 check_on_screen "80x24" "${PANEL[@]}" "K 4/32" "cache " "idle"
 grep -qE "[a-z)][0-9]+\.[0-9] tok/s" <<<"$(pane)" && fail "80x24: a label runs into its value"

@@ -35,6 +35,8 @@ BAD_ARGS = [
     (["bench", "--model", "x", "--expert-cache", "2G,banana"], "'banana'"),
     (["bench", "--model", "x", "--prefill-step", "0"], "got 0"),
     (["bench", "--model", "x", "--decode-tokens", "0"], "--decode-tokens must be at least 1"),
+    (["bench", "--model", "x", "--policy", "banana"], "unknown cache policy 'banana'"),
+    (["bench", "--model", "x", "--policy", "predict:x"], "'predict:x'"),
     (["chat", "--k", "0"], "got 0"),
     (["--expert-cache", "banana"], "'banana'"),
     (["--max-tokens", "0"], "got 0"),
@@ -124,3 +126,11 @@ def test_human_bytes_is_the_one_byte_formatter():
         "—", "512 B", "1.50 KiB", "123.0 MiB", "3.00 GiB",
     ]  # fmt: skip
     assert parse_bytes(human_bytes(3 << 30).replace(" ", "")) == 3 << 30
+
+
+def test_policy_is_checked_with_the_other_engine_options():
+    """A typo in the eviction policy fails when the options are built, before any load."""
+    for ok in ("auto", "lru", "lfu-decay:0.8", "predict:4"):
+        assert EngineOptions(policy=ok).policy == ok
+    with pytest.raises(BadValueError, match="unknown cache policy 'nope'"):
+        EngineOptions(policy="nope")

@@ -21,7 +21,7 @@ from ssdmoe_tui.engine.reader import (
     buffer_address,
     open_reader,
 )
-from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.errors import BadValueError, user_message
 
 FILE_SIZE = 3 * 1024 * 1024 + 1234  # not a multiple of 4096: exercises the O_DIRECT tail
 
@@ -276,8 +276,8 @@ def test_env_forces_python(monkeypatch):
     with open_reader(4) as rd:
         assert rd.name == "python" and rd.queue_depth == 4 and rd.fallback_reason is None
     monkeypatch.setenv("SSDMOE_READER", "bogus")
-    with pytest.raises(ValueError, match="bogus"):
-        open_reader()
+    with pytest.raises(BadValueError, match="SSDMOE_READER must be .* got 'bogus'"):
+        open_reader()  # a one-line user error naming the variable, not a bare ValueError
 
 
 def copy_sources(dest: Path) -> Path:

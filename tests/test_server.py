@@ -378,6 +378,7 @@ def test_two_clients_wait_or_get_429(srv):
         ({"ssdmoe": {"k": 99}}, 400, "ssdmoe.k"),
         ({"tool_choice": "required"}, 400, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
+        ({"seed": 2**64}, 400, "seed"),  # was a 500 from the engine
     ],
 )
 def test_bad_requests_get_openai_errors(srv, patch, status, param):
@@ -392,6 +393,21 @@ def test_malformed_body_size_cap_and_api_key(srv):
     url = srv.url + "/v1/chat/completions"
     r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(url, content=b"[" * 5000)  # RecursionError in json: was a plain-text 500
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    # a token id past the embedding killed the process (SIGSEGV in MLX's gather)
+    r = httpx.post(srv.url + "/v1/completions", timeout=TIMEOUT,
+                   json={"model": srv.model, "prompt": [10**8], "max_tokens": 1})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    c = srv.client()
+    # OpenAI's seeds are signed: -1 runs as 2**64-1
+    a, b = (
+        c.chat.completions.create(
+            model=srv.model, messages=HELLO, max_tokens=3, temperature=1.0, seed=seed
+        )
+        for seed in (-1, 2**64 - 1)
+    )
+    assert a.choices[0].message.content == b.choices[0].message.content
     api = srv.server.api
     settings = api.settings
     try:

@@ -133,3 +133,24 @@ def test_prompt_hook_declines_histories_it_does_not_hold(tmp_path, tok):
     assert kv.prompt(sid, [Message("system", "other"), Message("user", "a")], tok, INFO) is None
     with pytest.raises(SessionNotFound):
         AppSessions(SessionStore(tmp_path / "empty")).open("")
+
+
+def test_settings_of_a_conversation_saved_before_settings_keep_its_system_prompt(ssdmoe_home):
+    """An older conversation (no `settings`) resumes with its own system prompt, not the
+    config's, and a conversation's replaced exchanges survive a save and a load."""
+    from ssdmoe_tui.config import GenSettings
+    from ssdmoe_tui.sessions.store import Turn
+
+    store = SessionStore()
+    conv = store.create("m", "fp", "Old prompt.")
+    conv.turns = [Turn("user", "a", [1]), Turn("assistant", "b", [2], k=4)]
+    store.save(conv)
+    app = AppSessions(store, "Config prompt.")
+    saved = app.settings_of(conv.id)
+    assert GenSettings.from_saved(saved, GenSettings()).system_prompt == "Old prompt."
+    app.rewind(conv.id, 0)
+    again = store.get(conv.id)
+    assert again.turns == [] and [[t.text for t in g] for g in again.replaced] == [["a", "b"]]
+    app.save_settings(conv.id, {"max_tokens": 7, "temperature": "hot"})
+    restored = GenSettings.from_saved(app.settings_of(conv.id), GenSettings())
+    assert restored.max_tokens == 7 and restored.temperature == 0.0  # a bad one: the default

@@ -11,7 +11,7 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
-from ssdmoe_tui.ui.widgets.transcript import UserMessage
+from ssdmoe_tui.ui.widgets.transcript import Notice, UserMessage
 from tests.test_ui_app import SIZE, loaded, replies, tap, type_and_send, wait_until
 
 
@@ -95,6 +95,8 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
     async with again.run_test(size=SIZE) as pilot:
         await loaded(pilot, again)
         assert again.session_id == sid
+        notices = [str(n.render()) for n in again.query(Notice)]
+        assert any("2 replaced exchanges kept" in n for n in notices), notices
         assert (again.chat.gen.max_tokens, again.chat.gen.system_prompt) == (6, "Be brief.")
         assert again.k_control.k == trained + 1
         await type_and_send(pilot, "more")

@@ -715,7 +715,7 @@ def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
     """Prefill against reading every expert once per chunk (the issue's reference).
 
     The engine reads each layer's union of routed experts once per chunk; the
-    reference reads all of them. `prefill_union_share` is what the union saved, and
+    reference reads all of them. `prefill_union_share` is the share the unions read, and
     `prefill_over_read_all` compares prefill tok/s with the disk-bound rate of the
     reference (> 1: faster than reading everything once per chunk)."""
     p = r["prompt_tokens"]

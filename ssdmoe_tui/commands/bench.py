@@ -20,7 +20,7 @@ from ssdmoe_tui.commands.common import (
     arg_type,
     distributed_run,
 )
-from ssdmoe_tui.engine.options import parse_positive
+from ssdmoe_tui.engine.options import parse_policy, parse_positive
 
 
 def _count(what: str):
@@ -76,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         default="auto",
+        type=arg_type(parse_policy),
         help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
     )
     add_experts_argument(p)

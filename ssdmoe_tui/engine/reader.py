@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ssdmoe_tui.errors import SsdmoeError
+from ssdmoe_tui.errors import BadValueError, SsdmoeError
 
 ABI_VERSION = 1  # must match SSDMOE_ABI_VERSION in ssdmoe_reader.h
 SHORT_READ_BASE = 1 << 40  # must match SSDMOE_SHORT_READ_BASE
@@ -571,9 +571,11 @@ class PythonReader(Reader):
 def open_reader(queue_depth: int = 16, direct: bool = False, prefer: str = "auto") -> Reader:
     """The native reader when it builds/loads, else the Python one (``fallback_reason`` says
     why). ``prefer`` or env ``SSDMOE_READER`` = ``native`` | ``python`` forces a choice."""
-    choice = os.environ.get("SSDMOE_READER") or prefer
+    env = os.environ.get("SSDMOE_READER")
+    choice = env or prefer
     if choice not in ("auto", "native", "python"):
-        raise ValueError(f"reader must be auto, native or python, got {choice!r}")
+        what = "SSDMOE_READER" if env else "reader"
+        raise BadValueError(f"{what} must be auto, native or python, got {choice!r}")
     if choice == "python":
         return PythonReader(queue_depth, direct)
     try:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text, remove_orphan_temps
-from ssdmoe_tui.engine.index import ExpertIndex, MoELayer, content_sample
+from ssdmoe_tui.engine.index import ExpertIndex, MoELayer, shard_states
 from ssdmoe_tui.engine.reader import open_reader
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.units import human_bytes
@@ -69,11 +69,7 @@ def _fingerprint(model_dir: Path, index: ExpertIndex) -> dict[str, list]:
     """Size, mtime and content sample of each expert shard: a shard edited in place (even
     with its size and mtime kept) makes the repacked copy stale."""
     shards = sorted({c.shard for layer in index.layers for c in layer.components})
-    out = {}
-    for s in shards:
-        st = (model_dir / s).stat()
-        out[s] = [st.st_size, st.st_mtime_ns, content_sample(model_dir / s)]
-    return out
+    return shard_states(model_dir, shards)  # what the index key is made of, per expert shard
 
 
 def _layout_record(index: ExpertIndex) -> list:

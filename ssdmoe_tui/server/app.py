@@ -9,9 +9,11 @@ prefill or mid-stream) cancels its generation; the engine stops before its next 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
@@ -136,6 +138,12 @@ class Api:
                     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
                 except _Disconnected:
                     return Response(status_code=499)
+                except Exception as e:  # noqa: BLE001 - a bug: logged, answered in the envelope
+                    self.log(f"internal error on {request.method} {request.url.path}:\n"
+                             + traceback.format_exc().rstrip())  # fmt: skip
+                    err = ApiError(500, f"internal error: {type(e).__name__}: {e}",
+                                   code="internal_error")  # fmt: skip
+                    return JSONResponse(err.body(), status_code=500)
 
             return Route(path, endpoint, methods=methods)
 
@@ -169,7 +177,8 @@ class Api:
         if not key:
             return
         auth = request.headers.get("authorization", "")
-        if auth != f"Bearer {key}":
+        # constant-time: the time taken must not tell how much of a guess was right
+        if not hmac.compare_digest(auth.encode(), f"Bearer {key}".encode()):
             raise ApiError(
                 401,
                 "missing or wrong API key (send 'Authorization: Bearer <key>')",
@@ -196,7 +205,7 @@ class Api:
             raise _Disconnected() from None
         try:
             return json.loads(b"".join(chunks))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
             raise bad_request(
                 f"the request body is not valid JSON ({e})", code="invalid_json"
             ) from None

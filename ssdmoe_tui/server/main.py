@@ -101,7 +101,7 @@ class Server:
         if opts.persist_cache:
             kv = ServerKV(folder, notice=notice, tokens_of=records.tokens_of)
         self.kv = kv
-        builder = PromptBuilder(self.engine.tokenizer, records)
+        builder = PromptBuilder(self.engine.tokenizer, records, _vocab_size(info.path))
         self.api = Api(
             self.engine,
             builder,
@@ -164,6 +164,18 @@ class Server:
             srv.should_exit = True
         if self.engine.service is not None:
             self.engine.service.cancel()
+
+
+def _vocab_size(folder: str) -> int | None:
+    """Rows of the model's embedding, from its config (Qwen3.5 nests it in text_config)."""
+    from ssdmoe_tui.checkpoint.config import read_config
+
+    cfg = read_config(Path(folder))
+    for c in (cfg, cfg.get("text_config")):
+        n = c.get("vocab_size") if isinstance(c, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
 
 
 def bind(host: str, port: int) -> socket.socket:

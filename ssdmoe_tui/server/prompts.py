@@ -37,6 +37,7 @@ from ssdmoe_tui.engine.chat_format import (
     turn_delta,
 )
 from ssdmoe_tui.engine.kv_pool import common_prefix
+from ssdmoe_tui.server.errors import bad_request
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
 
 HISTORY_FILE = "history.json"
@@ -170,12 +171,27 @@ class HistoryRecords:
         self._writer.submit(lambda: None).result()
 
 
+def _tokenizer_size(tokenizer: Any) -> int | None:
+    """Ids the tokenizer knows, added tokens included (mlx-lm wraps the HF tokenizer)."""
+    try:
+        return len(getattr(tokenizer, "_tokenizer", tokenizer))
+    except TypeError:
+        return None
+
+
 class PromptBuilder:
     """Request -> prompt tokens (runs off the event loop: templating and tokenizing)."""
 
-    def __init__(self, tokenizer: Any, records: HistoryRecords) -> None:
+    def __init__(
+        self, tokenizer: Any, records: HistoryRecords, vocab_size: int | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.records = records
+        # Token ids a raw prompt may hold: those the tokenizer and the embedding both
+        # know (`vocab_size`, the config's). MLX does not check an id past the
+        # embedding: the process dies (SIGSEGV) instead of answering.
+        limits = [n for n in (_tokenizer_size(tokenizer), vocab_size) if n]
+        self.vocab_size = min(limits) if limits else None
 
     @staticmethod
     def _options(req: ChatRequest) -> list:
@@ -240,6 +256,12 @@ class PromptBuilder:
 
     def completion(self, req: CompletionRequest) -> Prompt:
         if isinstance(req.prompt, tuple):
+            top = max(req.prompt)
+            if self.vocab_size is not None and top >= self.vocab_size:
+                raise bad_request(
+                    f"token id {top} is outside the vocabulary (0..{self.vocab_size - 1})",
+                    "prompt",
+                )
             return Prompt(list(req.prompt), new_chain(), False)
         return Prompt(list(self.tokenizer.encode(req.prompt)), new_chain(), False)
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ssdmoe_tui.engine.options import SEED_MAX
 from ssdmoe_tui.server.errors import ApiError, bad_request
 
 _K_SUFFIX = re.compile(r"^(?P<base>.+)@k(?P<k>\d{1,4})$")
@@ -229,6 +230,13 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
+def _seed(body: dict) -> int | None:
+    """OpenAI's seed is a signed 64-bit integer, MLX's an unsigned one: a negative seed
+    runs as its two's complement (the same seed always gives the same tokens)."""
+    seed = _int(body, "seed", -(2**63), SEED_MAX)
+    return None if seed is None else seed & SEED_MAX
+
+
 def _sampling(body: dict, *, chat: bool) -> Sampling:
     max_tokens = _int(body, "max_tokens", 1)
     if chat:
@@ -238,7 +246,7 @@ def _sampling(body: dict, *, chat: bool) -> Sampling:
         max_tokens=max_tokens,
         temperature=_float(body, "temperature", 0.0, 2.0),
         top_p=_float(body, "top_p", 0.0, 1.0),
-        seed=_int(body, "seed"),
+        seed=_seed(body),
         stop=_stop(body),
     )
 

@@ -46,9 +46,12 @@ class AppSessions:
         return self.store.get(session_id) if (folder / CONVERSATION_FILE).exists() else None
 
     def settings_of(self, session_id: str) -> dict[str, Any]:
-        """The conversation's saved generation settings ({} when none are saved)."""
+        """The conversation's saved generation settings ({} for a new conversation)."""
         conv = self._stored(session_id)
-        return dict(conv.settings) if conv is not None else {}
+        if conv is None:
+            return {}
+        # A conversation saved before it had settings still has its own system prompt.
+        return {"system_prompt": conv.system_prompt, **conv.settings}
 
     def save_settings(self, session_id: str, settings: dict[str, Any]) -> None:
         """Keep edited settings with a saved conversation (a new one gets them with its

@@ -25,7 +25,6 @@ from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_KEEP,
     DEFAULT_SESSION_BUDGET,
     NoCheckpoint,
-    SaveResult,
     load_checkpoint,
     save_checkpoint,
 )
@@ -48,7 +47,6 @@ class SessionKV:
         self.keep = keep
         self.session_budget = session_budget
         self.global_budget = global_budget
-        self.last_save: SaveResult | None = None
         self.last_load_s: float = 0.0
         self.skipped: list[str] = []  # reasons of checkpoints skipped by the last load
 
@@ -69,7 +67,6 @@ class SessionKV:
             session_budget=self.session_budget,
             global_budget=self.global_budget,
         )
-        self.last_save = res
         if res.skipped:
             self._tell(res.skipped)
 

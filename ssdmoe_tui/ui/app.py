@@ -546,6 +546,8 @@ class SsdmoeApp(App[int]):
             self.chat.session_id = None
             return
         await self._show_turns(turns)
+        if resume is not None and self.session_id is not None:
+            await self.transcript.add_notice(resumed_notice(store_of(self), self.session_id, None))
 
     async def _show_turns(self, turns: Sequence[ShownTurn]) -> None:
         for turn in turns:

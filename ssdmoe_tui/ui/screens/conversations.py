@@ -60,6 +60,9 @@ def resumed_notice(store: SessionStore | None, conv_id: str, model: str | None) 
     text = (
         f"Resumed “{conv.display_title}” ({conv.n_turns} turn{'' if conv.n_turns == 1 else 's'})."
     )
+    if conv.replaced:
+        n = len(conv.replaced)
+        text += f" {n} replaced exchange{'' if n == 1 else 's'} kept (in its exports)."
     if model and conv.model_id and conv.model_id != model:
         text += f" It was made with {conv.model_id}; it goes on with {model}."
     return text
