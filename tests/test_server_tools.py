@@ -301,3 +301,33 @@ def test_server_renders_tools_and_tool_results_reuse_the_cache(tool_model, tmp_p
         assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("[" * 100_000, "nested too deep"),  # was a RecursionError at start-up
+        (
+            '{"format": "ssdmoe-server-history", "version": 1, "records": '
+            '[{"key": "a", "chain": "0123456789abcdef", "tokens": [1e400]}]}',
+            "not a server",
+        ),
+        (
+            '{"format": "ssdmoe-server-history", "version": 1, "records": '
+            '[{"key": "a", "chain": "../../x", "tokens": [1]}]}',
+            "not a server",
+        ),
+    ],
+)
+def test_damaged_history_file_is_one_notice(tmp_path, text, why):
+    """A damaged history.json costs its cache hits, never the start-up (OverflowError,
+    RecursionError) nor a chain id that is a path."""
+    path = tmp_path / "history.json"
+    path.write_text(text)
+    notes: list[str] = []
+    records = HistoryRecords(path, notes.append)
+    assert records.get("a") is None
+    assert len(notes) == 1 and str(path) in notes[0] and why in notes[0], notes
+    records.put("k", [1, 2, 3], "0123456789abcdef")
+    records.flush()
+    assert HistoryRecords(path).get("k").tokens == (1, 2, 3)

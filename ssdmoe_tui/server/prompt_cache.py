@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from typing import Any
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ssdmoe_tui.engine.kv_pool import common_prefix
+from ssdmoe_tui.server.prompts import is_chain
 from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,
@@ -45,7 +45,6 @@ from ssdmoe_tui.sessions.checkpoints import (
 )
 
 SESSION_KEY = "ssdmoe-server"  # one in-memory pool namespace for every request
-_CHAIN = re.compile(r"^[0-9a-f]{16}$")
 
 
 def model_folder(root: Path, fingerprint: str) -> Path:
@@ -78,7 +77,7 @@ class ServerKV:
 
     def register(self, prompt: Sequence[int], chain: str) -> None:
         """Before submitting a prompt: which chain its checkpoint goes to."""
-        if not _CHAIN.match(chain):
+        if not is_chain(chain):
             raise ValueError(f"bad chain id {chain!r}")
         with self._lock:
             self._pending.append((tuple(prompt), chain))
@@ -93,10 +92,7 @@ class ServerKV:
 
     def has_checkpoint(self, chain: str, n_tokens: int) -> bool:
         """Whether `chain` holds a checkpoint of exactly `n_tokens` (contents unchecked)."""
-        return (
-            _CHAIN.match(chain) is not None
-            and checkpoint_path(self.chains / chain, n_tokens).is_file()
-        )
+        return is_chain(chain) and checkpoint_path(self.chains / chain, n_tokens).is_file()
 
     # ------------------------------------------------------------------ engine hooks
     def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
@@ -182,7 +178,7 @@ class ServerKV:
             found = [
                 Path(e.path)
                 for e in os.scandir(self.chains)
-                if _CHAIN.match(e.name) and e.is_dir(follow_symlinks=False)
+                if is_chain(e.name) and e.is_dir(follow_symlinks=False)
             ]
         except OSError:
             return []

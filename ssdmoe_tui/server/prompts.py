@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.checkpoint.config import read_json_object
 from ssdmoe_tui.engine.chat_format import (
     ChatFormatError,
     encode,
@@ -37,6 +39,7 @@ from ssdmoe_tui.engine.chat_format import (
     turn_delta,
 )
 from ssdmoe_tui.engine.kv_pool import common_prefix
+from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.server.errors import bad_request
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
 
@@ -69,8 +72,16 @@ class _Record:
 MIN_SHARED_PREFIX = 256  # shorter system prompts prefill fast enough
 
 
+_CHAIN = re.compile(r"[0-9a-f]{16}")
+
+
 def new_chain() -> str:
     return secrets.token_hex(8)
+
+
+def is_chain(chain: object) -> bool:
+    """A chain id as `new_chain` and `prefix_chain` make them (a safe folder name)."""
+    return isinstance(chain, str) and _CHAIN.fullmatch(chain) is not None
 
 
 def prefix_chain(tokens: Sequence[int]) -> str:
@@ -100,19 +111,22 @@ class HistoryRecords:
             self._load()
 
     def _load(self) -> None:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not self.path.exists():
             return
-        except (OSError, ValueError) as e:
-            self._notice(f"prompt history ignored: {self.path}: unreadable ({type(e).__name__})")
+        try:  # the one JSON file reader: non-UTF-8, nested too deep... are one line
+            raw = read_json_object(self.path)
+        except ModelError as e:
+            self._notice(f"prompt history ignored: {e}")
             return
         try:
             if raw.get("format") != "ssdmoe-server-history" or raw.get("version") != 1:
                 raise ValueError("another format")
             for r in raw["records"]:
-                tokens = tuple(int(t) for t in r["tokens"])
-                if not isinstance(r["key"], str) or not isinstance(r["chain"], str):
+                tokens = tuple(r["tokens"])
+                if not all(type(t) is int and t >= 0 for t in tokens):
+                    raise ValueError("bad token ids")
+                # the chain names a folder of KV checkpoints: never a path
+                if not isinstance(r["key"], str) or not is_chain(r["chain"]):
                     raise ValueError("bad record")
                 self._records[r["key"]] = _Record(tokens, r["chain"])
         except (AttributeError, KeyError, TypeError, ValueError):
