@@ -163,7 +163,11 @@ _FOOTERS = (
             else f"{r['peak_over_memory_bound']:.3f}"
         ),
     ),
-    ("prefetch (+pf: next layer's router on this layer's input)", _prefetch_fragment),
+    (
+        "prefetch (+pf: next layer's router on this layer's input; trace-routed runs: "
+        "co-occurrence of this layer's ids)",
+        _prefetch_fragment,
+    ),
     ("prefill vs reading every expert once per chunk (disk-bound)", _prefill_fragment),
 )
 
