@@ -228,3 +228,22 @@ def test_bad_shard_index(tmp_path, weight_map, fragment):
         scan_experts(folder)
     text = str(e.value)
     assert "\n" not in text and fragment in text and "model" in text
+
+
+def test_bracket_depth_is_the_same_across_chunk_boundaries(monkeypatch):
+    """The depth pre-check walks a header in bounded chunks (a 100 MB header is allowed);
+    the running depth carries over, so any chunk size gives the plain count's answer."""
+    import random
+
+    from ssdmoe_tui.checkpoint import header as h
+
+    rng = random.Random(5)
+    for _ in range(200):
+        blob = bytes(rng.choice(b'[]{}"a,1') for _ in range(rng.randrange(0, 60)))
+        level = deepest = 0
+        for c in blob:
+            level += (c in b"[{") - (c in b"]}")
+            deepest = max(deepest, level)
+        for chunk in (1, 3, 7, 1 << 20):
+            monkeypatch.setattr(h, "_CHUNK", chunk)
+            assert h._bracket_depth(blob) == deepest, (blob, chunk)

@@ -110,12 +110,21 @@ def _pairs(path: Path):
     return hook
 
 
+_STEP = np.zeros(256, dtype=np.int8)
+_STEP[[ord("["), ord("{")]] = 1
+_STEP[[ord("]"), ord("}")]] = -1
+_CHUNK = 8 << 20  # bytes per pass: bounded memory for a header of up to 100 MB
+
+
 def _bracket_depth(blob: bytes) -> int:
     raw = np.frombuffer(blob, dtype=np.uint8)
-    step = np.zeros(len(raw), dtype=np.int32)
-    step[(raw == ord("[")) | (raw == ord("{"))] = 1
-    step[(raw == ord("]")) | (raw == ord("}"))] = -1
-    return int(np.cumsum(step).max(initial=0))
+    depth = deepest = 0
+    for i in range(0, len(raw), _CHUNK):
+        running = np.cumsum(_STEP[raw[i : i + _CHUNK]], dtype=np.int64) + depth
+        if len(running):
+            deepest = max(deepest, int(running.max()))
+            depth = int(running[-1])
+    return deepest
 
 
 def nesting_depth(blob: bytes) -> int:
