@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -331,3 +332,24 @@ def test_damaged_history_file_is_one_notice(tmp_path, text, why):
     records.put("k", [1, 2, 3], "0123456789abcdef")
     records.flush()
     assert HistoryRecords(path).get("k").tokens == (1, 2, 3)
+
+
+def test_server_cache_start_removes_orphan_temps(tmp_path):
+    """A server killed while saving a KV checkpoint (or history.json) leaves a temp file
+    in its cache folder; the next start removes it (a live writer's file stays)."""
+    import subprocess
+    import sys
+
+    from ssdmoe_tui.server.prompt_cache import ServerKV
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    chain = tmp_path / "chains" / "0123456789abcdef"
+    chain.mkdir(parents=True)
+    orphans = [chain / f".kv-12.safetensors.x1.p{dead}.tmp.safetensors",
+               tmp_path / f".history.json.x2.p{dead}.tmp"]  # fmt: skip
+    live = chain / f".kv-13.safetensors.x3.p{os.getpid()}.tmp.safetensors"
+    for p in [*orphans, live]:
+        p.write_bytes(b"x")
+    ServerKV(tmp_path)
+    assert not any(p.exists() for p in orphans) and live.exists()

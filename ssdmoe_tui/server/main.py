@@ -154,7 +154,7 @@ class Server:
         finally:
             self.ready.set()
             if self.api is not None:
-                await asyncio.to_thread(self.api.builder.records.flush)
+                await asyncio.to_thread(self.api.builder.records.close)
             await asyncio.to_thread(self.engine.shutdown)
 
     def stop(self) -> None:

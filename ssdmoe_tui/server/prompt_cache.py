@@ -29,6 +29,7 @@ from typing import Any
 
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
+from ssdmoe_tui.atomic import remove_orphan_temps
 from ssdmoe_tui.engine.kv_pool import common_prefix
 from ssdmoe_tui.server.prompts import is_chain
 from ssdmoe_tui.sessions.checkpoints import (
@@ -65,6 +66,9 @@ class ServerKV:
         tokens_of: Callable[[str], list[tuple[int, ...]]] = lambda chain: [],
     ) -> None:
         self.chains = Path(folder) / "chains"
+        # What saves killed mid-write left (KV temps of GBs, history temps): the start-up
+        # sweep of the data folder stops two levels down, above the chains.
+        remove_orphan_temps(Path(folder), depth=2)
         self.notice = notice
         self.keep = keep
         self.session_budget = session_budget

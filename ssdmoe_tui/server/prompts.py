@@ -184,6 +184,10 @@ class HistoryRecords:
         """Wait for pending writes (tests, shutdown)."""
         self._writer.submit(lambda: None).result()
 
+    def close(self) -> None:
+        """Finish pending writes and end the writer thread (server shutdown)."""
+        self._writer.shutdown(wait=True)
+
 
 def _tokenizer_size(tokenizer: Any) -> int | None:
     """Ids the tokenizer knows, added tokens included (mlx-lm wraps the HF tokenizer)."""
