@@ -301,6 +301,16 @@ class Api:
             )
         return want
 
+    async def _begin(
+        self, request: Request, parse: Callable, build: Callable, kind: str
+    ) -> tuple[Any, Prompt, int | None, Job]:
+        """Body -> validated request -> prompt (off the loop) -> a job holding the engine."""
+        req = parse(await self._json(request), self.settings.model_id)
+        k = self._k(req.k)
+        prompt = await asyncio.to_thread(build, req)
+        job = await self._start(request, prompt, req.sampling, k, new_request_id(kind))
+        return req, prompt, k, job
+
     async def _start(
         self, request: Request, prompt: Prompt, sampling: Sampling, k: int | None, rid: str
     ) -> Job:
@@ -457,12 +467,7 @@ class Api:
 
     # ------------------------------------------------------------------ /v1/chat/completions
     async def chat(self, request: Request) -> Response:
-        body = await self._json(request)
-        req = parse_chat(body, self.settings.model_id)
-        k = self._k(req.k)
-        prompt = await asyncio.to_thread(self.builder.chat, req)
-        rid = new_request_id("chatcmpl")
-        job = await self._start(request, prompt, req.sampling, k, rid)
+        req, prompt, k, job = await self._begin(request, parse_chat, self.builder.chat, "chatcmpl")
         filt = OutputFilter(req.sampling.stop, self.tool_format, req.tools)
 
         def message() -> dict:
@@ -611,12 +616,9 @@ class Api:
 
     # ------------------------------------------------------------------ /v1/completions
     async def completions(self, request: Request) -> Response:
-        body = await self._json(request)
-        req = parse_completion(body, self.settings.model_id)
-        k = self._k(req.k)
-        prompt = await asyncio.to_thread(self.builder.completion, req)
-        rid = new_request_id("cmpl")
-        job = await self._start(request, prompt, req.sampling, k, rid)
+        req, _, k, job = await self._begin(
+            request, parse_completion, self.builder.completion, "cmpl"
+        )
         filt = OutputFilter(req.sampling.stop)
         return await self._reply(
             request,
