@@ -35,6 +35,7 @@ from ssdmoe_tui.server.schema import (
     ChatRequest,
     CompletionRequest,
     Sampling,
+    check_unicode,
     parse_chat,
     parse_completion,
     split_model,
@@ -204,11 +205,13 @@ class Api:
         except ClientDisconnect:
             raise _Disconnected() from None
         try:
-            return json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks))
         except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
             raise bad_request(
                 f"the request body is not valid JSON ({e})", code="invalid_json"
             ) from None
+        check_unicode(body)
+        return body
 
     # ------------------------------------------------------------------ simple endpoints
     async def health(self, request: Request) -> Response:
