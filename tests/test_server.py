@@ -262,15 +262,20 @@ def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
 # --------------------------------------------------------------------------- one at a time
 
 
+def time_to_free(srv, limit: float = 5.0) -> float:
+    """Seconds until the engine is free (after a client left); `limit` if it never is."""
+    t0 = time.monotonic()
+    while srv.server.engine.busy and time.monotonic() - t0 < limit:
+        time.sleep(0.01)
+    return time.monotonic() - t0 if not srv.server.engine.busy else limit
+
+
 def test_disconnect_cancels_and_frees_the_engine(srv):
     body = {"model": srv.model, "messages": HELLO, "max_tokens": 1500, "stream": True}
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
-    t0 = time.monotonic()
-    while srv.server.engine.busy and time.monotonic() - t0 < 5:
-        time.sleep(0.01)
-    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
+    assert time_to_free(srv) < 1.0
     r = srv.client().chat.completions.create(model=srv.model, messages=HELLO, max_tokens=2)
     assert r.usage.completion_tokens == 2
 
@@ -291,10 +296,7 @@ def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
             slowest = max(slowest, time.monotonic() - t0)
             seen_prefill = h["phase"] == "prefill"
     assert seen_prefill and slowest < 0.5, slowest
-    t0 = time.monotonic()
-    while srv.server.engine.busy and time.monotonic() - t0 < 5:
-        time.sleep(0.01)
-    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.0
+    assert time_to_free(srv) < 1.0
 
 
 def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
@@ -303,10 +305,7 @@ def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
     body = {"model": srv.model, "messages": chat, "max_tokens": 4}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up during the prefill
         httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=0.3)
-    t0 = time.monotonic()
-    while srv.server.engine.busy and time.monotonic() - t0 < 5:
-        time.sleep(0.01)
-    assert not srv.server.engine.busy and time.monotonic() - t0 < 1.5
+    assert time_to_free(srv) < 1.5
     r = srv.client().chat.completions.create(model=srv.model, messages=chat, max_tokens=2)
     assert r.usage.completion_tokens == 2
 
