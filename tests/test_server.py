@@ -379,6 +379,7 @@ def test_two_clients_wait_or_get_429(srv):
         ({"tool_choice": "required"}, 400, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
         ({"seed": 2**64}, 400, "seed"),  # was a 500 from the engine
+        ({"ssdmoe": {"k": "4"}}, 400, "ssdmoe.k"),
     ],
 )
 def test_bad_requests_get_openai_errors(srv, patch, status, param):
@@ -395,6 +396,13 @@ def test_malformed_body_size_cap_and_api_key(srv):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(url, content=b"[" * 5000)  # RecursionError in json: was a plain-text 500
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    for path, body in [  # lone surrogates failed in the tokenizer: 500
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}),
+        ("/v1/completions", {"prompt": "x \udfff"}),
+    ]:
+        data = json.dumps({"model": srv.model, **body}).encode()  # ASCII: "\ud800" escapes
+        r = httpx.post(srv.url + path, content=data, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["param"] in body, r.text
     # a token id past the embedding killed the process (SIGSEGV in MLX's gather)
     r = httpx.post(srv.url + "/v1/completions", timeout=TIMEOUT,
                    json={"model": srv.model, "prompt": [10**8], "max_tokens": 1})  # fmt: skip

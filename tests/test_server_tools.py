@@ -353,3 +353,25 @@ def test_server_cache_start_removes_orphan_temps(tmp_path):
         p.write_bytes(b"x")
     ServerKV(tmp_path)
     assert not any(p.exists() for p in orphans) and live.exists()
+
+
+def test_port_in_use_is_one_line():
+    """`ssdmoe serve` on a taken port said 'ssdmoe: error: OSError: cannot listen ...'."""
+    from ssdmoe_tui.errors import user_message
+    from ssdmoe_tui.server.main import bind
+
+    taken = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(Exception) as e:
+            bind("127.0.0.1", taken.getsockname()[1])
+        assert user_message(e.value).startswith("cannot listen on 127.0.0.1:"), e.value
+    finally:
+        taken.close()
+
+
+def test_loopback_hosts():
+    """`serve --host` off loopback without --api-key warns; these need no warning."""
+    from ssdmoe_tui.server.main import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.com"]))

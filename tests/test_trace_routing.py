@@ -161,3 +161,22 @@ def test_cli_replay_prefetch_reports_issued_used_wasted(qwen_cut, capsys) -> Non
                  "--prefetch"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "prefetch (co-occurrence" in out and "wasted" in out and "precision 0." in out
+
+
+def test_budget_holding_every_expert_needs_no_sync_under_trace_routing(qwen_cut) -> None:
+    """The frozen (device-lookup) path serves trace-routed runs too: no router sync."""
+    path, trace = qwen_cut
+    sm = load_streamed(path, expert_cache="1G")
+    try:
+        assert sm.cache.holds_everything
+        routing = trace_routing.attach(sm, trace)
+        sm.tokenizer.eos_token_ids = set()
+        runner = Runner(sm, prefill_step_size=64, k=routing.k)
+        res = runner.generate(list(range(3, 19)), max_tokens=8)
+        assert sm.cache.all_frozen and res.stats.k_per_token == [6] * 8
+        synced = sm.times.router_sync_s
+        runner.generate(list(range(3, 19)), max_tokens=8)
+        assert sm.times.router_sync_s == synced  # later turns: no layer syncs
+        assert res.stats.decode_misses == 0 and res.stats.decode_hits == 6 * LAYERS * 7
+    finally:
+        sm.close()

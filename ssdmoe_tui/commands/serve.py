@@ -123,7 +123,14 @@ def _serve(args: argparse.Namespace, link) -> int:
     import sys
 
     from ssdmoe_tui.server.engine_client import EngineFailed
-    from ssdmoe_tui.server.main import ServeOptions, Server, bind, print_ready, url_of
+    from ssdmoe_tui.server.main import (
+        ServeOptions,
+        Server,
+        bind,
+        is_loopback,
+        print_ready,
+        url_of,
+    )
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("SSDMOE_API_KEY")
     options = ServeOptions(
@@ -138,6 +145,12 @@ def _serve(args: argparse.Namespace, link) -> int:
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
     )
     sock = bind(args.host, args.port)
+    if not api_key and not is_loopback(args.host):
+        print(
+            f"ssdmoe serve: warning: listening on {args.host} without --api-key: anyone who "
+            "can reach this port can use the model",
+            file=sys.stderr,
+        )
     server = Server(options)
     print(f"ssdmoe serve: loading {args.model or 'the demo model'} ...", file=sys.stderr)
     try:

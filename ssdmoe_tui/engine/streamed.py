@@ -165,11 +165,14 @@ class StreamedSwitch(nn.Module):
         frozen = cache.device_lut(self._layer)
         routing = self._routing
         mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
-        if frozen is not None and predict is None and cache.on_route is None and routing is None:
-            # Every expert of this layer is resident for good: no host sync, no reads.
+        if frozen is not None and predict is None and cache.on_route is None:
+            # Every expert of this layer is resident for good: no host sync, no reads (a
+            # trace-routed run too: the masked router picks the trace's ids on the device).
             times.calls += 1
             times.last_k = int(indices.shape[-1])
-            cache.counters.hits += int(indices.size)  # lookups; all hits by construction
+            cell = routing.cell(self._layer) if routing is not None else None
+            # lookups, all hits by construction (a trace's cell: what the replay counts)
+            cache.counters.hits += len(cell) if cell is not None else int(indices.size)
             bank, lut = frozen
             return self._run(mx.expand_dims(x, (-2, -3)), lut[indices], indices.shape, bank)
         pred = None

@@ -35,6 +35,7 @@ from ssdmoe_tui.server.schema import (
     ChatRequest,
     CompletionRequest,
     Sampling,
+    check_unicode,
     parse_chat,
     parse_completion,
     split_model,
@@ -204,11 +205,13 @@ class Api:
         except ClientDisconnect:
             raise _Disconnected() from None
         try:
-            return json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks))
         except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
             raise bad_request(
                 f"the request body is not valid JSON ({e})", code="invalid_json"
             ) from None
+        check_unicode(body)
+        return body
 
     # ------------------------------------------------------------------ simple endpoints
     async def health(self, request: Request) -> Response:
@@ -300,6 +303,16 @@ class Api:
                 "context_length_exceeded",
             )
         return want
+
+    async def _begin(
+        self, request: Request, parse: Callable, build: Callable, kind: str
+    ) -> tuple[Any, Prompt, int | None, Job]:
+        """Body -> validated request -> prompt (off the loop) -> a job holding the engine."""
+        req = parse(await self._json(request), self.settings.model_id)
+        k = self._k(req.k)
+        prompt = await asyncio.to_thread(build, req)
+        job = await self._start(request, prompt, req.sampling, k, new_request_id(kind))
+        return req, prompt, k, job
 
     async def _start(
         self, request: Request, prompt: Prompt, sampling: Sampling, k: int | None, rid: str
@@ -457,12 +470,7 @@ class Api:
 
     # ------------------------------------------------------------------ /v1/chat/completions
     async def chat(self, request: Request) -> Response:
-        body = await self._json(request)
-        req = parse_chat(body, self.settings.model_id)
-        k = self._k(req.k)
-        prompt = await asyncio.to_thread(self.builder.chat, req)
-        rid = new_request_id("chatcmpl")
-        job = await self._start(request, prompt, req.sampling, k, rid)
+        req, prompt, k, job = await self._begin(request, parse_chat, self.builder.chat, "chatcmpl")
         filt = OutputFilter(req.sampling.stop, self.tool_format, req.tools)
 
         def message() -> dict:
@@ -611,12 +619,9 @@ class Api:
 
     # ------------------------------------------------------------------ /v1/completions
     async def completions(self, request: Request) -> Response:
-        body = await self._json(request)
-        req = parse_completion(body, self.settings.model_id)
-        k = self._k(req.k)
-        prompt = await asyncio.to_thread(self.builder.completion, req)
-        rid = new_request_id("cmpl")
-        job = await self._start(request, prompt, req.sampling, k, rid)
+        req, _, k, job = await self._begin(
+            request, parse_completion, self.builder.completion, "cmpl"
+        )
         filt = OutputFilter(req.sampling.stop)
         return await self._reply(
             request,

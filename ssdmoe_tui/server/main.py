@@ -11,6 +11,7 @@ half-started server; a load failure (model lock held, bad folder) is one line.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import sys
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from ssdmoe_tui.engine import protocol as P
 from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
@@ -187,10 +189,20 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise SsdmoeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (a name other than localhost: no)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def url_of(sock: socket.socket) -> str:

@@ -188,7 +188,7 @@ class OutputFilter:
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # not JSON, or nested too deep
                     return []
             calls.append(
                 ToolCall(new_call_id(), item["name"], json.dumps(args, ensure_ascii=False))

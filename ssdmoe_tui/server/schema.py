@@ -117,16 +117,47 @@ def _obj(body: Any) -> dict:
     return body
 
 
-def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+def _int(
+    body: dict, name: str, lo: int | None = None, hi: int | None = None, *, param: str = ""
+) -> int | None:
+    """`body[name]` as an integer in lo..hi, or None; `param`: the field's full name."""
     v = body.get(name)
+    param = param or name
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise bad_request(f"'{name}' must be an integer", name)
+        raise bad_request(f"'{param}' must be an integer", param)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise bad_request(f"'{name}' must be {rng}, got {v}", name)
+        raise bad_request(f"'{param}' must be {rng}, got {v}", param)
     return v
+
+
+def check_unicode(body: Any) -> None:
+    """JSON can escape lone surrogates (`"\\ud800"`), which no tokenizer or template
+    takes (they failed deep inside as a 500): refused here, naming the field."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:  # a loop, not recursion: the body may nest as deep as json allowed
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, v in value.items():
+                stack += [(key, path or "body"), (v, f"{path}.{key}" if path else str(key))]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise bad_request(
+                    f"'{path}' holds a lone surrogate (\\u{ord(value[e.start]):04x} at "
+                    f"character {e.start}): not Unicode text",
+                    re.split(r"[.\[]", path, maxsplit=1)[0] or None if path != "body" else None,
+                ) from None
 
 
 def _float(body: dict, name: str, lo: float, hi: float) -> float | None:
@@ -214,7 +245,7 @@ def _ext_k(body: dict) -> int | None:
     unknown = set(ext) - {"k"}
     if unknown:
         raise bad_request(f"unknown 'ssdmoe' field(s): {', '.join(sorted(unknown))}", "ssdmoe")
-    return _int(ext, "k", 1)
+    return _int(ext, "k", 1, param="ssdmoe.k")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
