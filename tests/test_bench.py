@@ -9,6 +9,7 @@ import pytest
 from ssdmoe_tui.bench.bench import BenchOptions, _baseline_decision, fixed_prompt
 from ssdmoe_tui.bench.system import MemoryLimit, memory_limit
 from ssdmoe_tui.cli import main
+from ssdmoe_tui.engine.options import EngineOptions
 
 KS = [4, 2]
 BUDGETS = ["64K", "1M"]
@@ -175,7 +176,7 @@ def test_reuse_baseline_json_and_plot(bench_json, tiny, tmp_path, capsys):
 
 
 def test_baseline_refused_when_model_exceeds_memory(tiny):
-    opts = BenchOptions(model=tiny)
+    opts = BenchOptions(engine=EngineOptions(model=str(tiny)))
     small = MemoryLimit(mem_available=1 << 30, cgroup_limit=None, cgroup_usage=None)
     why = _baseline_decision(opts, 3 << 30, small)
     assert why is not None and why.startswith("cannot run: model 3.0 GiB > memory")
@@ -288,3 +289,20 @@ def test_damaged_baseline_json_is_one_line_naming_the_file(content, tmp_path):
     with pytest.raises(BadValueError) as e:
         _load_baseline_json(path, {})
     assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bench_options_typed_once(tiny):
+    """Budgets arrive parsed (strings from programmatic callers are parsed the same way);
+    each configuration's engine options are the shared ones with its K, budget, prefetch."""
+    from ssdmoe_tui.engine.options import CacheBudget
+    from ssdmoe_tui.errors import BadValueError
+
+    opts = BenchOptions(engine=EngineOptions(model=str(tiny), reader="python"), budgets=["64K"])
+    assert opts.budgets == [CacheBudget(64 << 10, "64K")] and opts.engine.prefill_step == 512
+    one = opts.engine_for(2, opts.budgets[0], prefetch=True)
+    assert (one.k, one.expert_cache.bytes, one.prefetch) == (2, 64 << 10, True)
+    assert one.reader == "python" and one.model == str(tiny)
+    for bad in ({"prefetch": "maybe"}, {"baseline": "never"}, {"budgets": ["lots"]}):
+        with pytest.raises(BadValueError) as e:
+            BenchOptions(engine=EngineOptions(model=str(tiny)), **bad)
+        assert "\n" not in str(e.value)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssdmoe_tui.bench import system
-from ssdmoe_tui.bench.disk import random_read_bandwidth
+from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.errors import BadValueError, ModelError
 from ssdmoe_tui.units import human_bytes
 
@@ -45,37 +45,54 @@ BASELINE_FRACTION = 0.5  # resident baseline only when the checkpoint is below t
 Log = Callable[[str], None]
 
 
+PREFILL_STEP = 512  # the bench's prefill chunk unless given: the resident baseline uses it too
+PREFETCH_MODES = ("off", "on", "both")  # each configuration without / with / both
+BASELINES = ("auto", "skip", "force")
+
+
 @dataclass
 class BenchOptions:
-    model: Path
+    """What one bench run measures. The engine settings every configuration shares
+    (model folder, dtype, reader, experts source, queue depth, policy, routing trace,
+    prefill step) are one `EngineOptions`, built at the edge like every other command's;
+    K, the expert cache and prefetch vary per configuration, so they live here as the
+    lists the run walks (already parsed) and `engine_for` sets them on a copy."""
+
+    engine: EngineOptions  # .model: a resolved local folder
     ks: list[int] = field(default_factory=list)  # empty: trained K, K/2, K/4
-    budgets: list[str] = field(default_factory=lambda: ["auto"])
+    budgets: list[CacheBudget] = field(default_factory=lambda: [CacheBudget()])
     prompt_tokens: int = 512
     decode_tokens: int = 128
     cold: bool = False
-    dtype: str | None = None
-    reader: str = "auto"
-    direct_io: bool = False
-    queue_depth: int = 16
     baseline: str = "auto"  # auto | skip | force
     baseline_only: bool = False  # measure the resident baseline alone
     baseline_json: Path | None = None  # reuse a resident baseline measured earlier
     disk_bytes: int = 512 << 20  # per K, for the random-read test
-    prefill_step: int = 512
     warmup: bool = True
     seed: int = 0
-    experts: str = "auto"  # auto | shards | repacked (where expert bytes come from)
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
-    routing_trace: str | None = None  # trace-driven routing (engine/trace_routing.py)
-    policy: str = "auto"  # expert-cache eviction policy
     quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
     quality_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        # Programmatic callers get the checks the CLI's argument types make.
+        self.budgets = [CacheBudget.parse(b) for b in self.budgets]
+        if self.engine.prefill_step is None:
+            self.engine = self.engine.with_(prefill_step=PREFILL_STEP)
+        if self.decode_tokens < 2:
+            raise BadValueError(f"--decode-tokens must be >= 2, got {self.decode_tokens}")
+        parse_choice(self.baseline, BASELINES, "--baseline")
+        parse_choice(self.prefetch, PREFETCH_MODES, "--prefetch")
 
     @property
     def root(self) -> bool:
         """Rank 0 (or the only process): measures the disk and the baseline, reports."""
         return self.distributed is None or self.distributed.is_root
+
+    def engine_for(self, k: int, budget: CacheBudget, prefetch: bool = False) -> EngineOptions:
+        """The options of one (K, budget, prefetch) configuration."""
+        return self.engine.with_(k=k, expert_cache=budget, prefetch=prefetch)
 
 
 def fixed_prompt(tokenizer, n: int) -> list[int]:
@@ -156,13 +173,18 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log = lambda _: None):
+def _open(
+    opts: BenchOptions,
+    budget: CacheBudget,
+    k: int,
+    prefetch: bool = False,
+    log: Log = lambda _: None,
+):
     """A fresh engine (its Runner) for one (K, budget) configuration; a budget under the
     model's minimum is raised to it and logged (`expert_cache_budget_bytes` has it)."""
     import mlx.core as mx
 
     from ssdmoe_tui.engine.open import open_engine
-    from ssdmoe_tui.engine.options import EngineOptions
 
     # The previous configuration's engine is garbage only once its caller returned (its
     # modules form reference cycles): collect it now, or its arrays count in this
@@ -170,20 +192,7 @@ def _open(opts: BenchOptions, budget, k: int, prefetch: bool = False, log: Log =
     gc.collect()
     mx.clear_cache()
     return open_engine(
-        EngineOptions(
-            model=str(opts.model),
-            k=k,
-            expert_cache=budget,
-            dtype=opts.dtype,
-            reader=opts.reader,
-            direct_io=opts.direct_io,
-            experts=opts.experts,
-            prefetch=prefetch,
-            prefill_step=opts.prefill_step,
-            queue_depth=opts.queue_depth,
-            routing_trace=opts.routing_trace,
-            policy=opts.policy,
-        ),
+        opts.engine_for(k, budget, prefetch),
         notice=lambda msg: log(f"  note: {msg}"),
         distributed=opts.distributed,
     )
@@ -198,7 +207,12 @@ def _close(runner) -> None:
 
 
 def run_config(
-    opts: BenchOptions, k: int, budget: str, prompt: list[int], log: Log, prefetch: bool = False
+    opts: BenchOptions,
+    k: int,
+    budget: CacheBudget,
+    prompt: list[int],
+    log: Log,
+    prefetch: bool = False,
 ) -> dict:
     """One configuration on a fresh engine; returns its result dict."""
     from mlx_lm.sample_utils import make_sampler
@@ -326,7 +340,7 @@ def _prefetch_stats(dec: Snapshot, steps: int) -> dict:
     }
 
 
-def warmup(opts: BenchOptions, k: int, budget: str, log: Log) -> None:
+def warmup(opts: BenchOptions, k: int, budget: CacheBudget, log: Log) -> None:
     """Compile kernels on a throwaway engine so no configuration times compilation."""
     from mlx_lm.sample_utils import make_sampler
 
@@ -482,20 +496,18 @@ def run_bench(
     `on_partial` gets the result so far after each measurement, so a run cut short
     (a time limit, an out-of-memory kill) still leaves what it measured.
     """
+    from ssdmoe_tui.bench.disk import random_read_bandwidth
     from ssdmoe_tui.engine import runner as _runner  # noqa: F401 - imported before the digest
     from ssdmoe_tui.engine.index import load_index
     from ssdmoe_tui.engine.loader import _load_config, parse_dtype, resolve_expert_source
 
-    path = Path(opts.model)
+    eng = opts.engine
+    path = Path(eng.model)
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
-    if opts.decode_tokens < 2:
-        raise BadValueError(f"--decode-tokens must be >= 2, got {opts.decode_tokens}")
-    if opts.baseline not in ("auto", "skip", "force"):
-        raise BadValueError(f"--baseline must be auto, skip or force, got {opts.baseline!r}")
     config = _load_config(path)
     index, _ = load_index(path)
-    act_dtype = parse_dtype(opts.dtype)
+    act_dtype = parse_dtype(eng.dtype)
     dtype_name = str(act_dtype).removeprefix("mlx.core.")
 
     from ssdmoe_tui.checkpoint.config import load_tokenizer
@@ -510,24 +522,23 @@ def run_bench(
     trained_k = min(max(config_trained_k(config), 1), index.num_experts)
     ks = opts.ks or default_ks(trained_k, index.num_experts)
     routing_label = "model"
-    if opts.routing_trace:
+    if eng.routing_trace:
         from ssdmoe_tui.engine.traces import read_trace
 
-        trace_meta = read_trace(opts.routing_trace).meta  # K comes from the trace
+        trace_meta = read_trace(eng.routing_trace).meta  # K comes from the trace
         if opts.ks and opts.ks != [trace_meta.k]:
             raise BadValueError(
                 f"--k {','.join(map(str, opts.ks))}: the routing trace sets K={trace_meta.k}"
             )
         ks = [trace_meta.k]
-        routing_label = f"trace:{Path(opts.routing_trace).name}"
+        routing_label = f"trace:{Path(eng.routing_trace).name}"
     for k in ks:
-        if not 1 <= k <= index.num_experts:
-            raise BadValueError(f"K={k} is outside 1..{index.num_experts}")
+        check_k(k, index.num_experts)
     ckpt_bytes = _checkpoint_bytes(path, index)
     mem = system.memory_limit()
     expert_set = index.expert_bytes * index.num_experts * index.num_layers
     shards = _shard_paths(path, index)
-    read_index, source, source_note = resolve_expert_source(path, index, opts.experts)
+    read_index, source, source_note = resolve_expert_source(path, index, eng.experts)
     if source == "repacked":  # cold/warm handling and the disk test cover the copy read
         shards.append(Path(read_index.layers[0].components[0].shard))
     conditions = {
@@ -551,17 +562,17 @@ def run_bench(
         "decode_tokens": opts.decode_tokens,
         "sampling": "greedy (temperature 0); end-of-sequence ignored",
         "ks": ks,
-        "expert_cache": opts.budgets,
+        "expert_cache": [str(b) for b in opts.budgets],
         "mode": "cold" if opts.cold else "warm",
-        "reader_requested": opts.reader,
-        "queue_depth": opts.queue_depth,
-        "direct_io": opts.direct_io,
+        "reader_requested": eng.reader,
+        "queue_depth": eng.queue_depth,
+        "direct_io": eng.direct_io,
         "expert_source": source,
         "expert_source_note": source_note,
         "prefetch": opts.prefetch,
         "routing": routing_label,
-        "policy": opts.policy,
-        "prefill_step": opts.prefill_step,
+        "policy": eng.policy,
+        "prefill_step": eng.prefill_step,
         "memory": mem.as_dict(),
         "date": system.utc_now(),
     }
@@ -605,16 +616,16 @@ def run_bench(
         state = prepare()
     if not opts.baseline_only and opts.root:
         log(
-            f"disk: random reads of whole experts, batches of K experts, queue depth {opts.queue_depth} [{state}]"
+            f"disk: random reads of whole experts, batches of K experts, queue depth {eng.queue_depth} [{state}]"
         )
         disk = random_read_bandwidth(
             path,
             read_index,
             ks,
             target_bytes=opts.disk_bytes,
-            queue_depth=opts.queue_depth,
-            reader=opts.reader,
-            direct=opts.direct_io,
+            queue_depth=eng.queue_depth,
+            reader=eng.reader,
+            direct=eng.direct_io,
             seed=opts.seed,
         )
         result["disk"] = {
@@ -664,7 +675,7 @@ def run_bench(
         if why is None:
             log("resident baseline: plain mlx-lm (mlx_lm.load + stream_generate)")
             by_k = resident_baseline(
-                path, ks, prompt, opts.decode_tokens, act_dtype, opts.prefill_step, log
+                path, ks, prompt, opts.decode_tokens, act_dtype, eng.prefill_step, log
             )
             base = {
                 "status": "ran",
@@ -690,7 +701,7 @@ def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> No
     """Score `opts.quality_text` at each K on one fresh engine; record it beside the speed."""
     from ssdmoe_tui.bench.quality import RANDOM_WEIGHTS_NOTE, measure_quality, text_tokens
 
-    if opts.distributed is not None or opts.routing_trace is not None:
+    if opts.distributed is not None or opts.engine.routing_trace is not None:
         result["quality"] = {"status": "not measured with --distributed or --routing-trace"}
         log("quality: not measured with --distributed or --routing-trace")
         return
@@ -753,7 +764,7 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
         r["achieved_over_ceiling"] = (
             round(dec / ceiling, 6) if dec and ceiling not in (None, float("inf")) else None
         )
-        _derive_prefill(r, bw, index, result["conditions"].get("prefill_step") or 512)
+        _derive_prefill(r, bw, index, result["conditions"].get("prefill_step") or PREFILL_STEP)
         if r.get("prefetch"):
             off = next(
                 (

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ssdmoe_tui.bench.bench import BASELINES, PREFETCH_MODES, PREFILL_STEP
 from ssdmoe_tui.commands.common import (
     add_distributed_argument,
     add_dtype_argument,
@@ -14,13 +15,16 @@ from ssdmoe_tui.commands.common import (
     add_experts_argument,
     add_k_argument,
     add_model_argument,
+    add_policy_argument,
     add_prefill_step_argument,
+    add_queue_depth_argument,
     add_reader_arguments,
     add_routing_trace_argument,
     arg_type,
     distributed_run,
+    engine_options,
 )
-from ssdmoe_tui.engine.options import parse_policy, parse_positive
+from ssdmoe_tui.engine.options import parse_positive
 
 
 def _count(what: str):
@@ -53,14 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_dtype_argument(p)
     add_reader_arguments(p)
+    add_queue_depth_argument(p)
     p.add_argument(
-        "--queue-depth",
-        type=_count("--queue-depth"),
-        default=16,
-        help="reader queue depth (engine default 16)",
-    )
-    p.add_argument(
-        "--baseline", default="auto", choices=["auto", "skip", "force"],
+        "--baseline", default="auto", choices=BASELINES,
         help="resident mlx-lm baseline: auto (when the model < 50%% of available memory), "
         "skip, or force",
     )  # fmt: skip
@@ -73,22 +72,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="take the resident baseline from an earlier bench JSON",
     )
     add_routing_trace_argument(p)
-    p.add_argument(
-        "--policy",
-        default="auto",
-        type=arg_type(parse_policy),
-        help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
-    )
+    add_policy_argument(p)
     add_experts_argument(p)
     p.add_argument(
-        "--prefetch", default="off", choices=["off", "on", "both"],
+        "--prefetch", default="off", choices=PREFETCH_MODES,
         help="predict the next layer's experts with its router and read them early: off, on, "
         "or both (each configuration without, then with: precision, recall and net gain)",
     )  # fmt: skip
     p.add_argument(
         "--disk-mib", type=_count("--disk-mib"), default=512, help="MiB read per K in the disk test"
     )
-    add_prefill_step_argument(p, default=512)
+    add_prefill_step_argument(p, default=PREFILL_STEP)
     p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument(
@@ -114,33 +108,31 @@ def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.bench.bench import BenchOptions, run_bench
     from ssdmoe_tui.bench.report import summary, write_plot
     from ssdmoe_tui.commands.common import resolve_model_path
+    from ssdmoe_tui.engine.options import CacheBudget
     from ssdmoe_tui.errors import BadValueError
 
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
+    # The engine settings every configuration shares, parsed once by the shared argument
+    # types; K, the budgets and the prefetch mode are the lists the bench walks.
+    engine = engine_options(
+        args, model=str(path), k=None, expert_cache=CacheBudget(), prefetch=False
+    )
     opts = BenchOptions(
-        model=Path(path),
+        engine=engine,
         ks=args.k or [],
-        budgets=[str(b) for b in args.expert_cache],
+        budgets=args.expert_cache,
         prompt_tokens=args.prompt_tokens,
         decode_tokens=args.decode_tokens,
         cold=args.cold,
-        dtype=args.dtype,
-        reader=args.reader,
-        direct_io=args.direct_io,
-        queue_depth=args.queue_depth,
         baseline=args.baseline,
         baseline_only=args.baseline_only,
         baseline_json=Path(args.baseline_json) if args.baseline_json else None,
         disk_bytes=args.disk_mib << 20,
-        prefill_step=args.prefill_step,
         warmup=not args.no_warmup,
-        experts=args.experts,
         prefetch=args.prefetch,
         distributed=dist,
-        routing_trace=args.routing_trace,
-        policy=args.policy,
         quality_text=Path(args.quality) if args.quality else None,
         quality_tokens=args.quality_tokens,
     )

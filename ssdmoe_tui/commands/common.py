@@ -142,6 +142,25 @@ def add_prefill_step_argument(p: argparse.ArgumentParser, *, default: int | None
     )
 
 
+def add_queue_depth_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--queue-depth",
+        type=arg_type(O.parse_positive, "--queue-depth"),
+        default=O.EngineOptions.queue_depth,
+        metavar="N",
+        help=f"reader queue depth (engine default {O.EngineOptions.queue_depth})",
+    )
+
+
+def add_policy_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        default=O.EngineOptions.policy,
+        type=arg_type(O.parse_policy),
+        help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
+    )
+
+
 def add_max_tokens_argument(p: argparse.ArgumentParser, *, default: int | None = 256) -> None:
     p.add_argument(
         "--max-tokens",
@@ -209,6 +228,8 @@ def engine_options(args: argparse.Namespace, **overrides) -> O.EngineOptions:
             "experts",
             "prefetch",
             "prefill_step",
+            "queue_depth",
+            "policy",
             "routing_trace",
         )  # fmt: skip
         if getattr(args, name, None) is not None
