@@ -153,3 +153,12 @@ def test_lock_is_machine_wide_not_per_cache_folder(tmp_path) -> None:
         proc.stdin.close()
         proc.wait(timeout=10)
     assert not path.exists()  # released: the file goes with the lock
+
+
+def test_label_hides_the_api_key(tmp_path, monkeypatch) -> None:
+    """The label (shown to the next process in its error line) held `serve --api-key KEY`."""
+    monkeypatch.setattr(sys, "argv", ["/x/ssdmoe", "serve", "--api-key", "s3cret", "--api-key=k2"])
+    with acquire_model_lock("m", path=tmp_path / "model.lock") as lock:
+        command = read_holder(lock.path).command
+    assert "s3cret" not in command and "k2" not in command, command
+    assert command == "ssdmoe serve --api-key '***' '--api-key=***'"

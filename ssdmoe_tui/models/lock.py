@@ -86,9 +86,17 @@ def lock_path() -> Path:
     return lock_dir() / LOCK_NAME
 
 
+SECRET_OPTIONS = ("--api-key",)  # their values never go into the label (it is shown)
+
+
 def _command() -> str:
     argv = list(sys.argv) or ["python"]
     argv[0] = Path(argv[0]).name or argv[0]
+    for i, arg in enumerate(argv):
+        if arg in SECRET_OPTIONS and i + 1 < len(argv):
+            argv[i + 1] = "***"
+        elif arg.startswith(tuple(f"{o}=" for o in SECRET_OPTIONS)):
+            argv[i] = arg.split("=", 1)[0] + "=***"
     text = shlex.join(argv)
     return text if len(text) <= 120 else text[:117] + "..."
 
