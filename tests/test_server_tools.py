@@ -31,7 +31,7 @@ from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, Job
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, named_format, tool_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
-from ssdmoe_tui.server.schema import ChatMessage, parse_chat
+from ssdmoe_tui.server.schema import ChatMessage, ToolCall, parse_chat
 from tests.fixture_paths import MODELS
 
 TOOLS = [
@@ -375,3 +375,12 @@ def test_loopback_hosts():
 
     assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"]))
     assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.com"]))
+
+
+@pytest.mark.parametrize("args", ["[" * 5000, "1" * 5000, "{bad"])
+def test_client_tool_call_arguments_that_do_not_parse_stay_text(args):
+    """A client's `arguments` nested too deep or with a 5,000-digit number raised
+    RecursionError / ValueError out of the history key (a 500): kept as text instead."""
+    call = ToolCall("call_1", "f", args)
+    assert call.canonical() == ("f", args)
+    assert call.for_template()["function"]["arguments"] == args

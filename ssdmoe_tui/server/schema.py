@@ -31,7 +31,7 @@ class ToolCall:
         """Templates iterate the arguments (`|items`): give them the parsed object."""
         try:
             args: Any = json.loads(self.arguments) if self.arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
             args = self.arguments
         return {
             "id": self.id,
@@ -44,7 +44,7 @@ class ToolCall:
         the same call (spacing, key order) still matches what we sent."""
         try:
             args = json.dumps(json.loads(self.arguments), sort_keys=True, ensure_ascii=False)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
             args = self.arguments
         return self.name, args
 
