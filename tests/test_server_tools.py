@@ -29,6 +29,7 @@ from ssdmoe_tui.engine import protocol as P
 from ssdmoe_tui.engine.chat_format import encode, first_turn_tokens, hf_tokenizer
 from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, Job
+from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, named_format, tool_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import ChatMessage, ToolCall, parse_chat
@@ -384,3 +385,14 @@ def test_client_tool_call_arguments_that_do_not_parse_stay_text(args):
     call = ToolCall("call_1", "f", args)
     assert call.canonical() == ("f", args)
     assert call.for_template()["function"]["arguments"] == args
+
+
+def test_a_template_that_refuses_the_messages_is_a_400(tokenizers):
+    """Qwen3.5's template raises on a system message after the first (agents send them):
+    that was a 500 from inside Jinja."""
+    builder = PromptBuilder(tokenizers["qwen3.5-35b-a3b"], HistoryRecords(None))
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be brief."}]
+    with pytest.raises(ApiError) as e:
+        builder.chat(parse_chat({"model": "m", "messages": msgs}, "m"))
+    assert e.value.status == 400 and e.value.param == "messages"
+    assert "System message must be at the beginning" in e.value.message

@@ -222,6 +222,18 @@ class PromptBuilder:
         return kw
 
     def chat(self, req: ChatRequest) -> Prompt:
+        """The request's prompt; a chat template that refuses the messages (Qwen3.5's
+        "System message must be at the beginning.") is the client's 400, not a 500."""
+        from jinja2 import TemplateError
+
+        try:
+            return self._chat(req)
+        except TemplateError as e:
+            raise bad_request(
+                f"the model's chat template refused these messages: {e}", "messages"
+            ) from None
+
+    def _chat(self, req: ChatRequest) -> Prompt:
         msgs = req.messages
         kw = self._template_kwargs(req)
         keys = _keys(self._options(req), msgs)
