@@ -396,3 +396,9 @@ def test_a_template_that_refuses_the_messages_is_a_400(tokenizers):
         builder.chat(parse_chat({"model": "m", "messages": msgs}, "m"))
     assert e.value.status == 400 and e.value.param == "messages"
     assert "System message must be at the beginning" in e.value.message
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c", "content": "r"}]  # fmt: skip
+    with pytest.raises(ApiError) as e:  # arguments not an object: TypeError under |items
+        builder.chat(parse_chat({"model": "m", "messages": msgs}, "m"))
+    assert e.value.status == 400 and e.value.param == "messages"

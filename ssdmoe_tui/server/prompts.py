@@ -222,13 +222,15 @@ class PromptBuilder:
         return kw
 
     def chat(self, req: ChatRequest) -> Prompt:
-        """The request's prompt; a chat template that refuses the messages (Qwen3.5's
-        "System message must be at the beginning.") is the client's 400, not a 500."""
+        """The request's prompt. A chat template that refuses the messages (Qwen3.5's
+        "System message must be at the beginning.") or cannot render them (tool-call
+        arguments that are not a JSON object under `|items`, a template option of the
+        wrong type) is the client's 400, not a 500."""
         from jinja2 import TemplateError
 
         try:
             return self._chat(req)
-        except TemplateError as e:
+        except (TemplateError, TypeError) as e:
             raise bad_request(
                 f"the model's chat template refused these messages: {e}", "messages"
             ) from None
