@@ -12,6 +12,7 @@ from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.protocol import StatsSample
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Turn
+from ssdmoe_tui.ui.actions import conversations
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_pct
 from ssdmoe_tui.ui.screens.conversations import ConversationsScreen, exports_dir
@@ -26,7 +27,7 @@ FIRST = " ".join(["the quick brown fox jumps over the lazy dog near the river ba
 def texts(app: SsdmoeApp) -> list[tuple[str, str]]:
     return [
         ("user" if isinstance(m, UserMessage) else "assistant", m.text)
-        for m in app.transcript.messages()
+        for m in app.chat_pane.transcript.messages()
     ]
 
 
@@ -176,23 +177,23 @@ async def test_list_search_rename_export_delete(tmp_path):
 
         # Open the other one: its transcript shows at once.
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.session_id == ssd, 5, "the open")
+        await wait_until(pilot, lambda: app.chat.session_id == ssd, 5, "the open")
         assert texts(app) == [
             ("user", "Tell me about SSD streaming"),
             ("assistant", "It reads the routed experts."),
         ]
-        assert app.history[-1].content == "It reads the routed experts."
+        assert app.chat.history[-1].content == "It reads the routed experts."
         assert len(app.query(AssistantMessage)) == 1
         # Deleting the open conversation (palette path) leaves a fresh chat in the window.
-        app.action_delete_conversation()
+        conversations.delete(app)
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        await wait_until(pilot, lambda: app.session_id != ssd, 5, "the new chat")
-        assert not app.transcript.messages() and app.history == []
+        await wait_until(pilot, lambda: app.chat.session_id != ssd, 5, "the new chat")
+        assert not app.chat_pane.transcript.messages() and app.chat.history == []
         assert not store.folder(ssd).exists()
         # Nothing saved yet in this chat: the palette says so instead of failing.
-        app.action_export_conversation("md")
+        conversations.export(app, "md")
         await pilot.pause()
         assert "saved after its first reply" in list(app._notifications)[-1].message
 
@@ -208,8 +209,8 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await loaded(pilot, app)
         await type_and_send(pilot, "hello there")
         await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
-        first = app.session_id
-        reply = app.last_done.text
+        first = app.chat.session_id
+        reply = app.chat.last_done.text
         await pilot.press("ctrl+p")
         await pilot.press(*"export conversation as markdown")
         await pilot.pause(0.3)
@@ -224,18 +225,18 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await pilot.press(*"clear conversation")
         await pilot.pause(0.3)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.session_id != first, 5, "the clear")
-        assert not app.transcript.messages() and app.history == []
+        await wait_until(pilot, lambda: app.chat.session_id != first, 5, "the clear")
+        assert not app.chat_pane.transcript.messages() and app.chat.history == []
         await type_and_send(pilot, "fresh start")
         await wait_until(pilot, lambda: app.inflight is None, 60, "the next reply")
-        assert app.last_done.stats["kv_hit_rate"] == 0.0  # a new context
-        assert [s.id for s in store.list()] == [app.session_id, first]
+        assert app.chat.last_done.stats["kv_hit_rate"] == 0.0  # a new context
+        assert [s.id for s in store.list()] == [app.chat.session_id, first]
         assert store.get(first).turns[0].text == "hello there"
         # Opening the first one again swaps the transcript back.
         start = time.monotonic()
         screen = await open_list(pilot, app)
         screen.option_list.highlighted = [s.id for s in screen.summaries].index(first)
         await tap(pilot, "enter")
-        await wait_until(pilot, lambda: app.session_id == first, 5, "the reopen")
+        await wait_until(pilot, lambda: app.chat.session_id == first, 5, "the reopen")
         assert texts(app)[0] == ("user", "hello there")
         assert time.monotonic() - start < 5
