@@ -95,7 +95,7 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
     )
     async with again.run_test(size=SIZE) as pilot:
         await loaded(pilot, again)
-        assert again.session_id == sid
+        assert again.chat.session_id == sid
         notices = [str(n.render()) for n in again.query(Notice)]
         assert any("2 replaced exchanges kept" in n for n in notices), notices
         assert (again.chat.gen.max_tokens, again.chat.gen.system_prompt) == (6, "Be brief.")

@@ -61,13 +61,13 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
     )
     async with first.run_test(size=SIZE) as pilot:
         await loaded(pilot, first)
-        assert await first.send(FIRST)
+        assert await first.chat_pane.send(FIRST)
         await wait_until(pilot, lambda: first.inflight is None, 60, "reply 1")
         await type_and_send(pilot, "and then")
         await wait_until(pilot, lambda: first.inflight is None, 60, "reply 2")
-        await wait_until(pilot, lambda: not first.engine.busy, 20, "the KV checkpoint save")
+        await wait_until(pilot, lambda: not first.chat.engine.busy, 20, "the KV checkpoint save")
         shown = texts(first)
-        conv_id = first.session_id
+        conv_id = first.chat.session_id
         await pilot.press("ctrl+q")
     assert [role for role, _ in shown] == ["user", "assistant"] * 2
     folder = SessionStore().folder(conv_id)
@@ -80,7 +80,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
     )
     async with second.run_test(size=SIZE) as pilot:
         await loaded(pilot, second)
-        assert second.session_id != conv_id and not second.transcript.messages()
+        assert second.chat.session_id != conv_id and not second.chat_pane.transcript.messages()
         screen = await open_list(pilot, second)
         (summary,) = screen.summaries
         assert summary.id == conv_id and summary.n_turns == 2
@@ -88,17 +88,17 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         assert summary.model_id == "demo-model"
         assert "demo-model · 2 turns" in str(screen.option_list.get_option_at_index(0).prompt)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: second.session_id == conv_id, 5, "the resume")
+        await wait_until(pilot, lambda: second.chat.session_id == conv_id, 5, "the resume")
         assert not isinstance(second.screen, ConversationsScreen)
         assert texts(second) == shown  # the transcript at once, from the stored turns
-        notice = second.transcript.query("Notice").last()
+        notice = second.chat_pane.transcript.query("Notice").last()
         assert str(notice.render()).startswith("Resumed “the quick brown fox")
         samples: list[StatsSample] = []
         show = second.panel.show_sample
         second.panel.show_sample = lambda s: (samples.append(s), show(s))
         await type_and_send(pilot, "ok")
         await wait_until(pilot, lambda: second.inflight is None, 60, "reply 3")
-        done = second.last_done
+        done = second.chat.last_done
         assert done.finish_reason in ("stop", "length"), done.finish_reason
         # The checkpoint of the first app served all but the new message.
         assert done.stats["kv_hit_rate"] >= 0.9, done.stats
