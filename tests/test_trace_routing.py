@@ -69,7 +69,12 @@ def gptoss_cut(tmp_path_factory):
 
 
 def _engine_decode_hit(
-    path, trace_path, slots: int, policy: str = "auto", prefetch: bool = False
+    path,
+    trace_path,
+    slots: int,
+    policy: str = "auto",
+    prefetch: bool = False,
+    prompt_tokens: int = 16,
 ) -> tuple[float, dict]:
     from ssdmoe_tui.engine.index import load_index
 
@@ -85,7 +90,7 @@ def _engine_decode_hit(
         runner = Runner(sm, prefill_step_size=64)
         runner.k = routing.k
         steps = len(routing.decode)
-        res = runner.generate(list(range(3, 19)), max_tokens=steps)
+        res = runner.generate(list(range(3, 3 + prompt_tokens)), max_tokens=steps)
         st = res.stats
         assert st.k_per_token == [routing.k] * steps
         assert routing.wraps == 0 and routing.position == steps - 1
@@ -107,6 +112,17 @@ def test_engine_decode_hit_rate_equals_trace_replay_qwen(qwen_cut, per_layer, po
     assert 0.2 < want < 0.95
     assert abs(100 * got - 100 * want) <= 0.5, (got, want)
     assert summary["routing"] == "trace:qwen-cut.jsonl" and summary["routing_k"] == 6
+
+
+def test_one_token_prefill_chunk_is_prefill(qwen_cut) -> None:
+    """A two-token prompt is prefilled as a one-token chunk before the last token: it
+    routes to the prefill union, not to decode step 0 (which shifted every decode step
+    by one, and the hit rate away from the replay's)."""
+    path, trace = qwen_cut
+    slots = 12 * LAYERS
+    got, _ = _engine_decode_hit(path, trace, slots, prompt_tokens=2)
+    want = replay(read_trace(trace), "cycle-lfu", slots, warmup=1).hit_rate
+    assert abs(100 * got - 100 * want) <= 0.5, (got, want)
 
 
 def test_engine_decode_hit_rate_equals_trace_replay_gptoss(gptoss_cut) -> None:

@@ -8,11 +8,15 @@ trace's ids and its own softmax and renormalisation weight them with the router'
 scores at those ids. The cache is asked for exactly the trace's ids, in trace order
 (what `ssdmoe trace replay` replays), so engine and simulator see the same lookups.
 
-Steps: every forward pass of more than one token is a prefill chunk and routes to the
-trace's prefill union for that layer (one chunk per layer, whatever the prompt's
-length); single-token passes follow the trace's decode steps in order, and wrap to the
-first decode step at the trace's end (counted in `wraps`). The first single-token pass
-is the one that samples the first token from the prompt's last position.
+Steps: every prefill chunk (a forward pass of more than one token, or one the runner
+marks with `prefill_chunk`: a chunk of one token, as a two-token prompt or the remainder
+after whole chunks gives) routes to the trace's prefill union for that layer (one chunk
+per layer, whatever the prompt's length); the other single-token passes follow the
+trace's decode steps in order, and wrap to the first decode step at the trace's end
+(counted in `wraps`). The first of them is the one that samples the first token from
+the prompt's last position. A prompt longer than one prefill chunk looks the union up
+once per chunk (hits after the first, but the policy sees each lookup, where `trace
+replay` sees one): compare hit rates with the replay on prompts of one chunk.
 
 Tokens produced this way are not the model's own: output is labelled `trace:<name>` and
 no exactness claim is made for it.
@@ -73,6 +77,7 @@ class TraceRouting:
         self.phase = PREFILL
         self.position = -1  # decode step index (before wrapping)
         self.wraps = 0
+        self.prefill_chunk = False  # set by the runner around each prefill chunk
         self.on_decode_start = None  # callback when the first decode pass begins
         self._masks: dict[int, mx.array] = {}
 
@@ -80,7 +85,7 @@ class TraceRouting:
     def begin_pass(self, tokens: int) -> None:
         """Called once per forward pass (by the first MoE layer's gate)."""
         self._masks = {}
-        if tokens > 1:
+        if tokens > 1 or self.prefill_chunk:
             self.phase = PREFILL
             return
         first = self.phase == PREFILL and self.position < 0
