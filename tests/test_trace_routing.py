@@ -169,6 +169,38 @@ def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:
     assert st["expert_cache_slots"] > 0 and st["policy"] == "cycle-lfu"
 
 
+def test_generate_text_labels_trace_routing_and_rejects_other_ks(qwen_cut, capsys) -> None:
+    """The plain stats line says the tokens are trace-routed (and wrapped); a --k or
+    --prefill-k other than the trace's K is one line."""
+    from ssdmoe_tui.cli import main
+
+    path, trace = qwen_cut
+    base = ["generate", "--model", str(path), "--prompt", "hi", "--raw",
+            "--routing-trace", str(trace)]  # fmt: skip
+    assert main([*base, "--max-tokens", str(STEPS + 3)]) == 0
+    err = capsys.readouterr().err
+    assert "routed by trace:qwen-cut.jsonl, wrapped 1x: not the model's own tokens" in err
+    for flag in ("--k", "--prefill-k"):
+        assert main([*base, "--max-tokens", "2", flag, "4"]) != 0
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(
+            f"{flag} 4 differs from the routing trace's K=6 (K comes from the trace)"
+        )
+        assert "Traceback" not in err
+
+
+def test_other_experts_is_one_line_without_a_layers_only_fix(checkpoints) -> None:
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    olmoe = TRACES / "olmoe-1b-7b-vllm-layer0" / "moe_routes.jsonl"
+    try:
+        with pytest.raises(
+            BadValueError, match=r"1 MoE layers x 64 experts.*config with 64 experts"
+        ):
+            trace_routing.attach(sm, olmoe)
+    finally:
+        sm.close()
+
+
 def test_cli_replay_prefetch_reports_issued_used_wasted(qwen_cut, capsys) -> None:
     from ssdmoe_tui.cli import main
 

@@ -113,6 +113,11 @@ def load_engine(
                 raise BadValueError(
                     f"--k {o.k} differs from the routing trace's K={routing.k} (K comes from the trace)"
                 )
+            if o.prefill_k is not None and o.prefill_k != routing.k:
+                raise BadValueError(
+                    f"--prefill-k {o.prefill_k} differs from the routing trace's K={routing.k} "
+                    "(K comes from the trace)"
+                )
             runner.k = routing.k
     except BaseException:
         sm.close()

@@ -44,10 +44,16 @@ class TraceRouting:
         self.name = name
         self.label = f"trace:{name}"
         if (meta.num_layers, meta.num_experts) != (num_layers, num_experts):
+            # --layers only cuts depth: a trace with other experts needs another model's config
+            fix = (
+                f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
+                if meta.num_experts == num_experts
+                else f"from a config with {meta.num_experts} experts, --layers {meta.num_layers}"
+            )
             raise BadValueError(
                 f"routing trace {name} has {meta.num_layers} MoE layers x {meta.num_experts} "
                 f"experts, the model {num_layers} x {num_experts}: build a matching checkpoint "
-                f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
+                + fix
             )
         self.k = meta.k
         self.num_layers = num_layers
