@@ -187,6 +187,10 @@ def test_generate_text_labels_trace_routing_and_rejects_other_ks(qwen_cut, capsy
             f"{flag} 4 differs from the routing trace's K=6 (K comes from the trace)"
         )
         assert "Traceback" not in err
+    bench = ["bench", "--model", str(path), "--routing-trace", str(trace), "--k", "4,6"]
+    assert main(bench) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--k 4,6 differs from the routing trace's K=6 (K comes from the trace)")
 
 
 def test_other_experts_is_one_line_without_a_layers_only_fix(checkpoints) -> None:

@@ -36,6 +36,17 @@ from ssdmoe_tui.errors import BadValueError
 SUPPORTED = ("qwen3_moe", "qwen3_5_moe", "mixtral")
 
 
+def check_trace_k(flag: str, value: int | list[int] | None, trace_k: int) -> None:
+    """K comes from the trace: a --k / --prefill-k (or bench's --k list) that asks for
+    another is one line (None or the trace's own K passes)."""
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if any(v != trace_k for v in values):
+        raise BadValueError(
+            f"{flag} {','.join(map(str, values))} differs from the routing trace's K={trace_k} "
+            "(K comes from the trace)"
+        )
+
+
 class TraceRouting:
     """The trace's expert ids per (step, layer), and where the engine is in it."""
 
