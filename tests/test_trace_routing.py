@@ -156,6 +156,20 @@ def test_mismatched_shape_is_one_line(checkpoints) -> None:
         sm.close()
 
 
+def test_decode_step_missing_layers_is_one_line(qwen_cut, tmp_path) -> None:
+    """A trace cut inside a decode step: the missing layers are named, not silently routed
+    by the model's own router."""
+    path, trace = qwen_cut
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(trace.read_text().splitlines(keepends=True)[:-1]))
+    sm = load_streamed(path, expert_cache="1G")
+    try:
+        with pytest.raises(BadValueError, match=r"routes 11 of 12 MoE layers \(layer 11 missing"):
+            trace_routing.attach(sm, cut)
+    finally:
+        sm.close()
+
+
 def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:
     from ssdmoe_tui.cli import main
 

@@ -85,6 +85,14 @@ class TraceRouting:
                             f"K={self.k} distinct"
                         )
                     cells[layer] = np.array(ids, dtype=np.int64)
+                if len(cells) != num_layers:
+                    # Else those layers would silently follow the model's own router.
+                    missing = min(set(range(num_layers)) - set(cells))
+                    raise BadValueError(
+                        f"routing trace {name}: decode token {step.token} routes "
+                        f"{len(cells)} of {num_layers} MoE layers (layer {missing} missing: "
+                        f"a recording cut short?); every decode step must route every layer"
+                    )
                 self.decode.append(cells)
         if not self.decode:
             raise BadValueError(f"routing trace {name} has no decode steps")
