@@ -152,8 +152,13 @@ class ChatController:
             raise Refused(str(e)) from None
 
     def set_k(self, k: int) -> None:
-        """Applies from the next token (the engine's runner owns K)."""
+        """Applies from the next token (the engine's runner owns K). While a model loads
+        the engine has no runner to take it (its error, without a request id, would read
+        as a failed load): the K waits and applies once the model has loaded."""
         self.check_k(k)
+        if self.loading is not None:
+            self._wanted_k = k
+            return
         if self.engine is not None:
             self.engine.submit(SetK(k))
 
