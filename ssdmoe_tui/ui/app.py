@@ -6,7 +6,8 @@ column (`widgets/chat_pane.py`) owns sending and the streaming reply, the engine
 shows samples and follows the engine's K, and what the keys and palette do is in
 `ui/actions/` (model, conversations, keys, theme). The engine thread posts each protocol
 event as its own typed message (`ui.messages`), handled here with `@on`, in arrival
-order; screens and the palette post request messages instead of calling the app.
+order; screens post request messages instead of calling the app, and the palette
+calls `ui/actions`.
 Nothing here imports mlx or safetensors (tests/test_ui_layering.py checks).
 """
 
@@ -39,12 +40,8 @@ from ssdmoe_tui.ui.messages import (
     EngineFailed,
     EngineNotice,
     ModelReady,
-    OpenConversation,
-    OpenModel,
     PhaseEntered,
     ReplyDone,
-    RequestExpertCache,
-    RequestK,
     SampleArrived,
     TokensArrived,
     engine_message,
@@ -309,25 +306,9 @@ class SsdmoeApp(App[int]):
         except Refused as e:
             self.notify(str(e), severity="error")
 
-    @on(RequestK)
-    def _k_requested(self, message: RequestK) -> None:
-        model.request_k(self, message.k)
-
-    @on(RequestExpertCache)
-    def _cache_requested(self, message: RequestExpertCache) -> None:
-        model.request_expert_cache(self, message.size)
-
-    @on(OpenModel)
-    def _open_model_requested(self, message: OpenModel) -> None:
-        model.open_model(self, message.path)
-
     @on(AskModelPath)
     def _ask_model_requested(self) -> None:
         model.ask_model(self)
-
-    @on(OpenConversation)
-    async def _open_conversation_requested(self, message: OpenConversation) -> None:
-        await conversations.open_conversation(self, message.conv_id)
 
     @on(ConversationDeleted)
     def _conversation_deleted(self, message: ConversationDeleted) -> None:

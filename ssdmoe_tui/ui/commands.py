@@ -1,6 +1,6 @@
 """Command palette (ctrl+p): chat, conversations, K, expert cache, panel, themes, model,
-config. Each command runs an app action by name, a function of `ui.actions`, or posts a
-request message: the palette does not know the app's class."""
+config. Each command runs an app action by name or a function of `ui.actions` on the
+app: the palette does not know the app's class."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from functools import partial
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from ssdmoe_tui.ui.actions import conversations, model
-from ssdmoe_tui.ui.messages import OpenModel, RequestExpertCache, RequestK
 
 _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
 _SET_CACHE = re.compile(r"(?:set\s+)?(?:expert[-\s]?)?cache\s*=?\s*(\S+)", re.IGNORECASE)
@@ -25,9 +24,6 @@ class SsdmoeCommands(Provider):
     def _run(self, function: Callable[..., object], *args: object) -> Callable[[], object]:
         """One of `ui.actions`' functions, on this app."""
         return partial(function, self.app, *args)
-
-    def _post(self, message: object) -> Callable[[], object]:
-        return partial(self.app.post_message, message)
 
     def _static(self) -> list[tuple[str, str, Callable[[], object]]]:
         app = self.app
@@ -126,19 +122,22 @@ class SsdmoeCommands(Provider):
         text = query.strip()
         if m := _SET_K.fullmatch(text):
             k = int(m.group(1))
-            yield Hit(1.0, f"Set K to {k}", self._post(RequestK(k)), help="Experts per token")
+            yield Hit(1.0, f"Set K to {k}", self._run(model.request_k, k), help="Experts per token")
         elif m := _SET_CACHE.fullmatch(text):
             size = m.group(1)
             yield Hit(
                 1.0,
                 f"Set expert-cache budget to {size}",
-                self._post(RequestExpertCache(size)),
+                self._run(model.request_expert_cache, size),
                 help="auto, 512M, 4G, ...",
             )
         elif m := _OPEN.fullmatch(text):
             path = m.group(1).strip()
             yield Hit(
-                1.0, f"Open model {path}", self._post(OpenModel(path)), help="Load a checkpoint"
+                1.0,
+                f"Open model {path}",
+                self._run(model.open_model, path),
+                help="Load a checkpoint",
             )
         matcher = self.matcher(query)
         for title, help_text, callback in self._static():

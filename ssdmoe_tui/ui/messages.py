@@ -2,8 +2,8 @@
 
 The engine thread hands each protocol event to `engine_message()`, whose result goes to
 `App.post_message` (thread-safe, never blocks); the app handles each with its own `@on`.
-Screens and the command palette post the request messages instead of calling methods
-on the app, so no screen imports the app.
+Screens post the request messages instead of calling methods on the app, so no screen
+imports the app.
 """
 
 from __future__ import annotations
@@ -73,37 +73,11 @@ def engine_message(event: object) -> EngineMessage | None:
 # ---------------------------------------------------------------- requests from screens
 
 
-class OpenModel(Message):
-    """Load `path` ("" = the demo model); the loaded model stays until it has loaded."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-
 class AskModelPath(Message):
     """Ask for a folder or Hugging Face repo id to open."""
 
 
-class RequestK(Message):
-    def __init__(self, k: int) -> None:
-        super().__init__()
-        self.k = k
-
-
-class RequestExpertCache(Message):
-    def __init__(self, size: str) -> None:
-        super().__init__()
-        self.size = size
-
-
 class ConversationDeleted(Message):
-    def __init__(self, conv_id: str) -> None:
-        super().__init__()
-        self.conv_id = conv_id
-
-
-class OpenConversation(Message):
     def __init__(self, conv_id: str) -> None:
         super().__init__()
         self.conv_id = conv_id
