@@ -146,7 +146,7 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         # Writing the demo model takes seconds; the UI answers meanwhile, and the first
         # frame already says what happens, what the demo is, and how to run a real model.
         assert "loading the demo model" in str(app.status_bar.render())
-        welcome = app.welcome
+        welcome = app.chat_pane.welcome
         text = " ".join(str(w.render()) for w in welcome.query(Static))
         for part in ("random weights", "word salad", "--model mlx-community/", "models fetch"):
             assert part in text, part

@@ -48,7 +48,7 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         screen.action_save()
         await pilot.pause()
         assert (app.chat.gen.max_tokens, app.chat.gen.system_prompt) == (6, "Be brief.")
-        assert app.k_control.k == trained - 1 and app.settings.max_tokens == 30
+        assert app.panel.k_control.k == trained - 1 and app.settings.max_tokens == 30
 
         await type_and_send(pilot, "hello")
         first = await next_reply(pilot, app, None)
@@ -99,7 +99,7 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         notices = [str(n.render()) for n in again.query(Notice)]
         assert any("2 replaced exchanges kept" in n for n in notices), notices
         assert (again.chat.gen.max_tokens, again.chat.gen.system_prompt) == (6, "Be brief.")
-        assert again.k_control.k == trained + 1
+        assert again.panel.k_control.k == trained + 1
         await type_and_send(pilot, "more")
         fourth = await next_reply(pilot, again, None)
         assert len(fourth.token_ids) <= 6 and set(fourth.k_per_token) == {trained + 1}

@@ -134,7 +134,7 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
         await wait_until(pilot, lambda: said, 10, "the K warning")
         (k_warning,) = [m for severity, m in said if "999" in m and severity == "warning"]
         assert "\n" not in k_warning and f"1..{info.num_experts}" in k_warning
-        assert app.k_control.k == info.trained_k and app.settings.k is None
+        assert app.panel.k_control.k == info.trained_k and app.settings.k is None
 
         def one_line(n: int, needle: str) -> None:
             assert len(errors(app)) == n, errors(app)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 from textual import on
@@ -28,9 +27,9 @@ from textual.widgets import Footer
 
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
 from ssdmoe_tui.chat.progress import LoadProgress
-from ssdmoe_tui.config import ChatSettings, GenSettings
+from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.errors import user_message
-from ssdmoe_tui.ui.actions import conversations, model
+from ssdmoe_tui.ui.actions import conversations, gen_settings, model
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
 from ssdmoe_tui.ui.actions.theme import ThemeChoice
 from ssdmoe_tui.ui.commands import SsdmoeCommands
@@ -50,9 +49,7 @@ from ssdmoe_tui.ui.messages import (
     TokensArrived,
     engine_message,
 )
-from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
-from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.screens.keys import KeysScreen
 from ssdmoe_tui.ui.theming import load_themes
 from ssdmoe_tui.ui.widgets.chat_pane import ChatPane
@@ -168,15 +165,6 @@ class SsdmoeApp(App[int]):
     def status_bar(self) -> StatusBar:
         return self.query_one(StatusBar)
 
-    @property
-    def k_control(self) -> KSlider:
-        return self.query_one(KSlider)
-
-    @property
-    def welcome(self) -> Welcome | None:
-        found = self.query(Welcome)
-        return found.first() if found else None
-
     async def on_mount(self) -> None:
         self.themes.apply(self.settings.theme)
         apply_keymap(self, self.settings.keymap)
@@ -184,12 +172,12 @@ class SsdmoeApp(App[int]):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane
         pane.prompt.focus()
-        await self._open_session(self.settings.resume)
+        await pane.open_session(self.settings.resume)
         if self.engine_factory is not None and not self.settings.model and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
         if self.engine_factory is not None:
             try:
-                self.chat.engine = self.engine_factory(self._post_from_engine)
+                self.chat.engine = self.engine_factory(self.feed)
                 self.chat.engine.start()
             except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
                 self.chat.engine = None
@@ -211,8 +199,9 @@ class SsdmoeApp(App[int]):
 
     # ------------------------------------------------------------------ engine link
 
-    def _post_from_engine(self, event: object) -> None:
-        """Called on the engine thread: queue the event's message, never block."""
+    def feed(self, event: object) -> None:
+        """The engine's `post` callback, called on the engine thread (tests call it to
+        feed fixed events): queue the event's message, never block."""
         message = engine_message(event)
         if message is None:
             return
@@ -222,10 +211,6 @@ class SsdmoeApp(App[int]):
             self.post_message(message)
         except RuntimeError:  # the app's loop has closed (shutting down)
             pass
-
-    def feed(self, event: object) -> None:
-        """Deliver an event as if the engine had posted it."""
-        self._post_from_engine(event)
 
     @on(TokensArrived)
     @while_mounted
@@ -239,7 +224,7 @@ class SsdmoeApp(App[int]):
         self.panel.show_sample(sample)
         decoding = self.chat.inflight is not None and sample.generated_tokens > 0
         if self.panel.follow_k(sample, decoding):
-            self.status_bar.k = self.k_control.k
+            self.status_bar.k = self.panel.k_control.k
 
     @on(PhaseEntered)
     @while_mounted
@@ -249,7 +234,7 @@ class SsdmoeApp(App[int]):
         if event.phase in ("loading", "indexing") and self.chat.loading is not None:
             self.load_progress.update(event.phase, event.done, event.total, event.detail)
             self.panel.show_load(self.load_progress)
-            if welcome := self.welcome:
+            if welcome := self.chat_pane.welcome:
                 welcome.show_progress(event.phase, event.done, event.total, event.detail)
         label = PHASE_LABELS.get(event.phase, event.phase)
         if event.total and event.phase in ("prefill", "loading", "indexing"):
@@ -266,7 +251,7 @@ class SsdmoeApp(App[int]):
     async def _model_ready(self, message: ModelReady) -> None:
         info = message.event.info
         loaded = self.chat.model_loaded(info)
-        if welcome := self.welcome:
+        if welcome := self.chat_pane.welcome:
             welcome.loaded(info.name)
         self.panel.show_model(info, k=loaded.k)
         self.status_bar.loading = ""
@@ -296,7 +281,7 @@ class SsdmoeApp(App[int]):
         self.status_bar.info = self.chat.model
         transcript = self.chat_pane.transcript
         if failure.model_lost:
-            if welcome := self.welcome:
+            if welcome := self.chat_pane.welcome:
                 welcome.failed(error.message)
             self.status_bar.phase = "idle"
             self.panel.show_model(None)
@@ -378,26 +363,9 @@ class SsdmoeApp(App[int]):
         pane = self.chat_pane
         await pane.start_over()
         self.panel.clear_history()
-        await self._open_session(None)
+        await pane.open_session(None)
         await pane.transcript.add_notice("New chat.")
         pane.prompt.focus()
-
-    async def _open_session(self, resume: str | None) -> None:
-        try:
-            turns = self.chat.open_session(resume)
-        except Refused as e:
-            self.notify(str(e), severity="warning")
-            return
-        except Exception as e:  # noqa: BLE001 - a bad session file must not stop the chat
-            self.notify(f"could not open the session: {user_message(e)}", severity="error")
-            self.chat.session_id = None
-            return
-        pane = self.chat_pane
-        await pane.show_turns(turns)
-        if resume is not None and self.chat.session_id is not None:
-            await pane.transcript.add_notice(
-                resumed_notice(store_of(self), self.chat.session_id, None)
-            )
 
     def action_regenerate(self) -> None:
         self.call_later(self.chat_pane.redo)
@@ -406,25 +374,7 @@ class SsdmoeApp(App[int]):
         self.chat_pane.edit_last()
 
     def action_gen_settings(self) -> None:
-        if isinstance(self.screen, GenSettingsScreen):
-            return
-        info = self.chat.model
-        current = replace(self.chat.gen, k=self.k_control.k if info else None)
-
-        def chosen(gen: GenSettings | None) -> None:
-            if gen is None:
-                return
-            try:
-                self.chat.set_gen(gen)
-            except Refused as e:
-                self.notify(str(e), severity="error")
-                return
-            if gen.k is not None and self.chat.model is not None:
-                self.k_control.set_k(gen.k, notify=False)
-                self.status_bar.k = self.k_control.k
-            self.notify("Settings saved for this conversation.")
-
-        self.push_screen(GenSettingsScreen(current, info.num_experts if info else 0), chosen)
+        gen_settings.edit(self)
 
     def action_k_step(self, delta: int) -> None:
         model.step_k(self, delta)

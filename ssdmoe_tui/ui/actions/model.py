@@ -26,11 +26,11 @@ def request_k(app: Any, k: int) -> None:
     except Refused as e:
         app.notify(str(e), severity="error")
         return
-    app.k_control.set_k(k)
+    app.panel.k_control.set_k(k)
 
 
 def step_k(app: Any, delta: int) -> None:
-    control = app.k_control
+    control = app.panel.k_control
     if not control.num_experts:
         app.notify("No model loaded yet.", severity="warning")
         return
@@ -38,7 +38,7 @@ def step_k(app: Any, delta: int) -> None:
 
 
 def ask_k(app: Any) -> None:
-    control = app.k_control
+    control = app.panel.k_control
     if not control.num_experts:
         app.notify("No model loaded yet.", severity="warning")
         return

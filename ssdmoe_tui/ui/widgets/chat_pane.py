@@ -17,9 +17,12 @@ from textual.containers import Vertical
 from ssdmoe_tui.chat.controller import ChatController, Refused
 from ssdmoe_tui.chat.replies import ShownTurn
 from ssdmoe_tui.engine.protocol import EngineError, Generate, GenerationDone, Tokens
+from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
 from ssdmoe_tui.ui.widgets.engine_panel import EnginePanel
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Transcript
+from ssdmoe_tui.ui.widgets.welcome import Welcome
 
 
 class ChatPane(Vertical):
@@ -41,6 +44,12 @@ class ChatPane(Vertical):
     @property
     def prompt(self) -> PromptInput:
         return self.query_one(PromptInput)
+
+    @property
+    def welcome(self) -> Welcome | None:
+        """The first-run panel at the top of the transcript (demo model only)."""
+        found = self.query(Welcome)
+        return found.first() if found else None
 
     # ------------------------------------------------------------------ sending
 
@@ -141,6 +150,23 @@ class ChatPane(Vertical):
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
                 reason = "cancelled" if turn.stopped else "stop"
                 await message.finish(turn.content, reason, stats.detail() if stats else "")
+
+    async def open_session(self, resume: str | None) -> None:
+        """Start (`resume` None) or resume a conversation and show its turns; a bad
+        session file is one line and the chat goes on unsaved."""
+        try:
+            turns = self.chat.open_session(resume)
+        except Refused as e:
+            self.notify(str(e), severity="warning")
+            return
+        except Exception as e:  # noqa: BLE001 - a bad session file must not stop the chat
+            self.notify(f"could not open the session: {user_message(e)}", severity="error")
+            self.chat.session_id = None
+            return
+        await self.show_turns(turns)
+        if resume is not None and self.chat.session_id is not None:
+            notice = resumed_notice(store_of(self.app), self.chat.session_id, None)
+            await self.transcript.add_notice(notice)
 
     async def start_over(self) -> None:
         """A new chat: the reply in flight is abandoned and the transcript emptied."""

@@ -233,12 +233,16 @@ class EnginePanel(VerticalScroll):
         meter = self.query_one("#context-meter", ProgressBar)
         meter.update(total=max(1, s.max_context), progress=min(s.context_tokens, s.max_context))
 
+    @property
+    def k_control(self) -> KSlider:
+        return self.query_one(KSlider)
+
     def follow_k(self, s: StatsSample, decoding: bool) -> bool:
         """Move the K control to the K the engine decodes with (a token's K), unless the
         user has just moved it: a sample taken before the change reached the engine would
         undo it on screen. Idle samples may predate a K set between replies. True when
         the control moved."""
-        control = self.query_one(KSlider)
+        control = self.k_control
         recent = time.monotonic() - control.user_changed_at < K_ECHO_GRACE_S
         if decoding and s.k and control.num_experts and s.k != control.k and not recent:
             control.set_k(s.k, notify=False)
