@@ -224,7 +224,9 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         try:
             values[f.name] = f.metadata["check"](value)
         except ValueError as e:
-            warnings.append(f"{path}: {f.name} = {value!r} is not valid ({e})")
+            shown = repr(value)  # a long value is cut: the warning stays one short line
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            warnings.append(f"{path}: {f.name} = {shown} is not valid ({e})")
     return LoadedConfig(replace(Config(), **values), path, tuple(warnings))
 
 

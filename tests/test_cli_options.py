@@ -134,3 +134,18 @@ def test_policy_is_checked_with_the_other_engine_options():
         assert EngineOptions(policy=ok).policy == ok
     with pytest.raises(BadValueError, match="unknown cache policy 'nope'"):
         EngineOptions(policy="nope")
+
+
+def test_check_text_names_lone_surrogates_and_escaped_bytes():
+    """Text with a lone surrogate (from JSON, not argv) is one line too, not a crash of
+    the error path itself."""
+    import pytest
+
+    from ssdmoe_tui.engine.options import check_text
+    from ssdmoe_tui.errors import BadValueError
+
+    with pytest.raises(BadValueError, match=r"lone surrogate U\+D800 at character 2"):
+        check_text("ab\ud800c")
+    with pytest.raises(BadValueError, match=r"byte 0xe9 at character 0"):
+        check_text("\udce9x")
+    assert check_text("héllo") == "héllo"

@@ -67,15 +67,15 @@ async def test_too_long_prompt_in_the_app_is_one_line(demo_model):
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=5))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        app.prompt.text = "lorem ipsum dolor " * 3000  # far over the demo's 4,096 tokens
+        app.chat_pane.prompt.text = "lorem ipsum dolor " * 3000  # far over the demo's 4,096 tokens
         await type_and_send(pilot, "")
         await wait_until(pilot, lambda: errors(app), 60, "the refusal")
         (message,) = errors(app)
         assert "context is 4,096 tokens" in message and "\n" not in message
         assert app.inflight is None
         await type_and_send(pilot, "hi")  # still usable
-        await wait_until(pilot, lambda: app.inflight is None and app.last_done, 60, "a reply")
-        assert app.last_done.finish_reason in ("stop", "length")
+        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply")
+        assert app.chat.last_done.finish_reason in ("stop", "length")
 
 
 def test_too_long_prompt_from_the_shell_is_exactly_one_line(checkpoints):

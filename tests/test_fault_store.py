@@ -100,5 +100,5 @@ async def test_conversation_list_in_the_app_survives_a_damaged_file():
         assert "not UTF-8" in errors(app)[-1] and "\n" not in errors(app)[-1]
         screen = await open_list(pilot, app, "f3")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.session_id == good, 5, "the open")
+        await wait_until(pilot, lambda: app.chat.session_id == good, 5, "the open")
     assert app.return_code in (None, 0)

@@ -156,19 +156,19 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
     app = SsdmoeApp(ChatSettings(model=str(model), max_tokens=12))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        assert app.model_info.expert_source == "repacked"
-        texts = [str(n.render()) for n in app.transcript.query(Notice)]
+        assert app.chat.model.expert_source == "repacked"
+        texts = [str(n.render()) for n in app.chat_pane.transcript.query(Notice)]
         assert any("from the repacked copy" in t for t in texts)
         await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.last_done is not None, 60, "a reply")
-        assert app.last_done.stats["expert_source"] == "repacked"
+        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "a reply")
+        assert app.chat.last_done.stats["expert_source"] == "repacked"
     shard = model / index.layers[0].components[0].shard
     st = shard.stat()
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     app = SsdmoeApp(ChatSettings(model=str(model), max_tokens=12))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        assert app.model_info.expert_source == "shards"
+        assert app.chat.model.expert_source == "shards"
 
         def stale_notice() -> bool:  # posted after the load notice: wait for it
             notes = [n.message for n in app._notifications]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from ssdmoe_tui.engine.cache import BANK_BYTES_ENV, bank_slot_count
+from ssdmoe_tui.engine.cache import BANK_BYTES_ENV, bank_slot_count, parse_size
 from tests.test_engine_exact import engine_tokens, reference_tokens
 
 
@@ -32,7 +32,11 @@ def test_several_banks_match_mlx_lm(checkpoints, monkeypatch, bank_bytes, budget
     sm, prompt, res = engine_tokens(path, None, budget)
     cache = sm.cache
     assert cache.num_banks > 2
-    assert all(a.nbytes <= cache.bank_slots * 4096 for b in cache.banks for a in b.values())
+    arrays = [a for b in cache.banks for a in b.values()]
+    assert all(a.nbytes <= cache.bank_slots * 4096 for a in arrays)
+    # The bank size bounds every array, float32-widened scales and biases included.
+    assert any(a.dtype == mx.float32 for a in arrays)
+    assert max(a.nbytes for a in arrays) <= parse_size(bank_bytes)
     assert cache.all_frozen == frozen
     assert len(prompt) * sm.trained_k >= 64, "prefill must take mlx-lm's sorted path"
     assert res.tokens == reference_tokens(path, None, mx.float32, prompt)

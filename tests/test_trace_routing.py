@@ -69,7 +69,12 @@ def gptoss_cut(tmp_path_factory):
 
 
 def _engine_decode_hit(
-    path, trace_path, slots: int, policy: str = "auto", prefetch: bool = False
+    path,
+    trace_path,
+    slots: int,
+    policy: str = "auto",
+    prefetch: bool = False,
+    prompt_tokens: int = 16,
 ) -> tuple[float, dict]:
     from ssdmoe_tui.engine.index import load_index
 
@@ -85,7 +90,7 @@ def _engine_decode_hit(
         runner = Runner(sm, prefill_step_size=64)
         runner.k = routing.k
         steps = len(routing.decode)
-        res = runner.generate(list(range(3, 19)), max_tokens=steps)
+        res = runner.generate(list(range(3, 3 + prompt_tokens)), max_tokens=steps)
         st = res.stats
         assert st.k_per_token == [routing.k] * steps
         assert routing.wraps == 0 and routing.position == steps - 1
@@ -107,6 +112,17 @@ def test_engine_decode_hit_rate_equals_trace_replay_qwen(qwen_cut, per_layer, po
     assert 0.2 < want < 0.95
     assert abs(100 * got - 100 * want) <= 0.5, (got, want)
     assert summary["routing"] == "trace:qwen-cut.jsonl" and summary["routing_k"] == 6
+
+
+def test_one_token_prefill_chunk_is_prefill(qwen_cut) -> None:
+    """A two-token prompt is prefilled as a one-token chunk before the last token: it
+    routes to the prefill union, not to decode step 0 (which shifted every decode step
+    by one, and the hit rate away from the replay's)."""
+    path, trace = qwen_cut
+    slots = 12 * LAYERS
+    got, _ = _engine_decode_hit(path, trace, slots, prompt_tokens=2)
+    want = replay(read_trace(trace), "cycle-lfu", slots, warmup=1).hit_rate
+    assert abs(100 * got - 100 * want) <= 0.5, (got, want)
 
 
 def test_engine_decode_hit_rate_equals_trace_replay_gptoss(gptoss_cut) -> None:
@@ -140,6 +156,20 @@ def test_mismatched_shape_is_one_line(checkpoints) -> None:
         sm.close()
 
 
+def test_decode_step_missing_layers_is_one_line(qwen_cut, tmp_path) -> None:
+    """A trace cut inside a decode step: the missing layers are named, not silently routed
+    by the model's own router."""
+    path, trace = qwen_cut
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(trace.read_text().splitlines(keepends=True)[:-1]))
+    sm = load_streamed(path, expert_cache="1G")
+    try:
+        with pytest.raises(BadValueError, match=r"routes 11 of 12 MoE layers \(layer 11 missing"):
+            trace_routing.attach(sm, cut)
+    finally:
+        sm.close()
+
+
 def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:
     from ssdmoe_tui.cli import main
 
@@ -151,6 +181,42 @@ def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:
     st = doc["stats"]
     assert st["routing"] == "trace:qwen-cut.jsonl" and doc["k"] == 6
     assert st["expert_cache_slots"] > 0 and st["policy"] == "cycle-lfu"
+
+
+def test_generate_text_labels_trace_routing_and_rejects_other_ks(qwen_cut, capsys) -> None:
+    """The plain stats line says the tokens are trace-routed (and wrapped); a --k or
+    --prefill-k other than the trace's K is one line."""
+    from ssdmoe_tui.cli import main
+
+    path, trace = qwen_cut
+    base = ["generate", "--model", str(path), "--prompt", "hi", "--raw",
+            "--routing-trace", str(trace)]  # fmt: skip
+    assert main([*base, "--max-tokens", str(STEPS + 3)]) == 0
+    err = capsys.readouterr().err
+    assert "routed by trace:qwen-cut.jsonl, wrapped 1x: not the model's own tokens" in err
+    for flag in ("--k", "--prefill-k"):
+        assert main([*base, "--max-tokens", "2", flag, "4"]) != 0
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(
+            f"{flag} 4 differs from the routing trace's K=6 (K comes from the trace)"
+        )
+        assert "Traceback" not in err
+    bench = ["bench", "--model", str(path), "--routing-trace", str(trace), "--k", "4,6"]
+    assert main(bench) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--k 4,6 differs from the routing trace's K=6 (K comes from the trace)")
+
+
+def test_other_experts_is_one_line_without_a_layers_only_fix(checkpoints) -> None:
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    olmoe = TRACES / "olmoe-1b-7b-vllm-layer0" / "moe_routes.jsonl"
+    try:
+        with pytest.raises(
+            BadValueError, match=r"1 MoE layers x 64 experts.*config with 64 experts"
+        ):
+            trace_routing.attach(sm, olmoe)
+    finally:
+        sm.close()
 
 
 def test_cli_replay_prefetch_reports_issued_used_wasted(qwen_cut, capsys) -> None:

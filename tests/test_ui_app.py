@@ -10,6 +10,7 @@ from textual import events
 from textual.widgets import Markdown, ProgressBar, Static
 
 from ssdmoe_tui.engine.service import EngineService
+from ssdmoe_tui.ui.actions import model
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
@@ -29,7 +30,7 @@ async def wait_until(pilot, cond: Callable[[], object], timeout: float = 60.0, w
 
 
 async def loaded(pilot, app: SsdmoeApp, timeout: float = 120.0) -> None:
-    await wait_until(pilot, lambda: app.model_info is not None, timeout, "the model to load")
+    await wait_until(pilot, lambda: app.chat.model is not None, timeout, "the model to load")
 
 
 # The demo model's greedy reply to this prompt is long (over a thousand tokens).
@@ -47,7 +48,7 @@ async def tap(pilot, *keys: str) -> None:
 
 async def type_and_send(pilot, text: str) -> None:
     app: SsdmoeApp = pilot.app
-    app.prompt.focus()
+    app.chat_pane.prompt.focus()
     keys = ["space" if c == " " else c for c in text]
     await pilot.press(*keys)
     await tap(pilot, "enter")
@@ -57,15 +58,18 @@ async def streaming(pilot, app: SsdmoeApp, tokens: int) -> AssistantMessage:
     """Wait until the reply has streamed `tokens` increments, and check it still streams."""
     await wait_until(
         pilot,
-        lambda: app.inflight is None or (app.current and app.current.appends >= tokens),
+        lambda: (
+            app.inflight is None
+            or (app.chat_pane.current and app.chat_pane.current.appends >= tokens)
+        ),
         60,
         f"{tokens} increments",
     )
     assert app.inflight is not None, (
-        f"the reply ended ({app.last_done.finish_reason}, {len(app.last_done.token_ids)} "
+        f"the reply ended ({app.chat.last_done.finish_reason}, {len(app.chat.last_done.token_ids)} "
         "tokens) before the test could act mid-stream: LONG_PROMPT needs a longer reply"
     )
-    return app.current
+    return app.chat_pane.current
 
 
 def replies(app: SsdmoeApp) -> list[AssistantMessage]:
@@ -116,7 +120,7 @@ def record_stop_latency(app: SsdmoeApp) -> list[float]:
     """Seconds from the Esc action to the GenerationDone that ends the reply."""
     marks: dict[str, float] = {}
     latencies: list[float] = []
-    stop, on_done = app.action_stop, app._on_done
+    stop, on_done = app.action_stop, app.chat_pane.reply_done
 
     def timed_stop() -> None:
         marks["stop"] = time.monotonic()
@@ -128,7 +132,7 @@ def record_stop_latency(app: SsdmoeApp) -> list[float]:
         await on_done(done)
 
     app.action_stop = timed_stop
-    app._on_done = timed_done
+    app.chat_pane.reply_done = timed_done
     return latencies
 
 
@@ -142,7 +146,7 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         # Writing the demo model takes seconds; the UI answers meanwhile, and the first
         # frame already says what happens, what the demo is, and how to run a real model.
         assert "loading the demo model" in str(app.status_bar.render())
-        welcome = app.welcome
+        welcome = app.chat_pane.welcome
         text = " ".join(str(w.render()) for w in welcome.query(Static))
         for part in ("random weights", "word salad", "--model mlx-community/", "models fetch"):
             assert part in text, part
@@ -152,8 +156,8 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         show = welcome.show_progress
         welcome.show_progress = lambda *a: (show(*a), fractions.append(welcome.progress.fraction))
         await pilot.press("x")
-        assert app.prompt.text == "x"
-        app.prompt.clear()
+        assert app.chat_pane.prompt.text == "x"
+        app.chat_pane.prompt.clear()
         await loaded(pilot, app)
         assert "loading" in phases
         # The bar moved through the writing and loading steps, with an estimate.
@@ -161,15 +165,15 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         assert any(0 < f < 0.6 for f in fractions), fractions  # writing the demo, shard by shard
         assert "is ready" in str(welcome.query_one("#welcome-title", Static).render())
         await wait_until(pilot, lambda: phases[-1] == "idle", 10, "the idle phase")
-        assert isinstance(app.engine, EngineService)
-        assert app.model_info.name == "demo-model"
+        assert isinstance(app.chat.engine, EngineService)
+        assert app.chat.model.name == "demo-model"
         assert "demo-model" in str(app.status_bar.render())
         rates = record_decode_rates(app)
         await type_and_send(pilot, "hello there")
         assert [m.text for m in app.query(UserMessage)] == ["hello there"]
-        assert app.prompt.text == ""
+        assert app.chat_pane.prompt.text == ""
         await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
-        done = app.last_done
+        done = app.chat.last_done
         assert done is not None and done.finish_reason in ("stop", "length")
         (reply,) = replies(app)
         assert reply.appends >= 3, reply.appends  # streamed, not delivered at once
@@ -177,7 +181,7 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         assert reply.query_one(Markdown).source == done.text  # the final full update()
         assert any(streaming and rate > 0 for streaming, rate in rates), rates
         assert app.events_seen["StatsSample"] >= 2
-        assert app.history[-1].content == done.text
+        assert app.chat.history[-1].content == done.text
 
 
 async def test_k_change_mid_generation_applies_to_later_tokens(demo_model):
@@ -185,7 +189,7 @@ async def test_k_change_mid_generation_applies_to_later_tokens(demo_model):
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=600))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        trained = app.model_info.trained_k
+        trained = app.chat.model.trained_k
         await type_and_send(pilot, LONG_PROMPT)
         await streaming(pilot, app, 5)
         slider = app.query_one(KSlider)
@@ -196,13 +200,13 @@ async def test_k_change_mid_generation_applies_to_later_tokens(demo_model):
         await streaming(pilot, app, 25)
         await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the reply to end")
-        ks = app.last_done.k_per_token
+        ks = app.chat.last_done.k_per_token
         assert ks[0] == trained and ks[-1] == trained + 1, ks
         first_new = ks.index(trained + 1)
         assert set(ks[first_new:]) == {trained + 1}  # every later token used the new K
-        assert app.engine.model_info.k == trained + 1  # the engine reports the live K
+        assert app.chat.engine.model_info.k == trained + 1  # the engine reports the live K
         # The global keys step K too, without leaving the prompt.
-        app.prompt.focus()
+        app.chat_pane.prompt.focus()
         await tap(pilot, "ctrl+down", "ctrl+down")
         assert slider.k == trained - 1
         assert "speed/quality trade-off" in str(slider.render())
@@ -219,13 +223,13 @@ async def test_escape_stops_within_a_second_and_keeps_the_partial_reply(demo_mod
         await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the stop")
         assert len(latencies) == 1 and latencies[0] < 1.0, latencies
-        done = app.last_done
+        done = app.chat.last_done
         assert done.finish_reason == "cancelled"
         assert 0 < len(done.token_ids) < 2000
         assert reply.text == done.text and done.text
         assert reply.has_class("stopped")
         assert "stopped" in str(reply.header_text())
-        assert app.history[-1].content == done.text  # the partial reply stays in the chat
+        assert app.chat.history[-1].content == done.text  # the partial reply stays in the chat
         # Still usable: the next prompt gets a reply.
         await type_and_send(pilot, LONG_PROMPT)
         await streaming(pilot, app, 1)
@@ -250,7 +254,7 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
         (message,) = errors(app)
         assert "\n" not in message and "Traceback" not in message
         assert "no-such-model" in message
-        assert app.model_info is None
+        assert app.chat.model is None
         assert "no model" in str(app.status_bar.render())
         assert "no model" in str(app.query_one(KSlider).render())
         # Sending now gives a warning, not a crash.
@@ -264,12 +268,12 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
         await wait_until(pilot, lambda: len(errors(app)) >= 2, 60, "the second error")
         assert "\n" not in errors(app)[-1] and "Traceback" not in errors(app)[-1]
         # And then a good one: chatting works.
-        app.open_model(str(demo_model))
+        model.open_model(app, str(demo_model))
         await loaded(pilot, app)
-        app.prompt.clear()
+        app.chat_pane.prompt.clear()
         await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.last_done is not None, 60, "a reply")
-        assert app.last_done.finish_reason in ("stop", "length")
+        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "a reply")
+        assert app.chat.last_done.finish_reason in ("stop", "length")
 
 
 async def test_panel_values_equal_the_engine_samples(demo_model):
@@ -288,10 +292,13 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
                 checked_live += 1
             await pilot.pause(0.05)
         await wait_until(
-            pilot, lambda: app.panel.last_sample == app.engine.last_stats, 10, "the last sample"
+            pilot,
+            lambda: app.panel.last_sample == app.chat.engine.last_stats,
+            10,
+            "the last sample",
         )
-        s = app.engine.last_stats
-        assert s.generated_tokens == len(app.last_done.token_ids)
+        s = app.chat.engine.last_stats
+        assert s.generated_tokens == len(app.chat.last_done.token_ids)
         expected = {
             "decode": fmt_rate(s.decode_tok_s),
             "prefill": fmt_rate(s.prefill_tok_s),
@@ -311,7 +318,7 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
             assert app.panel.shown[key] == text, key
             assert str(app.panel.query_one(f"#v-{key}", Static).render()) == text, key
         assert s.expert_cache_hit_rate > 0 and s.rss_bytes > 0 and s.requested_mib_per_token > 0
-        assert s.context_tokens > 0 and s.max_context == app.model_info.max_context
+        assert s.context_tokens > 0 and s.max_context == app.chat.model.max_context
         assert 0 < len(app.panel.decode_history) <= 60
 
 
@@ -343,12 +350,12 @@ async def test_new_chat_copy_keymap_panel_and_keys_screen(demo_model):
         await loaded(pilot, app)
         assert any("app.nonsense" in w for w in warnings(app))
         await type_and_send(pilot, "hello")
-        await wait_until(pilot, lambda: app.last_done is not None, 60, "a reply")
+        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "a reply")
         (reply,) = replies(app)
         reply.focus()
         await pilot.press("c")
-        assert app.clipboard == app.last_done.text
-        app.prompt.focus()
+        assert app.clipboard == app.chat.last_done.text
+        app.chat_pane.prompt.focus()
         # F2 hides and shows the engine panel.
         await pilot.press("f2")
         assert not app.panel.display
@@ -369,7 +376,7 @@ async def test_new_chat_copy_keymap_panel_and_keys_screen(demo_model):
         assert replies(app)
         await pilot.press("ctrl+r")
         await pilot.pause()
-        assert not replies(app) and app.history == []
+        assert not replies(app) and app.chat.history == []
 
 
 async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_model):
@@ -380,10 +387,10 @@ async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_mo
         await streaming(pilot, app, 2)
         await tap(pilot, "ctrl+n")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the abandoned reply to end")
-        assert app.last_done.finish_reason == "cancelled"
-        assert app.history == [] and not replies(app)
+        assert app.chat.last_done.finish_reason == "cancelled"
+        assert app.chat.history == [] and not replies(app)
         app.chat.gen.max_tokens = 20  # this conversation's setting
         await type_and_send(pilot, "fresh")
-        await wait_until(pilot, lambda: app.inflight is None and app.history, 60, "a reply")
-        assert [m.role for m in app.history] == ["user", "assistant"]
-        assert app.history[0].content == "fresh"
+        await wait_until(pilot, lambda: app.inflight is None and app.chat.history, 60, "a reply")
+        assert [m.role for m in app.chat.history] == ["user", "assistant"]
+        assert app.chat.history[0].content == "fresh"

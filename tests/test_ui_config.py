@@ -74,13 +74,18 @@ def test_bad_toml_is_one_line_defaults_and_never_overwritten(ssdmoe_home):
 def test_bad_values_warn_per_key_and_keep_the_rest(ssdmoe_home):
     path = config_path()
     path.parent.mkdir(parents=True)
-    path.write_text('k = 0\nmax_tokens = "many"\ntheme = "ssdmoe-light"\nkeymap = 3\n')
+    path.write_text(
+        'k = 0\nmax_tokens = "many"\ntheme = "ssdmoe-light"\nkeymap = 3\n'
+        f"model = {list(range(5000))}\n"
+    )
     loaded = load_config()
     assert loaded.config.theme == "ssdmoe-light"
     assert loaded.config.k is None and loaded.config.max_tokens == Config().max_tokens
-    assert len(loaded.warnings) == 3
+    assert len(loaded.warnings) == 4
     assert any("k = 0" in w for w in loaded.warnings)
     assert all(str(path) in w and "\n" not in w for w in loaded.warnings)
+    long = next(w for w in loaded.warnings if "model = " in w)  # the value is cut short
+    assert "[0, 1, 2" in long and "..." in long and len(long) < len(str(path)) + 120
 
 
 def test_theme_edit_keeps_comments_and_other_keys(ssdmoe_home):

@@ -9,6 +9,7 @@ from textual.widgets import Input, TextArea
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.actions import model
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import Notice, UserMessage
@@ -17,9 +18,9 @@ from tests.test_ui_app import SIZE, loaded, replies, tap, type_and_send, wait_un
 
 async def next_reply(pilot, app: SsdmoeApp, before):
     await wait_until(
-        pilot, lambda: app.inflight is None and app.last_done is not before, 60, "a reply"
+        pilot, lambda: app.inflight is None and app.chat.last_done is not before, 60, "a reply"
     )
-    return app.last_done
+    return app.chat.last_done
 
 
 async def test_settings_regenerate_edit_and_resume(demo_model):
@@ -31,7 +32,7 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
     )
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        trained = app.model_info.trained_k
+        trained = app.chat.model.trained_k
         # F9: a bad value is named on the screen and nothing applies until all are good.
         await pilot.press("f9")
         await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
@@ -47,17 +48,17 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         screen.action_save()
         await pilot.pause()
         assert (app.chat.gen.max_tokens, app.chat.gen.system_prompt) == (6, "Be brief.")
-        assert app.k_control.k == trained - 1 and app.settings.max_tokens == 30
+        assert app.panel.k_control.k == trained - 1 and app.settings.max_tokens == 30
 
         await type_and_send(pilot, "hello")
         first = await next_reply(pilot, app, None)
         assert 0 < len(first.token_ids) <= 6 and set(first.k_per_token) == {trained - 1}
-        sid = app.session_id
+        sid = app.chat.session_id
         conv = store.get(sid)
         assert conv.settings["max_tokens"] == 6 and conv.system_prompt == "Be brief."
 
         # Regenerate, greedy, at another K: the same prompt; the KV prefix is reused.
-        app.request_k(trained + 1)
+        model.request_k(app, trained + 1)
         await tap(pilot, "ctrl+g")
         second = await next_reply(pilot, app, first)
         assert second.prompt_token_ids == first.prompt_token_ids
@@ -73,8 +74,8 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
 
         # Edit and resend the last prompt.
         await tap(pilot, "ctrl+l")
-        assert app.editing and app.prompt.text == "hello"
-        app.prompt.load_text("hello again")
+        assert app.chat_pane.editing and app.chat_pane.prompt.text == "hello"
+        app.chat_pane.prompt.load_text("hello again")
         await tap(pilot, "enter")
         third = await next_reply(pilot, app, second)
         assert third.stats["kv_hit_rate"] > 0  # the system prompt and turn header are reused
@@ -94,11 +95,11 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
     )
     async with again.run_test(size=SIZE) as pilot:
         await loaded(pilot, again)
-        assert again.session_id == sid
+        assert again.chat.session_id == sid
         notices = [str(n.render()) for n in again.query(Notice)]
         assert any("2 replaced exchanges kept" in n for n in notices), notices
         assert (again.chat.gen.max_tokens, again.chat.gen.system_prompt) == (6, "Be brief.")
-        assert again.k_control.k == trained + 1
+        assert again.panel.k_control.k == trained + 1
         await type_and_send(pilot, "more")
         fourth = await next_reply(pilot, again, None)
         assert len(fourth.token_ids) <= 6 and set(fourth.k_per_token) == {trained + 1}

@@ -58,7 +58,7 @@ async def test_80x24_shows_every_figure_and_f8_copies_from_the_prompt():
         for part in (INFO.name, "K 6/128", "cache 4.00 GiB", "idle"):
             assert part in header, (part, header)
         # The prompt's hint fits its box.
-        prompt = app.prompt
+        prompt = app.chat_pane.prompt
         assert len(prompt.placeholder) <= prompt.content_size.width
         # F8 copies the last reply while the prompt has focus (ctrl+y is the prompt's redo).
         assert app.focused is prompt
@@ -103,7 +103,7 @@ async def test_resume_keeps_model_stats_and_k_range_and_a_bad_theme_only_warns(s
         header = str(reply.header_text())
         for part in ("demo-model", "4 tokens", "7.5 tok/s", "K 4–6"):
             assert part in header, (part, header)
-        assert app.history == chat_so_far
+        assert app.chat.history == chat_so_far
         assert app.theme == DEFAULT_THEME
         (warning,) = [w for w in warnings(app) if "no-such-theme" in w]
         assert "\n" not in warning
@@ -130,11 +130,11 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
 
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        info = app.model_info
+        info = app.chat.model
         await wait_until(pilot, lambda: said, 10, "the K warning")
         (k_warning,) = [m for severity, m in said if "999" in m and severity == "warning"]
         assert "\n" not in k_warning and f"1..{info.num_experts}" in k_warning
-        assert app.k_control.k == info.trained_k and app.settings.k is None
+        assert app.panel.k_control.k == info.trained_k and app.settings.k is None
 
         def one_line(n: int, needle: str) -> None:
             assert len(errors(app)) == n, errors(app)
@@ -142,7 +142,7 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
             assert needle in message and "\n" not in message and "Traceback" not in message
 
         def still_loaded() -> None:
-            assert app.model_info is info and app.loading_path is None
+            assert app.chat.model is info and app.chat.loading is None
             assert info.name in str(app.status_bar.render())
             assert app.settings.expert_cache == "auto"
 
@@ -152,7 +152,7 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
 
         await palette(pilot, "open /nonexistent/typo-one")
         await wait_until(pilot, lambda: len(errors(app)) == 2, 60, "the open error")
-        await wait_until(pilot, lambda: app.loading_path is None, 10, "the load to end")
+        await wait_until(pilot, lambda: app.chat.loading is None, 10, "the load to end")
         one_line(2, "typo-one")
         still_loaded()
 
@@ -167,13 +167,13 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
         app.screen.query_one(Input).value = "/nonexistent/typo-two"
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(errors(app)) == 3, 60, "the second open error")
-        await wait_until(pilot, lambda: app.loading_path is None, 10, "the load to end")
+        await wait_until(pilot, lambda: app.chat.loading is None, 10, "the load to end")
         one_line(3, "typo-two")
         still_loaded()
 
         await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.inflight is None and app.last_done, 60, "a reply")
-        assert app.last_done.finish_reason in ("stop", "length") and app.last_done.text
+        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply")
+        assert app.chat.last_done.finish_reason in ("stop", "length") and app.chat.last_done.text
         header = str(app.query(AssistantMessage).last().header_text())
         assert info.name in header and f"K {info.trained_k}" in header and "tok/s" in header
 

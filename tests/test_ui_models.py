@@ -92,14 +92,14 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         assert any(p.phase == "loading" and "unloading" in p.detail for p in phases)
         assert any(p.phase == "indexing" and p.detail == str(qwen) for p in phases)
         assert info.model_type == "qwen3_5_moe" and info.path == str(qwen)
-        await wait_until(pilot, lambda: app.model_info is info, 5, "the app to take it")
+        await wait_until(pilot, lambda: app.chat.model is info, 5, "the app to take it")
         bar = str(app.status_bar.render())
         assert qwen.name in bar and fmt_bytes(info.expert_cache_budget) in bar
         assert app.panel.shown["mem_resident"] == fmt_bytes(info.resident_bytes)
         assert "K 4/16" in bar
         await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.inflight is None and app.last_done, 60, "a reply")
-        assert app.last_done.finish_reason in ("stop", "length") and app.last_done.text
+        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply")
+        assert app.chat.last_done.finish_reason in ("stop", "length") and app.chat.last_done.text
         # Picking the loaded model again does not reload it.
         screen = await open_picker(pilot, app)
         await pilot.press("enter")
@@ -133,7 +133,7 @@ async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, 
             (message,) = errors(app)
             assert "another ssdmoe is running" in message and f"pid {holder.pid}" in message
             assert "/models/held-elsewhere" in message and "\n" not in message
-            assert app.model_info is None
+            assert app.chat.model is None
             # Still usable: the picker works, and once the other one quits, loading does.
             screen = await open_picker(pilot, app)
             screen.option_list.highlighted = screen.option_list.get_option_index(str(qwen))
@@ -145,10 +145,12 @@ async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, 
             screen.option_list.highlighted = screen.option_list.get_option_index(str(qwen))
             await pilot.press("enter")
             await loaded(pilot, app)
-            assert app.model_info.model_type == "qwen3_5_moe"
+            assert app.chat.model.model_type == "qwen3_5_moe"
             await type_and_send(pilot, "hi")
-            await wait_until(pilot, lambda: app.inflight is None and app.last_done, 60, "a reply")
-            assert app.last_done.finish_reason in ("stop", "length")
+            await wait_until(
+                pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply"
+            )
+            assert app.chat.last_done.finish_reason in ("stop", "length")
     finally:
         holder.kill()
         holder.wait()

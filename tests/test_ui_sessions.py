@@ -12,6 +12,7 @@ from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.protocol import StatsSample
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Turn
+from ssdmoe_tui.ui.actions import conversations
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_pct
 from ssdmoe_tui.ui.screens.conversations import ConversationsScreen, exports_dir
@@ -26,7 +27,7 @@ FIRST = " ".join(["the quick brown fox jumps over the lazy dog near the river ba
 def texts(app: SsdmoeApp) -> list[tuple[str, str]]:
     return [
         ("user" if isinstance(m, UserMessage) else "assistant", m.text)
-        for m in app.transcript.messages()
+        for m in app.chat_pane.transcript.messages()
     ]
 
 
@@ -60,13 +61,13 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
     )
     async with first.run_test(size=SIZE) as pilot:
         await loaded(pilot, first)
-        assert await first.send(FIRST)
+        assert await first.chat_pane.send(FIRST)
         await wait_until(pilot, lambda: first.inflight is None, 60, "reply 1")
         await type_and_send(pilot, "and then")
         await wait_until(pilot, lambda: first.inflight is None, 60, "reply 2")
-        await wait_until(pilot, lambda: not first.engine.busy, 20, "the KV checkpoint save")
+        await wait_until(pilot, lambda: not first.chat.engine.busy, 20, "the KV checkpoint save")
         shown = texts(first)
-        conv_id = first.session_id
+        conv_id = first.chat.session_id
         await pilot.press("ctrl+q")
     assert [role for role, _ in shown] == ["user", "assistant"] * 2
     folder = SessionStore().folder(conv_id)
@@ -79,7 +80,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
     )
     async with second.run_test(size=SIZE) as pilot:
         await loaded(pilot, second)
-        assert second.session_id != conv_id and not second.transcript.messages()
+        assert second.chat.session_id != conv_id and not second.chat_pane.transcript.messages()
         screen = await open_list(pilot, second)
         (summary,) = screen.summaries
         assert summary.id == conv_id and summary.n_turns == 2
@@ -87,17 +88,17 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         assert summary.model_id == "demo-model"
         assert "demo-model · 2 turns" in str(screen.option_list.get_option_at_index(0).prompt)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: second.session_id == conv_id, 5, "the resume")
+        await wait_until(pilot, lambda: second.chat.session_id == conv_id, 5, "the resume")
         assert not isinstance(second.screen, ConversationsScreen)
         assert texts(second) == shown  # the transcript at once, from the stored turns
-        notice = second.transcript.query("Notice").last()
+        notice = second.chat_pane.transcript.query("Notice").last()
         assert str(notice.render()).startswith("Resumed “the quick brown fox")
         samples: list[StatsSample] = []
         show = second.panel.show_sample
         second.panel.show_sample = lambda s: (samples.append(s), show(s))
         await type_and_send(pilot, "ok")
         await wait_until(pilot, lambda: second.inflight is None, 60, "reply 3")
-        done = second.last_done
+        done = second.chat.last_done
         assert done.finish_reason in ("stop", "length"), done.finish_reason
         # The checkpoint of the first app served all but the new message.
         assert done.stats["kv_hit_rate"] >= 0.9, done.stats
@@ -176,23 +177,23 @@ async def test_list_search_rename_export_delete(tmp_path):
 
         # Open the other one: its transcript shows at once.
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.session_id == ssd, 5, "the open")
+        await wait_until(pilot, lambda: app.chat.session_id == ssd, 5, "the open")
         assert texts(app) == [
             ("user", "Tell me about SSD streaming"),
             ("assistant", "It reads the routed experts."),
         ]
-        assert app.history[-1].content == "It reads the routed experts."
+        assert app.chat.history[-1].content == "It reads the routed experts."
         assert len(app.query(AssistantMessage)) == 1
         # Deleting the open conversation (palette path) leaves a fresh chat in the window.
-        app.action_delete_conversation()
+        conversations.delete(app)
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        await wait_until(pilot, lambda: app.session_id != ssd, 5, "the new chat")
-        assert not app.transcript.messages() and app.history == []
+        await wait_until(pilot, lambda: app.chat.session_id != ssd, 5, "the new chat")
+        assert not app.chat_pane.transcript.messages() and app.chat.history == []
         assert not store.folder(ssd).exists()
         # Nothing saved yet in this chat: the palette says so instead of failing.
-        app.action_export_conversation("md")
+        conversations.export(app, "md")
         await pilot.pause()
         assert "saved after its first reply" in list(app._notifications)[-1].message
 
@@ -208,8 +209,8 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await loaded(pilot, app)
         await type_and_send(pilot, "hello there")
         await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
-        first = app.session_id
-        reply = app.last_done.text
+        first = app.chat.session_id
+        reply = app.chat.last_done.text
         await pilot.press("ctrl+p")
         await pilot.press(*"export conversation as markdown")
         await pilot.pause(0.3)
@@ -224,18 +225,18 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await pilot.press(*"clear conversation")
         await pilot.pause(0.3)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.session_id != first, 5, "the clear")
-        assert not app.transcript.messages() and app.history == []
+        await wait_until(pilot, lambda: app.chat.session_id != first, 5, "the clear")
+        assert not app.chat_pane.transcript.messages() and app.chat.history == []
         await type_and_send(pilot, "fresh start")
         await wait_until(pilot, lambda: app.inflight is None, 60, "the next reply")
-        assert app.last_done.stats["kv_hit_rate"] == 0.0  # a new context
-        assert [s.id for s in store.list()] == [app.session_id, first]
+        assert app.chat.last_done.stats["kv_hit_rate"] == 0.0  # a new context
+        assert [s.id for s in store.list()] == [app.chat.session_id, first]
         assert store.get(first).turns[0].text == "hello there"
         # Opening the first one again swaps the transcript back.
         start = time.monotonic()
         screen = await open_list(pilot, app)
         screen.option_list.highlighted = [s.id for s in screen.summaries].index(first)
         await tap(pilot, "enter")
-        await wait_until(pilot, lambda: app.session_id == first, 5, "the reopen")
+        await wait_until(pilot, lambda: app.chat.session_id == first, 5, "the reopen")
         assert texts(app)[0] == ("user", "hello there")
         assert time.monotonic() - start < 5

@@ -66,8 +66,8 @@ async def setup(pilot) -> None:
         app.feed(sample(i * 5, 9.0 + (i % 4) * 1.5, 120.0 - i * 6.0))
     app.feed(PhaseChanged("idle"))
     await pilot.pause()
-    await app.transcript.add_user("How does an MoE model pick its experts?")
-    reply = await app.transcript.add_assistant("r1", INFO.name)
+    await app.chat_pane.transcript.add_user("How does an MoE model pick its experts?")
+    reply = await app.chat_pane.transcript.add_assistant("r1", INFO.name)
     await reply.finish(REPLY, "stop", "60 tokens · 12.5 tok/s")
     await pilot.pause()
 

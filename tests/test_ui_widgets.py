@@ -188,7 +188,7 @@ async def test_theme_choice_is_remembered_in_config(ssdmoe_home):
     app = SsdmoeApp(settings, engine_factory=None)
     async with app.run_test() as pilot:
         assert app.theme == "ssdmoe-dark"
-        app.choose_theme("ssdmoe-light")
+        app.theme = "ssdmoe-light"
         await pilot.pause()
     assert load_config().config.theme == "ssdmoe-light"
 
@@ -202,7 +202,7 @@ async def test_bad_config_is_reported_and_not_overwritten(ssdmoe_home):
     async with app.run_test() as pilot:
         notes = [n.message for n in app._notifications]
         assert any("bad TOML" in n and str(path) in n for n in notes)
-        app.choose_theme("ssdmoe-light")
+        app.theme = "ssdmoe-light"
         await pilot.pause()
         assert any("not saved" in n.message for n in app._notifications)
     assert path.read_text() == "theme = [\n"
@@ -212,21 +212,21 @@ async def test_end_in_the_prompt_repins_the_transcript():
     app = SsdmoeApp(ChatSettings(), engine_factory=None)
     async with app.run_test(size=(100, 24)) as pilot:
         for i in range(30):
-            await app.transcript.add_notice(f"note {i}")
+            await app.chat_pane.transcript.add_notice(f"note {i}")
         await pilot.pause(0.2)
-        transcript = app.transcript
+        transcript = app.chat_pane.transcript
         assert transcript.scroll_y == transcript.max_scroll_y > 0
         transcript.scroll_home(animate=False)  # as a user scrolling up would
         transcript.release_anchor()
         await pilot.pause(0.1)
         assert transcript.scroll_y == 0
-        app.prompt.focus()
+        app.chat_pane.prompt.focus()
         await pilot.press("a", "b", "left", "end")  # first End: to the line end
-        assert app.prompt.cursor_location == (0, 2) and transcript.scroll_y == 0
+        assert app.chat_pane.prompt.cursor_location == (0, 2) and transcript.scroll_y == 0
         await pilot.press("end")  # already there: follow the conversation again
         await pilot.pause(0.2)
         assert transcript.scroll_y == transcript.max_scroll_y
-        await app.transcript.add_notice("one more")
+        await app.chat_pane.transcript.add_notice("one more")
         await pilot.pause(0.2)
         assert transcript.scroll_y == transcript.max_scroll_y
 

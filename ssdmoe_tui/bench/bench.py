@@ -523,13 +523,11 @@ def run_bench(
     ks = opts.ks or default_ks(trained_k, index.num_experts)
     routing_label = "model"
     if eng.routing_trace:
+        from ssdmoe_tui.engine.trace_routing import check_trace_k
         from ssdmoe_tui.engine.traces import read_trace
 
         trace_meta = read_trace(eng.routing_trace).meta  # K comes from the trace
-        if opts.ks and opts.ks != [trace_meta.k]:
-            raise BadValueError(
-                f"--k {','.join(map(str, opts.ks))}: the routing trace sets K={trace_meta.k}"
-            )
+        check_trace_k("--k", opts.ks, trace_meta.k)
         ks = [trace_meta.k]
         routing_label = f"trace:{Path(eng.routing_trace).name}"
     for k in ks:

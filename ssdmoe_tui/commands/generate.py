@@ -156,7 +156,7 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
         print(
             f"[{s.prompt_tokens} prompt tok, {s.prefill_tok_s:.1f} tok/s prefill | {s.generated_tokens} tok, "
             f"{s.decode_tok_s:.1f} tok/s | {s.ssd_mib_per_token():.2f} MiB/tok from SSD | "
-            f"expert cache hit {s.hit_rate:.1%} | K={runner.k}]",
+            f"expert cache hit {s.hit_rate:.1%} | K={runner.k}{_routed(stats)}]",
             file=sys.stderr,
         )
         if dist is not None:
@@ -164,3 +164,12 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
 
             print(summary_line(stats["distributed"]), file=sys.stderr)
     return 0
+
+
+def _routed(stats: dict) -> str:
+    """The stats line's trace-routing label: the tokens are not the model's own."""
+    if stats.get("routing", "model") == "model":
+        return ""
+    wraps = stats.get("routing_wraps", 0)
+    wrapped = f", wrapped {wraps}x" if wraps else ""
+    return f" | routed by {stats['routing']}{wrapped}: not the model's own tokens"

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine.options import EngineOptions, check_k
-from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
@@ -106,13 +105,11 @@ def load_engine(
     try:
         runner = Runner(sm, o.prefill_step, k=o.k, prefill_k=o.prefill_k)
         if o.routing_trace:
-            from ssdmoe_tui.engine.trace_routing import attach
+            from ssdmoe_tui.engine.trace_routing import attach, check_trace_k
 
             routing = attach(sm, o.routing_trace)
-            if o.k is not None and o.k != routing.k:
-                raise BadValueError(
-                    f"--k {o.k} differs from the routing trace's K={routing.k} (K comes from the trace)"
-                )
+            check_trace_k("--k", o.k, routing.k)
+            check_trace_k("--prefill-k", o.prefill_k, routing.k)
             runner.k = routing.k
     except BaseException:
         sm.close()

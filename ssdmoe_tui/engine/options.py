@@ -163,10 +163,12 @@ def check_text(text: str, what: str = "the prompt") -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        bad = text[e.start].encode("utf-8", "surrogateescape")
-        raise BadValueError(
-            f"{what} is not valid UTF-8 (byte 0x{bad.hex()} at character {e.start})"
-        ) from None
+        ch = text[e.start]
+        if 0xDC80 <= ord(ch) <= 0xDCFF:  # an undecodable byte from argv (surrogateescape)
+            where = f"byte 0x{ch.encode('utf-8', 'surrogateescape').hex()}"
+        else:  # a lone surrogate that came in as text (e.g. JSON "\ud800")
+            where = f"lone surrogate U+{ord(ch):04X}"
+        raise BadValueError(f"{what} is not valid UTF-8 ({where} at character {e.start})") from None
     return text
 
 

@@ -359,9 +359,16 @@ class Runner:
         total = int(todo.size)
         done = 0
         yield PrefillProgress(reused_tokens, len(prompt))
+        routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
         while total - done > 1:
             n = min(self.prefill_step_size, total - done - 1)
-            model(todo[done : done + n][None], cache=cache)
+            if routing is not None:
+                routing.prefill_chunk = True
+            try:
+                model(todo[done : done + n][None], cache=cache)
+            finally:
+                if routing is not None:
+                    routing.prefill_chunk = False
             mx.eval([c.state for c in cache])
             done += n
             yield PrefillProgress(reused_tokens + done, len(prompt))

@@ -8,11 +8,15 @@ trace's ids and its own softmax and renormalisation weight them with the router'
 scores at those ids. The cache is asked for exactly the trace's ids, in trace order
 (what `ssdmoe trace replay` replays), so engine and simulator see the same lookups.
 
-Steps: every forward pass of more than one token is a prefill chunk and routes to the
-trace's prefill union for that layer (one chunk per layer, whatever the prompt's
-length); single-token passes follow the trace's decode steps in order, and wrap to the
-first decode step at the trace's end (counted in `wraps`). The first single-token pass
-is the one that samples the first token from the prompt's last position.
+Steps: every prefill chunk (a forward pass of more than one token, or one the runner
+marks with `prefill_chunk`: a chunk of one token, as a two-token prompt or the remainder
+after whole chunks gives) routes to the trace's prefill union for that layer (one chunk
+per layer, whatever the prompt's length); the other single-token passes follow the
+trace's decode steps in order, and wrap to the first decode step at the trace's end
+(counted in `wraps`). The first of them is the one that samples the first token from
+the prompt's last position. A prompt longer than one prefill chunk looks the union up
+once per chunk (hits after the first, but the policy sees each lookup, where `trace
+replay` sees one): compare hit rates with the replay on prompts of one chunk.
 
 Tokens produced this way are not the model's own: output is labelled `trace:<name>` and
 no exactness claim is made for it.
@@ -32,6 +36,17 @@ from ssdmoe_tui.errors import BadValueError
 SUPPORTED = ("qwen3_moe", "qwen3_5_moe", "mixtral")
 
 
+def check_trace_k(flag: str, value: int | list[int] | None, trace_k: int) -> None:
+    """K comes from the trace: a --k / --prefill-k (or bench's --k list) that asks for
+    another is one line (None or the trace's own K passes)."""
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if any(v != trace_k for v in values):
+        raise BadValueError(
+            f"{flag} {','.join(map(str, values))} differs from the routing trace's K={trace_k} "
+            "(K comes from the trace)"
+        )
+
+
 class TraceRouting:
     """The trace's expert ids per (step, layer), and where the engine is in it."""
 
@@ -40,10 +55,16 @@ class TraceRouting:
         self.name = name
         self.label = f"trace:{name}"
         if (meta.num_layers, meta.num_experts) != (num_layers, num_experts):
+            # --layers only cuts depth: a trace with other experts needs another model's config
+            fix = (
+                f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
+                if meta.num_experts == num_experts
+                else f"from a config with {meta.num_experts} experts, --layers {meta.num_layers}"
+            )
             raise BadValueError(
                 f"routing trace {name} has {meta.num_layers} MoE layers x {meta.num_experts} "
                 f"experts, the model {num_layers} x {num_experts}: build a matching checkpoint "
-                f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
+                + fix
             )
         self.k = meta.k
         self.num_layers = num_layers
@@ -64,6 +85,14 @@ class TraceRouting:
                             f"K={self.k} distinct"
                         )
                     cells[layer] = np.array(ids, dtype=np.int64)
+                if len(cells) != num_layers:
+                    # Else those layers would silently follow the model's own router.
+                    missing = min(set(range(num_layers)) - set(cells))
+                    raise BadValueError(
+                        f"routing trace {name}: decode token {step.token} routes "
+                        f"{len(cells)} of {num_layers} MoE layers (layer {missing} missing: "
+                        f"a recording cut short?); every decode step must route every layer"
+                    )
                 self.decode.append(cells)
         if not self.decode:
             raise BadValueError(f"routing trace {name} has no decode steps")
@@ -73,6 +102,7 @@ class TraceRouting:
         self.phase = PREFILL
         self.position = -1  # decode step index (before wrapping)
         self.wraps = 0
+        self.prefill_chunk = False  # set by the runner around each prefill chunk
         self.on_decode_start = None  # callback when the first decode pass begins
         self._masks: dict[int, mx.array] = {}
 
@@ -80,7 +110,7 @@ class TraceRouting:
     def begin_pass(self, tokens: int) -> None:
         """Called once per forward pass (by the first MoE layer's gate)."""
         self._masks = {}
-        if tokens > 1:
+        if tokens > 1 or self.prefill_chunk:
             self.phase = PREFILL
             return
         first = self.phase == PREFILL and self.position < 0

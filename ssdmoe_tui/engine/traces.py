@@ -29,7 +29,7 @@ import csv
 import gzip
 import io
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -266,6 +266,21 @@ def _lines(path: Path) -> list[str]:
     return lines
 
 
+def _json_objects(path: Path, lines: list[str]) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line; anything but a JSON object is one
+    line naming the file and line."""
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise _bad(path, i, getattr(e, "msg", "nested too deeply")) from None
+        if not isinstance(row, dict):
+            raise _bad(path, i, "expected a JSON object")
+        yield i, row
+
+
 def _header_meta(header: dict, path: Path, **defaults: Any) -> TraceMeta:
     def num(key: str) -> int:
         return _int(header.get(key, 0), path, 1, f"header {key!r}")
@@ -320,15 +335,7 @@ def _read_jsonl(path: Path) -> Trace:
     lines = _lines(path)
     meta = TraceMeta(source=JSONL_FORMAT)
     steps: _Steps | None = None
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise _bad(path, i, getattr(e, "msg", "nested too deeply")) from None
-        if not isinstance(row, dict):
-            raise _bad(path, i, "expected a JSON object")
+    for i, row in _json_objects(path, lines):
         if "experts" not in row:
             if i != 1 and steps is not None:
                 raise _bad(path, i, "a header is only allowed on line 1")
@@ -432,15 +439,7 @@ def _read_vllm_routes(path: Path) -> Trace:
     steps: _Steps | None = None
     head: dict[str, Any] = {}
     dummy = True
-    for i, line in enumerate(_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise _bad(path, i, getattr(e, "msg", "nested too deeply")) from None
-        if not isinstance(row, dict):
-            raise _bad(path, i, "expected a JSON object")
+    for i, row in _json_objects(path, _lines(path)):
         if row.get("type") == "meta":
             head = row
             _int(head.get("top_k", 0), path, i, "top_k")

@@ -1,6 +1,6 @@
 """Command palette (ctrl+p): chat, conversations, K, expert cache, panel, themes, model,
-config. Each command runs an app action by name or posts a request message: the palette
-does not know the app's class."""
+config. Each command runs an app action by name, a function of `ui.actions`, or posts a
+request message: the palette does not know the app's class."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from ssdmoe_tui.ui.actions import conversations, model
 from ssdmoe_tui.ui.messages import OpenModel, RequestExpertCache, RequestK
 
 _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
@@ -21,12 +22,17 @@ class SsdmoeCommands(Provider):
     def _action(self, name: str) -> Callable[[], object]:
         return partial(self.app.run_action, name)
 
+    def _run(self, function: Callable[..., object], *args: object) -> Callable[[], object]:
+        """One of `ui.actions`' functions, on this app."""
+        return partial(function, self.app, *args)
+
     def _post(self, message: object) -> Callable[[], object]:
         return partial(self.app.post_message, message)
 
     def _static(self) -> list[tuple[str, str, Callable[[], object]]]:
         app = self.app
         act = self._action
+        run = self._run
         commands: list[tuple[str, str, Callable[[], object]]] = [
             ("New chat", "Clear the conversation and start over", act("new_chat")),
             ("Stop generation", "Stop the streaming reply and keep what arrived", act("stop")),
@@ -45,11 +51,11 @@ class SsdmoeCommands(Provider):
                 "System prompt, temperature, top-p, max tokens, K for this conversation (F9)",
                 act("gen_settings"),
             ),
-            ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", act("ask_k")),
+            ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", run(model.ask_k)),
             (
                 "Set expert-cache budget…",
                 "Memory for cached experts: auto, 512M, 4G (or type: cache 2G)",
-                act("ask_expert_cache"),
+                run(model.ask_expert_cache),
             ),
             ("Toggle engine panel", "Show or hide the engine side column", act("toggle_panel")),
             (
@@ -57,7 +63,7 @@ class SsdmoeCommands(Provider):
                 "Pick a model found on this machine (F4)",
                 act("models"),
             ),
-            ("Open model…", "Load a checkpoint folder (or type: open /path)", act("ask_model")),
+            ("Open model…", "Load a checkpoint folder (or type: open /path)", run(model.ask_model)),
             (
                 "Conversations",
                 "Saved conversations: search, open, rename (ctrl+o)",
@@ -71,32 +77,32 @@ class SsdmoeCommands(Provider):
             (
                 "Rename conversation…",
                 "Give this conversation a title",
-                act("rename_conversation"),
+                run(conversations.rename),
             ),
             (
                 "Delete conversation…",
                 "Remove this conversation and its KV checkpoints (asks first)",
-                act("delete_conversation"),
+                run(conversations.delete),
             ),
             (
                 "Export conversation as Markdown",
                 "Write this conversation to a .md file",
-                act("export_conversation('md')"),
+                run(conversations.export, "md"),
             ),
             (
                 "Export conversation as JSON",
                 "Write this conversation, token ids included, to a .json file",
-                act("export_conversation('json')"),
+                run(conversations.export, "json"),
             ),
             (
                 "Open the model folder",
                 "Show the loaded model's folder",
-                act("open_model_folder"),
+                run(model.open_model_folder),
             ),
             (
                 "Show config path",
                 "Where config.toml lives (also copied)",
-                act("show_config_path"),
+                run(model.show_config_path),
             ),
             ("Keys", "Every key binding and its id", act("keys")),
         ]

@@ -337,7 +337,7 @@ class ConversationsScreen(ModalScreen[str | None]):
             self.ops.delete(conv_id, self._after_delete)
 
     def _after_delete(self) -> None:
-        self.current = getattr(self.app, "session_id", self.current)
+        self.current = getattr(getattr(self.app, "chat", None), "session_id", self.current)
         self.refresh_list()
 
     def action_export(self, fmt: str) -> None:

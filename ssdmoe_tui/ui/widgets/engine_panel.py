@@ -7,6 +7,7 @@ on screen, so tests can compare it with the sample that produced it.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from textual.app import ComposeResult
@@ -59,6 +60,8 @@ TOOLTIPS = {
     "cache_hit": "Share of routed experts found in the engine's own expert cache this turn.",
     "kv_hit": "Share of this turn's prompt served from the saved KV cache.",
 }
+
+K_ECHO_GRACE_S = 1.0  # samples this soon after a K change may predate it: not reflected
 
 
 def page_cache_mib(s: StatsSample) -> float:
@@ -229,6 +232,22 @@ class EnginePanel(VerticalScroll):
         self._set("context", f"{fmt_count(s.context_tokens)} / {fmt_count(s.max_context)}")
         meter = self.query_one("#context-meter", ProgressBar)
         meter.update(total=max(1, s.max_context), progress=min(s.context_tokens, s.max_context))
+
+    @property
+    def k_control(self) -> KSlider:
+        return self.query_one(KSlider)
+
+    def follow_k(self, s: StatsSample, decoding: bool) -> bool:
+        """Move the K control to the K the engine decodes with (a token's K), unless the
+        user has just moved it: a sample taken before the change reached the engine would
+        undo it on screen. Idle samples may predate a K set between replies. True when
+        the control moved."""
+        control = self.k_control
+        recent = time.monotonic() - control.user_changed_at < K_ECHO_GRACE_S
+        if decoding and s.k and control.num_experts and s.k != control.k and not recent:
+            control.set_k(s.k, notify=False)
+            return True
+        return False
 
     def clear_history(self) -> None:
         self.decode_history.clear()

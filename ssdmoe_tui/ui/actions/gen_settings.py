@@ -1,0 +1,35 @@
+"""F9: this conversation's generation settings (system prompt, sampling, max tokens, K)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ssdmoe_tui.chat.controller import Refused
+from ssdmoe_tui.config import GenSettings
+from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
+
+
+def edit(app: Any) -> None:
+    """Open the settings dialog on the conversation's values (K as the control shows it);
+    the controller checks and stores what comes back, and the K control follows."""
+    if isinstance(app.screen, GenSettingsScreen):
+        return
+    info = app.chat.model
+    control = app.panel.k_control
+    current = replace(app.chat.gen, k=control.k if info else None)
+
+    def chosen(gen: GenSettings | None) -> None:
+        if gen is None:
+            return
+        try:
+            app.chat.set_gen(gen)
+        except Refused as e:
+            app.notify(str(e), severity="error")
+            return
+        if gen.k is not None and app.chat.model is not None:
+            control.set_k(gen.k, notify=False)
+            app.status_bar.k = control.k
+        app.notify("Settings saved for this conversation.")
+
+    app.push_screen(GenSettingsScreen(current, info.num_experts if info else 0), chosen)

@@ -1,0 +1,177 @@
+"""The chat column: the transcript above the prompt, and the conversation flow between
+them (send, regenerate, edit and resend, the streaming reply).
+
+It handles the prompt's own `PromptInput.Submitted` (which bubbles up to it) and asks
+the controller (`chat.controller.ChatController`, no Textual) for every decision; the
+app routes the engine's reply events here (`show_tokens`, `reply_done`, `reply_failed`)
+in the order they arrived."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+
+from ssdmoe_tui.chat.controller import ChatController, Refused
+from ssdmoe_tui.chat.replies import ShownTurn
+from ssdmoe_tui.engine.protocol import EngineError, Generate, GenerationDone, Tokens
+from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
+from ssdmoe_tui.ui.widgets.engine_panel import EnginePanel
+from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Transcript
+from ssdmoe_tui.ui.widgets.welcome import Welcome
+
+
+class ChatPane(Vertical):
+    def __init__(self, chat: ChatController, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.chat = chat
+        self.current: AssistantMessage | None = None  # the reply streaming into the transcript
+        self.editing = False  # the prompt holds the last prompt, to be edited and resent
+        self.finishing: str | None = None  # a finished reply whose widget is settling
+
+    def compose(self) -> ComposeResult:
+        yield Transcript(id="transcript")
+        yield PromptInput(id="prompt", placeholder="Ask anything (Enter sends, ctrl+j newline)")
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    @property
+    def welcome(self) -> Welcome | None:
+        """The first-run panel at the top of the transcript (demo model only)."""
+        found = self.query(Welcome)
+        return found.first() if found else None
+
+    # ------------------------------------------------------------------ sending
+
+    @on(PromptInput.Submitted)
+    async def _submitted(self, event: PromptInput.Submitted) -> None:
+        if self.editing:
+            await self.redo(event.text)
+        else:
+            await self.send(event.text)
+
+    async def send(self, text: str) -> bool:
+        """Send one user turn; False (with a notice) when it cannot go now."""
+        if why := self.chat.why_not_send():
+            self.notify(why, severity="warning")
+            return False
+        self.prompt.clear()
+        await self.transcript.add_user(text)
+        await self._start_reply(self.chat.prepare(text))
+        return True
+
+    async def redo(self, text: str | None = None) -> bool:
+        """Regenerate the last reply (`text` None) or resend the edited last prompt; the
+        replaced turns stay on screen, marked, and in the conversation file."""
+        try:
+            request = self.chat.redo(text)
+        except Refused as e:
+            self.notify(str(e), severity="warning")
+            return False
+        self.editing = False
+        self.prompt.clear()
+        messages = self.transcript.messages()
+        last_user = max(
+            (i for i, m in enumerate(messages) if not isinstance(m, AssistantMessage)), default=0
+        )
+        for message in messages[last_user if text is not None else last_user + 1 :]:
+            if not message.has_class("replaced"):
+                message.mark_replaced()
+        if text is not None:
+            await self.transcript.add_user(text)
+        await self._start_reply(request)
+        return True
+
+    def edit_last(self) -> None:
+        """Put the last prompt back in the box; Enter resends it."""
+        text = self.chat.last_prompt()
+        if text is None:
+            self.notify("No prompt to edit yet.", severity="warning")
+            return
+        if why := self.chat.why_not_send():
+            self.notify(why, severity="warning")
+            return
+        self.editing = True
+        self.prompt.load_text(text)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
+        self.notify("Editing the last prompt: Enter resends it, Esc cancels.")
+
+    async def _start_reply(self, request: Generate) -> None:
+        assert self.chat.model is not None
+        self.current = await self.transcript.add_assistant(request.request_id, self.chat.model.name)
+        self.transcript.action_pin()
+        # Cleared before the request goes: its first sample must land on a clean graph.
+        self.screen.query_one(EnginePanel).clear_history()
+        self.chat.submit(request)
+
+    # ------------------------------------------------------------------ the reply
+
+    async def show_tokens(self, event: Tokens) -> None:
+        if self.current is not None and event.request_id == self.current.request_id:
+            await self.current.append(event.text)
+
+    async def reply_done(self, done: GenerationDone) -> None:
+        if done.request_id != self.chat.inflight:
+            return
+        message, self.current = self.current, None
+        self.finishing = done.request_id
+        try:
+            stats = self.chat.reply_done(done)
+            if stats is not None and message is not None and message.is_attached:
+                await message.finish(done.text, done.finish_reason, stats.detail())
+        finally:
+            self.finishing = None
+
+    async def reply_failed(self, error: EngineError) -> None:
+        """The reply in flight ended with an engine error: what arrived stays, marked."""
+        message, self.current = self.current, None
+        if message is not None and message.is_attached:
+            await message.finish(message.text, "error", error.message)
+
+    # ------------------------------------------------------------------ the conversation
+
+    async def show_turns(self, turns: Sequence[ShownTurn]) -> None:
+        for turn in turns:
+            if turn.role == "user":
+                await self.transcript.add_user(turn.content)
+            elif turn.role == "assistant":
+                stats = turn.reply
+                message = await self.transcript.add_assistant("", stats.model if stats else "")
+                reason = "cancelled" if turn.stopped else "stop"
+                await message.finish(turn.content, reason, stats.detail() if stats else "")
+
+    async def open_session(self, resume: str | None) -> None:
+        """Start (`resume` None) or resume a conversation and show its turns; a bad
+        session file is one line and the chat goes on unsaved."""
+        try:
+            turns = self.chat.open_session(resume)
+        except Refused as e:
+            self.notify(str(e), severity="warning")
+            return
+        except Exception as e:  # noqa: BLE001 - a bad session file must not stop the chat
+            self.notify(f"could not open the session: {user_message(e)}", severity="error")
+            self.chat.session_id = None
+            return
+        await self.show_turns(turns)
+        if resume is not None and self.chat.session_id is not None:
+            notice = resumed_notice(store_of(self.app), self.chat.session_id, None)
+            await self.transcript.add_notice(notice)
+
+    async def start_over(self) -> None:
+        """A new chat: the reply in flight is abandoned and the transcript emptied."""
+        self.chat.abandon_reply()
+        self.current = None
+        self.editing = False
+        self.chat.new_chat()
+        await self.transcript.clear()
