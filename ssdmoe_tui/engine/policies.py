@@ -608,7 +608,8 @@ class ReusePolicy:
     def _refresh(self, layer: int, ids: Sequence[int]) -> None:
         np = self._np
         decay = self._clock.decay
-        tokens = (1.0 - decay ** max(self._steps, 1)) / (1.0 - decay) if decay < 1 else 1.0
+        steps = max(self._steps, 1)  # decayed number of tokens seen, for a per-token rate
+        tokens = (1.0 - decay**steps) / (1.0 - decay) if decay < 1 else float(steps)
         rate = self._m[layer] / (self._clock.weight * tokens)
         res = self._resident[layer]
         if ids:
