@@ -102,7 +102,7 @@ def _engine_decode_hit(
 
 
 @pytest.mark.parametrize(
-    ("per_layer", "policy"), [(12, "cycle-lfu"), (24, "lru"), (9, "layer-lfu")]
+    ("per_layer", "policy"), [(12, "cycle-lfu"), (24, "lru"), (9, "layer-lfu"), (12, "reuse")]
 )
 def test_engine_decode_hit_rate_equals_trace_replay_qwen(qwen_cut, per_layer, policy) -> None:
     path, trace = qwen_cut

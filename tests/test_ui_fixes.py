@@ -184,6 +184,7 @@ def test_load_progress_steps_and_hub_download():
 
     p = LoadProgress(started=0.0)
     p.update("loading", 0, 0, "/models/x")  # a path: not a step, nothing moves
+    p.update("loading", 0, 0, "/data/reindexed/tokenizer-fix-resident")  # words in a path
     assert p.fraction == 0.0 and p.eta_s is None
     p.update("loading", 512, 1024, "downloading 512 MiB of 1.0 GiB")
     assert p.fraction == 0.3 and "Hugging Face" in p.label and "30%" in p.text()

@@ -102,6 +102,7 @@ class ChatController:
     last_done: GenerationDone | None = None
     on_warning: Callable[[str], None] | None = None  # persistence problems, one line
     _abandoned: set[str] = field(default_factory=set)
+    _prompt: Message | None = None  # the user turn of the reply in flight
     _pending_cache: str | None = None
     _wanted_k: int | None = None
     _requests: int = 0
@@ -185,10 +186,10 @@ class ChatController:
         or setting ends the loading; only a fatal error drops the model."""
         reply_failed = error.request_id is not None and error.request_id == self.inflight
         if reply_failed:
-            abandoned = error.request_id in self._abandoned
             self._abandoned.discard(error.request_id)  # type: ignore[arg-type]
             self.inflight = None
-            if not abandoned and self.history and self.history[-1].role == "user":
+            prompt, self._prompt = self._prompt, None
+            if self._prompt_is_last(prompt):  # not when its conversation has gone
                 self.history.pop()
         elif error.request_id is None:
             self.loading = None
@@ -219,7 +220,8 @@ class ChatController:
         when it cannot go now."""
         if why := self.why_not_send():
             raise Refused(why)
-        self.history.append(Message("user", text))
+        self._prompt = Message("user", text)
+        self.history.append(self._prompt)
         self._requests += 1
         request = Generate(
             request_id=f"r{self._requests}",
@@ -243,12 +245,16 @@ class ChatController:
 
     def reply_done(self, done: GenerationDone) -> ReplyStats | None:
         """Settle the reply `done` ends: its stats for the header, or None when it is not
-        one to show (another request's, or one dropped by a new chat / model switch)."""
+        one to show (another request's, or one whose conversation has gone: a new chat,
+        another conversation opened). A reply abandoned while its conversation stays (a
+        model or cache switch) is settled like a stopped one: what arrived is kept, so the
+        history matches the screen and the next prompt does not follow an unanswered one."""
         if done.request_id != self.inflight:
             return None
         self.last_done = done
+        prompt, self._prompt = self._prompt, None
         try:
-            if done.request_id in self._abandoned:
+            if done.request_id in self._abandoned and not self._prompt_is_last(prompt):
                 return None
             if done.finish_reason != "error" and done.text:
                 self.history.append(Message("assistant", done.text))
@@ -271,8 +277,13 @@ class ChatController:
         if self.inflight is not None and self.engine is not None:
             self.engine.cancel()
 
+    def _prompt_is_last(self, prompt: Message | None) -> bool:
+        """The conversation still ends with this reply's user turn."""
+        return prompt is not None and bool(self.history) and self.history[-1] is prompt
+
     def abandon_reply(self) -> None:
-        """Stop the streaming reply and drop it; its GenerationDone still clears `inflight`."""
+        """Stop the streaming reply; its GenerationDone still clears `inflight` (and
+        settles it, when its conversation is still the open one)."""
         if self.inflight is not None:
             self._abandoned.add(self.inflight)
             if self.engine is not None:

@@ -32,17 +32,20 @@ _SHARD = re.compile(r"wrote \S+ \((\d+)/(\d+)")
 
 
 def step_of(detail: str, total: int) -> str | None:
-    """Which step a PhaseChanged detail belongs to (None: not a step, e.g. a path)."""
+    """Which step a PhaseChanged detail belongs to (None: not a step, e.g. a path).
+
+    Matched on the engine's own phrases at the start of the detail: a model path that
+    merely contains "index" or "tokenizer" is not a step."""
     text = detail.lower()
-    if total and "download" in text:
+    if total and text.startswith("downloading"):
         return "download"
-    if "creating the demo model" in text or _SHARD.search(detail):
+    if text.startswith("creating the demo model") or _SHARD.match(detail):
         return "demo"
-    if "index" in text:
+    if text.startswith("indexing"):
         return "index"
-    if "resident" in text:
+    if text.startswith("loading resident"):
         return "resident"
-    if "tokenizer" in text:
+    if text.startswith("loading tokenizer") or text.startswith("loading the tokenizer"):
         return "tokenizer"
     return None
 

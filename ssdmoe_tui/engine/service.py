@@ -117,7 +117,11 @@ class EngineService:
             return
         if isinstance(cmd, P.Generate):
             self._busy.set()
-        if isinstance(cmd, (P.Generate, P.LoadModel)):
+            self._cancel.clear()
+        elif isinstance(cmd, P.LoadModel) and not self._busy.is_set():
+            # Not while a reply runs: the app stops it as it opens another model, and
+            # clearing here undid that stop (the reply ran to max_tokens before the load);
+            # the reply clears the stop as it ends.
             self._cancel.clear()
         self._queue.put(cmd)
 
@@ -200,6 +204,7 @@ class EngineService:
                 self._emit(P.PhaseChanged("idle"))
             finally:
                 if isinstance(cmd, P.Generate):
+                    self._cancel.clear()  # its stop is spent, also when it failed
                     self._busy.clear()
 
     def _next_command(self) -> P.Command:
