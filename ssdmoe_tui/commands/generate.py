@@ -75,7 +75,7 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     from mlx_lm.sample_utils import make_sampler
 
     from ssdmoe_tui.engine.chat_format import prompt_tokens
-    from ssdmoe_tui.engine.runner import Done, TokenEvent
+    from ssdmoe_tui.engine.runner import Done, PrefillProgress, TokenEvent
     from ssdmoe_tui.errors import BadValueError
 
     sm = runner.sm
@@ -115,6 +115,10 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
             max_tokens=args.max_tokens,
             sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
         ):
+            if isinstance(ev, PrefillProgress) and writer is not None and ev.done >= ev.total - 1:
+                # The last prompt token runs alone, as the first decode step: record it
+                # as decode step 0, which is how trace routing reads a trace back.
+                counter["phase"] = DECODE
             if isinstance(ev, TokenEvent) and meter is not None:
                 meter.on_token(ev.stats.generated_tokens)
             if isinstance(ev, TokenEvent) and not quiet:
