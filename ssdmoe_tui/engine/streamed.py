@@ -203,17 +203,18 @@ class StreamedSwitch(nn.Module):
             if extra is not None and len(extra):
                 lut[extra] = slots[0]
             y = self._run_slots(x, lut[host])
+            # Read the next layer's likely experts while this layer computes: predicted by
+            # its router (lookahead) or, in decode (one token) of trace-driven runs, by
+            # co-occurrence with this layer's ids.
+            nxt = None
             if pred is not None:
-                # Read the next layer's likely experts while this layer computes.
-                pinned = {(self._layer, int(e)) for e in uniq}
-                cache.prefetch(self._layer + 1, np.unique(np.array(pred, copy=False)), pinned)
+                nxt = np.unique(np.array(pred, copy=False))
             elif cache.predictor is not None and host.size == host.shape[-1]:
-                # Decode (one token): co-occurrence predicts the next layer's ids (trace-
-                # driven runs), read while this layer computes.
-                nxt = cache.predictor.predict(self._layer, uniq.tolist(), len(uniq))
-                if nxt:
-                    pinned = {(self._layer, int(e)) for e in uniq}
-                    cache.prefetch(self._layer + 1, np.array(nxt, dtype=np.int64), pinned)
+                ids = cache.predictor.predict(self._layer, uniq.tolist(), len(uniq))
+                nxt = np.array(ids, dtype=np.int64) if ids else None
+            if nxt is not None:
+                pinned = {(self._layer, int(e)) for e in uniq}
+                cache.prefetch(self._layer + 1, nxt, pinned)
             return y
         if extra is not None and len(extra):
             uniq = np.concatenate([uniq, extra])
