@@ -10,7 +10,8 @@ from pathlib import Path
 from tests.fixture_paths import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[1]
-# "../shared", "..\shared", parents[N] / "shared", .parent / "shared"
+# The sibling folder by relative path (either separator), by the development machine's
+# absolute path, or joined as a path part (parents[N] / its name, .parent / its name).
 SIBLING = re.compile(r"\.\.[/\\]shared\b|/work/shared\b|/\s*[\"']shared[\"']|[\"']shared[\"']\s*/")
 
 
