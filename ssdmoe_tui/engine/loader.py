@@ -209,18 +209,22 @@ def load_streamed(
     experts: str = "auto",
     progress: Callable[[str], None] = lambda _: None,
     distributed=None,
+    index: ExpertIndex | None = None,
 ) -> StreamedModel:
     """`experts`: where expert bytes are read from: `auto` (the repacked file when one
     is current, else the shards), `shards`, or `repacked` (an error when none is).
     `distributed` (`engine.distributed.Distributed`): an expert-parallel launch; this
-    rank streams only its share of the experts. None: one process holds them all."""
+    rank streams only its share of the experts. None: one process holds them all.
+    `index`: the header-only index already read for this folder (`open.plan_engine`),
+    so a load does not read and content-check the shards' headers a second time."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
     config = _load_config(path)
     model_class, args_class = _model_classes(config)
     progress("indexing experts")
-    index, _ = load_index(path)
+    if index is None:
+        index, _ = load_index(path)
     if index.note:
         progress(index.note)
     act_dtype = parse_dtype(dtype)

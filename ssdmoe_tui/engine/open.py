@@ -101,6 +101,7 @@ def load_engine(
         experts=o.experts,
         progress=say,
         distributed=distributed,
+        index=plan.index,
     )
     try:
         runner = Runner(sm, o.prefill_step, k=o.k, prefill_k=o.prefill_k)
