@@ -303,10 +303,10 @@ class EngineService:
         self._emit(P.PhaseChanged("idle"))
 
     def _describe(self, runner: Runner) -> P.ModelInfo:
+        from ssdmoe_tui.engine.context import max_context
         from ssdmoe_tui.engine.loader import device_name
 
         sm = runner.sm
-        cfg = sm.config.get("text_config", sm.config)
         return P.ModelInfo(
             name=sm.path.name,
             path=str(sm.path),
@@ -316,7 +316,7 @@ class EngineService:
             trained_k=sm.trained_k,
             k=runner.k,
             prefill_k=runner.prefill_k or runner.k,
-            max_context=int(cfg.get("max_position_embeddings", 0) or 0),
+            max_context=max_context(sm.config),  # the same figure the runner refuses by
             device=device_name(),
             dtype=str(sm.dtype).removeprefix("mlx.core."),
             expert_bytes=sm.index.expert_bytes,
