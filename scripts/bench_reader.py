@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ssdmoe_tui.engine import iostats  # noqa: E402
-from ssdmoe_tui.engine.reader import buffer_address, open_reader  # noqa: E402
+from ssdmoe_tui.engine.experts import iostats  # noqa: E402
+from ssdmoe_tui.engine.experts.reader import buffer_address, open_reader  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30

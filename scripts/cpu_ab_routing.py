@@ -28,9 +28,9 @@ def main() -> int:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
-    from ssdmoe_tui.engine.loader import cast_model, load_streamed, set_block_k
-    from ssdmoe_tui.engine.runner import Runner
-    from ssdmoe_tui.engine.trace_routing import attach
+    from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_block_k
+    from ssdmoe_tui.engine.policy.trace_routing import attach
+    from ssdmoe_tui.engine.run.runner import Runner
 
     sm = load_streamed(args.model, expert_cache=args.expert_cache)
     routing = attach(sm, args.routing_trace)

@@ -25,8 +25,8 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ssdmoe_tui.engine import device_memory as dm
-from ssdmoe_tui.engine.reader import NativeReader, buffer_address
+from ssdmoe_tui.engine.experts import device_memory as dm
+from ssdmoe_tui.engine.experts.reader import NativeReader, buffer_address
 
 H, INTER, GS, BITS = 2048, 512, 64, 4  # Qwen3.5-35B-A3B expert shape
 

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 from tests.fuzz.harness import CRASHES, TARGETS, Finding, Target, mutate, run_one  # noqa: E402
 
 _MODULES = {
-    "safetensors": ["ssdmoe_tui.engine.index"],
+    "safetensors": ["ssdmoe_tui.engine.experts.index"],
     "kv_checkpoint": ["ssdmoe_tui.sessions.checkpoints"],
-    "trace": ["ssdmoe_tui.engine.traces"],
+    "trace": ["ssdmoe_tui.engine.policy.traces"],
     "conversation": ["ssdmoe_tui.sessions.store"],
     "config": ["ssdmoe_tui.config"],
 }

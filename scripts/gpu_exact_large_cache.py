@@ -51,8 +51,8 @@ def main() -> int:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
-    from ssdmoe_tui.engine.loader import load_streamed
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.model.loader import load_streamed
+    from ssdmoe_tui.engine.run.runner import Runner
 
     out = open(args.out, "a") if args.out else None  # noqa: SIM115
     path = Path(args.model)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
-from ssdmoe_tui.engine.options import CacheBudget, parse_temp, parse_top_p
+from ssdmoe_tui.options import CacheBudget, parse_temp, parse_top_p
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -21,8 +21,8 @@ import threading
 def bare_engine(dist, models: list[str], prompt: list[int], n: int, budget: str) -> dict:
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.loader import load_streamed
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.model.loader import load_streamed
+    from ssdmoe_tui.engine.run.runner import Runner
 
     out = {}
     for path in models:
@@ -41,9 +41,9 @@ def bare_engine(dist, models: list[str], prompt: list[int], n: int, budget: str)
 def drive_service(dist, model: str, prompt: tuple[int, ...], n: int, budget: str) -> dict:
     """rank 0: requests at K=2 and K=4 (set between them, as the server does), one
     cancelled while decoding, one after it, and the next turn of the first conversation."""
-    from ssdmoe_tui.engine import protocol as P
-    from ssdmoe_tui.engine.distributed import ServiceLink
-    from ssdmoe_tui.engine.service import EngineService
+    from ssdmoe_tui.engine.distributed.link import ServiceLink
+    from ssdmoe_tui.engine.run import protocol as P
+    from ssdmoe_tui.engine.run.service import EngineService
 
     events: queue.Queue = queue.Queue()
     service = EngineService(events.put)
@@ -89,8 +89,9 @@ def drive_service(dist, model: str, prompt: tuple[int, ...], n: int, budget: str
 
 
 def main(argv: list[str]) -> int:
-    from ssdmoe_tui.engine.distributed import follow, start
-    from ssdmoe_tui.engine.options import EngineOptions
+    from ssdmoe_tui.engine.distributed.group import start
+    from ssdmoe_tui.engine.distributed.link import follow
+    from ssdmoe_tui.options import EngineOptions
 
     prompt = [int(x) for x in argv[0].split(",")]
     n, budget, service_model, models = int(argv[1]), argv[2], argv[3], argv[4:]

@@ -9,7 +9,7 @@ import pytest
 from ssdmoe_tui.bench.bench import BenchOptions, _baseline_decision, fixed_prompt
 from ssdmoe_tui.bench.system import MemoryLimit, memory_limit
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.options import EngineOptions
 
 KS = [4, 2]
 BUDGETS = ["64K", "1M"]
@@ -294,8 +294,8 @@ def test_damaged_baseline_json_is_one_line_naming_the_file(content, tmp_path):
 def test_bench_options_typed_once(tiny):
     """Budgets arrive parsed (strings from programmatic callers are parsed the same way);
     each configuration's engine options are the shared ones with its K, budget, prefetch."""
-    from ssdmoe_tui.engine.options import CacheBudget
     from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import CacheBudget
 
     opts = BenchOptions(engine=EngineOptions(model=str(tiny), reader="python"), budgets=["64K"])
     assert opts.budgets == [CacheBudget(64 << 10, "64K")] and opts.engine.prefill_step == 512

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from ssdmoe_tui.chat.controller import ChatController
 from ssdmoe_tui.config import ChatSettings
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.service import EngineService
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.engine.run.service import EngineService
 from tests.test_engine_service import Events, start
 
 

@@ -11,7 +11,7 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
 
-from ssdmoe_tui.engine.chat_format import (
+from ssdmoe_tui.prompting.chat_format import (
     ChatFormatError,
     encode,
     first_turn_tokens,

@@ -15,7 +15,7 @@ import pytest
 
 from ssdmoe_tui.checkpoint.header import HeaderError, read_header
 from ssdmoe_tui.checkpoint.layout import scan_experts
-from ssdmoe_tui.engine.index import build_index
+from ssdmoe_tui.engine.experts.index import build_index
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.sessions.checkpoints import CheckpointInvalid, read_metadata
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions, parse_bytes
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.options import CacheBudget, EngineOptions, SamplingOptions, parse_bytes
 
 BAD_ARGS = [
     (["generate", "--k", "0"], "at least 1, got 0"),
@@ -141,8 +141,8 @@ def test_check_text_names_lone_surrogates_and_escaped_bytes():
     the error path itself."""
     import pytest
 
-    from ssdmoe_tui.engine.options import check_text
     from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import check_text
 
     with pytest.raises(BadValueError, match=r"lone surrogate U\+D800 at character 2"):
         check_text("ab\ud800c")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ssdmoe_tui.engine import device_memory as dm
+from ssdmoe_tui.engine.experts import device_memory as dm
 from ssdmoe_tui.errors import BadValueError, user_message
 
 
@@ -26,7 +26,7 @@ def test_bad_placement_value_is_one_line_naming_the_variable(monkeypatch) -> Non
 
 def test_engine_on_cpu_records_no_placement(checkpoints, monkeypatch) -> None:
     """On the CPU the hint is skipped, and an explicit request says why."""
-    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.model.loader import load_streamed
 
     monkeypatch.setenv("SSDMOE_SLOT_PLACEMENT", "host")
     sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="4M")

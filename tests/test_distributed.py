@@ -26,9 +26,10 @@ import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from ssdmoe_tui.bench.bench import fixed_prompt
-from ssdmoe_tui.engine.distributed import Distributed, ExpertMap
-from ssdmoe_tui.engine.loader import load_streamed
-from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.distributed.expert_map import ExpertMap
+from ssdmoe_tui.engine.distributed.group import Distributed
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.run.runner import Runner
 
 BIN = Path(sys.executable).parent
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 3, 64, 128, 256, 511, 12, 13, 14, 15, 16, 700, 33, 2]
@@ -113,7 +114,9 @@ def test_expert_map_is_balanced_and_deterministic():
 def test_bad_heartbeat_timeout_is_one_line(value, monkeypatch):
     """SSDMOE_DIST_TIMEOUT: a timeout sockets cannot take (inf, 1e300 overflow them) is
     refused with the variable named, not an OverflowError at connect time."""
-    from ssdmoe_tui.engine.distributed import ENV_TIMEOUT, DistributedError, _timeout_s
+    from ssdmoe_tui.engine.distributed.failure import DistributedError
+    from ssdmoe_tui.engine.distributed.watchdog import ENV_TIMEOUT
+    from ssdmoe_tui.engine.distributed.watchdog import timeout_s as _timeout_s
 
     monkeypatch.setenv(ENV_TIMEOUT, value)
     with pytest.raises(DistributedError, match=ENV_TIMEOUT) as e:
@@ -150,7 +153,7 @@ def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, b
     """The distributed switch on a group of one (every expert owned; groups of rows when
     the cache is smaller than a prefill's union; slots over several banks) gives one
     process's tokens."""
-    from ssdmoe_tui.engine.cache import BANK_BYTES_ENV
+    from ssdmoe_tui.engine.experts.cache import BANK_BYTES_ENV
 
     if bank_bytes:
         monkeypatch.setenv(BANK_BYTES_ENV, bank_bytes)

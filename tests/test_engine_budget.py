@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ssdmoe_tui.engine.loader import load_streamed
-from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.run.runner import Runner
 
 #: Activations, KV cache, router/score temporaries and MLX's allocator slack for these
 #: tiny models; resident weights and the expert slots are accounted for separately.

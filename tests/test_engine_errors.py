@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ssdmoe_tui.engine.index import build_index
+from ssdmoe_tui.engine.experts.index import build_index
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

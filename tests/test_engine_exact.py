@@ -6,8 +6,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
-from ssdmoe_tui.engine.loader import cast_model, load_streamed, set_block_k
-from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_block_k
+from ssdmoe_tui.engine.run.runner import Runner
 
 PROMPT = [
     {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ssdmoe_tui.engine.open import open_engine
-from ssdmoe_tui.engine.options import EngineOptions
-from ssdmoe_tui.engine.runner import Done, PrefillProgress, Snapshot, TokenEvent
+from ssdmoe_tui.engine.run.open import open_engine
+from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, Snapshot, TokenEvent
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.options import EngineOptions
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import queue
 import threading
 import time
 
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.service import EngineService
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.engine.run.service import EngineService
 
 
 class Events:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.context import ContextTooLong, check_context, max_context
-from ssdmoe_tui.engine.index import build_index
+from ssdmoe_tui.engine.experts.index import build_index
+from ssdmoe_tui.engine.model.context import ContextTooLong, check_context, max_context
+from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from tests.test_engine_service import start
 from tests.test_ui_app import SIZE, errors, loaded, type_and_send, wait_until

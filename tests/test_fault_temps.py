@@ -86,8 +86,8 @@ def test_a_killed_repack_leaves_no_partial_copy_after_the_next(checkpoints, tmp_
     start): the next repack there removes a killed one's partial file."""
     import shutil
 
-    from ssdmoe_tui.engine import repack
-    from ssdmoe_tui.engine.index import load_index
+    from ssdmoe_tui.engine.experts import repack
+    from ssdmoe_tui.engine.experts.index import load_index
 
     model = tmp_path / "model"
     shutil.copytree(checkpoints("qwen3_moe"), model)

@@ -7,7 +7,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from ssdmoe_tui.engine.index import build_index, load_index
+from ssdmoe_tui.engine.experts.index import build_index, load_index
 
 
 def test_offsets_point_at_each_experts_bytes(checkpoints):

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from ssdmoe_tui.engine.kv_pool import KVPool, cache_nbytes
+from ssdmoe_tui.engine.run.kv_pool import KVPool, cache_nbytes
 from tests.test_sessions_tiny import ARCHS, HYBRID, feed, filled_cache, tiny_model
 
 A = list(range(10, 40))  # 30 shared tokens

@@ -12,9 +12,9 @@ import pytest
 from mlx_lm import load, stream_generate
 
 from ssdmoe_tui.checkpoint.config import load_tokenizer
-from ssdmoe_tui.engine.loader import cast_model, load_streamed
-from ssdmoe_tui.engine.runner import Runner
-from ssdmoe_tui.engine.streamed import StreamedSwitch
+from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
+from ssdmoe_tui.engine.model.streamed import StreamedSwitch
+from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.models.demo import write_checkpoint
 from tests.checkpoints import QWEN3_MOE
 

@@ -119,7 +119,7 @@ def test_demo_model_and_extra_dirs_are_listed(demo_model: Path, tmp_path: Path) 
 def test_real_mlx_lm_checkpoints_match_engine_index(checkpoints) -> None:
     """mlx-lm-quantized checkpoints of each supported architecture: supported, and the
     header measurement equals the config arithmetic and the engine's own expert index."""
-    from ssdmoe_tui.engine.index import build_index
+    from ssdmoe_tui.engine.experts.index import build_index
 
     for arch in registry.SUPPORTED_ARCHITECTURES:
         folder = checkpoints(arch)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ssdmoe_tui.engine.policies import (
+from ssdmoe_tui.engine.policy.policies import (
     DEFAULT_POLICY,
     POLICY_NAMES,
     BeladyPolicy,

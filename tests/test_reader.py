@@ -12,8 +12,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ssdmoe_tui.engine import iostats, reader
-from ssdmoe_tui.engine.reader import (
+from ssdmoe_tui.engine.experts import iostats, reader
+from ssdmoe_tui.engine.experts.reader import (
     NativeReader,
     NativeReaderUnavailable,
     PythonReader,

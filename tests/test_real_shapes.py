@@ -15,9 +15,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
-from ssdmoe_tui.engine.index import build_index
-from ssdmoe_tui.engine.loader import cast_model, load_streamed
-from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.experts.index import build_index
+from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
+from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.models.demo import write_checkpoint
 from ssdmoe_tui.models.registry import expert_bytes_from_config
 from tests.fixture_paths import MODELS

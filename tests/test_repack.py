@@ -13,10 +13,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ssdmoe_tui.engine import repack
-from ssdmoe_tui.engine.index import load_index
-from ssdmoe_tui.engine.loader import load_streamed
-from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.experts import repack
+from ssdmoe_tui.engine.experts.index import load_index
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import ModelError, user_message
 
 from .test_engine_exact import PROMPT, reference_tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ssdmoe_tui.bench.trace_replay import replay
-from ssdmoe_tui.engine.traces import read_trace
+from ssdmoe_tui.engine.policy.traces import read_trace
 from tests.fixture_paths import TRACES
 
 GPTOSS = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace" / "gptoss.route.csv"

@@ -9,8 +9,8 @@ import pytest
 
 from ssdmoe_tui.checkpoint.arch import ARCHITECTURES
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.loader import load_streamed
-from ssdmoe_tui.engine.runner import Runner
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.run.runner import Runner
 
 TEXT = (
     "Mixture-of-experts models send every token to a few experts. Fewer experts per token "
@@ -79,7 +79,7 @@ def test_eval_runs_end_to_end_and_matches_plain_mlx_lm(checkpoints, tmp_path, ca
     from mlx_lm import load as mlx_load
 
     from ssdmoe_tui.bench.quality import measure_quality, text_tokens
-    from ssdmoe_tui.engine.loader import cast_model
+    from ssdmoe_tui.engine.model.loader import cast_model
 
     path = checkpoints("qwen3_moe")
     text = tmp_path / "text.txt"

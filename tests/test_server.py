@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from ssdmoe_tui import cli
-from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions, Server, bind, url_of
 from tests.test_sessions_engine import SYSTEM
 

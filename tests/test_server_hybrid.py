@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
 from tests.test_server import Running, assert_new_chat_reuses_system_prompt, conversation_turns
 

@@ -25,8 +25,8 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 from openai.types.chat import ChatCompletionChunk
 
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.chat_format import encode, first_turn_tokens, hf_tokenizer
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, hf_tokenizer
 from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, Job
 from ssdmoe_tui.server.errors import ApiError
@@ -276,7 +276,7 @@ def tool_model(checkpoints, tmp_path_factory):
 
 
 def test_server_renders_tools_and_tool_results_reuse_the_cache(tool_model, tmp_path, monkeypatch):
-    from ssdmoe_tui.engine.options import EngineOptions
+    from ssdmoe_tui.options import EngineOptions
     from ssdmoe_tui.server.main import ServeOptions
     from tests.test_server import SYSTEM, Running
 

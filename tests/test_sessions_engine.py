@@ -15,8 +15,8 @@ import time
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.service import EngineService, KVHooks
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.engine.run.service import EngineService, KVHooks
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV

@@ -8,8 +8,8 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
 
-from ssdmoe_tui.engine.chat_format import encode, render
-from ssdmoe_tui.engine.protocol import GenerationDone, Message
+from ssdmoe_tui.engine.run.protocol import GenerationDone, Message
+from ssdmoe_tui.prompting.chat_format import encode, render
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionNotFound, SessionStore

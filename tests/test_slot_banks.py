@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from ssdmoe_tui.engine.cache import BANK_BYTES_ENV, bank_slot_count, parse_size
+from ssdmoe_tui.engine.experts.cache import BANK_BYTES_ENV, bank_slot_count, parse_size
 from tests.test_engine_exact import engine_tokens, reference_tokens
 
 
@@ -44,7 +44,7 @@ def test_several_banks_match_mlx_lm(checkpoints, monkeypatch, bank_bytes, budget
 
 
 def test_bad_bank_size_is_one_line(checkpoints, monkeypatch) -> None:
-    from ssdmoe_tui.engine.loader import load_streamed
+    from ssdmoe_tui.engine.model.loader import load_streamed
     from ssdmoe_tui.errors import ModelError
 
     monkeypatch.setenv(BANK_BYTES_ENV, "lots")

@@ -11,7 +11,14 @@ import pytest
 
 from ssdmoe_tui.bench.trace_replay import replay
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.traces import DECODE, PREFILL, Trace, TraceStep, TraceWriter, read_trace
+from ssdmoe_tui.engine.policy.traces import (
+    DECODE,
+    PREFILL,
+    Trace,
+    TraceStep,
+    TraceWriter,
+    read_trace,
+)
 from ssdmoe_tui.errors import BadValueError
 from tests.fixture_paths import TRACES
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ssdmoe_tui.engine.traces import DECODE, read_trace
+from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
 
 
 def _decode_steps(path):

@@ -13,8 +13,8 @@ import pytest
 
 from ssdmoe_tui.bench.trace_replay import next_token_overlap, replay
 from ssdmoe_tui.cli import main
-from ssdmoe_tui.engine.policies import DEFAULT_POLICY
-from ssdmoe_tui.engine.traces import DECODE, PREFILL, TraceMeta, TraceWriter, read_trace
+from ssdmoe_tui.engine.policy.policies import DEFAULT_POLICY
+from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceMeta, TraceWriter, read_trace
 from ssdmoe_tui.errors import BadValueError
 from tests.fixture_paths import TRACES
 
@@ -252,7 +252,7 @@ def test_uniform_routing_gives_the_slots_over_experts_floor() -> None:
     aside), and the default must not fall below it the way flooding LRU does."""
     import random
 
-    from ssdmoe_tui.engine.traces import Trace, TraceStep
+    from ssdmoe_tui.engine.policy.traces import Trace, TraceStep
 
     rng = random.Random(0)
     layers, experts, k = 24, 64, 8

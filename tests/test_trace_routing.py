@@ -8,11 +8,11 @@ import json
 import pytest
 
 from ssdmoe_tui.bench.trace_replay import replay
-from ssdmoe_tui.engine import trace_routing
-from ssdmoe_tui.engine.cache import slot_memory_bytes
-from ssdmoe_tui.engine.loader import load_streamed
-from ssdmoe_tui.engine.runner import Runner
-from ssdmoe_tui.engine.traces import DECODE, read_trace
+from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.policy import trace_routing
+from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
+from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.models.demo import write_checkpoint
 from tests.checkpoints import QWEN3_MOE
@@ -76,7 +76,7 @@ def _engine_decode_hit(
     prefetch: bool = False,
     prompt_tokens: int = 16,
 ) -> tuple[float, dict]:
-    from ssdmoe_tui.engine.index import load_index
+    from ssdmoe_tui.engine.experts.index import load_index
 
     index, _ = load_index(path)
     import mlx.core as mx

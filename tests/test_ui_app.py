@@ -9,7 +9,7 @@ from rich.console import Console
 from textual import events
 from textual.widgets import Markdown, ProgressBar, Static
 
-from ssdmoe_tui.engine.service import EngineService
+from ssdmoe_tui.engine.run.service import EngineService
 from ssdmoe_tui.ui.actions import model
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate

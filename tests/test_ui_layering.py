@@ -22,7 +22,7 @@ def _loaded_after(import_line: str) -> set[str]:
 
 def test_importing_the_app_loads_neither_mlx_nor_safetensors():
     loaded = _loaded_after(
-        "import ssdmoe_tui.ui.app, ssdmoe_tui.commands.chat, ssdmoe_tui.engine.service"
+        "import ssdmoe_tui.ui.app, ssdmoe_tui.commands.chat, ssdmoe_tui.engine.run.service"
     )
     assert "textual" in loaded  # the import really happened
     assert "mlx" not in loaded
@@ -31,7 +31,7 @@ def test_importing_the_app_loads_neither_mlx_nor_safetensors():
 
 
 def test_importing_the_engine_service_loads_no_textual():
-    loaded = _loaded_after("import ssdmoe_tui.engine.service, ssdmoe_tui.engine.protocol")
+    loaded = _loaded_after("import ssdmoe_tui.engine.run.service, ssdmoe_tui.engine.run.protocol")
     assert "textual" not in loaded
 
 
@@ -159,9 +159,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_import_graph_sees_lazy_and_type_checking_imports():
     graph, outside = import_graph()
-    assert "ssdmoe_tui.engine.runner" in graph["ssdmoe_tui.engine.open"]  # TYPE_CHECKING
-    assert "ssdmoe_tui.engine.loader" in graph["ssdmoe_tui.engine.open"]  # in a function
-    assert "mlx" in outside["ssdmoe_tui.engine.runner"]
+    assert "ssdmoe_tui.engine.run.runner" in graph["ssdmoe_tui.engine.run.open"]  # TYPE_CHECKING
+    assert "ssdmoe_tui.engine.model.loader" in graph["ssdmoe_tui.engine.run.open"]  # in a function
+    assert "mlx" in outside["ssdmoe_tui.engine.run.runner"]
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from ssdmoe_tui.engine.protocol import ModelInfo, PhaseChanged
+from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_bytes
 from ssdmoe_tui.ui.screens.models import DEMO, ModelsScreen

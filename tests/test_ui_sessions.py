@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ssdmoe_tui.commands.chat import engine_factory
-from ssdmoe_tui.engine.protocol import StatsSample
+from ssdmoe_tui.engine.run.protocol import StatsSample
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Turn
 from ssdmoe_tui.ui.actions import conversations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ssdmoe_tui.engine.protocol import ModelInfo, ModelLoaded, PhaseChanged, StatsSample
+from ssdmoe_tui.engine.run.protocol import ModelInfo, ModelLoaded, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
 

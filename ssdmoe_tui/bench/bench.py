@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssdmoe_tui.bench import system
-from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.errors import BadValueError, ModelError
+from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
-    from ssdmoe_tui.engine.runner import Snapshot
+    from ssdmoe_tui.engine.run.runner import Snapshot
 
 SCHEMA_VERSION = 1
 PROMPT_TEXT = (
@@ -184,7 +184,7 @@ def _open(
     model's minimum is raised to it and logged (`expert_cache_budget_bytes` has it)."""
     import mlx.core as mx
 
-    from ssdmoe_tui.engine.open import open_engine
+    from ssdmoe_tui.engine.run.open import open_engine
 
     # The previous configuration's engine is garbage only once its caller returned (its
     # modules form reference cycles): collect it now, or its arrays count in this
@@ -217,8 +217,8 @@ def run_config(
     """One configuration on a fresh engine; returns its result dict."""
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.kv_pool import cache_nbytes
-    from ssdmoe_tui.engine.runner import Done, Snapshot, TokenEvent
+    from ssdmoe_tui.engine.run.kv_pool import cache_nbytes
+    from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
 
     t0 = time.perf_counter()
     runner = _open(opts, budget, k, prefetch, log)
@@ -306,7 +306,7 @@ def run_config(
             "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
         }
         if dist is not None:
-            from ssdmoe_tui.engine.distributed import summary_line
+            from ssdmoe_tui.engine.distributed.stats import summary_line
 
             out["distributed"] = dist.run_stats(sm, meter, steps)
             log("  " + summary_line(out["distributed"]))
@@ -328,7 +328,7 @@ def _gb_s(w: Snapshot) -> float | None:
 
 def _prefetch_stats(dec: Snapshot, steps: int) -> dict:
     """Prediction quality over the decode window (`runner.prefetch_figures`)."""
-    from ssdmoe_tui.engine.runner import prefetch_figures
+    from ssdmoe_tui.engine.run.runner import prefetch_figures
 
     f = prefetch_figures(dec)
     return {
@@ -378,7 +378,7 @@ def resident_baseline(
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.loader import cast_model, set_block_k
+    from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
 
     t0 = time.perf_counter()
     model, tokenizer = mlx_lm.load(str(path))
@@ -417,7 +417,7 @@ def resident_baseline(
                 prompt_tps = resp.prompt_tps
             steps = len(tokens) - 1
             dec_s = times[-1] - times[0] if len(times) > 1 else 0.0
-            from ssdmoe_tui.engine import iostats
+            from ssdmoe_tui.engine.experts import iostats
 
             out[k] = {
                 "k": k,
@@ -497,9 +497,9 @@ def run_bench(
     (a time limit, an out-of-memory kill) still leaves what it measured.
     """
     from ssdmoe_tui.bench.disk import random_read_bandwidth
-    from ssdmoe_tui.engine import runner as _runner  # noqa: F401 - imported before the digest
-    from ssdmoe_tui.engine.index import load_index
-    from ssdmoe_tui.engine.loader import _load_config, parse_dtype, resolve_expert_source
+    from ssdmoe_tui.engine.experts.index import load_index
+    from ssdmoe_tui.engine.model.loader import _load_config, parse_dtype, resolve_expert_source
+    from ssdmoe_tui.engine.run import runner as _runner  # noqa: F401 - imported before the digest
 
     eng = opts.engine
     path = Path(eng.model)
@@ -523,8 +523,8 @@ def run_bench(
     ks = opts.ks or default_ks(trained_k, index.num_experts)
     routing_label = "model"
     if eng.routing_trace:
-        from ssdmoe_tui.engine.trace_routing import check_trace_k
-        from ssdmoe_tui.engine.traces import read_trace
+        from ssdmoe_tui.engine.policy.trace_routing import check_trace_k
+        from ssdmoe_tui.engine.policy.traces import read_trace
 
         trace_meta = read_trace(eng.routing_trace).meta  # K comes from the trace
         check_trace_k("--k", opts.ks, trace_meta.k)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ssdmoe_tui.engine import iostats
-from ssdmoe_tui.engine.cache import _advise_random
-from ssdmoe_tui.engine.index import ExpertIndex
-from ssdmoe_tui.engine.reader import buffer_address, open_reader
+from ssdmoe_tui.engine.experts import iostats
+from ssdmoe_tui.engine.experts.cache import _advise_random
+from ssdmoe_tui.engine.experts.index import ExpertIndex
+from ssdmoe_tui.engine.experts.reader import buffer_address, open_reader
 
 
 @dataclass

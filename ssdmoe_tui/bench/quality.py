@@ -5,7 +5,7 @@ For one text and one streamed engine, at the trained K and at each K asked for:
   the text, whatever the model would have generated);
 - agreement: the share of positions whose most likely next token equals the trained
   K's, and the mean KL divergence from the trained K's next-token distribution;
-- router mass kept (engine/routing_mass.py), averaged over every position and layer.
+- router mass kept (engine/model/routing_mass.py), averaged over every position and layer.
 
 All K run over the same chunks, each with its own KV cache, so only one chunk of
 logits per K is alive at a time. Random-weight checkpoints (the demo model, the

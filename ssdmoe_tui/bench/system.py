@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssdmoe_tui.engine.iostats import reset_peak_rss  # noqa: F401 - the bench's per-run reset
+from ssdmoe_tui.engine.experts.iostats import reset_peak_rss  # noqa: F401 - the bench's per-run reset
 from ssdmoe_tui.units import human_bytes
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")
@@ -140,7 +140,7 @@ class MemoryLimit:
 
 
 def memory_limit() -> MemoryLimit:
-    from ssdmoe_tui.engine.cache import available_memory_bytes
+    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
 
     limit = usage = None
     for d in _own_cgroup_dirs():
@@ -216,7 +216,7 @@ def _source_version() -> str | None:
 def device_description() -> dict[str, str]:
     import mlx.core as mx
 
-    from ssdmoe_tui.engine.loader import device_name
+    from ssdmoe_tui.engine.model.loader import device_name
 
     info: dict = {}
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from ssdmoe_tui.engine.policies import (
+from ssdmoe_tui.engine.policy.policies import (
     BeladyPolicy,
     CooccurrencePredictor,
     EvictionPolicy,
@@ -27,7 +27,7 @@ from ssdmoe_tui.engine.policies import (
     NoVictimError,
     make_policy,
 )
-from ssdmoe_tui.engine.traces import DECODE, Trace
+from ssdmoe_tui.engine.policy.traces import DECODE, Trace
 from ssdmoe_tui.errors import BadValueError
 
 BELADY = "belady"

@@ -17,8 +17,7 @@ from typing import Any, Protocol
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
 from ssdmoe_tui.config import ChatSettings, GenSettings
-from ssdmoe_tui.engine.options import CacheBudget, check_k
-from ssdmoe_tui.engine.protocol import (
+from ssdmoe_tui.engine.run.protocol import (
     EngineError,
     Generate,
     GenerationDone,
@@ -29,6 +28,7 @@ from ssdmoe_tui.engine.protocol import (
     SetK,
 )
 from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.options import CacheBudget, check_k
 
 
 class Refused(Exception):
@@ -36,7 +36,7 @@ class Refused(Exception):
 
 
 class Engine(Protocol):
-    """What the chat needs from `ssdmoe_tui.engine.service.EngineService`."""
+    """What the chat needs from `ssdmoe_tui.engine.run.service.EngineService`."""
 
     def start(self) -> None: ...
     def submit(self, command: Any) -> None: ...

@@ -24,7 +24,7 @@ from ssdmoe_tui.commands.common import (
     distributed_run,
     engine_options,
 )
-from ssdmoe_tui.engine.options import parse_positive
+from ssdmoe_tui.options import parse_positive
 
 
 def _count(what: str):
@@ -108,8 +108,8 @@ def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.bench.bench import BenchOptions, run_bench
     from ssdmoe_tui.bench.report import summary, write_plot
     from ssdmoe_tui.commands.common import resolve_model_path
-    from ssdmoe_tui.engine.options import CacheBudget
     from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import CacheBudget
 
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")

@@ -84,7 +84,7 @@ def session_store(settings) -> object | None:
 def engine_factory(post):
     """The chat engine, with the sessions store's KV hooks injected (built on the engine
     thread: the checkpoint code imports MLX, which the UI never does)."""
-    from ssdmoe_tui.engine.service import EngineService
+    from ssdmoe_tui.engine.run.service import EngineService
     from ssdmoe_tui.sessions.kv_hooks import session_hooks
 
     return EngineService(post=post, kv_hooks=session_hooks)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ssdmoe_tui.engine import options as O
+from ssdmoe_tui import options as O
 from ssdmoe_tui.errors import BadValueError
 
 
@@ -257,6 +257,20 @@ def add_distributed_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def check_distributed_args(args: argparse.Namespace) -> None:
+    """Options that do not combine with --distributed, as one line before anything starts."""
+    from ssdmoe_tui.errors import BadValueError
+
+    for name, flag in (
+        ("prefetch", "--prefetch"),
+        ("trace", "--trace"),
+        ("routing_trace", "--routing-trace"),
+    ):
+        value = getattr(args, name, None)
+        if value not in (None, False, "off"):
+            raise BadValueError(f"{flag} does not combine with --distributed")
+
+
 def distributed_run(body: Callable[[argparse.Namespace, object], int]):
     """A command's `run(args)`: `body(args, None)`, or with `--distributed` this rank's
     `engine.distributed` handle, inside its guard (errors end the whole launch)."""
@@ -264,9 +278,9 @@ def distributed_run(body: Callable[[argparse.Namespace, object], int]):
     def run(args: argparse.Namespace) -> int:
         if not getattr(args, "distributed", False):
             return body(args, None)
-        from ssdmoe_tui.engine.distributed import check_args, start
+        from ssdmoe_tui.engine.distributed.group import start
 
-        check_args(args)
+        check_distributed_args(args)
         dist = start()
         with dist.guard():
             return body(args, dist)
@@ -278,7 +292,7 @@ def resolve_model_path(spec: str, quiet: bool = False):
     """'' -> the demo model (created on first use, with a visible message)."""
     import sys
 
-    from ssdmoe_tui.engine.open import resolve_model_spec
+    from ssdmoe_tui.engine.run.open import resolve_model_spec
     from ssdmoe_tui.models.resolve import cli_progress
 
     def say(msg: str) -> None:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ssdmoe_tui import options as O
 from ssdmoe_tui.commands.common import arg_type
-from ssdmoe_tui.engine import options as O
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,10 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.checkpoint.config import read_json_object
-    from ssdmoe_tui.engine.options import parse_bytes
     from ssdmoe_tui.errors import BadValueError, ModelError
     from ssdmoe_tui.models.demo import ensure_demo_model, write_checkpoint
     from ssdmoe_tui.models.registry import check_supported
+    from ssdmoe_tui.options import parse_bytes
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ from ssdmoe_tui.commands.common import (
     arg_type,
     engine_options,
 )
-from ssdmoe_tui.engine.options import parse_positive
+from ssdmoe_tui.options import parse_positive
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         quality_table,
         text_tokens,
     )
-    from ssdmoe_tui.engine.open import open_engine
+    from ssdmoe_tui.engine.run.open import open_engine
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.models.resolve import cli_progress
 

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
-    from ssdmoe_tui.engine.open import load_engine, plan_engine
+    from ssdmoe_tui.engine.run.open import load_engine, plan_engine
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
 
@@ -74,9 +74,9 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.chat_format import prompt_tokens
-    from ssdmoe_tui.engine.runner import Done, PrefillProgress, TokenEvent
+    from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
     from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
     sm = runner.sm
     msgs = [{"role": "system", "content": args.system}] if args.system and not args.raw else []
@@ -88,7 +88,7 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
         mx.random.seed(args.seed)
     writer = None
     if args.trace:
-        from ssdmoe_tui.engine.traces import DECODE, PREFILL, TraceWriter
+        from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceWriter
 
         writer = TraceWriter(
             args.trace,
@@ -164,7 +164,7 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
             file=sys.stderr,
         )
         if dist is not None:
-            from ssdmoe_tui.engine.distributed import summary_line
+            from ssdmoe_tui.engine.distributed.stats import summary_line
 
             print(summary_line(stats["distributed"]), file=sys.stderr)
     return 0

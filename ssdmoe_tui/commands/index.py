@@ -46,8 +46,8 @@ def summary(index, config: dict) -> dict:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from ssdmoe_tui.engine.index import build_index, load_index
-    from ssdmoe_tui.engine.loader import _load_config
+    from ssdmoe_tui.engine.experts.index import build_index, load_index
+    from ssdmoe_tui.engine.model.loader import _load_config
 
     path = resolve_model_path(args.model, quiet=args.json)
     if args.verify:

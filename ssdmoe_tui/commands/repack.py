@@ -24,10 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ssdmoe_tui.engine.open import plan_engine
-    from ssdmoe_tui.engine.options import EngineOptions
-    from ssdmoe_tui.engine.repack import find_repacked, remove_repacked, write_repacked
+    from ssdmoe_tui.engine.experts.repack import find_repacked, remove_repacked, write_repacked
+    from ssdmoe_tui.engine.run.open import plan_engine
     from ssdmoe_tui.models.resolve import cli_progress
+    from ssdmoe_tui.options import EngineOptions
 
     # The header-only half of `open_engine`: the folder and its expert index, no weights.
     plan = plan_engine(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ssdmoe_tui import options as O
 from ssdmoe_tui.commands.common import (
     add_distributed_argument,
     add_max_tokens_argument,
@@ -12,7 +13,6 @@ from ssdmoe_tui.commands.common import (
     arg_type,
     engine_options,
 )
-from ssdmoe_tui.engine import options as O
 from ssdmoe_tui.errors import BadValueError
 
 
@@ -105,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
 
     link = None
     if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
-        from ssdmoe_tui.engine.distributed import ServiceLink, check_args, follow, start
+        from ssdmoe_tui.commands.common import check_distributed_args
+        from ssdmoe_tui.engine.distributed.group import start
+        from ssdmoe_tui.engine.distributed.link import ServiceLink, follow
 
-        check_args(args)  # the same refusals as generate and bench (--prefetch, ...)
+        check_distributed_args(args)  # the same refusals as generate and bench (--prefetch, ...)
         dist = start(sigterm=False)
         with dist.guard():
             link = ServiceLink(dist)

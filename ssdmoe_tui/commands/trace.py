@@ -73,8 +73,8 @@ def _numbers(text: str, what: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.bench.trace_replay import BELADY, next_token_overlap, replay
-    from ssdmoe_tui.engine.policies import make_policy
-    from ssdmoe_tui.engine.traces import read_trace
+    from ssdmoe_tui.engine.policy.policies import make_policy
+    from ssdmoe_tui.engine.policy.traces import read_trace
 
     if args.warmup < 0:
         raise BadValueError(f"--warmup must be >= 0, got {args.warmup}")

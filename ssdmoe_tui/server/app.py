@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import EngineClient, Job, new_request_id
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, Piece, tool_format_for

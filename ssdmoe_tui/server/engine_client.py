@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.errors import ApiError
 
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.options import EngineOptions
+from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
+from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
@@ -39,7 +39,7 @@ def engine_service_factory(options: EngineOptions) -> MakeService:
     injects its own KV hooks (not the app's sessions)."""
 
     def make(post):  # noqa: ANN001, ANN202
-        from ssdmoe_tui.engine.service import EngineService
+        from ssdmoe_tui.engine.run.service import EngineService
 
         return EngineService(post, options=options)
 
@@ -90,7 +90,7 @@ class Server:
         kv = None
         hooks = None
         if opts.persist_cache:
-            from ssdmoe_tui.engine.service import KVHooks
+            from ssdmoe_tui.engine.run.service import KVHooks
 
             # The folder depends on the model's fingerprint, known once it is loaded:
             # the hooks look it up lazily through `self.kv`.

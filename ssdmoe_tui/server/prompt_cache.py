@@ -30,7 +30,7 @@ from typing import Any
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ssdmoe_tui.atomic import remove_orphan_temps
-from ssdmoe_tui.engine.kv_pool import common_prefix
+from ssdmoe_tui.engine.run.kv_pool import common_prefix
 from ssdmoe_tui.server.prompts import is_chain
 from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,

@@ -31,15 +31,15 @@ from typing import Any
 
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.checkpoint.config import read_json_object
-from ssdmoe_tui.engine.chat_format import (
+from ssdmoe_tui.engine.run.kv_pool import common_prefix
+from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.prompting.chat_format import (
     ChatFormatError,
     encode,
     first_turn_tokens,
     render,
     turn_delta,
 )
-from ssdmoe_tui.engine.kv_pool import common_prefix
-from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.server.errors import bad_request
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
 

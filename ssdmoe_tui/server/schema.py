@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ssdmoe_tui.engine.options import SEED_MAX
+from ssdmoe_tui.options import SEED_MAX
 from ssdmoe_tui.server.errors import ApiError, bad_request
 
 _K_SUFFIX = re.compile(r"^(?P<base>.+)@k(?P<k>\d{1,4})$")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
-from ssdmoe_tui.engine.protocol import GenerationDone
+from ssdmoe_tui.engine.run.protocol import GenerationDone
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
     Conversation,

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ssdmoe_tui.engine.chat_format import ChatFormatError
-from ssdmoe_tui.engine.service import KVHooks
+from ssdmoe_tui.engine.run.service import KVHooks
+from ssdmoe_tui.prompting.chat_format import ChatFormatError
 from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,

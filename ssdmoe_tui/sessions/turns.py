@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ssdmoe_tui.engine.chat_format import (
+from ssdmoe_tui.prompting.chat_format import (
     encode,
     first_turn_tokens,
     hf_tokenizer,

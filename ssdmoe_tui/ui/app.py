@@ -64,7 +64,7 @@ EngineFactory = Callable[[Callable[[object], None]], Engine]
 def default_engine(post: Callable[[object], None]) -> Engine:
     # Imported here: the service module is light, but keeping the import lazy lets the
     # UI start (and tests build it) even where the engine cannot.
-    from ssdmoe_tui.engine.service import EngineService
+    from ssdmoe_tui.engine.run.service import EngineService
 
     return EngineService(post=post)  # no persistence: `commands/chat.py` injects it
 

@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 from textual.message import Message
 
-from ssdmoe_tui.engine import protocol as P
+from ssdmoe_tui.engine.run import protocol as P
 
 E = TypeVar("E")
 

@@ -106,7 +106,7 @@ class Target:
 
 
 def _safetensors(data: bytes, work: Path) -> None:
-    from ssdmoe_tui.engine.index import build_index
+    from ssdmoe_tui.engine.experts.index import build_index
 
     folder = work / "model"
     folder.mkdir(exist_ok=True)
@@ -124,7 +124,7 @@ def _kv_checkpoint(data: bytes, work: Path) -> None:
 
 
 def _trace(data: bytes, work: Path) -> None:
-    from ssdmoe_tui.engine.traces import read_trace
+    from ssdmoe_tui.engine.policy.traces import read_trace
 
     path = work / "trace.jsonl"
     path.write_bytes(data)

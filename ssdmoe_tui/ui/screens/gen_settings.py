@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
 from ssdmoe_tui.config import GenSettings, check_value
-from ssdmoe_tui.engine.options import check_k
+from ssdmoe_tui.options import check_k
 
 FIELDS = (  # (key, label, hint)
     ("temperature", "Temperature", "0 = greedy: the same reply each time"),

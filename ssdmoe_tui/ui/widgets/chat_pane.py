@@ -16,7 +16,7 @@ from textual.containers import Vertical
 
 from ssdmoe_tui.chat.controller import ChatController, Refused
 from ssdmoe_tui.chat.replies import ShownTurn
-from ssdmoe_tui.engine.protocol import EngineError, Generate, GenerationDone, Tokens
+from ssdmoe_tui.engine.run.protocol import EngineError, Generate, GenerationDone, Tokens
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
 from ssdmoe_tui.ui.widgets.engine_panel import EnginePanel

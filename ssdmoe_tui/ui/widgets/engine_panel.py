@@ -15,7 +15,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from ssdmoe_tui.chat.progress import LoadProgress
-from ssdmoe_tui.engine.protocol import ModelInfo, PhaseChanged, StatsSample
+from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
 

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ssdmoe_tui.engine.protocol import ModelInfo
+from ssdmoe_tui.engine.run.protocol import ModelInfo
 from ssdmoe_tui.ui.fmt import fmt_bytes
 
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ssdmoe_tui.engine import protocol as P
-from ssdmoe_tui.engine.options import CacheBudget, EngineOptions, SamplingOptions, check_k
+from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError, user_message
+from ssdmoe_tui.options import CacheBudget, EngineOptions, SamplingOptions, check_k
 
 if TYPE_CHECKING:
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.run.runner import Runner
 
 TOKEN_BATCH_S = 0.025
 STATS_EVERY_S = 0.2
@@ -91,7 +91,7 @@ class EngineService:
         self._options = self.options  # what the loaded model was opened with
         self._busy = threading.Event()
         self.kv_hooks = kv_hooks if isinstance(kv_hooks, KVHooks) else KVHooks()
-        self.kv_pool = None  # ssdmoe_tui.engine.kv_pool.KVPool, created on the engine thread
+        self.kv_pool = None  # ssdmoe_tui.engine.run.kv_pool.KVPool, created on the engine thread
         self.kv_budget_bytes = 2 << 30
         self.last_stats: P.StatsSample | None = None
         self._lock = None  # cross-process "one loaded model" lock (models.lock)
@@ -256,7 +256,7 @@ class EngineService:
     def _open(self, options: EngineOptions) -> None:
         """Plan (every check that needs no weights) while the current model stays
         loaded; only a good plan unloads it."""
-        from ssdmoe_tui.engine.open import load_engine, plan_engine
+        from ssdmoe_tui.engine.run.open import load_engine, plan_engine
         from ssdmoe_tui.models.resolve import format_progress
 
         def say(msg: str) -> None:
@@ -291,7 +291,7 @@ class EngineService:
             raise
         self._runner = runner
         try:
-            from ssdmoe_tui.engine.kv_pool import KVPool
+            from ssdmoe_tui.engine.run.kv_pool import KVPool
 
             self.kv_pool = KVPool(self.kv_budget_bytes)
         except ImportError:
@@ -303,8 +303,8 @@ class EngineService:
         self._emit(P.PhaseChanged("idle"))
 
     def _describe(self, runner: Runner) -> P.ModelInfo:
-        from ssdmoe_tui.engine.context import max_context
-        from ssdmoe_tui.engine.loader import device_name
+        from ssdmoe_tui.engine.model.context import max_context
+        from ssdmoe_tui.engine.model.loader import device_name
 
         sm = runner.sm
         return P.ModelInfo(
@@ -345,7 +345,7 @@ class EngineService:
         )
 
     def _prompt_tokens(self, cmd: P.Generate) -> list[int]:
-        from ssdmoe_tui.engine.chat_format import prompt_tokens
+        from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
         if cmd.prompt_tokens is not None:
             return list(cmd.prompt_tokens)
@@ -363,7 +363,7 @@ class EngineService:
         import mlx.core as mx
         from mlx_lm.sample_utils import make_sampler
 
-        from ssdmoe_tui.engine.runner import Done, PrefillProgress, TokenEvent
+        from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
         runner = self._runner
         if runner is None:
@@ -487,8 +487,8 @@ class EngineService:
     def _sample(self, stats, cache) -> P.StatsSample:
         import mlx.core as mx
 
-        from ssdmoe_tui.engine import iostats
-        from ssdmoe_tui.engine.kv_pool import cache_nbytes
+        from ssdmoe_tui.engine.experts import iostats
+        from ssdmoe_tui.engine.run.kv_pool import cache_nbytes
 
         runner = self._runner
         sm = runner.sm

@@ -131,7 +131,7 @@ def parse_policy(text: str) -> str:
     building it once on a toy cache, so a typo fails before any model loads."""
     name = str(text).strip()
     if name != "auto":
-        from ssdmoe_tui.engine.policies import make_policy
+        from ssdmoe_tui.engine.policy.policies import make_policy
 
         make_policy(name, 8, 2)  # BadValueError naming the policy and the known ones
     return name
@@ -217,7 +217,7 @@ class EngineOptions:
     policy: str = "auto"
     prefill_step: int | None = None  # None: from free memory (Runner)
     queue_depth: int = 16
-    routing_trace: str | None = None  # route by this recorded trace (engine/trace_routing.py)
+    routing_trace: str | None = None  # route by this recorded trace (engine/policy/trace_routing.py)
 
     def __post_init__(self) -> None:
         # Programmatic callers (tests, the server, the protocol) get the same checks as the CLI.

@@ -5,7 +5,7 @@ expert slice it needs and gets them read in parallel. Two implementations:
 
 * ``NativeReader``: ``native/ssdmoe_reader.c`` through ctypes (the call releases the
   GIL); a persistent pthread pool, no per-request Python objects. The package build
-  compiles it (the ``ssdmoe_tui.engine._ssdmoe_reader`` extension, flags in
+  compiles it (the ``ssdmoe_tui.engine.experts._ssdmoe_reader`` extension, flags in
   ``native/cflags.txt``); ``SSDMOE_READER_LIB`` points at another build (``make sanitize``).
   Only a source checkout whose build made no library (no compiler then, or the source
   edited since) builds one at run time, into the user cache.
@@ -45,8 +45,8 @@ _BOUNCE_MAX = 8 << 20
 _MAX_CHUNK = 1 << 30
 
 #: The C source in a source checkout (editable install); absent from an installed wheel.
-PACKAGE_NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
-EXTENSION = "ssdmoe_tui.engine._ssdmoe_reader"
+PACKAGE_NATIVE_DIR = Path(__file__).resolve().parents[3] / "native"
+EXTENSION = "ssdmoe_tui.engine.experts._ssdmoe_reader"
 LIB_ENV = "SSDMOE_READER_LIB"
 _SOURCES = ("ssdmoe_reader.c", "ssdmoe_reader.h", "cflags.txt")
 _LIB_STEM = "libssdmoe_reader"

@@ -28,8 +28,8 @@ import numpy as np
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text, remove_orphan_temps
-from ssdmoe_tui.engine.index import ExpertIndex, MoELayer, shard_states
-from ssdmoe_tui.engine.reader import open_reader
+from ssdmoe_tui.engine.experts.index import ExpertIndex, MoELayer, shard_states
+from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.units import human_bytes
 

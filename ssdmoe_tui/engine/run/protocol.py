@@ -140,7 +140,7 @@ class StatsSample:
     k: int
     generated_tokens: int
     # Router probability mass kept at the running K over the mass at the trained K (mean
-    # over MoE layers; 1.0 at the trained K; engine/routing_mass.py): this turn's mean and
+    # over MoE layers; 1.0 at the trained K; engine/model/routing_mass.py): this turn's mean and
     # the last token's. None before the first generated token.
     routing_mass: float | None = None
     routing_mass_last: float | None = None

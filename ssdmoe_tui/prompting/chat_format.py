@@ -171,7 +171,7 @@ def prompt_tokens(tokenizer: Any, messages: Messages, *, raw: bool = False) -> l
     """One prompt from `messages`: the chat template with the generation prompt when the
     tokenizer has one (and not `raw`), else the contents joined by newlines, tokenized
     as plain text. The same for `generate`, the chat service and the server."""
-    from ssdmoe_tui.engine.options import check_text
+    from ssdmoe_tui.options import check_text
 
     msgs = [{"role": m["role"], "content": check_text(m["content"])} for m in messages]
     if not raw and getattr(tokenizer, "chat_template", None):

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 
-from ssdmoe_tui.engine import iostats
-from ssdmoe_tui.engine.context import check_context, max_context
-from ssdmoe_tui.engine.loader import StreamedModel
-from ssdmoe_tui.engine.options import check_k
+from ssdmoe_tui.engine.experts import iostats
+from ssdmoe_tui.engine.model.context import check_context, max_context
+from ssdmoe_tui.engine.model.loader import StreamedModel
+from ssdmoe_tui.options import check_k
 
 
 @dataclass
@@ -234,7 +234,7 @@ def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> 
     """Prefill chunk from memory: mlx-lm's 2048 (so long prompts chunk as in mlx-lm) when
     a tenth of free memory holds that chunk's activations, else the largest power of two
     that fits (min 32). Bigger chunks read each expert once for more tokens."""
-    from ssdmoe_tui.engine.cache import available_memory_bytes
+    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
 
     cfg = sm.config.get("text_config", sm.config)
     hidden = int(cfg.get("hidden_size", 4096))

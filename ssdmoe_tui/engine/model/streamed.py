@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ssdmoe_tui.engine.cache import ExpertCache
+from ssdmoe_tui.engine.experts.cache import ExpertCache
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
 
     def set_routing(self, routing) -> None:
-        """Look up the trace's ids for this layer (engine/trace_routing.py)."""
+        """Look up the trace's ids for this layer (engine/policy/trace_routing.py)."""
         object.__setattr__(self, "_routing", routing)
 
     def set_predictor(self, predict) -> None:

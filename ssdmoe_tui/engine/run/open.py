@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ssdmoe_tui.engine.options import EngineOptions, check_k
+from ssdmoe_tui.options import EngineOptions, check_k
 from ssdmoe_tui.units import human_bytes
 
 if TYPE_CHECKING:
-    from ssdmoe_tui.engine.index import ExpertIndex
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.experts.index import ExpertIndex
+    from ssdmoe_tui.engine.run.runner import Runner
 
 Say = Callable[[str], None]
 
@@ -69,7 +69,7 @@ def plan_engine(
     cancel: threading.Event | None = None,
 ) -> EnginePlan:
     """Step 1: everything that can fail on a typo, before any model is touched."""
-    from ssdmoe_tui.engine.index import load_index
+    from ssdmoe_tui.engine.experts.index import load_index
 
     path = resolve_model_spec(options.model, say=say, download=download, cancel=cancel)
     index, _ = load_index(path)
@@ -83,8 +83,8 @@ def load_engine(
 ) -> Runner:
     """Step 2: the streamed model and its Runner (the owner of K). `distributed`
     (`engine.distributed.Distributed`): this rank's share of an expert-parallel launch."""
-    from ssdmoe_tui.engine.loader import load_streamed
-    from ssdmoe_tui.engine.runner import Runner
+    from ssdmoe_tui.engine.model.loader import load_streamed
+    from ssdmoe_tui.engine.run.runner import Runner
 
     o = plan.options
     budget = o.expert_cache
@@ -106,7 +106,7 @@ def load_engine(
     try:
         runner = Runner(sm, o.prefill_step, k=o.k, prefill_k=o.prefill_k)
         if o.routing_trace:
-            from ssdmoe_tui.engine.trace_routing import attach, check_trace_k
+            from ssdmoe_tui.engine.policy.trace_routing import attach, check_trace_k
 
             routing = attach(sm, o.routing_trace)
             check_trace_k("--k", o.k, routing.k)

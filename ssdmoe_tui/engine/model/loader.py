@@ -22,19 +22,19 @@ import mlx.nn as nn
 
 from ssdmoe_tui.checkpoint import arch
 from ssdmoe_tui.checkpoint.config import load_config, load_tokenizer
-from ssdmoe_tui.engine.cache import (
+from ssdmoe_tui.engine.experts.cache import (
     ExpertCache,
     auto_budget,
     available_memory_bytes,
     slot_memory_bytes,
 )
-from ssdmoe_tui.engine.index import ExpertIndex, load_index
-from ssdmoe_tui.engine.options import parse_bytes
-from ssdmoe_tui.engine.reader import open_reader
-from ssdmoe_tui.engine.routing_mass import RoutingMass
-from ssdmoe_tui.engine.routing_mass import install as install_routing_mass
-from ssdmoe_tui.engine.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
+from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
+from ssdmoe_tui.engine.experts.reader import open_reader
+from ssdmoe_tui.engine.model.routing_mass import RoutingMass
+from ssdmoe_tui.engine.model.routing_mass import install as install_routing_mass
+from ssdmoe_tui.engine.model.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
+from ssdmoe_tui.options import parse_bytes
 
 
 @dataclass
@@ -365,7 +365,7 @@ def resolve_expert_source(
     path: Path, index: ExpertIndex, experts: str
 ) -> tuple[ExpertIndex, str, str]:
     """(index the cache reads through, source name, note on an unused repacked file)."""
-    from ssdmoe_tui.engine.repack import find_repacked, packed_index
+    from ssdmoe_tui.engine.experts.repack import find_repacked, packed_index
 
     if experts not in EXPERT_SOURCES:
         raise BadValueError(f"--experts {experts!r}: use one of {', '.join(EXPERT_SOURCES)}")

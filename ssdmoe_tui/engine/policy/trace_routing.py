@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ssdmoe_tui.engine.traces import DECODE, PREFILL, Trace, read_trace
+from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, Trace, read_trace
 from ssdmoe_tui.errors import BadValueError
 
 SUPPORTED = ("qwen3_moe", "qwen3_5_moe", "mixtral")
@@ -185,7 +185,7 @@ def attach(sm, path: str | Path) -> TraceRouting:
     if sm.prefetch:
         # The next block's router cannot foresee the trace's ids: predict them from the
         # lookups instead (co-occurrence, layer L -> L+1), as `trace replay --prefetch` does.
-        from ssdmoe_tui.engine.policies import CooccurrencePredictor
+        from ssdmoe_tui.engine.policy.policies import CooccurrencePredictor
 
         for block in sm.blocks:
             block.switch_mlp.set_predictor(None)

@@ -29,9 +29,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ssdmoe_tui.engine.device_memory import place_slots
-from ssdmoe_tui.engine.index import ExpertIndex
-from ssdmoe_tui.engine.reader import Reader, ReadError, buffer_address
+from ssdmoe_tui.engine.experts.device_memory import place_slots
+from ssdmoe_tui.engine.experts.index import ExpertIndex
+from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address
 from ssdmoe_tui.errors import ModelError
 
 _MX_DTYPES = {
@@ -121,7 +121,7 @@ class ExpertCache:
         slot array on every call. Packed weights always land in the slots untouched.
         `placement`: where MLX-CUDA keeps the slots (see `device_memory`).
         `bank_bytes`: largest bank array (default: under 2 GiB, or $SSDMOE_SLOT_BANK_BYTES)."""
-        from ssdmoe_tui.engine.policies import DEFAULT_POLICY, make_policy
+        from ssdmoe_tui.engine.policy.policies import DEFAULT_POLICY, make_policy
 
         if capacity < 1:
             raise ValueError("expert cache needs at least one slot")
@@ -356,7 +356,7 @@ class ExpertCache:
         keys = keys[: max(room, 0)]
         if not keys:
             return
-        from ssdmoe_tui.engine.policies import NoVictimError
+        from ssdmoe_tui.engine.policy.policies import NoVictimError
 
         slots = np.empty(len(keys), dtype=np.int64)
         guard = pinned | set(keys)
@@ -477,7 +477,7 @@ def _advise_random(fd: int) -> None:
 def parse_size(text: str | int) -> int:
     """'512M', '4G', '1.5GiB', '123456' -> bytes (`options.parse_bytes`; BadValueError,
     a ValueError, on anything else)."""
-    from ssdmoe_tui.engine.options import parse_bytes
+    from ssdmoe_tui.options import parse_bytes
 
     return parse_bytes(text)
 

@@ -1,0 +1,140 @@
+"""`serve --distributed`: every rank's engine thread runs rank 0's commands in step."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from ssdmoe_tui.engine.distributed.failure import DistributedError, looks_like_comm_error
+from ssdmoe_tui.engine.distributed.stats import DecodeMeter
+from ssdmoe_tui.errors import user_message
+
+
+def _encode_command(cmd) -> dict:
+    from dataclasses import asdict
+
+    return {"type": type(cmd).__name__, "fields": asdict(cmd)}
+
+
+def _decode_command(data: dict):
+    from ssdmoe_tui.engine.run import protocol as P
+
+    cls = {c.__name__: c for c in (P.LoadModel, P.Generate, P.SetExpertCache, P.Shutdown)}.get(
+        data["type"]
+    )
+    if cls is None:
+        raise DistributedError(f"rank 0 sent an unknown engine command {data['type']!r}")
+    fields = dict(data["fields"])
+    if cls is P.Generate:
+        fields["messages"] = tuple(P.Message(**m) for m in fields.get("messages") or ())
+        if fields.get("prompt_tokens") is not None:
+            fields["prompt_tokens"] = tuple(fields["prompt_tokens"])
+    return cls(**fields)
+
+
+class ServiceLink:
+    """Keeps every rank's `EngineService` in step with rank 0's (`serve --distributed`).
+
+    rank 0's engine thread takes commands from its queue and sends each to the other
+    ranks, whose engine threads run the same command on their own engine. Whatever
+    comes from outside the computation is decided on rank 0 and agreed at fixed points:
+    the command, K (a K change waits for the next agreement, so every rank switches at
+    the same token), and stop requests (one agreement per prefill chunk and per token).
+    An error other than a rejected value (which every rank raises alike) leaves the
+    ranks out of step, so it ends the launch with one line (`fatal`)."""
+
+    def __init__(self, dist) -> None:
+        self.dist = dist
+        self._pending_k: int | None = None
+        self.lock_here = dist.first_on_host()  # takes the machine-wide model lock
+
+    def attach(self, service) -> None:
+        service.link = self
+        service.use_model_lock = self.lock_here
+
+    def service_factory(self, options):
+        """rank 0: `make(post)` for the server, an EngineService linked to the others."""
+
+        def make(post):
+            from ssdmoe_tui.engine.run.service import EngineService
+
+            service = EngineService(post, options=options)
+            self.attach(service)
+            return service
+
+        return make
+
+    def set_k(self, k: int) -> None:
+        """rank 0: K for the next agreement (the next token or the next command)."""
+        self._pending_k = int(k)
+
+    def _take_k(self) -> int:
+        k, self._pending_k = self._pending_k, None
+        return k or 0
+
+    def next_command(self, q):
+        """rank 0: the next queued command, sent to all; others: the command received.
+        Returns (command, K to apply first or None)."""
+        msg = None
+        if self.dist.is_root:
+            cmd = q.get()
+            msg = {"cmd": _encode_command(cmd), "k": self._take_k()}
+        msg = self.dist.broadcast_json(msg)
+        return _decode_command(msg["cmd"]), (msg["k"] or None)
+
+    def should_stop(self, local: Callable[[], bool], runner) -> Callable[[], bool]:
+        """rank 0's stop decision and pending K, on every rank, at the same point."""
+
+        def agreed() -> bool:
+            word = (self._take_k() << 1) | int(bool(local())) if self.dist.is_root else 0
+            word = self.dist.agree(word)
+            if word >> 1:
+                runner.set_k(word >> 1)
+            return bool(word & 1)
+
+        return agreed
+
+    def sampler(self, sampler):
+        return self.dist.wrap_sampler(sampler)
+
+    def meter(self, sm) -> DecodeMeter:
+        return self.dist.meter(sm)
+
+    def turn_stats(self, sm, meter: DecodeMeter, steps: int) -> dict:
+        return self.dist.run_stats(sm, meter, steps, probe=False)
+
+    def fatal(self, exc: BaseException) -> None:
+        """An error that leaves the ranks out of step: end the launch with one line."""
+        line = f"rank {self.dist.rank}: {user_message(exc)}"
+        wd = self.dist.watchdog
+        if wd is None:
+            print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
+            os._exit(1)
+        if not self.dist.is_root:
+            wd.local_failure(line, comm_error=looks_like_comm_error(exc))  # exits
+        if looks_like_comm_error(exc):
+            time.sleep(min(2.0, wd.timeout))  # the side channel names the lost rank first
+        wd._exit(line)
+        time.sleep(5)  # another verdict is ending the process
+        os._exit(1)
+
+
+def follow(dist, options, link: ServiceLink | None = None) -> int:
+    """A rank other than 0 of `serve --distributed`: run rank 0's engine commands until
+    it shuts down (rank 0 alone serves HTTP)."""
+    import signal
+
+    from ssdmoe_tui.engine.run.service import EngineService
+
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C reaches every process of the launch: rank 0 stops the server and then
+        # sends Shutdown here; a follower that left first would look like a failure.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    service = EngineService(lambda _event: None, options=options)
+    (link or ServiceLink(dist)).attach(service)
+    service.start()
+    service.shutdown(timeout=threading.TIMEOUT_MAX)  # returns once rank 0 sent Shutdown
+    return 0
