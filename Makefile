@@ -13,7 +13,7 @@ NATIVE_CC ?= $(or $(CC),cc)
 native: $(VENV)/.installed
 
 # `make sanitize`: the reader built with AddressSanitizer + UndefinedBehaviorSanitizer
-# (any report aborts), and tests/test_reader.py run against it via SSDMOE_READER_LIB.
+# (any report aborts), and tests/engine/test_reader.py run against it via SSDMOE_READER_LIB.
 SAN_LIB := build/sanitize/libssdmoe_reader.so
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
 sanitize: setup
@@ -22,7 +22,7 @@ sanitize: setup
 	SSDMOE_READER_LIB=$(abspath $(SAN_LIB)) \
 	LD_PRELOAD="$$($(NATIVE_CC) -print-file-name=libasan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	$(VPY) -m pytest -q -s -p no:cacheprovider tests/test_reader.py
+	$(VPY) -m pytest -q -s -p no:cacheprovider tests/engine/test_reader.py
 
 # --- setup / run / test ---------------------------------------------------------
 # `make run`  : set up a venv and open the chat on the embedded demo model.

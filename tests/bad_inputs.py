@@ -1,6 +1,6 @@
 """Bad inputs a user can hand ssdmoe, each with the one line it must get back.
 
-Shared by tests/test_bad_inputs.py (asserts every case) and scripts/bad_inputs_table.py
+Shared by tests/faults/test_bad_inputs.py (asserts every case) and scripts/bad_inputs_table.py
 (regenerates the table in docs/reliability.md). A case is a real CLI invocation
 (`ssdmoe_tui.cli.main`, in process: argparse, the command, the one error handler) or a
 real loader call, on real files made in a scratch folder. The contract: a non-zero exit

@@ -1,4 +1,4 @@
-"""Run under `mlx.launch` by tests/test_distributed.py (one launch, two parts):
+"""Run under `mlx.launch` by tests/engine/test_distributed.py (one launch, two parts):
 
 1. greedy tokens of several checkpoints on the bare expert-parallel engine (Runner);
 2. an `EngineService` on every rank, rank 0 driving it the way the server does (K set

@@ -1,4 +1,4 @@
-"""Kill -9 trials for tests/test_fault_kill.py, run as a script (a fork server).
+"""Kill -9 trials for tests/faults/test_fault_kill.py, run as a script (a fork server).
 
     python tests/fault_kill_worker.py TRIALS SEED OUT.json     (SSDMOE_HOME set by the caller)
 

@@ -6,7 +6,7 @@ message is one line (no traceback, not a bare exception type) or, for the config
 warning; anything else (TypeError, OverflowError, RecursionError, MemoryError, a
 multi-line message...) is a finding. The harness is independent of how it is driven:
 `scripts/fuzz.py` runs it with atheris (coverage-guided, where it installs) or with the
-seeded mutator below, and `tests/test_fuzz.py` replays every finding kept in
+seeded mutator below, and `tests/faults/test_fuzz.py` replays every finding kept in
 `tests/fuzz/crashes/` and runs a short bounded session.
 
 Inputs of the two safetensors targets are `<framing byte><header JSON>`: the target

@@ -1,0 +1,437 @@
+"""`ssdmoe serve` end to end: a real uvicorn server on a loopback port, a real engine on a
+small random checkpoint, driven by the official `openai` client and raw HTTP (httpx).
+
+Greedy output equals `ssdmoe generate` token for token; a second turn is served >= 97 %
+from the KV cache, also after a restart (checkpoints on disk); a client that disconnects
+frees the engine within a second; a full queue is a 429; every bad request is a 4xx in
+OpenAI's error envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import io
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from ssdmoe_tui import cli
+from ssdmoe_tui.options import EngineOptions
+from ssdmoe_tui.server.main import ServeOptions, Server, bind, url_of
+from tests.sessions.test_sessions_engine import SYSTEM
+
+HELLO = [{"role": "user", "content": "Hello there, how are you?"}]
+TIMEOUT = 60
+
+
+class Running:
+    """A Server on its own event loop thread, bound to a random loopback port."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        self.sock = bind("127.0.0.1", 0)
+        self.url = url_of(self.sock)
+        self.server = Server(options)
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.run(self.sock)), daemon=True
+        )
+        self.thread.start()
+        assert self.server.ready.wait(TIMEOUT), "server did not start"
+        assert self.server.api is not None, "the engine did not load"
+        self.model = self.server.model_id
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kw)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.thread.join(TIMEOUT)
+        self.sock.close()
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("server-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SSDMOE_HOME", str(home))
+        mp.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def model(checkpoints, home):
+    return checkpoints("qwen3_moe")
+
+
+def generate_json(model, prompt: str, system: str | None = None, max_tokens: int = 16) -> dict:
+    """`ssdmoe generate --json` in this process (the server is not running then)."""
+    argv = ["generate", "--model", str(model), "--prompt", prompt, "--json",
+            "--max-tokens", str(max_tokens)]  # fmt: skip
+    if system:
+        argv += ["--system", system]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(argv) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return generate_json(model, HELLO[0]["content"], max_tokens=16)
+
+
+def options(model, home) -> ServeOptions:
+    # prefill in chunks of 256 tokens, so a cancel during a long prefill lands quickly
+    return ServeOptions(EngineOptions(model=str(model), prefill_step=256), cache_root=home / "sc")
+
+
+@pytest.fixture(scope="module")
+def srv(model, reference, home):
+    running = Running(options(model, home))
+    yield running
+    running.stop()
+
+
+def sse_events(resp: httpx.Response) -> list:
+    out = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_health_models_and_stats(srv):
+    r = httpx.get(srv.url + "/health", timeout=5)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    models = srv.client().models.list()
+    assert [m.id for m in models.data] == [srv.model]
+    stats = httpx.get(srv.url + "/v1/stats", timeout=5).json()
+    assert stats["model"] == srv.model and stats["engine"]["device"]
+
+
+def test_non_streaming_equals_generate(srv, reference):
+    r = srv.client().chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=16, temperature=0
+    )
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == reference["text"]
+    assert r.usage.completion_tokens == len(reference["token_ids"])
+    assert r.usage.prompt_tokens == len(reference["prompt_token_ids"])
+    assert choice.finish_reason == reference["finish_reason"]
+    ext = r.model_extra["ssdmoe"]
+    assert ext["k"] == reference["k"]
+    assert ext["stats"]["generated_tokens"] == len(reference["token_ids"])
+
+
+def test_streaming_sse_shape_and_equals_generate(srv, reference):
+    body = {"model": srv.model, "messages": HELLO, "max_tokens": 16, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = [c["choices"][0]["delta"].get("content", "") for c in chunks[1:-2]]
+    assert all(content) and "".join(content) == reference["text"]
+    final, usage = chunks[-2], chunks[-1]
+    assert final["choices"][0]["finish_reason"] == reference["finish_reason"]
+    assert final["ssdmoe"]["k"] == reference["k"]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(
+        reference["token_ids"]
+    )
+    assert "cached_tokens" in usage["usage"]["prompt_tokens_details"]
+    # the official client reads the same stream
+    stream = srv.client().chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=16, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == reference["text"]
+
+
+def test_completions_endpoint(srv):
+    c = srv.client()
+    r = c.completions.create(model=srv.model, prompt="Paris is", max_tokens=5)
+    assert r.choices[0].text and r.usage.completion_tokens == 5
+    assert r.choices[0].finish_reason == "length"
+    stream = c.completions.create(model=srv.model, prompt="Paris is", max_tokens=5, stream=True)
+    assert "".join(ch.choices[0].text for ch in stream if ch.choices) == r.choices[0].text
+
+
+def test_stop_string_cuts_the_reply(srv, reference):
+    text = reference["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    want = text[: text.index(stop)]
+    c = srv.client()
+    r = c.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=16, stop=[stop])
+    assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+    stream = c.chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=16, stop=stop, stream=True
+    )
+    chunks = [ch for ch in stream if ch.choices]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+# --------------------------------------------------------------------------- K and stats
+
+
+def test_k_per_request_suffix_and_extension(srv):
+    c = srv.client()
+    r = c.chat.completions.create(model=f"{srv.model}@k2", messages=HELLO, max_tokens=3)
+    assert r.model_extra["ssdmoe"]["k"] == 2
+    r = c.chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=3, extra_body={"ssdmoe": {"k": 3}}
+    )
+    assert r.model_extra["ssdmoe"]["k"] == 3
+    raw = c.chat.completions.with_raw_response.create(model=srv.model, messages=HELLO, max_tokens=3)
+    header = raw.headers["x-ssdmoe-stats"]
+    assert header.startswith("k=4;") and "ssd_mib_per_token=" in header  # back to the default
+    assert httpx.get(srv.url + "/v1/stats", timeout=5).json()["last_response"]["k"] == 4
+
+
+# --------------------------------------------------------------------------- prompt cache
+
+
+def conversation_turns(c, model, n: int, start: list | None = None) -> tuple[list, list]:
+    messages = start or [{"role": "system", "content": SYSTEM}]
+    usages = []
+    for i in range(n):
+        messages.append({"role": "user", "content": ["Go on.", "Why?", "Thanks, more."][i % 3]})
+        r = c.chat.completions.create(model=model, messages=messages, max_tokens=8)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        usages.append(r.usage)
+    return messages, usages
+
+
+def assert_new_chat_reuses_system_prompt(running: Running) -> int:
+    """A new chat with a known system prompt: served >= 95 % from a cache. Returns the
+    cached tokens (attention-only models may get them from memory, a trimmed copy of
+    the longer conversation's cache; hybrid ones only from the system part's checkpoint)."""
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Other topic?"}]
+    r = running.client().chat.completions.create(model=running.model, messages=chat, max_tokens=2)
+    u = r.usage
+    assert u.prompt_tokens_details.cached_tokens >= 0.95 * u.prompt_tokens, u
+    return u.prompt_tokens_details.cached_tokens
+
+
+def test_multi_turn_reuse_and_restart_from_disk(srv, model, home, monkeypatch):
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))  # the module server's lock folder
+    c = srv.client()
+    messages, usages = conversation_turns(c, srv.model, 3)
+    for u in usages[1:]:
+        assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+    # a fresh server (new engine, empty memory) continues from the checkpoints on disk
+    srv.stop()
+    again = Running(options(model, home))
+    try:
+        _, usages = conversation_turns(again.client(), again.model, 1, start=messages)
+        u = usages[0]
+        assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+        assert again.server.kv.last_load is not None
+        # a new chat with the same system prompt loads the system part's own checkpoint
+        system_part = assert_new_chat_reuses_system_prompt(again)
+    finally:
+        again.stop()
+        # later tests use `srv`: bring it back on the same object
+        fresh = Running(options(model, home))
+        srv.__dict__.update(fresh.__dict__)
+    # An edited earlier reply matches no recorded history: the conversation's checkpoint
+    # on disk (attention-only) is trimmed to the part the prompts share, which is more
+    # than the system part's own checkpoint.
+    branch = [dict(m) for m in messages[:3]]
+    branch[2]["content"] += " (edited)"
+    branch.append({"role": "user", "content": "And?"})
+    r = srv.client().chat.completions.create(model=srv.model, messages=branch, max_tokens=2)
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert srv.server.kv.last_load[1] == cached > system_part, (cached, system_part)
+
+
+# --------------------------------------------------------------------------- one at a time
+
+
+def time_to_free(srv, limit: float = 5.0) -> float:
+    """Seconds until the engine is free (after a client left); `limit` if it never is."""
+    t0 = time.monotonic()
+    while srv.server.engine.busy and time.monotonic() - t0 < limit:
+        time.sleep(0.01)
+    return time.monotonic() - t0 if not srv.server.engine.busy else limit
+
+
+def test_disconnect_cancels_and_frees_the_engine(srv):
+    body = {"model": srv.model, "messages": HELLO, "max_tokens": 1500, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    assert time_to_free(srv) < 1.0
+    r = srv.client().chat.completions.create(model=srv.model, messages=HELLO, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
+    long_text = " ".join(["streaming experts from the disk"] * 300)  # ~1,500 tokens
+    body = {"model": srv.model, "messages": [{"role": "user", "content": long_text}],
+            "max_tokens": 1, "stream": True}  # fmt: skip
+    slowest = 0.0
+    seen_prefill = False
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # the role chunk comes before the prefill ends
+        t_end = time.monotonic() + 10
+        while time.monotonic() < t_end and not seen_prefill:
+            t0 = time.monotonic()
+            h = httpx.get(srv.url + "/health", timeout=5).json()
+            slowest = max(slowest, time.monotonic() - t0)
+            seen_prefill = h["phase"] == "prefill"
+    assert seen_prefill and slowest < 0.5, slowest
+    assert time_to_free(srv) < 1.0
+
+
+def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
+    chat = [{"role": "system", "content": "Another agent. " + SYSTEM},
+            {"role": "user", "content": "Hi"}]  # fmt: skip
+    body = {"model": srv.model, "messages": chat, "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up during the prefill
+        httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=0.3)
+    assert time_to_free(srv) < 1.5
+    r = srv.client().chat.completions.create(model=srv.model, messages=chat, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+def test_second_server_is_told_who_holds_the_model(srv, model, home):
+    """`ssdmoe serve` on a model while this process holds the lock: one line, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--model", str(model), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "SSDMOE_LOCK_DIR": str(home / "locks")},  # the module server's
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ssdmoe: error: another ssdmoe is running: pid {os.getpid()}"), last
+    assert "Traceback" not in proc.stderr
+
+
+def test_two_clients_wait_or_get_429(srv):
+    results: list = [None, None]
+    body = {"model": srv.model, "messages": HELLO, "max_tokens": 40}
+
+    def call(i: int) -> None:
+        results[i] = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert [r.status_code for r in results] == [200, 200]  # the second one waited
+    # with no room in the queue the second is refused, and both keep working after
+    srv.server.engine.max_queue = 0
+    try:
+        body["max_tokens"] = 300
+        body["stream"] = True
+        with httpx.stream(
+            "POST", srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT
+        ) as r:
+            lines = r.iter_lines()  # keep it: dropping the iterator closes the connection
+            assert next(lines).startswith("data: ")
+            second = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        assert second.status_code == 429 and second.headers["retry-after"]
+        assert second.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        srv.server.engine.max_queue = 8
+    h = httpx.get(srv.url + "/health", timeout=5)
+    assert h.status_code == 200
+
+
+# --------------------------------------------------------------------------- 4xx
+
+
+@pytest.mark.parametrize(
+    "patch, status, param",
+    [
+        ({"n": 2}, 400, "n"),
+        ({"logprobs": True}, 400, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"model": "gpt-4o"}, 404, "model"),
+        ({"messages": []}, 400, "messages"),
+        ({"max_tokens": 0}, 400, "max_tokens"),
+        ({"temperature": 5}, 400, "temperature"),
+        ({"ssdmoe": {"k": 99}}, 400, "ssdmoe.k"),
+        ({"tool_choice": "required"}, 400, "tool_choice"),
+        ({"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
+        ({"seed": 2**64}, 400, "seed"),  # was a 500 from the engine
+        ({"ssdmoe": {"k": "4"}}, 400, "ssdmoe.k"),
+    ],
+)
+def test_bad_requests_get_openai_errors(srv, patch, status, param):
+    body = {"model": srv.model, "messages": HELLO, "max_tokens": 2, **patch}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and err["type"]
+
+
+def test_malformed_body_size_cap_and_api_key(srv):
+    url = srv.url + "/v1/chat/completions"
+    r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(url, content=b"[" * 5000)  # RecursionError in json: was a plain-text 500
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    for path, body in [  # lone surrogates failed in the tokenizer: 500
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}),
+        ("/v1/completions", {"prompt": "x \udfff"}),
+    ]:
+        data = json.dumps({"model": srv.model, **body}).encode()  # ASCII: "\ud800" escapes
+        r = httpx.post(srv.url + path, content=data, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["param"] in body, r.text
+    # a token id past the embedding killed the process (SIGSEGV in MLX's gather)
+    r = httpx.post(srv.url + "/v1/completions", timeout=TIMEOUT,
+                   json={"model": srv.model, "prompt": [10**8], "max_tokens": 1})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    c = srv.client()
+    # OpenAI's seeds are signed: -1 runs as 2**64-1
+    a, b = (
+        c.chat.completions.create(
+            model=srv.model, messages=HELLO, max_tokens=3, temperature=1.0, seed=seed
+        )
+        for seed in (-1, 2**64 - 1)
+    )
+    assert a.choices[0].message.content == b.choices[0].message.content
+    api = srv.server.api
+    settings = api.settings
+    try:
+        api.settings = dataclasses.replace(settings, max_body_bytes=1000, api_key="sekrit")
+        r = httpx.post(url, json={"model": srv.model, "messages": HELLO})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(srv.url + "/v1/models").status_code == 401
+        assert httpx.get(srv.url + "/health").status_code == 200  # no key needed
+        auth = {"authorization": "Bearer sekrit"}
+        r = httpx.post(url, json={"model": srv.model, "messages": HELLO, "pad": "x" * 2000},
+                       headers=auth)  # fmt: skip
+        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        ok = srv.client(default_headers=auth).chat.completions.create(
+            model=srv.model, messages=HELLO, max_tokens=1
+        )
+        assert ok.usage.completion_tokens == 1
+    finally:
+        api.settings = settings
+    with pytest.raises(openai.NotFoundError):
+        srv.client().chat.completions.create(model="nope", messages=HELLO)
