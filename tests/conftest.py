@@ -32,6 +32,8 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory):
-    from ssdmoe_tui.models.demo import ensure_demo_model
+    """The random-weight demo (the shipped demo is trained and ends its replies early;
+    the app's long-generation tests need a model that keeps going)."""
+    from ssdmoe_tui.models.demo import write_random_demo
 
-    return ensure_demo_model(tmp_path_factory.mktemp("demo") / "demo-model")
+    return write_random_demo(tmp_path_factory.mktemp("demo") / "demo-model")

@@ -1,7 +1,9 @@
-"""Random-weight MoE checkpoints in the exact mlx-community layout.
+"""The embedded demo model, and random-weight MoE checkpoints in the mlx-community layout.
 
-Used for the embedded default model (`ssdmoe demo-model`), for tests, and for
-full-size synthetic checkpoints of real configs (`--config`). The model is built
+The embedded default model (`ssdmoe demo-model`) is a tiny qwen3_moe trained here by
+`scripts/train_demo.py`; it ships in the package (`demo_trained/`) and is copied to the
+data folder on first use. Random-weight checkpoints serve the tests (`write_random_demo`,
+the old demo's shape) and full-size synthetic checkpoints of real configs (`--config`). The model is built
 with mlx-lm's own classes, cast to bfloat16, quantized with mlx-lm's
 `quantize_model` (the model's own predicate, so routers stay at 8 bits where
 mlx-community keeps them there) and written shard by shard: arrays are lazy, so
@@ -23,9 +25,12 @@ from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.paths import demo_model_dir
 from ssdmoe_tui.units import human_bytes
 
-DEMO_VERSION = 3
+DEMO_VERSION = 4
 
-#: The embedded default: a small qwen3_moe (the Qwen3-30B-A3B architecture).
+#: Where the trained demo ships inside the package.
+TRAINED_DIR = Path(__file__).resolve().parent / "demo_trained"
+
+#: The tests' random-weight demo: a small qwen3_moe (the Qwen3-30B-A3B architecture).
 DEMO_CONFIG: dict = {
     "model_type": "qwen3_moe",
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -291,24 +296,73 @@ def _text_config(config: dict) -> dict:
     return config.get("text_config", config)
 
 
+RANDOM_README = """# ssdmoe random-weight demo checkpoint
+
+A tiny **random-weight** Mixture-of-Experts checkpoint (`qwen3_moe`: {layers} layers,
+{experts} experts, {k} per token) at toy width, in the exact mlx-community layout (4-bit,
+stacked `switch_mlp` experts, sharded safetensors, a ChatML tokenizer). Its replies are word
+salad: it exists for tests. The embedded demo (`ssdmoe demo-model`) is the trained one.
+"""
+
 DEMO_README = """# ssdmoe demo model
 
-A tiny **random-weight** Mixture-of-Experts checkpoint written by `ssdmoe demo-model`.
-It has the architecture of Qwen3-30B-A3B (`qwen3_moe`: {layers} layers, {experts} experts,
-{k} per token) at toy width, in the exact mlx-community layout (4-bit, stacked
-`switch_mlp` experts, sharded safetensors, a ChatML tokenizer).
+A tiny Mixture-of-Experts model **trained by this project** (`scripts/train_demo.py`,
+{steps} steps on {device}): a `qwen3_moe` (the Qwen3-30B-A3B architecture) with {layers}
+layers, {experts} experts, {k} per token, {params:.1f} M parameters and a {vocab}-token BPE
+vocabulary, trained on {tokens:.1f} M tokens (about {epochs:.0f} passes) of English
+documentation that ships with Linux distributions (GNU manuals, Vim's help, Python's
+docstrings; licences in docs/quality.md), 4-bit in the mlx-community layout.
 
-Its weights are random, so its replies are gibberish: it exists so the app, the
-streaming engine and the tests run on any machine without a download. Point
-`ssdmoe --model` at a real checkpoint (e.g. `mlx-community/Qwen3-30B-A3B-4bit`) to chat.
-Version {version}.
+It babbles, but it has learned: on English prose it never saw its perplexity is far below
+a random model's, and its routing has the locality the expert cache lives on (see
+docs/quality.md). It exists so the app, the streaming engine and the tests run on any
+machine without a download. Point `ssdmoe --model` at a real checkpoint (e.g.
+`mlx-community/Qwen3-30B-A3B-4bit`) to chat. Version {version}.
 """
+
+
+def write_random_demo(out: Path, progress: ProgressFn = _noop) -> Path:
+    """The random-weight checkpoint of DEMO_CONFIG (the demo before it was trained): a
+    model that never stops on its own, which the app's long-generation tests need."""
+    cfg = DEMO_CONFIG
+    return write_checkpoint(
+        cfg,
+        Path(out),
+        seed=7,
+        group_size=32,
+        max_shard_bytes=3 << 20,
+        readable=True,
+        progress=progress,
+        readme=RANDOM_README.format(
+            layers=cfg["num_hidden_layers"], experts=cfg["num_experts"],
+            k=cfg["num_experts_per_tok"],
+        ),
+    )  # fmt: skip
+
+
+def _demo_readme() -> str:
+    cfg = json.loads((TRAINED_DIR / "config.json").read_text())
+    info = json.loads((TRAINED_DIR / "training.json").read_text())
+    train = info["training"]
+    return DEMO_README.format(
+        layers=cfg["num_hidden_layers"],
+        experts=cfg["num_experts"],
+        k=cfg["num_experts_per_tok"],
+        params=train["parameters"] / 1e6,
+        vocab=cfg["vocab_size"],
+        steps=train["kept_step"],
+        device=train["device"],
+        tokens=train["kept_step"] * train["batch"] * train["seq"] / 1e6,
+        epochs=train["kept_step"] * train["batch"] * train["seq"] / info["corpus"]["train_tokens"],
+        version=DEMO_VERSION,
+    )
 
 
 def ensure_demo_model(
     out: Path | None = None, progress: ProgressFn = _noop, *, force: bool = False
 ) -> Path:
-    """Return the demo model folder, writing it first if it is missing, stale or `force`d.
+    """Return the demo model folder, copying the shipped trained model there first if it
+    is missing, stale or `force`d.
 
     The folder is replaced whole, so only an empty folder or one this function wrote (it
     has the `.ssdmoe-demo` stamp) is ever replaced: `--out ~/work` must not delete work."""
@@ -320,25 +374,17 @@ def ensure_demo_model(
         raise ModelError(
             f"{out} exists and is not a demo model folder: nothing written (choose another folder)"
         )
+    if not (TRAINED_DIR / "model.safetensors").is_file():
+        raise ModelError(f"the packaged demo model is missing ({TRAINED_DIR}): reinstall ssdmoe")
     progress(f"creating the demo model in {out} (first run only)")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    cfg = DEMO_CONFIG
-    write_checkpoint(
-        cfg,
-        tmp,
-        seed=7,
-        group_size=32,
-        max_shard_bytes=3 << 20,
-        readable=True,
-        progress=progress,
-        readme=DEMO_README.format(
-            layers=cfg["num_hidden_layers"],
-            experts=cfg["num_experts"],
-            k=cfg["num_experts_per_tok"],
-            version=DEMO_VERSION,
-        ),
-    )
+    tmp.mkdir(parents=True)
+    files = sorted(f for f in TRAINED_DIR.iterdir() if f.is_file() and f.suffix != ".py")
+    for i, f in enumerate(files):
+        shutil.copyfile(f, tmp / f.name)
+        progress(f"wrote {f.name} ({i + 1}/{len(files)}, {human_bytes(f.stat().st_size)})")
+    (tmp / "README.md").write_text(_demo_readme())
     (tmp / ".ssdmoe-demo").write_text(str(DEMO_VERSION))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -145,13 +145,16 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         app.panel.show_phase = lambda event: (phases.append(event.phase), show_phase(event))
         # Writing the demo model takes seconds; the UI answers meanwhile, and the first
         # frame already says what happens, what the demo is, and how to run a real model.
-        assert "loading the demo model" in str(app.status_bar.render())
+        # (The shipped demo is copied and loaded in well under a second, so the first frame
+        # may already show it loaded.)
+        status = str(app.status_bar.render())
+        assert "loading the demo model" in status or "demo-model" in status, status
         welcome = app.chat_pane.welcome
         text = " ".join(str(w.render()) for w in welcome.query(Static))
-        for part in ("random weights", "word salad", "--model mlx-community/", "models fetch"):
+        for part in ("trained here", "babbles", "--model mlx-community/", "models fetch"):
             assert part in text, part
         assert "F4" in text and "qwen3_moe" in text and "mixtral" in text
-        assert welcome.query_one(ProgressBar).display
+        assert welcome.query_one(ProgressBar).display or "demo-model" in status
         fractions: list[float] = []
         show = welcome.show_progress
         welcome.show_progress = lambda *a: (show(*a), fractions.append(welcome.progress.fraction))
@@ -159,12 +162,14 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         assert app.chat_pane.prompt.text == "x"
         app.chat_pane.prompt.clear()
         await loaded(pilot, app)
-        assert "loading" in phases
-        # The bar moved through the writing and loading steps, with an estimate.
-        assert fractions == sorted(fractions) and fractions[-1] >= 0.9, fractions
-        assert any(0 < f < 0.6 for f in fractions), fractions  # writing the demo, shard by shard
+        if "loading the demo model" in status:  # the load was still under way at frame one
+            assert "loading" in phases
+            # The bar moved through the copying and loading steps, with an estimate.
+            assert fractions == sorted(fractions) and fractions[-1] >= 0.9, fractions
         assert "is ready" in str(welcome.query_one("#welcome-title", Static).render())
-        await wait_until(pilot, lambda: phases[-1] == "idle", 10, "the idle phase")
+        await wait_until(
+            pilot, lambda: app.chat.engine is not None and app.inflight is None, 10, "idle"
+        )
         assert isinstance(app.chat.engine, EngineService)
         assert app.chat.model.name == "demo-model"
         assert "demo-model" in str(app.status_bar.render())

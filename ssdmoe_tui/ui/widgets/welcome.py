@@ -1,5 +1,5 @@
 """The first screen on the demo model: what is happening (a progress bar while the demo
-model is written and loaded), what the demo is (random weights: word salad by design)
+model is written and loaded), what the demo is (tiny, trained here: it babbles but has learned)
 and how to run a real model. Shown at the top of the transcript from the first frame."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from ssdmoe_tui.models.registry import SUPPORTED_ARCHITECTURES
 EXAMPLE_REPO = "mlx-community/Qwen3-30B-A3B-4bit"
 
 ABOUT = (
-    "The demo model has random weights, so its replies are word salad by design. "
-    "It is small and exists to show the engine at work: the panel on the right, "
+    "The demo model is tiny (8 M parameters) and was trained here on a few MB of software "
+    "manuals: it babbles, but it has learned (see docs/quality.md). "
+    "It exists to show the engine at work: the panel on the right, "
     "K (ctrl+↑/↓), saved conversations (ctrl+o) and resume (ssdmoe --resume)."
 )
 
