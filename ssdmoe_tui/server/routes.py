@@ -22,6 +22,7 @@ from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_completion import ServingCompletion
 from ssdmoe_tui.server.serving_engine import ServerState
 from ssdmoe_tui.server.serving_models import ServingModels
+from ssdmoe_tui.server.serving_responses import ServingResponses
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -70,6 +71,7 @@ def build_app(state: ServerState) -> Starlette:
     models = ServingModels(state)
     chat = ServingChat(state)
     completion = ServingCompletion(state)
+    responses = ServingResponses(state)
 
     def route(path: str, fn: Handler, method: str, auth: bool = True) -> Route:
         return Route(path, endpoint(state, fn, auth=auth), methods=[method])
@@ -84,6 +86,8 @@ def build_app(state: ServerState) -> Starlette:
         route("/chat/completions", chat.create, "POST"),
         route("/v1/completions", completion.create, "POST"),
         route("/completions", completion.create, "POST"),
+        route("/v1/responses", responses.create, "POST"),
+        route("/responses", responses.create, "POST"),
     ]
     app = Starlette(routes=routes, middleware=middleware(state))
 

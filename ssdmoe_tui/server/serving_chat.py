@@ -15,6 +15,7 @@ from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, Piece
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall, parse_chat
+from ssdmoe_tui.server.serving_engine import ServerState
 from ssdmoe_tui.server.serving_openai import OpenAIServing
 
 
@@ -24,6 +25,22 @@ def call_json(call: ToolCall, index: int | None = None) -> dict:
     if index is not None:
         out = {"index": index, **out}
     return out
+
+
+def record_reply(
+    state: ServerState, req: ChatRequest, prompt: Prompt, done: P.GenerationDone, filt: OutputFilter
+) -> ChatMessage | None:
+    """Remember the exact tokens of a whole reply (not of one cut by a stop string or a
+    disconnect: the client's copy of it would not match what the model saw). Returns the
+    reply as the client got it (None when cut)."""
+    if filt.stopped or done.finish_reason not in ("stop", "length"):
+        return None
+    reply = ChatMessage("assistant", "".join(filt.content), tuple(filt.calls))
+    try:
+        state.builder.record(req, prompt, done.token_ids, reply)
+    except Exception as e:  # noqa: BLE001 - a lost record only costs cache hits
+        state.engine.on_notice(f"prompt history not recorded: {type(e).__name__}: {e}")
+    return reply
 
 
 class ServingChat(OpenAIServing):
@@ -58,15 +75,7 @@ class ServingChat(OpenAIServing):
     def record(
         self, req: ChatRequest, prompt: Prompt, done: P.GenerationDone, filt: OutputFilter
     ) -> None:
-        """Remember the exact tokens of a whole reply (not of one cut by a stop string or
-        a disconnect: the client's copy of it would not match what the model saw)."""
-        if filt.stopped or done.finish_reason not in ("stop", "length"):
-            return
-        reply = ChatMessage("assistant", "".join(filt.content), tuple(filt.calls))
-        try:
-            self.state.builder.record(req, prompt, done.token_ids, reply)
-        except Exception as e:  # noqa: BLE001 - a lost record only costs cache hits
-            self.engine.on_notice(f"prompt history not recorded: {type(e).__name__}: {e}")
+        record_reply(self.state, req, prompt, done, filt)
 
     def chat_stream(
         self, req: ChatRequest, prompt: Prompt, job: Job, filt: OutputFilter

@@ -264,19 +264,6 @@ def test_tool_results_render_into_the_next_turn_on_the_exact_history(tokenizers,
 # --------------------------------------------------------------------------- real server
 
 
-@pytest.fixture(scope="module")
-def tool_model(checkpoints, tmp_path_factory):
-    """The small qwen3_moe checkpoint with Qwen3's own chat template (tools included)."""
-    src = checkpoints("qwen3_moe")
-    dst = tmp_path_factory.mktemp("tools") / "qwen3-tools"
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "tokenizer_config.json").read_text())
-    config["chat_template"] = (MODELS / "qwen3-30b-a3b" / "chat_template.jinja").read_text()
-    (dst / "tokenizer_config.json").write_text(json.dumps(config))
-    (dst / "chat_template.jinja").unlink(missing_ok=True)
-    return dst
-
-
 def test_server_renders_tools_and_tool_results_reuse_the_cache(tool_model, tmp_path, monkeypatch):
     from ssdmoe_tui.options import EngineOptions
     from ssdmoe_tui.server.main import ServeOptions
