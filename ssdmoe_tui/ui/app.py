@@ -104,6 +104,7 @@ class SsdmoeApp(App[int]):
             "ctrl+p", "command_palette", "Commands", show=False, id="app.palette", priority=True
         ),
         Binding("ctrl+end", "pin", "Follow", show=False, id="app.pin"),
+        Binding("ctrl+home", "top", "Transcript top", show=False, id="app.top"),
         # Not ctrl+y (the prompt, a TextArea, takes it as redo) nor F5-F7 (it selects with them).
         Binding("f8", "copy_last", "Copy reply", show=False, id="app.copy_last"),
         Binding("ctrl+g", "regenerate", "Regenerate", show=False, id="app.regenerate"),
@@ -362,6 +363,18 @@ class SsdmoeApp(App[int]):
 
     def action_pin(self) -> None:
         self.chat_pane.transcript.action_pin()
+
+    def action_top(self) -> None:
+        """The transcript's first line (it stops following the stream; End follows again)."""
+        self.chat_pane.transcript.scroll_home(animate=False)
+
+    def action_page(self, direction: int) -> None:
+        """PageUp / PageDown while the prompt has focus: scroll the transcript a page."""
+        transcript = self.chat_pane.transcript
+        if direction < 0:
+            transcript.scroll_page_up(animate=False)
+        else:
+            transcript.scroll_page_down(animate=False)
 
     def action_copy_last(self) -> None:
         messages = self.chat_pane.transcript.messages()
