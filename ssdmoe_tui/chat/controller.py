@@ -321,9 +321,6 @@ class ChatController:
             if self.engine is not None:
                 self.engine.cancel()
 
-    def is_abandoned(self, request_id: str) -> bool:
-        return request_id in self._abandoned
-
     # ------------------------------------------------------------------ conversations
 
     def open_session(self, resume: str | None) -> list[ShownTurn]:
