@@ -10,6 +10,7 @@ engine side (`kv_hooks.SessionKV`) keeps the KV checkpoints.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
@@ -80,18 +81,23 @@ class AppSessions:
             conv = self.store.get(session_id)
         except SessionNotFound:
             if len(chat) > 1:
-                return None  # a history we never stored: let the engine template it
+                return None  # a history we never stored: the caller templates it
             conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
         stored = [(t.role, t.text) for t in conv.turns]
-        if conv.system_prompt != system or stored != [(m["role"], m["content"]) for m in chat[:-1]]:
+        if stored != [(m["role"], m["content"]) for m in chat[:-1]]:
             return None
-        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id)
+        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt)
+        if conv.system_prompt != system:
+            # A system prompt set mid-conversation (F9): the stored ids were made under
+            # the old one, so every turn is rebuilt under the new one. The whole history
+            # stays in context; only its cached prefix is lost.
+            conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         try:
             prompt, _ = build_prompt(tokenizer, conv, chat[-1]["content"])
         except ChatFormatError:
             return None
-        if (conv.model_id, conv.fingerprint, conv.tokenizer_id) != before:
+        if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
             self.store.save(conv, touch=False)
         return prompt
 
@@ -141,7 +147,7 @@ class AppSessions:
         if same and prompt[: len(history)] == history:
             delta = prompt[len(history) :]
         else:  # the prompt was not built on the stored ids: re-base on it
-            conv.turns = [Turn(role, text, []) for role, text in prior]
+            conv.turns = rebased(conv.turns, prior)
             delta = prompt
         conv.turns.append(Turn("user", chat[last_user].content, delta))
         if last_user + 1 < len(chat):  # the app kept the reply
@@ -163,6 +169,21 @@ class AppSessions:
             )
         self.store.save(conv)
         self.store.mark_opened(conv.id)
+
+
+def rebased(turns: Sequence[Turn], prior: Sequence[tuple[str, str]]) -> list[Turn]:
+    """The turns `prior` names, for a conversation re-based on one prompt: the new user
+    turn then carries the whole prompt's ids, the earlier turns none (the next prompt
+    rebuilds them per turn: `turns.build_prompt`). A stored turn with the same role and
+    text keeps its metadata (time, K, model, speed, stopped)."""
+    out = []
+    for i, (role, text) in enumerate(prior):
+        old = turns[i] if i < len(turns) else None
+        if old is not None and (old.role, old.text) == (role, text):
+            out.append(replace(old, token_ids=[]))
+        else:
+            out.append(Turn(role, text, []))
+    return out
 
 
 def shown(turn: Turn) -> ShownTurn:

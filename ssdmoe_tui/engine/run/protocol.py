@@ -44,12 +44,12 @@ class Generate:
 
     request_id: str
     prompt_tokens: tuple[int, ...] = ()
-    k: int | None = None
     max_tokens: int = 512
     temp: float = 0.0
     top_p: float = 0.0
     seed: int | None = None
     session_id: str | None = None  # lets the engine pick the right cached KV state
+    k: int | None = None  # experts per token from this reply's first token on (None: as set)
 
 
 @dataclass(frozen=True)

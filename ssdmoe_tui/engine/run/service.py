@@ -356,7 +356,7 @@ class EngineService:
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
         prompt = list(cmd.prompt_tokens)
-        if cmd.k is not None and cmd.k != runner.k:
+        if cmd.k is not None:  # every rank of a distributed launch gets the same command
             runner.set_k(cmd.k)  # checked like a SetK; a bad K refuses this request only
         if sampling.seed is not None:
             mx.random.seed(sampling.seed)
