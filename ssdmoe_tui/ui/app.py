@@ -351,6 +351,7 @@ class SsdmoeApp(App[int]):
         await pane.start_over()
         self.panel.clear_history()
         await pane.open_session(None)
+        model.reset_k(self)
         await pane.transcript.add_notice("New chat.")
         pane.prompt.focus()
 
