@@ -273,7 +273,7 @@ class SsdmoeApp(App[int]):
     @while_mounted
     async def _model_ready(self, message: ModelReady) -> None:
         info = message.event.info
-        loaded = self.chat.model_loaded(info)
+        loaded = self.chat.model_loaded(info, message.event.tokenizer)
         if welcome := self.chat_pane.welcome:
             welcome.loaded(info.name)
         self.panel.show_model(info, k=loaded.k)
