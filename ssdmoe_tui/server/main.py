@@ -24,6 +24,7 @@ from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
+from ssdmoe_tui.server.hosts import HostCheck, HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
 from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
 
@@ -69,6 +70,16 @@ class ServeOptions:
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     make_service: MakeService | None = None  # None: an EngineService in this process
     log_level: str = "warning"
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+
+
+def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
+    """The Host names the server answers: loopback, the socket's address, `allowed`."""
+    try:
+        bound = [str(sock.getsockname()[0])]
+    except OSError:
+        bound = []
+    return HostPolicy.of(bound, allowed)
 
 
 class Server:
@@ -138,7 +149,7 @@ class Server:
         try:
             await self.start_engine()
             config = uvicorn.Config(
-                self.api.app(),
+                HostCheck(self.api.app(), host_policy(sock, self.options.allowed_hosts)),
                 log_level=self.options.log_level,
                 access_log=False,
                 lifespan="off",
