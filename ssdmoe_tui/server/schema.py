@@ -370,7 +370,7 @@ def nesting(value: Any, limit: int = MAX_NESTING) -> int:
     return deepest
 
 
-def _check_nesting(value: Any, where: str, param: str) -> None:
+def check_nesting(value: Any, where: str, param: str) -> None:
     if nesting(value) > MAX_NESTING:
         raise bad_request(f"{where} nests more than {MAX_NESTING} levels deep", param)
 
@@ -394,7 +394,7 @@ def _tools(body: dict) -> tuple[dict, ...]:
             )
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"tools[{i}].function.name is required", "tools")
-        _check_nesting(t, f"tools[{i}]", "tools")
+        check_nesting(t, f"tools[{i}]", "tools")
     return tuple(tools)
 
 
@@ -408,7 +408,7 @@ def _template_kwargs(body: dict) -> dict:
         raise bad_request(
             "'chat_template_kwargs' cannot set tools/messages", "chat_template_kwargs"
         )
-    _check_nesting(kw, "'chat_template_kwargs'", "chat_template_kwargs")
+    check_nesting(kw, "'chat_template_kwargs'", "chat_template_kwargs")
     return dict(kw)
 
 
