@@ -39,9 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "decoding, the disk's random-read bandwidth at the model's expert size, the I/O "
         "ceiling, and plain resident mlx-lm when the model fits in memory.",
     )
-    add_model_argument(
-        p, default=None, help="model folder or Hub repo id (required unless --quick)"
-    )
+    add_model_argument(p)  # the embedded demo by default, as generate, index and eval
     p.add_argument(
         "--quick", action="store_true",
         help="the guard (`make bench-quick`): resident mlx-lm, a small cache and every expert "
@@ -131,8 +129,6 @@ def _run(args: argparse.Namespace, dist) -> int:
 
     if args.quick:
         return _run_quick(args)
-    if args.model is None:
-        raise BadValueError("bench: --model is required (or --quick)")
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)

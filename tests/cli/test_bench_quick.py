@@ -37,10 +37,3 @@ def test_quick_needs_three_rounds(checkpoints, capsys):
     assert rc != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("--rounds must be >= 3 (alternations for a median), got 2")
-
-
-def test_bench_without_model_or_quick_is_one_line(capsys):
-    rc = main(["bench"])
-    assert rc != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "ssdmoe: error: bench: --model is required (or --quick)"
