@@ -22,10 +22,11 @@ from pathlib import Path
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
-from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
 from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
+from ssdmoe_tui.server.routes import build_app
+from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 
 
 def default_cache_root() -> Path:
@@ -76,7 +77,7 @@ class Server:
         self.options = options
         make = options.make_service or engine_service_factory(options.engine)
         self.engine = EngineClient(make, max_queue=options.max_queue)
-        self.api: Api | None = None
+        self.state: ServerState | None = None  # the handlers' shared state, once loaded
         self.kv: ServerKV | None = None
         self.model_id = ""
         self._uvicorn = None
@@ -104,7 +105,7 @@ class Server:
             kv = ServerKV(folder, notice=notice, tokens_of=records.tokens_of)
         self.kv = kv
         builder = PromptBuilder(self.engine.tokenizer, records, _vocab_size(info.path))
-        self.api = Api(
+        self.state = ServerState(
             self.engine,
             builder,
             ApiSettings(
@@ -138,7 +139,7 @@ class Server:
         try:
             await self.start_engine()
             config = uvicorn.Config(
-                self.api.app(),
+                build_app(self.state),
                 log_level=self.options.log_level,
                 access_log=False,
                 lifespan="off",
@@ -155,8 +156,8 @@ class Server:
             await task
         finally:
             self.ready.set()
-            if self.api is not None:
-                await asyncio.to_thread(self.api.builder.records.close)
+            if self.state is not None:
+                await asyncio.to_thread(self.state.builder.records.close)
             await asyncio.to_thread(self.engine.shutdown)
 
     def stop(self) -> None:

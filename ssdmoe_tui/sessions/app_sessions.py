@@ -10,6 +10,7 @@ KV checkpoints.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
@@ -107,7 +108,7 @@ class AppSessions:
         if same and prompt[: len(history)] == history:
             delta = prompt[len(history) :]
         else:  # the prompt was not built on the stored ids: re-base on it
-            conv.turns = [Turn(role, text, []) for role, text in prior]
+            conv.turns = rebased(conv.turns, prior)
             delta = prompt
         conv.turns.append(Turn("user", chat[last_user].content, delta))
         if last_user + 1 < len(chat):  # the app kept the reply
@@ -129,6 +130,21 @@ class AppSessions:
             )
         self.store.save(conv)
         self.store.mark_opened(conv.id)
+
+
+def rebased(turns: Sequence[Turn], prior: Sequence[tuple[str, str]]) -> list[Turn]:
+    """The turns `prior` names, for a conversation re-based on one prompt: the new user
+    turn then carries the whole prompt's ids, the earlier turns none (the next prompt
+    rebuilds them per turn: `turns.build_prompt`). A stored turn with the same role and
+    text keeps its metadata (time, K, model, speed, stopped)."""
+    out = []
+    for i, (role, text) in enumerate(prior):
+        old = turns[i] if i < len(turns) else None
+        if old is not None and (old.role, old.text) == (role, text):
+            out.append(replace(old, token_ids=[]))
+        else:
+            out.append(Turn(role, text, []))
+    return out
 
 
 def shown(turn: Turn) -> ShownTurn:

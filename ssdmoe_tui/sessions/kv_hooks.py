@@ -90,15 +90,20 @@ class SessionKV:
                 return None  # a history we never stored: let the engine template it
             conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
         stored = [(t.role, t.text) for t in conv.turns]
-        if conv.system_prompt != system or stored != [(m["role"], m["content"]) for m in chat[:-1]]:
+        if stored != [(m["role"], m["content"]) for m in chat[:-1]]:
             return None
-        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id)
+        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt)
+        if conv.system_prompt != system:
+            # A system prompt set mid-conversation (F9): the stored ids were made under
+            # the old one, so every turn is rebuilt under the new one. The whole history
+            # stays in context; only its cached prefix is lost.
+            conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         try:
             prompt, _ = build_prompt(tokenizer, conv, chat[-1]["content"])
         except ChatFormatError:
             return None
-        if (conv.model_id, conv.fingerprint, conv.tokenizer_id) != before:
+        if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
             self.store.save(conv, touch=False)
         return prompt
 

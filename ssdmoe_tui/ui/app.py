@@ -104,6 +104,7 @@ class SsdmoeApp(App[int]):
             "ctrl+p", "command_palette", "Commands", show=False, id="app.palette", priority=True
         ),
         Binding("ctrl+end", "pin", "Follow", show=False, id="app.pin"),
+        Binding("ctrl+home", "top", "Transcript top", show=False, id="app.top"),
         # Not ctrl+y (the prompt, a TextArea, takes it as redo) nor F5-F7 (it selects with them).
         Binding("f8", "copy_last", "Copy reply", show=False, id="app.copy_last"),
         Binding("ctrl+g", "regenerate", "Regenerate", show=False, id="app.regenerate"),
@@ -172,6 +173,7 @@ class SsdmoeApp(App[int]):
         await pane.open_session(self.settings.resume)
         if self.engine_factory is not None and not self.settings.model and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
+            pane.transcript.scroll_home(animate=False)  # its top first, at any size
         if self.engine_factory is not None:
             try:
                 self.chat.engine = self.engine_factory(self.feed)
@@ -261,6 +263,10 @@ class SsdmoeApp(App[int]):
             f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {loaded.k}, "
             f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
         )
+        if self.chat_pane.welcome is not None and not self.chat.history:
+            # The card's top says what the demo is: the notice must not scroll it away
+            # (at 80x24 they do not both fit). Sending pins the transcript again.
+            self.chat_pane.transcript.scroll_home(animate=False)
         for warning in loaded.warnings:
             self.notify(warning, severity="warning", timeout=10, markup=False)
         if info.expert_source_note:
@@ -362,6 +368,18 @@ class SsdmoeApp(App[int]):
 
     def action_pin(self) -> None:
         self.chat_pane.transcript.action_pin()
+
+    def action_top(self) -> None:
+        """The transcript's first line (it stops following the stream; End follows again)."""
+        self.chat_pane.transcript.scroll_home(animate=False)
+
+    def action_page(self, direction: int) -> None:
+        """PageUp / PageDown while the prompt has focus: scroll the transcript a page."""
+        transcript = self.chat_pane.transcript
+        if direction < 0:
+            transcript.scroll_page_up(animate=False)
+        else:
+            transcript.scroll_page_down(animate=False)
 
     def action_copy_last(self) -> None:
         messages = self.chat_pane.transcript.messages()

@@ -122,6 +122,66 @@ def test_app_sessions_and_prompt_hook(tmp_path, tok):
     assert app.open("")[0] == sid and app.open(sid)[1][-1].content == "Yes"
 
 
+def test_system_prompt_changed_mid_conversation_rebuilds_every_turn(tmp_path, tok):
+    """Issue 22, defect 1: the prompt after a new system prompt holds every earlier turn
+    with its own ids, so a regenerate after it (a rewind to the earlier turns) still
+    starts from the whole history; the turns keep their metadata."""
+    store = SessionStore(tmp_path)
+    kv, app = SessionKV(store), AppSessions(store)
+    sid, _ = app.open(None)
+    msgs = [Message("user", "Hi")]
+    p1 = kv.prompt(sid, msgs, tok, INFO)
+    r1 = encode(tok, "Hello") + [IM_END]
+    msgs.append(Message("assistant", "Hello"))
+    app.record(sid, msgs, done_for(p1, r1, text="Hello"), "qwen3")
+    before = store.get(sid).turns
+    msgs.append(Message("user", "Again"))
+    p2 = kv.prompt(sid, [Message("system", "Be a pirate"), *msgs], tok, INFO)
+    full = [{"role": "system", "content": "Be a pirate"}] + [m.__dict__ for m in msgs]
+    assert p2 == encode(tok, render(tok, full, add_generation_prompt=True))
+    msgs.append(Message("assistant", "Arr"))
+    arr = done_for(p2, encode(tok, "Arr") + [IM_END], text="Arr")
+    app.record(sid, msgs, arr, "qwen3", {"system_prompt": "Be a pirate"})
+    conv = store.get(sid)
+    assert all(t.token_ids for t in conv.turns)
+    assert [(t.created, t.model, t.k) for t in conv.turns[:2]] == [
+        (t.created, t.model, t.k) for t in before
+    ]
+    app.rewind(sid, 2)  # a regenerate of the last reply
+    again, _ = build_prompt(tok, store.get(sid), "Again")
+    assert again == p2
+
+
+def test_a_rebased_conversation_keeps_its_turns_metadata_and_its_whole_context(tmp_path, tok):
+    """A prompt the stored ids did not build (the engine templated the messages) re-bases
+    the conversation: its turns keep time, K, model and speed, and the next prompt,
+    also after a rewind, holds the whole history."""
+    store = SessionStore(tmp_path)
+    kv, app = SessionKV(store), AppSessions(store)
+    sid, _ = app.open(None)
+    msgs = [Message("user", "Hi")]
+    p1 = kv.prompt(sid, msgs, tok, INFO)
+    msgs.append(Message("assistant", "Hello"))
+    # The reply's stored ids are not its text's (as after an edit elsewhere), so the
+    # engine's template of the messages does not extend them.
+    app.record(sid, msgs, done_for(p1, encode(tok, "Hi there") + [IM_END], text="Hello"), "m")
+    before = store.get(sid).turns
+    msgs.append(Message("user", "Again"))
+    p2 = encode(tok, render(tok, [m.__dict__ for m in msgs], add_generation_prompt=True))
+    msgs.append(Message("assistant", "Yes"))
+    app.record(sid, msgs, done_for(p2, encode(tok, "Yes") + [IM_END], text="Yes"))
+    conv = store.get(sid)  # re-based: the last prompt carries every id
+    assert conv.turns[2].token_ids == p2 and not conv.turns[0].token_ids
+    assert (conv.turns[1].model, conv.turns[1].k, conv.turns[1].created) == (
+        "m",
+        before[1].k,
+        before[1].created,
+    )
+    app.rewind(sid, 2)
+    prompt, _ = build_prompt(tok, store.get(sid), "Again")
+    assert prompt == p2
+
+
 def test_prompt_hook_declines_histories_it_does_not_hold(tmp_path, tok):
     store = SessionStore(tmp_path)
     kv = SessionKV(store)
@@ -130,7 +190,9 @@ def test_prompt_hook_declines_histories_it_does_not_hold(tmp_path, tok):
     assert kv.prompt(sid, two, tok, INFO) is None  # never stored
     assert not store.folder(sid).exists()
     assert kv.prompt(sid, [Message("user", "a")], tok, INFO) is not None
-    assert kv.prompt(sid, [Message("system", "other"), Message("user", "a")], tok, INFO) is None
+    # Another system prompt over the same turns (F9 mid-conversation): rebuilt under it.
+    other = kv.prompt(sid, [Message("system", "other"), Message("user", "a")], tok, INFO)
+    assert "other" in tok.decode(other) and store.get(sid).system_prompt == "other"
     with pytest.raises(SessionNotFound):
         AppSessions(SessionStore(tmp_path / "empty")).open("")
 

@@ -53,6 +53,7 @@ class Generate:
     top_p: float = 0.0
     seed: int | None = None
     session_id: str | None = None  # lets the engine pick the right cached KV state
+    k: int | None = None  # experts per token from this reply's first token on (None: as set)
 
 
 @dataclass(frozen=True)

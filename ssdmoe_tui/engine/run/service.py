@@ -372,6 +372,8 @@ class EngineService:
             max_tokens=cmd.max_tokens, temp=cmd.temp, top_p=cmd.top_p, seed=cmd.seed
         )
         prompt = self._prompt_tokens(cmd)
+        if cmd.k is not None:  # every rank of a distributed launch gets the same command
+            runner.set_k(cmd.k)
         if sampling.seed is not None:
             mx.random.seed(sampling.seed)
         cache, reused = self._take_cache(cmd.session_id, prompt)
