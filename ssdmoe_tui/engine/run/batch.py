@@ -136,6 +136,7 @@ class _Row:
     prefill: Snapshot | None = None  # its counters at the end of its prefill
     trace_pos: int = 0
     fed: int = 0  # generated tokens its KV cache holds
+    started: bool = False  # its prefill's first (work-free) progress event is out
 
     @property
     def uid(self) -> Hashable:
@@ -289,15 +290,23 @@ class BatchRunner:
         if routing is not None:
             routing.rows = [row.trace_pos]  # its first token: the trace's step at its offset
         try:
-            ev = next(row.gen)
+            # Run to the next chunk or the first token: the progress before any work
+            # (the first yield) and the end after the first token cost no step.
+            while True:
+                ev = next(row.gen)
+                events.append((row.uid, ev))
+                if ev.done == ev.total:  # the first token is out: Begun comes next
+                    next(row.gen)
+                    raise AssertionError("Runner.begin went on after its first token")
+                if row.started:
+                    break
+                row.started = True  # that was the work-free first event: go on
         except StopIteration as stop:
             self._waiting.popleft()
             self._joined(row, stop.value, events)
-            return True
         finally:
             if routing is not None:
                 routing.rows = None
-        events.append((row.uid, ev))
         return True
 
     @property
