@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "decoding, the disk's random-read bandwidth at the model's expert size, the I/O "
         "ceiling, and plain resident mlx-lm when the model fits in memory.",
     )
-    add_model_argument(p, default=None, required=True, help="model folder or Hub repo id")
+    add_model_argument(p)  # the embedded demo by default, as generate, index and eval
     add_k_argument(p, many=True)
     add_expert_cache_argument(p, many=True)
     p.add_argument("--prompt-tokens", type=_count("--prompt-tokens"), default=512)

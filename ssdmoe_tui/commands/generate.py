@@ -23,9 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate a reply to one prompt")
     add_model_arguments(p)
     p.add_argument(
-        "--prompt", required=True, action="append",
-        help="the prompt ('-' reads stdin); give it several times for several sequences",
-    )  # fmt: skip
+        "text", nargs="?", default=None, metavar="PROMPT", help="the prompt (or --prompt)"
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="the prompt ('-' reads stdin; without a prompt, piped stdin is read); give it "
+        "several times for several sequences (see --batch)",
+    )
     p.add_argument("--system", default=None, help="system prompt (chat template only)")
     add_sampling_arguments(p)
     p.add_argument(
@@ -51,6 +57,25 @@ def _batch_size(text: str) -> int:
     return parse_positive(text, "--batch")
 
 
+def prompt_argument(args: argparse.Namespace) -> list[str]:
+    """The prompts as given: `ssdmoe generate "text"`, `--prompt text` (repeatable),
+    `--prompt -`, or piped stdin when none is given. One line when there is none, or
+    both forms."""
+    import sys
+
+    from ssdmoe_tui.errors import BadValueError
+
+    if args.text is not None and args.prompt:
+        raise BadValueError("give the prompt once: as an argument or with --prompt, not both")
+    if args.text is not None:
+        return [args.text]
+    if args.prompt:
+        return list(args.prompt)
+    if not sys.stdin.isatty():
+        return ["-"]
+    raise BadValueError('no prompt: ssdmoe generate "your prompt" (or pipe it in on stdin)')
+
+
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
     from ssdmoe_tui.engine.run.open import load_engine, plan_engine
@@ -58,7 +83,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
 
-    texts = [read_prompt(t) for t in args.prompt]
+    texts = [read_prompt(t) for t in prompt_argument(args)]
     batched = args.batch is not None or len(texts) > 1
     if batched and (dist is not None or args.trace):
         raise BadValueError("--batch / several --prompt: not with --distributed or --trace")
