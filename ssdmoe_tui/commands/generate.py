@@ -106,6 +106,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         lock = acquire_model_lock(str(plan.path))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
+        runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
         try:
             if batched:
                 return _generate_batch(args, runner, texts, plan.path)

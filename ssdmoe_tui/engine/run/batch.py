@@ -424,8 +424,8 @@ class BatchRunner:
             row.trace_pos += 1
             stats = row.begun.stats
             stats.k_per_token.append(k_tok)
-            if masses is not None:
-                stats.mass_per_token.append(float(masses[i]))
+            if stats.mass_log is not None:
+                stats.mass_log.append_value(None if masses is None else float(masses[i]))
             row.begun.decode_share.add(d, len(rows))
             finish = self._emit(row, int(toks[i]), events)
             if finish is not None:
