@@ -329,8 +329,10 @@ class Runner:
         cache: list | None = None,
         reused_tokens: int = 0,
         should_stop: Callable[[], bool] = lambda: False,
+        logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
     ) -> Iterator[RunnerEvent]:
         """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
+        `logits_processors`: mlx-lm's (tokens so far, logits) -> logits (penalties).
 
         Yields PrefillProgress while prefilling, a TokenEvent per token, and Done last
         (also when `should_stop` cut the turn short)."""
@@ -381,6 +383,11 @@ class Runner:
             logits = model(inp[None], cache=cache)[:, -1, :]
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sampler(logprobs)
+
+        if logits_processors:
+            step = _processed_step(
+                model, cache, sampler, logits_processors, prompt[: len(prompt) - int(last.size)]
+            )
 
         # The first sampled token ends prefill (it processes the last prompt token).
         tokens: list[int] = []
@@ -517,6 +524,25 @@ class Runner:
                 )
             )
         return out
+
+
+PROCESSOR_WINDOW = 256  # tokens the logits processors see (mlx-lm's penalties look at 20)
+
+
+def _processed_step(model, cache, sampler, processors, before: Sequence[int]):  # noqa: ANN001, ANN202
+    """The decode step with logits processors between the model and the sampler: they
+    see the tokens so far (prompt, then each fed token, lazily as mlx-lm does)."""
+    seen = [mx.array(list(before[-PROCESSOR_WINDOW:]), dtype=mx.uint32)]
+
+    def step(inp: mx.array) -> mx.array:
+        logits = model(inp[None], cache=cache)[:, -1, :]
+        seen[0] = mx.concatenate([seen[0], inp.astype(mx.uint32)])[-PROCESSOR_WINDOW:]
+        for p in processors:
+            logits = p(seen[0], logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        return sampler(logprobs)
+
+    return step
 
 
 def _totals(stats: TurnStats, d: Snapshot) -> None:
