@@ -89,11 +89,6 @@ class MoeGeometry:
     expert_intermediate: int
     projections: tuple[str, ...]
 
-    @property
-    def matrix_elements(self) -> int:
-        """Weight elements of one expert (all projections; each is hidden x intermediate)."""
-        return len(self.projections) * self.hidden_size * self.expert_intermediate
-
 
 @dataclass(frozen=True)
 class Quantization:

@@ -128,10 +128,6 @@ class ExpertScan:
     sample_expert_tensor: str | None = None  # an expert-looking tensor outside switch_mlp
     headers: dict[str, Header] = field(default_factory=dict)  # shard name -> header
 
-    def block_bytes(self, prefix: str) -> int:
-        """One expert of one block: the sum of its components."""
-        return sum(t.stride for t in self.blocks[prefix])
-
     def quantized(self, prefix: str) -> bool:
         return any(t.part == "scales" for t in self.blocks[prefix])
 

@@ -575,10 +575,6 @@ class _Tracker:
                 if self.kind == "bytes":
                     tracker.bar_total = int(self._total)
 
-            @property
-            def format_dict(self) -> dict:
-                return {"rate": tracker._rate(time.monotonic()), "n": self.n, "total": self._total}
-
             def update(self, n: float | None = 1) -> None:
                 tracker.check_cancel()
                 n = n or 0

@@ -150,10 +150,6 @@ def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
     return found
 
 
-def checkpoints_bytes(session_dir: Path) -> int:
-    return sum(c.size for c in list_checkpoints(session_dir))
-
-
 def remove_stale_temps(session_dir: Path, older_than_s: float = STALE_TEMP_S) -> int:
     """Delete the temp files killed saves left in this conversation's folder (their
     writer's pid is gone, or they are `older_than_s` old). Returns how many."""

@@ -24,10 +24,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer
 
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
-from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import conversations, gen_settings, model
@@ -131,6 +132,8 @@ class SsdmoeApp(App[int]):
             on_warning=lambda text: self.notify(text, severity="warning", markup=False),
         )
         self.load_progress = LoadProgress()
+        self.prefill_clock = PrefillClock()
+        self._prefill_timer: Timer | None = None
         self.events_seen: dict[str, int] = {}
         self.themes = ThemeChoice(self)
         themes, self._theme_warnings = load_themes()
@@ -235,21 +238,42 @@ class SsdmoeApp(App[int]):
             self.panel.show_load(self.load_progress)
             if welcome := self.chat_pane.welcome:
                 welcome.show_progress(event.phase, event.done, event.total, event.detail)
+        if event.phase == "prefill" and event.total:
+            self.prefill_clock.report(event.done, event.total)
+            self._show_prefill()
+            if self._prefill_timer is None:  # moves between the engine's chunk reports
+                self._prefill_timer = self.set_interval(0.25, self._show_prefill)
+            return
+        if event.phase == "decoding" and event.total:
+            self.prefill_clock.report(event.total, event.total)  # its rate, for the next
+        self._stop_prefill_clock()
         label = PHASE_LABELS.get(event.phase, event.phase)
-        if event.total and event.phase in ("prefill", "loading", "indexing"):
+        if event.total and event.phase in ("loading", "indexing"):
             label += f" {event.done}/{event.total}"
         self.status_bar.phase = label
+
+    def _show_prefill(self) -> None:
+        clock = self.prefill_clock
+        self.status_bar.phase = f"{PHASE_LABELS['prefill']} {clock.text(rate=False)}"
+        self.panel.show_prefill(clock)
+
+    def _stop_prefill_clock(self) -> None:
+        if self._prefill_timer is not None:
+            self._prefill_timer.stop()
+            self._prefill_timer = None
 
     @on(ReplyDone)
     @while_mounted
     async def _reply_done(self, message: ReplyDone) -> None:
+        self._stop_prefill_clock()  # a reply stopped during its prefill
+        self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
         await self.chat_pane.reply_done(message.event)
 
     @on(ModelReady)
     @while_mounted
     async def _model_ready(self, message: ModelReady) -> None:
         info = message.event.info
-        loaded = self.chat.model_loaded(info)
+        loaded = self.chat.model_loaded(info, message.event.tokenizer)
         if welcome := self.chat_pane.welcome:
             welcome.loaded(info.name)
         self.panel.show_model(info, k=loaded.k)
@@ -351,6 +375,7 @@ class SsdmoeApp(App[int]):
         await pane.start_over()
         self.panel.clear_history()
         await pane.open_session(None)
+        model.reset_k(self)
         await pane.transcript.add_notice("New chat.")
         pane.prompt.focus()
 

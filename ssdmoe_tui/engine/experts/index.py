@@ -81,10 +81,6 @@ class ExpertIndex:
     def mib_per_token(self, k: int) -> float:
         return layout.mib_per_token(self.expert_bytes, k, self.num_layers)
 
-    def component_layout(self) -> tuple[tuple[str, tuple[int, ...], str, int], ...]:
-        """(name, shape, dtype, stride) of the components, identical for every layer."""
-        return tuple((c.name, c.shape, c.dtype, c.stride) for c in self.layers[0].components)
-
     def is_expert_tensor(self, name: str) -> bool:
         return layout.is_expert_tensor(name)
 
