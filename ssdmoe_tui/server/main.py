@@ -16,13 +16,14 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
+from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
 from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.routes import build_app
@@ -70,6 +71,16 @@ class ServeOptions:
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     make_service: MakeService | None = None  # None: an EngineService in this process
     log_level: str = "warning"
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+
+
+def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
+    """The Host names the server answers: loopback, the socket's address, `allowed`."""
+    try:
+        bound = [str(sock.getsockname()[0])]
+    except OSError:
+        bound = []
+    return HostPolicy.of(bound, allowed)
 
 
 class Server:
@@ -138,6 +149,8 @@ class Server:
         self._loop = asyncio.get_running_loop()
         try:
             await self.start_engine()
+            hosts = host_policy(sock, self.options.allowed_hosts)
+            self.state.settings = replace(self.state.settings, hosts=hosts)
             config = uvicorn.Config(
                 build_app(self.state),
                 log_level=self.options.log_level,

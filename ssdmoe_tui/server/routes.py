@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ssdmoe_tui.server.errors import ApiError
+from ssdmoe_tui.server.hosts import HostCheck
 from ssdmoe_tui.server.http import Disconnected
 from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_completion import ServingCompletion
@@ -85,8 +86,9 @@ def endpoint(
 
 
 def middleware(state: ServerState) -> list[Middleware]:
-    """Every middleware the app runs, outermost first."""
-    return []
+    """Every middleware the app runs, outermost first: the Host check against DNS
+    rebinding (before the routes, the API key and the engine)."""
+    return [Middleware(HostCheck, policy=state.settings.hosts)]
 
 
 def build_app(state: ServerState) -> Starlette:

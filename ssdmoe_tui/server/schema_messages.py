@@ -28,6 +28,7 @@ from ssdmoe_tui.server.schema import (
     _int,
     _obj,
     _template_kwargs,
+    check_nesting,
     split_model,
 )
 
@@ -137,6 +138,7 @@ def _tools(body: dict) -> tuple[dict, ...]:
                               "with an input_schema only)", "tools")  # fmt: skip
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise bad_request(f"tools[{i}].name is required", "tools")
+        check_nesting(t, f"tools[{i}]", "tools")
         fn = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object"}}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]

@@ -28,6 +28,7 @@ from ssdmoe_tui.server.schema import (
     _obj,
     _seed,
     _template_kwargs,
+    check_nesting,
     sampling_extras,
     split_model,
 )
@@ -146,6 +147,7 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], list, Any]:
                               "tools")  # fmt: skip
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise bad_request(f"tools[{i}].name is required", "tools")
+        check_nesting(t, f"tools[{i}]", "tools")
         fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object"}}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]

@@ -24,6 +24,7 @@ from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.options import check_k
 from ssdmoe_tui.server.engine_client import EngineClient, Job, new_request_id
 from ssdmoe_tui.server.errors import ApiError, bad_request
+from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.http import read_json, until_disconnect
 from ssdmoe_tui.server.output import OutputFilter, Piece, ToolFormat, tool_format_for
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
@@ -42,6 +43,7 @@ class ApiSettings:
     max_tokens: int = 4096  # default when a request gives none (and the context allows)
     temperature: float = 0.0  # default when a request gives none
     system_checkpoints: bool = True  # see Serving._prefix_step
+    hosts: HostPolicy = field(default_factory=HostPolicy)  # the Host check (hosts.py)
 
 
 def _log(line: str) -> None:

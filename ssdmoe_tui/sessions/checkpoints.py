@@ -308,7 +308,7 @@ def read_metadata(path: Path) -> dict[str, str]:
         header = read_header(path, label=name)
     except HeaderError as e:
         reason = e.reason
-        if not reason.startswith(("truncated", "missing", "unreadable")):
+        if not reason.startswith(("truncated", "missing", "unreadable", "a ")):
             reason = f"corrupt header ({reason})"
         raise CheckpointInvalid(f"{name}: {reason}") from None
     # save_prompt_cache stores [our metadata, classes, scalars] flattened: ours is "0.<key>"
