@@ -85,6 +85,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         lock = acquire_model_lock(str(plan.path))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
+        runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
         try:
             return _generate(args, runner, prompt_text, plan.path, dist)
         finally:
