@@ -128,22 +128,37 @@ def test_cancel_frees_the_row_and_others_go_on(checkpoints):
     assert results[0].tokens == alone[0] and results[2].tokens == alone[2]
 
 
-def test_seeded_sampling_is_per_sequence(checkpoints):
+def test_seeded_sampling_and_penalties_are_per_sequence(checkpoints):
     """A seeded sequence draws from its own key: the same tokens alone (global seed, as
-    the service does) and in a batch beside other sampled sequences."""
+    the service does) and in a batch beside other sampled sequences; a row with logits
+    processors (a repetition penalty) sees its own tokens only."""
+    from mlx_lm.sample_utils import make_logits_processors
+
     sm = load_streamed(checkpoints("mixtral"), expert_cache="1G")
     runner = Runner(sm)
-    ps = prompts(sm)[:3]
+    ps = prompts(sm)[:4]
     alone = []
-    for i, p in enumerate(ps):
+    for i, p in enumerate(ps[:3]):
         mx.random.seed(100 + i)
-        alone.append(
-            runner.generate(p, max_tokens=12, sampler=make_sampler(0.9, top_p=0.95)).tokens
-        )
+        sampler = make_sampler(0.9, top_p=0.95, min_p=0.01, top_k=50 if i else 0)
+        alone.append(runner.generate(p, max_tokens=12, sampler=sampler).tokens)
+    penalty = {"repetition_penalty": 5.0, "repetition_context_size": 64}
+    alone.append(
+        runner.generate(
+            ps[3], max_tokens=12, logits_processors=make_logits_processors(**penalty)
+        ).tokens
+    )
     specs = [
-        SeqSpec(i, p, max_tokens=12, sampler=SeededSampler(0.9, 0.95, 100 + i))
-        for i, p in enumerate(ps)
+        SeqSpec(
+            i, p, max_tokens=12, sampler=SeededSampler(0.9, 0.95, 100 + i, 0.01, 50 if i else 0)
+        )
+        for i, p in enumerate(ps[:3])
     ]
-    _, results, _ = run_batch(runner, specs, max_batch=3)
-    assert [results[i].tokens for i in range(3)] == alone
-    assert len({tuple(a) for a in alone}) == 3
+    specs.append(
+        SeqSpec(3, ps[3], max_tokens=12, logits_processors=make_logits_processors(**penalty))
+    )
+    _, results, _ = run_batch(runner, specs, max_batch=4)
+    assert [results[i].tokens for i in range(4)] == alone
+    assert len({tuple(a) for a in alone}) == 4
+    plain = runner.generate(ps[3], max_tokens=12).tokens
+    assert plain != alone[3], "the penalty should change this greedy reply"

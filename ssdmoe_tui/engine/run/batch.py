@@ -50,34 +50,45 @@ from ssdmoe_tui.engine.run.runner import (
 
 
 class SeededSampler:
-    """mlx-lm's temperature / top-p sampler drawing from its own key.
+    """mlx-lm's sampler (temperature, top-p, min-p, top-k: `make_sampler`'s chain, in its
+    order) drawing from its own key.
 
     `mx.random.seed(s)` followed by mlx-lm's sampler splits the global key once per
     draw; this does the same split on a key of its own, so a seeded sequence draws the
     same tokens alone (the service seeds the global key) and in a batch (where other
     sequences draw too). Checked draw for draw against mlx-lm's in the tests."""
 
-    def __init__(self, temp: float, top_p: float, seed: int) -> None:
+    def __init__(
+        self, temp: float, top_p: float, seed: int, min_p: float = 0.0, top_k: int = 0
+    ) -> None:
         self.temp = float(temp)
         self.top_p = float(top_p)
+        self.min_p = float(min_p)
+        self.top_k = int(top_k)
         self.key = mx.random.key(seed)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        from mlx_lm.sample_utils import apply_top_p
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
         self.key, sub = mx.random.split(self.key)
         if 0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, self.min_p, 1)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
         return mx.random.categorical(logprobs * (1.0 / self.temp), key=sub)
 
 
-def make_row_sampler(temp: float, top_p: float, seed: int | None) -> Callable:
+def make_row_sampler(
+    temp: float, top_p: float, seed: int | None, min_p: float = 0.0, top_k: int = 0
+) -> Callable:
     """The sampler of one sequence: greedy, mlx-lm's (global key), or seeded (own key)."""
     from mlx_lm.sample_utils import make_sampler
 
     if temp == 0 or seed is None:
-        return make_sampler(temp, top_p=top_p)
-    return SeededSampler(temp, top_p, seed)
+        return make_sampler(temp, top_p=top_p, min_p=min_p, top_k=top_k)
+    return SeededSampler(temp, top_p, seed, min_p=min_p, top_k=top_k)
 
 
 @dataclass
@@ -93,6 +104,7 @@ class SeqSpec:
     k: int | None = None  # None: the runner's live K
     should_stop: Callable[[], bool] = lambda: False
     trace_offset: int = 0  # trace-driven runs: the decode step of the trace this row starts at
+    logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = ()  # penalties
 
 
 @dataclass
@@ -284,6 +296,7 @@ class BatchRunner:
                 should_stop=spec.should_stop,
                 k=spec.k,
                 reset_peaks=self.idle_decoding,
+                logits_processors=spec.logits_processors,
             )
             row.trace_pos = spec.trace_offset
         routing = self.runner.sm.cache.routing
@@ -406,6 +419,8 @@ class BatchRunner:
         picks = []
         for i, row in enumerate(rows):
             lg = logits[i : i + 1]
+            if row.begun.window is not None:
+                lg = row.begun.window(inputs[i], lg)
             picks.append(row.sampler(lg - mx.logsumexp(lg, keepdims=True)).reshape(-1))
         toks = mx.concatenate(picks).tolist()
         masses = mass.tolist() if mass is not None else None

@@ -155,6 +155,7 @@ class Begun:
     done: int  # prompt tokens prefilled before the last one
     token: int | None = None
     decode_share: object = None  # set by a batch: this sequence's share of the steps it ran in
+    window: LogitsWindow | None = None  # its logits processors and the tokens they see
 
 
 @dataclass(frozen=True)
@@ -352,8 +353,10 @@ class Runner:
         cache: list | None = None,
         reused_tokens: int = 0,
         should_stop: Callable[[], bool] = lambda: False,
+        logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
     ) -> Iterator[RunnerEvent]:
         """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
+        `logits_processors`: mlx-lm's (tokens so far, logits) -> logits (penalties).
 
         Yields PrefillProgress while prefilling, a TokenEvent per token, and Done last
         (also when `should_stop` cut the turn short)."""
@@ -368,6 +371,7 @@ class Runner:
             cache=cache,
             reused_tokens=reused_tokens,
             should_stop=should_stop,
+            logits_processors=logits_processors,
         )
         model, cache, stats, start = sm.model, begun.cache, begun.stats, begun.start
         eos = self.eos_ids()
@@ -380,6 +384,9 @@ class Runner:
             logits = model(inp[None], cache=cache)[:, -1, :]
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sampler(logprobs)
+
+        if begun.window is not None:
+            step = _processed_step(model, cache, sampler, begun.window)
 
         if begun.token is not None:
             tok = begun.token
@@ -442,6 +449,7 @@ class Runner:
         should_stop: Callable[[], bool] = lambda: False,
         k: int | None = None,
         reset_peaks: bool = True,
+        logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
     ) -> Generator[PrefillProgress, None, Begun]:
         """Prefill (prefill K, mlx-lm's chunking) and sample the first token, which
         processes the last prompt token: what every sequence does before decoding, alone
@@ -491,6 +499,8 @@ class Runner:
                 break
         last = todo[done:]
         begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
+        if logits_processors:
+            begun.window = LogitsWindow(logits_processors, prompt[: len(prompt) - int(last.size)])
         if should_stop() or max_tokens <= 0:
             stats.prefill_s = time.perf_counter() - start.t
             return begun
@@ -499,6 +509,8 @@ class Runner:
         if sm.routing_mass is not None:
             sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
         logits = model(last[None], cache=cache)[:, -1, :]
+        if begun.window is not None:
+            logits = begun.window(last, logits)
         y = sampler(logits - mx.logsumexp(logits, keepdims=True))
         self._queue_mass()
         begun.token = int(y.item())
@@ -587,6 +599,36 @@ class Runner:
                 )
             )
         return out
+
+
+PROCESSOR_WINDOW = 256  # tokens the logits processors see (mlx-lm's penalties look at 20)
+
+
+class LogitsWindow:
+    """mlx-lm's logits processors (penalties) and the tokens they see: the prompt, then
+    each fed token, lazily as mlx-lm does. One per sequence (alone or a batch row)."""
+
+    def __init__(self, processors, before: Sequence[int]) -> None:  # noqa: ANN001
+        self.processors = list(processors)
+        self.seen = mx.array(list(before[-PROCESSOR_WINDOW:]), dtype=mx.uint32)
+
+    def __call__(self, inp: mx.array, logits: mx.array) -> mx.array:
+        self.seen = mx.concatenate([self.seen, inp.astype(mx.uint32)])[-PROCESSOR_WINDOW:]
+        for p in self.processors:
+            logits = p(self.seen, logits)
+        return logits
+
+
+def _processed_step(model, cache, sampler, window: LogitsWindow):  # noqa: ANN001, ANN202
+    """The decode step with logits processors between the model and the sampler."""
+
+    def step(inp: mx.array) -> mx.array:
+        logits = model(inp[None], cache=cache)[:, -1, :]
+        logits = window(inp, logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        return sampler(logprobs)
+
+    return step
 
 
 def _totals(stats: TurnStats, d: Snapshot) -> None:
