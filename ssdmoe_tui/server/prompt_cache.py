@@ -36,6 +36,7 @@ from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,
     DEFAULT_SESSION_BUDGET,
+    CacheShape,
     CheckpointInvalid,
     NoCheckpoint,
     check_checkpoint,
@@ -161,6 +162,7 @@ class ServerKV:
                 covered,
                 info.fingerprint,
                 on_skip=lambda r: self.notice(f"checkpoint ignored: {r}"),
+                shape=CacheShape.of_model(info.path, getattr(info, "dtype", "")),
             )
         except NoCheckpoint:
             return None

@@ -23,6 +23,7 @@ from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,
     DEFAULT_SESSION_BUDGET,
+    CacheShape,
     NoCheckpoint,
     load_checkpoint,
     save_checkpoint,
@@ -77,7 +78,8 @@ class SessionKV:
             self.skipped.append(reason)
 
         try:
-            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip)
+            shape = CacheShape.of_model(info.path, getattr(info, "dtype", ""))
+            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip, shape=shape)
         except NoCheckpoint:
             return None
         finally:
