@@ -354,6 +354,12 @@ class CacheShape:
     dtype: str = ""
 
     @classmethod
+    def of_info(cls, info: Any) -> CacheShape:
+        """From an engine's ModelInfo (its folder and dtype); nothing known: no checks."""
+        folder, dtype = getattr(info, "path", ""), str(getattr(info, "dtype", "") or "")
+        return cls.of_model(folder, dtype) if folder else cls(dtype=dtype)
+
+    @classmethod
     def of_model(cls, folder: str | Path, dtype: str = "") -> CacheShape:
         """From the model folder's config.json (text_config when nested)."""
         from ssdmoe_tui.checkpoint.arch import text_config

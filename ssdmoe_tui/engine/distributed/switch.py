@@ -52,9 +52,8 @@ class DistributedSwitch(StreamedSwitch):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
         t0 = time.perf_counter()
-        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
-        if mass is not None:
-            mx.eval(indices, mass)  # the router mass (routing_mass.py) in the same sync
+        if self._mass is not None:
+            self._mass.kept(self._layer, indices)  # a reference only (routing_mass.py)
         host = np.array(indices, copy=False)  # the layer's one host sync, as in one process
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1

@@ -35,6 +35,10 @@ class StepTimes:
     calls: int = 0
     grouped_calls: int = 0  # calls whose expert union exceeded the cache (processed in groups)
     last_k: int = 0
+    # decode passes (one token per sequence) that synced: experts looked up per layer
+    # (the union over the batch's rows), summed, and how many such layer calls
+    union_experts: int = 0
+    union_calls: int = 0
 
 
 def _gather_sort(x, indices):
@@ -86,7 +90,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_predict", predict)
 
     def set_mass_meter(self, meter) -> None:
-        """`meter.kept(layer, indices)` records the router mass these experts keep."""
+        """`meter.kept(layer, indices)` notes the experts run (routing_mass.py); None: off."""
         object.__setattr__(self, "_mass", meter)
 
     def _proj(
@@ -164,7 +168,8 @@ class StreamedSwitch(nn.Module):
         cache = self._cache
         frozen = cache.device_lut(self._layer)
         routing = self._routing
-        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
+        if self._mass is not None:
+            self._mass.kept(self._layer, indices)  # a reference only: no kernel, no sync
         if frozen is not None and predict is None and cache.on_route is None:
             # Every expert of this layer is resident for good: no host sync, no reads (a
             # trace-routed run too: the masked router picks the trace's ids on the device).
@@ -180,14 +185,15 @@ class StreamedSwitch(nn.Module):
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
-        elif mass is not None:
-            mx.eval(indices, mass)  # the mass comes back with the indices: no extra sync
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))
         uniq = np.unique(host)
+        if host.ndim >= 2 and host.shape[-2] == 1:
+            times.union_experts += len(uniq)
+            times.union_calls += 1
         extra = None
         if routing is not None:
             cell = routing.cell(self._layer)

@@ -93,6 +93,9 @@ class EngineService:
         self.last_stats: P.StatsSample | None = None
         self._lock = None  # cross-process "one loaded model" lock (models.lock)
         self.use_model_lock = True
+        # The stats samples carry the router mass (the app's panel shows it): free at the
+        # trained K, resolved per sample below it (engine/model/routing_mass.py).
+        self.measure_routing_mass = True
         # engine.distributed.ServiceLink: one rank of an expert-parallel launch (serve
         # --distributed); commands, K and stops then come from rank 0, in step.
         self.link = None
@@ -287,6 +290,8 @@ class EngineService:
             self._release_lock()  # nothing loaded: another instance may load a model
             raise
         self._runner = runner
+        if self.measure_routing_mass:
+            runner.sm.measure_routing_mass()
         try:
             from ssdmoe_tui.engine.run.kv_pool import KVPool
 
@@ -343,7 +348,7 @@ class EngineService:
 
     def _generate(self, cmd: P.Generate) -> None:
         import mlx.core as mx
-        from mlx_lm.sample_utils import make_sampler
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
         from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
@@ -351,7 +356,15 @@ class EngineService:
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
         sampling = SamplingOptions(
-            max_tokens=cmd.max_tokens, temp=cmd.temp, top_p=cmd.top_p, seed=cmd.seed
+            max_tokens=cmd.max_tokens,
+            temp=cmd.temp,
+            top_p=cmd.top_p,
+            seed=cmd.seed,
+            top_k=cmd.top_k,
+            min_p=cmd.min_p,
+            repetition_penalty=cmd.repetition_penalty,
+            presence_penalty=cmd.presence_penalty,
+            frequency_penalty=cmd.frequency_penalty,
         )
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
@@ -377,7 +390,11 @@ class EngineService:
             last_flush = time.monotonic()
 
         result = None
-        sampler = make_sampler(sampling.temp, top_p=sampling.top_p)
+        sampler = make_sampler(
+            sampling.temp, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k
+        )
+        penalties = sampling.logits_processors()
+        processors = make_logits_processors(**penalties) if penalties else []
         should_stop = self._cancel.is_set
         link, meter = self.link, None
         if link is not None:
@@ -390,6 +407,7 @@ class EngineService:
             cache=cache,
             reused_tokens=reused,
             should_stop=should_stop,
+            logits_processors=processors,
         ):
             now = time.monotonic()
             if isinstance(ev, TokenEvent):
