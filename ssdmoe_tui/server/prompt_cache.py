@@ -99,10 +99,19 @@ class ServerKV:
         return is_chain(chain) and checkpoint_path(self.chains / chain, n_tokens).is_file()
 
     # ------------------------------------------------------------------ engine hooks
-    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> str | None:
+        """Save into the chain the prompt was registered with; returns that chain (None:
+        no chain, nothing saved)."""
         chain = self._chain_of(tokens)
         if chain is None:
-            return
+            return None
+        self.save_to_chain(chain, tokens, cache, info)
+        return chain
+
+    def save_to_chain(self, chain: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+        """Save into `chain` (another rank of `serve --distributed` decided which)."""
+        if not is_chain(chain):
+            raise ValueError(f"bad chain id {chain!r}")
         folder = self.chains / chain
         folder.mkdir(parents=True, exist_ok=True)
         res = save_checkpoint(
@@ -124,6 +133,13 @@ class ServerKV:
         prefix, or (attention-only models) one whose tokens share a longer prefix with
         them, trimmed to it. A checkpoint's tokens are known from its conversation's
         history record (`tokens_of`); the header's token hash confirms them."""
+        choice = self.choose(tokens, info)
+        if choice is None:
+            return None
+        return self.load_chosen(*choice, info)
+
+    def choose(self, tokens: Sequence[int], info: Any) -> tuple[str, tuple[int, ...], int] | None:
+        """Which checkpoint `load` reads: (chain, the tokens it covers, tokens to reuse)."""
         limit = len(tokens) - 1  # at least one token is always fed
         exact: tuple[Path, int] | None = None
         trim: tuple[Path, tuple[int, ...], int] | None = None  # folder, its tokens, reuse
@@ -156,6 +172,16 @@ class ServerKV:
             folder, covered, reuse = exact[0], tuple(tokens[: exact[1]]), exact[1]
         else:
             return None
+        return folder.name, covered, reuse
+
+    def load_chosen(
+        self, chain: str, covered: Sequence[int], reuse: int, info: Any
+    ) -> tuple[list, int] | None:
+        """Read `chain`'s checkpoint of `covered` and trim it to `reuse` tokens."""
+        if not is_chain(chain):
+            raise ValueError(f"bad chain id {chain!r}")
+        folder = self.chains / chain
+        covered = tuple(covered)
         try:
             cache, got = load_checkpoint(
                 folder,
