@@ -176,7 +176,7 @@ def ttft_runs(args, model: str, env: dict, messages: list, q2: str, rows: dict, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", required=True, help="model folder (a demo or test checkpoint)")
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens per TTFT request")

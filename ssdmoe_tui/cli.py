@@ -32,9 +32,19 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """A bad argument is one line naming it (`--help` shows the usage)."""
+    """A bad argument is one line naming it (`--help` shows the usage). No abbreviations:
+    `--api-k KEY` taken for `--api-key` would be a secret under a name that no redaction
+    knows; subparsers are this class too (argparse makes them with the parent's class)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):  # it may hold a secret's value
+            from ssdmoe_tui.models.lock import redact_command
+
+            message = "unrecognized arguments: " + redact_command(message.split(": ", 1)[1])
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

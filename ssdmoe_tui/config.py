@@ -18,6 +18,7 @@ from typing import Any
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.options import CacheBudget, parse_temp, parse_top_p
+from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -203,7 +204,7 @@ def load_config(path: Path | None = None) -> LoadedConfig:
     """Read the config; never raises for anything the user wrote."""
     path = path or config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, CONFIG_TOML_MAX)
     except FileNotFoundError:
         return LoadedConfig(Config(), path)
     except (OSError, UnicodeDecodeError) as e:
@@ -252,10 +253,10 @@ def set_config_value(loaded: LoadedConfig, key: str, value: str | int) -> str | 
         return f"not saved: fix {path} first"
     line = f"{key} = {_toml_value(value)}"
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, CONFIG_TOML_MAX)
     except FileNotFoundError:
         text = template()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         return f"not saved: {path}: {e.strerror or e}"
     lines = text.splitlines()
     pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")

@@ -126,17 +126,6 @@ def parse_seconds(text: str | float, what: str, most: float = 7 * 86400) -> floa
     return value
 
 
-def parse_policy(text: str) -> str:
-    """An expert-cache eviction policy name (`auto`: the engine's default), checked by
-    building it once on a toy cache, so a typo fails before any model loads."""
-    name = str(text).strip()
-    if name != "auto":
-        from ssdmoe_tui.engine.policy.policies import make_policy
-
-        make_policy(name, 8, 2)  # BadValueError naming the policy and the known ones
-    return name
-
-
 def parse_temp(text: str | float) -> float:
     value = _finite(text, "temperature")
     if value < 0:
@@ -217,7 +206,9 @@ class EngineOptions:
     policy: str = "auto"
     prefill_step: int | None = None  # None: from free memory (Runner)
     queue_depth: int = 16
-    routing_trace: str | None = None  # route by this recorded trace (engine/policy/trace_routing.py)
+    routing_trace: str | None = (
+        None  # route by this recorded trace (engine/policy/trace_routing.py)
+    )
 
     def __post_init__(self) -> None:
         # Programmatic callers (tests, the server, the protocol) get the same checks as the CLI.
@@ -234,7 +225,8 @@ class EngineOptions:
         if self.prefill_step is not None:
             parse_positive(self.prefill_step, "prefill step")
         parse_positive(self.queue_depth, "queue depth")
-        parse_policy(self.policy)
+        # the policy name is the engine's to check (`policies.parse_policy`): the CLI
+        # checks it as it parses, `plan_engine` before any model is touched
 
     def with_(self, **changes) -> EngineOptions:
         return replace(self, **changes)

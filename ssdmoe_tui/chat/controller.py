@@ -22,13 +22,13 @@ from ssdmoe_tui.engine.run.protocol import (
     Generate,
     GenerationDone,
     LoadModel,
-    Message,
     ModelInfo,
     SetExpertCache,
     SetK,
 )
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.options import CacheBudget, check_k
+from ssdmoe_tui.prompting.message import Message
 
 
 class Refused(Exception):
@@ -60,6 +60,13 @@ class SessionStore(Protocol):
         settings: dict[str, Any] | None = None,
     ) -> None:
         """Called after every finished reply with the whole conversation so far."""
+        ...
+
+    def prompt(
+        self, session_id: str, messages: Sequence[Message], tokenizer: Any, info: ModelInfo
+    ) -> list[int] | None:
+        """The exact-history prompt ids for `messages` (new user message last), or None
+        when the stored conversation is not this chat (the template renders it then)."""
         ...
 
     def settings_of(self, session_id: str) -> dict[str, Any]:
@@ -95,6 +102,7 @@ class ChatController:
     engine: Engine | None = None
     sessions: SessionStore | None = None
     model: ModelInfo | None = None  # the model the engine holds and serves
+    tokenizer: Any = None  # the model's tokenizer: messages become prompt ids here
     loading: str | None = None  # a model (or expert-cache change) on its way; None: none
     session_id: str | None = None
     history: list[Message] = field(default_factory=list)
@@ -163,8 +171,10 @@ class ChatController:
         if self.engine is not None:
             self.engine.submit(SetK(k))
 
-    def model_loaded(self, info: ModelInfo) -> Loaded:
+    def model_loaded(self, info: ModelInfo, tokenizer: Any = None) -> Loaded:
         self.model = info
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
         self.loading = None
         if self._pending_cache is not None:
             self.settings.expert_cache = self._pending_cache  # stored once it worked
@@ -212,6 +222,8 @@ class ChatController:
             return "The model is still loading."
         if self.model is None:
             return "No model is loaded: F4 picks one, ctrl+p → Open model…"
+        if self.tokenizer is None:
+            return "The model's tokenizer is not loaded."
         return None
 
     def prepare(self, text: str) -> Generate:
@@ -220,12 +232,14 @@ class ChatController:
         when it cannot go now."""
         if why := self.why_not_send():
             raise Refused(why)
-        self._prompt = Message("user", text)
-        self.history.append(self._prompt)
+        prompt = Message("user", text)
+        ids = self._prompt_ids(self._with_system((*self.history, prompt)))
+        self._prompt = prompt
+        self.history.append(prompt)
         self._requests += 1
         request = Generate(
             request_id=f"r{self._requests}",
-            messages=self._with_system(tuple(self.history)),
+            prompt_tokens=tuple(ids),
             max_tokens=self.gen.max_tokens,
             temp=self.gen.temperature,
             top_p=self.gen.top_p,
@@ -233,6 +247,24 @@ class ChatController:
         )
         self.inflight = request.request_id
         return request
+
+    def _prompt_ids(self, messages: tuple[Message, ...]) -> list[int]:
+        """The conversation's exact token history plus the templated new turn (a stored
+        conversation), else the whole chat through the template. One line if the
+        template cannot render it."""
+        from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+        assert self.model is not None
+        try:
+            if self.sessions is not None and self.session_id is not None:
+                ids = self.sessions.prompt(self.session_id, messages, self.tokenizer, self.model)
+                if ids:
+                    return ids
+            return prompt_tokens(
+                self.tokenizer, [{"role": m.role, "content": m.content} for m in messages]
+            )
+        except Exception as e:  # noqa: BLE001 - a template or text error: one line, no turn
+            raise Refused(user_message(e)) from None
 
     def submit(self, request: Generate) -> None:
         assert self.engine is not None
@@ -288,9 +320,6 @@ class ChatController:
             self._abandoned.add(self.inflight)
             if self.engine is not None:
                 self.engine.cancel()
-
-    def is_abandoned(self, request_id: str) -> bool:
-        return request_id in self._abandoned
 
     # ------------------------------------------------------------------ conversations
 

@@ -12,11 +12,12 @@ import argparse
 from collections.abc import Callable
 
 from ssdmoe_tui import options as O
+from ssdmoe_tui.engine.policy.policies import parse_policy
 from ssdmoe_tui.errors import BadValueError
 
 
 def arg_type(parse: Callable, *extra) -> Callable[[str], object]:
-    """An argparse `type=` from an `engine.options` parser (BadValueError -> one line)."""
+    """An argparse `type=` from an `options` parser (BadValueError -> one line)."""
 
     def convert(text: str):
         try:
@@ -156,7 +157,7 @@ def add_policy_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default=O.EngineOptions.policy,
-        type=arg_type(O.parse_policy),
+        type=arg_type(parse_policy),
         help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
     )
 

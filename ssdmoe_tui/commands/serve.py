@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from ssdmoe_tui import options as O
 from ssdmoe_tui.commands.common import (
@@ -49,6 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--port", type=arg_type(_port), default=8080, help="port (default 8080; 0: any free port)"
     )
     p.add_argument(
+        "--allowed-hosts",
+        type=arg_type(_host_list),
+        default=(),
+        metavar="NAMES",
+        help="comma-separated Host names to answer besides loopback names and the bound "
+        "address (a web page cannot drive the server through a rebound DNS name): "
+        "NAME, .DOMAIN (it and every name under it), or * (any)",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
@@ -88,6 +98,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_distributed_argument(p)
     p.set_defaults(func=run)
+
+
+def _host_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if n != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_.:\[\]-]{1,253}", n):
+            raise BadValueError(f"{n!r} is not a host name (NAME, .DOMAIN or *)")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,6 +170,7 @@ def _serve(args: argparse.Namespace, link) -> int:
         distributed=link.dist if link is not None else None,
         system_checkpoints=not args.no_system_checkpoint,
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
+        allowed_hosts=args.allowed_hosts,
     )
     sock = bind(args.host, args.port)
     if not api_key and not is_loopback(args.host):

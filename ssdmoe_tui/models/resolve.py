@@ -173,12 +173,15 @@ def _check_folder(folder: Path, check: bool) -> Path:
             folder = folder.parent
         else:
             raise ModelError(f"{folder}: a file, not a model folder")
-    if not (folder / "config.json").is_file():
+    if not folder.is_dir() and folder.exists():
+        raise ModelError(f"{folder}: not a file or a folder (a FIFO or a device?)")
+    cfg = folder / "config.json"
+    if not cfg.exists() and not cfg.is_symlink():  # a FIFO or a folder: read_config says so
         ggufs = sorted(folder.glob("*.gguf"))
         if ggufs:
             raise registry.refuse_gguf(ggufs[0])
         raise ModelError(f"{folder}: no config.json (not a Hugging Face / MLX model folder)")
-    if check:
+    if check or not cfg.is_file():
         registry.check_supported(read_config(folder), folder)
     return folder
 
@@ -574,10 +577,6 @@ class _Tracker:
                 self._total = value or 0
                 if self.kind == "bytes":
                     tracker.bar_total = int(self._total)
-
-            @property
-            def format_dict(self) -> dict:
-                return {"rate": tracker._rate(time.monotonic()), "n": self.n, "total": self._total}
 
             def update(self, n: float | None = 1) -> None:
                 tracker.check_cancel()

@@ -1,5 +1,5 @@
 """The server's one seam to the engine: an `EngineService` (or anything with its client
-API: `start`, `submit`, `cancel`, `set_k`, `shutdown`, `kv_hooks`) driven from asyncio.
+API: `start`, `submit`, `cancel`, `shutdown`, `kv_hooks`) driven from asyncio.
 
 Events arrive on the engine thread through the service's `post` callback and are handed
 to the event loop with `call_soon_threadsafe`; each generation's events go to its `Job`.
@@ -32,7 +32,6 @@ class ServiceLike(Protocol):
     def start(self) -> None: ...
     def submit(self, cmd: P.Command) -> None: ...
     def cancel(self) -> None: ...
-    def set_k(self, k: int) -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
 
 
@@ -187,11 +186,10 @@ class EngineClient:
         """Give the slot back when no generation was submitted after `acquire`."""
         self._release()
 
-    def submit(self, cmd: P.Generate, k: int | None, *, keep_slot: bool = False) -> Job:
-        """Run `cmd` (the caller holds the slot). K applies from its first token. With
-        `keep_slot` the caller still holds the engine when the job ends."""
+    def submit(self, cmd: P.Generate, *, keep_slot: bool = False) -> Job:
+        """Run `cmd` (the caller holds the slot; its K, `cmd.k`, applies from its first
+        token). With `keep_slot` the caller still holds the engine when the job ends."""
         assert self.service is not None
-        self.service.set_k(k if k is not None else self.default_k)
         job = Job(cmd.request_id, _client=self, keep_slot=keep_slot)
         self._jobs[cmd.request_id] = job
         self._active = job

@@ -16,16 +16,18 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
-from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
+from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
 from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
+from ssdmoe_tui.server.routes import build_app
+from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 
 
 def default_cache_root() -> Path:
@@ -72,6 +74,16 @@ class ServeOptions:
     # kept in step on every rank (replicated_kv.py)
     distributed: object = None
     log_level: str = "warning"
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+
+
+def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
+    """The Host names the server answers: loopback, the socket's address, `allowed`."""
+    try:
+        bound = [str(sock.getsockname()[0])]
+    except OSError:
+        bound = []
+    return HostPolicy.of(bound, allowed)
 
 
 class Server:
@@ -79,7 +91,7 @@ class Server:
         self.options = options
         make = options.make_service or engine_service_factory(options.engine)
         self.engine = EngineClient(make, max_queue=options.max_queue)
-        self.api: Api | None = None
+        self.state: ServerState | None = None  # the handlers' shared state, once loaded
         self.kv: ServerKV | None = None
         self.model_id = ""
         self._uvicorn = None
@@ -111,7 +123,7 @@ class Server:
             kv = ServerKV(folder, notice=notice, tokens_of=records.tokens_of)
         self.kv = kv
         builder = PromptBuilder(self.engine.tokenizer, records, _vocab_size(info.path))
-        self.api = Api(
+        self.state = ServerState(
             self.engine,
             builder,
             ApiSettings(
@@ -144,8 +156,10 @@ class Server:
         self._loop = asyncio.get_running_loop()
         try:
             await self.start_engine()
+            hosts = host_policy(sock, self.options.allowed_hosts)
+            self.state.settings = replace(self.state.settings, hosts=hosts)
             config = uvicorn.Config(
-                self.api.app(),
+                build_app(self.state),
                 log_level=self.options.log_level,
                 access_log=False,
                 lifespan="off",
@@ -162,8 +176,8 @@ class Server:
             await task
         finally:
             self.ready.set()
-            if self.api is not None:
-                await asyncio.to_thread(self.api.builder.records.close)
+            if self.state is not None:
+                await asyncio.to_thread(self.state.builder.records.close)
             await asyncio.to_thread(self.engine.shutdown)
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from ssdmoe_tui.atomic import remove_orphan_temps
+from ssdmoe_tui.atomic import private_dirs, remove_orphan_temps
 from ssdmoe_tui.engine.run.kv_pool import common_prefix
 from ssdmoe_tui.server.prompts import is_chain
 from ssdmoe_tui.sessions.checkpoints import (
@@ -112,8 +112,7 @@ class ServerKV:
         """Save into `chain` (another rank of `serve --distributed` decided which)."""
         if not is_chain(chain):
             raise ValueError(f"bad chain id {chain!r}")
-        folder = self.chains / chain
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dirs(self.chains / chain, tighten=True)  # 0700: prompts' KV state
         res = save_checkpoint(
             folder,
             cache,

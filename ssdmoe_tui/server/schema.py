@@ -351,6 +351,30 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
+MAX_NESTING = 64  # a JSON schema of tool parameters nests a handful of levels
+
+
+def nesting(value: Any, limit: int = MAX_NESTING) -> int:
+    """How deep lists and objects nest in `value` (iteratively: a value nested 10,000
+    deep must not be a RecursionError here or in the template's `tojson` later); stops
+    counting past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if not isinstance(v, dict | list | tuple):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_nesting(value: Any, where: str, param: str) -> None:
+    if nesting(value) > MAX_NESTING:
+        raise bad_request(f"{where} nests more than {MAX_NESTING} levels deep", param)
+
+
 def _tools(body: dict) -> tuple[dict, ...]:
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -370,6 +394,7 @@ def _tools(body: dict) -> tuple[dict, ...]:
             )
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"tools[{i}].function.name is required", "tools")
+        check_nesting(t, f"tools[{i}]", "tools")
     return tuple(tools)
 
 
@@ -383,6 +408,7 @@ def _template_kwargs(body: dict) -> dict:
         raise bad_request(
             "'chat_template_kwargs' cannot set tools/messages", "chat_template_kwargs"
         )
+    check_nesting(kw, "'chat_template_kwargs'", "chat_template_kwargs")
     return dict(kw)
 
 

@@ -150,10 +150,6 @@ def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
     return found
 
 
-def checkpoints_bytes(session_dir: Path) -> int:
-    return sum(c.size for c in list_checkpoints(session_dir))
-
-
 def remove_stale_temps(session_dir: Path, older_than_s: float = STALE_TEMP_S) -> int:
     """Delete the temp files killed saves left in this conversation's folder (their
     writer's pid is gone, or they are `older_than_s` old). Returns how many."""
@@ -312,7 +308,7 @@ def read_metadata(path: Path) -> dict[str, str]:
         header = read_header(path, label=name)
     except HeaderError as e:
         reason = e.reason
-        if not reason.startswith(("truncated", "missing", "unreadable")):
+        if not reason.startswith(("truncated", "missing", "unreadable", "a ")):
             reason = f"corrupt header ({reason})"
         raise CheckpointInvalid(f"{name}: {reason}") from None
     # save_prompt_cache stores [our metadata, classes, scalars] flattened: ours is "0.<key>"

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ssdmoe_tui.engine.run.service import KVHooks
-from ssdmoe_tui.prompting.chat_format import ChatFormatError
 from ssdmoe_tui.sessions.checkpoints import (
     DEFAULT_GLOBAL_BUDGET,
     DEFAULT_KEEP,
@@ -28,8 +27,7 @@ from ssdmoe_tui.sessions.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionNotFound, SessionStore
-from ssdmoe_tui.sessions.turns import build_prompt
+from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
 
 
 class SessionKV:
@@ -70,38 +68,6 @@ class SessionKV:
         if res.skipped:
             self._tell(res.skipped)
 
-    def prompt(
-        self, session_id: str, messages: Sequence[Any], tokenizer: Any, info: Any
-    ) -> list[int] | None:
-        """The exact-history prompt for a Generate that carries `messages` (the chat as the
-        client sees it, new user message last): the stored conversation's token history
-        plus the templated new turn. Creates the conversation on its first turn. Returns
-        None (the engine then templates `messages` itself: correct, fewer cache hits) when
-        the stored history is not the client's (edited, or an exchange not recorded)."""
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        system = msgs[0]["content"] if msgs and msgs[0]["role"] == "system" else ""
-        chat = [m for m in msgs if m["role"] in ("user", "assistant")]
-        if not chat or chat[-1]["role"] != "user":
-            return None
-        try:
-            conv = self.store.get(session_id)
-        except SessionNotFound:
-            if len(chat) > 1:
-                return None  # a history we never stored: let the engine template it
-            conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
-        stored = [(t.role, t.text) for t in conv.turns]
-        if conv.system_prompt != system or stored != [(m["role"], m["content"]) for m in chat[:-1]]:
-            return None
-        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id)
-        conv.model_id, conv.fingerprint = info.name, info.fingerprint
-        try:
-            prompt, _ = build_prompt(tokenizer, conv, chat[-1]["content"])
-        except ChatFormatError:
-            return None
-        if (conv.model_id, conv.fingerprint, conv.tokenizer_id) != before:
-            self.store.save(conv, touch=False)
-        return prompt
-
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
         self.skipped = []
         start = time.perf_counter()
@@ -124,4 +90,4 @@ class SessionKV:
 def session_hooks(notice: Callable[[str], None]) -> KVHooks:
     """KV hooks over the default session store (`EngineService(kv_hooks=session_hooks)`)."""
     kv = SessionKV(SessionStore(), notice=notice)
-    return KVHooks(save=kv.save, load=kv.load, prompt=kv.prompt)
+    return KVHooks(save=kv.save, load=kv.load)

@@ -33,8 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui import paths
-from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via
+from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via, private_dirs
 from ssdmoe_tui.errors import BadValueError, SsdmoeError
+from ssdmoe_tui.user_files import (
+    CONVERSATION_MAX,
+    SMALL_STATE_MAX,
+    read_regular,
+    read_regular_text,
+)
 
 FORMAT = "ssdmoe-conversation"
 VERSION = 1
@@ -306,7 +312,7 @@ class SessionStore:
         """A new conversation, saved; `conv_id` (e.g. one handed out earlier by `new_id`)
         must not exist yet."""
         with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.root, tighten=True)
             while True:
                 conv = Conversation(
                     id=validate_id(conv_id) if conv_id is not None else new_id(),
@@ -316,7 +322,7 @@ class SessionStore:
                     system_prompt=system_prompt,
                 )
                 try:
-                    self.folder(conv.id).mkdir()
+                    self.folder(conv.id).mkdir(mode=0o700)
                     break
                 except FileExistsError:
                     if conv_id is not None and (self.folder(conv_id) / CONVERSATION_FILE).exists():
@@ -363,7 +369,7 @@ class SessionStore:
         file) for a missing or damaged one: never another exception, whatever the bytes."""
         path = self._file(conv_id)
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path, CONVERSATION_MAX)
         except FileNotFoundError:
             raise SessionNotFound(f"no conversation {conv_id}") from None
         except OSError as e:
@@ -481,16 +487,16 @@ class SessionStore:
     def mark_opened(self, conv_id: str) -> None:
         validate_id(conv_id)
         with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.root)
             atomic_write_text(self.root / LAST_OPENED_FILE, conv_id + "\n")
 
     def last_opened(self, *, fallback: bool = True) -> str | None:
         """The conversation last opened (for `--resume`); else the most recently updated."""
         try:
-            conv_id = (self.root / LAST_OPENED_FILE).read_text(encoding="utf-8").strip()
+            conv_id = read_regular_text(self.root / LAST_OPENED_FILE, SMALL_STATE_MAX).strip()
             if ID_PATTERN.match(conv_id) and (self.folder(conv_id) / CONVERSATION_FILE).is_file():
                 return conv_id
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             pass
         if not fallback:
             return None

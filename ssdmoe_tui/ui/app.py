@@ -24,10 +24,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer
 
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
-from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import conversations, gen_settings, model
@@ -104,6 +105,7 @@ class SsdmoeApp(App[int]):
             "ctrl+p", "command_palette", "Commands", show=False, id="app.palette", priority=True
         ),
         Binding("ctrl+end", "pin", "Follow", show=False, id="app.pin"),
+        Binding("ctrl+home", "top", "Transcript top", show=False, id="app.top"),
         # Not ctrl+y (the prompt, a TextArea, takes it as redo) nor F5-F7 (it selects with them).
         Binding("f8", "copy_last", "Copy reply", show=False, id="app.copy_last"),
         Binding("ctrl+g", "regenerate", "Regenerate", show=False, id="app.regenerate"),
@@ -130,6 +132,8 @@ class SsdmoeApp(App[int]):
             on_warning=lambda text: self.notify(text, severity="warning", markup=False),
         )
         self.load_progress = LoadProgress()
+        self.prefill_clock = PrefillClock()
+        self._prefill_timer: Timer | None = None
         self.events_seen: dict[str, int] = {}
         self.themes = ThemeChoice(self)
         themes, self._theme_warnings = load_themes()
@@ -172,6 +176,7 @@ class SsdmoeApp(App[int]):
         await pane.open_session(self.settings.resume)
         if self.engine_factory is not None and not self.settings.model and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
+            pane.transcript.scroll_home(animate=False)  # its top first, at any size
         if self.engine_factory is not None:
             try:
                 self.chat.engine = self.engine_factory(self.feed)
@@ -233,21 +238,42 @@ class SsdmoeApp(App[int]):
             self.panel.show_load(self.load_progress)
             if welcome := self.chat_pane.welcome:
                 welcome.show_progress(event.phase, event.done, event.total, event.detail)
+        if event.phase == "prefill" and event.total:
+            self.prefill_clock.report(event.done, event.total)
+            self._show_prefill()
+            if self._prefill_timer is None:  # moves between the engine's chunk reports
+                self._prefill_timer = self.set_interval(0.25, self._show_prefill)
+            return
+        if event.phase == "decoding" and event.total:
+            self.prefill_clock.report(event.total, event.total)  # its rate, for the next
+        self._stop_prefill_clock()
         label = PHASE_LABELS.get(event.phase, event.phase)
-        if event.total and event.phase in ("prefill", "loading", "indexing"):
+        if event.total and event.phase in ("loading", "indexing"):
             label += f" {event.done}/{event.total}"
         self.status_bar.phase = label
+
+    def _show_prefill(self) -> None:
+        clock = self.prefill_clock
+        self.status_bar.phase = f"{PHASE_LABELS['prefill']} {clock.text(rate=False)}"
+        self.panel.show_prefill(clock)
+
+    def _stop_prefill_clock(self) -> None:
+        if self._prefill_timer is not None:
+            self._prefill_timer.stop()
+            self._prefill_timer = None
 
     @on(ReplyDone)
     @while_mounted
     async def _reply_done(self, message: ReplyDone) -> None:
+        self._stop_prefill_clock()  # a reply stopped during its prefill
+        self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
         await self.chat_pane.reply_done(message.event)
 
     @on(ModelReady)
     @while_mounted
     async def _model_ready(self, message: ModelReady) -> None:
         info = message.event.info
-        loaded = self.chat.model_loaded(info)
+        loaded = self.chat.model_loaded(info, message.event.tokenizer)
         if welcome := self.chat_pane.welcome:
             welcome.loaded(info.name)
         self.panel.show_model(info, k=loaded.k)
@@ -261,6 +287,10 @@ class SsdmoeApp(App[int]):
             f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {loaded.k}, "
             f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
         )
+        if self.chat_pane.welcome is not None and not self.chat.history:
+            # The card's top says what the demo is: the notice must not scroll it away
+            # (at 80x24 they do not both fit). Sending pins the transcript again.
+            self.chat_pane.transcript.scroll_home(animate=False)
         for warning in loaded.warnings:
             self.notify(warning, severity="warning", timeout=10, markup=False)
         if info.expert_source_note:
@@ -345,6 +375,7 @@ class SsdmoeApp(App[int]):
         await pane.start_over()
         self.panel.clear_history()
         await pane.open_session(None)
+        model.reset_k(self)
         await pane.transcript.add_notice("New chat.")
         pane.prompt.focus()
 
@@ -362,6 +393,18 @@ class SsdmoeApp(App[int]):
 
     def action_pin(self) -> None:
         self.chat_pane.transcript.action_pin()
+
+    def action_top(self) -> None:
+        """The transcript's first line (it stops following the stream; End follows again)."""
+        self.chat_pane.transcript.scroll_home(animate=False)
+
+    def action_page(self, direction: int) -> None:
+        """PageUp / PageDown while the prompt has focus: scroll the transcript a page."""
+        transcript = self.chat_pane.transcript
+        if direction < 0:
+            transcript.scroll_page_up(animate=False)
+        else:
+            transcript.scroll_page_down(animate=False)
 
     def action_copy_last(self) -> None:
         messages = self.chat_pane.transcript.messages()

@@ -163,7 +163,7 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         # The bar moved through the writing and loading steps, with an estimate.
         assert fractions == sorted(fractions) and fractions[-1] >= 0.9, fractions
         assert any(0 < f < 0.6 for f in fractions), fractions  # writing the demo, shard by shard
-        assert "is ready" in str(welcome.query_one("#welcome-title", Static).render())
+        assert "is ready" in str(welcome.query_one("#welcome-status", Static).render())
         await wait_until(pilot, lambda: phases[-1] == "idle", 10, "the idle phase")
         assert isinstance(app.chat.engine, EngineService)
         assert app.chat.model.name == "demo-model"

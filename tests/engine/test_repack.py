@@ -146,8 +146,7 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
     """The TUI reads the repacked copy and says so; a stale copy is reported, not used."""
     from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
     from ssdmoe_tui.ui.widgets.transcript import Notice
-
-    from .test_ui_app import SIZE, loaded, type_and_send, wait_until
+    from tests.app.test_ui_app import SIZE, loaded, type_and_send, wait_until
 
     model = tmp_path / "demo"
     shutil.copytree(demo_model, model)

@@ -42,7 +42,7 @@ class Running:
         )
         self.thread.start()
         assert self.server.ready.wait(TIMEOUT), "server did not start"
-        assert self.server.api is not None, "the engine did not load"
+        assert self.server.state is not None, "the engine did not load"
         self.model = self.server.model_id
 
     def client(self, **kw) -> openai.OpenAI:
@@ -415,10 +415,10 @@ def test_malformed_body_size_cap_and_api_key(srv):
         for seed in (-1, 2**64 - 1)
     )
     assert a.choices[0].message.content == b.choices[0].message.content
-    api = srv.server.api
-    settings = api.settings
+    state = srv.server.state
+    settings = state.settings
     try:
-        api.settings = dataclasses.replace(settings, max_body_bytes=1000, api_key="sekrit")
+        state.settings = dataclasses.replace(settings, max_body_bytes=1000, api_key="sekrit")
         r = httpx.post(url, json={"model": srv.model, "messages": HELLO})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(srv.url + "/v1/models").status_code == 401
@@ -432,6 +432,6 @@ def test_malformed_body_size_cap_and_api_key(srv):
         )
         assert ok.usage.completion_tokens == 1
     finally:
-        api.settings = settings
+        state.settings = settings
     with pytest.raises(openai.NotFoundError):
         srv.client().chat.completions.create(model="nope", messages=HELLO)

@@ -29,9 +29,7 @@ def _decode_command(data: dict):
         raise DistributedError(f"rank 0 sent an unknown engine command {data['type']!r}")
     fields = dict(data["fields"])
     if cls is P.Generate:
-        fields["messages"] = tuple(P.Message(**m) for m in fields.get("messages") or ())
-        if fields.get("prompt_tokens") is not None:
-            fields["prompt_tokens"] = tuple(fields["prompt_tokens"])
+        fields["prompt_tokens"] = tuple(fields.get("prompt_tokens") or ())
     return cls(**fields)
 
 

@@ -500,8 +500,10 @@ def available_memory_bytes() -> int:
         return 8 << 30
 
 
-def auto_budget(index: ExpertIndex, resident_bytes: int, min_bytes: int) -> int:
-    """Half of what is left after the resident weights, leaving the rest to the page cache."""
+def auto_budget(index: ExpertIndex, resident_bytes: int, min_bytes: int, sharers: int = 1) -> int:
+    """The one `auto` rule: half of what is left after the resident weights (the rest is
+    the page cache's), split over `sharers` processes on this machine (the ranks of a
+    distributed launch), never below `min_bytes` nor above every expert."""
     avail = available_memory_bytes() - resident_bytes
     all_experts = index.expert_bytes * index.num_experts * index.num_layers
-    return int(min(all_experts, max(min_bytes, avail * 0.5)))
+    return int(min(all_experts, max(min_bytes, avail // (2 * max(1, sharers)))))

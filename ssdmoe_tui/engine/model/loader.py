@@ -25,7 +25,6 @@ from ssdmoe_tui.checkpoint.config import load_config, load_tokenizer
 from ssdmoe_tui.engine.experts.cache import (
     ExpertCache,
     auto_budget,
-    available_memory_bytes,
     slot_memory_bytes,
 )
 from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
@@ -261,13 +260,9 @@ def load_streamed(
         raise ModelError(f"{path / 'config.json'}: no num_experts_per_tok (trained top-k)")
     min_slots = max(trained_k, 1) * index.num_layers
     resident_est = index.resident_bytes
-    if expert_cache == "auto" and distributed is not None:
-        # auto_budget's rule (half of what is left) over the ranks sharing this machine;
-        # the rank's owned experts cap it below
-        free = available_memory_bytes() - resident_est
-        budget = max(min_slots * index.expert_bytes, free // (2 * distributed.ranks_on_host()))
-    elif expert_cache == "auto":
-        budget = auto_budget(index, resident_est, min_slots * index.expert_bytes)
+    if expert_cache == "auto":  # the rank's owned experts cap a distributed one below
+        sharers = distributed.ranks_on_host() if distributed is not None else 1
+        budget = auto_budget(index, resident_est, min_slots * index.expert_bytes, sharers)
     else:
         budget = parse_bytes(expert_cache, "expert cache")
     capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.user_files import check_regular, open_regular
 
 FORMAT = "ssdmoe-route-trace"
 VERSION = 1
@@ -77,6 +78,13 @@ class Trace:
 
 
 def _open_text(path: Path, mode: str) -> IO[str]:
+    """Text of a trace; reading opens regular files only (a FIFO or /dev/zero as a trace
+    is refused by name rather than blocking or reading forever)."""
+    if mode == "r":
+        raw = open_regular(path)
+        if path.suffix == ".gz":
+            return io.TextIOWrapper(gzip.GzipFile(fileobj=raw, mode="rb"), encoding="utf-8")
+        return io.TextIOWrapper(raw, encoding="utf-8")
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
     return open(path, mode, encoding="utf-8")
@@ -201,8 +209,12 @@ class _Steps:
 def read_trace(path: str | Path) -> Trace:
     """Read any supported trace; the format is recognised from its first line."""
     path = Path(path)
-    if not path.is_file():
-        raise BadValueError(f"trace not found: {path}")
+    try:
+        check_regular(path)
+    except FileNotFoundError:
+        raise BadValueError(f"trace not found: {path}") from None
+    except OSError as e:  # a folder, a FIFO, a device, a link loop: say which
+        raise BadValueError(f"cannot read trace {path}: {e.strerror or e}") from None
     try:
         with _open_text(path, "r") as f:
             first = f.readline()

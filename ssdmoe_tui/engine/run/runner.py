@@ -234,11 +234,12 @@ def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> 
     """Prefill chunk from memory: mlx-lm's 2048 (so long prompts chunk as in mlx-lm) when
     a tenth of free memory holds that chunk's activations, else the largest power of two
     that fits (min 32). Bigger chunks read each expert once for more tokens."""
+    from ssdmoe_tui.checkpoint.arch import moe_geometry
     from ssdmoe_tui.engine.experts.cache import available_memory_bytes
 
-    cfg = sm.config.get("text_config", sm.config)
-    hidden = int(cfg.get("hidden_size", 4096))
-    inter = int(cfg.get("moe_intermediate_size", cfg.get("intermediate_size", 4 * hidden)))
+    geometry = moe_geometry(sm.config)  # the one reading of the expert shape
+    assert geometry is not None  # a loaded streamed model has MoE layers
+    hidden, inter = geometry.hidden_size, geometry.expert_intermediate
     k = max(sm.trained_k, 1)
     act = sm.dtype.size
     # the sorted expert inputs, gate/up/down intermediates and the layer's residuals

@@ -52,13 +52,10 @@ class KVHooks:
     save(session_id, tokens, cache, info): after a reply has been shown.
     load(session_id, tokens, info) -> (cache, n_tokens) | None: when no in-memory
     cache serves a session's prompt (e.g. after a restart).
-    prompt(session_id, messages, tokenizer, info) -> token ids | None: the exact-history
-    prompt (stored turn tokens + the templated new turn) instead of a re-render.
     """
 
     save: Callable | None = None
     load: Callable | None = None
-    prompt: Callable | None = None
 
 
 # Builds the hooks on the engine thread (so a store that imports MLX is imported
@@ -298,7 +295,7 @@ class EngineService:
             self.kv_pool = None
         self._options = plan.options
         self._info = self._describe(runner)
-        self._emit(P.ModelLoaded(self.model_info))
+        self._emit(P.ModelLoaded(self.model_info, tokenizer=runner.sm.tokenizer))
         self._emit(self._sample(None, None))
         self._emit(P.PhaseChanged("idle"))
 
@@ -344,21 +341,6 @@ class EngineService:
             )
         )
 
-    def _prompt_tokens(self, cmd: P.Generate) -> list[int]:
-        from ssdmoe_tui.prompting.chat_format import prompt_tokens
-
-        if cmd.prompt_tokens is not None:
-            return list(cmd.prompt_tokens)
-        if not cmd.messages:
-            raise BadValueError("empty prompt")
-        tok = self._runner.sm.tokenizer
-        hooks = self.kv_hooks
-        if cmd.session_id and hooks.prompt is not None:
-            ids = hooks.prompt(cmd.session_id, cmd.messages, tok, self._info)
-            if ids:
-                return list(ids)
-        return prompt_tokens(tok, [{"role": m.role, "content": m.content} for m in cmd.messages])
-
     def _generate(self, cmd: P.Generate) -> None:
         import mlx.core as mx
         from mlx_lm.sample_utils import make_sampler
@@ -371,7 +353,11 @@ class EngineService:
         sampling = SamplingOptions(
             max_tokens=cmd.max_tokens, temp=cmd.temp, top_p=cmd.top_p, seed=cmd.seed
         )
-        prompt = self._prompt_tokens(cmd)
+        if not cmd.prompt_tokens:
+            raise BadValueError("empty prompt")
+        prompt = list(cmd.prompt_tokens)
+        if cmd.k is not None:  # every rank of a distributed launch gets the same command
+            runner.set_k(cmd.k)  # checked like a SetK; a bad K refuses this request only
         if sampling.seed is not None:
             mx.random.seed(sampling.seed)
         cache, reused = self._take_cache(cmd.session_id, prompt)

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
@@ -185,6 +185,16 @@ class EnginePanel(VerticalScroll):
             bar.update(total=event.total, progress=event.done)
         if event.phase == "prefill" and event.done == 0:
             self._last_generated = 0
+
+    def show_prefill(self, clock: PrefillClock) -> None:
+        """A prefill: tokens (estimated between the engine's reports), rate, time left."""
+        label = f"{PHASE_LABELS['prefill']}  {clock.text()}"
+        self.query_one("#phase", Static).update(label)
+        self.shown["phase"] = label
+        bar = self.query_one("#phase-progress", ProgressBar)
+        bar.display = clock.total > 0
+        if bar.display:
+            bar.update(total=clock.total, progress=clock.estimate()[0])
 
     def show_load(self, progress: LoadProgress) -> None:
         """A model load: its step, share done and time left, on the phase line and bar."""

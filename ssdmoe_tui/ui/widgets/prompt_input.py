@@ -1,6 +1,7 @@
 """The prompt box: multi-line, Enter sends, shift+enter / ctrl+j insert a newline,
-↑/↓ on the first/last line walk through earlier prompts. Pastes keep their newlines
-(TextArea inserts pasted text as is)."""
+↑/↓ on the first/last line walk through earlier prompts, PageUp/PageDown scroll the
+transcript (the box is a few lines; TextArea would page its own cursor). Pastes keep
+their newlines (TextArea inserts pasted text as is)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,12 @@ class PromptInput(TextArea):
             self._show(self._draft, at_end=True)
         else:
             self._show(self.prompt_history[self._history_index], at_end=True)
+
+    def action_cursor_page_up(self) -> None:
+        self.call_later(self.run_action, "app.page(-1)")
+
+    def action_cursor_page_down(self) -> None:
+        self.call_later(self.run_action, "app.page(1)")
 
     def action_cursor_line_end(self, select: bool = False) -> None:
         """End moves to the line end; pressed again there, it re-pins the transcript."""
