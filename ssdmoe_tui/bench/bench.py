@@ -226,6 +226,7 @@ def run_config(
     sm = runner.sm
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
+        sm.measure_routing_mass()  # read once, after the run: costs the decode nothing
         dist = opts.distributed
         meter = dist.meter(sm) if dist is not None else None
         sampler = make_sampler(0.0)

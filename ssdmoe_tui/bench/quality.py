@@ -61,7 +61,7 @@ def measure_quality(
             raise BadValueError(f"K={k} is outside 1..{sm.index.num_experts}")
     if chunk < 1:
         raise BadValueError(f"--chunk must be >= 1, got {chunk}")
-    meter = sm.routing_mass
+    meter = sm.measure_routing_mass()
     caches = {k: make_prompt_cache(sm.model) for k in order}
     sums = {
         k: {"nll": 0.0, "agree": 0, "kl": 0.0, "mass": 0.0, "mass_min": math.inf} for k in order

@@ -20,7 +20,14 @@ from ssdmoe_tui.commands.common import (
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate a reply to one prompt")
     add_model_arguments(p)
-    p.add_argument("--prompt", required=True, help="the prompt ('-' reads stdin)")
+    p.add_argument(
+        "text", nargs="?", default=None, metavar="PROMPT", help="the prompt (or --prompt)"
+    )
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="the prompt ('-' reads stdin; without a prompt, piped stdin is read)",
+    )
     p.add_argument("--system", default=None, help="system prompt (chat template only)")
     add_sampling_arguments(p)
     p.add_argument(
@@ -35,13 +42,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=distributed_run(_run))
 
 
+def prompt_argument(args: argparse.Namespace) -> str:
+    """The prompt as given: `ssdmoe generate "text"`, `--prompt text`, `--prompt -`, or
+    piped stdin when neither is given. One line when there is none, or two."""
+    import sys
+
+    from ssdmoe_tui.errors import BadValueError
+
+    if args.text is not None and args.prompt is not None:
+        raise BadValueError("give the prompt once: as an argument or with --prompt, not both")
+    given = args.text if args.text is not None else args.prompt
+    if given is not None:
+        return given
+    if not sys.stdin.isatty():
+        return "-"
+    raise BadValueError('no prompt: ssdmoe generate "your prompt" (or pipe it in on stdin)')
+
+
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
     from ssdmoe_tui.engine.run.open import load_engine, plan_engine
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
 
-    prompt_text = read_prompt(args.prompt)
+    prompt_text = read_prompt(prompt_argument(args))
 
     quiet = dist is not None and not dist.is_root
 
@@ -61,6 +85,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         lock = acquire_model_lock(str(plan.path))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
+        runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
         try:
             return _generate(args, runner, prompt_text, plan.path, dist)
         finally:

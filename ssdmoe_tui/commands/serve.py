@@ -15,6 +15,7 @@ from ssdmoe_tui.commands.common import (
     engine_options,
 )
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.server import defaults as D
 
 
 def _whole_in(text: str, what: str, lo: int, hi: int | None = None) -> int:
@@ -45,9 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(p)
     add_prefill_step_argument(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--host", default=D.HOST, help=f"address to bind (default: {D.HOST})")
     p.add_argument(
-        "--port", type=arg_type(_port), default=8080, help="port (default 8080; 0: any free port)"
+        "--port",
+        type=arg_type(_port),
+        default=D.PORT,
+        help=f"port (default {D.PORT}; 0: any free port)",
     )
     p.add_argument(
         "--allowed-hosts",
@@ -67,23 +71,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-queue",
         type=arg_type(_queue),
-        default=8,
+        default=D.MAX_QUEUE,
         metavar="N",
-        help="requests that may wait for the engine before new ones get 429 (default 8)",
+        help=f"requests that may wait for the engine before new ones get 429 (default {D.MAX_QUEUE})",
     )
-    add_max_tokens_argument(p, default=4096)
+    add_max_tokens_argument(p, default=D.MAX_TOKENS)
     p.add_argument(
         "--temp",
         type=arg_type(O.parse_temp),
-        default=0.0,
-        help="temperature when a request sets none (default 0: greedy)",
+        default=D.TEMPERATURE,
+        help=f"temperature when a request sets none (default {D.TEMPERATURE:g}: greedy)",
     )
     p.add_argument(
         "--max-body",
         type=arg_type(O.parse_bytes, "max body"),
-        default=32 << 20,
+        default=D.MAX_BODY_BYTES,
         metavar="SIZE",
-        help="largest request body (default 32M)",
+        help=f"largest request body (default {D.MAX_BODY_BYTES >> 20}M)",
     )
     p.add_argument(
         "--no-disk-cache",

@@ -69,6 +69,9 @@ class DownloadCancelled(SsdmoeError):
     """The caller set the cancel event; finished files stay in the cache for next time."""
 
 
+DEMO_NAME = "demo"  # `--model demo`: the embedded demo model
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A parsed `--model`: exactly one of `path` / `repo_id` is set (neither: the demo)."""
@@ -81,7 +84,7 @@ class ModelSpec:
         if self.path is not None:
             return str(self.path)
         if self.repo_id is None:
-            return "demo"
+            return DEMO_NAME
         return self.repo_id + (f"@{self.revision}" if self.revision else "")
 
 
@@ -98,8 +101,8 @@ def _looks_like_path(spec: str) -> bool:
 def parse_spec(spec: str | None) -> ModelSpec:
     """Local folder if one exists at `spec`, else `org/name[@revision]`."""
     spec = (spec or "").strip()
-    if not spec:
-        return ModelSpec()
+    if not spec or spec == DEMO_NAME:
+        return ModelSpec()  # "demo": what `ssdmoe models` lists it as (./demo: a folder)
     local = Path(spec).expanduser()
     if local.exists():
         return ModelSpec(path=Path(os.path.abspath(local)))

@@ -22,6 +22,7 @@ from pathlib import Path
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
+from ssdmoe_tui.server import defaults as D
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
@@ -62,10 +63,10 @@ def load_command(options: EngineOptions) -> P.LoadModel:
 class ServeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     api_key: str | None = None
-    max_queue: int = 8
-    max_body_bytes: int = 32 << 20
-    max_tokens: int = 4096
-    temperature: float = 0.0
+    max_queue: int = D.MAX_QUEUE
+    max_body_bytes: int = D.MAX_BODY_BYTES
+    max_tokens: int = D.MAX_TOKENS
+    temperature: float = D.TEMPERATURE
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint

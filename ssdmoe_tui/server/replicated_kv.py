@@ -64,7 +64,9 @@ class ReplicatedKV:
         if self.dist.is_root:
             try:
                 kv = self.kv_of(info)
-                chain = kv.save(session_id, tokens, cache, info) if kv is not None else None
+                chain = kv.chain_of(tokens) if kv is not None else None
+                if chain is not None:
+                    kv.save(session_id, tokens, cache, info)
             except Exception as e:  # noqa: BLE001 - reported below, after the exchange
                 error = e
         chain = self.dist.broadcast_json(chain)

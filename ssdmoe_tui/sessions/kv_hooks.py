@@ -16,57 +16,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.engine.run.service import KVHooks
-from ssdmoe_tui.sessions.checkpoints import (
-    DEFAULT_GLOBAL_BUDGET,
-    DEFAULT_KEEP,
-    DEFAULT_SESSION_BUDGET,
-    NoCheckpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
+from ssdmoe_tui.sessions.checkpoints import NoCheckpoint, load_checkpoint
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
 
 
-class SessionKV:
-    def __init__(
-        self,
-        store: SessionStore,
-        *,
-        notice: Callable[[str], None] | None = None,
-        keep: int = DEFAULT_KEEP,
-        session_budget: int = DEFAULT_SESSION_BUDGET,
-        global_budget: int = DEFAULT_GLOBAL_BUDGET,
-    ) -> None:
+class SessionKV(CheckpointHooks):
+    """One checkpoint folder per stored conversation (its own folder)."""
+
+    def __init__(self, store: SessionStore, **budgets: Any) -> None:
+        super().__init__(**budgets)
         self.store = store
-        self.notice = notice
-        self.keep = keep
-        self.session_budget = session_budget
-        self.global_budget = global_budget
         self.last_load_s: float = 0.0
         self.skipped: list[str] = []  # reasons of checkpoints skipped by the last load
 
-    def _tell(self, message: str) -> None:
-        if self.notice is not None:
-            self.notice(message)
-
-    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+    def folder_for(self, session_id: str, tokens: Sequence[int]) -> Path | None:
         folder = self.store.folder(session_id)
         if not (folder / CONVERSATION_FILE).is_file():
-            return  # not a stored conversation (or deleted meanwhile): nothing to attach to
-        res = save_checkpoint(
-            folder,
-            cache,
-            tokens,
-            info.fingerprint,
-            keep=self.keep,
-            session_budget=self.session_budget,
-            global_budget=self.global_budget,
-        )
-        if res.skipped:
-            self._tell(res.skipped)
+            return None  # not a stored conversation (or deleted meanwhile)
+        return folder
 
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
         self.skipped = []

@@ -65,13 +65,12 @@ class DistributedSwitch(StreamedSwitch):
         cache = self._cache
         predict = self._predict
         t0 = time.perf_counter()
-        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
+        if self._mass is not None:
+            self._mass.kept(self._layer, indices)  # a reference only (routing_mass.py)
         pred = None
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: the next layer's routing, in the same sync
-        pending = [a for a in (indices, mass, pred) if a is not None]
-        if len(pending) > 1:
-            mx.eval(*pending)  # the router mass / prediction come back with the indices
+            mx.eval(indices, pred)
         host = np.array(indices, copy=False)  # the layer's one host sync, as in one process
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1

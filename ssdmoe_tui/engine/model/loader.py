@@ -29,11 +29,11 @@ from ssdmoe_tui.engine.experts.cache import (
 )
 from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.experts.reader import open_reader
+from ssdmoe_tui.engine.model import routing_mass as _routing_mass
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
-from ssdmoe_tui.engine.model.routing_mass import install as install_routing_mass
 from ssdmoe_tui.engine.model.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
-from ssdmoe_tui.options import parse_bytes
+from ssdmoe_tui.options import check_k, parse_bytes
 
 
 @dataclass
@@ -52,7 +52,8 @@ class StreamedModel:
     prefetch: bool = False
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`)
     expert_source_note: str = ""  # why a repacked file present was not used
-    routing_mass: RoutingMass | None = None  # router mass kept at the running K (per token)
+    # router mass kept at the running K (per token); None until a consumer asks for it
+    routing_mass: RoutingMass | None = None
     distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
 
     @property
@@ -64,10 +65,21 @@ class StreamedModel:
         return arch.is_hybrid(self.model_type)
 
     def set_k(self, k: int) -> None:
-        if not 1 <= k <= self.index.num_experts:
-            raise BadValueError(f"K={k} is outside 1..{self.index.num_experts}")
+        check_k(k, self.index.num_experts, "K")
         for b in self.blocks:
             set_block_k(b, k)
+
+    def measure_routing_mass(self, on: bool = True) -> RoutingMass | None:
+        """Install (or remove) the router-mass meter (engine/model/routing_mass.py).
+
+        Only a consumer that shows the figure asks for it: the meter costs no kernel and
+        no sync, but an unmeasured model keeps mlx-lm's gates untouched. Idempotent."""
+        if on and self.routing_mass is None:
+            self.routing_mass = _routing_mass.install(self.blocks, self.trained_k)
+        elif not on and self.routing_mass is not None:
+            _routing_mass.uninstall(self.blocks)
+            self.routing_mass = None
+        return self.routing_mass
 
     def close(self) -> None:
         self.cache.close()
@@ -346,7 +358,6 @@ def load_streamed(
         expert_source=source,
         expert_source_note=source_note,
         distributed=distributed,
-        routing_mass=install_routing_mass(blocks, trained_k),  # after quantize: probes the gates
     )
     if k is not None:
         sm.set_k(k)

@@ -86,7 +86,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_predict", predict)
 
     def set_mass_meter(self, meter) -> None:
-        """`meter.kept(layer, indices)` records the router mass these experts keep."""
+        """`meter.kept(layer, indices)` notes the experts run (routing_mass.py); None: off."""
         object.__setattr__(self, "_mass", meter)
 
     def _proj(
@@ -164,7 +164,8 @@ class StreamedSwitch(nn.Module):
         cache = self._cache
         frozen = cache.device_lut(self._layer)
         routing = self._routing
-        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
+        if self._mass is not None:
+            self._mass.kept(self._layer, indices)  # a reference only: no kernel, no sync
         if frozen is not None and predict is None and cache.on_route is None:
             # Every expert of this layer is resident for good: no host sync, no reads (a
             # trace-routed run too: the masked router picks the trace's ids on the device).
@@ -180,8 +181,6 @@ class StreamedSwitch(nn.Module):
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
-        elif mass is not None:
-            mx.eval(indices, mass)  # the mass comes back with the indices: no extra sync
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1

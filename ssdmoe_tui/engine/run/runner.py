@@ -19,6 +19,7 @@ import mlx.core as mx
 from ssdmoe_tui.engine.experts import iostats
 from ssdmoe_tui.engine.model.context import check_context, max_context
 from ssdmoe_tui.engine.model.loader import StreamedModel
+from ssdmoe_tui.engine.model.routing_mass import MassLog
 from ssdmoe_tui.options import check_k
 
 
@@ -42,8 +43,14 @@ class TurnStats:
     peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
     k_per_token: list[int] = field(default_factory=list)
-    # router mass kept at the running K vs the trained K, per generated token (routing_mass.py)
-    mass_per_token: list[float] = field(default_factory=list)
+    # router mass kept at the running K vs the trained K, per generated token
+    # (routing_mass.py): None when no consumer asked for it; resolved only when read
+    mass_log: MassLog | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def mass_per_token(self) -> list[float]:
+        """Each generated token's mass (computed now for the tokens not read yet)."""
+        return self.mass_log.values() if self.mass_log is not None else []
 
     @property
     def prefill_tok_s(self) -> float:
@@ -347,6 +354,8 @@ class Runner:
             cache = self.make_cache()
             reused_tokens = 0
         stats = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused_tokens)
+        if sm.routing_mass is not None:
+            stats.mass_log = MassLog(sm.trained_k)
         todo = mx.array(list(prompt[reused_tokens:]), dtype=mx.uint32)
         if todo.size == 0:
             raise ValueError("nothing to prefill: at least one prompt token must be new")
@@ -443,7 +452,8 @@ class Runner:
             stats.decode_s = time.perf_counter() - dstart.t
             _decode(stats, Snapshot.take(sm) - dstart)
             stats.k_per_token = stats.k_per_token[: len(tokens)]
-            stats.mass_per_token = stats.mass_per_token[: len(tokens)]
+            if stats.mass_log is not None:
+                stats.mass_log.truncate(len(tokens))
             self._masses.clear()
         else:
             finish = "cancelled"
@@ -471,12 +481,14 @@ class Runner:
     def _queue_mass(self) -> None:
         """Keep the routing mass of the step just built, to read with its token."""
         meter = self.sm.routing_mass
-        self._masses.append(meter.take() if meter is not None else None)
+        self._masses.append(meter.take_pending() if meter is not None else None)
 
     def _record_mass(self, stats: TurnStats) -> None:
+        """Its token's mass, unresolved: no `.item()` here, so the next step queued
+        behind this one is never waited for (readers resolve many tokens at once)."""
         m = self._masses.popleft() if self._masses else None
-        if m is not None:
-            stats.mass_per_token.append(float(m.mean().item()))
+        if stats.mass_log is not None:
+            stats.mass_log.append(m)
 
     def _can_pipeline(self) -> bool:
         cache = self.sm.cache

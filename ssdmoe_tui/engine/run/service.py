@@ -93,6 +93,9 @@ class EngineService:
         self.last_stats: P.StatsSample | None = None
         self._lock = None  # cross-process "one loaded model" lock (models.lock)
         self.use_model_lock = True
+        # The stats samples carry the router mass (the app's panel shows it): free at the
+        # trained K, resolved per sample below it (engine/model/routing_mass.py).
+        self.measure_routing_mass = True
         # engine.distributed.ServiceLink: one rank of an expert-parallel launch (serve
         # --distributed); commands, K and stops then come from rank 0, in step.
         self.link = None
@@ -287,6 +290,8 @@ class EngineService:
             self._release_lock()  # nothing loaded: another instance may load a model
             raise
         self._runner = runner
+        if self.measure_routing_mass:
+            runner.sm.measure_routing_mass()
         try:
             from ssdmoe_tui.engine.run.kv_pool import KVPool
 
