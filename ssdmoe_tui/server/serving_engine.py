@@ -104,17 +104,13 @@ class Serving:
                 "messages",
                 "context_length_exceeded",
             )
-        room = ctx - n if ctx else None
         want = sampling.max_tokens
         if want is None:
-            want = self.settings.max_tokens if room is None else min(self.settings.max_tokens, room)
-        elif room is not None and want > room:
-            raise bad_request(
-                f"max_tokens {want} + prompt {n} tokens is over the model's context of {ctx}",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        return want
+            want = self.settings.max_tokens
+        # Past the context: the room left, ending with `length` (llama.cpp's server does
+        # the same). Agents ask for far more than they expect (opencode sends 32000 on
+        # every request), and refusing would end their conversations once they grow.
+        return min(want, ctx - n) if ctx else want
 
     async def begin(
         self, request: Request, parse: Callable, build: Callable, kind: str
@@ -150,6 +146,11 @@ class Serving:
                 seed=sampling.seed,
                 session_id=SESSION_KEY,
                 k=k,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
             )
             job = self.engine.submit(cmd)
             if step is not None and step.result is not None:

@@ -185,6 +185,40 @@ def test_stop_string_cuts_the_reply(srv, reference):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_max_tokens_past_the_context_is_clamped(srv):
+    """opencode sends max_tokens 32000 whatever the context: the reply gets the room left
+    and ends with `length` (was a 400 once prompt + max_tokens passed the context)."""
+    ctx = srv.server.engine.info.max_context
+    long_text = " ".join(["streaming experts from the disk"] * 380)  # ~1,900 of 2,048 tokens
+    messages = [{"role": "user", "content": long_text}]
+    r = srv.client().chat.completions.create(model=srv.model, messages=messages, max_tokens=32000)
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == ctx, r.usage
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_samplers_and_penalties_are_honoured(srv, reference):
+    """top_k, min_p and the penalties reach the engine (mlx-lm's sampler and processors,
+    tests/engine/test_engine_exact.py); a bad value is a 400 naming the field."""
+    c = srv.client()
+    plain = reference["text"]
+    kw = {"model": srv.model, "messages": HELLO, "max_tokens": 16, "temperature": 0}
+    r = c.chat.completions.create(**kw, extra_body={"top_k": 5, "min_p": 0.05})
+    assert r.choices[0].message.content == plain  # greedy: the samplers do not change it
+    # negative penalties favour the last 20 tokens: the reply starts repeating itself
+    r = c.chat.completions.create(**kw, frequency_penalty=-2, presence_penalty=-2,
+                                  extra_body={"repetition_penalty": 1.2})  # fmt: skip
+    assert r.choices[0].message.content != plain
+    a, b = (c.chat.completions.create(**{**kw, "temperature": 1.0}, seed=3,
+                                      extra_body={"top_k": 4, "min_p": 0.1})
+            for _ in range(2))  # fmt: skip
+    assert a.choices[0].message.content == b.choices[0].message.content
+    for field, value in [("repetition_penalty", 0), ("top_k", "x"), ("min_p", 2),
+                         ("presence_penalty", 3)]:  # fmt: skip
+        body = {**kw, field: value}
+        got = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        assert got.status_code == 400 and got.json()["error"]["param"] == field, got.text
+
+
 # --------------------------------------------------------------------------- K and stats
 
 

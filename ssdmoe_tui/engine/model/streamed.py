@@ -35,6 +35,10 @@ class StepTimes:
     calls: int = 0
     grouped_calls: int = 0  # calls whose expert union exceeded the cache (processed in groups)
     last_k: int = 0
+    # decode passes (one token per sequence) that synced: experts looked up per layer
+    # (the union over the batch's rows), summed, and how many such layer calls
+    union_experts: int = 0
+    union_calls: int = 0
 
 
 def _gather_sort(x, indices):
@@ -187,6 +191,9 @@ class StreamedSwitch(nn.Module):
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))
         uniq = np.unique(host)
+        if host.ndim >= 2 and host.shape[-2] == 1:
+            times.union_experts += len(uniq)
+            times.union_calls += 1
         extra = None
         if routing is not None:
             cell = routing.cell(self._layer)
