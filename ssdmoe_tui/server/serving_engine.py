@@ -46,6 +46,7 @@ class ApiSettings:
     system_checkpoints: bool = True  # see Serving._prefix_step
     hosts: HostPolicy = field(default_factory=HostPolicy)  # the Host check (hosts.py)
     keepalive_s: float = 1.0  # a streaming reply is never silent longer (SSE comments)
+    allowed_origins: tuple[str, ...] = ()  # CORS (routes.middleware); none: no CORS headers
 
 
 def _log(line: str) -> None:

@@ -467,6 +467,50 @@ def test_two_clients_wait_or_get_429(srv):
     assert h.status_code == 200
 
 
+def test_cors_only_for_the_allowed_origins(srv):
+    """No CORS by default (a web page must not drive a keyless loopback server); with
+    --allowed-origins, those origins' pages may (preflight, headers, exposed stats)."""
+    import uvicorn
+
+    from ssdmoe_tui.server.main import bind
+    from ssdmoe_tui.server.routes import build_app
+
+    page = "http://localhost:3000"
+    preflight = {"origin": page, "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization,content-type"}  # fmt: skip
+    r = httpx.options(srv.url + "/v1/chat/completions", headers=preflight, timeout=5)
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+    r = httpx.get(srv.url + "/v1/models", headers={"origin": page}, timeout=5)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    # the same state behind an app with CORS on, on its own loopback port
+    state = srv.server.state
+    cors = dataclasses.replace(
+        state, settings=dataclasses.replace(state.settings, allowed_origins=(page,))
+    )
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(build_app(cors), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: server.run(sockets=[sock]), daemon=True)
+    thread.start()
+    try:
+        url = url_of(sock)
+        t_end = time.monotonic() + TIMEOUT
+        while not server.started and time.monotonic() < t_end:
+            time.sleep(0.01)
+        r = httpx.options(url + "/v1/chat/completions", headers=preflight, timeout=5)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        r = httpx.get(url + "/v1/models", headers={"origin": page}, timeout=5)
+        assert r.headers["access-control-allow-origin"] == page
+        assert "x-ssdmoe-stats" in r.headers["access-control-expose-headers"]
+        other = httpx.get(url + "/v1/models", headers={"origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT)
+        sock.close()
+
+
 # --------------------------------------------------------------------------- 4xx
 
 
