@@ -146,17 +146,23 @@ def run(args: argparse.Namespace) -> int:
 
     link = None
     if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
-        from ssdmoe_tui.commands.common import check_distributed_args
         from ssdmoe_tui.engine.distributed.group import start
         from ssdmoe_tui.engine.distributed.link import ServiceLink, follow
 
-        check_distributed_args(args)  # the same refusals as generate and bench (--prefetch, ...)
         dist = start(sigterm=False)
         with dist.guard():
             link = ServiceLink(dist)
             if not dist.is_root:
-                return follow(dist, engine_options(args), link)
-            return _serve(args, link)
+                hooks = None
+                if not args.no_disk_cache:  # this machine's copy of the KV checkpoints
+                    from ssdmoe_tui.server.main import default_cache_root
+                    from ssdmoe_tui.server.replicated_kv import ReplicatedKV
+
+                    hooks = ReplicatedKV.follower(dist, default_cache_root()).hooks()
+                dist.exit_code = follow(dist, engine_options(args), link, kv_hooks=hooks)
+            else:
+                dist.exit_code = _serve(args, link)
+        return dist.exit_code
     return _serve(args, link)
 
 
@@ -183,7 +189,8 @@ def _serve(args: argparse.Namespace, link) -> int:
         max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,
-        persist_cache=not args.no_disk_cache and link is None,  # ranks share no disk
+        persist_cache=not args.no_disk_cache,
+        distributed=link.dist if link is not None else None,
         system_checkpoints=not args.no_system_checkpoint,
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
         allowed_hosts=args.allowed_hosts,

@@ -108,6 +108,9 @@ def _timestamp(value: Any, name: str) -> float:
     return float(value)
 
 
+FINISH_REASONS = ("", "stop", "length", "cancelled")  # "": saved before it was kept
+
+
 @dataclass
 class Turn:
     role: str  # "user" or "assistant"
@@ -120,6 +123,8 @@ class Turn:
     k_max: int | None = None
     model: str = ""  # the model that wrote the reply
     decode_tok_s: float | None = None  # its decode speed
+    finish: str = ""  # why the reply ended: "stop", "length" (max tokens), "cancelled"
+    kv_hit_rate: float | None = None  # share of its prompt served from the KV cache
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -144,6 +149,12 @@ class Turn:
         rate = d.get("decode_tok_s")
         if rate is not None and not (isinstance(rate, int | float) and 0 <= rate < 1e9):
             raise ValueError(f"decode_tok_s is not a rate ({str(rate)[:20]})")
+        hit = d.get("kv_hit_rate")
+        if hit is not None and not (isinstance(hit, int | float) and 0 <= hit <= 1):
+            raise ValueError(f"kv_hit_rate is not a share ({str(hit)[:20]})")
+        finish = str(d.get("finish", ""))
+        if finish not in FINISH_REASONS:
+            raise ValueError(f"finish is not one of {', '.join(FINISH_REASONS[1:])}")
         return cls(
             role=role,
             text=str(d["text"]),
@@ -155,6 +166,8 @@ class Turn:
             k_max=opt_k("k_max"),
             model=str(d.get("model", ""))[:200],
             decode_tok_s=float(rate) if rate is not None else None,
+            finish=finish,
+            kv_hit_rate=float(hit) if hit is not None else None,
         )
 
 
@@ -548,6 +561,8 @@ def to_markdown(conv: Conversation) -> str:
             notes.append(f"K={t.k}")
         if t.stopped:
             notes.append("stopped")
+        elif t.finish == "length":
+            notes.append("hit max tokens")
         if notes:
             heading += f" ({', '.join(notes)})"
         lines += [heading, "", t.text, ""]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 from ssdmoe_tui.commands import chat
 from ssdmoe_tui.config import Config, config_path, load_config, set_config_value
 from ssdmoe_tui.ui.theming import load_themes, theme_from_toml
+from tests.cli_runner import run_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -103,12 +102,7 @@ def test_theme_edit_keeps_comments_and_other_keys(ssdmoe_home):
 
 
 def test_config_path_flag_prints_and_exits(ssdmoe_home):
-    out = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "--config-path"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli(["--config-path"], timeout=60)
     assert out.returncode == 0, out.stderr
     path = ssdmoe_home / "config" / "config.toml"
     assert out.stdout.strip() == str(path)
@@ -117,23 +111,13 @@ def test_config_path_flag_prints_and_exits(ssdmoe_home):
     assert "# k = 4" in template and "# temperature = " in template and "f4" not in template
     assert load_config(path).config == Config() and not load_config(path).warnings
     path.write_text("k = 3\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "chat", "--config-path"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli(["chat", "--config-path"], timeout=60)
     assert out.stdout.strip() == str(ssdmoe_home / "config" / "config.toml")
     assert path.read_text() == "k = 3\n"  # never written over
 
 
 def test_bad_flag_values_are_one_line_errors():
-    out = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "--k", "zero"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli(["--k", "zero"], timeout=60)
     assert out.returncode == 2
     assert "--k" in out.stderr and "Traceback" not in out.stderr
 

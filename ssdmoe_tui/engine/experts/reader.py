@@ -122,7 +122,9 @@ def build_native_library(src_dir: Path, out: Path) -> Path:
     """Compile ``src_dir/ssdmoe_reader.c`` into ``out`` atomically (temp file + rename)."""
     cc = _compiler()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=f".p{os.getpid()}.tmp", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{out.name}.", suffix=f".p{os.getpid()}.tmp", dir=out.parent
+    )
     os.close(fd)
     flags = [*compile_flags(src_dir), "-shared", "-fPIC"]
     cmd = [cc, *flags, "-o", tmp, str(src_dir / "ssdmoe_reader.c")]
