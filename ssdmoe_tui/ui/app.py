@@ -195,7 +195,8 @@ class SsdmoeApp(App[int]):
 
     async def on_mount(self) -> None:
         self.themes.apply(self.settings.theme)
-        apply_keymap(self, self.settings.keymap)
+        cfg = self.settings.config
+        apply_keymap(self, self.settings.keymap, str(cfg.path) if cfg else "config.toml")
         for warning in (*self.settings.warnings, *self._theme_warnings):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane
