@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "chat",
     "generate",
     "serve",
+    "launch",
     "index",
     "repack",
     "demo_model",

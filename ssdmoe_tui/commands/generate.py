@@ -135,7 +135,8 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     if args.seed is not None:
         mx.random.seed(args.seed)
     writer = None
-    if args.trace:
+    quiet = dist is not None and not dist.is_root
+    if args.trace and not quiet:  # every rank sees the same routing: rank 0 records it
         from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceWriter
 
         writer = TraceWriter(
@@ -154,7 +155,6 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
         )
 
     result = None
-    quiet = dist is not None and not dist.is_root
     meter = dist.meter(sm) if dist is not None else None
     sampler = make_sampler(args.temp, top_p=args.top_p)
     try:

@@ -70,6 +70,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "NAME, .DOMAIN (it and every name under it), or * (any)",
     )
     p.add_argument(
+        "--allowed-origins",
+        type=arg_type(_origin_list),
+        default=(),
+        metavar="ORIGINS",
+        help="comma-separated web origins (https://chat.example.com) whose pages may call "
+        "the API from a browser (CORS), or * for any; default none: a keyless loopback "
+        "server must not be drivable by any web page",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
@@ -128,6 +137,16 @@ def _host_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _origin_list(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[A-Za-z0-9_.\[\]:-]{1,253}", o):
+            raise BadValueError(
+                f"{o!r} is not a web origin (scheme://host[:port], e.g. http://localhost:3000, or *)"
+            )
+    return origins
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -143,17 +162,23 @@ def run(args: argparse.Namespace) -> int:
 
     link = None
     if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
-        from ssdmoe_tui.commands.common import check_distributed_args
         from ssdmoe_tui.engine.distributed.group import start
         from ssdmoe_tui.engine.distributed.link import ServiceLink, follow
 
-        check_distributed_args(args)  # the same refusals as generate and bench (--prefetch, ...)
         dist = start(sigterm=False)
         with dist.guard():
             link = ServiceLink(dist)
             if not dist.is_root:
-                return follow(dist, engine_options(args), link)
-            return _serve(args, link)
+                hooks = None
+                if not args.no_disk_cache:  # this machine's copy of the KV checkpoints
+                    from ssdmoe_tui.server.main import default_cache_root
+                    from ssdmoe_tui.server.replicated_kv import ReplicatedKV
+
+                    hooks = ReplicatedKV.follower(dist, default_cache_root()).hooks()
+                dist.exit_code = follow(dist, engine_options(args), link, kv_hooks=hooks)
+            else:
+                dist.exit_code = _serve(args, link)
+        return dist.exit_code
     return _serve(args, link)
 
 
@@ -181,10 +206,12 @@ def _serve(args: argparse.Namespace, link) -> int:
         max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,
-        persist_cache=not args.no_disk_cache and link is None,  # ranks share no disk
+        persist_cache=not args.no_disk_cache,
+        distributed=link.dist if link is not None else None,
         system_checkpoints=not args.no_system_checkpoint,
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
         allowed_hosts=args.allowed_hosts,
+        allowed_origins=args.allowed_origins,
     )
     sock = bind(args.host, args.port)
     if not api_key and not is_loopback(args.host):

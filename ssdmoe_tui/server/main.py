@@ -75,8 +75,12 @@ class ServeOptions:
     persist_cache: bool = True  # False: in-memory prompt cache only
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     make_service: MakeService | None = None  # None: an EngineService in this process
+    # serve --distributed: rank 0's engine.distributed handle; the KV checkpoints are then
+    # kept in step on every rank (replicated_kv.py)
+    distributed: object = None
     log_level: str = "warning"
     allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+    allowed_origins: tuple[str, ...] = ()  # web origins allowed by CORS ("*": any); none: off
 
 
 def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
@@ -112,6 +116,10 @@ class Server:
             # The folder depends on the model's fingerprint, known once it is loaded:
             # the hooks look it up lazily through `self.kv`.
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
+            if opts.distributed is not None:
+                from ssdmoe_tui.server.replicated_kv import ReplicatedKV
+
+                hooks = ReplicatedKV.root(opts.distributed, lambda info: self.kv).hooks()
         info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
         self.model_id = info.name
         folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
@@ -131,6 +139,7 @@ class Server:
                 max_tokens=opts.max_tokens,
                 temperature=opts.temperature,
                 system_checkpoints=opts.system_checkpoints,
+                allowed_origins=tuple(opts.allowed_origins),
             ),
             kv,
         )

@@ -18,6 +18,7 @@ from ssdmoe_tui.engine.run.protocol import GenerationDone
 from ssdmoe_tui.prompting.chat_format import ChatFormatError
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
+    FINISH_REASONS,
     Conversation,
     SessionNotFound,
     SessionStore,
@@ -65,7 +66,12 @@ class AppSessions:
             self.store.save(conv, touch=False)
 
     def prompt(
-        self, session_id: str, messages: Sequence[Any], tokenizer: Any, info: Any
+        self,
+        session_id: str,
+        messages: Sequence[Any],
+        tokenizer: Any,
+        info: Any,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int] | None:
         """The exact-history prompt for `messages` (the chat as the app shows it, new user
         message last): the stored conversation's token history plus the templated new
@@ -94,7 +100,9 @@ class AppSessions:
             conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         try:
-            prompt, _ = build_prompt(tokenizer, conv, chat[-1]["content"])
+            prompt, _ = build_prompt(
+                tokenizer, conv, chat[-1]["content"], **(template_kwargs or {})
+            )
         except ChatFormatError:
             return None
         if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
@@ -119,6 +127,7 @@ class AppSessions:
         done: GenerationDone,
         model: str = "",
         settings: dict[str, Any] | None = None,
+        thinking_tokens: int = 0,
     ) -> None:
         """Save the exchange `done` answered. `messages` is the app's chat so far (the
         reply last, if it kept one). The stored turns mirror the app's history; their ids
@@ -165,6 +174,9 @@ class AppSessions:
                     k_max=k_max,
                     model=model,
                     decode_tok_s=stats.decode_tok_s,
+                    finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
+                    kv_hit_rate=stats.kv_hit_rate,
+                    thinking_tokens=thinking_tokens,
                 )
             )
         self.store.save(conv)
@@ -192,5 +204,14 @@ def shown(turn: Turn) -> ShownTurn:
         return ShownTurn(turn.role, turn.text)
     k_min = turn.k_min if turn.k_min is not None else turn.k
     k_max = turn.k_max if turn.k_max is not None else turn.k
-    stats = ReplyStats(turn.model, len(turn.token_ids), turn.decode_tok_s, k_min, k_max)
-    return ShownTurn(turn.role, turn.text, stats, turn.stopped)
+    stats = ReplyStats(
+        turn.model,
+        len(turn.token_ids),
+        turn.decode_tok_s,
+        k_min,
+        k_max,
+        turn.kv_hit_rate,
+        turn.thinking_tokens,
+    )
+    finish = turn.finish or ("cancelled" if turn.stopped else "stop")
+    return ShownTurn(turn.role, turn.text, stats, turn.stopped, finish)

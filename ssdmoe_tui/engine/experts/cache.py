@@ -278,25 +278,28 @@ class ExpertCache:
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
 
-    def ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
         """Make `experts` (unique ids) of `layer` resident; return their slots, in order.
+
+        `observe=False`: the caller already gave the layer's whole selection to the trace
+        recorder and the predictor (a distributed rank looks up only its share).
 
         All misses of the call are read in one batched reader call. The time spent here
         is counted (`counters.ensure_s`): minus read time, it is the cache's bookkeeping.
         """
         t0 = time.perf_counter()
         try:
-            return self._ensure(layer, experts)
+            return self._ensure(layer, experts, observe)
         finally:
             self.counters.ensure_s += time.perf_counter() - t0
 
-    def _ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def _ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
         n = len(experts)
         if n > self.capacity:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
-        if self.on_route is not None:
+        if observe and self.on_route is not None:
             self.on_route(layer, experts)
-        if self.predictor is not None:
+        if observe and self.predictor is not None:
             self.predictor.observe(layer, experts.tolist())
         self.wait_prefetch()
         slots = np.empty(n, dtype=np.int64)
