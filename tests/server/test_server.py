@@ -351,6 +351,8 @@ def test_streams_are_never_silent_while_queued_or_in_prefill(srv):
     settings = state.settings
     state.settings = dataclasses.replace(settings, keepalive_s=0.5)
     model = srv.model
+    engine = srv.server.engine
+    slots, engine.max_batch = engine.max_batch, 1  # one slot: the blocker makes others queue
 
     def long(i: int) -> str:  # a prompt no cache serves (it differs from the first word)
         return f"{i} " + " ".join(["streaming experts from the disk"] * 250)
@@ -402,6 +404,7 @@ def test_streams_are_never_silent_while_queued_or_in_prefill(srv):
         blocker.join(TIMEOUT)
     finally:
         state.settings = settings
+        engine.max_batch = slots
     assert time_to_free(srv) < 1.0
 
 
