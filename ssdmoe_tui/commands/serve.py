@@ -63,6 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "NAME, .DOMAIN (it and every name under it), or * (any)",
     )
     p.add_argument(
+        "--allowed-origins",
+        type=arg_type(_origin_list),
+        default=(),
+        metavar="ORIGINS",
+        help="comma-separated web origins (https://chat.example.com) whose pages may call "
+        "the API from a browser (CORS), or * for any; default none: a keyless loopback "
+        "server must not be drivable by any web page",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
@@ -110,6 +119,16 @@ def _host_list(text: str) -> tuple[str, ...]:
         if n != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_.:\[\]-]{1,253}", n):
             raise BadValueError(f"{n!r} is not a host name (NAME, .DOMAIN or *)")
     return names
+
+
+def _origin_list(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[A-Za-z0-9_.\[\]:-]{1,253}", o):
+            raise BadValueError(
+                f"{o!r} is not a web origin (scheme://host[:port], e.g. http://localhost:3000, or *)"
+            )
+    return origins
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,6 +194,7 @@ def _serve(args: argparse.Namespace, link) -> int:
         system_checkpoints=not args.no_system_checkpoint,
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
         allowed_hosts=args.allowed_hosts,
+        allowed_origins=args.allowed_origins,
     )
     sock = bind(args.host, args.port)
     if not api_key and not is_loopback(args.host):

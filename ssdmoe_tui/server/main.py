@@ -76,6 +76,7 @@ class ServeOptions:
     distributed: object = None
     log_level: str = "warning"
     allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+    allowed_origins: tuple[str, ...] = ()  # web origins allowed by CORS ("*": any); none: off
 
 
 def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
@@ -134,6 +135,7 @@ class Server:
                 max_tokens=opts.max_tokens,
                 temperature=opts.temperature,
                 system_checkpoints=opts.system_checkpoints,
+                allowed_origins=tuple(opts.allowed_origins),
             ),
             kv,
         )

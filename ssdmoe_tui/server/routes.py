@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -22,7 +23,7 @@ from ssdmoe_tui.server.hosts import HostCheck
 from ssdmoe_tui.server.http import Disconnected
 from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_completion import ServingCompletion
-from ssdmoe_tui.server.serving_engine import ServerState
+from ssdmoe_tui.server.serving_engine import K_HEADER, STATS_HEADER, ServerState
 from ssdmoe_tui.server.serving_messages import ServingMessages
 from ssdmoe_tui.server.serving_messages import error_body as anthropic_error
 from ssdmoe_tui.server.serving_models import ServingModels
@@ -87,8 +88,24 @@ def endpoint(
 
 def middleware(state: ServerState) -> list[Middleware]:
     """Every middleware the app runs, outermost first: the Host check against DNS
-    rebinding (before the routes, the API key and the engine)."""
-    return [Middleware(HostCheck, policy=state.settings.hosts)]
+    rebinding (before the routes, the API key and the engine), then CORS, only for the
+    origins `--allowed-origins` names (none by default: a browser page on another
+    origin can then send a simple request but never read the answer, and a preflighted
+    one, JSON with a key, is not sent at all)."""
+    out = [Middleware(HostCheck, policy=state.settings.hosts)]
+    origins = state.settings.allowed_origins
+    if origins:
+        out.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(origins),
+                allow_methods=["GET", "POST", "OPTIONS"],
+                allow_headers=["*"],  # authorization, x-api-key, the SDKs' x-stainless-*, ...
+                expose_headers=[STATS_HEADER, K_HEADER],
+                max_age=600,
+            )
+        )
+    return out
 
 
 def build_app(state: ServerState) -> Starlette:

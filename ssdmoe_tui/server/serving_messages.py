@@ -12,7 +12,7 @@ envelope (`routes.anthropic_error`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -21,7 +21,6 @@ from starlette.responses import JSONResponse, Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
-from ssdmoe_tui.server.http import sse
 from ssdmoe_tui.server.output import Call, Content, OutputFilter
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ToolCall
@@ -83,12 +82,14 @@ class ServingMessages(Serving):
         return await asyncio.to_thread(self.state.builder.chat, req.chat)
 
     async def create(self, request: Request) -> Response:
-        req, prompt, k, job = await self.begin(
+        p = await self.prepare(
             request, parse_messages, lambda r: self.state.builder.chat(r.chat), "msg"
         )
+        req, prompt = p.req, p.prompt
         filt = OutputFilter(req.sampling.stop, self.state.tool_format, req.chat.tools)
         if req.chat.stream:
-            return sse(self._events(req, prompt, job, filt), self.k_header(k))
+            return self.sse(p, self._events(req, prompt, lambda: self.run(p), filt, p.rid))
+        job = await self.start(request, p)
         done = await self.drain(request, job, filt)
         record_reply(self.state, req.chat, prompt, done, filt)
         ext = self.ext(done)
@@ -96,13 +97,13 @@ class ServingMessages(Serving):
         content = ([{"type": "text", "text": text}] if text or not filt.calls else []) + [
             tool_use(c) for c in filt.calls
         ]
-        body = self._message(job, req, content, done, filt, ext)
+        body = self._message(job.request_id, req, content, done, filt, ext)
         return JSONResponse(body, headers={STATS_HEADER: self.stats_header(ext)})
 
     @staticmethod
-    def _message(job: Job, req: MessagesRequest, content: list, done, filt, ext=None) -> dict:  # noqa: ANN001
+    def _message(rid: str, req: MessagesRequest, content: list, done, filt, ext=None) -> dict:  # noqa: ANN001
         out = {
-            "id": "msg_" + job.request_id.split("-", 1)[-1],
+            "id": "msg_" + rid.split("-", 1)[-1],
             "type": "message",
             "role": "assistant",
             "model": req.model,
@@ -116,15 +117,22 @@ class ServingMessages(Serving):
         return out
 
     async def _events(
-        self, req: MessagesRequest, prompt: Prompt, job: Job, filt: OutputFilter
+        self,
+        req: MessagesRequest,
+        prompt: Prompt,
+        acquire: Callable[[], Awaitable[Job]],
+        filt: OutputFilter,
+        rid: str,
     ) -> AsyncIterator[str]:
         index = -1
         text_open = False
+        job: Job | None = None
         try:
-            start = self._message(job, req, [], None, filt)
+            start = self._message(rid, req, [], None, filt)
             start["usage"] = {"input_tokens": len(prompt.tokens), "output_tokens": 0}
             yield _event("message_start", message=start)
             try:
+                job = await acquire()
                 async for pieces in self.pieces(job, filt):
                     for p in pieces:
                         if isinstance(p, Content):
@@ -162,4 +170,5 @@ class ServingMessages(Serving):
             yield _event("message_delta", delta=delta, usage=usage(done), ssdmoe=ext)
             yield _event("message_stop")
         finally:
-            job.cancel()
+            if job is not None:
+                job.cancel()

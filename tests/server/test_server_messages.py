@@ -203,7 +203,12 @@ def test_streamed_tool_use_accumulates_in_the_anthropic_package(tool_model):
     filt = OutputFilter((), serving.state.tool_format, req.chat.tools)
 
     async def collect() -> list[str]:
-        return [e async for e in serving._events(req, prompt, job, filt)]
+        return [
+            e
+            async for e in serving._events(
+                req, prompt, lambda: asyncio.sleep(0, job), filt, job.request_id
+            )
+        ]
 
     snapshot, bufs = None, {}
     for raw in asyncio.run(collect()):
