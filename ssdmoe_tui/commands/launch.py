@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,21 @@ def expected_ranks(argv: list[str]) -> int:
         return 0
 
 
+def starts_the_app(argv: list[str]) -> bool:
+    """Whether the launched command is the chat app (`ssdmoe [chat] ... --distributed`):
+    then mlx.launch must not read this terminal (rank 0's app reads it)."""
+    from ssdmoe_tui.cli import COMMAND_MODULES
+
+    for i, word in enumerate(argv):
+        if Path(word).name == "ssdmoe" or (word == "ssdmoe_tui.cli" and argv[i - 1 : i] == ["-m"]):
+            rest = argv[i + 1 :]
+            if "--distributed" not in rest:
+                return False
+            others = {m.replace("_", "-") for m in COMMAND_MODULES} - {"chat"}
+            return not any(w in others for w in rest)
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.engine.distributed.exit_status import ENV_STATUS, launch_status
 
@@ -72,11 +88,16 @@ def run(args: argparse.Namespace) -> int:
         # Ctrl-C reaches every process of the terminal: mlx.launch and the ranks stop
         # themselves; this one waits for them, then reports their status.
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The app on rank 0 reads the terminal itself (commands/terminal.py): mlx.launch
+        # gets a stdin that never has data (at EOF its loop would spin).
+        quiet_in = os.pipe() if starts_the_app(argv) else None
         try:
-            code = subprocess.call(cmd)
+            code = subprocess.call(cmd, stdin=quiet_in[0] if quiet_in else None)
         finally:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGINT, old)
+            for fd in quiet_in or ():
+                os.close(fd)
         if code != 0 or "--help" in argv[:1] or "-h" in argv[:1]:
             return code  # mlx.launch itself refused (a bad option), or its help
         status = launch_status(Path(folder), expected_ranks(argv))
