@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "chat",
     "generate",
     "serve",
+    "launch",
     "index",
     "repack",
     "demo_model",
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that run the engine; the chat app starts without MLX and says so itself.
+NEEDS_MLX = {"generate", "serve", "bench", "eval"}
+
+
 def main(argv: list[str] | None = None) -> int:
     from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
 
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "command", None) in NEEDS_MLX:
+            import mlx.core  # noqa: F401 - first: no work before the one line saying it is missing
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -74,6 +74,8 @@ class BenchOptions:
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
     quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
     quality_tokens: int = 512
+    batch: list[int] = field(default_factory=list)  # also B sequences together (bench/batch.py)
+    batch_check: bool = False  # with batch: run each row alone again and compare tokens
 
     def __post_init__(self) -> None:
         # Programmatic callers get the checks the CLI's argument types make.
@@ -656,6 +658,9 @@ def run_bench(
                     configs.append(r)
                     _derive(result, {}, index)
                     on_partial(result)
+                    if not pf and opts.batch:
+                        _run_batches(opts, k, budget, prompt, result, prepare, log)
+                        on_partial(result)
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
@@ -694,6 +699,28 @@ def run_bench(
         _derive(result, base["by_k"], index)
     result["complete"] = True
     return result
+
+
+def _run_batches(opts, k, budget, prompt, result, prepare, log) -> None:
+    """`--batch`: each B on a fresh engine for this (K, budget); `result["batch"]`."""
+    from ssdmoe_tui.bench.batch import derive, run_batch_config
+
+    if opts.distributed is not None:
+        raise BadValueError("--batch is not supported with --distributed")
+    out = result.setdefault("batch", [])
+    for b in opts.batch:
+        state = prepare()
+        log(f"config K={k} expert cache {budget} batch {b} [{state}]")
+        runner = _open(opts, budget, k, False, log)
+        try:
+            r = run_batch_config(
+                runner, opts.decode_tokens, budget, prompt, b, log, check_alone=opts.batch_check
+            )
+        finally:
+            _close(runner)
+        r["page_cache"] = state
+        out.append(r)
+        derive(out)
 
 
 def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> None:

@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ssdmoe_tui.units import human_bytes
+
 Log = Callable[[str], None]
 
 QUICK_CONFIG: dict = {
@@ -259,13 +261,15 @@ def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: 
 def run_quick(
     path: Path | None = None,
     *,
+    small_cache: int | None = None,
     rounds: int = 9,
     prompt_tokens: int = 16,
     decode_tokens: int = 16,
     dtype: str | None = None,
     log: Log = lambda _: None,
 ) -> dict:
-    """Alternating rounds (>= 3) of resident, small-cache and every-expert runs; medians."""
+    """Alternating rounds (>= 3) of resident, small-cache and every-expert runs; medians.
+    `small_cache`: bytes of the small cache (default SMALL_CACHE)."""
     import gc
 
     import mlx.core as mx
@@ -280,9 +284,10 @@ def run_quick(
     t_start = time.perf_counter()
     path = Path(path) if path is not None else quick_model(log)
     act = parse_dtype(dtype)
-    log(f"loading {path}: resident mlx-lm, streamed {SMALL_CACHE}, streamed every expert")
+    small_label = SMALL_CACHE if small_cache is None else human_bytes(small_cache)
+    log(f"loading {path}: resident mlx-lm, streamed {small_label}, streamed every expert")
     resident = _Resident(path, act)
-    small = _Streamed("small", path, SMALL_CACHE, dtype)
+    small = _Streamed("small", path, SMALL_CACHE if small_cache is None else small_cache, dtype)
     every = _Streamed("every", path, ALL_CACHE, dtype)
     engines = [resident, small, every]
     try:
@@ -300,7 +305,7 @@ def run_quick(
             res = got["resident"]
             log(
                 f"  round {r + 1}/{rounds}: decode resident {res['decode_tok_s']:.1f}, "
-                f"{SMALL_CACHE} {got['small']['decode_tok_s']:.1f}, every expert "
+                f"{small_label} {got['small']['decode_tok_s']:.1f}, every expert "
                 f"{got['every']['decode_tok_s']:.1f} tok/s"
             )
         costs = layer_costs(resident, small, every)
@@ -318,7 +323,7 @@ def run_quick(
             res_ms = 1e3 / statistics.median(x["resident"]["decode_tok_s"] for x in rows)
             ms = 1e3 / med["decode_tok_s"]
             out_configs[e.name] = {
-                "expert_cache": SMALL_CACHE if e is small else "all",
+                "expert_cache": small_label if e is small else "all",
                 "expert_cache_slots": e.sm.cache.capacity,
                 "share_of_experts": round(
                     e.sm.cache.capacity / (e.sm.index.num_experts * e.sm.index.num_layers), 4

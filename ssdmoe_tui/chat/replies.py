@@ -66,3 +66,4 @@ class ShownTurn:
     content: str
     reply: ReplyStats | None = None  # assistant turns
     stopped: bool = False
+    finish: str = ""  # "stop", "length" (shown "[hit max tokens]"), "cancelled"

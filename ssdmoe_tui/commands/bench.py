@@ -23,12 +23,17 @@ from ssdmoe_tui.commands.common import (
     arg_type,
     distributed_run,
     engine_options,
+    list_type,
 )
 from ssdmoe_tui.options import parse_positive
 
 
 def _count(what: str):
     return arg_type(parse_positive, what)
+
+
+def _batch_size(text: str) -> int:
+    return parse_positive(text, "--batch")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -115,6 +120,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quality-tokens", type=_count("--quality-tokens"), default=512,
         help="with --quality: the text's first N tokens",
     )  # fmt: skip
+    p.add_argument(
+        "--batch", type=list_type(_batch_size, "--batch"), default=[], metavar="B[,B...]",
+        help="also decode B sequences together (different prompts; trace-driven: each at "
+        "another offset of the trace): aggregate and per-stream tok/s, MiB/token per sequence",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-check", action="store_true",
+        help="with --batch: run every row alone afterwards and count tokens that differ",
+    )  # fmt: skip
     add_distributed_argument(p)
     p.set_defaults(func=distributed_run(_run))
 
@@ -153,6 +167,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         distributed=dist,
         quality_text=Path(args.quality) if args.quality else None,
         quality_tokens=args.quality_tokens,
+        batch=args.batch,
+        batch_check=args.batch_check,
     )
     quiet = not opts.root  # only rank 0 reports
 
@@ -171,6 +187,11 @@ def _run(args: argparse.Namespace, dist) -> int:
     if args.json_out:
         log(f"JSON written to {args.json_out}")
     print(summary(result, markdown=args.markdown, wide=args.wide))
+    if result.get("batch"):
+        from ssdmoe_tui.bench.batch import table
+
+        print("\nbatched decode (B sequences together; steady state: every step decodes B rows)")
+        print(table(result["batch"]))
     if args.plot:
         log(write_plot(result, Path(args.plot)))
     return 0
@@ -185,8 +206,10 @@ def _run_quick(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     path = resolve_model_path(args.model) if args.model else None
+    small = next((b for b in args.expert_cache if not b.auto), None)  # the small cache
     result = run_quick(
         path,
+        small_cache=small.bytes if small is not None else None,
         rounds=args.rounds,
         prompt_tokens=args.prompt_tokens or 16,
         decode_tokens=args.decode_tokens or 16,

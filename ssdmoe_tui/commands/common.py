@@ -258,20 +258,6 @@ def add_distributed_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def check_distributed_args(args: argparse.Namespace) -> None:
-    """Options that do not combine with --distributed, as one line before anything starts."""
-    from ssdmoe_tui.errors import BadValueError
-
-    for name, flag in (
-        ("prefetch", "--prefetch"),
-        ("trace", "--trace"),
-        ("routing_trace", "--routing-trace"),
-    ):
-        value = getattr(args, name, None)
-        if value not in (None, False, "off"):
-            raise BadValueError(f"{flag} does not combine with --distributed")
-
-
 def distributed_run(body: Callable[[argparse.Namespace, object], int]):
     """A command's `run(args)`: `body(args, None)`, or with `--distributed` this rank's
     `engine.distributed` handle, inside its guard (errors end the whole launch)."""
@@ -281,10 +267,10 @@ def distributed_run(body: Callable[[argparse.Namespace, object], int]):
             return body(args, None)
         from ssdmoe_tui.engine.distributed.group import start
 
-        check_distributed_args(args)
         dist = start()
         with dist.guard():
-            return body(args, dist)
+            dist.exit_code = int(body(args, dist) or 0)
+        return dist.exit_code
 
     return run
 

@@ -60,6 +60,43 @@ class Job:
             self._client._cancel(self)
 
 
+class Ticket:
+    """A request's place in the queue for the engine. After `wait` returns the caller
+    holds the engine (and gives it back by submitting or `release_unused`); before that,
+    `abandon` gives the place (or a slot handed over meanwhile) back. Both are safe to
+    call in any order, as often as a cleanup path likes."""
+
+    def __init__(self, client: EngineClient, fut: asyncio.Future) -> None:
+        self._client = client
+        self._fut = fut
+        self.taken = False  # wait() returned: the caller holds the engine
+
+    @property
+    def ahead(self) -> int:
+        """Requests ahead of this one (0 once it holds the engine)."""
+        waiters = self._client._waiters
+        return waiters.index(self._fut) + 1 if self._fut in waiters else 0
+
+    async def wait(self) -> None:
+        try:
+            await asyncio.shield(self._fut)
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
+        self.taken = True
+
+    def abandon(self) -> None:
+        if self.taken:
+            return
+        self.taken = True  # nothing more to give back
+        waiters = self._client._waiters
+        if self._fut in waiters:
+            waiters.remove(self._fut)
+            self._fut.cancel()
+        elif self._fut.done() and not self._fut.cancelled():
+            self._client._release()  # the slot was ours (free, or handed over meanwhile)
+
+
 class EngineClient:
     def __init__(self, make_service: MakeService, *, max_queue: int = 8) -> None:
         self._make_service = make_service
@@ -151,28 +188,28 @@ class EngineClient:
     def busy(self) -> bool:
         return self._busy
 
-    async def acquire(self) -> None:
-        """Wait for the engine (FIFO); a full queue is a 429."""
+    def reserve(self) -> Ticket:
+        """A place in the FIFO for the engine, taken now (a full queue is a 429 now, while
+        the request can still get a status); `Ticket.wait` waits for the turn."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         if not self._busy and not self._waiters:
             self._busy = True
-            return
-        if len(self._waiters) >= self.max_queue:
+            fut.set_result(None)
+        elif len(self._waiters) >= self.max_queue:
             raise ApiError(
                 429,
                 f"the engine is busy and {len(self._waiters)} request(s) are waiting; retry later",
                 code="queue_full",
                 headers={"Retry-After": "2"},
             )
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
-            elif fut.done() and not fut.cancelled():
-                self._release()  # the slot was handed to us as we went away
-            raise
+        else:
+            self._waiters.append(fut)
+        return Ticket(self, fut)
+
+    async def acquire(self) -> None:
+        """Wait for the engine (FIFO); a full queue is a 429."""
+        await self.reserve().wait()
 
     def _release(self) -> None:
         while self._waiters:

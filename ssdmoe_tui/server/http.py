@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -22,30 +22,79 @@ class Disconnected(Exception):
 
 class SSEResponse(StreamingResponse):
     """A streaming response that always watches for the client going away (also while
-    nothing is sent, e.g. during a long prefill), cancelling the body iterator then."""
+    nothing is sent, e.g. during a long prefill), cancelling the body iterator then;
+    `on_close` runs however the response ends."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None] | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
         import anyio
 
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:
-                    pass
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
                 tg.cancel_scope.cancel()
+        finally:
+            if self.on_close is not None:
+                self.on_close()
 
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
+
+async def keepalive(
+    stream: AsyncIterator[str], progress: Callable[[], str], every: float
+) -> AsyncIterator[str]:
+    """`stream`'s events, with an SSE comment (`: <progress>`) whenever it has been
+    silent for `every` seconds: proxies (nginx's 60 s) and Node's fetch (undici's 300 s
+    body timeout) drop a silent stream, and a queued request or a long prefill is one.
+    Clients' SSE parsers skip comment lines."""
+    it = stream.__aiter__()
+    nxt: asyncio.Future | None = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({nxt}, timeout=every)
+            if not done:
+                yield f": {progress()}\n\n"
+                continue
+            fut, nxt = nxt, None
+            try:
+                item = fut.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if nxt is not None:
+            nxt.cancel()  # the stream's own cleanup (stop the generation) runs in that task
+        else:
+            asyncio.ensure_future(it.aclose())  # type: ignore[attr-defined]
 
 
-def sse(stream, headers: dict[str, str] | None = None) -> SSEResponse:  # noqa: ANN001
+def sse(
+    stream: AsyncIterator[str],
+    headers: dict[str, str] | None = None,
+    *,
+    progress: Callable[[], str] | None = None,
+    every: float = 1.0,
+    on_close: Callable[[], None] | None = None,
+) -> SSEResponse:
+    if progress is not None:
+        stream = keepalive(stream, progress, every)
     return SSEResponse(
         stream,
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", **(headers or {})},
+        on_close=on_close,
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
+from ssdmoe_tui.server import defaults as D
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
@@ -62,16 +63,20 @@ def load_command(options: EngineOptions) -> P.LoadModel:
 class ServeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     api_key: str | None = None
-    max_queue: int = 8
-    max_body_bytes: int = 32 << 20
-    max_tokens: int = 4096
-    temperature: float = 0.0
+    max_queue: int = D.MAX_QUEUE
+    max_body_bytes: int = D.MAX_BODY_BYTES
+    max_tokens: int = D.MAX_TOKENS
+    temperature: float = D.TEMPERATURE
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     make_service: MakeService | None = None  # None: an EngineService in this process
+    # serve --distributed: rank 0's engine.distributed handle; the KV checkpoints are then
+    # kept in step on every rank (replicated_kv.py)
+    distributed: object = None
     log_level: str = "warning"
     allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+    allowed_origins: tuple[str, ...] = ()  # web origins allowed by CORS ("*": any); none: off
 
 
 def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
@@ -107,6 +112,10 @@ class Server:
             # The folder depends on the model's fingerprint, known once it is loaded:
             # the hooks look it up lazily through `self.kv`.
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
+            if opts.distributed is not None:
+                from ssdmoe_tui.server.replicated_kv import ReplicatedKV
+
+                hooks = ReplicatedKV.root(opts.distributed, lambda info: self.kv).hooks()
         info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
         self.model_id = info.name
         folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
@@ -126,6 +135,7 @@ class Server:
                 max_tokens=opts.max_tokens,
                 temperature=opts.temperature,
                 system_checkpoints=opts.system_checkpoints,
+                allowed_origins=tuple(opts.allowed_origins),
             ),
             kv,
         )

@@ -83,6 +83,7 @@ class _StopCutter:
         self.stops = [s for s in stops if s]
         self.buf = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the reply
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -90,9 +91,10 @@ class _StopCutter:
         if not self.stops:
             return text
         self.buf += text
-        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.buf.find(s)) >= 0]
         if hits:
-            out, self.buf, self.stopped = self.buf[: min(hits)], "", True
+            at, self.matched = min(hits)
+            out, self.buf, self.stopped = self.buf[:at], "", True
             return out
         keep = _held(self.buf, self.stops)
         out = self.buf[: len(self.buf) - keep]
@@ -123,6 +125,11 @@ class OutputFilter:
     def stopped(self) -> bool:
         """A stop string was generated: the caller stops the engine."""
         return self._stop.stopped
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """Which stop string ended the reply (None: none did)."""
+        return self._stop.matched
 
     def feed(self, text: str) -> list[Piece]:
         return self._pieces(self._stop.feed(text), final=False)

@@ -34,6 +34,7 @@ from ssdmoe_tui.engine.run.kv_pool import common_prefix
 from ssdmoe_tui.server.prompts import is_chain
 from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
 from ssdmoe_tui.sessions.checkpoints import (
+    CacheShape,
     CheckpointInvalid,
     NoCheckpoint,
     check_checkpoint,
@@ -102,11 +103,27 @@ class ServerKV(CheckpointHooks):
         os.utime(folder)
         self._prune(keep=folder)
 
+    def chain_of(self, tokens: Sequence[int]) -> str | None:
+        """The chain a save of `tokens` goes to (None: not a prompt registered here)."""
+        return self._chain_of(tokens)
+
+    def save_to_chain(self, chain: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+        """Save into `chain` (rank 0 of `serve --distributed` decided which)."""
+        self.register(tokens, chain)  # raises on a bad chain id
+        self.save(SESSION_KEY, tokens, cache, info)
+
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
         """The checkpoint that serves the longest prefix of `tokens`: one covering an exact
         prefix, or (attention-only models) one whose tokens share a longer prefix with
         them, trimmed to it. A checkpoint's tokens are known from its conversation's
         history record (`tokens_of`); the header's token hash confirms them."""
+        choice = self.choose(tokens, info)
+        if choice is None:
+            return None
+        return self.load_chosen(*choice, info)
+
+    def choose(self, tokens: Sequence[int], info: Any) -> tuple[str, tuple[int, ...], int] | None:
+        """Which checkpoint `load` reads: (chain, the tokens it covers, tokens to reuse)."""
         limit = len(tokens) - 1  # at least one token is always fed
         exact: tuple[Path, int] | None = None
         trim: tuple[Path, tuple[int, ...], int] | None = None  # folder, its tokens, reuse
@@ -139,12 +156,23 @@ class ServerKV(CheckpointHooks):
             folder, covered, reuse = exact[0], tuple(tokens[: exact[1]]), exact[1]
         else:
             return None
+        return folder.name, covered, reuse
+
+    def load_chosen(
+        self, chain: str, covered: Sequence[int], reuse: int, info: Any
+    ) -> tuple[list, int] | None:
+        """Read `chain`'s checkpoint of `covered` and trim it to `reuse` tokens."""
+        if not is_chain(chain):
+            raise ValueError(f"bad chain id {chain!r}")
+        folder = self.chains / chain
+        covered = tuple(covered)
         try:
             cache, got = load_checkpoint(
                 folder,
                 covered,
                 info.fingerprint,
                 on_skip=lambda r: self._tell(f"checkpoint ignored: {r}"),
+                shape=CacheShape.of_info(info),
             )
         except NoCheckpoint:
             return None

@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI API, parsed and validated once into typed dataclasses.
 
 Everything the engine cannot honour is refused with a 400 naming the field (`n > 1`,
-`logprobs`, a `response_format` other than text, penalties, `logit_bias`, ...), never
-silently ignored. Fields that do not change the output (`user`, `metadata`, `store`,
+`logprobs`, a `response_format` other than text, `logit_bias`, ...), never silently
+ignored; the samplers and penalties (`top_k`, `min_p`, `repetition_penalty`,
+`presence_penalty`, `frequency_penalty`) are honoured. Fields that do not change the output (`user`, `metadata`, `store`,
 `parallel_tool_calls`, ...) are accepted and ignored.
 """
 
@@ -84,6 +85,11 @@ class Sampling:
     top_p: float | None
     seed: int | None
     stop: tuple[str, ...]
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float | None = None  # None: off
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -188,9 +194,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
         raise bad_request("'logprobs' is not supported", "logprobs")
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("'top_logprobs' is not supported", "top_logprobs")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise bad_request(f"'{name}' is not supported", name)
     if body.get("logit_bias") not in (None, {}):
         raise bad_request("'logit_bias' is not supported", "logit_bias")
     fmt = body.get("response_format")
@@ -279,7 +282,26 @@ def _sampling(body: dict, *, chat: bool) -> Sampling:
         top_p=_float(body, "top_p", 0.0, 1.0),
         seed=_seed(body),
         stop=_stop(body),
+        **sampling_extras(body),
     )
+
+
+def sampling_extras(body: dict) -> dict:
+    """The samplers and penalties beyond OpenAI's own fields, as vLLM, llama.cpp's server
+    and mlx_lm.server take them (Open WebUI, LiteLLM and Continue send them): top_k
+    (-1 or 0: off), min_p, repetition_penalty, presence/frequency_penalty (mlx-lm's
+    processors, over the last 20 tokens)."""
+    top_k = _int(body, "top_k", -1)
+    rep = _float(body, "repetition_penalty", 0.0, 10.0)
+    if rep is not None and rep <= 0:
+        raise bad_request("'repetition_penalty' must be > 0 (1: off)", "repetition_penalty")
+    return {
+        "top_k": max(top_k or 0, 0),
+        "min_p": _float(body, "min_p", 0.0, 1.0) or 0.0,
+        "repetition_penalty": None if rep in (None, 1.0) else rep,
+        "presence_penalty": _float(body, "presence_penalty", -2.0, 2.0) or None,
+        "frequency_penalty": _float(body, "frequency_penalty", -2.0, 2.0) or None,
+    }
 
 
 def _stream(body: dict) -> tuple[bool, bool]:

@@ -29,6 +29,7 @@ from ssdmoe_tui.server.schema import (
     _seed,
     _template_kwargs,
     check_nesting,
+    sampling_extras,
     split_model,
 )
 
@@ -213,6 +214,7 @@ def parse_responses(body: Any, served_model: str) -> ResponsesRequest:
             top_p=_float(body, "top_p", 0.0, 1.0),
             seed=_seed(body),
             stop=(),
+            **sampling_extras(body),
         ),
         stream=_bool(body, "stream"),
         tools=tools,

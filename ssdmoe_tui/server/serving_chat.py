@@ -4,7 +4,7 @@ tokens are recorded for the next turn's prompt."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -39,15 +39,19 @@ def record_reply(
     try:
         state.builder.record(req, prompt, done.token_ids, reply)
     except Exception as e:  # noqa: BLE001 - a lost record only costs cache hits
-        state.engine.on_notice(f"prompt history not recorded: {type(e).__name__}: {e}")
+        from ssdmoe_tui.errors import user_message
+
+        state.engine.on_notice(f"prompt history not recorded: {user_message(e)}")
     return reply
 
 
 class ServingChat(OpenAIServing):
     async def create(self, request: Request) -> Response:
-        req, prompt, k, job = await self.begin(
-            request, parse_chat, self.state.builder.chat, "chatcmpl"
-        )
+        p = await self.prepare(request, parse_chat, self.state.builder.chat, "chatcmpl")
+        req, prompt = p.req, p.prompt
+        if req.stream:
+            return self.sse(p, self.chat_stream(req, prompt, lambda: self.run(p), p.rid))
+        job = await self.start(request, p)
         filt = OutputFilter(req.sampling.stop, self.state.tool_format, req.tools)
 
         def message() -> dict:
@@ -61,25 +65,18 @@ class ServingChat(OpenAIServing):
             return {"message": msg}
 
         return await self.reply(
-            request,
-            job,
-            filt,
-            k,
-            model=req.model,
-            obj="chat.completion",
-            stream=self.chat_stream(req, prompt, job, filt) if req.stream else None,
-            body=message,
-            on_done=lambda done: self.record(req, prompt, done, filt),
-        )
-
-    def record(
-        self, req: ChatRequest, prompt: Prompt, done: P.GenerationDone, filt: OutputFilter
-    ) -> None:
-        record_reply(self.state, req, prompt, done, filt)
+            job, filt, request, model=req.model, obj="chat.completion", body=message,
+            on_done=lambda done: record_reply(self.state, req, prompt, done, filt),
+        )  # fmt: skip
 
     def chat_stream(
-        self, req: ChatRequest, prompt: Prompt, job: Job, filt: OutputFilter
+        self,
+        req: ChatRequest,
+        prompt: Prompt,
+        acquire: Callable[[], Awaitable[Job]],
+        rid: str,
     ) -> AsyncIterator[str]:
+        filt = OutputFilter(req.sampling.stop, self.state.tool_format, req.tools)
         n_calls = [0]
 
         def bodies(pieces: list[Piece]) -> list[dict]:
@@ -93,13 +90,14 @@ class ServingChat(OpenAIServing):
             return out
 
         return self.stream(
-            job,
+            acquire,
             filt,
+            rid=rid,
             model=req.model,
             obj="chat.completion.chunk",
             include_usage=req.include_usage,
             bodies=bodies,
             first={"delta": {"role": "assistant", "content": ""}},
             last={"delta": {}},
-            on_done=lambda done: self.record(req, prompt, done, filt),
+            on_done=lambda done: record_reply(self.state, req, prompt, done, filt),
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,29 +15,27 @@ from ssdmoe_tui.server.serving_openai import OpenAIServing
 
 class ServingCompletion(OpenAIServing):
     async def create(self, request: Request) -> Response:
-        req, _, k, job = await self.begin(
-            request, parse_completion, self.state.builder.completion, "cmpl"
-        )
-        filt = OutputFilter(req.sampling.stop)
-        return await self.reply(
-            request,
-            job,
-            filt,
-            k,
-            model=req.model,
-            obj="text_completion",
-            stream=self._stream(req, job, filt) if req.stream else None,
-            body=lambda: {"text": "".join(filt.content)},
-        )
+        p = await self.prepare(request, parse_completion, self.state.builder.completion, "cmpl")
+        if p.req.stream:
+            return self.sse(p, self._stream(p.req, lambda: self.run(p), p.rid))
+        job = await self.start(request, p)
+        filt = OutputFilter(p.req.sampling.stop)
+        return await self.reply(job, filt, request, model=p.req.model, obj="text_completion",
+                                body=lambda: {"text": "".join(filt.content)})  # fmt: skip
 
-    def _stream(self, req: CompletionRequest, job: Job, filt: OutputFilter) -> AsyncIterator[str]:
+    def _stream(
+        self, req: CompletionRequest, acquire: Callable[[], Awaitable[Job]], rid: str
+    ) -> AsyncIterator[str]:
+        filt = OutputFilter(req.sampling.stop)
+
         def bodies(pieces: list[Piece]) -> list[dict]:
             text = "".join(p.text for p in pieces if isinstance(p, Content))
             return [{"text": text}] if text else []
 
         return self.stream(
-            job,
+            acquire,
             filt,
+            rid=rid,
             model=req.model,
             obj="text_completion",
             include_usage=req.include_usage,

@@ -18,14 +18,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.options import check_k
-from ssdmoe_tui.server.engine_client import EngineClient, Job, new_request_id
+from ssdmoe_tui.server.engine_client import EngineClient, Job, Ticket, new_request_id
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.hosts import HostPolicy
-from ssdmoe_tui.server.http import read_json, until_disconnect
+from ssdmoe_tui.server.http import read_json, sse, until_disconnect
 from ssdmoe_tui.server.output import OutputFilter, Piece, ToolFormat, tool_format_for
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
@@ -44,6 +45,8 @@ class ApiSettings:
     temperature: float = 0.0  # default when a request gives none
     system_checkpoints: bool = True  # see Serving._prefix_step
     hosts: HostPolicy = field(default_factory=HostPolicy)  # the Host check (hosts.py)
+    keepalive_s: float = 1.0  # a streaming reply is never silent longer (SSE comments)
+    allowed_origins: tuple[str, ...] = ()  # CORS (routes.middleware); none: no CORS headers
 
 
 def _log(line: str) -> None:
@@ -66,6 +69,35 @@ class ServerState:
     def __post_init__(self) -> None:
         if self.tool_format is None:
             self.tool_format = tool_format_for(self.engine.tokenizer)
+
+
+@dataclass
+class Pending:
+    """A validated request with its prompt and its place in the queue, not yet running."""
+
+    req: Any
+    prompt: Prompt
+    k: int
+    max_tokens: int
+    rid: str
+    ticket: Ticket
+    job: Job | None = None
+
+    def close(self) -> None:
+        """However a streaming reply ends: give back the place in the queue, or stop the
+        generation (both harmless when already done)."""
+        self.ticket.abandon()
+        if self.job is not None:
+            self.job.cancel()
+
+    def progress(self, engine: EngineClient) -> str:
+        """What a keepalive comment says: the place in the queue, or the engine's phase."""
+        if not self.ticket.taken:
+            return f"queued, {self.ticket.ahead} ahead"
+        ph = engine.phase
+        if ph.phase == "prefill" and ph.total:
+            return f"prefill {ph.done}/{ph.total}"
+        return ph.phase
 
 
 class Serving:
@@ -104,56 +136,76 @@ class Serving:
                 "messages",
                 "context_length_exceeded",
             )
-        room = ctx - n if ctx else None
         want = sampling.max_tokens
         if want is None:
-            want = self.settings.max_tokens if room is None else min(self.settings.max_tokens, room)
-        elif room is not None and want > room:
-            raise bad_request(
-                f"max_tokens {want} + prompt {n} tokens is over the model's context of {ctx}",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        return want
+            want = self.settings.max_tokens
+        # Past the context: the room left, ending with `length` (llama.cpp's server does
+        # the same). Agents ask for far more than they expect (opencode sends 32000 on
+        # every request), and refusing would end their conversations once they grow.
+        return min(want, ctx - n) if ctx else want
 
-    async def begin(
+    async def prepare(
         self, request: Request, parse: Callable, build: Callable, kind: str
-    ) -> tuple[Any, Prompt, int | None, Job]:
-        """Body -> validated request -> prompt (off the loop) -> a job holding the engine."""
+    ) -> Pending:
+        """Body -> validated request -> prompt (off the loop) -> a place in the queue. Every
+        refusal (4xx, a full queue's 429) happens here, while a status can still be sent."""
         req = parse(await self.body(request), self.settings.model_id)
         k = self.check_k(req.k)
         prompt = await asyncio.to_thread(build, req)
-        job = await self.start(request, prompt, req.sampling, k, new_request_id(kind))
-        return req, prompt, k, job
-
-    async def start(
-        self, request: Request, prompt: Prompt, sampling: Sampling, k: int | None, rid: str
-    ) -> Job:
-        max_tokens = self.max_tokens(prompt, sampling)
+        max_tokens = self.max_tokens(prompt, req.sampling)
+        ticket = self.engine.reserve()
         k = k if k is not None else self.engine.default_k
-        await until_disconnect(request, self.engine.acquire())
+        return Pending(req, prompt, k, max_tokens, new_request_id(kind), ticket)
+
+    async def start(self, request: Request, p: Pending) -> Job:
+        """Wait for the engine and start `p` (a JSON reply's path: a disconnect cancels)."""
+        try:
+            return await until_disconnect(request, self.run(p))
+        finally:
+            p.ticket.abandon()  # a no-op once the job holds the engine
+
+    def sse(self, p: Pending, stream: AsyncIterator[str]) -> Response:
+        """A streaming reply: SSE comments with progress while queued and in prefill."""
+        return sse(
+            stream,
+            {K_HEADER: str(p.k)},
+            progress=lambda: p.progress(self.engine),
+            every=self.settings.keepalive_s,
+            on_close=p.close,
+        )
+
+    async def run(self, p: Pending) -> Job:
+        """Wait for the engine, run the system part's step if it needs one, submit."""
+        await p.ticket.wait()
+        prompt, sampling, k, rid = p.prompt, p.req.sampling, p.k, p.rid
         step = None
         kv = self.state.kv
         try:
             if self._needs_prefix_checkpoint(prompt):
                 step = self._prefix_step(prompt, k, rid)
-                await until_disconnect(request, step.done.wait())
+                await step.done.wait()
             if kv is not None:
                 kv.register(prompt.tokens, prompt.chain)
             temp = sampling.temperature
             cmd = P.Generate(
                 request_id=rid,
                 prompt_tokens=tuple(prompt.tokens),
-                max_tokens=max_tokens,
+                max_tokens=p.max_tokens,
                 temp=self.settings.temperature if temp is None else temp,
                 top_p=sampling.top_p if sampling.top_p is not None else 0.0,
                 seed=sampling.seed,
                 session_id=SESSION_KEY,
                 k=k,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
             )
             job = self.engine.submit(cmd)
             if step is not None and step.result is not None:
                 job.cached_before = step.result.stats.get("reused_prompt_tokens", 0)
+            p.job = job
             return job
         except BaseException:
             if step is not None and not step.done.is_set():

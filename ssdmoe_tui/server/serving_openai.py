@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -15,7 +15,6 @@ from starlette.responses import JSONResponse, Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
-from ssdmoe_tui.server.http import sse
 from ssdmoe_tui.server.output import OutputFilter, Piece
 from ssdmoe_tui.server.serving_engine import STATS_HEADER, Serving
 
@@ -38,20 +37,16 @@ def data(payload: dict) -> str:
 class OpenAIServing(Serving):
     async def reply(
         self,
-        request: Request,
         job: Job,
         filt: OutputFilter,
-        k: int | None,
+        request: Request,
         *,
         model: str,
         obj: str,
-        stream: AsyncIterator[str] | None,
         body: Callable[[], dict],
         on_done: Callable[[P.GenerationDone], None] | None = None,
     ) -> Response:
-        """The SSE response (`stream`), or wait for the whole reply and send it as JSON."""
-        if stream is not None:
-            return sse(stream, self.k_header(k))
+        """Wait for the whole reply and send it as JSON."""
         done = await self.drain(request, job, filt)
         if on_done is not None:
             on_done(done)
@@ -65,9 +60,10 @@ class OpenAIServing(Serving):
 
     async def stream(
         self,
-        job: Job,
+        acquire: Callable[[], Awaitable[Job]],
         filt: OutputFilter,
         *,
+        rid: str,
         model: str,
         obj: str,
         include_usage: bool,
@@ -76,18 +72,21 @@ class OpenAIServing(Serving):
         first: dict | None = None,
         on_done: Callable[[P.GenerationDone], None] | None = None,
     ) -> AsyncIterator[str]:
-        """SSE events: `first`, one chunk per body of each batch of pieces, the final
-        chunk (`last`, finish_reason and the `ssdmoe` field), the usage chunk, [DONE]."""
-        base = {"id": job.request_id, "object": obj, "created": int(time.time()), "model": model}
+        """SSE events: `first` (before the engine is free), one chunk per body of each
+        batch of pieces, the final chunk (`last`, finish_reason and the `ssdmoe` field),
+        the usage chunk, [DONE]."""
+        base = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
 
         def chunk(body: dict, finish: str | None = None, **extra: Any) -> str:
             choice = {"index": 0, **body, "logprobs": None, "finish_reason": finish}
             return data({**base, "choices": [choice], **extra})
 
+        job: Job | None = None
         try:
             if first is not None:
                 yield chunk(first)
             try:
+                job = await acquire()
                 async for pieces in self.pieces(job, filt):
                     for body in bodies(pieces):
                         yield chunk(body)
@@ -103,4 +102,5 @@ class OpenAIServing(Serving):
                 yield data({**base, "choices": [], "usage": usage(done)})
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()
+            if job is not None:
+                job.cancel()

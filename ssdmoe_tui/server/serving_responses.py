@@ -15,7 +15,7 @@ import json
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -24,7 +24,6 @@ from starlette.responses import JSONResponse, Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError, bad_request
-from ssdmoe_tui.server.http import sse
 from ssdmoe_tui.server.output import Call, Content, OutputFilter
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall
@@ -139,11 +138,12 @@ class ServingResponses(Serving):
             run.append(_Run(req, chat, history))
             return chat
 
-        chat, prompt, k, job = await self.begin(request, parse, self.state.builder.chat, "resp")
-        r = run[0]
+        p = await self.prepare(request, parse, self.state.builder.chat, "resp")
+        chat, prompt, r = p.req, p.prompt, run[0]
         filt = OutputFilter((), self.state.tool_format, chat.tools)
         if chat.stream:
-            return sse(self._events(r, prompt, job, filt), self.k_header(k))
+            return self.sse(p, self._events(r, prompt, lambda: self.run(p), filt))
+        job = await self.start(request, p)
         done = await self.drain(request, job, filt)
         text = "".join(filt.content)
         if text or not filt.calls:
@@ -167,7 +167,7 @@ class ServingResponses(Serving):
         return self.ext(done)
 
     async def _events(
-        self, r: _Run, prompt: Prompt, job: Job, filt: OutputFilter
+        self, r: _Run, prompt: Prompt, acquire: Callable[[], Awaitable[Job]], filt: OutputFilter
     ) -> AsyncIterator[str]:
         seq = [0]
 
@@ -199,10 +199,12 @@ class ServingResponses(Serving):
             msg = None
             return out
 
+        job: Job | None = None
         try:
             yield event("response.created", response=r.response("in_progress"))
-            yield event("response.in_progress", response=r.response("in_progress"))
             try:
+                job = await acquire()
+                yield event("response.in_progress", response=r.response("in_progress"))
                 async for pieces in self.pieces(job, filt):
                     for p in pieces:
                         if isinstance(p, Content):
@@ -256,4 +258,5 @@ class ServingResponses(Serving):
             kind = "response.completed" if status == "completed" else "response.incomplete"
             yield event(kind, response=r.response(status, done, ssdmoe=ext))
         finally:
-            job.cancel()
+            if job is not None:
+                job.cancel()

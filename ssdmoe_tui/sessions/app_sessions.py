@@ -18,6 +18,7 @@ from ssdmoe_tui.engine.run.protocol import GenerationDone
 from ssdmoe_tui.prompting.chat_format import ChatFormatError
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
+    FINISH_REASONS,
     Conversation,
     SessionNotFound,
     SessionStore,
@@ -165,6 +166,8 @@ class AppSessions:
                     k_max=k_max,
                     model=model,
                     decode_tok_s=stats.decode_tok_s,
+                    finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
+                    kv_hit_rate=stats.kv_hit_rate,
                 )
             )
         self.store.save(conv)
@@ -192,5 +195,8 @@ def shown(turn: Turn) -> ShownTurn:
         return ShownTurn(turn.role, turn.text)
     k_min = turn.k_min if turn.k_min is not None else turn.k
     k_max = turn.k_max if turn.k_max is not None else turn.k
-    stats = ReplyStats(turn.model, len(turn.token_ids), turn.decode_tok_s, k_min, k_max)
-    return ShownTurn(turn.role, turn.text, stats, turn.stopped)
+    stats = ReplyStats(
+        turn.model, len(turn.token_ids), turn.decode_tok_s, k_min, k_max, turn.kv_hit_rate
+    )
+    finish = turn.finish or ("cancelled" if turn.stopped else "stop")
+    return ShownTurn(turn.role, turn.text, stats, turn.stopped, finish)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from textual import on
@@ -27,9 +30,12 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer
 
+from ssdmoe_tui import paths
+from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
 from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
+from ssdmoe_tui.engine.run.protocol import EngineError
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import conversations, gen_settings, model
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
@@ -68,6 +74,26 @@ def default_engine(post: Callable[[object], None]) -> Engine:
     from ssdmoe_tui.engine.run.service import EngineService
 
     return EngineService(post=post)  # no persistence: `commands/chat.py` injects it
+
+
+def screenshots_dir() -> Path:
+    return paths.data_dir() / "screenshots"
+
+
+def save_svg(folder: Path, svg: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / time.strftime("ssdmoe-%Y%m%d-%H%M%S.svg")
+    atomic_write_text(path, svg)
+    return path
+
+
+def in_app_words(error: EngineError) -> EngineError:
+    """The engine's errors name command-line flags (`--model X: no such file or folder`);
+    in the app the model was typed in a dialog, so the flag goes."""
+    text = error.message
+    if text.startswith("--model "):
+        text = "model " + text[len("--model ") :]
+    return replace(error, message=text) if text != error.message else error
 
 
 def while_mounted(handler: Callable) -> Callable:
@@ -168,7 +194,8 @@ class SsdmoeApp(App[int]):
 
     async def on_mount(self) -> None:
         self.themes.apply(self.settings.theme)
-        apply_keymap(self, self.settings.keymap)
+        cfg = self.settings.config
+        apply_keymap(self, self.settings.keymap, str(cfg.path) if cfg else "config.toml")
         for warning in (*self.settings.warnings, *self._theme_warnings):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane
@@ -196,8 +223,29 @@ class SsdmoeApp(App[int]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for command in super().get_system_commands(screen):
-            if command.title != "Keys":  # ours (F1) lists every binding with its id
+            if command.title == "Screenshot":  # Textual's says nothing when it fails
+                yield SystemCommand(
+                    "Screenshot",
+                    f"Save an SVG of the screen in {screenshots_dir()}",
+                    lambda: self.set_timer(0.1, self.save_screenshot_here),
+                )
+            elif command.title != "Keys":  # ours (F1) lists every binding with its id
                 yield command
+
+    def save_screenshot_here(self) -> None:
+        """The palette's Screenshot: the file's path, or where it tried and why not."""
+        folder = screenshots_dir()
+        try:
+            path = save_svg(folder, self.export_screenshot())
+        except OSError as e:
+            self.notify(
+                f"Screenshot not saved: cannot write in {folder}: {e.strerror or e}",
+                severity="error",
+                markup=False,
+            )
+            return
+        self.copy_to_clipboard(str(path))
+        self.notify(f"Screenshot saved: {path} (path copied)", markup=False)
 
     # ------------------------------------------------------------------ engine link
 
@@ -299,7 +347,7 @@ class SsdmoeApp(App[int]):
     @on(EngineFailed)
     @while_mounted
     async def _engine_failed(self, message: EngineFailed) -> None:
-        error = message.event
+        error = in_app_words(message.event)
         self.notify(error.message, title="engine error", severity="error", timeout=12, markup=False)
         failure = self.chat.engine_error(error)
         if failure.reply_failed:

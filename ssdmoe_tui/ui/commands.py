@@ -30,7 +30,11 @@ class SsdmoeCommands(Provider):
         act = self._action
         run = self._run
         commands: list[tuple[str, str, Callable[[], object]]] = [
-            ("New chat", "Clear the conversation and start over", act("new_chat")),
+            (
+                "New chat",
+                "A new conversation (ctrl+n); this one stays saved in the list",
+                act("new_chat"),
+            ),
             ("Stop generation", "Stop the streaming reply and keep what arrived", act("stop")),
             (
                 "Regenerate last reply",
@@ -67,7 +71,7 @@ class SsdmoeCommands(Provider):
             ),
             (
                 "Clear conversation",
-                "New context in this window; the conversation stays in the list",
+                "= New chat: a new context in this window; this one stays in the list",
                 act("new_chat"),
             ),
             (

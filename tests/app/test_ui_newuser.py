@@ -4,18 +4,23 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from textual.widgets import Input, Label, TextArea
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.chat.progress import PrefillClock
-from ssdmoe_tui.engine.run.protocol import PhaseChanged
-from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.engine.run.protocol import EngineError, GenerationDone, PhaseChanged
+from ssdmoe_tui.prompting.message import Message
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp, screenshots_dir
+from ssdmoe_tui.ui.commands import SsdmoeCommands
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
-from ssdmoe_tui.ui.widgets.transcript import Notice
-from tests.app.test_ui_app import loaded, wait_until
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Notice
+from tests.app.test_ui_app import loaded, record_notifications, wait_until
 from tests.app.test_ui_snapshot import setup
 
 
@@ -151,3 +156,58 @@ async def test_prefill_progress_moves_with_its_rate_and_time_left():
         assert "≈" in str(app.status_bar.render())
         app.feed(PhaseChanged("decoding", 100_000, 100_000))
         await wait_until(pilot, lambda: app.status_bar.phase == "decoding", 5)
+
+
+async def test_restored_replies_keep_hit_max_tokens_and_kv_hit_on_one_header_line():
+    sessions = AppSessions(SessionStore())
+    sid, _ = sessions.open(None)
+    stats = {"decode_tok_s": 12.5, "kv_hit_rate": 0.97}
+    done = GenerationDone(
+        "r1", "Hello " * 30, (1, 2, 3), tuple(range(60)), "length", (4,) * 60, stats
+    )
+    sessions.record(
+        sid, [Message("user", "Hi"), Message("assistant", done.text)], done, "Qwen3-30B-A3B-4bit"
+    )
+    assert "hit max tokens" in sessions.store.export_markdown(sid)
+    app = SsdmoeApp(ChatSettings(resume=sid), engine_factory=None, session_store=sessions)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        (reply,) = app.query(AssistantMessage)
+        header = str(reply.header_text())
+        for part in ("[hit max tokens]", "60 tokens", "12.5 tok/s", "K 4", "KV hit 97%"):
+            assert part in header, (part, header)
+        title = reply.query_one(".message-title")
+        assert title.region.height == 1  # on one line at 120 columns, the copy button beside it
+
+
+async def test_screenshot_says_where_it_saved_or_where_it_could_not(ssdmoe_home):
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        said = record_notifications(app)
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        assert str(screenshots_dir()) in commands["Screenshot"].help
+        app.save_screenshot_here()
+        (saved,) = screenshots_dir().glob("*.svg")
+        assert said[-1] == ("information", f"Screenshot saved: {saved} (path copied)")
+        shutil.rmtree(screenshots_dir())
+        screenshots_dir().write_text("in the way")  # the folder cannot be made
+        app.save_screenshot_here()
+        severity, line = said[-1]
+        assert severity == "error" and str(screenshots_dir()) in line and "\n" not in line
+        await pilot.pause()
+
+
+async def test_app_errors_use_the_apps_words_and_the_palette_agrees_with_the_readme():
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await setup(pilot)
+        said = record_notifications(app)
+        app.feed(EngineError("--model /no/such: no such file or folder"))
+        await wait_until(pilot, lambda: said, 5, "the error")
+        assert said[-1][1] == "model /no/such: no such file or folder"
+        notices = [str(n.render()) for n in app.chat_pane.transcript.query(Notice)]
+        assert not any("--model" in n for n in notices), notices
+        helps = {title: text for title, text, _ in SsdmoeCommands(app.screen)._static()}
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "app.md").read_text()
+    assert "new chat (the conversation stays saved)" in docs  # what the palette now says too
+    assert "stays saved" in helps["New chat"] and "= New chat" in helps["Clear conversation"]

@@ -57,3 +57,37 @@ def test_generate_reads_a_piped_prompt(demo_model):
     assert (
         json.loads(piped.stdout)["prompt_token_ids"] == generate("hello there")["prompt_token_ids"]
     )
+
+
+NO_MLX = """
+import sys
+for name in ("mlx", "mlx.core", "mlx.nn"):
+    sys.modules[name] = None  # as after a plain `pip install ssdmoe-tui` on Linux
+from ssdmoe_tui.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_without_mlx_a_command_is_one_line_naming_the_extra():
+    """Issue 22, defect 3: a plain pip install on Linux brings no MLX backend."""
+    r = subprocess.run(
+        [sys.executable, "-c", NO_MLX, "generate", "hi"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and not r.stdout, (r.stdout, r.stderr)
+    assert "'ssdmoe-tui[cpu]'" in r.stderr and "'ssdmoe-tui[cuda]'" in r.stderr, r.stderr
+
+
+def test_the_package_license_is_a_spdx_string():
+    """A license table makes setuptools >= 77 warn at every install (three times)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "MIT"

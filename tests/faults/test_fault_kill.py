@@ -14,6 +14,7 @@ from pathlib import Path
 from ssdmoe_tui import paths
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints, load_checkpoint
 from ssdmoe_tui.sessions.store import SessionStore
+from tests.cli_runner import run_cli
 from tests.fault_kill_worker import FP, turn_text, turn_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +43,7 @@ def test_kill_9_during_saves_loses_nothing(tmp_path):
     left = temps(home)
 
     # The next start removes every temp file the killed writers left.
-    r = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "index", "--help"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_cli(["index", "--help"], env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert temps(home) == [], f"left after the next start (before: {len(left)})"
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.scan import measure_experts, read_config, scan_models
+from tests.cli_runner import run_cli
 from tests.models.test_models_fakes import add_to_hub_cache, fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,15 +16,7 @@ MIB = 1 << 20
 
 
 def _models_json(env: dict[str, str]) -> list[dict]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "SSDMOE_"))} | env
-    r = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "models", "--json"],
-        cwd=ROOT,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_cli(["models", "--json"], env=env, drop_env=("HF_", "SSDMOE_"), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     return json.loads(r.stdout)

@@ -189,7 +189,7 @@ def test_streamed_tool_calls_accumulate_in_the_openai_package(tool_model):
     filt = OutputFilter((), serving.state.tool_format, chat.tools)
 
     async def collect() -> list[str]:
-        return [e async for e in serving._events(run, prompt, job, filt)]
+        return [e async for e in serving._events(run, prompt, lambda: asyncio.sleep(0, job), filt)]
 
     state = ResponseStreamState(input_tools=TOOLS, text_format=openai.omit)
     for raw in asyncio.run(collect()):

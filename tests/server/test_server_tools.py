@@ -187,10 +187,14 @@ def test_sse_tool_call_chunks_as_the_openai_client_reads_them(tokenizers, family
         job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop", (4,) * len(ids), stats
     )
     job.events.put_nowait(job.result)
-    filt = OutputFilter((), api.state.tool_format, req.tools)
 
     async def collect() -> list[str]:
-        return [c async for c in api.chat_stream(req, prompt, job, filt)]
+        return [
+            c
+            async for c in api.chat_stream(
+                req, prompt, lambda: asyncio.sleep(0, job), job.request_id
+            )
+        ]
 
     raw = asyncio.run(collect())
     assert raw[-1] == "data: [DONE]\n\n"

@@ -109,7 +109,10 @@ class ServiceLink:
         line = f"rank {self.dist.rank}: {user_message(exc)}"
         wd = self.dist.watchdog
         if wd is None:
+            from ssdmoe_tui.engine.distributed import exit_status
+
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
+            exit_status.write(self.dist.rank, 1)
             os._exit(1)
         if not self.dist.is_root:
             wd.local_failure(line, comm_error=looks_like_comm_error(exc))  # exits
@@ -120,9 +123,10 @@ class ServiceLink:
         os._exit(1)
 
 
-def follow(dist, options, link: ServiceLink | None = None) -> int:
+def follow(dist, options, link: ServiceLink | None = None, kv_hooks=None) -> int:
     """A rank other than 0 of `serve --distributed`: run rank 0's engine commands until
-    it shuts down (rank 0 alone serves HTTP)."""
+    it shuts down (rank 0 alone serves HTTP). `kv_hooks`: this rank's side of the KV
+    checkpoints (the server's `ReplicatedKV`: rank 0 decides, every rank restores)."""
     import signal
 
     from ssdmoe_tui.engine.run.service import EngineService
@@ -131,7 +135,7 @@ def follow(dist, options, link: ServiceLink | None = None) -> int:
         # Ctrl-C reaches every process of the launch: rank 0 stops the server and then
         # sends Shutdown here; a follower that left first would look like a failure.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    service = EngineService(lambda _event: None, options=options)
+    service = EngineService(lambda _event: None, options=options, kv_hooks=kv_hooks)
     (link or ServiceLink(dist)).attach(service)
     service.start()
     service.shutdown(timeout=threading.TIMEOUT_MAX)  # returns once rank 0 sent Shutdown

@@ -115,6 +115,56 @@ def _env_split() -> int:
     return v
 
 
+def _slot_dtypes(index: ExpertIndex, act_dtype: mx.Dtype | None) -> tuple[list[bool], list]:
+    """Per component: whether its values are widened to float32 as they are read, and
+    the slot array's dtype. An unsupported dtype is one line naming the tensor."""
+    widen, dtypes = [], []
+    for c in index.layers[0].components:
+        dt = _MX_DTYPES.get(c.dtype)
+        if dt is None:
+            raise ModelError(
+                f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
+            )
+        w = _widened(c, act_dtype)
+        widen.append(w)
+        dtypes.append(mx.float32 if w else dt)
+    return widen, dtypes
+
+
+def _make_banks(comps, dtypes: list, capacity: int, bank_slots: int) -> list[dict[str, mx.array]]:
+    """banks[b][component] -> an array of `bank_slots` slots (the last bank: the
+    remainder), each bank under the size MLX-CUDA's gather_qmm handles."""
+    banks: list[dict[str, mx.array]] = []
+    for start in range(0, capacity, bank_slots):
+        n = min(bank_slots, capacity - start)
+        banks.append(
+            {c.name: mx.zeros((n, *c.shape), dtype=dt) for c, dt in zip(comps, dtypes, strict=True)}
+        )
+        mx.eval(list(banks[-1].values()))
+    return banks
+
+
+def _open_layer_files(
+    index: ExpertIndex, model_dir: Path, reader: Reader
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per layer and component: the shard's file handle (each shard opened once, advised
+    random), the file offset of expert 0, and the file bytes between consecutive experts."""
+    fds_all, offsets_all, steps_all = [], [], []
+    handles: dict[str, int] = {}
+    for layer in index.layers:
+        fds, offs = [], []
+        for c in layer.components:
+            if c.shard not in handles:
+                handles[c.shard] = fd = reader.open(Path(model_dir) / c.shard)
+                _advise_random(fd)
+            fds.append(handles[c.shard])
+            offs.append(c.offset)
+        fds_all.append(np.array(fds, dtype=np.int64))
+        offsets_all.append(np.array(offs, dtype=np.int64))
+        steps_all.append(np.array([c.file_step for c in layer.components], dtype=np.int64))
+    return fds_all, offsets_all, steps_all
+
+
 @dataclass
 class _Layout:
     names: list[str]
@@ -154,30 +204,10 @@ class ExpertCache:
         self.policy_name = DEFAULT_POLICY if policy == "auto" else policy
         self.policy = make_policy(self.policy_name, capacity, index.num_layers)
         comps = index.layers[0].components
-        widen = []
-        dtypes = []
-        for c in comps:
-            dt = _MX_DTYPES.get(c.dtype)
-            if dt is None:
-                raise ModelError(
-                    f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
-                )
-            w = _widened(c, act_dtype)
-            widen.append(w)
-            dtypes.append(mx.float32 if w else dt)
+        widen, dtypes = _slot_dtypes(index, act_dtype)
         mem_strides = [c.stride * (2 if w else 1) for c, w in zip(comps, widen, strict=True)]
         self.bank_slots = bank_slot_count(max(mem_strides), capacity, index.num_experts, bank_bytes)
-        # banks[b][component] -> array of bank_slots (the last bank: the remainder) slots
-        self.banks: list[dict[str, mx.array]] = []
-        for start in range(0, capacity, self.bank_slots):
-            n = min(self.bank_slots, capacity - start)
-            self.banks.append(
-                {
-                    c.name: mx.zeros((n, *c.shape), dtype=dt)
-                    for c, dt in zip(comps, dtypes, strict=True)
-                }
-            )
-            mx.eval(list(self.banks[-1].values()))
+        self.banks = _make_banks(comps, dtypes, capacity, self.bank_slots)
         self.placement = place_slots(
             [
                 (buffer_address(memoryview(a)), int(a.nbytes))
@@ -212,21 +242,7 @@ class ExpertCache:
         ]
         self._direct = np.array([not w for w in widen])
         # Per layer: file handle and file offset of expert 0 for each component.
-        self._fds: list[np.ndarray] = []
-        self._offsets: list[np.ndarray] = []
-        self._steps: list[np.ndarray] = []  # file bytes between consecutive experts
-        handles: dict[str, int] = {}
-        for layer in index.layers:
-            fds, offs = [], []
-            for c in layer.components:
-                if c.shard not in handles:
-                    handles[c.shard] = fd = reader.open(Path(model_dir) / c.shard)
-                    _advise_random(fd)
-                fds.append(handles[c.shard])
-                offs.append(c.offset)
-            self._fds.append(np.array(fds, dtype=np.int64))
-            self._offsets.append(np.array(offs, dtype=np.int64))
-            self._steps.append(np.array([c.file_step for c in layer.components], dtype=np.int64))
+        self._fds, self._offsets, self._steps = _open_layer_files(index, model_dir, reader)
         self._slot_of: dict[tuple[int, int], int] = {}
         # When the budget holds every expert nothing is ever evicted: once a layer's
         # experts are all resident, its expert->slot map lives on the device and the
@@ -307,25 +323,28 @@ class ExpertCache:
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
 
-    def ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
         """Make `experts` (unique ids) of `layer` resident; return their slots, in order.
+
+        `observe=False`: the caller already gave the layer's whole selection to the trace
+        recorder and the predictor (a distributed rank looks up only its share).
 
         All misses of the call are read in one batched reader call. The time spent here
         is counted (`counters.ensure_s`): minus read time, it is the cache's bookkeeping.
         """
         t0 = time.perf_counter()
         try:
-            return self._ensure(layer, experts)
+            return self._ensure(layer, experts, observe)
         finally:
             self.counters.ensure_s += time.perf_counter() - t0
 
-    def _ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def _ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
         n = len(experts)
         if n > self.capacity:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
-        if self.on_route is not None:
+        if observe and self.on_route is not None:
             self.on_route(layer, experts)
-        if self.predictor is not None:
+        if observe and self.predictor is not None:
             self.predictor.observe(layer, experts.tolist())
         self.wait_prefetch()
         if self.holds_everything and self._layer_count[layer] == 0:

@@ -33,7 +33,7 @@ from ssdmoe_tui.engine.model import routing_mass as _routing_mass
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
 from ssdmoe_tui.engine.model.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
-from ssdmoe_tui.options import parse_bytes
+from ssdmoe_tui.options import check_k, parse_bytes
 
 
 @dataclass
@@ -65,8 +65,7 @@ class StreamedModel:
         return arch.is_hybrid(self.model_type)
 
     def set_k(self, k: int) -> None:
-        if not 1 <= k <= self.index.num_experts:
-            raise BadValueError(f"K={k} is outside 1..{self.index.num_experts}")
+        check_k(k, self.index.num_experts, "K")
         for b in self.blocks:
             set_block_k(b, k)
 

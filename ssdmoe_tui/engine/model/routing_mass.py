@@ -209,6 +209,12 @@ class MassLog:
         if self._pending_rows > MAX_PENDING_ROWS:
             self._flush()  # a long turn nobody reads: bounded memory
 
+    def append_value(self, value: float | None) -> None:
+        """A mass already resolved: one row's of a batched pass (engine/run/batch.py
+        syncs each step's tokens anyway, and a pass's pending mass covers all its rows)."""
+        self._flush()
+        self._values.append(value)
+
     def _flush(self) -> None:
         if self._pending:
             self._values.extend(resolve(self._pending, self.trained_k))

@@ -35,6 +35,10 @@ class StepTimes:
     calls: int = 0
     grouped_calls: int = 0  # calls whose expert union exceeded the cache (processed in groups)
     last_k: int = 0
+    # decode passes (one token per sequence) that synced: experts looked up per layer
+    # (the union over the batch's rows), summed, and how many such layer calls
+    union_experts: int = 0
+    union_calls: int = 0
 
 
 def _gather_sort(x, indices):
@@ -206,6 +210,9 @@ class StreamedSwitch(nn.Module):
                 uniq = np.unique(uniq)
         else:
             uniq = np.unique(host)
+        if host.ndim >= 2 and host.shape[-2] == 1:
+            times.union_experts += len(uniq)
+            times.union_calls += 1
         extra = None
         if routing is not None:
             cell = routing.cell(self._layer)
@@ -273,20 +280,24 @@ class StreamedSwitch(nn.Module):
 
 
 def routing_predictor(block: nn.Module):
-    """The block's own top-k selection, as a function of a hidden state (for prefetch)."""
-    gate = block.gate
-    if hasattr(gate, "top_k") and not isinstance(gate, nn.Linear):  # nemotron_h MoEGate
-        return lambda x: gate(x)[0]
+    """The block's own top-k selection, as a function of a hidden state (for prefetch).
+
+    The gate is looked up at each call, not captured: the loader sets predictors before
+    `nn.quantize` swaps a quantized checkpoint's `nn.Linear` gates for `QuantizedLinear`
+    ones, and a captured gate would be the discarded, randomly initialised Linear (its
+    predictions were noise, and differed from run to run)."""
+    if hasattr(block.gate, "top_k") and not isinstance(block.gate, nn.Linear):  # nemotron_h
+        return lambda x: block.gate(x)[0]
     if hasattr(block, "top_k"):  # qwen3_moe, qwen3_5_moe: softmax is monotonic, top-k of logits
 
         def qwen(x):
             k = block.top_k
-            return mx.argpartition(gate(x), kth=-k, axis=-1)[..., -k:]
+            return mx.argpartition(block.gate(x), kth=-k, axis=-1)[..., -k:]
 
         return qwen
 
     def mixtral(x):
         k = block.num_experts_per_tok
-        return mx.argpartition(-gate(x), kth=k - 1, axis=-1)[..., :k]
+        return mx.argpartition(-block.gate(x), kth=k - 1, axis=-1)[..., :k]
 
     return mixtral

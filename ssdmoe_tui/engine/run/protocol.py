@@ -50,6 +50,11 @@ class Generate:
     seed: int | None = None
     session_id: str | None = None  # lets the engine pick the right cached KV state
     k: int | None = None  # experts per token from this reply's first token on (None: as set)
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float | None = None  # None: off (mlx-lm's logits processors)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)

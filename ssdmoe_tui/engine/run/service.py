@@ -348,7 +348,7 @@ class EngineService:
 
     def _generate(self, cmd: P.Generate) -> None:
         import mlx.core as mx
-        from mlx_lm.sample_utils import make_sampler
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
         from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
@@ -356,7 +356,15 @@ class EngineService:
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
         sampling = SamplingOptions(
-            max_tokens=cmd.max_tokens, temp=cmd.temp, top_p=cmd.top_p, seed=cmd.seed
+            max_tokens=cmd.max_tokens,
+            temp=cmd.temp,
+            top_p=cmd.top_p,
+            seed=cmd.seed,
+            top_k=cmd.top_k,
+            min_p=cmd.min_p,
+            repetition_penalty=cmd.repetition_penalty,
+            presence_penalty=cmd.presence_penalty,
+            frequency_penalty=cmd.frequency_penalty,
         )
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
@@ -382,7 +390,11 @@ class EngineService:
             last_flush = time.monotonic()
 
         result = None
-        sampler = make_sampler(sampling.temp, top_p=sampling.top_p)
+        sampler = make_sampler(
+            sampling.temp, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k
+        )
+        penalties = sampling.logits_processors()
+        processors = make_logits_processors(**penalties) if penalties else []
         should_stop = self._cancel.is_set
         link, meter = self.link, None
         if link is not None:
@@ -395,6 +407,7 @@ class EngineService:
             cache=cache,
             reused_tokens=reused,
             should_stop=should_stop,
+            logits_processors=processors,
         ):
             now = time.monotonic()
             if isinstance(ev, TokenEvent):

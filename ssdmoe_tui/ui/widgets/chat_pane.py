@@ -148,7 +148,7 @@ class ChatPane(Vertical):
             elif turn.role == "assistant":
                 stats = turn.reply
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
-                reason = "cancelled" if turn.stopped else "stop"
+                reason = turn.finish or ("cancelled" if turn.stopped else "stop")
                 await message.finish(turn.content, reason, stats.detail() if stats else "")
 
     async def open_session(self, resume: str | None) -> None:
