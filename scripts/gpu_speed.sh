@@ -14,12 +14,12 @@
 #          kernel compilation then falls on the warm run, which tells whether the extra
 #          anonymous memory of cold runs is the engine's or the JIT's), 4G then 2G; the
 #          cgroup's anon/file split sampled every 2 s
-#   split  trace-driven 4G warm with SSDMOE_READ_SPLIT=256K (the 1-2 misses of a layer
-#          cut into more reads), against the warm 4G run of `trace`
+#          TRACE_RUNS (warm-4G split-4G cold-4G cold-2G) orders them; split-4G: warm 4G
+#          with SSDMOE_READ_SPLIT=256K (a layer's 1-2 misses cut into more reads)
 #   q35    build the Qwen3.5-35B-A3B shape (40 layers) at Q35
 #   sweep  uniform K sweep (8,4,2) cold on Q35, 4G cache, host slots, CAP12_GIB cap
 # Environment: Q30 (/root/q30), Q35 (/root/q35), CAP_GIB (8), CAP12_GIB (12), QUICK_CACHE (4G),
-# DEADLINE_S (570), PYTHON (python3), STEPS (q30,quick,trace,split).
+# DEADLINE_S (570), PYTHON (python3), STEPS (q30,quick,trace), TRACE_RUNS.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_speed.sh OUTDIR}
 mkdir -p "$OUT"
@@ -30,7 +30,7 @@ CAP_GIB=${CAP_GIB:-8}
 CAP12_GIB=${CAP12_GIB:-12}
 QUICK_CACHE=${QUICK_CACHE:-4G}
 DEADLINE_S=${DEADLINE_S:-570}
-STEPS=${STEPS:-q30,quick,trace,split}
+STEPS=${STEPS:-q30,quick,trace}
 TRACE=${TRACE:-.benchcfg/qwen.route.csv}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
@@ -99,18 +99,20 @@ if want q30; then build "$Q30" .benchcfg/q30/config.json "$(( $(left) - 300 ))";
 if want quick; then
   if [ "$(left)" -gt 200 ]; then
     log "quick: resident / $QUICK_CACHE / every expert held, alternating, uncapped"
-    timeout "$(( $(left) - 150 ))" "$PY" -m ssdmoe_tui.cli bench --quick --model "$Q30" \
+    timeout "$(( $(left) - 110 ))" "$PY" -m ssdmoe_tui.cli bench --quick --model "$Q30" \
       --expert-cache "$QUICK_CACHE" --rounds 5 --prompt-tokens 128 --decode-tokens 32 \
       --json "$OUT/quick-q30.json" > "$OUT/quick-q30.txt" 2> "$OUT/quick-q30.err"
     log "quick exit $?"
   else log "quick skipped: deadline"; fi
 fi
 if want trace; then
-  trace_run trace-warm-4G 4G warm
-  trace_run trace-cold-4G 4G cold
-  trace_run trace-cold-2G 2G cold
+  for r in ${TRACE_RUNS:-warm-4G split-4G cold-4G cold-2G}; do
+    case $r in
+      split-*) trace_run "trace-$r" "${r#split-}" warm SSDMOE_READ_SPLIT=256K ;;
+      *) trace_run "trace-$r" "${r#*-}" "${r%%-*}" ;;
+    esac
+  done
 fi
-if want split; then trace_run split-warm-4G 4G warm SSDMOE_READ_SPLIT=256K; fi
 if want q35; then build "$Q35" .benchcfg/q35/config.json "$(( $(left) - 150 ))"; fi
 if want sweep; then
   if [ "$(left)" -gt 90 ]; then
