@@ -43,6 +43,10 @@ def user_message(exc: BaseException) -> str:
         text = MLX_MISSING
     elif isinstance(exc, FileNotFoundError):
         text = f"file not found: {exc.filename or exc}"
+    elif isinstance(exc, OSError) and exc.strerror:  # a read-only folder, no permission...
+        where = f"{exc.filename}: " if exc.filename else ""
+        also = f" (and {exc.filename2})" if getattr(exc, "filename2", None) else ""
+        text = f"{where}{exc.strerror}{also}"
     elif isinstance(exc, MemoryError):
         text = "out of memory: lower the expert cache (--expert-cache) or K"
     else:

@@ -247,6 +247,33 @@ def config_case(id: str, what: str, text: bytes, named: str) -> Bad:
     return Bad(id, what, run)
 
 
+def _duplicate_tensor(tmp: Path, model: Callable[[], Path]) -> Outcome:
+    """An expert tensor of the first shard copied, bytes and all, into the second."""
+    m = model_copy(tmp, model)
+    first, second = sorted(m.glob("*.safetensors"))[:2]
+    blob = first.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    h1 = json.loads(blob[8 : 8 + n])
+    name = expert_tensor(h1)
+    begin, end = h1[name]["data_offsets"]
+    data = blob[8 + n + begin : 8 + n + end]
+    blob2 = second.read_bytes()
+    (n2,) = struct.unpack("<Q", blob2[:8])
+    h2 = json.loads(blob2[8 : 8 + n2])
+    size = len(blob2) - 8 - n2
+    h2[name] = dict(h1[name], data_offsets=[size, size + len(data)])
+    raw = json.dumps(h2).encode()
+    second.write_bytes(struct.pack("<Q", len(raw)) + raw + blob2[8 + n2 :] + data)
+    index = m / "model.safetensors.index.json"
+    if index.is_file():
+        idx = json.loads(index.read_text())
+        idx["weight_map"][name] = second.name
+        index.write_text(json.dumps(idx))
+    return dataclasses.replace(
+        cli(["index", "--model", str(m), "--rebuild"], name), reason="also in"
+    )
+
+
 def _set(path: list, value: Any) -> Callable[[dict], None]:
     """Header edit: header[expert tensor][path...] = value."""
 
@@ -629,6 +656,9 @@ CASES: list[Bad] = [
         lambda h: h[expert_tensor(h)]["data_offsets"].reverse(),
     ),
     header_case("overlapping-experts", "two expert tensors on the same bytes", _overlap),
+    Bad(
+        "tensor-in-two-shards", "an expert tensor duplicated into another shard", _duplicate_tensor
+    ),
     # ---- routing traces
     option_case(
         "trace-missing", ["trace", "replay", "/nonexistent/trace.jsonl"], "/nonexistent/trace.jsonl"
@@ -638,6 +668,21 @@ CASES: list[Bad] = [
     trace_case("trace-not-utf8", "a trace that is not UTF-8", b"\xff\xfe\x00garbage\n"),
     trace_case("trace-unknown", "a file that is no trace", b"hello world\n"),
     trace_case("trace-k-word", 'trace header "k": "x"', engine_trace(["[0, 0, 1, [1, 2]]"], k="x")),
+    *(
+        trace_case(
+            f"trace-header-{key}",
+            f"trace header {key} = {value}",
+            engine_trace(["[0, 0, 1, [1, 2]]"], **{key: value}),
+            key,
+        )  # fmt: skip
+        for key, value in [("num_layers", 10**12), ("num_experts", 2**40), ("k", 10**9)]
+    ),
+    trace_case(
+        "trace-jsonl-k-over-experts",
+        "moe-routing-jsonl header k 9 of 8 experts",
+        b'{"format": "moe-routing-jsonl", "num_layers": 2, "num_experts": 8, "k": 9}\n'
+        b'{"token": 0, "layer": 0, "experts": [1, 2]}\n',
+    ),
     *(
         trace_case(id, what, engine_trace([row, "[1, 0, 1, [1, 2]]"]))
         for id, what, row in [
@@ -675,6 +720,11 @@ CASES: list[Bad] = [
     conversation_case("conv-id-path", 'id "../../etc"', conv_json(id="../../etc")),
     conversation_case("conv-newer", "written by a newer version", conv_json(version=99)),
     conversation_case("conv-list", "a JSON list", "[]"),
+    conversation_case("conv-text-5", '"text": 5', turn_json(text=5)),
+    conversation_case("conv-version-true", '"version": true', conv_json(version=True)),
+    conversation_case("conv-title-list", '"title": [1, 2]', conv_json(title=[1, 2])),
+    conversation_case("conv-stopped-word", '"stopped": "no"', turn_json(stopped="no")),
+    conversation_case("conv-turns-object", '"turns": {}', conv_json(turns={})),
     Bad(
         "resume-bad-id",
         "--resume with a path for an id",
@@ -739,6 +789,11 @@ CASES: list[Bad] = [
     config_case("config-k-word", 'k = "x"', b'k = "x"\n', "k = 'x'"),
     config_case("config-max-tokens", "max_tokens = -1", b"max_tokens = -1\n", "max_tokens = -1"),
     config_case("config-keymap", "keymap = 3", b"keymap = 3\n", "keymap = 3"),
+    config_case("config-k-10**30", "k = 10**30", f"k = {10**30}\n".encode(), "k = " + str(10**30)),
+    config_case("config-unknown-key", "an unknown key", b"temprature = 0.7\n", "temprature"),
+    config_case(
+        "config-keymap-empty", 'a keymap entry of ""', b'[keymap]\n"app.stop" = ""\n', "keymap"
+    ),
     # ---- special files (FIFO, /dev/zero, a folder, a link loop) as any user file
     *_special_cases(),
     *(template_case(*t) for t in HOSTILE_TEMPLATES),

@@ -170,10 +170,18 @@ def scan_experts(folder: Path, names: list[str] | None = None) -> ExpertScan:
     folder = Path(folder)
     names = shard_names(folder) if names is None else names
     scan = ExpertScan()
+    seen: dict[str, str] = {}  # tensor name -> the shard that holds it
     for shard in names:
         header = read_header(folder / shard)
         scan.headers[shard] = header
         for entry in header.tensors.values():
+            other = seen.setdefault(entry.name, shard)
+            if other != shard:
+                raise HeaderError(
+                    header.path,
+                    f"tensor {entry.name} is also in {other} (each tensor belongs to one "
+                    "shard: a shard copied or merged twice?)",
+                )
             scan.total_bytes += entry.nbytes
             m = EXPERT_RE.match(entry.name)
             if m is None and GLOBAL_SCALE_RE.search(entry.name):

@@ -34,6 +34,7 @@ from ssdmoe_tui.engine.run.kv_pool import common_prefix
 from ssdmoe_tui.server.prompts import is_chain
 from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
 from ssdmoe_tui.sessions.checkpoints import (
+    CacheShape,
     CheckpointInvalid,
     NoCheckpoint,
     check_checkpoint,
@@ -171,6 +172,7 @@ class ServerKV(CheckpointHooks):
                 covered,
                 info.fingerprint,
                 on_skip=lambda r: self._tell(f"checkpoint ignored: {r}"),
+                shape=CacheShape.of_info(info),
             )
         except NoCheckpoint:
             return None

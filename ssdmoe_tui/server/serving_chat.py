@@ -39,7 +39,9 @@ def record_reply(
     try:
         state.builder.record(req, prompt, done.token_ids, reply)
     except Exception as e:  # noqa: BLE001 - a lost record only costs cache hits
-        state.engine.on_notice(f"prompt history not recorded: {type(e).__name__}: {e}")
+        from ssdmoe_tui.errors import user_message
+
+        state.engine.on_notice(f"prompt history not recorded: {user_message(e)}")
     return reply
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ssdmoe_tui.engine.run.service import KVHooks
 from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
-from ssdmoe_tui.sessions.checkpoints import NoCheckpoint, load_checkpoint
+from ssdmoe_tui.sessions.checkpoints import CacheShape, NoCheckpoint, load_checkpoint
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
 
 
@@ -49,7 +49,8 @@ class SessionKV(CheckpointHooks):
             self.skipped.append(reason)
 
         try:
-            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip)
+            shape = CacheShape.of_info(info)
+            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip, shape=shape)
         except NoCheckpoint:
             return None
         finally:

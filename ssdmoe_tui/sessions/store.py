@@ -99,6 +99,24 @@ def _is_int(value: Any, lo: int, hi: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
+def _str(d: dict[str, Any], key: str, default: str | None = "") -> str:
+    """A text field: a JSON string (a number or a list where text belongs is damage, not
+    something to print with `str()`); `default` None: required."""
+    if key not in d and default is not None:
+        return default
+    value = d[key]
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be text, not {json.dumps(value)[:20]}")
+    return value
+
+
+def _bool(d: dict[str, Any], key: str) -> bool:
+    value = d.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, not {json.dumps(value)[:20]}")
+    return value
+
+
 def _timestamp(value: Any, name: str) -> float:
     """A time in seconds that can be shown as a date (finite, 0..year 9999)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -125,6 +143,7 @@ class Turn:
     decode_tok_s: float | None = None  # its decode speed
     finish: str = ""  # why the reply ended: "stop", "length" (max tokens), "cancelled"
     kv_hit_rate: float | None = None  # share of its prompt served from the KV cache
+    thinking_tokens: int = 0  # of its tokens, the reasoning's (<think> ... </think>)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -146,6 +165,12 @@ class Turn:
                 raise ValueError(f"{key} must be a positive integer, not {str(value)[:20]}")
             return value
 
+        def opt_count(key: str) -> int:
+            value = d.get(key, 0)
+            if not _is_int(value, 0, TOKEN_ID_MAX):
+                raise ValueError(f"{key} must be a count, not {str(value)[:20]}")
+            return value
+
         rate = d.get("decode_tok_s")
         if rate is not None and not (isinstance(rate, int | float) and 0 <= rate < 1e9):
             raise ValueError(f"decode_tok_s is not a rate ({str(rate)[:20]})")
@@ -157,17 +182,18 @@ class Turn:
             raise ValueError(f"finish is not one of {', '.join(FINISH_REASONS[1:])}")
         return cls(
             role=role,
-            text=str(d["text"]),
+            text=_str(d, "text", None),
             token_ids=list(ids),
             k=k,
-            stopped=bool(d.get("stopped", False)),
+            stopped=_bool(d, "stopped"),
             created=_timestamp(d.get("created", 0.0), "created"),
             k_min=opt_k("k_min"),
             k_max=opt_k("k_max"),
-            model=str(d.get("model", ""))[:200],
+            model=_str(d, "model")[:200],
             decode_tok_s=float(rate) if rate is not None else None,
             finish=finish,
             kv_hit_rate=float(hit) if hit is not None else None,
+            thinking_tokens=opt_count("thinking_tokens"),
         )
 
 
@@ -234,18 +260,24 @@ class Conversation:
     def from_dict(cls, d: dict[str, Any]) -> Conversation:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError("not an ssdmoe conversation")
-        if int(d.get("version", 0)) > VERSION:
-            raise ValueError(f"written by a newer ssdmoe (version {d.get('version')})")
+        version = d.get("version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be a whole number, not {json.dumps(version)[:20]}")
+        if version > VERSION:
+            raise ValueError(f"written by a newer ssdmoe (version {version})")
+        turns = d.get("turns", [])
+        if not isinstance(turns, list):
+            raise ValueError("turns must be a list")
         return cls(
-            id=validate_id(d["id"]),
-            title=clean_title(str(d.get("title", ""))),
+            id=validate_id(_str(d, "id", None)),
+            title=clean_title(_str(d, "title")),
             created=_timestamp(d["created"], "created"),
             updated=_timestamp(d["updated"], "updated"),
-            model_id=str(d.get("model_id", "")),
-            fingerprint=str(d.get("fingerprint", "")),
-            system_prompt=str(d.get("system_prompt", "")),
-            turns=[Turn.from_dict(t) for t in d.get("turns", [])],
-            tokenizer_id=str(d.get("tokenizer_id", "")),
+            model_id=_str(d, "model_id"),
+            fingerprint=_str(d, "fingerprint"),
+            system_prompt=_str(d, "system_prompt"),
+            turns=[Turn.from_dict(t) for t in turns],
+            tokenizer_id=_str(d, "tokenizer_id"),
             settings=_settings(d.get("settings", {})),
             replaced=_replaced(d.get("replaced", [])),
         )

@@ -5,6 +5,7 @@ one 400 naming the template file, and the engine answers the next request at onc
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import time
@@ -152,3 +153,41 @@ def test_nested_tool_parameters_are_a_400_naming_tools(checkpoints, isolated):
         assert ok.status_code == 200, ok.text
     finally:
         srv.stop()
+
+
+def test_a_read_only_data_folder_is_a_notice_without_a_bare_type(checkpoints, isolated, capfd):
+    """The server's cache on a read-only file system: it serves, and says why nothing is
+    saved in words (was "OSError: [Errno 30] ...")."""
+    import contextlib
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only folder is a read-only tmpfs mount here, which needs root")
+    ro = isolated / "ro"
+    ro.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "ssdmoe-ro", str(ro)],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()[:100]}")
+    try:
+        srv = Running(ServeOptions(EngineOptions(model=str(checkpoints("qwen3_moe"))),
+                                   cache_root=ro / "sc"))  # fmt: skip
+        try:
+            c = srv.client()
+            msgs = [{"role": "system", "content": "be brief " * 20},
+                    {"role": "user", "content": "hello"}]  # fmt: skip
+            out = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=2)
+            msgs += [{"role": "assistant", "content": out.choices[0].message.content},
+                     {"role": "user", "content": "again"}]  # fmt: skip
+            c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=2)
+            srv.server.state.builder.records.flush()
+        finally:
+            srv.stop()
+    finally:
+        with contextlib.suppress(Exception):
+            subprocess.run(["umount", "-l", str(ro)], check=False)
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("ssdmoe")]
+    assert lines, err  # something was said about the cache
+    assert any("Read-only file system" in ln for ln in lines), lines
+    assert not any(re.search(r"\b[A-Z][A-Za-z]*Error\b", ln) for ln in lines), lines

@@ -293,11 +293,25 @@ def _json_objects(path: Path, lines: list[str]) -> Iterator[tuple[int, dict]]:
         yield i, row
 
 
+def _check_shape(meta: TraceMeta, path: Path, where: int | str = 1) -> TraceMeta:
+    """A header's numbers bounded as row values are: layers and experts by the caps a
+    trace without a header gets, K by the experts (a header of 10**12 layers was an
+    allocation that ended in "out of memory: lower the expert cache")."""
+    for key, value, hi in (
+        ("num_layers", meta.num_layers, MAX_LAYERS),
+        ("num_experts", meta.num_experts, MAX_EXPERTS),
+        ("k", meta.k, meta.num_experts or MAX_EXPERTS),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+            raise _bad(path, where, f"header {key!r} must be an integer in 0..{hi}, got {value}")
+    return meta
+
+
 def _header_meta(header: dict, path: Path, **defaults: Any) -> TraceMeta:
     def num(key: str) -> int:
         return _int(header.get(key, 0), path, 1, f"header {key!r}")
 
-    return TraceMeta(
+    meta = TraceMeta(
         model=str(header.get("model", "")),
         k=num("k"),
         num_layers=num("num_layers"),
@@ -305,6 +319,7 @@ def _header_meta(header: dict, path: Path, **defaults: Any) -> TraceMeta:
         note=str(header.get("note", "")),
         **defaults,
     )
+    return _check_shape(meta, path)
 
 
 def _read_engine(path: Path) -> Trace:
@@ -396,6 +411,7 @@ def _read_route_csv(path: Path) -> Trace:
                 meta.num_layers = num("n_layer", meta.num_layers)
                 meta.num_experts = num("n_expert", meta.num_experts)
                 meta.k = num("n_expert_used", meta.k)
+                _check_shape(meta, path, n)
         elif line.strip():
             body_start = body_start or n
             body.append(line)
@@ -473,12 +489,13 @@ def _read_vllm_routes(path: Path) -> Trace:
                   _int(row.get("layer"), path, i, "layer"), ids, i)  # fmt: skip
     meta = TraceMeta(
         model=str(head.get("model_id", "")),
-        k=int(head.get("top_k", 0)),
-        num_experts=int(head.get("num_experts", 0)),
+        k=_int(head.get("top_k", 0), path, 1, "meta 'top_k'"),
+        num_experts=_int(head.get("num_experts", 0), path, 1, "meta 'num_experts'"),
         source="vllm moe_routes",
         note="requests are interleaved by the batcher: token order is not per-request; "
         "use for expert popularity, not for recency-based hit rates",
     )
+    _check_shape(meta, path)
     trace = Trace(meta, steps.done() if steps else [])
     _fill_shape(meta, trace.steps)
     return trace
