@@ -274,17 +274,23 @@ def next_turn_tokens(
     return list(history_tokens) + delta
 
 
-def prompt_tokens(tokenizer: Any, messages: Messages, *, raw: bool = False) -> list[int]:
+def prompt_tokens(
+    tokenizer: Any, messages: Messages, *, raw: bool = False, **template_kwargs: Any
+) -> list[int]:
     """One prompt from `messages`: the chat template with the generation prompt when the
     tokenizer has one (and not `raw`), else the contents joined by newlines, tokenized
-    as plain text. The same for `generate`, the chat service and the server."""
+    as plain text. The same for `generate`, the chat service and the server.
+    `template_kwargs` go to the template (e.g. `enable_thinking`)."""
     from ssdmoe_tui.options import check_text
 
     msgs = [{"role": m["role"], "content": check_text(m["content"])} for m in messages]
     if not raw and getattr(tokenizer, "chat_template", None):
         return list(
             guarded(
-                tokenizer, lambda: tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+                tokenizer,
+                lambda: tokenizer.apply_chat_template(
+                    msgs, add_generation_prompt=True, **template_kwargs
+                ),
             )
         )
     return list(tokenizer.encode("\n".join(m["content"] for m in msgs)))
