@@ -49,6 +49,12 @@ def _positive_int(value: object, hi: int = MAX_TOKENS_MAX) -> int:
     return value
 
 
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
 def _optional_k(value: object) -> int | None:
     return None if value is None else _positive_int(value, K_MAX)
 
@@ -103,6 +109,9 @@ class Config:
     temperature: float = setting(0.0, _number(parse_temp), "0.7", "0: greedy (the same reply)")
     top_p: float = setting(0.0, _number(parse_top_p), "0.95", "nucleus sampling; 0: off")
     system_prompt: str = setting("", _text, '"You are a helpful assistant."', "")
+    thinking: bool = setting(
+        True, _bool, "false", "models that think (Qwen3...): false answers at once"
+    )
     theme: str = setting(DEFAULT_THEME, _text, f'"{DEFAULT_THEME}"', "or ssdmoe-light, ...")
     keymap: dict[str, str] = setting({}, _keymap, "", "binding id = keys; F1 lists the ids")
 
@@ -155,6 +164,7 @@ class GenSettings:
     top_p: float = 0.0
     max_tokens: int = 1024
     k: int | None = None  # None: the model's trained K
+    thinking: bool = True  # the template's enable_thinking (templates that think)
 
     @classmethod
     def from_config(cls, config: Config) -> GenSettings:

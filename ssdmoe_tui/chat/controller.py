@@ -12,10 +12,11 @@ typo or a bad value never costs the working model, and a bad value is never stor
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
+from ssdmoe_tui.chat.thinking import prompt_opens_thinking, template_kwargs, thinking_tokens
 from ssdmoe_tui.config import ChatSettings, GenSettings
 from ssdmoe_tui.engine.run.protocol import (
     EngineError,
@@ -58,12 +59,18 @@ class SessionStore(Protocol):
         done: GenerationDone,
         model: str = "",
         settings: dict[str, Any] | None = None,
+        thinking_tokens: int = 0,
     ) -> None:
         """Called after every finished reply with the whole conversation so far."""
         ...
 
     def prompt(
-        self, session_id: str, messages: Sequence[Message], tokenizer: Any, info: ModelInfo
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        tokenizer: Any,
+        info: ModelInfo,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int] | None:
         """The exact-history prompt ids for `messages` (new user message last), or None
         when the stored conversation is not this chat (the template renders it then)."""
@@ -115,6 +122,7 @@ class ChatController:
     _wanted_k: int | None = None
     _requests: int = 0
     gen: GenSettings = field(init=False)  # the open conversation's generation settings
+    thinking_inside: bool = False  # the reply in flight starts in an open <think> block
 
     def __post_init__(self) -> None:
         self.gen = self.defaults()
@@ -236,6 +244,7 @@ class ChatController:
         ids = self._prompt_ids(self._with_system((*self.history, prompt)))
         self._prompt = prompt
         self.history.append(prompt)
+        self.thinking_inside = prompt_opens_thinking(ids, self.tokenizer)
         self._requests += 1
         request = Generate(
             request_id=f"r{self._requests}",
@@ -255,13 +264,16 @@ class ChatController:
         from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
         assert self.model is not None
+        kw = template_kwargs(self.gen.thinking)
         try:
             if self.sessions is not None and self.session_id is not None:
-                ids = self.sessions.prompt(self.session_id, messages, self.tokenizer, self.model)
+                ids = self.sessions.prompt(
+                    self.session_id, messages, self.tokenizer, self.model, kw
+                )
                 if ids:
                     return ids
             return prompt_tokens(
-                self.tokenizer, [{"role": m.role, "content": m.content} for m in messages]
+                self.tokenizer, [{"role": m.role, "content": m.content} for m in messages], **kw
             )
         except Exception as e:  # noqa: BLE001 - a template or text error: one line, no turn
             raise Refused(user_message(e)) from None
@@ -293,14 +305,22 @@ class ChatController:
             model = self.model.name if self.model else ""
             if done.k_per_token:
                 self.gen.k = done.k_per_token[-1]  # the K this conversation goes on with
+            thinking = thinking_tokens(
+                done.token_ids, self.tokenizer, done.text, self.thinking_inside
+            )
             if self.sessions is not None and self.session_id is not None:
                 try:
                     self.sessions.record(
-                        self.session_id, tuple(self.history), done, model, self.gen.as_dict()
+                        self.session_id,
+                        tuple(self.history),
+                        done,
+                        model,
+                        self.gen.as_dict(),
+                        thinking_tokens=thinking,
                     )
                 except Exception as e:  # noqa: BLE001 - persistence must not stop the chat
                     self._warn(f"session not saved: {user_message(e)}")
-            return ReplyStats.from_done(done, model)
+            return replace(ReplyStats.from_done(done, model), thinking_tokens=thinking)
         finally:
             self._abandoned.discard(done.request_id)
             self.inflight = None  # last: a new prompt may go once this reply is settled

@@ -66,7 +66,12 @@ class AppSessions:
             self.store.save(conv, touch=False)
 
     def prompt(
-        self, session_id: str, messages: Sequence[Any], tokenizer: Any, info: Any
+        self,
+        session_id: str,
+        messages: Sequence[Any],
+        tokenizer: Any,
+        info: Any,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int] | None:
         """The exact-history prompt for `messages` (the chat as the app shows it, new user
         message last): the stored conversation's token history plus the templated new
@@ -95,7 +100,9 @@ class AppSessions:
             conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         try:
-            prompt, _ = build_prompt(tokenizer, conv, chat[-1]["content"])
+            prompt, _ = build_prompt(
+                tokenizer, conv, chat[-1]["content"], **(template_kwargs or {})
+            )
         except ChatFormatError:
             return None
         if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
@@ -120,6 +127,7 @@ class AppSessions:
         done: GenerationDone,
         model: str = "",
         settings: dict[str, Any] | None = None,
+        thinking_tokens: int = 0,
     ) -> None:
         """Save the exchange `done` answered. `messages` is the app's chat so far (the
         reply last, if it kept one). The stored turns mirror the app's history; their ids
@@ -168,6 +176,7 @@ class AppSessions:
                     decode_tok_s=stats.decode_tok_s,
                     finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
                     kv_hit_rate=stats.kv_hit_rate,
+                    thinking_tokens=thinking_tokens,
                 )
             )
         self.store.save(conv)
@@ -196,7 +205,13 @@ def shown(turn: Turn) -> ShownTurn:
     k_min = turn.k_min if turn.k_min is not None else turn.k
     k_max = turn.k_max if turn.k_max is not None else turn.k
     stats = ReplyStats(
-        turn.model, len(turn.token_ids), turn.decode_tok_s, k_min, k_max, turn.kv_hit_rate
+        turn.model,
+        len(turn.token_ids),
+        turn.decode_tok_s,
+        k_min,
+        k_max,
+        turn.kv_hit_rate,
+        turn.thinking_tokens,
     )
     finish = turn.finish or ("cancelled" if turn.stopped else "stop")
     return ShownTurn(turn.role, turn.text, stats, turn.stopped, finish)

@@ -143,6 +143,7 @@ class Turn:
     decode_tok_s: float | None = None  # its decode speed
     finish: str = ""  # why the reply ended: "stop", "length" (max tokens), "cancelled"
     kv_hit_rate: float | None = None  # share of its prompt served from the KV cache
+    thinking_tokens: int = 0  # of its tokens, the reasoning's (<think> ... </think>)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -162,6 +163,12 @@ class Turn:
             value = d.get(key)
             if value is not None and not _is_int(value, 1, 1 << 16):
                 raise ValueError(f"{key} must be a positive integer, not {str(value)[:20]}")
+            return value
+
+        def opt_count(key: str) -> int:
+            value = d.get(key, 0)
+            if not _is_int(value, 0, TOKEN_ID_MAX):
+                raise ValueError(f"{key} must be a count, not {str(value)[:20]}")
             return value
 
         rate = d.get("decode_tok_s")
@@ -186,6 +193,7 @@ class Turn:
             decode_tok_s=float(rate) if rate is not None else None,
             finish=finish,
             kv_hit_rate=float(hit) if hit is not None else None,
+            thinking_tokens=opt_count("thinking_tokens"),
         )
 
 

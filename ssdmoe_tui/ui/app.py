@@ -137,6 +137,7 @@ class SsdmoeApp(App[int]):
         Binding("ctrl+g", "regenerate", "Regenerate", show=False, id="app.regenerate"),
         Binding("ctrl+l", "edit_last", "Edit last prompt", show=False, id="app.edit_last"),
         Binding("f9", "gen_settings", "Settings", show=False, id="app.settings"),
+        Binding("ctrl+t", "toggle_thinking", "Thinking", show=False, id="app.thinking"),
     ]
 
     def __init__(
@@ -315,6 +316,7 @@ class SsdmoeApp(App[int]):
     async def _reply_done(self, message: ReplyDone) -> None:
         self._stop_prefill_clock()  # a reply stopped during its prefill
         self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
+        self.panel.show_ranks((message.event.stats or {}).get("distributed"))
         await self.chat_pane.reply_done(message.event)
 
     @on(ModelReady)
@@ -454,10 +456,22 @@ class SsdmoeApp(App[int]):
         else:
             transcript.scroll_page_down(animate=False)
 
+    def action_toggle_thinking(self) -> None:
+        """Show or hide the reasoning of the last reply that has some."""
+        replies = [
+            m
+            for m in self.chat_pane.transcript.messages()
+            if isinstance(m, AssistantMessage) and m.split.has_thinking
+        ]
+        if replies:
+            replies[-1].action_toggle_thinking()
+        else:
+            self.notify("No reply with thinking yet.", severity="warning")
+
     def action_copy_last(self) -> None:
         messages = self.chat_pane.transcript.messages()
         replies = [m for m in messages if isinstance(m, AssistantMessage)]
-        if replies and replies[-1].text:
+        if replies and replies[-1].answer:
             replies[-1].action_copy_message()
         else:
             self.notify("No reply to copy yet.", severity="warning")

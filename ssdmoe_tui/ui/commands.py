@@ -10,7 +10,7 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from ssdmoe_tui.ui.actions import conversations, model
+from ssdmoe_tui.ui.actions import conversations, gen_settings, model
 
 _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
 _SET_CACHE = re.compile(r"(?:set\s+)?(?:expert[-\s]?)?cache\s*=?\s*(\S+)", re.IGNORECASE)
@@ -50,6 +50,11 @@ class SsdmoeCommands(Provider):
                 "Generation settings…",
                 "System prompt, temperature, top-p, max tokens, K for this conversation (F9)",
                 act("gen_settings"),
+            ),
+            (
+                "Thinking on/off",
+                "Models that think (Qwen3...): reason first, or answer at once (this chat)",
+                run(gen_settings.toggle_thinking),
             ),
             ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", run(model.ask_k)),
             (

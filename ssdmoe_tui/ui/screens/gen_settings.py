@@ -1,5 +1,5 @@
 """F9: this conversation's generation settings (system prompt, temperature, top-p, max
-tokens, K). Starts from the conversation's own values (new chats: the config's); each
+tokens, K, thinking). Starts from the conversation's own values (new chats: the config's); each
 value is checked by the config schema's own check, a bad one is named on the screen and
 nothing is applied until all are good. Returns the new `GenSettings`, or None."""
 
@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, TextArea
+from textual.widgets import Button, Checkbox, Input, Label, TextArea
 
 from ssdmoe_tui.config import GenSettings, check_value
 from ssdmoe_tui.options import check_k
@@ -70,9 +70,15 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
                         compact=True,
                     )
                     yield Label(hint, classes="setting-hint")
+            yield Checkbox(
+                "Thinking (for models that think: Qwen3, …)",
+                self.current.thinking,
+                id="set-thinking",
+                compact=True,
+            )
             yield Label("", id="settings-error", classes="dialog-hint")
             yield Label(
-                "ctrl+s (or Enter in a field) saves · esc cancels · saved with the conversation",
+                "ctrl+s or Enter saves · esc cancels · kept with the chat",
                 classes="dialog-hint",
             )
             with Horizontal(classes="dialog-buttons"):
@@ -87,7 +93,8 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
     def result(self) -> GenSettings:
         """The settings on screen; ValueError naming the first bad one."""
         values: dict[str, object] = {
-            "system_prompt": self.query_one("#set-system_prompt", TextArea).text
+            "system_prompt": self.query_one("#set-system_prompt", TextArea).text,
+            "thinking": self.query_one("#set-thinking", Checkbox).value,
         }
         for key, label, _ in FIELDS:
             raw = self.query_one(f"#set-{key}", Input).value

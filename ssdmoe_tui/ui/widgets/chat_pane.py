@@ -109,7 +109,9 @@ class ChatPane(Vertical):
 
     async def _start_reply(self, request: Generate) -> None:
         assert self.chat.model is not None
-        self.current = await self.transcript.add_assistant(request.request_id, self.chat.model.name)
+        self.current = await self.transcript.add_assistant(
+            request.request_id, self.chat.model.name, self.chat.thinking_inside
+        )
         self.transcript.action_pin()
         # Cleared before the request goes: its first sample must land on a clean graph.
         self.screen.query_one(EnginePanel).clear_history()
@@ -129,7 +131,9 @@ class ChatPane(Vertical):
         try:
             stats = self.chat.reply_done(done)
             if stats is not None and message is not None and message.is_attached:
-                await message.finish(done.text, done.finish_reason, stats.detail())
+                await message.finish(
+                    done.text, done.finish_reason, stats.detail(), stats.thinking_tokens
+                )
         finally:
             self.finishing = None
 
@@ -149,7 +153,12 @@ class ChatPane(Vertical):
                 stats = turn.reply
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
                 reason = turn.finish or ("cancelled" if turn.stopped else "stop")
-                await message.finish(turn.content, reason, stats.detail() if stats else "")
+                await message.finish(
+                    turn.content,
+                    reason,
+                    stats.detail() if stats else "",
+                    stats.thinking_tokens if stats else 0,
+                )
 
     async def open_session(self, resume: str | None) -> None:
         """Start (`resume` None) or resume a conversation and show its turns; a bad
