@@ -29,14 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def mlx_launch() -> str:
+def mlx_launch() -> list[str]:
+    """mlx.launch's command: its script beside this Python or on PATH, else its module
+    (a `pip install --target` folder has no script on PATH, as on the GPU machine)."""
     beside = Path(sys.executable).parent / "mlx.launch"
     found = str(beside) if beside.exists() else shutil.which("mlx.launch")
-    if found is None:
+    if found is not None:
+        return [found]
+    import importlib.util
+
+    if importlib.util.find_spec("mlx") is None:
         from ssdmoe_tui.errors import BadValueError
 
         raise BadValueError("mlx.launch not found (pip install mlx, in this environment)")
-    return found
+    code = "import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())"
+    return [sys.executable, "-c", code]
 
 
 def expected_ranks(argv: list[str]) -> int:
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         )
         argv = argv or ["--help"]
     with tempfile.TemporaryDirectory(prefix="ssdmoe-launch-") as folder:
-        cmd = [mlx_launch(), "--env", f"{ENV_STATUS}={folder}", *argv]
+        cmd = [*mlx_launch(), "--env", f"{ENV_STATUS}={folder}", *argv]
         # Ctrl-C reaches every process of the terminal: mlx.launch and the ranks stop
         # themselves; this one waits for them, then reports their status.
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
