@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -28,14 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def mlx_launch() -> str:
+def mlx_launch() -> list[str]:
+    """mlx.launch's command: its script beside this Python or on PATH, else its module
+    (a `pip install --target` folder has no script on PATH, as on the GPU machine)."""
     beside = Path(sys.executable).parent / "mlx.launch"
     found = str(beside) if beside.exists() else shutil.which("mlx.launch")
-    if found is None:
+    if found is not None:
+        return [found]
+    import importlib.util
+
+    if importlib.util.find_spec("mlx") is None:
         from ssdmoe_tui.errors import BadValueError
 
         raise BadValueError("mlx.launch not found (pip install mlx, in this environment)")
-    return found
+    code = "import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())"
+    return [sys.executable, "-c", code]
 
 
 def expected_ranks(argv: list[str]) -> int:
@@ -55,6 +63,21 @@ def expected_ranks(argv: list[str]) -> int:
         return 0
 
 
+def starts_the_app(argv: list[str]) -> bool:
+    """Whether the launched command is the chat app (`ssdmoe [chat] ... --distributed`):
+    then mlx.launch must not read this terminal (rank 0's app reads it)."""
+    from ssdmoe_tui.cli import COMMAND_MODULES
+
+    for i, word in enumerate(argv):
+        if Path(word).name == "ssdmoe" or (word == "ssdmoe_tui.cli" and argv[i - 1 : i] == ["-m"]):
+            rest = argv[i + 1 :]
+            if "--distributed" not in rest:
+                return False
+            others = {m.replace("_", "-") for m in COMMAND_MODULES} - {"chat"}
+            return not any(w in others for w in rest)
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.engine.distributed.exit_status import ENV_STATUS, launch_status
 
@@ -68,15 +91,20 @@ def run(args: argparse.Namespace) -> int:
         )
         argv = argv or ["--help"]
     with tempfile.TemporaryDirectory(prefix="ssdmoe-launch-") as folder:
-        cmd = [mlx_launch(), "--env", f"{ENV_STATUS}={folder}", *argv]
+        cmd = [*mlx_launch(), "--env", f"{ENV_STATUS}={folder}", *argv]
         # Ctrl-C reaches every process of the terminal: mlx.launch and the ranks stop
         # themselves; this one waits for them, then reports their status.
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The app on rank 0 reads the terminal itself (commands/terminal.py): mlx.launch
+        # gets a stdin that never has data (at EOF its loop would spin).
+        quiet_in = os.pipe() if starts_the_app(argv) else None
         try:
-            code = subprocess.call(cmd)
+            code = subprocess.call(cmd, stdin=quiet_in[0] if quiet_in else None)
         finally:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGINT, old)
+            for fd in quiet_in or ():
+                os.close(fd)
         if code != 0 or "--help" in argv[:1] or "-h" in argv[:1]:
             return code  # mlx.launch itself refused (a bad option), or its help
         status = launch_status(Path(folder), expected_ranks(argv))

@@ -36,6 +36,13 @@ def _queue(text: str) -> int:
     return _whole_in(text, "max queue", 0)
 
 
+def _batch(text: str) -> int | None:
+    """`--max-batch N` (1..256) or `auto`."""
+    if text.strip().lower() == "auto":
+        return None
+    return _whole_in(text, "max batch", 1, 256)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
@@ -83,6 +90,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=D.MAX_QUEUE,
         metavar="N",
         help=f"requests that may wait for the engine before new ones get 429 (default {D.MAX_QUEUE})",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=arg_type(_batch),
+        default=None,
+        metavar="N",
+        help="requests decoded together, sharing each layer's expert reads; more wait in the "
+        "queue (default auto: what the KV budget allows at the model's context, at least 4; "
+        "1: one at a time)",
     )
     add_max_tokens_argument(p, default=D.MAX_TOKENS)
     p.add_argument(
@@ -186,6 +202,7 @@ def _serve(args: argparse.Namespace, link) -> int:
         engine=engine_options(args),
         api_key=api_key or None,
         max_queue=args.max_queue,
+        max_batch=args.max_batch,
         max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,

@@ -3,10 +3,11 @@ API: `start`, `submit`, `cancel`, `shutdown`, `kv_hooks`) driven from asyncio.
 
 Events arrive on the engine thread through the service's `post` callback and are handed
 to the event loop with `call_soon_threadsafe`; each generation's events go to its `Job`.
-One generation runs at a time (the engine thread is one); other requests wait in a
-bounded FIFO and get a 429 when it is full. A job keeps the engine until its
+Up to `max_batch` generations run at once (the service decodes them together,
+engine/run/batch_loop.py; 1 with a service that runs one at a time); other requests
+wait in a bounded FIFO and get a 429 when it is full. A job keeps its slot until its
 `GenerationDone` arrives, also when its client has gone: the next request starts
-only once the engine is free.
+only once a slot is free.
 
 Another process layout (rank 0 of a distributed launch) plugs in by passing its own
 `make_service`.
@@ -31,7 +32,7 @@ class ServiceLike(Protocol):
 
     def start(self) -> None: ...
     def submit(self, cmd: P.Command) -> None: ...
-    def cancel(self) -> None: ...
+    def cancel(self, request_id: str | None = None) -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
 
 
@@ -98,9 +99,14 @@ class Ticket:
 
 
 class EngineClient:
-    def __init__(self, make_service: MakeService, *, max_queue: int = 8) -> None:
+    def __init__(
+        self, make_service: MakeService, *, max_queue: int = 8, max_batch: int | None = 1
+    ) -> None:
+        """`max_batch`: slots (None: the service's own `max_batch` once it has loaded)."""
         self._make_service = make_service
         self.max_queue = max_queue
+        self.max_batch = max_batch or 1
+        self._max_batch_setting = max_batch
         self.service: ServiceLike | None = None
         self.info: P.ModelInfo | None = None
         self.tokenizer: Any = None
@@ -112,8 +118,7 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: asyncio.Future | None = None
         self._jobs: dict[str, Job] = {}
-        self._active: Job | None = None
-        self._busy = False
+        self._running = 0  # slots held
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self.generations = 0
 
@@ -129,6 +134,9 @@ class EngineClient:
         self.service.submit(load)
         self.info = await self._loaded
         self.default_k = self.info.k
+        if self._max_batch_setting is None:  # what the engine chose for this model
+            batching = getattr(self.service, "batching", False)
+            self.max_batch = max(1, int(getattr(self.service, "max_batch", 1))) if batching else 1
         self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.info.path)
         return self.info
 
@@ -173,28 +181,38 @@ class EngineClient:
                 job.result = ev
                 job.done.set()
                 del self._jobs[ev.request_id]
-                if self._active is job:
-                    self._active = None
                 self.generations += 1
                 if not job.keep_slot:
                     self._release()
 
-    # ------------------------------------------------------------------ one at a time
+    # ------------------------------------------------------------------ slots
     @property
     def queued(self) -> int:
         return len(self._waiters)
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._running > 0
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def batch_stats(self) -> dict | None:
+        """The engine's batch figures (engine/run/batch.py BatchFigures), if it batches."""
+        figures = getattr(self.service, "batch_figures", None)
+        if self.max_batch <= 1 and figures is None:
+            return None
+        return {"max_batch": self.max_batch, "running": self._running, **(figures or {})}
 
     def reserve(self) -> Ticket:
         """A place in the FIFO for the engine, taken now (a full queue is a 429 now, while
         the request can still get a status); `Ticket.wait` waits for the turn."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        if not self._busy and not self._waiters:
-            self._busy = True
+        if self._running < self.max_batch and not self._waiters:
+            self._running += 1  # a free slot: the engine decodes up to max_batch together
             fut.set_result(None)
         elif len(self._waiters) >= self.max_queue:
             raise ApiError(
@@ -217,7 +235,7 @@ class EngineClient:
             if not fut.done():
                 fut.set_result(None)  # the slot passes straight to the next waiter
                 return
-        self._busy = False
+        self._running = max(0, self._running - 1)
 
     def release_unused(self) -> None:
         """Give the slot back when no generation was submitted after `acquire`."""
@@ -229,13 +247,12 @@ class EngineClient:
         assert self.service is not None
         job = Job(cmd.request_id, _client=self, keep_slot=keep_slot)
         self._jobs[cmd.request_id] = job
-        self._active = job
         self.service.submit(cmd)
         return job
 
     def _cancel(self, job: Job) -> None:
-        if self._active is job and self.service is not None:
-            self.service.cancel()
+        if job.request_id in self._jobs and self.service is not None:
+            self.service.cancel(job.request_id)
 
 
 def new_request_id(prefix: str = "chatcmpl") -> str:

@@ -37,14 +37,15 @@ def default_cache_root() -> Path:
     return data_dir() / "server-cache"
 
 
-def engine_service_factory(options: EngineOptions) -> MakeService:
-    """The default seam: the in-process engine thread, opened with `options`; the server
-    injects its own KV hooks (not the app's sessions)."""
+def engine_service_factory(options: EngineOptions, max_batch: int | None = None) -> MakeService:
+    """The default seam: the in-process engine thread, opened with `options`, decoding up
+    to `max_batch` requests together (None: what its KV budget allows, at least 4); the
+    server injects its own KV hooks (not the app's sessions)."""
 
     def make(post):  # noqa: ANN001, ANN202
         from ssdmoe_tui.engine.run.service import EngineService
 
-        return EngineService(post, options=options)
+        return EngineService(post, options=options, max_batch=max_batch)
 
     return make
 
@@ -64,6 +65,9 @@ class ServeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     api_key: str | None = None
     max_queue: int = D.MAX_QUEUE
+    # requests decoded together (engine/run/batch_loop.py); None: what the KV budget
+    # allows at the model's context, at least 4; 1: one at a time
+    max_batch: int | None = None
     max_body_bytes: int = D.MAX_BODY_BYTES
     max_tokens: int = D.MAX_TOKENS
     temperature: float = D.TEMPERATURE
@@ -91,8 +95,8 @@ def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
 class Server:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        make = options.make_service or engine_service_factory(options.engine)
-        self.engine = EngineClient(make, max_queue=options.max_queue)
+        make = options.make_service or engine_service_factory(options.engine, options.max_batch)
+        self.engine = EngineClient(make, max_queue=options.max_queue, max_batch=None)
         self.state: ServerState | None = None  # the handlers' shared state, once loaded
         self.kv: ServerKV | None = None
         self.model_id = ""

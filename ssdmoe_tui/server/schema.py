@@ -420,6 +420,22 @@ def _tools(body: dict) -> tuple[dict, ...]:
     return tuple(tools)
 
 
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def reasoning_kwargs(effort: Any, param: str) -> dict:
+    """A reasoning effort as template variables: `reasoning_effort` (gpt-oss's template
+    reads it); "none" also switches thinking off (`enable_thinking`, Qwen3's)."""
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise bad_request(f"'{param}' {effort!r} is not one of {', '.join(EFFORTS)}", param)
+    kw: dict = {"reasoning_effort": effort}
+    if effort == "none":
+        kw["enable_thinking"] = False
+    return kw
+
+
 def _template_kwargs(body: dict) -> dict:
     kw = body.get("chat_template_kwargs")
     if kw is None:
@@ -450,7 +466,10 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
         stream=stream,
         include_usage=include,
         tools=_tools(body),
-        template_kwargs=_template_kwargs(body),
+        template_kwargs={
+            **reasoning_kwargs(body.get("reasoning_effort"), "reasoning_effort"),
+            **_template_kwargs(body),
+        },
         k=k if k is not None else k_suffix,
     )
 

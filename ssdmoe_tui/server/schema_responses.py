@@ -29,6 +29,7 @@ from ssdmoe_tui.server.schema import (
     _seed,
     _template_kwargs,
     check_nesting,
+    reasoning_kwargs,
     sampling_extras,
     split_model,
 )
@@ -175,18 +176,13 @@ def _refuse(body: dict) -> None:
 
 
 def _reasoning_kwargs(body: dict) -> dict:
-    """`reasoning.effort` reaches templates that take `reasoning_effort` (gpt-oss)."""
+    """`reasoning.effort` as template variables (`schema.reasoning_kwargs`)."""
     r = body.get("reasoning")
     if r is None:
         return {}
     if not isinstance(r, dict):
         raise bad_request("'reasoning' must be an object", "reasoning")
-    effort = r.get("effort")
-    if effort is None:
-        return {}
-    if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
-        raise bad_request(f"'reasoning.effort' {effort!r} is not a known effort", "reasoning")
-    return {"reasoning_effort": effort}
+    return reasoning_kwargs(r.get("effort"), "reasoning")
 
 
 def parse_responses(body: Any, served_model: str) -> ResponsesRequest:

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
-from ssdmoe_tui.server.output import Call, Content, OutputFilter, Piece
+from ssdmoe_tui.server.output import Call, Content, OutputFilter, Piece, Reasoning
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall, parse_chat
 from ssdmoe_tui.server.serving_engine import ServerState
@@ -52,7 +52,7 @@ class ServingChat(OpenAIServing):
         if req.stream:
             return self.sse(p, self.chat_stream(req, prompt, lambda: self.run(p), p.rid))
         job = await self.start(request, p)
-        filt = OutputFilter(req.sampling.stop, self.state.tool_format, req.tools)
+        filt = self.output_filter(prompt, req.sampling.stop, req.tools)
 
         def message() -> dict:
             content = "".join(filt.content)
@@ -60,6 +60,8 @@ class ServingChat(OpenAIServing):
                 "role": "assistant",
                 "content": content if (content or not filt.calls) else None,
             }
+            if filt.reasoning:  # vLLM's and llama.cpp's field; opencode, the AI SDK read it
+                msg["reasoning_content"] = "".join(filt.reasoning)
             if filt.calls:
                 msg["tool_calls"] = [call_json(c) for c in filt.calls]
             return {"message": msg}
@@ -76,7 +78,7 @@ class ServingChat(OpenAIServing):
         acquire: Callable[[], Awaitable[Job]],
         rid: str,
     ) -> AsyncIterator[str]:
-        filt = OutputFilter(req.sampling.stop, self.state.tool_format, req.tools)
+        filt = self.output_filter(prompt, req.sampling.stop, req.tools)
         n_calls = [0]
 
         def bodies(pieces: list[Piece]) -> list[dict]:
@@ -84,6 +86,8 @@ class ServingChat(OpenAIServing):
             for p in pieces:
                 if isinstance(p, Content):
                     out.append({"delta": {"content": p.text}})
+                elif isinstance(p, Reasoning):
+                    out.append({"delta": {"reasoning_content": p.text}})
                 elif isinstance(p, Call):
                     out.append({"delta": {"tool_calls": [call_json(p.call, n_calls[0])]}})
                     n_calls[0] += 1

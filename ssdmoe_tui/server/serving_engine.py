@@ -27,7 +27,15 @@ from ssdmoe_tui.server.engine_client import EngineClient, Job, Ticket, new_reque
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.http import read_json, sse, until_disconnect
-from ssdmoe_tui.server.output import OutputFilter, Piece, ToolFormat, tool_format_for
+from ssdmoe_tui.server.output import (
+    OutputFilter,
+    Piece,
+    ThinkFormat,
+    ToolFormat,
+    starts_in_think,
+    think_format_for,
+    tool_format_for,
+)
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
 from ssdmoe_tui.server.schema import Sampling
@@ -62,6 +70,7 @@ class ServerState:
     settings: ApiSettings
     kv: ServerKV | None = None
     tool_format: ToolFormat | None = None
+    think_format: ThinkFormat | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     last_response_stats: dict | None = None
     log: Callable[[str], None] = _log
@@ -69,6 +78,8 @@ class ServerState:
     def __post_init__(self) -> None:
         if self.tool_format is None:
             self.tool_format = tool_format_for(self.engine.tokenizer)
+        if self.think_format is None:
+            self.think_format = think_format_for(self.engine.tokenizer)
 
 
 @dataclass
@@ -239,6 +250,12 @@ class Serving:
         return self.engine.submit(cmd, keep_slot=True)
 
     # ------------------------------------------------------------------ job -> output
+    def output_filter(self, prompt: Prompt, stops=(), tools=()) -> OutputFilter:  # noqa: ANN001
+        """A chat reply's filter: stop strings, the think block apart, tool calls."""
+        fmt = self.state.think_format
+        inside = fmt is not None and starts_in_think(self.engine.tokenizer, prompt.tokens)
+        return OutputFilter(stops, self.state.tool_format, tools, fmt, inside)
+
     async def pieces(self, job: Job, filt: OutputFilter) -> AsyncIterator[list[Piece]]:
         """The job's output as filtered pieces; the last item follows GenerationDone."""
         while True:

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
-from ssdmoe_tui.server.output import Call, Content, OutputFilter
+from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ToolCall
 from ssdmoe_tui.server.schema_messages import MessagesRequest, parse_messages
@@ -66,6 +66,11 @@ def tool_use(call: ToolCall) -> dict:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": args}
 
 
+def thinking_block(text: str) -> dict:
+    # no signature: nothing here is encrypted, and a client sends the block back as is
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def _event(kind: str, **payload: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False)}\n\n"
 
@@ -86,7 +91,7 @@ class ServingMessages(Serving):
             request, parse_messages, lambda r: self.state.builder.chat(r.chat), "msg"
         )
         req, prompt = p.req, p.prompt
-        filt = OutputFilter(req.sampling.stop, self.state.tool_format, req.chat.tools)
+        filt = self.output_filter(prompt, req.sampling.stop, req.chat.tools)
         if req.chat.stream:
             return self.sse(p, self._events(req, prompt, lambda: self.run(p), filt, p.rid))
         job = await self.start(request, p)
@@ -94,9 +99,11 @@ class ServingMessages(Serving):
         record_reply(self.state, req.chat, prompt, done, filt)
         ext = self.ext(done)
         text = "".join(filt.content)
-        content = ([{"type": "text", "text": text}] if text or not filt.calls else []) + [
-            tool_use(c) for c in filt.calls
-        ]
+        thinking = [thinking_block("".join(filt.reasoning))] if filt.reasoning else []
+        content = thinking + (
+            [{"type": "text", "text": text}] if text.strip() or not filt.calls else []
+        )
+        content += [tool_use(c) for c in filt.calls]
         body = self._message(job.request_id, req, content, done, filt, ext)
         return JSONResponse(body, headers={STATS_HEADER: self.stats_header(ext)})
 
@@ -125,8 +132,31 @@ class ServingMessages(Serving):
         rid: str,
     ) -> AsyncIterator[str]:
         index = -1
-        text_open = False
+        open_kind: str | None = None  # the block being streamed: "text" or "thinking"
+        held = ""  # whitespace-only text not sent yet
+        text_sent = False
         job: Job | None = None
+
+        def open_block(kind: str) -> list[str]:
+            nonlocal index, open_kind, text_sent
+            if open_kind == kind:
+                return []
+            out = close_block()
+            index += 1
+            open_kind = kind
+            block = {"type": "text", "text": ""} if kind == "text" else thinking_block("")
+            out.append(_event("content_block_start", index=index, content_block=block))
+            if kind == "text":
+                text_sent = True
+            return out
+
+        def close_block() -> list[str]:
+            nonlocal open_kind
+            if open_kind is None:
+                return []
+            open_kind = None
+            return [_event("content_block_stop", index=index)]
+
         try:
             start = self._message(rid, req, [], None, filt)
             start["usage"] = {"input_tokens": len(prompt.tokens), "output_tokens": 0}
@@ -136,17 +166,24 @@ class ServingMessages(Serving):
                 async for pieces in self.pieces(job, filt):
                     for p in pieces:
                         if isinstance(p, Content):
-                            if not text_open:
-                                index += 1
-                                text_open = True
-                                yield _event("content_block_start", index=index,
-                                             content_block={"type": "text", "text": ""})  # fmt: skip
+                            text = p.text
+                            if open_kind != "text":
+                                held += text  # whitespace between calls opens no block
+                                if not held.strip():
+                                    continue
+                                text, held = held, ""
+                            for e in open_block("text"):
+                                yield e
                             yield _event("content_block_delta", index=index,
-                                         delta={"type": "text_delta", "text": p.text})  # fmt: skip
+                                         delta={"type": "text_delta", "text": text})  # fmt: skip
+                        elif isinstance(p, Reasoning):
+                            for e in open_block("thinking"):
+                                yield e
+                            yield _event("content_block_delta", index=index,
+                                         delta={"type": "thinking_delta", "thinking": p.text})  # fmt: skip
                         elif isinstance(p, Call):
-                            if text_open:
-                                yield _event("content_block_stop", index=index)
-                                text_open = False
+                            for e in close_block():
+                                yield e
                             index += 1
                             block = {**tool_use(p.call), "input": {}}
                             yield _event("content_block_start", index=index, content_block=block)
@@ -157,12 +194,14 @@ class ServingMessages(Serving):
             except ApiError as e:
                 yield _event("error", error=error_body(e)["error"])
                 return
-            if index < 0:  # an empty reply is still one (empty) text block
-                index, text_open = 0, True
-                yield _event("content_block_start", index=0,
-                             content_block={"type": "text", "text": ""})  # fmt: skip
-            if text_open:
-                yield _event("content_block_stop", index=index)
+            if not filt.calls and not text_sent:  # no answer text yet: one text block
+                for e in open_block("text"):
+                    yield e
+                if held:
+                    yield _event("content_block_delta", index=index,
+                                 delta={"type": "text_delta", "text": held})  # fmt: skip
+            for e in close_block():
+                yield e
             done = self.done(job)
             record_reply(self.state, req.chat, prompt, done, filt)
             ext = self.ext(done)

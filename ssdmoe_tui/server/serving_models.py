@@ -64,6 +64,7 @@ class ServingModels:
                 "default_k": e.default_k,
                 "live": asdict(e.last_sample) if e.last_sample else None,
                 "last_response": self.state.last_response_stats,
+                "batch": e.batch_stats,
                 "engine": {
                     "device": info.device,
                     "dtype": info.dtype,

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError, bad_request
-from ssdmoe_tui.server.output import Call, Content, OutputFilter
+from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall
 from ssdmoe_tui.server.schema_responses import ResponsesRequest, parse_responses
@@ -57,7 +57,15 @@ class ResponseStore:
             self._items.popitem(last=False)
 
 
-def usage(done: P.GenerationDone) -> dict:
+def reasoning_tokens(tokenizer: Any, done: P.GenerationDone, filt: OutputFilter) -> int:
+    """Generated tokens up to the think block's end (all of them if it never closed)."""
+    if not filt.reasoning:
+        return 0
+    end, ids = getattr(tokenizer, "think_end_id", None), list(done.token_ids)
+    return ids.index(end) + 1 if end in ids else len(ids)
+
+
+def usage(done: P.GenerationDone, reasoning: int = 0) -> dict:
     n_in, n_out = len(done.prompt_token_ids), len(done.token_ids)
     return {
         "input_tokens": n_in,
@@ -66,7 +74,7 @@ def usage(done: P.GenerationDone) -> dict:
             "cache_write_tokens": 0,
         },  # fmt: skip
         "output_tokens": n_out,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": n_in + n_out,
     }
 
@@ -74,6 +82,11 @@ def usage(done: P.GenerationDone) -> dict:
 def message_item(item_id: str, text: str, status: str) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict:
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
@@ -91,6 +104,7 @@ class _Run:
         self.id = _id("resp")
         self.created = int(time.time())
         self.output: list[dict] = []
+        self.reasoning_tokens = 0
 
     def response(self, status: str, done: P.GenerationDone | None = None, **extra: Any) -> dict:
         req = self.req
@@ -106,7 +120,7 @@ class _Run:
             "text": {"format": {"type": "text"}}, "truncation": "disabled",
         }  # fmt: skip
         if done is not None:
-            out["usage"] = usage(done)
+            out["usage"] = usage(done, self.reasoning_tokens)
             if status == "incomplete":
                 out["incomplete_details"] = {"reason": "max_output_tokens"}
         out.update(extra)
@@ -140,14 +154,16 @@ class ServingResponses(Serving):
 
         p = await self.prepare(request, parse, self.state.builder.chat, "resp")
         chat, prompt, r = p.req, p.prompt, run[0]
-        filt = OutputFilter((), self.state.tool_format, chat.tools)
+        filt = self.output_filter(prompt, (), chat.tools)
         if chat.stream:
             return self.sse(p, self._events(r, prompt, lambda: self.run(p), filt))
         job = await self.start(request, p)
         done = await self.drain(request, job, filt)
-        text = "".join(filt.content)
-        if text or not filt.calls:
-            r.output.append(message_item(_id("msg"), text, self._status(done, filt)))
+        text, status = "".join(filt.content), self._status(done, filt)
+        if filt.reasoning:
+            r.output.append(reasoning_item(_id("rs"), "".join(filt.reasoning), status))
+        if text.strip() or not filt.calls:
+            r.output.append(message_item(_id("msg"), text, status))
         r.output.extend(call_item(_id("fc"), c) for c in filt.calls)
         ext = self._finish(r, prompt, done, filt)
         body = r.response(self._status(done, filt), done, ssdmoe=ext)
@@ -161,6 +177,7 @@ class ServingResponses(Serving):
     def _finish(self, r: _Run, prompt: Prompt, done: P.GenerationDone, filt: OutputFilter) -> dict:
         """Record the exact tokens, store the conversation, the `ssdmoe` field."""
         record_reply(self.state, r.chat, prompt, done, filt)
+        r.reasoning_tokens = reasoning_tokens(self.engine.tokenizer, done, filt)
         if r.req.store:
             reply = ChatMessage("assistant", "".join(filt.content), tuple(filt.calls))
             self.store.put(r.id, r.history + r.req.input + (reply,))
@@ -176,28 +193,56 @@ class ServingResponses(Serving):
             seq[0] += 1
             return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-        msg: dict | None = None  # the message item being streamed
+        # the text item being streamed: a message (output_text) or reasoning (reasoning_text)
+        open_item: dict | None = None
+        held = ""  # whitespace-only answer text not sent yet
 
-        def close_message() -> list[str]:
-            nonlocal msg
-            if msg is None:
+        def part_kind(item: dict) -> str:
+            return "output_text" if item["type"] == "message" else "reasoning_text"
+
+        def open_text(kind: str) -> list[str]:
+            nonlocal open_item
+            out = close_text() if open_item is not None and open_item["type"] != kind else []
+            if open_item is not None:
+                return out
+            open_item = message_item(_id("msg"), "", "in_progress") if kind == "message" else (
+                reasoning_item(_id("rs"), "", "in_progress"))  # fmt: skip
+            r.output.append(open_item)
+            i = len(r.output) - 1
+            part = {**open_item["content"][0], "text": ""}
+            out.append(event("response.output_item.added", output_index=i,
+                             item={**open_item, "content": []}))  # fmt: skip
+            out.append(event("response.content_part.added", item_id=open_item["id"],
+                             output_index=i, content_index=0, part=part))  # fmt: skip
+            return out
+
+        def delta(text: str) -> str:
+            open_item["content"][0]["text"] += text
+            extra = {"logprobs": []} if open_item["type"] == "message" else {}
+            return event(f"response.{part_kind(open_item)}.delta", item_id=open_item["id"],
+                         output_index=len(r.output) - 1, content_index=0, delta=text,
+                         **extra)  # fmt: skip
+
+        def close_text() -> list[str]:
+            nonlocal open_item
+            if open_item is None:
                 return []
-            i, part = len(r.output) - 1, msg["content"][0]
-            msg["status"] = "completed"
-            ref = {"item_id": msg["id"], "output_index": i}
-            out = [
+            item, open_item = open_item, None
+            i, part = len(r.output) - 1, item["content"][0]
+            item["status"] = "completed"
+            ref = {"item_id": item["id"], "output_index": i}
+            extra = {"logprobs": []} if item["type"] == "message" else {}
+            return [
                 event(
-                    "response.output_text.done",
+                    f"response.{part_kind(item)}.done",
                     **ref,
                     content_index=0,
                     text=part["text"],
-                    logprobs=[],
+                    **extra,
                 ),  # fmt: skip
                 event("response.content_part.done", **ref, content_index=0, part=part),
-                event("response.output_item.done", output_index=i, item=msg),
+                event("response.output_item.done", output_index=i, item=item),
             ]
-            msg = None
-            return out
 
         job: Job | None = None
         try:
@@ -207,23 +252,19 @@ class ServingResponses(Serving):
                 yield event("response.in_progress", response=r.response("in_progress"))
                 async for pieces in self.pieces(job, filt):
                     for p in pieces:
-                        if isinstance(p, Content):
-                            if msg is None:
-                                msg = message_item(_id("msg"), "", "in_progress")
-                                r.output.append(msg)
-                                i = len(r.output) - 1
-                                yield event("response.output_item.added", output_index=i,
-                                            item={**msg, "content": []})  # fmt: skip
-                                yield event("response.content_part.added", item_id=msg["id"],
-                                            output_index=i, content_index=0,
-                                            part={"type": "output_text", "text": "",
-                                                  "annotations": []})  # fmt: skip
-                            msg["content"][0]["text"] += p.text
-                            yield event("response.output_text.delta", item_id=msg["id"],
-                                        output_index=len(r.output) - 1, content_index=0,
-                                        delta=p.text, logprobs=[])  # fmt: skip
+                        if isinstance(p, (Content, Reasoning)):
+                            kind = "message" if isinstance(p, Content) else "reasoning"
+                            text = p.text
+                            if kind == "message" and (open_item or {}).get("type") != kind:
+                                held += text  # whitespace between calls opens no message
+                                if not held.strip():
+                                    continue
+                                text, held = held, ""
+                            for e in open_text(kind):
+                                yield e
+                            yield delta(text)
                         elif isinstance(p, Call):
-                            for e in close_message():
+                            for e in close_text():
                                 yield e
                             item = call_item(_id("fc"), p.call, "in_progress")
                             r.output.append(item)
@@ -242,16 +283,12 @@ class ServingResponses(Serving):
                 yield event("response.failed", response=r.response("failed", error=err))
                 return
             done = self.done(job)
-            if not r.output:  # an empty reply is still one (empty) message
-                msg = message_item(_id("msg"), "", "in_progress")
-                r.output.append(msg)
-                i = len(r.output) - 1
-                yield event("response.output_item.added", output_index=i,
-                            item={**msg, "content": []})  # fmt: skip
-                yield event("response.content_part.added", item_id=msg["id"], output_index=i,
-                            content_index=0, part={"type": "output_text", "text": "",
-                                                   "annotations": []})  # fmt: skip
-            for e in close_message():
+            if not filt.calls and not any(o["type"] == "message" for o in r.output):
+                for e in open_text("message"):  # no answer text yet: one message
+                    yield e
+                if held:
+                    yield delta(held)
+            for e in close_text():
                 yield e
             status = self._status(done, filt)
             ext = self._finish(r, prompt, done, filt)

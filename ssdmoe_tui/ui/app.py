@@ -316,6 +316,7 @@ class SsdmoeApp(App[int]):
     async def _reply_done(self, message: ReplyDone) -> None:
         self._stop_prefill_clock()  # a reply stopped during its prefill
         self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
+        self.panel.show_ranks((message.event.stats or {}).get("distributed"))
         await self.chat_pane.reply_done(message.event)
 
     @on(ModelReady)

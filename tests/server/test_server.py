@@ -351,6 +351,8 @@ def test_streams_are_never_silent_while_queued_or_in_prefill(srv):
     settings = state.settings
     state.settings = dataclasses.replace(settings, keepalive_s=0.5)
     model = srv.model
+    engine = srv.server.engine
+    slots, engine.max_batch = engine.max_batch, 1  # one slot: the blocker makes others queue
 
     def long(i: int) -> str:  # a prompt no cache serves (it differs from the first word)
         return f"{i} " + " ".join(["streaming experts from the disk"] * 250)
@@ -402,6 +404,7 @@ def test_streams_are_never_silent_while_queued_or_in_prefill(srv):
         blocker.join(TIMEOUT)
     finally:
         state.settings = settings
+        engine.max_batch = slots
     assert time_to_free(srv) < 1.0
 
 
@@ -447,9 +450,11 @@ def test_two_clients_wait_or_get_429(srv):
         t.start()
     for t in threads:
         t.join(TIMEOUT)
-    assert [r.status_code for r in results] == [200, 200]  # the second one waited
-    # with no room in the queue the second is refused, and both keep working after
-    srv.server.engine.max_queue = 0
+    assert [r.status_code for r in results] == [200, 200]  # both answered (together)
+    # with every slot taken and no room in the queue the second is refused, and both keep
+    # working after (one slot here: the batch's slots are tests/server/test_server_batch.py's)
+    engine = srv.server.engine
+    slots, engine.max_batch, engine.max_queue = engine.max_batch, 1, 0
     try:
         body["max_tokens"] = 300
         body["stream"] = True
@@ -462,7 +467,7 @@ def test_two_clients_wait_or_get_429(srv):
         assert second.status_code == 429 and second.headers["retry-after"]
         assert second.json()["error"]["type"] == "rate_limit_error"
     finally:
-        srv.server.engine.max_queue = 8
+        engine.max_batch, engine.max_queue = slots, 8
     h = httpx.get(srv.url + "/health", timeout=5)
     assert h.status_code == 200
 

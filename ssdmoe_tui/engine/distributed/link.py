@@ -140,3 +140,29 @@ def follow(dist, options, link: ServiceLink | None = None, kv_hooks=None) -> int
     service.start()
     service.shutdown(timeout=threading.TIMEOUT_MAX)  # returns once rank 0 sent Shutdown
     return 0
+
+
+def agreed_kv_hooks(dist, hooks, saves: bool):
+    """KV hooks for a rank of the distributed chat app: every rank restores the same
+    prompt prefix from disk, or none does (the ranks compute each token together).
+
+    Each rank loads through its own `hooks` (the app's conversation folders: a rank on
+    rank 0's machine finds rank 0's checkpoints, a rank on another machine usually
+    none), then the ranks compare the tokens restored; unless all restored the same
+    number, none uses its checkpoint and all prefill. `saves`: this rank writes
+    checkpoints (rank 0; the others would only write a second copy of the same values).
+    A load error counts as nothing restored: it never skips the comparison."""
+    from ssdmoe_tui.engine.run.service import KVHooks
+
+    def load(session_id, tokens, info):
+        got = None
+        try:
+            got = hooks.load(session_id, tokens, info) if hooks.load is not None else None
+        except Exception:  # noqa: BLE001 - nothing restored here: every rank prefills
+            got = None
+        counts = dist.gather_json(int(got[1]) if got is not None else 0)
+        if counts[0] > 0 and all(n == counts[0] for n in counts):
+            return got
+        return None
+
+    return KVHooks(save=hooks.save if saves else None, load=load)

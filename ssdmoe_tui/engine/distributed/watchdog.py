@@ -94,6 +94,9 @@ class Watchdog:
         # 1: reported an error or vanished), for `ssdmoe launch`'s exit status
         self.outcomes: dict[int, int] = {}
         self._all_done = threading.Event()
+        # called (once, on the watchdog's thread) before a verdict ends the process: the
+        # chat app restores the terminal there
+        self.before_exit = None
 
     # -------------------------------------------------------- setup
     def connect(self, dist, sigterm: bool = True) -> None:
@@ -164,6 +167,7 @@ class Watchdog:
                     if self.rank == 0:
                         for p in self.peers:
                             p.send("ERR stopped")
+                    self._before_exit()
                     self.record(exit_status.STOPPED)
                     os._exit(exit_status.STOPPED)
 
@@ -223,6 +227,12 @@ class Watchdog:
         if len(self.outcomes) >= self.size - 1:
             self._all_done.set()
 
+    def _before_exit(self) -> None:
+        hook, self.before_exit = self.before_exit, None
+        if hook is not None:
+            with contextlib.suppress(Exception):
+                hook()
+
     def record(self, status: int) -> None:
         """This rank's exit status for `ssdmoe launch` (rank 0 adds the others')."""
         exit_status.write(self.rank, status, dict(self.outcomes) if self.rank == 0 else None)
@@ -236,6 +246,7 @@ class Watchdog:
         if self.rank == 0:
             for p in self.peers:
                 p.send(f"ERR {line or 'stopped'}")
+        self._before_exit()
         if line:
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):

@@ -135,6 +135,7 @@ class GenerationResult:
     cache: list  # the KV cache: prompt[:covered_prompt] + tokens[:covered_generated]
     covered_prompt: int = 0  # prompt tokens the cache holds (all, unless cancelled in prefill)
     covered_generated: int = 0  # generated tokens it holds (all but the last, or all)
+    decode_share: object = None  # in a batch: its share of the steps (batch.DecodeShare)
 
     @property
     def covered_tokens(self) -> list[int]:
@@ -536,7 +537,15 @@ class Runner:
         stats.peak_rss_bytes = iostats.peak_rss_bytes() or 0
         covered = len(begun.prompt) if tokens else begun.reused + begun.done
         return GenerationResult(
-            begun.prompt, tokens, detok.text, finish, stats, begun.cache, covered, fed_generated
+            begun.prompt,
+            tokens,
+            detok.text,
+            finish,
+            stats,
+            begun.cache,
+            covered,
+            fed_generated,
+            begun.decode_share,
         )
 
     def _schedule(self, step, inp: mx.array) -> tuple[mx.array, int]:

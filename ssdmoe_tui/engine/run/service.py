@@ -71,10 +71,14 @@ class EngineService:
         options: EngineOptions | None = None,
         prefill_step_size: int | None = None,
         kv_hooks: KVHooks | KVHooksFactory | None = None,
+        max_batch: int | None = 1,
     ) -> None:
         """`options`: what every LoadModel starts from (reader, prefetch, ...); a
         LoadModel sets the model, K, prefill K, expert cache and dtype on top.
-        `kv_hooks`: persistence (or a factory called on the engine thread)."""
+        `kv_hooks`: persistence (or a factory called on the engine thread).
+        `max_batch`: Generates decoded together (engine/run/batch_loop.py); 1: one at a
+        time (the app); None: what the KV budget allows at the model's context, at
+        least 4 (`auto_max_batch`, set at each load)."""
         self._post = post
         self.options = options or EngineOptions()
         if prefill_step_size is not None:
@@ -99,6 +103,12 @@ class EngineService:
         # engine.distributed.ServiceLink: one rank of an expert-parallel launch (serve
         # --distributed); commands, K and stops then come from rank 0, in step.
         self.link = None
+        self.max_batch_setting = max_batch
+        self.max_batch = max_batch or 4
+        self._cancel_ids: set[str] = set()  # requests stopped one by one (batched serving)
+        self._outstanding = 0  # Generates submitted and not yet done
+        self._count_lock = threading.Lock()
+        self.batch_figures: dict | None = None  # the running batch's (BatchFigures.as_dict)
 
     # ------------------------------------------------------------------ client API
     def start(self) -> None:
@@ -116,8 +126,11 @@ class EngineService:
                 self._emit(P.EngineError(user_message(e)))
             return
         if isinstance(cmd, P.Generate):
+            with self._count_lock:
+                self._outstanding += 1
             self._busy.set()
-            self._cancel.clear()
+            if not self.batching:
+                self._cancel.clear()
         elif isinstance(cmd, P.LoadModel) and not self._busy.is_set():
             # Not while a reply runs: the app stops it as it opens another model, and
             # clearing here undid that stop (the reply ran to max_tokens before the load);
@@ -137,8 +150,25 @@ class EngineService:
                 return
             runner.set_k(k)
 
-    def cancel(self) -> None:
-        self._cancel.set()
+    def cancel(self, request_id: str | None = None) -> None:
+        """Stop a generation between two tokens: every one (None), or one request's."""
+        if request_id is None:
+            self._cancel.set()
+        else:
+            self._cancel_ids.add(request_id)
+
+    @property
+    def batching(self) -> bool:
+        """Generates decode together (not under --distributed: ranks step one reply)."""
+        return self.max_batch > 1 and self.link is None
+
+    def _generation_ended(self, request_id: str | None) -> None:
+        with self._count_lock:
+            self._outstanding = max(0, self._outstanding - 1)
+            if not self._outstanding:
+                self._busy.clear()
+        if request_id is not None:
+            self._cancel_ids.discard(request_id)
 
     @property
     def busy(self) -> bool:
@@ -176,8 +206,14 @@ class EngineService:
                 self.kv_hooks = self._hooks_source(self._notice)
             except Exception as e:  # noqa: BLE001 - chatting works without persistence
                 self._notice(f"conversations will not be saved: {user_message(e)}")
+        held: P.Command | None = None  # a command that ended a batch's admissions
         while True:
-            cmd = self._next_command()
+            cmd, held = held if held is not None else self._next_command(), None
+            if isinstance(cmd, P.Generate) and self.batching and self._runner is not None:
+                from ssdmoe_tui.engine.run.batch_loop import BatchLoop
+
+                held = BatchLoop(self).run(cmd)
+                continue
             try:
                 if isinstance(cmd, P.Shutdown):
                     self._unload()
@@ -205,7 +241,7 @@ class EngineService:
             finally:
                 if isinstance(cmd, P.Generate):
                     self._cancel.clear()  # its stop is spent, also when it failed
-                    self._busy.clear()
+                    self._generation_ended(cmd.request_id)
 
     def _next_command(self) -> P.Command:
         if self.link is None:
@@ -299,6 +335,10 @@ class EngineService:
         except ImportError:
             self.kv_pool = None
         self._options = plan.options
+        if self.max_batch_setting is None:
+            from ssdmoe_tui.engine.run.kv_pool import auto_max_batch
+
+            self.max_batch = auto_max_batch(runner, self.kv_budget_bytes)
         self._info = self._describe(runner)
         self._emit(P.ModelLoaded(self.model_info, tokenizer=runner.sm.tokenizer))
         self._emit(self._sample(None, None))
@@ -395,7 +435,11 @@ class EngineService:
         )
         penalties = sampling.logits_processors()
         processors = make_logits_processors(**penalties) if penalties else []
-        should_stop = self._cancel.is_set
+        rid = cmd.request_id
+
+        def should_stop() -> bool:
+            return self._cancel.is_set() or rid in self._cancel_ids
+
         link, meter = self.link, None
         if link is not None:
             sampler, meter = link.sampler(sampler), link.meter(runner.sm)
