@@ -38,6 +38,8 @@ _MODULES = {
     "trace": ["ssdmoe_tui.engine.policy.traces"],
     "conversation": ["ssdmoe_tui.sessions.store"],
     "config": ["ssdmoe_tui.config"],
+    "chat_template": ["ssdmoe_tui.prompting.chat_format", "transformers", "mlx_lm.tokenizer_utils"],
+    "index_cache": ["ssdmoe_tui.engine.experts.index"],
 }
 
 

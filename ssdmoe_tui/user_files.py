@@ -29,6 +29,7 @@ INDEX_CACHE_MAX = 512 * MiB
 MODEL_JSON_MAX = 16 * MiB  # config.json, generation_config.json, the shard index
 TOKENIZER_FILE_MAX = 512 * MiB  # tokenizer.json of a 256k vocabulary is ~30 MiB
 TEMPLATE_MAX = 4 * MiB
+TEXT_FILE_MAX = 1024 * MiB  # a text to measure perplexity on (`ssdmoe eval --text`)
 
 _OPEN_FLAGS = (
     os.O_RDONLY

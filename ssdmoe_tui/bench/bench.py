@@ -30,6 +30,7 @@ from ssdmoe_tui.bench import system
 from ssdmoe_tui.errors import BadValueError, ModelError
 from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.units import human_bytes
+from ssdmoe_tui.user_files import MODEL_JSON_MAX, read_regular
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.run.runner import Snapshot
@@ -462,7 +463,7 @@ def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLi
 
 def _load_baseline_json(p: Path, conditions: dict) -> dict:
     try:
-        data = json.loads(Path(p).read_text())
+        data = json.loads(read_regular(Path(p), MODEL_JSON_MAX))
     except FileNotFoundError:
         raise BadValueError(f"--baseline-json: file not found: {p}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

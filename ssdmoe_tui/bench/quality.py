@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.user_files import TEXT_FILE_MAX, read_regular_text
 
 RANDOM_WEIGHTS_NOTE = (
     "the numbers only mean something on a trained model; on random weights (the demo "
@@ -32,7 +33,7 @@ def text_tokens(tokenizer, path: Path, max_tokens: int) -> list[int]:
     """The first `max_tokens` ids of the file's text, tokenized raw (no chat template)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, TEXT_FILE_MAX)
     except FileNotFoundError:
         raise BadValueError(f"--text: file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:

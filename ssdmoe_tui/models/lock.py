@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.paths import cache_dir
+from ssdmoe_tui.user_files import SMALL_STATE_MAX, read_regular
 
 try:
     import fcntl
@@ -132,7 +133,7 @@ def read_holder(path: Path | None = None) -> LockHolder | None:
     """The label the current holder wrote, if any (it may be mid-write: then None)."""
     path = path or lock_path()
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8") or "null")
+        data = json.loads(read_regular(Path(path), SMALL_STATE_MAX) or b"null")
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):

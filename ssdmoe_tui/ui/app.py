@@ -204,7 +204,7 @@ class SsdmoeApp(App[int]):
         await pane.open_session(self.settings.resume)
         if self.engine_factory is not None and not self.settings.model and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
-            pane.transcript.scroll_home(animate=False)  # its top first, at any size
+            pane.transcript.show_top()  # its top first, at any size
         if self.engine_factory is not None:
             try:
                 self.chat.engine = self.engine_factory(self.feed)
@@ -340,7 +340,7 @@ class SsdmoeApp(App[int]):
         if self.chat_pane.welcome is not None and not self.chat.history:
             # The card's top says what the demo is: the notice must not scroll it away
             # (at 80x24 they do not both fit). Sending pins the transcript again.
-            self.chat_pane.transcript.scroll_home(animate=False)
+            self.chat_pane.transcript.show_top()
         for warning in loaded.warnings:
             self.notify(warning, severity="warning", timeout=10, markup=False)
         if info.expert_source_note:

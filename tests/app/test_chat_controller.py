@@ -83,3 +83,34 @@ def test_reply_of_a_closed_conversation_is_dropped(checkpoints) -> None:
         assert ctrl.why_not_send() is None
     finally:
         svc.shutdown()
+
+
+def test_a_hostile_chat_template_is_one_line_and_the_chat_goes_on(checkpoints, tmp_path) -> None:
+    """Issue 23: the app's path (the controller templating a turn) with a template whose
+    nested loops would run for hours: refused within the render budget in one line naming
+    chat_template.jinja; no turn is added and the engine was never asked."""
+    import shutil
+    import time
+
+    import pytest
+
+    from ssdmoe_tui.chat.controller import Refused
+
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("qwen3_moe"), model)
+    (model / "chat_template.jinja").write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    )
+    svc, ev = start(model)
+    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Refused) as refused:
+            ctrl.prepare("hello")
+        assert time.monotonic() - t0 < 15
+        line = str(refused.value)
+        assert "\n" not in line and "chat_template.jinja" in line and "budget" in line, line
+        assert ctrl.history == []
+        assert svc.model_info is not None  # the engine is there and idle
+    finally:
+        svc.shutdown()

@@ -31,3 +31,25 @@ def test_conversation_files_and_folders_are_private(tmp_path):
     assert _mode(store.root / ".last_opened") == 0o600
     assert _mode(out) == 0o600 and _mode(out.parent) == 0o700
     assert _mode(tmp_path / "exports") == 0o700  # created for the export
+
+
+def test_routing_traces_are_private_and_read_back(tmp_path):
+    """A routing trace follows the prompts it was recorded on: 0600 (gzip too), and the
+    reader (regular files only) reads both back."""
+    from ssdmoe_tui.engine.policy.traces import TraceWriter, read_trace
+
+    old = os.umask(0o022)
+    try:
+        paths = [tmp_path / "traces" / "t.jsonl", tmp_path / "traces" / "t.jsonl.gz"]
+        for path in paths:
+            w = TraceWriter(path, {"model": "m", "k": 2, "num_layers": 2, "num_experts": 8})
+            w.add(0, 0, [1, 2])
+            w.add(0, 1, [3, 4])
+            w.close()
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "traces") == 0o700
+    for path in paths:
+        assert _mode(path) == 0o600
+        trace = read_trace(path)
+        assert trace.meta.k == 2 and len(trace.steps) == 1

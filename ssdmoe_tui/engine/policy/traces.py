@@ -29,11 +29,13 @@ import csv
 import gzip
 import io
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ssdmoe_tui.atomic import private_dirs
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.user_files import check_regular, open_regular
 
@@ -77,17 +79,33 @@ class Trace:
 # --------------------------------------------------------------------------- writer
 
 
+class _Text(io.TextIOWrapper):
+    """UTF-8 text over a (gzip) stream that also closes the file under it (GzipFile
+    leaves a file object it was given open)."""
+
+    def __init__(self, stream: IO[bytes], under: IO[bytes]) -> None:
+        super().__init__(stream, encoding="utf-8")
+        self._under = under
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._under.close()
+
+
 def _open_text(path: Path, mode: str) -> IO[str]:
-    """Text of a trace; reading opens regular files only (a FIFO or /dev/zero as a trace
-    is refused by name rather than blocking or reading forever)."""
+    """Text of a trace. Reading opens regular files only (a FIFO or /dev/zero as a trace
+    is refused by name rather than blocking or reading forever); writing creates the file
+    0600 (a trace follows the prompts it was recorded on)."""
     if mode == "r":
-        raw = open_regular(path)
-        if path.suffix == ".gz":
-            return io.TextIOWrapper(gzip.GzipFile(fileobj=raw, mode="rb"), encoding="utf-8")
-        return io.TextIOWrapper(raw, encoding="utf-8")
+        raw: IO[bytes] = open_regular(path)
+    else:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+        raw = os.fdopen(os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600), mode + "b")
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
+        return _Text(gzip.GzipFile(fileobj=raw, mode=mode + "b"), raw)  # type: ignore[arg-type]
+    return io.TextIOWrapper(raw, encoding="utf-8")
 
 
 class TraceWriter:
@@ -107,7 +125,7 @@ class TraceWriter:
         try:
             if self.path.exists() and not self.path.is_file():
                 raise OSError(f"{self.path} is not a regular file")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.path.parent)
             self._f: IO[str] | None = _open_text(self.path, "w")
             self._f.write(json.dumps(header, separators=(",", ":")) + "\n")
             self._f.flush()
