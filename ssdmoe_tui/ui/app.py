@@ -206,15 +206,25 @@ class SsdmoeApp(App[int]):
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
             pane.transcript.show_top()  # its top first, at any size
         if self.engine_factory is not None:
-            try:
-                self.chat.engine = self.engine_factory(self.feed)
-                self.chat.engine.start()
-            except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
-                self.chat.engine = None
-                self.status_bar.phase = "no engine"
-                self.notify(f"the engine did not start: {user_message(e)}", severity="error")
-                return
-            model.open_model(self, self.settings.model, k=self.chat.gen.k)
+            # Draw first: building the engine imports MLX, mlx-lm and transformers
+            # (seconds on a busy machine), so it happens off the UI thread, after mount.
+            self.status_bar.phase = "starting the engine"
+            self.run_worker(self._start_engine(), group="engine-start", exit_on_error=False)
+
+    async def _start_engine(self) -> None:
+        assert self.engine_factory is not None
+        try:
+            engine = await asyncio.to_thread(self.engine_factory, self.feed)
+            engine.start()
+        except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
+            self.status_bar.phase = "no engine"
+            self.notify(f"the engine did not start: {user_message(e)}", severity="error")
+            return
+        if self._exit or not self.is_running:  # quit while it was being built
+            await asyncio.to_thread(engine.shutdown, 5.0)
+            return
+        self.chat.engine = engine
+        model.open_model(self, self.settings.model, k=self.chat.gen.k)
 
     async def on_unmount(self) -> None:
         engine, self.chat.engine = self.chat.engine, None
