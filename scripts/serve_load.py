@@ -60,8 +60,9 @@ def run_generate(model: str, system: str | None, user: str, max_tokens: int, env
 
 
 class ServerProc:
-    def __init__(self, model: str, env: dict) -> None:
+    def __init__(self, model: str, env: dict, extra: list[str] | None = None) -> None:
         cmd = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--model", model, "--port", "0"]
+        cmd += extra or []
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )

@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ssdmoe_tui.units import human_bytes
+
 Log = Callable[[str], None]
 
 QUICK_CONFIG: dict = {
@@ -81,21 +83,28 @@ def quick_model(log: Log = lambda _: None) -> Path:
     return out
 
 
-def _timed_stream(events, is_token) -> tuple[list[int], list[float]]:
-    tokens, stamps = [], []
+def _timed_stream(events, is_token) -> tuple[list[int], list[float], list[float]]:
+    """Token ids, wall-clock and process-CPU stamps of each token."""
+    tokens, stamps, cpu = [], [], []
     for ev in events:
         tok = is_token(ev)
         if tok is not None:
             stamps.append(time.perf_counter())
+            cpu.append(time.process_time())
             tokens.append(tok)
-    return tokens, stamps
+    return tokens, stamps, cpu
 
 
-def _rates(t0: float, stamps: list[float], prompt: int) -> tuple[float, float]:
-    """(prefill tok/s = prompt / time to the first token, decode tok/s over steps 2..N)."""
-    pre = prompt / (stamps[0] - t0)
-    dec = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-    return pre, dec
+def _rates(t0: float, stamps: list[float], cpu: list[float], prompt: int) -> dict:
+    """Prefill tok/s = prompt / time to the first token; decode tok/s over steps 2..N, by
+    the wall clock and by this process's CPU time (all its threads: on a machine other
+    jobs load, CPU time moves less with their load than the wall clock does)."""
+    steps = len(stamps) - 1
+    return {
+        "prefill_tok_s": prompt / (stamps[0] - t0),
+        "decode_tok_s": steps / (stamps[-1] - stamps[0]) if steps > 0 else 0.0,
+        "decode_cpu_ms": (cpu[-1] - cpu[0]) * 1e3 / steps if steps > 0 else 0.0,
+    }
 
 
 class _Resident:
@@ -118,15 +127,14 @@ class _Resident:
         from mlx_lm.sample_utils import make_sampler
 
         t0 = time.perf_counter()
-        tokens, stamps = _timed_stream(
+        tokens, stamps, cpu = _timed_stream(
             mlx_lm.stream_generate(
                 self.model, self.tokenizer, mx.array(prompt), max_tokens=n,
                 sampler=make_sampler(0.0),
             ),
             lambda r: int(r.token),
         )  # fmt: skip
-        pre, dec = _rates(t0, stamps, len(prompt))
-        return {"tokens": tokens, "prefill_tok_s": pre, "decode_tok_s": dec}
+        return {"tokens": tokens, **_rates(t0, stamps, cpu, len(prompt))}
 
 
 class _Streamed:
@@ -152,14 +160,12 @@ class _Streamed:
             return None
 
         t0 = time.perf_counter()
-        tokens, stamps = _timed_stream(self.runner.stream(prompt, max_tokens=n), token)
-        pre, dec = _rates(t0, stamps, len(prompt))
+        tokens, stamps, cpu = _timed_stream(self.runner.stream(prompt, max_tokens=n), token)
         d = marks[-1] - marks[0]
         steps = max(len(tokens) - 1, 1)
         return {
             "tokens": tokens,
-            "prefill_tok_s": pre,
-            "decode_tok_s": dec,
+            **_rates(t0, stamps, cpu, len(prompt)),
             "hit_rate": d.hit_rate,
             "sync_ms": d.router_sync_s * 1e3 / steps,
             "read_ms": d.read_s * 1e3 / steps,
@@ -189,15 +195,19 @@ def _nodes(*arrays) -> int:
     return sum(1 for line in text.splitlines() if "shape=rectangle" in line)
 
 
-def _per_call_us(fn: Callable[[], object], n: int) -> float:
+def _per_call_us(fn: Callable[[], object], n: int, batches: int = 5) -> float:
+    """µs per call: the best of `batches` batches (the least disturbed by other load)."""
     fn()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n * 1e6
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
 
 
-def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: int = 200) -> dict:
+def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: int = 100) -> dict:
     """Per MoE layer: graph-build µs, graph nodes, and one host round trip."""
     import mlx.core as mx
     import numpy as np
@@ -251,13 +261,15 @@ def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: 
 def run_quick(
     path: Path | None = None,
     *,
-    rounds: int = 5,
-    prompt_tokens: int = 32,
-    decode_tokens: int = 32,
+    small_cache: int | None = None,
+    rounds: int = 9,
+    prompt_tokens: int = 16,
+    decode_tokens: int = 16,
     dtype: str | None = None,
     log: Log = lambda _: None,
 ) -> dict:
-    """Alternating rounds (>= 3) of resident, small-cache and every-expert runs; medians."""
+    """Alternating rounds (>= 3) of resident, small-cache and every-expert runs; medians.
+    `small_cache`: bytes of the small cache (default SMALL_CACHE)."""
     import gc
 
     import mlx.core as mx
@@ -272,9 +284,10 @@ def run_quick(
     t_start = time.perf_counter()
     path = Path(path) if path is not None else quick_model(log)
     act = parse_dtype(dtype)
-    log(f"loading {path}: resident mlx-lm, streamed {SMALL_CACHE}, streamed every expert")
+    small_label = SMALL_CACHE if small_cache is None else human_bytes(small_cache)
+    log(f"loading {path}: resident mlx-lm, streamed {small_label}, streamed every expert")
     resident = _Resident(path, act)
-    small = _Streamed("small", path, SMALL_CACHE, dtype)
+    small = _Streamed("small", path, SMALL_CACHE if small_cache is None else small_cache, dtype)
     every = _Streamed("every", path, ALL_CACHE, dtype)
     engines = [resident, small, every]
     try:
@@ -292,7 +305,7 @@ def run_quick(
             res = got["resident"]
             log(
                 f"  round {r + 1}/{rounds}: decode resident {res['decode_tok_s']:.1f}, "
-                f"{SMALL_CACHE} {got['small']['decode_tok_s']:.1f}, every expert "
+                f"{small_label} {got['small']['decode_tok_s']:.1f}, every expert "
                 f"{got['every']['decode_tok_s']:.1f} tok/s"
             )
         costs = layer_costs(resident, small, every)
@@ -300,6 +313,7 @@ def run_quick(
         out_configs = {}
         for e in (small, every):
             dec = [x[e.name]["decode_tok_s"] / x["resident"]["decode_tok_s"] for x in rows]
+            cpu = [x["resident"]["decode_cpu_ms"] / x[e.name]["decode_cpu_ms"] for x in rows]
             pre = [x[e.name]["prefill_tok_s"] / x["resident"]["prefill_tok_s"] for x in rows]
             med = {
                 key: statistics.median(x[e.name][key] for x in rows)
@@ -309,13 +323,16 @@ def run_quick(
             res_ms = 1e3 / statistics.median(x["resident"]["decode_tok_s"] for x in rows)
             ms = 1e3 / med["decode_tok_s"]
             out_configs[e.name] = {
-                "expert_cache": SMALL_CACHE if e is small else "all",
+                "expert_cache": small_label if e is small else "all",
                 "expert_cache_slots": e.sm.cache.capacity,
                 "share_of_experts": round(
                     e.sm.cache.capacity / (e.sm.index.num_experts * e.sm.index.num_layers), 4
                 ),
                 "decode_ratio_median": round(statistics.median(dec), 4),
                 "decode_ratios": [round(v, 4) for v in dec],
+                # resident CPU ms per token / streamed: the same ratio by CPU time
+                "decode_cpu_ratio_median": round(statistics.median(cpu), 4),
+                "decode_cpu_ratios": [round(v, 4) for v in cpu],
                 "prefill_ratio_median": round(statistics.median(pre), 4),
                 "prefill_ratios": [round(v, 4) for v in pre],
                 "decode_tok_s_median": round(med["decode_tok_s"], 2),
@@ -386,7 +403,7 @@ def quick_table(r: dict) -> str:
         f"{r['conditions']['rounds']} alternating "
         f"rounds, {r['conditions']['decode_tokens']} decoded tokens; resident mlx-lm "
         f"{res['decode_tok_s']:.1f} tok/s decode, {res['prefill_tok_s']:.1f} prefill",
-        f"{'cache':<14}{'hit':>7}{'decode':>9}{'x res':>7}{'prefill x':>10}"
+        f"{'cache':<14}{'hit':>7}{'decode':>9}{'x res':>7}{'cpu x':>7}{'prefill x':>10}"
         f"{'ms/tok = sync + read + cache + rest':>38}{'us/layer':>10}{'same':>6}",
     ]
     for c in r["configs"].values():
@@ -398,7 +415,8 @@ def quick_table(r: dict) -> str:
         )
         lines.append(
             f"{label:<14}{c['hit_rate']:>7.1%}{c['decode_tok_s_median']:>9.1f}"
-            f"{c['decode_ratio_median']:>7.3f}{c['prefill_ratio_median']:>10.3f}{split:>38}"
+            f"{c['decode_ratio_median']:>7.3f}{c['decode_cpu_ratio_median']:>7.3f}"
+            f"{c['prefill_ratio_median']:>10.3f}{split:>38}"
             f"{c['overhead_us_per_moe_layer']:>10.1f}{'yes' if c['tokens_match_resident'] else 'NO':>6}"
         )
     p = r["per_moe_layer"]

@@ -52,18 +52,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "checkpoint unless --model is given",
     )  # fmt: skip
     p.add_argument(
-        "--rounds", type=_count("--rounds"), default=5,
+        "--rounds", type=_count("--rounds"), default=9,
         help="with --quick: alternations (>= 3; medians over them)",
     )  # fmt: skip
     add_k_argument(p, many=True)
     add_expert_cache_argument(p, many=True)
     p.add_argument(
         "--prompt-tokens", type=_count("--prompt-tokens"), default=None,
-        help="prompt length (default 512; 32 with --quick)",
+        help="prompt length (default 512; 16 with --quick)",
     )  # fmt: skip
     p.add_argument(
         "--decode-tokens", type=_count("--decode-tokens"), default=None,
-        help="tokens decoded per configuration (default 128; 32 with --quick)",
+        help="tokens decoded per configuration (default 128; 16 with --quick)",
     )  # fmt: skip
     p.add_argument(
         "--cold",
@@ -206,11 +206,13 @@ def _run_quick(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     path = resolve_model_path(args.model) if args.model else None
+    small = next((b for b in args.expert_cache if not b.auto), None)  # the small cache
     result = run_quick(
         path,
+        small_cache=small.bytes if small is not None else None,
         rounds=args.rounds,
-        prompt_tokens=args.prompt_tokens or 32,
-        decode_tokens=args.decode_tokens or 32,
+        prompt_tokens=args.prompt_tokens or 16,
+        decode_tokens=args.decode_tokens or 16,
         dtype=args.dtype,
         log=log,
     )

@@ -31,7 +31,7 @@ import numpy as np
 
 from ssdmoe_tui.engine.experts.device_memory import place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
-from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address
+from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address, split_requests
 from ssdmoe_tui.errors import ModelError
 
 _MX_DTYPES = {
@@ -90,6 +90,28 @@ def _env_bank_bytes() -> int:
         v = 0
     if v < 1:
         raise ModelError(f"{BANK_BYTES_ENV}={text!r}: expected a positive size such as 64M")
+    return v
+
+
+SPLIT_ENV = "SSDMOE_READ_SPLIT"
+
+
+def _env_split() -> int:
+    """Smallest piece a read is split into (`reader.split_requests`); 0: off (default).
+
+    Off until it wins: on the development VM's disk, cutting a layer's 1-2 missed
+    experts into 128-384 KiB pieces read no faster (docs/benchmarks.md)."""
+    text = os.environ.get(SPLIT_ENV, "").strip().lower()
+    if text in ("", "0", "off"):
+        return 0
+    try:
+        v = parse_size(text)
+    except ValueError:
+        v = 0
+    if v < 4096:
+        raise ModelError(
+            f"{SPLIT_ENV}={text!r}: expected off or a size of at least 4K, such as 256K"
+        )
     return v
 
 
@@ -227,6 +249,10 @@ class ExpertCache:
         # layer needs no host sync at all (the graph stays lazy, as in plain mlx-lm).
         self.holds_everything = capacity >= index.num_experts * index.num_layers
         self._device_lut: list[tuple[int, mx.array] | None] = [None] * index.num_layers
+        # A frozen layer whose experts sit in rows r..r+E-1 of one bank in id order: its
+        # own views of those rows, so it runs mlx-lm's call with the router's indices.
+        self._layer_rows: list[dict | None] = [None] * index.num_layers
+        self._bank_arrays: list[dict] = [_by_projection(bank) for bank in self.banks]
         self._layer_count = [0] * index.num_layers  # resident experts per layer
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
@@ -236,6 +262,7 @@ class ExpertCache:
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
         self._inflight = None  # (layer, Future) of the prefetch being read
         self._pool = None
+        self._split_min = _env_split()
 
     @property
     def num_banks(self) -> int:
@@ -264,6 +291,14 @@ class ExpertCache:
         `layer` is resident for good (only when the budget holds all experts); else None."""
         return self._device_lut[layer]
 
+    def bank_arrays(self, bank: int) -> dict[str, tuple]:
+        """Projection name -> (weight, scales, biases or None) of one bank (built once)."""
+        return self._bank_arrays[bank]
+
+    def layer_arrays(self, layer: int) -> dict[str, tuple] | None:
+        """A frozen layer's experts as their own arrays (rows = expert ids), or None."""
+        return self._layer_rows[layer]
+
     def _maybe_freeze_layer(self, layer: int) -> None:
         e = self.index.num_experts
         if self._layer_count[layer] == e and self._device_lut[layer] is None:
@@ -271,9 +306,19 @@ class ExpertCache:
             banks = slots // self.bank_slots
             if (banks != banks[0]).any():
                 return  # split over banks: the layer keeps its host-side lookup
-            lut = mx.array((slots % self.bank_slots).astype(np.uint32))
+            b = int(banks[0])
+            rows = slots % self.bank_slots
+            lut = mx.array(rows.astype(np.uint32))
             mx.eval(lut)
-            self._device_lut[layer] = (int(banks[0]), lut)
+            self._device_lut[layer] = (b, lut)
+            r0 = int(rows[0])
+            if (rows == r0 + np.arange(e)).all():
+                views = {
+                    proj: tuple(None if a is None else a[r0 : r0 + e] for a in arrays)
+                    for proj, arrays in self._bank_arrays[b].items()
+                }
+                mx.eval([a for t in views.values() for a in t if a is not None])
+                self._layer_rows[layer] = views
 
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
@@ -302,6 +347,8 @@ class ExpertCache:
         if observe and self.predictor is not None:
             self.predictor.observe(layer, experts.tolist())
         self.wait_prefetch()
+        if self.holds_everything and self._layer_count[layer] == 0:
+            return self._first_visit(layer, experts)
         slots = np.empty(n, dtype=np.int64)
         pinned = [(layer, int(e)) for e in experts]
         miss_pos: list[int] = []
@@ -342,6 +389,20 @@ class ExpertCache:
         if self.holds_everything:
             self._maybe_freeze_layer(layer)
         return slots
+
+    def _first_visit(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """A budget holding every expert, a layer not seen yet: read the whole layer in
+        one batch, slots in expert-id order (consecutive while layers arrive in order,
+        so the frozen layer runs on its own rows of one bank: no lookup on the device).
+        Counted as the misses of the experts asked for, as the replay counts them."""
+        e = self.index.num_experts
+        keys = [(layer, i) for i in range(e)]
+        slots = np.empty(e, dtype=np.int64)
+        self._assign(keys, list(range(e)), slots, set(keys))
+        self.counters.misses += len(experts)
+        self._read(layer, np.arange(e, dtype=np.int64), slots)
+        self._maybe_freeze_layer(layer)
+        return slots[np.asarray(experts, dtype=np.int64)]
 
     def _assign(self, keys: list, positions: list[int], slots: np.ndarray, pinned: set) -> None:
         slot_of = self._slot_of
@@ -426,6 +487,10 @@ class ExpertCache:
                 staging.append(buf)
         fds, lengths = np.ascontiguousarray(fds).ravel(), np.ascontiguousarray(lengths).ravel()
         offsets, dests = offsets.ravel(), dests.ravel()
+        if self._split_min:  # a layer's few misses as more, smaller reads ($SSDMOE_READ_SPLIT)
+            fds, offsets, lengths, dests = split_requests(
+                fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min
+            )
         t0 = time.perf_counter()
         try:
             nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
@@ -467,7 +532,18 @@ class ExpertCache:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self.banks.clear()
+        self._bank_arrays.clear()
+        self._layer_rows = [None] * len(self._layer_rows)
+        self._device_lut = [None] * len(self._device_lut)
         self.reader.close()
+
+
+def _by_projection(bank: dict[str, mx.array]) -> dict[str, tuple]:
+    """{'gate_proj.weight': w, ...} -> {'gate_proj': (weight, scales, biases or None)}."""
+    projs = dict.fromkeys(name.rsplit(".", 1)[0] for name in bank)
+    return {
+        p: (bank[f"{p}.weight"], bank.get(f"{p}.scales"), bank.get(f"{p}.biases")) for p in projs
+    }
 
 
 def _widened(comp, act_dtype: mx.Dtype | None) -> bool:

@@ -262,10 +262,12 @@ class BatchRunner:
                 events.append((row.uid, Done(self._leave(group, row, "cancelled"))))
         self._follow_live_k()
         t0 = time.perf_counter()
+        decoding = self.rows > 0  # a chunk stalls only the rows already decoding
         if self._prefill_one(events):
             stall = time.perf_counter() - t0
             self.figures.prefill_chunk_s += stall
-            self.figures.max_stall_s = max(self.figures.max_stall_s, stall)
+            if decoding:
+                self.figures.max_stall_s = max(self.figures.max_stall_s, stall)
         for k in sorted(self._groups):
             group = self._groups.get(k)
             if group is not None and group.rows:
