@@ -204,17 +204,27 @@ class SsdmoeApp(App[int]):
         await pane.open_session(self.settings.resume)
         if self.engine_factory is not None and not self.settings.model and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
-            pane.transcript.scroll_home(animate=False)  # its top first, at any size
+            pane.transcript.show_top()  # its top first, at any size
         if self.engine_factory is not None:
-            try:
-                self.chat.engine = self.engine_factory(self.feed)
-                self.chat.engine.start()
-            except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
-                self.chat.engine = None
-                self.status_bar.phase = "no engine"
-                self.notify(f"the engine did not start: {user_message(e)}", severity="error")
-                return
-            model.open_model(self, self.settings.model, k=self.chat.gen.k)
+            # Draw first: building the engine imports MLX, mlx-lm and transformers
+            # (seconds on a busy machine), so it happens off the UI thread, after mount.
+            self.status_bar.phase = "starting the engine"
+            self.run_worker(self._start_engine(), group="engine-start", exit_on_error=False)
+
+    async def _start_engine(self) -> None:
+        assert self.engine_factory is not None
+        try:
+            engine = await asyncio.to_thread(self.engine_factory, self.feed)
+            engine.start()
+        except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
+            self.status_bar.phase = "no engine"
+            self.notify(f"the engine did not start: {user_message(e)}", severity="error")
+            return
+        if self._exit or not self.is_running:  # quit while it was being built
+            await asyncio.to_thread(engine.shutdown, 5.0)
+            return
+        self.chat.engine = engine
+        model.open_model(self, self.settings.model, k=self.chat.gen.k)
 
     async def on_unmount(self) -> None:
         engine, self.chat.engine = self.chat.engine, None
@@ -340,7 +350,7 @@ class SsdmoeApp(App[int]):
         if self.chat_pane.welcome is not None and not self.chat.history:
             # The card's top says what the demo is: the notice must not scroll it away
             # (at 80x24 they do not both fit). Sending pins the transcript again.
-            self.chat_pane.transcript.scroll_home(animate=False)
+            self.chat_pane.transcript.show_top()
         for warning in loaded.warnings:
             self.notify(warning, severity="warning", timeout=10, markup=False)
         if info.expert_source_note:

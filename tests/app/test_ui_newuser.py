@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from textual.widgets import Input, Label, TextArea
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.chat.progress import PrefillClock
+from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.run.protocol import EngineError, GenerationDone, PhaseChanged
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
@@ -211,3 +213,28 @@ async def test_app_errors_use_the_apps_words_and_the_palette_agrees_with_the_rea
     docs = (Path(__file__).resolve().parents[2] / "docs" / "app.md").read_text()
     assert "new chat (the conversation stays saved)" in docs  # what the palette now says too
     assert "stays saved" in helps["New chat"] and "= New chat" in helps["Clear conversation"]
+
+
+async def test_the_first_frame_comes_before_the_engine_is_built(demo_model):
+    """Issue 22, defect 6: building the engine imports MLX, mlx-lm and transformers
+    (seconds); the screen is drawn and answers keys first."""
+    shutil.copytree(demo_model, paths.demo_model_dir())
+    release, built = threading.Event(), threading.Event()
+
+    def slow_factory(post):
+        release.wait(20)  # as a slow import would: the app must not wait for it
+        engine = engine_factory(post)
+        built.set()
+        return engine
+
+    app = SsdmoeApp(ChatSettings(), engine_factory=slow_factory)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        assert not built.is_set()
+        assert "demo model: random weights" in screen_text(app)
+        assert "starting the engine" in screen_text(app)
+        await pilot.press("h", "i")
+        assert app.chat_pane.prompt.text == "hi"  # keys work meanwhile
+        release.set()
+        await loaded(pilot, app)
+        assert built.is_set()

@@ -13,6 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Collapsible, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
+from ssdmoe_tui.chat.attachments import split_attached
 from ssdmoe_tui.chat.thinking import Split, split_thinking
 
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -96,11 +97,21 @@ class ChatMessage(Vertical, can_focus=True):
 
 
 class UserMessage(ChatMessage):
+    """What was typed, and a chip per attached file (`text` is the whole message the
+    model saw, files included: chat/attachments.py)."""
+
     ROLE = "you"
+    DEFAULT_CSS = """
+    UserMessage .attached { color: $foreground-muted; }
+    """
 
     def compose(self) -> ComposeResult:
+        typed, files = split_attached(self.text)
         yield from self.compose_header()
-        yield Static(self.text, markup=False, classes="message-body")
+        yield Static(typed, markup=False, classes="message-body")
+        if files:
+            chips = "  ".join(a.chip() for a in files)
+            yield Static(chips, markup=False, classes="attached")
 
 
 class AssistantMessage(ChatMessage):
@@ -247,6 +258,20 @@ class Transcript(VerticalScroll):
     def action_pin(self) -> None:
         self.anchor()
         self.scroll_end(animate=False)
+
+    def show_top(self) -> None:
+        """Its first lines in view, not following what is added (the welcome card):
+        anchored, Textual keeps the end in view and a short content at the bottom.
+        Sending a message pins it again."""
+        self.anchor(False)
+        self.scroll_home(animate=False)
+        self.call_after_refresh(self._at_top)
+
+    def _at_top(self) -> None:
+        # Right after a mount the offset can be left below 0 (short content drawn at the
+        # bottom); set it once the layout is done.
+        self.scroll_target_y = 0
+        self.scroll_y = 0
 
     async def add_user(self, text: str) -> UserMessage:
         message = UserMessage(text)
