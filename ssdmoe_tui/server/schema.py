@@ -117,6 +117,19 @@ class CompletionRequest:
 # --------------------------------------------------------------------------- helpers
 
 
+def merge_leading_system(msgs: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """Instructions and the developer messages that follow them, as one system message:
+    templates take one, at the start (Qwen3.5's raises on a second). Codex CLI sends
+    two developer messages before the user's; Claude Code a system message in `messages`."""
+    n = 0
+    while n < len(msgs) and msgs[n].role == "system":
+        n += 1
+    if n < 2:
+        return msgs
+    merged = ChatMessage("system", "\n\n".join(m.content for m in msgs[:n]))
+    return (merged,) + msgs[n:]
+
+
 def _obj(body: Any) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")

@@ -29,6 +29,7 @@ from ssdmoe_tui.server.schema import (
     _obj,
     _template_kwargs,
     check_nesting,
+    merge_leading_system,
     split_model,
 )
 
@@ -79,9 +80,17 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     out: list[ChatMessage] = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise bad_request(f"{where}: role must be 'user' or 'assistant'", "messages")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise bad_request(f"{where}: role must be 'user', 'assistant' or 'system'",
+                              "messages")  # fmt: skip
         role = m["role"]
+        if role == "system":  # Claude Code sends one between its user messages
+            text = _text_of(m.get("content"), where)
+            # templates take a system message at the start only: later ones stay in place
+            # (the prompt before them, and its cache, unchanged) as the user's text
+            at_start = all(x.role == "system" for x in out)
+            out.append(ChatMessage("system" if at_start else "user", text))
+            continue
         text: list[str] = []
         calls: list[ToolCall] = []
         results = 0
@@ -214,7 +223,9 @@ def parse_messages(body: Any, served_model: str, *, count_only: bool = False) ->
     k = _ext_k(body)
     chat = ChatRequest(
         model=body["model"],
-        messages=_system(body.get("system")) + _messages(body.get("messages")),
+        messages=merge_leading_system(
+            _system(body.get("system")) + _messages(body.get("messages"))
+        ),
         sampling=sampling,
         stream=_bool(body, "stream"),
         tools=_tools(body),

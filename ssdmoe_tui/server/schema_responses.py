@@ -29,6 +29,7 @@ from ssdmoe_tui.server.schema import (
     _seed,
     _template_kwargs,
     check_nesting,
+    merge_leading_system,
     reasoning_kwargs,
     sampling_extras,
     split_model,
@@ -46,6 +47,8 @@ class ResponsesRequest:
     tools: tuple[dict, ...]  # in the chat form the templates take
     tools_echo: list  # as the client sent them (a Response echoes them)
     tool_choice: Any
+    namespaces: dict = field(default_factory=dict)  # function name -> namespace
+    skipped_tools: tuple[str, ...] = ()  # hosted tools the request listed (none run here)
     template_kwargs: dict = field(default_factory=dict)
     store: bool = True
     metadata: dict | None = None
@@ -57,7 +60,7 @@ class ResponsesRequest:
         system = (ChatMessage("system", self.instructions),) if self.instructions else ()
         return ChatRequest(
             model=self.model,
-            messages=system + history + self.input,
+            messages=merge_leading_system(system + history + self.input),
             sampling=self.sampling,
             stream=self.stream,
             tools=self.tools,
@@ -132,7 +135,34 @@ def _items(raw: Any) -> tuple[ChatMessage, ...]:
     return tuple(msgs)
 
 
-def _tools(body: dict) -> tuple[tuple[dict, ...], list, Any]:
+# Tools the API's host runs itself (OpenAI's servers): this server has none of them. A
+# request that lists one (Codex CLI always sends `web_search`) runs without it, and the
+# reply's `ssdmoe.skipped_tools` names it.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter",
+                "image_generation", "computer_use_preview", "mcp", "local_shell", "custom",
+                "tool_search")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tools:
+    chat: tuple[dict, ...]  # in the chat form the templates take
+    echo: list  # as the client sent them
+    choice: Any
+    namespaces: dict  # function name -> its namespace (a `namespace` tool's members)
+    skipped: tuple[str, ...]  # hosted tools this server cannot run
+
+
+def _function(t: dict, where: str) -> dict:
+    if not isinstance(t.get("name"), str) or not t["name"]:
+        raise bad_request(f"{where}.name is required", "tools")
+    check_nesting(t, where, "tools")
+    fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object"}}
+    if isinstance(t.get("description"), str):
+        fn["description"] = t["description"]
+    return {"type": "function", "function": fn}
+
+
+def _tools(body: dict) -> Tools:
     choice = body.get("tool_choice", "auto")
     if choice not in (None, "auto", "none"):
         raise bad_request("'tool_choice' other than 'auto' or 'none' is not supported",
@@ -140,21 +170,24 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], list, Any]:
     raw = body.get("tools") or []
     if not isinstance(raw, list):
         raise bad_request("'tools' must be a list", "tools")
-    out = []
+    out, namespaces, skipped = [], {}, []
     for i, t in enumerate(raw):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise bad_request(f"tools[{i}]: tool type {kind!r} is not supported (function only)",
-                              "tools")  # fmt: skip
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise bad_request(f"tools[{i}].name is required", "tools")
-        check_nesting(t, f"tools[{i}]", "tools")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object"}}
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
+        kind = t.get("type") if isinstance(t, dict) else type(t).__name__
+        if kind == "function":
+            out.append(_function(t, f"tools[{i}]"))
+        elif kind == "namespace" and isinstance(t.get("tools"), list):
+            for j, member in enumerate(t["tools"]):
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    raise bad_request(f"tools[{i}].tools[{j}] must be a function tool", "tools")
+                out.append(_function(member, f"tools[{i}].tools[{j}]"))
+                namespaces[member["name"]] = str(t.get("name") or "")
+        elif kind in HOSTED_TOOLS:
+            skipped.append(str(t.get("name") or kind))
+        else:
+            raise bad_request(f"tools[{i}]: tool type {kind!r} is not supported (function, "
+                              "namespace)", "tools")  # fmt: skip
     chat_tools = () if choice == "none" else tuple(out)
-    return chat_tools, raw, choice or "auto"
+    return Tools(chat_tools, raw, choice or "auto", namespaces, tuple(skipped))
 
 
 def _refuse(body: dict) -> None:
@@ -195,7 +228,7 @@ def parse_responses(body: Any, served_model: str) -> ResponsesRequest:
     prev = body.get("previous_response_id")
     if prev is not None and not isinstance(prev, str):
         raise bad_request("'previous_response_id' must be a string", "previous_response_id")
-    tools, echo, choice = _tools(body)
+    tools = _tools(body)
     metadata = body.get("metadata")
     k = _ext_k(body)
     store = body.get("store", True)
@@ -213,9 +246,11 @@ def parse_responses(body: Any, served_model: str) -> ResponsesRequest:
             **sampling_extras(body),
         ),
         stream=_bool(body, "stream"),
-        tools=tools,
-        tools_echo=echo,
-        tool_choice=choice,
+        tools=tools.chat,
+        tools_echo=tools.echo,
+        tool_choice=tools.choice,
+        namespaces=tools.namespaces,
+        skipped_tools=tools.skipped,
         template_kwargs={**_reasoning_kwargs(body), **_template_kwargs(body)},
         store=store is not False,
         metadata=metadata if isinstance(metadata, dict) else None,

@@ -89,9 +89,14 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict:
             "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
 
 
-def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+def call_item(
+    item_id: str, call: ToolCall, status: str = "completed", namespaces: dict | None = None
+) -> dict:
+    item = {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
             "arguments": call.arguments, "status": status}  # fmt: skip
+    if namespaces and call.name in namespaces:  # a member of a `namespace` tool
+        item["namespace"] = namespaces[call.name]
+    return item
 
 
 class _Run:
@@ -164,7 +169,7 @@ class ServingResponses(Serving):
             r.output.append(reasoning_item(_id("rs"), "".join(filt.reasoning), status))
         if text.strip() or not filt.calls:
             r.output.append(message_item(_id("msg"), text, status))
-        r.output.extend(call_item(_id("fc"), c) for c in filt.calls)
+        r.output.extend(call_item(_id("fc"), c, namespaces=r.req.namespaces) for c in filt.calls)
         ext = self._finish(r, prompt, done, filt)
         body = r.response(self._status(done, filt), done, ssdmoe=ext)
         return JSONResponse(body, headers={STATS_HEADER: self.stats_header(ext)})
@@ -181,7 +186,10 @@ class ServingResponses(Serving):
         if r.req.store:
             reply = ChatMessage("assistant", "".join(filt.content), tuple(filt.calls))
             self.store.put(r.id, r.history + r.req.input + (reply,))
-        return self.ext(done)
+        ext = self.ext(done)
+        if r.req.skipped_tools:  # hosted tools the request listed: none ran here
+            ext["skipped_tools"] = list(r.req.skipped_tools)
+        return ext
 
     async def _events(
         self, r: _Run, prompt: Prompt, acquire: Callable[[], Awaitable[Job]], filt: OutputFilter
@@ -266,7 +274,7 @@ class ServingResponses(Serving):
                         elif isinstance(p, Call):
                             for e in close_text():
                                 yield e
-                            item = call_item(_id("fc"), p.call, "in_progress")
+                            item = call_item(_id("fc"), p.call, "in_progress", r.req.namespaces)
                             r.output.append(item)
                             i = len(r.output) - 1
                             yield event("response.output_item.added", output_index=i,

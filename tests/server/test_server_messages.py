@@ -140,6 +140,32 @@ def test_tool_use_and_tool_result_blocks_render_as_tool_turns(srv, tool_model):
     assert prompt_of(m.usage) == len(first_turn_tokens(tok, chat, tools=CHAT_TOOLS))
 
 
+def test_claude_code_request_shape(srv):
+    """What Claude Code 2.1 sends (captured): system as text blocks with cache_control, a
+    system message between its user messages, thinking adaptive, output_config.effort,
+    context_management, metadata, max_tokens 32000 (clamped to the context)."""
+    body = {
+        "model": srv.model, "max_tokens": 32000, "stream": False,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2"},
+                   {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx"}]},
+            {"role": "system", "content": "Available agent types: claude"},
+            {"role": "user", "content": [{"type": "text", "text": "Say hello"}]},
+        ],
+        "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": "{}"},
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}],
+    }  # fmt: skip
+    req = parse_messages(body, srv.model)
+    assert [m.role for m in req.chat.messages] == ["system", "user", "user", "user"]
+    body["max_tokens"] = 2  # the clamp is tests/server/test_server.py's; keep this short
+    r = httpx.post(srv.url + "/v1/messages?beta=true", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["output_tokens"] == 2
+
+
 def test_auth_and_errors_in_anthropics_envelope(srv):
     state = srv.server.state
     settings = state.settings

@@ -144,10 +144,44 @@ def test_function_call_items_render_as_tool_turns(srv, tool_model):
     assert [t.name for t in r.tools] == ["get_weather", "get_time"]
 
 
+def test_codex_cli_request_shape(srv):
+    """What Codex CLI 0.171 sends (captured): developer messages before the user's, a
+    `namespace` tool, the hosted `web_search`, reasoning.summary, store false, include,
+    prompt_cache_key, client_metadata. Namespace members are tools; hosted tools run
+    nowhere and are named in ssdmoe.skipped_tools; the developer messages are one
+    system message."""
+    fn = {"type": "function", "name": "exec_command", "strict": False,
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}  # fmt: skip
+    body = {
+        "model": srv.model, "stream": False, "store": False, "tool_choice": "auto",
+        "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "abc",
+        "client_metadata": {"x-codex-turn-metadata": "{}"}, "max_output_tokens": 2,
+        "tools": [fn, {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+                       "tools": [{**fn, "name": "spawn_agent"}]},
+                  {"type": "web_search", "external_web_access": False}],
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": SYSTEM}]},
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "<skills>none</skills>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        ],
+    }  # fmt: skip
+    r = httpx.post(srv.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["ssdmoe"]["skipped_tools"] == ["web_search"]
+    req = parse_responses(body, srv.model)
+    assert [m.role for m in req.chat().messages] == ["system", "user"]
+    assert req.namespaces == {"spawn_agent": "multi_agent_v1"}
+    assert [t["function"]["name"] for t in req.tools] == ["exec_command", "spawn_agent"]
+
+
 @pytest.mark.parametrize(
     "patch, param",
     [
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "unheard_of"}]}, "tools"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input",
