@@ -59,3 +59,11 @@ FUZZ_SECONDS ?= 60
 fuzz: setup
 	-$(VPY) -m pip install -q atheris 2>/dev/null || echo "atheris does not install here: using the seeded mutator"
 	$(VPY) scripts/fuzz.py --seconds $(FUZZ_SECONDS)
+
+# `make bench-quick`: the hot-path guard (CPU, <= 90 s): resident mlx-lm, a small expert
+# cache and every expert held, alternating in one process (medians), plus the per-MoE-layer
+# overhead; JSON in build/bench-quick.json. Every hot-path commit quotes its figures.
+.PHONY: bench-quick
+bench-quick: setup
+	mkdir -p build
+	$(VPY) -m ssdmoe_tui.cli bench --quick --json build/bench-quick.json

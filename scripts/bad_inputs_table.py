@@ -27,7 +27,7 @@ BEGIN, END = "<!-- bad-inputs:begin -->", "<!-- bad-inputs:end -->"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 on a failure")
     args = ap.parse_args()
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))

@@ -112,7 +112,7 @@ def run_one(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--size-gib", type=float, default=2.0)
     ap.add_argument("--req-mib", type=float, default=1.75)
     ap.add_argument("--total-mib", type=int, default=512, help="bytes read per configuration")

@@ -17,7 +17,7 @@ import time
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", required=True)
     ap.add_argument("--routing-trace", required=True)
     ap.add_argument("--expert-cache", default="430M")

@@ -178,7 +178,7 @@ def run(placement: str, args, path: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--slots", type=int, default=2400)
     ap.add_argument("--tokens", type=int, default=6)
     ap.add_argument("--layers", type=int, default=40)

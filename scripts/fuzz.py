@@ -38,6 +38,8 @@ _MODULES = {
     "trace": ["ssdmoe_tui.engine.policy.traces"],
     "conversation": ["ssdmoe_tui.sessions.store"],
     "config": ["ssdmoe_tui.config"],
+    "chat_template": ["ssdmoe_tui.prompting.chat_format", "transformers", "mlx_lm.tokenizer_utils"],
+    "index_cache": ["ssdmoe_tui.engine.experts.index"],
 }
 
 
@@ -199,7 +201,7 @@ def replay(names: list[str], out: Path | None) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--seconds", type=float, default=60.0, help="total time, split over targets")
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated")
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock")

@@ -35,7 +35,7 @@ def _emit(out, rec: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", required=True)
     ap.add_argument("--configs", default="8G:host,12G:managed,all")
     ap.add_argument("--tokens", type=int, default=24)

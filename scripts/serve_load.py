@@ -60,8 +60,9 @@ def run_generate(model: str, system: str | None, user: str, max_tokens: int, env
 
 
 class ServerProc:
-    def __init__(self, model: str, env: dict) -> None:
+    def __init__(self, model: str, env: dict, extra: list[str] | None = None) -> None:
         cmd = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--model", model, "--port", "0"]
+        cmd += extra or []
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
@@ -176,7 +177,7 @@ def ttft_runs(args, model: str, env: dict, messages: list, q2: str, rows: dict, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", required=True, help="model folder (a demo or test checkpoint)")
     ap.add_argument("--prompt-tokens", type=int, default=4000)
     ap.add_argument("--max-tokens", type=int, default=16, help="tokens per TTFT request")

@@ -63,8 +63,9 @@ quit_app() {
 
 start_app 120 40
 # First run: the welcome panel says what happens and what the demo is, at once.
-wait_for "Welcome to ssdmoe" 10
-wait_for "random weights" 2
+wait_for "the demo model: random weights" 10
+wait_for "word salad" 2
+wait_for "A real model: F4 here" 2
 wait_for "ssdmoe --model mlx-community/Qwen3-30B-A3B-4bit" 2
 
 wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
@@ -129,7 +130,10 @@ quit_app
 # cache and phase, and no label runs into its value.
 SESSION="smoke-80x24"  # a second window: the first one keeps the tmux server up
 start_app 80 24
-wait_for "Loaded demo-model" "$LOAD_TIMEOUT"
+# The welcome card's top stays in view (the "Loaded" notice is below it, off screen).
+wait_for "the demo model: random weights" 10
+wait_for "A real model: F4 here" 2
+wait_for "demo-model is ready" "$LOAD_TIMEOUT"
 chat_once "small screen"
 check_on_screen "80x24" "${PANEL[@]}" "K 4/32" "cache " "idle"
 grep -qE "[a-z)][0-9]+\.[0-9] tok/s" <<<"$(pane)" && fail "80x24: a label runs into its value"

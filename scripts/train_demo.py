@@ -448,7 +448,7 @@ def package(out: Path, work: Path, group_size: int, bits: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", required=True, help="the checkpoint folder to write")
     ap.add_argument("--work", default=None, help="corpus and training files (default OUT.work)")
     ap.add_argument(

@@ -6,6 +6,10 @@ named `.<target>.<random>.p<writer pid>.tmp[.ext]`, so `remove_orphan_temps` can
 live writer's file (its pid runs) from an orphan, and start-up removes the orphans.
 A full disk is reported as `DiskFullError` ("disk full: ... needs N bytes"), and the
 temp file is removed, so the previous file stays as it was.
+
+Every file written here is 0600 and every folder it creates 0700: what goes through it
+(conversations, KV checkpoints, the server's prompt history, exports, indexes, the
+config) is derived from a user's prompts or private to them, whatever the umask.
 """
 
 from __future__ import annotations
@@ -172,13 +176,49 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+# Test hook: called with the temp file after `write` and before the fsync and rename, so a
+# test can stop (or kill) a writer at exactly the point a crash leaves a temp file behind.
+_pause_point: Callable[[Path], None] | None = None
+
+
+def private_dirs(folder: Path, *, tighten: bool = False) -> Path:
+    """Create `folder` and its missing parents as 0700 (pathlib's `parents=True` gives the
+    parents the umask's mode). `tighten`: an existing `folder` of ours is set to 0700 too
+    (the server's checkpoint folders written 0755 by older versions)."""
+    folder = Path(folder)
+    missing = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            pass
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
+    if tighten:
+        try:
+            st = folder.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(folder, DIR_MODE)
+        except (OSError, AttributeError):  # AttributeError: no getuid (Windows)
+            pass
+    return folder
+
+
 def atomic_write_via(
     path: Path, write: Callable[[Path], None], suffix: str = "", needed: int | None = None
 ) -> None:
     """Call `write(tmp_path)` to produce the file, then move it over `path` atomically.
-    `needed` (bytes, if known) makes a full disk say how much room the file needs."""
+    `needed` (bytes, if known) makes a full disk say how much room the file needs. The
+    file ends 0600 even when `write` replaced the temp file (MLX's writers do)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(
         prefix=f".{path.name}.", suffix=f".p{os.getpid()}.tmp{suffix}", dir=path.parent
     )
@@ -186,6 +226,9 @@ def atomic_write_via(
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
+        os.chmod(tmp_path, FILE_MODE)
+        if _pause_point is not None:
+            _pause_point(tmp_path)
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "chat",
     "generate",
     "serve",
+    "launch",
     "index",
     "repack",
     "demo_model",
@@ -31,9 +32,19 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """A bad argument is one line naming it (`--help` shows the usage)."""
+    """A bad argument is one line naming it (`--help` shows the usage). No abbreviations:
+    `--api-k KEY` taken for `--api-key` would be a secret under a name that no redaction
+    knows; subparsers are this class too (argparse makes them with the parent's class)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):  # it may hold a secret's value
+            from ssdmoe_tui.models.lock import redact_command
+
+            message = "unrecognized arguments: " + redact_command(message.split(": ", 1)[1])
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -53,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that run the engine; the chat app starts without MLX and says so itself.
+NEEDS_MLX = {"generate", "serve", "bench", "eval"}
+
+
 def main(argv: list[str] | None = None) -> int:
     from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
 
@@ -63,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "command", None) in NEEDS_MLX:
+            import mlx.core  # noqa: F401 - first: no work before the one line saying it is missing
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

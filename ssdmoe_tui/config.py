@@ -18,6 +18,7 @@ from typing import Any
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.options import CacheBudget, parse_temp, parse_top_p
+from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,14 +39,24 @@ def _text(value: object) -> str:
     return value
 
 
-def _positive_int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("expected a positive integer")
+K_MAX = 1 << 16  # as a conversation's saved K (sessions.store)
+MAX_TOKENS_MAX = 1 << 24
+
+
+def _positive_int(value: object, hi: int = MAX_TOKENS_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        raise ValueError(f"expected a whole number in 1..{hi:,}")
     return value
 
 
-def _optional_positive_int(value: object) -> int | None:
-    return None if value is None else _positive_int(value)
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+def _optional_k(value: object) -> int | None:
+    return None if value is None else _positive_int(value, K_MAX)
 
 
 def _cache_size(value: object) -> str:
@@ -69,11 +80,13 @@ def _number(parse: Callable[[float], float]) -> Callable[[object], float]:
 
 def _keymap(value: object) -> dict[str, str]:
     ok = isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
     )
     if not ok:
         raise ValueError('expected id = "keys" pairs')
     return dict(value)  # type: ignore[arg-type]
+    # Which ids exist and which keys clash is the app's to say (ui.actions.keys), with
+    # the file named: this layer does not know the bindings.
 
 
 def setting(default: Any, check: Callable[[object], Any], example: str, doc: str) -> Any:
@@ -90,14 +103,15 @@ class Config:
     model: str = setting(
         "", _text, '"mlx-community/Qwen3-30B-A3B-4bit"', "folder or repo id; empty: the demo"
     )
-    k: int | None = setting(
-        None, _optional_positive_int, "4", "experts per token; unset: trained K"
-    )
+    k: int | None = setting(None, _optional_k, "4", "experts per token; unset: trained K")
     expert_cache: str = setting("auto", _cache_size, '"auto"', '"auto", "512M", "4G", ...')
     max_tokens: int = setting(1024, _positive_int, "1024", "longest reply, in tokens")
     temperature: float = setting(0.0, _number(parse_temp), "0.7", "0: greedy (the same reply)")
     top_p: float = setting(0.0, _number(parse_top_p), "0.95", "nucleus sampling; 0: off")
     system_prompt: str = setting("", _text, '"You are a helpful assistant."', "")
+    thinking: bool = setting(
+        True, _bool, "false", "models that think (Qwen3...): false answers at once"
+    )
     theme: str = setting(DEFAULT_THEME, _text, f'"{DEFAULT_THEME}"', "or ssdmoe-light, ...")
     keymap: dict[str, str] = setting({}, _keymap, "", "binding id = keys; F1 lists the ids")
 
@@ -150,6 +164,7 @@ class GenSettings:
     top_p: float = 0.0
     max_tokens: int = 1024
     k: int | None = None  # None: the model's trained K
+    thinking: bool = True  # the template's enable_thinking (templates that think)
 
     @classmethod
     def from_config(cls, config: Config) -> GenSettings:
@@ -203,7 +218,7 @@ def load_config(path: Path | None = None) -> LoadedConfig:
     """Read the config; never raises for anything the user wrote."""
     path = path or config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, CONFIG_TOML_MAX)
     except FileNotFoundError:
         return LoadedConfig(Config(), path)
     except (OSError, UnicodeDecodeError) as e:
@@ -217,9 +232,16 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         return LoadedConfig(Config(), path, (f"{path}: bad TOML ({e}); using defaults",), False)
     values: dict[str, object] = {}
     warnings: list[str] = []
+    known = {f.name for f in fields(Config)}
+    for key in data:
+        if key not in known:  # kept in the file (a newer version's key?) and ignored
+            shown = key if len(key) <= 40 else key[:37] + "..."
+            warnings.append(
+                f"{path}: unknown key {shown!r} ignored (known: {', '.join(sorted(known))})"
+            )
     for f in fields(Config):
         if f.name not in data:
-            continue  # unknown keys are kept in the file and ignored
+            continue
         value = data[f.name]
         try:
             values[f.name] = f.metadata["check"](value)
@@ -252,10 +274,10 @@ def set_config_value(loaded: LoadedConfig, key: str, value: str | int) -> str | 
         return f"not saved: fix {path} first"
     line = f"{key} = {_toml_value(value)}"
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, CONFIG_TOML_MAX)
     except FileNotFoundError:
         text = template()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         return f"not saved: {path}: {e.strerror or e}"
     lines = text.splitlines()
     pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")

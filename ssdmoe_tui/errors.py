@@ -19,12 +19,34 @@ class BadValueError(SsdmoeError, ValueError):
     """A user-supplied value (K, a size, ...) is out of range or malformed."""
 
 
+# `pip install ssdmoe-tui` on Linux brings no MLX backend: the CPU and CUDA wheels both
+# write mlx/lib/libmlx.so, so neither can be a default next to an extra for the other.
+MLX_MISSING = (
+    "MLX is not installed (or has no backend): on Linux pip install 'ssdmoe-tui[cpu]', "
+    "or 'ssdmoe-tui[cuda]' for an NVIDIA GPU; on macOS pip install mlx"
+)
+
+
+def is_mlx_missing(exc: BaseException) -> bool:
+    """MLX (not mlx-lm) could not be imported: absent, or its backend library is."""
+    if not isinstance(exc, ImportError):
+        return False
+    name = exc.name or ""
+    return name == "mlx" or name.startswith("mlx.") or "libmlx" in str(exc)
+
+
 def user_message(exc: BaseException) -> str:
     """One line for the user; never a traceback."""
     if isinstance(exc, SsdmoeError):
         text = str(exc)
+    elif is_mlx_missing(exc):
+        text = MLX_MISSING
     elif isinstance(exc, FileNotFoundError):
         text = f"file not found: {exc.filename or exc}"
+    elif isinstance(exc, OSError) and exc.strerror:  # a read-only folder, no permission...
+        where = f"{exc.filename}: " if exc.filename else ""
+        also = f" (and {exc.filename2})" if getattr(exc, "filename2", None) else ""
+        text = f"{where}{exc.strerror}{also}"
     elif isinstance(exc, MemoryError):
         text = "out of memory: lower the expert cache (--expert-cache) or K"
     else:

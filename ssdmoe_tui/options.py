@@ -126,17 +126,6 @@ def parse_seconds(text: str | float, what: str, most: float = 7 * 86400) -> floa
     return value
 
 
-def parse_policy(text: str) -> str:
-    """An expert-cache eviction policy name (`auto`: the engine's default), checked by
-    building it once on a toy cache, so a typo fails before any model loads."""
-    name = str(text).strip()
-    if name != "auto":
-        from ssdmoe_tui.engine.policy.policies import make_policy
-
-        make_policy(name, 8, 2)  # BadValueError naming the policy and the known ones
-    return name
-
-
 def parse_temp(text: str | float) -> float:
     value = _finite(text, "temperature")
     if value < 0:
@@ -191,6 +180,12 @@ class SamplingOptions:
     temp: float = 0.0
     top_p: float = 0.0
     seed: int | None = None
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    # mlx-lm's logits processors (over the last 20 tokens); None: off
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
     def __post_init__(self) -> None:
         parse_positive(self.max_tokens, "max tokens")
@@ -198,6 +193,22 @@ class SamplingOptions:
         parse_top_p(self.top_p)
         if self.seed is not None:
             parse_seed(self.seed)
+        if self.top_k < 0:
+            raise BadValueError(f"top-k must be >= 0 (0: off), got {self.top_k}")
+        if not 0.0 <= _finite(self.min_p, "min-p") <= 1.0:
+            raise BadValueError(f"min-p must be within 0..1 (0: off), got {self.min_p:g}")
+        if self.repetition_penalty is not None and _finite(self.repetition_penalty,
+                                                           "repetition penalty") <= 0:  # fmt: skip
+            raise BadValueError(f"repetition penalty must be > 0, got {self.repetition_penalty:g}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if v is not None:
+                _finite(v, name.replace("_", " "))
+
+    def logits_processors(self) -> dict:
+        """The penalties as mlx-lm's `make_logits_processors` takes them (set ones only)."""
+        names = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+        return {n: getattr(self, n) for n in names if getattr(self, n) not in (None, 0, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -217,7 +228,9 @@ class EngineOptions:
     policy: str = "auto"
     prefill_step: int | None = None  # None: from free memory (Runner)
     queue_depth: int = 16
-    routing_trace: str | None = None  # route by this recorded trace (engine/policy/trace_routing.py)
+    routing_trace: str | None = (
+        None  # route by this recorded trace (engine/policy/trace_routing.py)
+    )
 
     def __post_init__(self) -> None:
         # Programmatic callers (tests, the server, the protocol) get the same checks as the CLI.
@@ -234,7 +247,8 @@ class EngineOptions:
         if self.prefill_step is not None:
             parse_positive(self.prefill_step, "prefill step")
         parse_positive(self.queue_depth, "queue depth")
-        parse_policy(self.policy)
+        # the policy name is the engine's to check (`policies.parse_policy`): the CLI
+        # checks it as it parses, `plan_engine` before any model is touched
 
     def with_(self, **changes) -> EngineOptions:
         return replace(self, **changes)

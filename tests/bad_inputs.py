@@ -14,11 +14,15 @@ they are run by the table script, not asserted by the test.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
+import os
 import re
 import shutil
+import signal
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,7 @@ class Outcome:
     message: str  # what the user sees (stderr, the exception's text, or the warning)
     named: str  # what the message must name
     raised: str = ""  # loader: the exception type ("" when none)
+    reason: str = ""  # what the message must also say (the actual fault), if set
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ def problems(o: Outcome) -> list[str]:
         out.append("bare exception type")
     if o.named.lower() not in msg.lower():
         out.append(f"does not name {o.named!r}")
+    if o.reason and o.reason.lower() not in msg.lower():
+        out.append(f"does not say {o.reason!r}")
     return out
 
 
@@ -240,6 +247,33 @@ def config_case(id: str, what: str, text: bytes, named: str) -> Bad:
     return Bad(id, what, run)
 
 
+def _duplicate_tensor(tmp: Path, model: Callable[[], Path]) -> Outcome:
+    """An expert tensor of the first shard copied, bytes and all, into the second."""
+    m = model_copy(tmp, model)
+    first, second = sorted(m.glob("*.safetensors"))[:2]
+    blob = first.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    h1 = json.loads(blob[8 : 8 + n])
+    name = expert_tensor(h1)
+    begin, end = h1[name]["data_offsets"]
+    data = blob[8 + n + begin : 8 + n + end]
+    blob2 = second.read_bytes()
+    (n2,) = struct.unpack("<Q", blob2[:8])
+    h2 = json.loads(blob2[8 : 8 + n2])
+    size = len(blob2) - 8 - n2
+    h2[name] = dict(h1[name], data_offsets=[size, size + len(data)])
+    raw = json.dumps(h2).encode()
+    second.write_bytes(struct.pack("<Q", len(raw)) + raw + blob2[8 + n2 :] + data)
+    index = m / "model.safetensors.index.json"
+    if index.is_file():
+        idx = json.loads(index.read_text())
+        idx["weight_map"][name] = second.name
+        index.write_text(json.dumps(idx))
+    return dataclasses.replace(
+        cli(["index", "--model", str(m), "--rebuild"], name), reason="also in"
+    )
+
+
 def _set(path: list, value: Any) -> Callable[[dict], None]:
     """Header edit: header[expert tensor][path...] = value."""
 
@@ -281,6 +315,230 @@ def _long_prompt(tmp: Path, model: Callable[[], Path]) -> Outcome:
     return cli(argv, "context is 2,048 tokens")
 
 
+# ---- special files in place of a user's file: each must be refused by name, at once
+
+SPECIAL_S = 20  # a reader that blocks on a FIFO is stopped here (and fails the case)
+
+
+@contextlib.contextmanager
+def bounded(seconds: float = SPECIAL_S):
+    """Interrupt the main thread after `seconds` (a FIFO's open() blocks until a writer
+    comes; the alarm makes that a failed case instead of a hung suite)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise TimeoutError(f"blocked for {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+def _dev_zero(p: Path) -> None:
+    p.symlink_to("/dev/zero")
+
+
+def _folder(p: Path) -> None:
+    p.mkdir()
+
+
+def _loop(p: Path) -> None:
+    p.symlink_to(p.name)  # a link to itself
+
+
+# (kind, make it in place of a file, what the refusal must say)
+SPECIAL: list[tuple[str, Callable[[Path], None], str]] = [
+    ("fifo", _fifo, "FIFO"),
+    ("dev-zero", _dev_zero, "character device"),
+    ("folder", _folder, "folder"),
+    ("loop", _loop, "link loop"),
+]
+
+
+def special(make: Callable[[Path], None], path: Path) -> None:
+    """Put a special file at `path` (whatever was there goes)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    make(path)
+
+
+def special_case(
+    id: str, what: str, reason: str, run: Callable[[Path, Callable[[], Path]], Outcome]
+) -> Bad:
+    def bounded_run(tmp: Path, model: Callable[[], Path]) -> Outcome:
+        try:
+            with bounded():
+                outcome = run(tmp, model)
+        except TimeoutError as e:
+            return Outcome(None, f"TimeoutError: {e}", "", "TimeoutError")
+        return dataclasses.replace(outcome, reason=reason)
+
+    return Bad(id, what, bounded_run)
+
+
+def _special_cases() -> list[Bad]:
+    out: list[Bad] = []
+    for kind, make, reason in SPECIAL:
+
+        def conv(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            from ssdmoe_tui.sessions.store import SessionStore
+
+            store = SessionStore(tmp / "sessions")
+            folder = store.folder(CONV_ID)
+            folder.mkdir(parents=True)
+            special(make, folder / "conversation.json")
+            return load(lambda: store.get(CONV_ID), "conversation.json")
+
+        def config(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            from ssdmoe_tui.config import load_config
+
+            special(make, tmp / "config.toml")
+            return load(lambda: load_config(tmp / "config.toml"), "config.toml")
+
+        def shard(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            m = model_copy(tmp, model)
+            path = first_shard(m)
+            special(make, path)
+            return cli(["index", "--model", str(m), "--rebuild"], path.name)
+
+        def model_config(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            m = model_copy(tmp, model)
+            special(make, m / "config.json")
+            return cli(["index", "--model", str(m)], "config.json")
+
+        def tokenizer(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            from ssdmoe_tui.checkpoint.config import load_tokenizer
+
+            m = model_copy(tmp, model)
+            special(make, m / "tokenizer.json")
+            return load(lambda: load_tokenizer(m), "tokenizer.json")
+
+        def template(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            from ssdmoe_tui.checkpoint.config import load_tokenizer
+
+            m = model_copy(tmp, model)
+            special(make, m / "chat_template.jinja")
+            return load(lambda: load_tokenizer(m), "chat_template.jinja")
+
+        def trace(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            special(make, tmp / "trace.jsonl")
+            return cli(["trace", "replay", str(tmp / "trace.jsonl")], "trace.jsonl")
+
+        def kv(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            from ssdmoe_tui.sessions.checkpoints import check_checkpoint
+
+            path = tmp / "kv-00000004.safetensors"
+            special(make, path)
+            return load(lambda: check_checkpoint(path, [3, 4, 5, 6], "fp"), path.name)
+
+        for where, run in [
+            ("conv", conv),
+            ("config", config),
+            ("shard", shard),
+            ("model-config", model_config),
+            ("tokenizer", tokenizer),
+            ("template", template),
+            ("trace", trace),
+            ("kv", kv),
+        ]:
+            what = f"{where.replace('-', ' ')} file is a {kind.replace('-', ' ')}"
+            if kind == "dev-zero":
+                what = f"{where.replace('-', ' ')} file is a link to /dev/zero"
+            out.append(special_case(f"{where}-{kind}", what, reason, run))
+    return out
+
+
+def _huge(tmp: Path, name: str, size: int, call: Callable[[Path], Any]) -> Outcome:
+    """A sparse file of `size` bytes (no disk used) where a small file belongs."""
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return dataclasses.replace(load(lambda: call(path), name), reason="limit")
+
+
+def _huge_conv(tmp: Path, model: Callable[[], Path]) -> Outcome:
+    from ssdmoe_tui.sessions.store import SessionStore
+
+    store = SessionStore(tmp / "sessions")
+    name = f"sessions/{CONV_ID}/conversation.json"
+    return _huge(tmp, name, 300 << 20, lambda p: store.get(CONV_ID))
+
+
+def _huge_config(tmp: Path, model: Callable[[], Path]) -> Outcome:
+    from ssdmoe_tui.config import load_config
+
+    return _huge(tmp, "config.toml", 2 << 20, load_config)
+
+
+# Hostile chat templates (the sandbox holds; each failure must be one line naming the file)
+HOSTILE_TEMPLATES = [
+    ("template-syntax", "chat template with a syntax error", "{% for %}", "syntax error"),
+    (
+        "template-sandbox",
+        "chat template reaching for __class__",
+        "{{ ''.__class__.__mro__ }}",
+        "sandbox",
+    ),
+    (
+        "template-raise",
+        "chat template calling raise_exception",
+        "{{ raise_exception('roles must alternate user/assistant') }}",
+        "roles must alternate",
+    ),
+    (
+        "template-nested-loops",
+        "chat template: loops nested over range(100000)",
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        "budget",
+    ),
+    (
+        "template-recursion",
+        "chat template: a macro calling itself",
+        "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+        "recursion",
+    ),
+]
+
+
+def template_case(id: str, what: str, template: str, reason: str) -> Bad:
+    def run(tmp: Path, model: Callable[[], Path]) -> Outcome:
+        m = model_copy(tmp, model)
+        (m / "chat_template.jinja").write_text(template, encoding="utf-8")
+        argv = ["generate", "--model", str(m), "--prompt", "hi", "--max-tokens", "1"]
+        return dataclasses.replace(cli(argv, "chat_template.jinja"), reason=reason)
+
+    return Bad(id, what, run)
+
+
+def config_key_case(id: str, key: str, value: Any, reason: str) -> Bad:
+    """config.json with one key changed, then `ssdmoe generate` on it."""
+
+    def run(tmp: Path, model: Callable[[], Path]) -> Outcome:
+        m = model_copy(tmp, model)
+        cfg = json.loads((m / "config.json").read_text())
+        cfg[key] = value
+        (m / "config.json").write_text(json.dumps(cfg))
+        argv = ["generate", "--model", str(m), "--prompt", "hi", "--max-tokens", "1"]
+        return dataclasses.replace(cli(argv, key), reason=reason)
+
+    return Bad(id, f"config.json: {key} = {value!r}", run)
+
+
 # --------------------------------------------------------------------------- cases
 
 CASES: list[Bad] = [
@@ -315,6 +573,7 @@ CASES: list[Bad] = [
         "bench-decode-0", ["bench", "--model", "x", "--decode-tokens", "0"], "--decode-tokens"
     ),
     option_case("chat-k-0", ["chat", "--k", "0"], "0"),
+    option_case("serve-allowed-hosts", ["serve", "--allowed-hosts", "ok.lan,a b!"], "a b!"),
     option_case("app-max-tokens-0", ["--max-tokens", "0"], "0"),
     model_option_case("k-beyond-model", ["generate", "--k", "999", "--prompt", "hi"], "999"),
     Bad("prompt-too-long", "generate: a 30,000-token prompt on a 2,048 context", _long_prompt),
@@ -397,6 +656,9 @@ CASES: list[Bad] = [
         lambda h: h[expert_tensor(h)]["data_offsets"].reverse(),
     ),
     header_case("overlapping-experts", "two expert tensors on the same bytes", _overlap),
+    Bad(
+        "tensor-in-two-shards", "an expert tensor duplicated into another shard", _duplicate_tensor
+    ),
     # ---- routing traces
     option_case(
         "trace-missing", ["trace", "replay", "/nonexistent/trace.jsonl"], "/nonexistent/trace.jsonl"
@@ -406,6 +668,21 @@ CASES: list[Bad] = [
     trace_case("trace-not-utf8", "a trace that is not UTF-8", b"\xff\xfe\x00garbage\n"),
     trace_case("trace-unknown", "a file that is no trace", b"hello world\n"),
     trace_case("trace-k-word", 'trace header "k": "x"', engine_trace(["[0, 0, 1, [1, 2]]"], k="x")),
+    *(
+        trace_case(
+            f"trace-header-{key}",
+            f"trace header {key} = {value}",
+            engine_trace(["[0, 0, 1, [1, 2]]"], **{key: value}),
+            key,
+        )  # fmt: skip
+        for key, value in [("num_layers", 10**12), ("num_experts", 2**40), ("k", 10**9)]
+    ),
+    trace_case(
+        "trace-jsonl-k-over-experts",
+        "moe-routing-jsonl header k 9 of 8 experts",
+        b'{"format": "moe-routing-jsonl", "num_layers": 2, "num_experts": 8, "k": 9}\n'
+        b'{"token": 0, "layer": 0, "experts": [1, 2]}\n',
+    ),
     *(
         trace_case(id, what, engine_trace([row, "[1, 0, 1, [1, 2]]"]))
         for id, what, row in [
@@ -443,6 +720,11 @@ CASES: list[Bad] = [
     conversation_case("conv-id-path", 'id "../../etc"', conv_json(id="../../etc")),
     conversation_case("conv-newer", "written by a newer version", conv_json(version=99)),
     conversation_case("conv-list", "a JSON list", "[]"),
+    conversation_case("conv-text-5", '"text": 5', turn_json(text=5)),
+    conversation_case("conv-version-true", '"version": true', conv_json(version=True)),
+    conversation_case("conv-title-list", '"title": [1, 2]', conv_json(title=[1, 2])),
+    conversation_case("conv-stopped-word", '"stopped": "no"', turn_json(stopped="no")),
+    conversation_case("conv-turns-object", '"turns": {}', conv_json(turns={})),
     Bad(
         "resume-bad-id",
         "--resume with a path for an id",
@@ -507,6 +789,22 @@ CASES: list[Bad] = [
     config_case("config-k-word", 'k = "x"', b'k = "x"\n', "k = 'x'"),
     config_case("config-max-tokens", "max_tokens = -1", b"max_tokens = -1\n", "max_tokens = -1"),
     config_case("config-keymap", "keymap = 3", b"keymap = 3\n", "keymap = 3"),
+    config_case("config-k-10**30", "k = 10**30", f"k = {10**30}\n".encode(), "k = " + str(10**30)),
+    config_case("config-unknown-key", "an unknown key", b"temprature = 0.7\n", "temprature"),
+    config_case(
+        "config-keymap-empty", 'a keymap entry of ""', b'[keymap]\n"app.stop" = ""\n', "keymap"
+    ),
+    # ---- special files (FIFO, /dev/zero, a folder, a link loop) as any user file
+    *_special_cases(),
+    *(template_case(*t) for t in HOSTILE_TEMPLATES),
+    # ---- config.json numbers the architecture divides or allocates by
+    config_key_case("config-heads-0", "num_attention_heads", 0, "config.json"),
+    config_key_case("config-kv-heads-3", "num_key_value_heads", 3, "multiple"),
+    config_key_case("config-hidden-huge", "hidden_size", 10**12, "config.json"),
+    config_key_case("config-layers-word", "num_hidden_layers", "3", "config.json"),
+    config_key_case("config-k-over-experts", "num_experts_per_tok", 64, "not about --k"),
+    Bad("conv-huge", "conversation.json of 300 MiB (sparse)", _huge_conv),
+    Bad("config-huge", "config.toml of 2 MiB (sparse)", _huge_config),
 ]
 
 

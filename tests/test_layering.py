@@ -202,3 +202,62 @@ def test_chat_controller_needs_no_textual_and_screens_never_import_the_app():
 def test_no_import_cycles():
     cycles = import_cycles(import_graph()[0])
     assert not cycles, "import cycles remain:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+_BASE = (
+    "ssdmoe_tui.options",
+    "ssdmoe_tui.config",
+    "ssdmoe_tui.errors",
+    "ssdmoe_tui.paths",
+    "ssdmoe_tui.atomic",
+    "ssdmoe_tui.units",
+)
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for n in graph[todo.pop()] - seen:
+            seen.add(n)
+            todo.append(n)
+    return seen
+
+
+def test_the_base_layer_never_reaches_the_engine():
+    """options (the typed edge every layer uses), config and the leaves import nothing
+    under engine/, directly or through another module."""
+    graph, _ = import_graph()
+    bad = [
+        f"{base} reaches {m}"
+        for base in _BASE
+        for m in _reach(graph, base)
+        if m.startswith("ssdmoe_tui.engine")
+    ]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_nothing_under_engine_renders_a_chat_template():
+    """The engine takes token ids: messages become tokens in prompting/ (called by the
+    app, the server and `generate`), never under engine/."""
+    graph, outside = import_graph()
+    bad = []
+    for mod in graph:
+        if not mod.startswith("ssdmoe_tui.engine"):
+            continue
+        for m in _reach(graph, mod):
+            if m.startswith("ssdmoe_tui.prompting") or "jinja2" in outside[m]:
+                bad.append(f"{mod} reaches {m}")
+        text = (
+            (ROOT / (mod.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+            if (ROOT / (mod.replace(".", "/") + ".py")).exists()
+            else ""
+        )
+        if "apply_chat_template" in text:
+            bad.append(f"{mod} calls apply_chat_template")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_engine_top_level_holds_at_most_eight_modules():
+    engine = ROOT / "ssdmoe_tui" / "engine"
+    top = sorted(p.name for p in engine.glob("*.py"))
+    assert len(top) <= 8, top

@@ -30,6 +30,7 @@ from ssdmoe_tui.bench import system
 from ssdmoe_tui.errors import BadValueError, ModelError
 from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.units import human_bytes
+from ssdmoe_tui.user_files import MODEL_JSON_MAX, read_regular
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.run.runner import Snapshot
@@ -74,6 +75,8 @@ class BenchOptions:
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
     quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
     quality_tokens: int = 512
+    batch: list[int] = field(default_factory=list)  # also B sequences together (bench/batch.py)
+    batch_check: bool = False  # with batch: run each row alone again and compare tokens
 
     def __post_init__(self) -> None:
         # Programmatic callers get the checks the CLI's argument types make.
@@ -226,6 +229,7 @@ def run_config(
     sm = runner.sm
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
+        sm.measure_routing_mass()  # read once, after the run: costs the decode nothing
         dist = opts.distributed
         meter = dist.meter(sm) if dist is not None else None
         sampler = make_sampler(0.0)
@@ -459,7 +463,7 @@ def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLi
 
 def _load_baseline_json(p: Path, conditions: dict) -> dict:
     try:
-        data = json.loads(Path(p).read_text())
+        data = json.loads(read_regular(Path(p), MODEL_JSON_MAX))
     except FileNotFoundError:
         raise BadValueError(f"--baseline-json: file not found: {p}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -655,6 +659,9 @@ def run_bench(
                     configs.append(r)
                     _derive(result, {}, index)
                     on_partial(result)
+                    if not pf and opts.batch:
+                        _run_batches(opts, k, budget, prompt, result, prepare, log)
+                        on_partial(result)
         if opts.cold and drops and any(m != "drop_caches" for m in drops):
             conditions["mode"] = "cold (fallback: see page_cache per result)"
 
@@ -693,6 +700,28 @@ def run_bench(
         _derive(result, base["by_k"], index)
     result["complete"] = True
     return result
+
+
+def _run_batches(opts, k, budget, prompt, result, prepare, log) -> None:
+    """`--batch`: each B on a fresh engine for this (K, budget); `result["batch"]`."""
+    from ssdmoe_tui.bench.batch import derive, run_batch_config
+
+    if opts.distributed is not None:
+        raise BadValueError("--batch is not supported with --distributed")
+    out = result.setdefault("batch", [])
+    for b in opts.batch:
+        state = prepare()
+        log(f"config K={k} expert cache {budget} batch {b} [{state}]")
+        runner = _open(opts, budget, k, False, log)
+        try:
+            r = run_batch_config(
+                runner, opts.decode_tokens, budget, prompt, b, log, check_alone=opts.batch_check
+            )
+        finally:
+            _close(runner)
+        r["page_cache"] = state
+        out.append(r)
+        derive(out)
 
 
 def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> None:

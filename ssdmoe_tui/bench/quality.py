@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.user_files import TEXT_FILE_MAX, read_regular_text
 
 RANDOM_WEIGHTS_NOTE = (
     "the numbers only mean something on a trained model; on random weights (the demo "
@@ -32,7 +33,7 @@ def text_tokens(tokenizer, path: Path, max_tokens: int) -> list[int]:
     """The first `max_tokens` ids of the file's text, tokenized raw (no chat template)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, TEXT_FILE_MAX)
     except FileNotFoundError:
         raise BadValueError(f"--text: file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -61,7 +62,7 @@ def measure_quality(
             raise BadValueError(f"K={k} is outside 1..{sm.index.num_experts}")
     if chunk < 1:
         raise BadValueError(f"--chunk must be >= 1, got {chunk}")
-    meter = sm.routing_mass
+    meter = sm.measure_routing_mass()
     caches = {k: make_prompt_cache(sm.model) for k in order}
     sums = {
         k: {"nll": 0.0, "agree": 0, "kl": 0.0, "mass": 0.0, "mass_min": math.inf} for k in order

@@ -12,23 +12,24 @@ typo or a bad value never costs the working model, and a bad value is never stor
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
+from ssdmoe_tui.chat.thinking import prompt_opens_thinking, template_kwargs, thinking_tokens
 from ssdmoe_tui.config import ChatSettings, GenSettings
 from ssdmoe_tui.engine.run.protocol import (
     EngineError,
     Generate,
     GenerationDone,
     LoadModel,
-    Message,
     ModelInfo,
     SetExpertCache,
     SetK,
 )
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.options import CacheBudget, check_k
+from ssdmoe_tui.prompting.message import Message
 
 
 class Refused(Exception):
@@ -58,8 +59,21 @@ class SessionStore(Protocol):
         done: GenerationDone,
         model: str = "",
         settings: dict[str, Any] | None = None,
+        thinking_tokens: int = 0,
     ) -> None:
         """Called after every finished reply with the whole conversation so far."""
+        ...
+
+    def prompt(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        tokenizer: Any,
+        info: ModelInfo,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int] | None:
+        """The exact-history prompt ids for `messages` (new user message last), or None
+        when the stored conversation is not this chat (the template renders it then)."""
         ...
 
     def settings_of(self, session_id: str) -> dict[str, Any]:
@@ -95,6 +109,7 @@ class ChatController:
     engine: Engine | None = None
     sessions: SessionStore | None = None
     model: ModelInfo | None = None  # the model the engine holds and serves
+    tokenizer: Any = None  # the model's tokenizer: messages become prompt ids here
     loading: str | None = None  # a model (or expert-cache change) on its way; None: none
     session_id: str | None = None
     history: list[Message] = field(default_factory=list)
@@ -107,6 +122,8 @@ class ChatController:
     _wanted_k: int | None = None
     _requests: int = 0
     gen: GenSettings = field(init=False)  # the open conversation's generation settings
+    thinking_inside: bool = False  # the reply in flight starts in an open <think> block
+    engine_starting: bool = False  # the app builds the engine (after its first frame)
 
     def __post_init__(self) -> None:
         self.gen = self.defaults()
@@ -163,8 +180,10 @@ class ChatController:
         if self.engine is not None:
             self.engine.submit(SetK(k))
 
-    def model_loaded(self, info: ModelInfo) -> Loaded:
+    def model_loaded(self, info: ModelInfo, tokenizer: Any = None) -> Loaded:
         self.model = info
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
         self.loading = None
         if self._pending_cache is not None:
             self.settings.expert_cache = self._pending_cache  # stored once it worked
@@ -207,11 +226,15 @@ class ChatController:
                 return "Still stopping the previous reply; send again in a moment."
             return "A reply is still streaming: Esc stops it."
         if self.engine is None:
+            if self.engine_starting:
+                return "The engine is starting; send again in a moment."
             return "The engine is not running."
         if self.loading is not None:
             return "The model is still loading."
         if self.model is None:
             return "No model is loaded: F4 picks one, ctrl+p → Open model…"
+        if self.tokenizer is None:
+            return "The model's tokenizer is not loaded."
         return None
 
     def prepare(self, text: str) -> Generate:
@@ -220,12 +243,15 @@ class ChatController:
         when it cannot go now."""
         if why := self.why_not_send():
             raise Refused(why)
-        self._prompt = Message("user", text)
-        self.history.append(self._prompt)
+        prompt = Message("user", text)
+        ids = self._prompt_ids(self._with_system((*self.history, prompt)))
+        self._prompt = prompt
+        self.history.append(prompt)
+        self.thinking_inside = prompt_opens_thinking(ids, self.tokenizer)
         self._requests += 1
         request = Generate(
             request_id=f"r{self._requests}",
-            messages=self._with_system(tuple(self.history)),
+            prompt_tokens=tuple(ids),
             max_tokens=self.gen.max_tokens,
             temp=self.gen.temperature,
             top_p=self.gen.top_p,
@@ -233,6 +259,27 @@ class ChatController:
         )
         self.inflight = request.request_id
         return request
+
+    def _prompt_ids(self, messages: tuple[Message, ...]) -> list[int]:
+        """The conversation's exact token history plus the templated new turn (a stored
+        conversation), else the whole chat through the template. One line if the
+        template cannot render it."""
+        from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+        assert self.model is not None
+        kw = template_kwargs(self.gen.thinking)
+        try:
+            if self.sessions is not None and self.session_id is not None:
+                ids = self.sessions.prompt(
+                    self.session_id, messages, self.tokenizer, self.model, kw
+                )
+                if ids:
+                    return ids
+            return prompt_tokens(
+                self.tokenizer, [{"role": m.role, "content": m.content} for m in messages], **kw
+            )
+        except Exception as e:  # noqa: BLE001 - a template or text error: one line, no turn
+            raise Refused(user_message(e)) from None
 
     def submit(self, request: Generate) -> None:
         assert self.engine is not None
@@ -261,14 +308,22 @@ class ChatController:
             model = self.model.name if self.model else ""
             if done.k_per_token:
                 self.gen.k = done.k_per_token[-1]  # the K this conversation goes on with
+            thinking = thinking_tokens(
+                done.token_ids, self.tokenizer, done.text, self.thinking_inside
+            )
             if self.sessions is not None and self.session_id is not None:
                 try:
                     self.sessions.record(
-                        self.session_id, tuple(self.history), done, model, self.gen.as_dict()
+                        self.session_id,
+                        tuple(self.history),
+                        done,
+                        model,
+                        self.gen.as_dict(),
+                        thinking_tokens=thinking,
                     )
                 except Exception as e:  # noqa: BLE001 - persistence must not stop the chat
                     self._warn(f"session not saved: {user_message(e)}")
-            return ReplyStats.from_done(done, model)
+            return replace(ReplyStats.from_done(done, model), thinking_tokens=thinking)
         finally:
             self._abandoned.discard(done.request_id)
             self.inflight = None  # last: a new prompt may go once this reply is settled
@@ -288,9 +343,6 @@ class ChatController:
             self._abandoned.add(self.inflight)
             if self.engine is not None:
                 self.engine.cancel()
-
-    def is_abandoned(self, request_id: str) -> bool:
-        return request_id in self._abandoned
 
     # ------------------------------------------------------------------ conversations
 

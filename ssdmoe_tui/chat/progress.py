@@ -87,3 +87,62 @@ class LoadProgress:
         if (eta := self.eta_s) is not None:
             parts.append(f"~{eta:.0f} s left" if eta < 120 else f"~{eta / 60:.0f} min left")
         return " · ".join(parts)
+
+
+@dataclass
+class PrefillClock:
+    """Prefill progress that moves between the engine's reports.
+
+    The engine reports prefill at chunk boundaries (`PhaseChanged("prefill", done,
+    total)`); a prompt that fits one chunk (2048 tokens) gets no report until it is all
+    done, which on a real model is minutes. Between reports the count moves at the
+    prefill rate: the one measured in this prefill once a chunk has been reported, else
+    the last prefill's (`learn`), else none is known and only the elapsed time moves.
+    Estimated counts stay below the total (only the engine says it is done) and are
+    marked "≈"."""
+
+    rate: float | None = None  # tok/s
+    total: int = 0
+    first: int = 0  # tokens already served from the KV cache when it began
+    done: int = 0  # the engine's last report
+    started: float = 0.0
+    reported: float = 0.0
+
+    def learn(self, rate: object) -> None:
+        """The prefill rate a finished turn measured (its `prefill_tok_s`)."""
+        if isinstance(rate, (int, float)) and rate > 0:
+            self.rate = float(rate)
+
+    def report(self, done: int, total: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if total != self.total or done < self.done:  # a new prefill
+            self.total, self.first, self.started = total, done, now
+        elif done > self.first and now > self.started:
+            self.rate = (done - self.first) / (now - self.started)
+        self.done, self.reported = done, now
+
+    def estimate(self, now: float | None = None) -> tuple[int, bool]:
+        """(tokens prefilled, estimated?) now."""
+        now = time.monotonic() if now is None else now
+        if self.rate is None or self.done >= self.total:
+            return self.done, False
+        moved = int(self.rate * max(0.0, now - self.reported))
+        if moved <= 0:
+            return self.done, False
+        return min(self.total - 1, self.done + moved), True
+
+    def text(self, now: float | None = None, *, rate: bool = True) -> str:
+        """ "≈312/1,261 · 60 tok/s · ~16 s left", or "0/1,261 · 3 s" without a rate;
+        `rate=False` leaves the rate out (the status bar's short form)."""
+        now = time.monotonic() if now is None else now
+        tokens, guessed = self.estimate(now)
+        parts = [f"{'≈' if guessed else ''}{tokens:,}/{self.total:,}"]
+        if self.rate:
+            if rate:
+                r = self.rate
+                parts.append(f"{r:,.0f} tok/s" if r >= 10 else f"{r:.1f} tok/s")
+            left = (self.total - tokens) / self.rate
+            parts.append(f"~{left:.0f} s left" if left < 120 else f"~{left / 60:.0f} min left")
+        else:
+            parts.append(f"{now - self.started:.0f} s")
+        return " · ".join(parts)

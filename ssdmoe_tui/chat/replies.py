@@ -31,6 +31,7 @@ class ReplyStats:
     k_min: int | None = None
     k_max: int | None = None
     kv_hit_rate: float | None = None  # share of the prompt served from the KV cache
+    thinking_tokens: int = 0  # of `tokens`, the reasoning's (templates that think)
 
     @classmethod
     def from_done(cls, done: Any, model: str) -> ReplyStats:
@@ -49,6 +50,8 @@ class ReplyStats:
     def detail(self) -> str:
         """ "42 tokens · 5.1 tok/s · K 4" (parts that are unknown are left out)."""
         parts = [f"{self.tokens} tokens"] if self.tokens else []
+        if parts and self.thinking_tokens:
+            parts[0] += f" ({self.thinking_tokens} thinking)"
         if self.decode_tok_s is not None:
             parts.append(f"{self.decode_tok_s:.1f} tok/s")
         if k := k_label(self.k_min, self.k_max):
@@ -66,3 +69,4 @@ class ShownTurn:
     content: str
     reply: ReplyStats | None = None  # assistant turns
     stopped: bool = False
+    finish: str = ""  # "stop", "length" (shown "[hit max tokens]"), "cancelled"

@@ -89,11 +89,6 @@ class MoeGeometry:
     expert_intermediate: int
     projections: tuple[str, ...]
 
-    @property
-    def matrix_elements(self) -> int:
-        """Weight elements of one expert (all projections; each is hidden x intermediate)."""
-        return len(self.projections) * self.hidden_size * self.expert_intermediate
-
 
 @dataclass(frozen=True)
 class Quantization:
@@ -134,6 +129,51 @@ def _int(cfg: Mapping, *keys: str, default: int | None = None) -> int | None:
             raise ModelError(f"config.json: {key} must be an integer, got {value!r}")
         return int(value)
     return default
+
+
+# Config numbers the architectures divide or allocate by: each, when present, is a whole
+# number in 1..its bound (a 0 was a ZeroDivisionError in mlx-lm's attention, 10**12 an
+# allocation that never ends).
+CONFIG_NUMBERS: dict[str, int] = {
+    "hidden_size": 1 << 20,
+    "num_hidden_layers": 1 << 12,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 14,
+    "vocab_size": 1 << 24,
+    "moe_intermediate_size": 1 << 20,
+    "num_experts": 1 << 16,
+    "n_routed_experts": 1 << 16,
+    "num_local_experts": 1 << 16,
+    "num_experts_per_tok": 1 << 16,
+    "max_position_embeddings": 1 << 26,
+}
+
+
+def check_config_numbers(config: Mapping, source: str = "config.json") -> None:
+    """The numbers an architecture needs, checked against what it can use (one line naming
+    `source` and the key), before mlx-lm builds anything from them."""
+    tc = text_config(config)
+    where = f"{source}: " + ("text_config." if tc is not config else "")
+    for key, hi in CONFIG_NUMBERS.items():
+        value = tc.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ModelError(f"{where}{key} = {shown} must be a whole number in 1..{hi:,}")
+    heads, kv = tc.get("num_attention_heads"), tc.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise ModelError(
+            f"{where}num_attention_heads = {heads} is not a multiple of "
+            f"num_key_value_heads = {kv} (each key/value head serves a whole group)"
+        )
+    n, k = num_experts(config), trained_k(config)
+    if n and k > n:
+        raise ModelError(
+            f"{where}num_experts_per_tok = {k} is more than the {n} experts per layer "
+            "(the config is inconsistent; this is not about --k)"
+        )
 
 
 def num_experts(config: Mapping) -> int:

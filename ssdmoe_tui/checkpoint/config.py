@@ -9,11 +9,21 @@ import json
 from pathlib import Path
 
 from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.user_files import (
+    MODEL_JSON_MAX,
+    TEMPLATE_MAX,
+    TOKENIZER_FILE_MAX,
+    RefusedFile,
+    check_regular,
+    read_regular,
+)
 
 
 def read_json_object(path: Path) -> dict:
     try:
-        value = json.loads(path.read_bytes())
+        value = json.loads(read_regular(path, MODEL_JSON_MAX))
+    except RefusedFile as e:
+        raise ModelError(str(e)) from None
     except UnicodeDecodeError:
         raise ModelError(f"{path}: not valid JSON (not UTF-8)") from None
     except json.JSONDecodeError as e:
@@ -33,9 +43,9 @@ def read_config(folder: Path) -> dict:
     """config.json as a dict (no mlx-lm import: cheap enough for listing many models)."""
     folder = Path(folder)
     path = folder / "config.json"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise ModelError(f"{folder}: no config.json (not a Hugging Face / MLX model folder)")
-    return read_json_object(path)
+    return read_json_object(path)  # a FIFO, a folder, a link loop: refused by name
 
 
 def load_config(folder: Path) -> dict:
@@ -52,6 +62,36 @@ def load_config(folder: Path) -> dict:
         ) from None
 
 
+# What transformers reads to build a tokenizer and its chat template (those present).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+)
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Each tokenizer or template file present is a regular file under its cap: a FIFO
+    would block transformers' open(), /dev/zero would read until memory runs out."""
+    for name in TOKENIZER_FILES + TEMPLATE_FILES:
+        path = Path(folder) / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        cap = TEMPLATE_MAX if name in TEMPLATE_FILES else TOKENIZER_FILE_MAX
+        try:
+            check_regular(path, cap)
+        except FileNotFoundError:  # a broken link: transformers skips it as absent
+            continue
+        except OSError as e:
+            raise ModelError(f"{path}: {e.strerror or e}") from None
+
+
 def load_tokenizer(folder: Path):
     """The model's tokenizer exactly as `mlx_lm.load` builds it: mlx-lm's public
     `load_tokenizer` with the EOS ids of generation_config.json (via `load_config`)."""
@@ -59,6 +99,7 @@ def load_tokenizer(folder: Path):
 
     folder = Path(folder)
     eos = load_config(folder).get("eos_token_id")
+    check_tokenizer_files(folder)
     try:
         return mlx_load_tokenizer(folder, eos_token_ids=eos)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.user_files import RefusedFile, open_regular
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own MAX_HEADER_SIZE
 MAX_DEPTH = 8  # a real header nests 3 deep: {tensor: {"shape": [...]}}
@@ -253,7 +254,7 @@ def read_header_bytes(path: Path | str, *, label: str | None = None) -> tuple[by
     path = Path(path)
     shown = Path(label) if label is not None else path
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
@@ -276,6 +277,8 @@ def read_header_bytes(path: Path | str, *, label: str | None = None) -> tuple[by
             return f.read(n), size
     except FileNotFoundError:
         raise HeaderError(shown, "missing (a broken link into the hub cache?)") from None
+    except RefusedFile as e:
+        raise HeaderError(shown, e.reason) from None
     except IsADirectoryError:
         raise HeaderError(shown, "is a folder, not a safetensors file") from None
     except OSError as e:

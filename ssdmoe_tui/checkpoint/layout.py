@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ssdmoe_tui.checkpoint.header import Header, HeaderError, TensorEntry, read_header
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
+from ssdmoe_tui.user_files import MODEL_JSON_MAX, check_regular, read_regular
 
 MIB = 1 << 20
 
@@ -76,15 +77,25 @@ def shard_names(folder: Path, *, require: bool = True) -> list[str]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = json.loads(read_regular(index, MODEL_JSON_MAX))["weight_map"]
             names = sorted({str(v) for v in weight_map.values()})
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ModelError(f"{index}: not a valid safetensors index") from None
         for n in names:
             if Path(n).is_absolute() or ".." in Path(n).parts:
                 raise ModelError(f"{index}: shard name {n!r} points outside the model folder")
-            if require and not (folder / n).is_file():
-                raise ModelError(f"missing shard: {folder / n} (listed in {index.name})")
+            if require:
+                try:
+                    check_regular(folder / n)
+                except FileNotFoundError:
+                    raise ModelError(
+                        f"missing shard: {folder / n} (listed in {index.name})"
+                    ) from None
+                except OSError as e:  # a FIFO, a folder, a link loop, /dev/zero...
+                    why = e.strerror or str(e)
+                    raise ModelError(
+                        f"{folder / n}: {why} (a shard listed in {index.name})"
+                    ) from None
         return names
     names = sorted(p.name for p in folder.glob("*.safetensors"))
     if require and not names:
@@ -128,10 +139,6 @@ class ExpertScan:
     sample_expert_tensor: str | None = None  # an expert-looking tensor outside switch_mlp
     headers: dict[str, Header] = field(default_factory=dict)  # shard name -> header
 
-    def block_bytes(self, prefix: str) -> int:
-        """One expert of one block: the sum of its components."""
-        return sum(t.stride for t in self.blocks[prefix])
-
     def quantized(self, prefix: str) -> bool:
         return any(t.part == "scales" for t in self.blocks[prefix])
 
@@ -163,10 +170,18 @@ def scan_experts(folder: Path, names: list[str] | None = None) -> ExpertScan:
     folder = Path(folder)
     names = shard_names(folder) if names is None else names
     scan = ExpertScan()
+    seen: dict[str, str] = {}  # tensor name -> the shard that holds it
     for shard in names:
         header = read_header(folder / shard)
         scan.headers[shard] = header
         for entry in header.tensors.values():
+            other = seen.setdefault(entry.name, shard)
+            if other != shard:
+                raise HeaderError(
+                    header.path,
+                    f"tensor {entry.name} is also in {other} (each tensor belongs to one "
+                    "shard: a shard copied or merged twice?)",
+                )
             scan.total_bytes += entry.nbytes
             m = EXPERT_RE.match(entry.name)
             if m is None and GLOBAL_SCALE_RE.search(entry.name):

@@ -20,6 +20,7 @@ from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.checkpoint.header import read_header
 from ssdmoe_tui.checkpoint.layout import shard_names
 from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.user_files import INDEX_CACHE_MAX, open_regular, read_regular
 
 CHUNK = 8 << 20
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -51,7 +52,7 @@ def hash_shard(path: Path) -> tuple[str, dict[str, str]]:
         for name, t in header.tensors.items()
     )
     digests = {name: hashlib.sha256() for _, _, name in spans}
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         fd, pos, i = f.fileno(), 0, 0
         while pos < header.file_size:
             chunk = os.pread(fd, min(CHUNK, header.file_size - pos), pos)
@@ -91,9 +92,9 @@ def verify(folder: Path, cache: Path) -> VerifyResult:
     result = VerifyResult()
     record_file = _record_path(folder, cache)
     try:
-        old = json.loads(record_file.read_text())
+        old = json.loads(read_regular(record_file, INDEX_CACHE_MAX))
         previous, old_tensors = float(old["time"]), dict(old["tensors"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         previous, old_tensors = None, {}
     result.previous = previous
     new_tensors: dict[str, str] = {}

@@ -23,12 +23,17 @@ from ssdmoe_tui.commands.common import (
     arg_type,
     distributed_run,
     engine_options,
+    list_type,
 )
 from ssdmoe_tui.options import parse_positive
 
 
 def _count(what: str):
     return arg_type(parse_positive, what)
+
+
+def _batch_size(text: str) -> int:
+    return parse_positive(text, "--batch")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,11 +44,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "decoding, the disk's random-read bandwidth at the model's expert size, the I/O "
         "ceiling, and plain resident mlx-lm when the model fits in memory.",
     )
-    add_model_argument(p, default=None, required=True, help="model folder or Hub repo id")
+    add_model_argument(p)  # the embedded demo by default, as generate, index and eval
+    p.add_argument(
+        "--quick", action="store_true",
+        help="the guard (`make bench-quick`): resident mlx-lm, a small cache and every expert "
+        "held, alternating in one process, plus the per-MoE-layer overhead; its own small "
+        "checkpoint unless --model is given",
+    )  # fmt: skip
+    p.add_argument(
+        "--rounds", type=_count("--rounds"), default=9,
+        help="with --quick: alternations (>= 3; medians over them)",
+    )  # fmt: skip
     add_k_argument(p, many=True)
     add_expert_cache_argument(p, many=True)
-    p.add_argument("--prompt-tokens", type=_count("--prompt-tokens"), default=512)
-    p.add_argument("--decode-tokens", type=_count("--decode-tokens"), default=128)
+    p.add_argument(
+        "--prompt-tokens", type=_count("--prompt-tokens"), default=None,
+        help="prompt length (default 512; 16 with --quick)",
+    )  # fmt: skip
+    p.add_argument(
+        "--decode-tokens", type=_count("--decode-tokens"), default=None,
+        help="tokens decoded per configuration (default 128; 16 with --quick)",
+    )  # fmt: skip
     p.add_argument(
         "--cold",
         action="store_true",
@@ -99,6 +120,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quality-tokens", type=_count("--quality-tokens"), default=512,
         help="with --quality: the text's first N tokens",
     )  # fmt: skip
+    p.add_argument(
+        "--batch", type=list_type(_batch_size, "--batch"), default=[], metavar="B[,B...]",
+        help="also decode B sequences together (different prompts; trace-driven: each at "
+        "another offset of the trace): aggregate and per-stream tok/s, MiB/token per sequence",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-check", action="store_true",
+        help="with --batch: run every row alone afterwards and count tokens that differ",
+    )  # fmt: skip
     add_distributed_argument(p)
     p.set_defaults(func=distributed_run(_run))
 
@@ -111,6 +141,8 @@ def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.options import CacheBudget
 
+    if args.quick:
+        return _run_quick(args)
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
@@ -123,8 +155,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         engine=engine,
         ks=args.k or [],
         budgets=args.expert_cache,
-        prompt_tokens=args.prompt_tokens,
-        decode_tokens=args.decode_tokens,
+        prompt_tokens=args.prompt_tokens or 512,
+        decode_tokens=args.decode_tokens or 128,
         cold=args.cold,
         baseline=args.baseline,
         baseline_only=args.baseline_only,
@@ -135,6 +167,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         distributed=dist,
         quality_text=Path(args.quality) if args.quality else None,
         quality_tokens=args.quality_tokens,
+        batch=args.batch,
+        batch_check=args.batch_check,
     )
     quiet = not opts.root  # only rank 0 reports
 
@@ -153,6 +187,37 @@ def _run(args: argparse.Namespace, dist) -> int:
     if args.json_out:
         log(f"JSON written to {args.json_out}")
     print(summary(result, markdown=args.markdown, wide=args.wide))
+    if result.get("batch"):
+        from ssdmoe_tui.bench.batch import table
+
+        print("\nbatched decode (B sequences together; steady state: every step decodes B rows)")
+        print(table(result["batch"]))
     if args.plot:
         log(write_plot(result, Path(args.plot)))
+    return 0
+
+
+def _run_quick(args: argparse.Namespace) -> int:
+    from ssdmoe_tui.atomic import atomic_write_text
+    from ssdmoe_tui.bench.quick import quick_table, run_quick
+    from ssdmoe_tui.commands.common import resolve_model_path
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    path = resolve_model_path(args.model) if args.model else None
+    small = next((b for b in args.expert_cache if not b.auto), None)  # the small cache
+    result = run_quick(
+        path,
+        small_cache=small.bytes if small is not None else None,
+        rounds=args.rounds,
+        prompt_tokens=args.prompt_tokens or 16,
+        decode_tokens=args.decode_tokens or 16,
+        dtype=args.dtype,
+        log=log,
+    )
+    if args.json_out:
+        atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
+        log(f"JSON written to {args.json_out}")
+    print(quick_table(result))
     return 0

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config-path", action="store_true", help="print where config.toml lives and exit"
     )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one rank of an expert-parallel launch: `ssdmoe launch -n 2 --backend ring "
+        "ssdmoe --distributed --model DIR` (rank 0 draws the app; docs/distributed.md)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,6 +106,55 @@ def run(args: argparse.Namespace) -> int:
     settings = build_settings(args)
     if problem:
         settings.warnings = (*settings.warnings, problem)
+    if getattr(args, "distributed", False):
+        return _run_distributed(settings)
     app = SsdmoeApp(settings, engine_factory=engine_factory, session_store=session_store(settings))
     code = app.run()
+    return int(code or app.return_code or 0)
+
+
+def _run_distributed(settings) -> int:
+    """The app on rank 0 (its engine linked to the others' like `serve --distributed`'s);
+    the other ranks follow rank 0's engine commands and draw nothing."""
+    from ssdmoe_tui.engine.distributed.group import start
+    from ssdmoe_tui.engine.distributed.link import ServiceLink, agreed_kv_hooks, follow
+    from ssdmoe_tui.options import EngineOptions
+    from ssdmoe_tui.sessions.kv_hooks import session_hooks
+
+    dist = start(sigterm=False)  # the app's event loop owns the signal wakeup fd
+    with dist.guard():
+        link = ServiceLink(dist)
+        if not dist.is_root:
+            hooks = agreed_kv_hooks(dist, session_hooks(lambda _msg: None), saves=False)
+            dist.exit_code = follow(dist, EngineOptions(), link, kv_hooks=hooks)
+        else:
+            dist.exit_code = _root_app(settings, dist, link)
+    return dist.exit_code
+
+
+def _root_app(settings, dist, link) -> int:
+    from ssdmoe_tui.commands.terminal import take_terminal
+    from ssdmoe_tui.engine.distributed.link import agreed_kv_hooks
+    from ssdmoe_tui.ui.app import SsdmoeApp
+
+    restore = take_terminal()
+    if dist.watchdog is not None:
+        dist.watchdog.before_exit = restore  # a lost rank ends the launch: leave a sane tty
+
+    def factory(post):
+        from ssdmoe_tui.engine.run.service import EngineService
+        from ssdmoe_tui.sessions.kv_hooks import session_hooks
+
+        service = EngineService(
+            post=post,
+            kv_hooks=lambda notice: agreed_kv_hooks(dist, session_hooks(notice), saves=True),
+        )
+        link.attach(service)
+        return service
+
+    app = SsdmoeApp(settings, engine_factory=factory, session_store=session_store(settings))
+    try:
+        code = app.run()
+    finally:
+        restore()
     return int(code or app.return_code or 0)

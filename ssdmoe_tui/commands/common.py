@@ -12,11 +12,12 @@ import argparse
 from collections.abc import Callable
 
 from ssdmoe_tui import options as O
+from ssdmoe_tui.engine.policy.policies import parse_policy
 from ssdmoe_tui.errors import BadValueError
 
 
 def arg_type(parse: Callable, *extra) -> Callable[[str], object]:
-    """An argparse `type=` from an `engine.options` parser (BadValueError -> one line)."""
+    """An argparse `type=` from an `options` parser (BadValueError -> one line)."""
 
     def convert(text: str):
         try:
@@ -156,7 +157,7 @@ def add_policy_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default=O.EngineOptions.policy,
-        type=arg_type(O.parse_policy),
+        type=arg_type(parse_policy),
         help="expert-cache eviction policy (default: the engine's, see docs/cache-policy.md)",
     )
 
@@ -257,20 +258,6 @@ def add_distributed_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def check_distributed_args(args: argparse.Namespace) -> None:
-    """Options that do not combine with --distributed, as one line before anything starts."""
-    from ssdmoe_tui.errors import BadValueError
-
-    for name, flag in (
-        ("prefetch", "--prefetch"),
-        ("trace", "--trace"),
-        ("routing_trace", "--routing-trace"),
-    ):
-        value = getattr(args, name, None)
-        if value not in (None, False, "off"):
-            raise BadValueError(f"{flag} does not combine with --distributed")
-
-
 def distributed_run(body: Callable[[argparse.Namespace, object], int]):
     """A command's `run(args)`: `body(args, None)`, or with `--distributed` this rank's
     `engine.distributed` handle, inside its guard (errors end the whole launch)."""
@@ -280,10 +267,10 @@ def distributed_run(body: Callable[[argparse.Namespace, object], int]):
             return body(args, None)
         from ssdmoe_tui.engine.distributed.group import start
 
-        check_distributed_args(args)
         dist = start()
         with dist.guard():
-            return body(args, dist)
+            dist.exit_code = int(body(args, dist) or 0)
+        return dist.exit_code
 
     return run
 

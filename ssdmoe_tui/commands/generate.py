@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from ssdmoe_tui.commands.common import (
     add_distributed_argument,
     add_model_arguments,
     add_prefill_step_argument,
     add_sampling_arguments,
+    arg_type,
     distributed_run,
     engine_options,
     read_prompt,
@@ -20,7 +22,16 @@ from ssdmoe_tui.commands.common import (
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate a reply to one prompt")
     add_model_arguments(p)
-    p.add_argument("--prompt", required=True, help="the prompt ('-' reads stdin)")
+    p.add_argument(
+        "text", nargs="?", default=None, metavar="PROMPT", help="the prompt (or --prompt)"
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="the prompt ('-' reads stdin; without a prompt, piped stdin is read); give it "
+        "several times for several sequences (see --batch)",
+    )
     p.add_argument("--system", default=None, help="system prompt (chat template only)")
     add_sampling_arguments(p)
     p.add_argument(
@@ -31,17 +42,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )
+    p.add_argument(
+        "--batch", type=arg_type(_batch_size), default=None, metavar="N",
+        help="decode N sequences together (the prompts given, repeated to N; sequence i "
+        "samples with seed + i): each one's text and figures, and the batch's",
+    )  # fmt: skip
     add_distributed_argument(p)
     p.set_defaults(func=distributed_run(_run))
+
+
+def _batch_size(text: str) -> int:
+    from ssdmoe_tui.options import parse_positive
+
+    return parse_positive(text, "--batch")
+
+
+def prompt_argument(args: argparse.Namespace) -> list[str]:
+    """The prompts as given: `ssdmoe generate "text"`, `--prompt text` (repeatable),
+    `--prompt -`, or piped stdin when none is given. One line when there is none, or
+    both forms."""
+    import sys
+
+    from ssdmoe_tui.errors import BadValueError
+
+    if args.text is not None and args.prompt:
+        raise BadValueError("give the prompt once: as an argument or with --prompt, not both")
+    if args.text is not None:
+        return [args.text]
+    if args.prompt:
+        return list(args.prompt)
+    if not sys.stdin.isatty():
+        return ["-"]
+    raise BadValueError('no prompt: ssdmoe generate "your prompt" (or pipe it in on stdin)')
 
 
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
     from ssdmoe_tui.engine.run.open import load_engine, plan_engine
+    from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
 
-    prompt_text = read_prompt(args.prompt)
+    texts = [read_prompt(t) for t in prompt_argument(args)]
+    batched = args.batch is not None or len(texts) > 1
+    if batched and (dist is not None or args.trace):
+        raise BadValueError("--batch / several --prompt: not with --distributed or --trace")
 
     quiet = dist is not None and not dist.is_root
 
@@ -61,8 +106,11 @@ def _run(args: argparse.Namespace, dist) -> int:
         lock = acquire_model_lock(str(plan.path))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
+        runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
         try:
-            return _generate(args, runner, prompt_text, plan.path, dist)
+            if batched:
+                return _generate_batch(args, runner, texts, plan.path)
+            return _generate(args, runner, texts[0], plan.path, dist)
         finally:
             runner.close()
     finally:
@@ -87,7 +135,8 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     if args.seed is not None:
         mx.random.seed(args.seed)
     writer = None
-    if args.trace:
+    quiet = dist is not None and not dist.is_root
+    if args.trace and not quiet:  # every rank sees the same routing: rank 0 records it
         from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceWriter
 
         writer = TraceWriter(
@@ -106,7 +155,6 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
         )
 
     result = None
-    quiet = dist is not None and not dist.is_root
     meter = dist.meter(sm) if dist is not None else None
     sampler = make_sampler(args.temp, top_p=args.top_p)
     try:
@@ -167,6 +215,75 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
             from ssdmoe_tui.engine.distributed.stats import summary_line
 
             print(summary_line(stats["distributed"]), file=sys.stderr)
+    return 0
+
+
+def _prompt_ids(args, sm, text: str) -> list[int]:
+    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+    msgs = [{"role": "system", "content": args.system}] if args.system and not args.raw else []
+    msgs.append({"role": "user", "content": text})
+    prompt = prompt_tokens(sm.tokenizer, msgs, raw=args.raw)
+    if not prompt:
+        raise BadValueError("the prompt is empty")
+    return prompt
+
+
+def _generate_batch(args, runner, texts: list[str], path) -> int:
+    """N sequences through the batched decoder (engine/run/batch.py)."""
+    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec, make_row_sampler
+    from ssdmoe_tui.engine.run.runner import Done
+
+    sm = runner.sm
+    n = max(args.batch or len(texts), len(texts))
+    prompts = [_prompt_ids(args, sm, texts[i % len(texts)]) for i in range(n)]
+    batch = BatchRunner(runner, max_batch=args.batch or n)
+    for i, prompt in enumerate(prompts):
+        seed = None if args.seed is None else args.seed + i
+        sampler = make_row_sampler(args.temp, args.top_p, seed)
+        batch.add(SeqSpec(i, prompt, max_tokens=args.max_tokens, sampler=sampler))
+    t0 = time.perf_counter()
+    results = {}
+    for uid, ev in batch.drain():
+        if isinstance(ev, Done):
+            results[uid] = ev.result
+            if not args.json:
+                sys.stdout.write(f"--- sequence {uid}\n{ev.result.text}\n")
+                sys.stdout.flush()
+    wall = time.perf_counter() - t0
+    figures = batch.figures.as_dict(0, 0)
+    figures["wall_s"] = round(wall, 3)
+    if args.json:
+        seqs = [
+            {
+                "prompt_token_ids": prompts[i],
+                "token_ids": r.tokens,
+                "text": r.text,
+                "finish_reason": r.finish_reason,
+                "k_per_token": r.stats.k_per_token,
+                "stats": runner.stats_dict(r.stats),
+            }
+            for i, r in sorted(results.items())
+        ]
+        print(json.dumps({"model": str(path), "k": runner.k, "sequences": seqs, "batch": figures}))
+        return 0
+    for i, r in sorted(results.items()):
+        s = r.stats
+        print(
+            f"[sequence {i}: {s.prompt_tokens} prompt tok, {s.prefill_tok_s:.1f} tok/s prefill | "
+            f"{s.generated_tokens} tok, {s.decode_tok_s:.1f} tok/s | "
+            f"{s.requested_mib_per_token():.2f} MiB/tok asked | {r.finish_reason}]",
+            file=sys.stderr,
+        )
+    print(
+        f"[batch: {n} sequences, up to {figures['max_rows']} together, mean "
+        f"{figures['mean_rows']} per step | aggregate {figures['aggregate_decode_tok_s']} tok/s | "
+        f"{figures['requested_mib_per_token_per_sequence']} MiB/tok/sequence asked | union "
+        f"{figures['union_experts_per_layer']} experts/layer | join stall <= "
+        f"{figures['max_join_stall_s'] * 1e3:.0f} ms | K={runner.k}]",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from ssdmoe_tui import options as O
 from ssdmoe_tui.commands.common import (
@@ -14,6 +15,7 @@ from ssdmoe_tui.commands.common import (
     engine_options,
 )
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.server import defaults as D
 
 
 def _whole_in(text: str, what: str, lo: int, hi: int | None = None) -> int:
@@ -34,6 +36,13 @@ def _queue(text: str) -> int:
     return _whole_in(text, "max queue", 0)
 
 
+def _batch(text: str) -> int | None:
+    """`--max-batch N` (1..256) or `auto`."""
+    if text.strip().lower() == "auto":
+        return None
+    return _whole_in(text, "max batch", 1, 256)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
@@ -44,9 +53,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(p)
     add_prefill_step_argument(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--host", default=D.HOST, help=f"address to bind (default: {D.HOST})")
     p.add_argument(
-        "--port", type=arg_type(_port), default=8080, help="port (default 8080; 0: any free port)"
+        "--port",
+        type=arg_type(_port),
+        default=D.PORT,
+        help=f"port (default {D.PORT}; 0: any free port)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        type=arg_type(_host_list),
+        default=(),
+        metavar="NAMES",
+        help="comma-separated Host names to answer besides loopback names and the bound "
+        "address (a web page cannot drive the server through a rebound DNS name): "
+        "NAME, .DOMAIN (it and every name under it), or * (any)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        type=arg_type(_origin_list),
+        default=(),
+        metavar="ORIGINS",
+        help="comma-separated web origins (https://chat.example.com) whose pages may call "
+        "the API from a browser (CORS), or * for any; default none: a keyless loopback "
+        "server must not be drivable by any web page",
     )
     p.add_argument(
         "--api-key",
@@ -57,23 +87,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-queue",
         type=arg_type(_queue),
-        default=8,
+        default=D.MAX_QUEUE,
         metavar="N",
-        help="requests that may wait for the engine before new ones get 429 (default 8)",
+        help=f"requests that may wait for the engine before new ones get 429 (default {D.MAX_QUEUE})",
     )
-    add_max_tokens_argument(p, default=4096)
+    p.add_argument(
+        "--max-batch",
+        type=arg_type(_batch),
+        default=None,
+        metavar="N",
+        help="requests decoded together, sharing each layer's expert reads; more wait in the "
+        "queue (default auto: what the KV budget allows at the model's context, at least 4; "
+        "1: one at a time)",
+    )
+    add_max_tokens_argument(p, default=D.MAX_TOKENS)
     p.add_argument(
         "--temp",
         type=arg_type(O.parse_temp),
-        default=0.0,
-        help="temperature when a request sets none (default 0: greedy)",
+        default=D.TEMPERATURE,
+        help=f"temperature when a request sets none (default {D.TEMPERATURE:g}: greedy)",
     )
     p.add_argument(
         "--max-body",
         type=arg_type(O.parse_bytes, "max body"),
-        default=32 << 20,
+        default=D.MAX_BODY_BYTES,
         metavar="SIZE",
-        help="largest request body (default 32M)",
+        help=f"largest request body (default {D.MAX_BODY_BYTES >> 20}M)",
     )
     p.add_argument(
         "--no-disk-cache",
@@ -88,6 +127,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_distributed_argument(p)
     p.set_defaults(func=run)
+
+
+def _host_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if n != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_.:\[\]-]{1,253}", n):
+            raise BadValueError(f"{n!r} is not a host name (NAME, .DOMAIN or *)")
+    return names
+
+
+def _origin_list(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[A-Za-z0-9_.\[\]:-]{1,253}", o):
+            raise BadValueError(
+                f"{o!r} is not a web origin (scheme://host[:port], e.g. http://localhost:3000, or *)"
+            )
+    return origins
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,17 +162,23 @@ def run(args: argparse.Namespace) -> int:
 
     link = None
     if args.distributed:  # rank 0 serves HTTP; the other ranks follow its engine
-        from ssdmoe_tui.commands.common import check_distributed_args
         from ssdmoe_tui.engine.distributed.group import start
         from ssdmoe_tui.engine.distributed.link import ServiceLink, follow
 
-        check_distributed_args(args)  # the same refusals as generate and bench (--prefetch, ...)
         dist = start(sigterm=False)
         with dist.guard():
             link = ServiceLink(dist)
             if not dist.is_root:
-                return follow(dist, engine_options(args), link)
-            return _serve(args, link)
+                hooks = None
+                if not args.no_disk_cache:  # this machine's copy of the KV checkpoints
+                    from ssdmoe_tui.server.main import default_cache_root
+                    from ssdmoe_tui.server.replicated_kv import ReplicatedKV
+
+                    hooks = ReplicatedKV.follower(dist, default_cache_root()).hooks()
+                dist.exit_code = follow(dist, engine_options(args), link, kv_hooks=hooks)
+            else:
+                dist.exit_code = _serve(args, link)
+        return dist.exit_code
     return _serve(args, link)
 
 
@@ -139,12 +202,16 @@ def _serve(args: argparse.Namespace, link) -> int:
         engine=engine_options(args),
         api_key=api_key or None,
         max_queue=args.max_queue,
+        max_batch=args.max_batch,
         max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,
-        persist_cache=not args.no_disk_cache and link is None,  # ranks share no disk
+        persist_cache=not args.no_disk_cache,
+        distributed=link.dist if link is not None else None,
         system_checkpoints=not args.no_system_checkpoint,
         make_service=link.service_factory(engine_options(args)) if link is not None else None,
+        allowed_hosts=args.allowed_hosts,
+        allowed_origins=args.allowed_origins,
     )
     sock = bind(args.host, args.port)
     if not api_key and not is_loopback(args.host):

@@ -110,12 +110,19 @@ def _noop(_: str) -> None:
     pass
 
 
-def write_tokenizer(out: Path, vocab_size: int, chat_template: str = CHATML_TEMPLATE) -> int:
+def write_tokenizer(
+    out: Path,
+    vocab_size: int,
+    chat_template: str = CHATML_TEMPLATE,
+    extra_special: tuple[str, ...] = (),
+) -> int:
     """Train a small byte-level BPE on an embedded corpus and save it HF-style.
 
     Returns the tokenizer's vocabulary size (special tokens included). The ids of
-    the special tokens are 0, 1, 2 (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`).
+    the special tokens are 0, 1, 2 (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`),
+    then `extra_special` (e.g. `<think>`, `</think>` for a thinking template's tests).
     """
+    specials = SPECIAL_TOKENS + list(extra_special)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -123,7 +130,7 @@ def write_tokenizer(out: Path, vocab_size: int, chat_template: str = CHATML_TEMP
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -148,7 +155,7 @@ def write_tokenizer(out: Path, vocab_size: int, chat_template: str = CHATML_TEMP
                 "normalized": False,
                 "single_word": False,
             }
-            for i, t in enumerate(SPECIAL_TOKENS)
+            for i, t in enumerate(specials)
         },
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

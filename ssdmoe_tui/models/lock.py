@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.paths import cache_dir
+from ssdmoe_tui.user_files import SMALL_STATE_MAX, read_regular
 
 try:
     import fcntl
@@ -87,17 +88,44 @@ def lock_path() -> Path:
 
 
 SECRET_OPTIONS = ("--api-key",)  # their values never go into the label (it is shown)
+_HIDDEN = "***"
+
+
+def _secret_option(arg: str) -> bool:
+    """`--api-key`, or any prefix of it an argument parser might once have taken
+    (`--api-k`, `--api`): parsers refuse abbreviations now, but a label written by a
+    process whose parser did not must not show the key either."""
+    name = arg.split("=", 1)[0]
+    return (
+        name.startswith("--") and len(name) > 2 and any(o.startswith(name) for o in SECRET_OPTIONS)
+    )
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """`argv` with the value of every secret option (and of its prefixes) as `***`."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if not _secret_option(arg):
+            continue
+        if "=" in arg:
+            out[i] = arg.split("=", 1)[0] + "=" + _HIDDEN
+        elif i + 1 < len(out):
+            out[i + 1] = _HIDDEN
+    return out
+
+
+def redact_command(text: str) -> str:
+    """A command line (a lock label) as it may be shown: secrets hidden."""
+    try:
+        return shlex.join(redact_argv(shlex.split(text)))
+    except ValueError:  # unbalanced quotes: a damaged label; show none of it
+        return "(command not shown)"
 
 
 def _command() -> str:
     argv = list(sys.argv) or ["python"]
     argv[0] = Path(argv[0]).name or argv[0]
-    for i, arg in enumerate(argv):
-        if arg in SECRET_OPTIONS and i + 1 < len(argv):
-            argv[i + 1] = "***"
-        elif arg.startswith(tuple(f"{o}=" for o in SECRET_OPTIONS)):
-            argv[i] = arg.split("=", 1)[0] + "=***"
-    text = shlex.join(argv)
+    text = shlex.join(redact_argv(argv))
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -105,7 +133,7 @@ def read_holder(path: Path | None = None) -> LockHolder | None:
     """The label the current holder wrote, if any (it may be mid-write: then None)."""
     path = path or lock_path()
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8") or "null")
+        data = json.loads(read_regular(Path(path), SMALL_STATE_MAX) or b"null")
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):
@@ -114,7 +142,7 @@ def read_holder(path: Path | None = None) -> LockHolder | None:
     return LockHolder(
         pid=pid if isinstance(pid, int) else None,
         model=str(data.get("model") or ""),
-        command=str(data.get("command") or ""),
+        command=redact_command(str(data.get("command") or "")),
         since=data.get("since") if isinstance(data.get("since"), int | float) else None,
     )
 

@@ -20,6 +20,7 @@ from ssdmoe_tui.checkpoint.arch import (
     QUANT_MODES,
     MoeGeometry,
     Quantization,
+    check_config_numbers,
     foreign_quantization,
     model_type,
     moe_geometry,
@@ -206,6 +207,7 @@ def check_supported(config: Mapping, folder: Path | str | None = None) -> Suppor
             f"{name}: MoE architecture {mt} is {status} (supported: "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}); try {hint}"
         )
+    check_config_numbers(config, str(folder / "config.json") if folder is not None else name)
     quant = quantization(config)
     if quant is None:
         foreign = foreign_quantization(config)

@@ -69,6 +69,9 @@ class DownloadCancelled(SsdmoeError):
     """The caller set the cancel event; finished files stay in the cache for next time."""
 
 
+DEMO_NAME = "demo"  # `--model demo`: the embedded demo model
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A parsed `--model`: exactly one of `path` / `repo_id` is set (neither: the demo)."""
@@ -81,7 +84,7 @@ class ModelSpec:
         if self.path is not None:
             return str(self.path)
         if self.repo_id is None:
-            return "demo"
+            return DEMO_NAME
         return self.repo_id + (f"@{self.revision}" if self.revision else "")
 
 
@@ -98,8 +101,8 @@ def _looks_like_path(spec: str) -> bool:
 def parse_spec(spec: str | None) -> ModelSpec:
     """Local folder if one exists at `spec`, else `org/name[@revision]`."""
     spec = (spec or "").strip()
-    if not spec:
-        return ModelSpec()
+    if not spec or spec == DEMO_NAME:
+        return ModelSpec()  # "demo": what `ssdmoe models` lists it as (./demo: a folder)
     local = Path(spec).expanduser()
     if local.exists():
         return ModelSpec(path=Path(os.path.abspath(local)))
@@ -173,12 +176,15 @@ def _check_folder(folder: Path, check: bool) -> Path:
             folder = folder.parent
         else:
             raise ModelError(f"{folder}: a file, not a model folder")
-    if not (folder / "config.json").is_file():
+    if not folder.is_dir() and folder.exists():
+        raise ModelError(f"{folder}: not a file or a folder (a FIFO or a device?)")
+    cfg = folder / "config.json"
+    if not cfg.exists() and not cfg.is_symlink():  # a FIFO or a folder: read_config says so
         ggufs = sorted(folder.glob("*.gguf"))
         if ggufs:
             raise registry.refuse_gguf(ggufs[0])
         raise ModelError(f"{folder}: no config.json (not a Hugging Face / MLX model folder)")
-    if check:
+    if check or not cfg.is_file():
         registry.check_supported(read_config(folder), folder)
     return folder
 
@@ -574,10 +580,6 @@ class _Tracker:
                 self._total = value or 0
                 if self.kind == "bytes":
                     tracker.bar_total = int(self._total)
-
-            @property
-            def format_dict(self) -> dict:
-                return {"rate": tracker._rate(time.monotonic()), "n": self.n, "total": self._total}
 
             def update(self, n: float | None = 1) -> None:
                 tracker.check_cancel()

@@ -23,14 +23,118 @@ header. The end-of-turn token the model already generated is not repeated.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ssdmoe_tui.errors import SsdmoeError
 
 Messages = Sequence[Mapping[str, Any]]
+T = TypeVar("T")
+
+# A chat template is code from the model's folder. Jinja's sandbox stops it reaching
+# Python internals and caps each `range()`, not the total work: nested loops over
+# `range(100000)` render for hours. Rendering is charged per line of template code run
+# (a chat of a few turns costs a few thousand) and stopped past either budget.
+RENDER_STEPS = 2_000_000
+RENDER_SECONDS = 10.0
+_JINJA_FILENAME = "<template>"  # what jinja's `from_string` compiles template code as
 
 
 class ChatFormatError(ValueError):
     """The chat template cannot produce an exact-history delta for these messages."""
+
+
+class ChatTemplateError(SsdmoeError):
+    """The model's chat template failed (syntax, the sandbox, `raise_exception`, the
+    render budget...): one line naming the template file and the reason."""
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class _Budget:
+    """A per-thread `sys.settrace` hook that counts the lines of template code run."""
+
+    def __init__(self, steps: int, seconds: float) -> None:
+        self.left = steps
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.steps = steps
+
+    def trace(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_filename == _JINJA_FILENAME:
+            return self._line
+        return None  # other code runs untraced (no per-line cost)
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.left -= 1
+            if self.left < 0 or (self.left & 0x3FF == 0 and time.monotonic() > self.deadline):
+                raise _OverBudget
+        return self._line
+
+
+def template_file(tokenizer: Any) -> str:
+    """Where the chat template came from: chat_template.jinja / chat_template.json (newer
+    layouts), else tokenizer_config.json, in the tokenizer's folder."""
+    folder = Path(str(getattr(hf_tokenizer(tokenizer), "name_or_path", "") or ""))
+    if str(folder) and folder.is_dir():
+        for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+            if (folder / name).is_file():
+                return str(folder / name)
+        return f"{folder}'s chat template"
+    return "the model's chat template"
+
+
+def _reason(e: BaseException) -> str:
+    import jinja2
+
+    if isinstance(e, _OverBudget):
+        return (
+            f"rendering ran past its budget ({RENDER_STEPS:,} steps or {RENDER_SECONDS:.0f} s): "
+            "a loop that does not end, or loops nested over huge ranges"
+        )
+    if isinstance(e, jinja2.TemplateSyntaxError):
+        return f"syntax error at line {e.lineno}: {e.message}"
+    if isinstance(e, jinja2.exceptions.SecurityError):
+        return f"refused by the template sandbox: {e}"
+    if isinstance(e, jinja2.UndefinedError):
+        return f"undefined value: {e}"
+    if isinstance(e, RecursionError):
+        return "recursion too deep (a macro that calls itself without end?)"
+    if isinstance(e, MemoryError):
+        return "out of memory while rendering"
+    if isinstance(e, NameError):
+        return f"cannot be compiled ({e})"
+    if isinstance(e, jinja2.TemplateError):  # raise_exception(...) and the rest
+        return str(e) or "template error"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return text or "failed while rendering"
+
+
+def guarded(tokenizer: Any, call: Callable[[], T]) -> T:
+    """Run `call` (something that renders the chat template) under the render budget;
+    any failure of the template is a ChatTemplateError naming the file."""
+
+    budget = _Budget(RENDER_STEPS, RENDER_SECONDS)
+    previous = sys.gettrace()
+    sys.settrace(budget.trace)
+    try:
+        return call()
+    except (ChatFormatError, ChatTemplateError):
+        raise
+    except Exception as e:  # noqa: BLE001 - template code is the model folder's: any failure
+        # of it (jinja's own errors, the budget, a NameError jinja's compiler emits for a
+        # literal 1e400, a TypeError of a filter...) is the template's, said in one line
+        reason = " ".join(_reason(e).split())
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."
+        raise ChatTemplateError(f"{template_file(tokenizer)}: chat template: {reason}") from None
+    finally:
+        sys.settrace(previous)
 
 
 def hf_tokenizer(tokenizer: Any) -> Any:
@@ -45,11 +149,14 @@ def render(
     tok = hf_tokenizer(tokenizer)
     if getattr(tok, "chat_template", None) is None:
         raise ChatFormatError("the tokenizer has no chat template")
-    text = tok.apply_chat_template(
-        [dict(m) for m in messages],
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **template_kwargs,
+    text = guarded(
+        tokenizer,
+        lambda: tok.apply_chat_template(
+            [dict(m) for m in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
+        ),
     )
     if not isinstance(text, str):  # some versions return a list for batched input
         raise ChatFormatError(f"chat template returned {type(text).__name__}, not text")
@@ -167,13 +274,23 @@ def next_turn_tokens(
     return list(history_tokens) + delta
 
 
-def prompt_tokens(tokenizer: Any, messages: Messages, *, raw: bool = False) -> list[int]:
+def prompt_tokens(
+    tokenizer: Any, messages: Messages, *, raw: bool = False, **template_kwargs: Any
+) -> list[int]:
     """One prompt from `messages`: the chat template with the generation prompt when the
     tokenizer has one (and not `raw`), else the contents joined by newlines, tokenized
-    as plain text. The same for `generate`, the chat service and the server."""
+    as plain text. The same for `generate`, the chat service and the server.
+    `template_kwargs` go to the template (e.g. `enable_thinking`)."""
     from ssdmoe_tui.options import check_text
 
     msgs = [{"role": m["role"], "content": check_text(m["content"])} for m in messages]
     if not raw and getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+        return list(
+            guarded(
+                tokenizer,
+                lambda: tokenizer.apply_chat_template(
+                    msgs, add_generation_prompt=True, **template_kwargs
+                ),
+            )
+        )
     return list(tokenizer.encode("\n".join(m["content"] for m in msgs)))

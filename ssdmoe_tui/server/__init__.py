@@ -7,7 +7,8 @@ Layers, each one job:
 - `prompts.py`: exact-history prompts (a record of each reply's tokens, keyed by the
   messages a client sends back) and `prompt_cache.py`: KV checkpoints on disk;
 - `output.py`: stop strings and tool calls cut out of the streamed text;
-- `app.py`: the Starlette routes (OpenAI JSON and SSE).
+- `routes.py`: paths, key check, error envelope, middleware; the `serving_*` modules
+  handle requests (vLLM's layout), on `serving_engine.py`'s shared generation steps.
 
 Starlette and uvicorn are an optional extra (`ssdmoe-tui[server]`); nothing outside this
 package imports it, and the engine never imports it.

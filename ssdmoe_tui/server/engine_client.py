@@ -1,12 +1,13 @@
 """The server's one seam to the engine: an `EngineService` (or anything with its client
-API: `start`, `submit`, `cancel`, `set_k`, `shutdown`, `kv_hooks`) driven from asyncio.
+API: `start`, `submit`, `cancel`, `shutdown`, `kv_hooks`) driven from asyncio.
 
 Events arrive on the engine thread through the service's `post` callback and are handed
 to the event loop with `call_soon_threadsafe`; each generation's events go to its `Job`.
-One generation runs at a time (the engine thread is one); other requests wait in a
-bounded FIFO and get a 429 when it is full. A job keeps the engine until its
+Up to `max_batch` generations run at once (the service decodes them together,
+engine/run/batch_loop.py; 1 with a service that runs one at a time); other requests
+wait in a bounded FIFO and get a 429 when it is full. A job keeps its slot until its
 `GenerationDone` arrives, also when its client has gone: the next request starts
-only once the engine is free.
+only once a slot is free.
 
 Another process layout (rank 0 of a distributed launch) plugs in by passing its own
 `make_service`.
@@ -31,8 +32,7 @@ class ServiceLike(Protocol):
 
     def start(self) -> None: ...
     def submit(self, cmd: P.Command) -> None: ...
-    def cancel(self) -> None: ...
-    def set_k(self, k: int) -> None: ...
+    def cancel(self, request_id: str | None = None) -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
 
 
@@ -61,10 +61,52 @@ class Job:
             self._client._cancel(self)
 
 
+class Ticket:
+    """A request's place in the queue for the engine. After `wait` returns the caller
+    holds the engine (and gives it back by submitting or `release_unused`); before that,
+    `abandon` gives the place (or a slot handed over meanwhile) back. Both are safe to
+    call in any order, as often as a cleanup path likes."""
+
+    def __init__(self, client: EngineClient, fut: asyncio.Future) -> None:
+        self._client = client
+        self._fut = fut
+        self.taken = False  # wait() returned: the caller holds the engine
+
+    @property
+    def ahead(self) -> int:
+        """Requests ahead of this one (0 once it holds the engine)."""
+        waiters = self._client._waiters
+        return waiters.index(self._fut) + 1 if self._fut in waiters else 0
+
+    async def wait(self) -> None:
+        try:
+            await asyncio.shield(self._fut)
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
+        self.taken = True
+
+    def abandon(self) -> None:
+        if self.taken:
+            return
+        self.taken = True  # nothing more to give back
+        waiters = self._client._waiters
+        if self._fut in waiters:
+            waiters.remove(self._fut)
+            self._fut.cancel()
+        elif self._fut.done() and not self._fut.cancelled():
+            self._client._release()  # the slot was ours (free, or handed over meanwhile)
+
+
 class EngineClient:
-    def __init__(self, make_service: MakeService, *, max_queue: int = 8) -> None:
+    def __init__(
+        self, make_service: MakeService, *, max_queue: int = 8, max_batch: int | None = 1
+    ) -> None:
+        """`max_batch`: slots (None: the service's own `max_batch` once it has loaded)."""
         self._make_service = make_service
         self.max_queue = max_queue
+        self.max_batch = max_batch or 1
+        self._max_batch_setting = max_batch
         self.service: ServiceLike | None = None
         self.info: P.ModelInfo | None = None
         self.tokenizer: Any = None
@@ -76,8 +118,7 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: asyncio.Future | None = None
         self._jobs: dict[str, Job] = {}
-        self._active: Job | None = None
-        self._busy = False
+        self._running = 0  # slots held
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self.generations = 0
 
@@ -93,6 +134,9 @@ class EngineClient:
         self.service.submit(load)
         self.info = await self._loaded
         self.default_k = self.info.k
+        if self._max_batch_setting is None:  # what the engine chose for this model
+            batching = getattr(self.service, "batching", False)
+            self.max_batch = max(1, int(getattr(self.service, "max_batch", 1))) if batching else 1
         self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.info.path)
         return self.info
 
@@ -137,43 +181,53 @@ class EngineClient:
                 job.result = ev
                 job.done.set()
                 del self._jobs[ev.request_id]
-                if self._active is job:
-                    self._active = None
                 self.generations += 1
                 if not job.keep_slot:
                     self._release()
 
-    # ------------------------------------------------------------------ one at a time
+    # ------------------------------------------------------------------ slots
     @property
     def queued(self) -> int:
         return len(self._waiters)
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._running > 0
 
-    async def acquire(self) -> None:
-        """Wait for the engine (FIFO); a full queue is a 429."""
-        if not self._busy and not self._waiters:
-            self._busy = True
-            return
-        if len(self._waiters) >= self.max_queue:
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def batch_stats(self) -> dict | None:
+        """The engine's batch figures (engine/run/batch.py BatchFigures), if it batches."""
+        figures = getattr(self.service, "batch_figures", None)
+        if self.max_batch <= 1 and figures is None:
+            return None
+        return {"max_batch": self.max_batch, "running": self._running, **(figures or {})}
+
+    def reserve(self) -> Ticket:
+        """A place in the FIFO for the engine, taken now (a full queue is a 429 now, while
+        the request can still get a status); `Ticket.wait` waits for the turn."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        if self._running < self.max_batch and not self._waiters:
+            self._running += 1  # a free slot: the engine decodes up to max_batch together
+            fut.set_result(None)
+        elif len(self._waiters) >= self.max_queue:
             raise ApiError(
                 429,
                 f"the engine is busy and {len(self._waiters)} request(s) are waiting; retry later",
                 code="queue_full",
                 headers={"Retry-After": "2"},
             )
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
-            elif fut.done() and not fut.cancelled():
-                self._release()  # the slot was handed to us as we went away
-            raise
+        else:
+            self._waiters.append(fut)
+        return Ticket(self, fut)
+
+    async def acquire(self) -> None:
+        """Wait for the engine (FIFO); a full queue is a 429."""
+        await self.reserve().wait()
 
     def _release(self) -> None:
         while self._waiters:
@@ -181,26 +235,24 @@ class EngineClient:
             if not fut.done():
                 fut.set_result(None)  # the slot passes straight to the next waiter
                 return
-        self._busy = False
+        self._running = max(0, self._running - 1)
 
     def release_unused(self) -> None:
         """Give the slot back when no generation was submitted after `acquire`."""
         self._release()
 
-    def submit(self, cmd: P.Generate, k: int | None, *, keep_slot: bool = False) -> Job:
-        """Run `cmd` (the caller holds the slot). K applies from its first token. With
-        `keep_slot` the caller still holds the engine when the job ends."""
+    def submit(self, cmd: P.Generate, *, keep_slot: bool = False) -> Job:
+        """Run `cmd` (the caller holds the slot; its K, `cmd.k`, applies from its first
+        token). With `keep_slot` the caller still holds the engine when the job ends."""
         assert self.service is not None
-        self.service.set_k(k if k is not None else self.default_k)
         job = Job(cmd.request_id, _client=self, keep_slot=keep_slot)
         self._jobs[cmd.request_id] = job
-        self._active = job
         self.service.submit(cmd)
         return job
 
     def _cancel(self, job: Job) -> None:
-        if self._active is job and self.service is not None:
-            self.service.cancel()
+        if job.request_id in self._jobs and self.service is not None:
+            self.service.cancel(job.request_id)
 
 
 def new_request_id(prefix: str = "chatcmpl") -> str:

@@ -16,16 +16,19 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions
-from ssdmoe_tui.server.app import Api, ApiSettings
+from ssdmoe_tui.server import defaults as D
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
+from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
 from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
+from ssdmoe_tui.server.routes import build_app
+from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 
 
 def default_cache_root() -> Path:
@@ -34,14 +37,15 @@ def default_cache_root() -> Path:
     return data_dir() / "server-cache"
 
 
-def engine_service_factory(options: EngineOptions) -> MakeService:
-    """The default seam: the in-process engine thread, opened with `options`; the server
-    injects its own KV hooks (not the app's sessions)."""
+def engine_service_factory(options: EngineOptions, max_batch: int | None = None) -> MakeService:
+    """The default seam: the in-process engine thread, opened with `options`, decoding up
+    to `max_batch` requests together (None: what its KV budget allows, at least 4); the
+    server injects its own KV hooks (not the app's sessions)."""
 
     def make(post):  # noqa: ANN001, ANN202
         from ssdmoe_tui.engine.run.service import EngineService
 
-        return EngineService(post, options=options)
+        return EngineService(post, options=options, max_batch=max_batch)
 
     return make
 
@@ -60,23 +64,40 @@ def load_command(options: EngineOptions) -> P.LoadModel:
 class ServeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     api_key: str | None = None
-    max_queue: int = 8
-    max_body_bytes: int = 32 << 20
-    max_tokens: int = 4096
-    temperature: float = 0.0
+    max_queue: int = D.MAX_QUEUE
+    # requests decoded together (engine/run/batch_loop.py); None: what the KV budget
+    # allows at the model's context, at least 4; 1: one at a time
+    max_batch: int | None = None
+    max_body_bytes: int = D.MAX_BODY_BYTES
+    max_tokens: int = D.MAX_TOKENS
+    temperature: float = D.TEMPERATURE
     cache_root: Path | None = None  # None: <data dir>/server-cache
     persist_cache: bool = True  # False: in-memory prompt cache only
     system_checkpoints: bool = True  # a fresh chat's system part gets its own checkpoint
     make_service: MakeService | None = None  # None: an EngineService in this process
+    # serve --distributed: rank 0's engine.distributed handle; the KV checkpoints are then
+    # kept in step on every rank (replicated_kv.py)
+    distributed: object = None
     log_level: str = "warning"
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback (server/hosts.py)
+    allowed_origins: tuple[str, ...] = ()  # web origins allowed by CORS ("*": any); none: off
+
+
+def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
+    """The Host names the server answers: loopback, the socket's address, `allowed`."""
+    try:
+        bound = [str(sock.getsockname()[0])]
+    except OSError:
+        bound = []
+    return HostPolicy.of(bound, allowed)
 
 
 class Server:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        make = options.make_service or engine_service_factory(options.engine)
-        self.engine = EngineClient(make, max_queue=options.max_queue)
-        self.api: Api | None = None
+        make = options.make_service or engine_service_factory(options.engine, options.max_batch)
+        self.engine = EngineClient(make, max_queue=options.max_queue, max_batch=None)
+        self.state: ServerState | None = None  # the handlers' shared state, once loaded
         self.kv: ServerKV | None = None
         self.model_id = ""
         self._uvicorn = None
@@ -95,6 +116,10 @@ class Server:
             # The folder depends on the model's fingerprint, known once it is loaded:
             # the hooks look it up lazily through `self.kv`.
             hooks = KVHooks(save=self._kv_save, load=self._kv_load)
+            if opts.distributed is not None:
+                from ssdmoe_tui.server.replicated_kv import ReplicatedKV
+
+                hooks = ReplicatedKV.root(opts.distributed, lambda info: self.kv).hooks()
         info = await self.engine.start(load_command(opts.engine), kv_hooks=hooks)
         self.model_id = info.name
         folder = model_folder(opts.cache_root or default_cache_root(), info.fingerprint)
@@ -104,7 +129,7 @@ class Server:
             kv = ServerKV(folder, notice=notice, tokens_of=records.tokens_of)
         self.kv = kv
         builder = PromptBuilder(self.engine.tokenizer, records, _vocab_size(info.path))
-        self.api = Api(
+        self.state = ServerState(
             self.engine,
             builder,
             ApiSettings(
@@ -114,6 +139,7 @@ class Server:
                 max_tokens=opts.max_tokens,
                 temperature=opts.temperature,
                 system_checkpoints=opts.system_checkpoints,
+                allowed_origins=tuple(opts.allowed_origins),
             ),
             kv,
         )
@@ -137,8 +163,10 @@ class Server:
         self._loop = asyncio.get_running_loop()
         try:
             await self.start_engine()
+            hosts = host_policy(sock, self.options.allowed_hosts)
+            self.state.settings = replace(self.state.settings, hosts=hosts)
             config = uvicorn.Config(
-                self.api.app(),
+                build_app(self.state),
                 log_level=self.options.log_level,
                 access_log=False,
                 lifespan="off",
@@ -155,8 +183,8 @@ class Server:
             await task
         finally:
             self.ready.set()
-            if self.api is not None:
-                await asyncio.to_thread(self.api.builder.records.close)
+            if self.state is not None:
+                await asyncio.to_thread(self.state.builder.records.close)
             await asyncio.to_thread(self.engine.shutdown)
 
     def stop(self) -> None:

@@ -33,7 +33,21 @@ class ToolFormat:
 
 
 @dataclass(frozen=True)
+class ThinkFormat:
+    start: str  # "<think>"
+    end: str  # "</think>"
+
+
+@dataclass(frozen=True)
 class Content:
+    text: str
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Text inside the model's think block: `reasoning_content`, a reasoning item, a
+    thinking block, never `content`."""
+
     text: str
 
 
@@ -42,7 +56,25 @@ class Call:
     call: ToolCall
 
 
-Piece = Content | Call
+Piece = Content | Reasoning | Call
+
+
+def think_format_for(tokenizer: Any) -> ThinkFormat | None:
+    """The think markers mlx-lm found in the vocabulary (None: the model does not think)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return None
+    start, end = getattr(tokenizer, "think_start", None), getattr(tokenizer, "think_end", None)
+    return ThinkFormat(start, end) if start and end else None
+
+
+def starts_in_think(tokenizer: Any, prompt: Sequence[int]) -> bool:
+    """Whether the generation prompt opens a think block the reply continues (Qwen3.5's
+    `<think>\n`): mlx_lm.server's test, on the prompt's tail only (earlier turns'
+    think blocks are closed)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    tail = list(prompt[-16:])
+    return tokenizer.rfind_think_start(tail) > tokenizer.rfind_think_end(tail)
 
 
 def tool_format_for(tokenizer: Any) -> ToolFormat | None:
@@ -83,6 +115,7 @@ class _StopCutter:
         self.stops = [s for s in stops if s]
         self.buf = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the reply
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -90,9 +123,10 @@ class _StopCutter:
         if not self.stops:
             return text
         self.buf += text
-        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.buf.find(s)) >= 0]
         if hits:
-            out, self.buf, self.stopped = self.buf[: min(hits)], "", True
+            at, self.matched = min(hits)
+            out, self.buf, self.stopped = self.buf[:at], "", True
             return out
         keep = _held(self.buf, self.stops)
         out = self.buf[: len(self.buf) - keep]
@@ -104,14 +138,56 @@ class _StopCutter:
         return out
 
 
+class _ThinkSplitter:
+    """Text -> (is reasoning, text) parts, switching at the think markers; the newlines
+    a template puts after a marker are dropped."""
+
+    def __init__(self, fmt: ThinkFormat, inside: bool) -> None:
+        self.fmt = fmt
+        self.inside = inside
+        self.buf = ""
+        self.strip_next = False
+
+    def feed(self, text: str, final: bool) -> list[tuple[bool, str]]:
+        out: list[tuple[bool, str]] = []
+        self.buf += text
+        while True:
+            marker = self.fmt.end if self.inside else self.fmt.start
+            at = self.buf.find(marker)
+            if at < 0:
+                keep = 0 if final else _held(self.buf, [marker])
+                self._emit(out, self.buf[: len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep :]
+                return out
+            self._emit(out, self.buf[:at])
+            self.buf = self.buf[at + len(marker) :]
+            self.inside = not self.inside
+            self.strip_next = True
+
+    def _emit(self, out: list[tuple[bool, str]], text: str) -> None:
+        if self.strip_next:
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self.strip_next = False
+        if text:
+            out.append((self.inside, text))
+
+
 class OutputFilter:
     def __init__(
         self,
         stops: Sequence[str] = (),
         tool_format: ToolFormat | None = None,
         tools: Sequence[dict] | None = None,
+        think: ThinkFormat | None = None,
+        in_think: bool = False,
     ) -> None:
+        """`think`: split the model's think block off as `Reasoning` (`in_think`: the
+        prompt opened it). Stop strings see the whole text; tool calls only the answer."""
         self._stop = _StopCutter(stops)
+        self._think = _ThinkSplitter(think, in_think) if think is not None else None
+        self.reasoning: list[str] = []  # all reasoning text sent
         self._fmt = tool_format if tools else None
         self._tools = list(tools or [])
         self._buf = ""
@@ -124,11 +200,30 @@ class OutputFilter:
         """A stop string was generated: the caller stops the engine."""
         return self._stop.stopped
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """Which stop string ended the reply (None: none did)."""
+        return self._stop.matched
+
     def feed(self, text: str) -> list[Piece]:
-        return self._pieces(self._stop.feed(text), final=False)
+        return self._route(self._stop.feed(text), final=False)
 
     def finish(self) -> list[Piece]:
-        return self._pieces(self._stop.finish(), final=True)
+        return self._route(self._stop.finish(), final=True)
+
+    def _route(self, text: str, *, final: bool) -> list[Piece]:
+        if self._think is None:
+            return self._pieces(text, final=final)
+        out: list[Piece] = []
+        for reasoning, part in self._think.feed(text, final):
+            if reasoning:
+                self.reasoning.append(part)
+                out.append(Reasoning(part))
+            else:
+                out += self._pieces(part, final=False)
+        if final:
+            out += self._pieces("", final=True)
+        return out
 
     def _pieces(self, text: str, *, final: bool) -> list[Piece]:
         out: list[Piece] = []

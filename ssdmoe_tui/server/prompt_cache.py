@@ -29,20 +29,18 @@ from typing import Any
 
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from ssdmoe_tui.atomic import remove_orphan_temps
+from ssdmoe_tui.atomic import private_dirs, remove_orphan_temps
 from ssdmoe_tui.engine.run.kv_pool import common_prefix
 from ssdmoe_tui.server.prompts import is_chain
+from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
 from ssdmoe_tui.sessions.checkpoints import (
-    DEFAULT_GLOBAL_BUDGET,
-    DEFAULT_KEEP,
-    DEFAULT_SESSION_BUDGET,
+    CacheShape,
     CheckpointInvalid,
     NoCheckpoint,
     check_checkpoint,
     checkpoint_path,
     list_checkpoints,
     load_checkpoint,
-    save_checkpoint,
 )
 
 SESSION_KEY = "ssdmoe-server"  # one in-memory pool namespace for every request
@@ -53,26 +51,22 @@ def model_folder(root: Path, fingerprint: str) -> Path:
     return Path(root) / hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
 
 
-class ServerKV:
+class ServerKV(CheckpointHooks):
+    """One checkpoint folder per chain of requests (the conversation a prompt continues)."""
+
     def __init__(
         self,
         folder: Path,
         *,
-        notice: Callable[[str], None] = lambda msg: None,
-        keep: int = DEFAULT_KEEP,
-        session_budget: int = DEFAULT_SESSION_BUDGET,
-        global_budget: int = DEFAULT_GLOBAL_BUDGET,
         max_chains: int = 32,
         tokens_of: Callable[[str], list[tuple[int, ...]]] = lambda chain: [],
+        **budgets: Any,
     ) -> None:
+        super().__init__(**budgets)
         self.chains = Path(folder) / "chains"
         # What saves killed mid-write left (KV temps of GBs, history temps): the start-up
         # sweep of the data folder stops two levels down, above the chains.
         remove_orphan_temps(Path(folder), depth=2)
-        self.notice = notice
-        self.keep = keep
-        self.session_budget = session_budget
-        self.global_budget = global_budget
         self.max_chains = max_chains
         self.tokens_of = tokens_of  # a chain's known token sequences (its history records)
         self._pending: list[tuple[tuple[int, ...], str]] = []  # (prompt, chain), newest last
@@ -99,31 +93,37 @@ class ServerKV:
         return is_chain(chain) and checkpoint_path(self.chains / chain, n_tokens).is_file()
 
     # ------------------------------------------------------------------ engine hooks
-    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+    def folder_for(self, session_id: str, tokens: Sequence[int]) -> Path | None:
         chain = self._chain_of(tokens)
         if chain is None:
-            return
-        folder = self.chains / chain
-        folder.mkdir(parents=True, exist_ok=True)
-        res = save_checkpoint(
-            folder,
-            cache,
-            tokens,
-            info.fingerprint,
-            keep=self.keep,
-            session_budget=self.session_budget,
-            global_budget=self.global_budget,
-        )
-        if res.skipped:
-            self.notice(res.skipped)
+            return None  # not a prompt this server registered
+        return private_dirs(self.chains / chain, tighten=True)  # 0700: prompts' KV state
+
+    def saved(self, folder: Path) -> None:
         os.utime(folder)
         self._prune(keep=folder)
+
+    def chain_of(self, tokens: Sequence[int]) -> str | None:
+        """The chain a save of `tokens` goes to (None: not a prompt registered here)."""
+        return self._chain_of(tokens)
+
+    def save_to_chain(self, chain: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+        """Save into `chain` (rank 0 of `serve --distributed` decided which)."""
+        self.register(tokens, chain)  # raises on a bad chain id
+        self.save(SESSION_KEY, tokens, cache, info)
 
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
         """The checkpoint that serves the longest prefix of `tokens`: one covering an exact
         prefix, or (attention-only models) one whose tokens share a longer prefix with
         them, trimmed to it. A checkpoint's tokens are known from its conversation's
         history record (`tokens_of`); the header's token hash confirms them."""
+        choice = self.choose(tokens, info)
+        if choice is None:
+            return None
+        return self.load_chosen(*choice, info)
+
+    def choose(self, tokens: Sequence[int], info: Any) -> tuple[str, tuple[int, ...], int] | None:
+        """Which checkpoint `load` reads: (chain, the tokens it covers, tokens to reuse)."""
         limit = len(tokens) - 1  # at least one token is always fed
         exact: tuple[Path, int] | None = None
         trim: tuple[Path, tuple[int, ...], int] | None = None  # folder, its tokens, reuse
@@ -156,12 +156,23 @@ class ServerKV:
             folder, covered, reuse = exact[0], tuple(tokens[: exact[1]]), exact[1]
         else:
             return None
+        return folder.name, covered, reuse
+
+    def load_chosen(
+        self, chain: str, covered: Sequence[int], reuse: int, info: Any
+    ) -> tuple[list, int] | None:
+        """Read `chain`'s checkpoint of `covered` and trim it to `reuse` tokens."""
+        if not is_chain(chain):
+            raise ValueError(f"bad chain id {chain!r}")
+        folder = self.chains / chain
+        covered = tuple(covered)
         try:
             cache, got = load_checkpoint(
                 folder,
                 covered,
                 info.fingerprint,
-                on_skip=lambda r: self.notice(f"checkpoint ignored: {r}"),
+                on_skip=lambda r: self._tell(f"checkpoint ignored: {r}"),
+                shape=CacheShape.of_info(info),
             )
         except NoCheckpoint:
             return None

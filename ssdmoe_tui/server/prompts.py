@@ -35,6 +35,7 @@ from ssdmoe_tui.engine.run.kv_pool import common_prefix
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.prompting.chat_format import (
     ChatFormatError,
+    ChatTemplateError,
     encode,
     first_turn_tokens,
     render,
@@ -175,7 +176,6 @@ class HistoryRecords:
                 ],
             }
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path, json.dumps(data, separators=(",", ":")))
         except OSError as e:
             self._notice(f"prompt history not saved: {self.path}: {e.strerror or e}")
@@ -230,6 +230,8 @@ class PromptBuilder:
 
         try:
             return self._chat(req)
+        except ChatTemplateError as e:  # names the template file and the reason
+            raise bad_request(str(e), "messages") from None
         except (TemplateError, TypeError) as e:
             raise bad_request(
                 f"the model's chat template refused these messages: {e}", "messages"

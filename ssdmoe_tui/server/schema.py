@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI API, parsed and validated once into typed dataclasses.
 
 Everything the engine cannot honour is refused with a 400 naming the field (`n > 1`,
-`logprobs`, a `response_format` other than text, penalties, `logit_bias`, ...), never
-silently ignored. Fields that do not change the output (`user`, `metadata`, `store`,
+`logprobs`, a `response_format` other than text, `logit_bias`, ...), never silently
+ignored; the samplers and penalties (`top_k`, `min_p`, `repetition_penalty`,
+`presence_penalty`, `frequency_penalty`) are honoured. Fields that do not change the output (`user`, `metadata`, `store`,
 `parallel_tool_calls`, ...) are accepted and ignored.
 """
 
@@ -84,6 +85,11 @@ class Sampling:
     top_p: float | None
     seed: int | None
     stop: tuple[str, ...]
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float | None = None  # None: off
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,19 @@ class CompletionRequest:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def merge_leading_system(msgs: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """Instructions and the developer messages that follow them, as one system message:
+    templates take one, at the start (Qwen3.5's raises on a second). Codex CLI sends
+    two developer messages before the user's; Claude Code a system message in `messages`."""
+    n = 0
+    while n < len(msgs) and msgs[n].role == "system":
+        n += 1
+    if n < 2:
+        return msgs
+    merged = ChatMessage("system", "\n\n".join(m.content for m in msgs[:n]))
+    return (merged,) + msgs[n:]
 
 
 def _obj(body: Any) -> dict:
@@ -188,9 +207,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
         raise bad_request("'logprobs' is not supported", "logprobs")
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("'top_logprobs' is not supported", "top_logprobs")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise bad_request(f"'{name}' is not supported", name)
     if body.get("logit_bias") not in (None, {}):
         raise bad_request("'logit_bias' is not supported", "logit_bias")
     fmt = body.get("response_format")
@@ -279,7 +295,26 @@ def _sampling(body: dict, *, chat: bool) -> Sampling:
         top_p=_float(body, "top_p", 0.0, 1.0),
         seed=_seed(body),
         stop=_stop(body),
+        **sampling_extras(body),
     )
+
+
+def sampling_extras(body: dict) -> dict:
+    """The samplers and penalties beyond OpenAI's own fields, as vLLM, llama.cpp's server
+    and mlx_lm.server take them (Open WebUI, LiteLLM and Continue send them): top_k
+    (-1 or 0: off), min_p, repetition_penalty, presence/frequency_penalty (mlx-lm's
+    processors, over the last 20 tokens)."""
+    top_k = _int(body, "top_k", -1)
+    rep = _float(body, "repetition_penalty", 0.0, 10.0)
+    if rep is not None and rep <= 0:
+        raise bad_request("'repetition_penalty' must be > 0 (1: off)", "repetition_penalty")
+    return {
+        "top_k": max(top_k or 0, 0),
+        "min_p": _float(body, "min_p", 0.0, 1.0) or 0.0,
+        "repetition_penalty": None if rep in (None, 1.0) else rep,
+        "presence_penalty": _float(body, "presence_penalty", -2.0, 2.0) or None,
+        "frequency_penalty": _float(body, "frequency_penalty", -2.0, 2.0) or None,
+    }
 
 
 def _stream(body: dict) -> tuple[bool, bool]:
@@ -351,6 +386,30 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
+MAX_NESTING = 64  # a JSON schema of tool parameters nests a handful of levels
+
+
+def nesting(value: Any, limit: int = MAX_NESTING) -> int:
+    """How deep lists and objects nest in `value` (iteratively: a value nested 10,000
+    deep must not be a RecursionError here or in the template's `tojson` later); stops
+    counting past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if not isinstance(v, dict | list | tuple):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_nesting(value: Any, where: str, param: str) -> None:
+    if nesting(value) > MAX_NESTING:
+        raise bad_request(f"{where} nests more than {MAX_NESTING} levels deep", param)
+
+
 def _tools(body: dict) -> tuple[dict, ...]:
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -370,7 +429,24 @@ def _tools(body: dict) -> tuple[dict, ...]:
             )
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"tools[{i}].function.name is required", "tools")
+        check_nesting(t, f"tools[{i}]", "tools")
     return tuple(tools)
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def reasoning_kwargs(effort: Any, param: str) -> dict:
+    """A reasoning effort as template variables: `reasoning_effort` (gpt-oss's template
+    reads it); "none" also switches thinking off (`enable_thinking`, Qwen3's)."""
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise bad_request(f"'{param}' {effort!r} is not one of {', '.join(EFFORTS)}", param)
+    kw: dict = {"reasoning_effort": effort}
+    if effort == "none":
+        kw["enable_thinking"] = False
+    return kw
 
 
 def _template_kwargs(body: dict) -> dict:
@@ -383,6 +459,7 @@ def _template_kwargs(body: dict) -> dict:
         raise bad_request(
             "'chat_template_kwargs' cannot set tools/messages", "chat_template_kwargs"
         )
+    check_nesting(kw, "'chat_template_kwargs'", "chat_template_kwargs")
     return dict(kw)
 
 
@@ -402,7 +479,10 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
         stream=stream,
         include_usage=include,
         tools=_tools(body),
-        template_kwargs=_template_kwargs(body),
+        template_kwargs={
+            **reasoning_kwargs(body.get("reasoning_effort"), "reasoning_effort"),
+            **_template_kwargs(body),
+        },
         k=k if k is not None else k_suffix,
     )
 

@@ -2,26 +2,30 @@
 
 Runs on the UI thread and imports no MLX. `open` starts or resumes a conversation;
 `record` saves each finished exchange with its exact token ids, taken from the
-engine's GenerationDone (prompt ids + generated ids). The engine side
-(`kv_hooks.SessionKV`) builds each prompt from the stored token history and keeps the
-KV checkpoints.
+engine's GenerationDone (prompt ids + generated ids); `prompt` builds each prompt from
+the stored token history (`turns.build_prompt`), so the engine gets token ids only. The
+engine side (`kv_hooks.SessionKV`) keeps the KV checkpoints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
 from ssdmoe_tui.engine.run.protocol import GenerationDone
+from ssdmoe_tui.prompting.chat_format import ChatFormatError
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
+    FINISH_REASONS,
     Conversation,
     SessionNotFound,
     SessionStore,
     Turn,
     new_id,
 )
+from ssdmoe_tui.sessions.turns import build_prompt
 
 
 class AppSessions:
@@ -61,6 +65,50 @@ class AppSessions:
             conv.settings = dict(settings)
             self.store.save(conv, touch=False)
 
+    def prompt(
+        self,
+        session_id: str,
+        messages: Sequence[Any],
+        tokenizer: Any,
+        info: Any,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int] | None:
+        """The exact-history prompt for `messages` (the chat as the app shows it, new user
+        message last): the stored conversation's token history plus the templated new
+        turn. Creates the conversation on its first turn. Returns None (the caller then
+        templates `messages` whole: correct, fewer cache hits) when the stored history is
+        not this chat (edited, or an exchange not recorded)."""
+        msgs = [{"role": m.role, "content": m.content} for m in messages]
+        system = msgs[0]["content"] if msgs and msgs[0]["role"] == "system" else ""
+        chat = [m for m in msgs if m["role"] in ("user", "assistant")]
+        if not chat or chat[-1]["role"] != "user":
+            return None
+        try:
+            conv = self.store.get(session_id)
+        except SessionNotFound:
+            if len(chat) > 1:
+                return None  # a history we never stored: the caller templates it
+            conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
+        stored = [(t.role, t.text) for t in conv.turns]
+        if stored != [(m["role"], m["content"]) for m in chat[:-1]]:
+            return None
+        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt)
+        if conv.system_prompt != system:
+            # A system prompt set mid-conversation (F9): the stored ids were made under
+            # the old one, so every turn is rebuilt under the new one. The whole history
+            # stays in context; only its cached prefix is lost.
+            conv.system_prompt, conv.tokenizer_id = system, ""
+        conv.model_id, conv.fingerprint = info.name, info.fingerprint
+        try:
+            prompt, _ = build_prompt(
+                tokenizer, conv, chat[-1]["content"], **(template_kwargs or {})
+            )
+        except ChatFormatError:
+            return None
+        if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
+            self.store.save(conv, touch=False)
+        return prompt
+
     def rewind(self, session_id: str, keep: int) -> None:
         """Before a regenerate or an edit: keep the first `keep` turns; the exchange after
         them moves to `replaced` (still in the file and the exports, never lost), so the
@@ -79,6 +127,7 @@ class AppSessions:
         done: GenerationDone,
         model: str = "",
         settings: dict[str, Any] | None = None,
+        thinking_tokens: int = 0,
     ) -> None:
         """Save the exchange `done` answered. `messages` is the app's chat so far (the
         reply last, if it kept one). The stored turns mirror the app's history; their ids
@@ -107,7 +156,7 @@ class AppSessions:
         if same and prompt[: len(history)] == history:
             delta = prompt[len(history) :]
         else:  # the prompt was not built on the stored ids: re-base on it
-            conv.turns = [Turn(role, text, []) for role, text in prior]
+            conv.turns = rebased(conv.turns, prior)
             delta = prompt
         conv.turns.append(Turn("user", chat[last_user].content, delta))
         if last_user + 1 < len(chat):  # the app kept the reply
@@ -125,10 +174,28 @@ class AppSessions:
                     k_max=k_max,
                     model=model,
                     decode_tok_s=stats.decode_tok_s,
+                    finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
+                    kv_hit_rate=stats.kv_hit_rate,
+                    thinking_tokens=thinking_tokens,
                 )
             )
         self.store.save(conv)
         self.store.mark_opened(conv.id)
+
+
+def rebased(turns: Sequence[Turn], prior: Sequence[tuple[str, str]]) -> list[Turn]:
+    """The turns `prior` names, for a conversation re-based on one prompt: the new user
+    turn then carries the whole prompt's ids, the earlier turns none (the next prompt
+    rebuilds them per turn: `turns.build_prompt`). A stored turn with the same role and
+    text keeps its metadata (time, K, model, speed, stopped)."""
+    out = []
+    for i, (role, text) in enumerate(prior):
+        old = turns[i] if i < len(turns) else None
+        if old is not None and (old.role, old.text) == (role, text):
+            out.append(replace(old, token_ids=[]))
+        else:
+            out.append(Turn(role, text, []))
+    return out
 
 
 def shown(turn: Turn) -> ShownTurn:
@@ -137,5 +204,14 @@ def shown(turn: Turn) -> ShownTurn:
         return ShownTurn(turn.role, turn.text)
     k_min = turn.k_min if turn.k_min is not None else turn.k
     k_max = turn.k_max if turn.k_max is not None else turn.k
-    stats = ReplyStats(turn.model, len(turn.token_ids), turn.decode_tok_s, k_min, k_max)
-    return ShownTurn(turn.role, turn.text, stats, turn.stopped)
+    stats = ReplyStats(
+        turn.model,
+        len(turn.token_ids),
+        turn.decode_tok_s,
+        k_min,
+        k_max,
+        turn.kv_hit_rate,
+        turn.thinking_tokens,
+    )
+    finish = turn.finish or ("cancelled" if turn.stopped else "stop")
+    return ShownTurn(turn.role, turn.text, stats, turn.stopped, finish)

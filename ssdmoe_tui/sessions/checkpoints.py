@@ -150,10 +150,6 @@ def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
     return found
 
 
-def checkpoints_bytes(session_dir: Path) -> int:
-    return sum(c.size for c in list_checkpoints(session_dir))
-
-
 def remove_stale_temps(session_dir: Path, older_than_s: float = STALE_TEMP_S) -> int:
     """Delete the temp files killed saves left in this conversation's folder (their
     writer's pid is gone, or they are `older_than_s` old). Returns how many."""
@@ -312,7 +308,7 @@ def read_metadata(path: Path) -> dict[str, str]:
         header = read_header(path, label=name)
     except HeaderError as e:
         reason = e.reason
-        if not reason.startswith(("truncated", "missing", "unreadable")):
+        if not reason.startswith(("truncated", "missing", "unreadable", "a ")):
             reason = f"corrupt header ({reason})"
         raise CheckpointInvalid(f"{name}: {reason}") from None
     # save_prompt_cache stores [our metadata, classes, scalars] flattened: ours is "0.<key>"
@@ -347,12 +343,73 @@ def check_checkpoint(path: Path, tokens: Sequence[int], fingerprint: str) -> int
     return n
 
 
+@dataclass(frozen=True)
+class CacheShape:
+    """What the model's attention caches hold per token: key/value heads, head size and
+    dtype (0 / "": not known, not checked). A checkpoint whose bytes were reshaped
+    (`[1, 2, T, 64]` as `[1, 4, T/2, 64]`: same bytes, same checksum) is refused by it."""
+
+    kv_heads: int = 0
+    head_dim: int = 0
+    dtype: str = ""
+
+    @classmethod
+    def of_info(cls, info: Any) -> CacheShape:
+        """From an engine's ModelInfo (its folder and dtype); nothing known: no checks."""
+        folder, dtype = getattr(info, "path", ""), str(getattr(info, "dtype", "") or "")
+        return cls.of_model(folder, dtype) if folder else cls(dtype=dtype)
+
+    @classmethod
+    def of_model(cls, folder: str | Path, dtype: str = "") -> CacheShape:
+        """From the model folder's config.json (text_config when nested)."""
+        from ssdmoe_tui.checkpoint.arch import text_config
+        from ssdmoe_tui.checkpoint.config import read_config
+
+        try:
+            tc = text_config(read_config(Path(folder)))
+        except SsdmoeError:
+            return cls(dtype=dtype)
+
+        def num(key: str) -> int:
+            v = tc.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+        heads = num("num_attention_heads")
+        head_dim = num("head_dim") or (num("hidden_size") // heads if heads else 0)
+        return cls(num("num_key_value_heads") or heads, head_dim, dtype)
+
+
+def check_shapes(cache: list[Any], shape: CacheShape, n_tokens: int, name: str) -> None:
+    """Each attention layer's keys and values: [batch, heads, >= n_tokens, head size] of
+    the model's numbers and dtype; CheckpointInvalid naming the file otherwise."""
+    for i, layer in enumerate(cache):
+        if type(layer).__name__ != "KVCache":
+            continue  # quantized KV, recurrent state: their own layouts (checksum-checked)
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None:
+            continue
+        why = ""
+        if keys.ndim != 4 or values.ndim != 4 or keys.shape[:3] != values.shape[:3]:
+            why = f"keys {list(keys.shape)} and values {list(values.shape)} do not pair"
+        elif keys.shape[2] < n_tokens:
+            why = f"holds {keys.shape[2]} positions for {n_tokens} tokens"
+        elif shape.kv_heads and keys.shape[1] != shape.kv_heads:
+            why = f"{keys.shape[1]} key/value heads, the model has {shape.kv_heads}"
+        elif shape.head_dim and keys.shape[3] != shape.head_dim:
+            why = f"head size {keys.shape[3]}, the model's is {shape.head_dim}"
+        elif shape.dtype and str(keys.dtype).rsplit(".", 1)[-1] != shape.dtype:
+            why = f"dtype {str(keys.dtype).rsplit('.', 1)[-1]}, the model runs {shape.dtype}"
+        if why:
+            raise CheckpointInvalid(f"{name}: layer {i} does not fit this model ({why})")
+
+
 def load_checkpoint(
     session_dir: Path,
     tokens: Sequence[int],
     fingerprint: str,
     *,
     on_skip: Callable[[str], None] | None = None,
+    shape: CacheShape | None = None,
 ) -> tuple[list[Any], int]:
     """Load the checkpoint that covers the longest prefix of `tokens`.
 
@@ -368,6 +425,7 @@ def load_checkpoint(
         try:
             n = check_checkpoint(info.path, tokens, fingerprint)
             cache, _ = _load_verified(info.path, n)
+            check_shapes(cache, shape or CacheShape(), n, info.path.name)
         except _NotApplicable:
             continue
         except CheckpointInvalid as e:

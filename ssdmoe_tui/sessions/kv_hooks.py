@@ -16,91 +16,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.engine.run.service import KVHooks
-from ssdmoe_tui.prompting.chat_format import ChatFormatError
-from ssdmoe_tui.sessions.checkpoints import (
-    DEFAULT_GLOBAL_BUDGET,
-    DEFAULT_KEEP,
-    DEFAULT_SESSION_BUDGET,
-    NoCheckpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionNotFound, SessionStore
-from ssdmoe_tui.sessions.turns import build_prompt
+from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
+from ssdmoe_tui.sessions.checkpoints import CacheShape, NoCheckpoint, load_checkpoint
+from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
 
 
-class SessionKV:
-    def __init__(
-        self,
-        store: SessionStore,
-        *,
-        notice: Callable[[str], None] | None = None,
-        keep: int = DEFAULT_KEEP,
-        session_budget: int = DEFAULT_SESSION_BUDGET,
-        global_budget: int = DEFAULT_GLOBAL_BUDGET,
-    ) -> None:
+class SessionKV(CheckpointHooks):
+    """One checkpoint folder per stored conversation (its own folder)."""
+
+    def __init__(self, store: SessionStore, **budgets: Any) -> None:
+        super().__init__(**budgets)
         self.store = store
-        self.notice = notice
-        self.keep = keep
-        self.session_budget = session_budget
-        self.global_budget = global_budget
         self.last_load_s: float = 0.0
         self.skipped: list[str] = []  # reasons of checkpoints skipped by the last load
 
-    def _tell(self, message: str) -> None:
-        if self.notice is not None:
-            self.notice(message)
-
-    def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
+    def folder_for(self, session_id: str, tokens: Sequence[int]) -> Path | None:
         folder = self.store.folder(session_id)
         if not (folder / CONVERSATION_FILE).is_file():
-            return  # not a stored conversation (or deleted meanwhile): nothing to attach to
-        res = save_checkpoint(
-            folder,
-            cache,
-            tokens,
-            info.fingerprint,
-            keep=self.keep,
-            session_budget=self.session_budget,
-            global_budget=self.global_budget,
-        )
-        if res.skipped:
-            self._tell(res.skipped)
-
-    def prompt(
-        self, session_id: str, messages: Sequence[Any], tokenizer: Any, info: Any
-    ) -> list[int] | None:
-        """The exact-history prompt for a Generate that carries `messages` (the chat as the
-        client sees it, new user message last): the stored conversation's token history
-        plus the templated new turn. Creates the conversation on its first turn. Returns
-        None (the engine then templates `messages` itself: correct, fewer cache hits) when
-        the stored history is not the client's (edited, or an exchange not recorded)."""
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        system = msgs[0]["content"] if msgs and msgs[0]["role"] == "system" else ""
-        chat = [m for m in msgs if m["role"] in ("user", "assistant")]
-        if not chat or chat[-1]["role"] != "user":
-            return None
-        try:
-            conv = self.store.get(session_id)
-        except SessionNotFound:
-            if len(chat) > 1:
-                return None  # a history we never stored: let the engine template it
-            conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
-        stored = [(t.role, t.text) for t in conv.turns]
-        if conv.system_prompt != system or stored != [(m["role"], m["content"]) for m in chat[:-1]]:
-            return None
-        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id)
-        conv.model_id, conv.fingerprint = info.name, info.fingerprint
-        try:
-            prompt, _ = build_prompt(tokenizer, conv, chat[-1]["content"])
-        except ChatFormatError:
-            return None
-        if (conv.model_id, conv.fingerprint, conv.tokenizer_id) != before:
-            self.store.save(conv, touch=False)
-        return prompt
+            return None  # not a stored conversation (or deleted meanwhile)
+        return folder
 
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
         self.skipped = []
@@ -111,7 +49,8 @@ class SessionKV:
             self.skipped.append(reason)
 
         try:
-            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip)
+            shape = CacheShape.of_info(info)
+            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip, shape=shape)
         except NoCheckpoint:
             return None
         finally:
@@ -124,4 +63,4 @@ class SessionKV:
 def session_hooks(notice: Callable[[str], None]) -> KVHooks:
     """KV hooks over the default session store (`EngineService(kv_hooks=session_hooks)`)."""
     kv = SessionKV(SessionStore(), notice=notice)
-    return KVHooks(save=kv.save, load=kv.load, prompt=kv.prompt)
+    return KVHooks(save=kv.save, load=kv.load)

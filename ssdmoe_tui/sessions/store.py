@@ -33,8 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui import paths
-from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via
+from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via, private_dirs
 from ssdmoe_tui.errors import BadValueError, SsdmoeError
+from ssdmoe_tui.user_files import (
+    CONVERSATION_MAX,
+    SMALL_STATE_MAX,
+    read_regular,
+    read_regular_text,
+)
 
 FORMAT = "ssdmoe-conversation"
 VERSION = 1
@@ -93,6 +99,24 @@ def _is_int(value: Any, lo: int, hi: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
+def _str(d: dict[str, Any], key: str, default: str | None = "") -> str:
+    """A text field: a JSON string (a number or a list where text belongs is damage, not
+    something to print with `str()`); `default` None: required."""
+    if key not in d and default is not None:
+        return default
+    value = d[key]
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be text, not {json.dumps(value)[:20]}")
+    return value
+
+
+def _bool(d: dict[str, Any], key: str) -> bool:
+    value = d.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, not {json.dumps(value)[:20]}")
+    return value
+
+
 def _timestamp(value: Any, name: str) -> float:
     """A time in seconds that can be shown as a date (finite, 0..year 9999)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -100,6 +124,9 @@ def _timestamp(value: Any, name: str) -> float:
     if not 0 <= value <= _TIME_MAX:  # also rejects nan and inf
         raise ValueError(f"{name} is out of range ({str(value)[:20]})")
     return float(value)
+
+
+FINISH_REASONS = ("", "stop", "length", "cancelled")  # "": saved before it was kept
 
 
 @dataclass
@@ -114,6 +141,9 @@ class Turn:
     k_max: int | None = None
     model: str = ""  # the model that wrote the reply
     decode_tok_s: float | None = None  # its decode speed
+    finish: str = ""  # why the reply ended: "stop", "length" (max tokens), "cancelled"
+    kv_hit_rate: float | None = None  # share of its prompt served from the KV cache
+    thinking_tokens: int = 0  # of its tokens, the reasoning's (<think> ... </think>)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -135,20 +165,35 @@ class Turn:
                 raise ValueError(f"{key} must be a positive integer, not {str(value)[:20]}")
             return value
 
+        def opt_count(key: str) -> int:
+            value = d.get(key, 0)
+            if not _is_int(value, 0, TOKEN_ID_MAX):
+                raise ValueError(f"{key} must be a count, not {str(value)[:20]}")
+            return value
+
         rate = d.get("decode_tok_s")
         if rate is not None and not (isinstance(rate, int | float) and 0 <= rate < 1e9):
             raise ValueError(f"decode_tok_s is not a rate ({str(rate)[:20]})")
+        hit = d.get("kv_hit_rate")
+        if hit is not None and not (isinstance(hit, int | float) and 0 <= hit <= 1):
+            raise ValueError(f"kv_hit_rate is not a share ({str(hit)[:20]})")
+        finish = str(d.get("finish", ""))
+        if finish not in FINISH_REASONS:
+            raise ValueError(f"finish is not one of {', '.join(FINISH_REASONS[1:])}")
         return cls(
             role=role,
-            text=str(d["text"]),
+            text=_str(d, "text", None),
             token_ids=list(ids),
             k=k,
-            stopped=bool(d.get("stopped", False)),
+            stopped=_bool(d, "stopped"),
             created=_timestamp(d.get("created", 0.0), "created"),
             k_min=opt_k("k_min"),
             k_max=opt_k("k_max"),
-            model=str(d.get("model", ""))[:200],
+            model=_str(d, "model")[:200],
             decode_tok_s=float(rate) if rate is not None else None,
+            finish=finish,
+            kv_hit_rate=float(hit) if hit is not None else None,
+            thinking_tokens=opt_count("thinking_tokens"),
         )
 
 
@@ -215,18 +260,24 @@ class Conversation:
     def from_dict(cls, d: dict[str, Any]) -> Conversation:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError("not an ssdmoe conversation")
-        if int(d.get("version", 0)) > VERSION:
-            raise ValueError(f"written by a newer ssdmoe (version {d.get('version')})")
+        version = d.get("version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be a whole number, not {json.dumps(version)[:20]}")
+        if version > VERSION:
+            raise ValueError(f"written by a newer ssdmoe (version {version})")
+        turns = d.get("turns", [])
+        if not isinstance(turns, list):
+            raise ValueError("turns must be a list")
         return cls(
-            id=validate_id(d["id"]),
-            title=clean_title(str(d.get("title", ""))),
+            id=validate_id(_str(d, "id", None)),
+            title=clean_title(_str(d, "title")),
             created=_timestamp(d["created"], "created"),
             updated=_timestamp(d["updated"], "updated"),
-            model_id=str(d.get("model_id", "")),
-            fingerprint=str(d.get("fingerprint", "")),
-            system_prompt=str(d.get("system_prompt", "")),
-            turns=[Turn.from_dict(t) for t in d.get("turns", [])],
-            tokenizer_id=str(d.get("tokenizer_id", "")),
+            model_id=_str(d, "model_id"),
+            fingerprint=_str(d, "fingerprint"),
+            system_prompt=_str(d, "system_prompt"),
+            turns=[Turn.from_dict(t) for t in turns],
+            tokenizer_id=_str(d, "tokenizer_id"),
             settings=_settings(d.get("settings", {})),
             replaced=_replaced(d.get("replaced", [])),
         )
@@ -306,7 +357,7 @@ class SessionStore:
         """A new conversation, saved; `conv_id` (e.g. one handed out earlier by `new_id`)
         must not exist yet."""
         with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.root, tighten=True)
             while True:
                 conv = Conversation(
                     id=validate_id(conv_id) if conv_id is not None else new_id(),
@@ -316,7 +367,7 @@ class SessionStore:
                     system_prompt=system_prompt,
                 )
                 try:
-                    self.folder(conv.id).mkdir()
+                    self.folder(conv.id).mkdir(mode=0o700)
                     break
                 except FileExistsError:
                     if conv_id is not None and (self.folder(conv_id) / CONVERSATION_FILE).exists():
@@ -363,7 +414,7 @@ class SessionStore:
         file) for a missing or damaged one: never another exception, whatever the bytes."""
         path = self._file(conv_id)
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path, CONVERSATION_MAX)
         except FileNotFoundError:
             raise SessionNotFound(f"no conversation {conv_id}") from None
         except OSError as e:
@@ -481,16 +532,16 @@ class SessionStore:
     def mark_opened(self, conv_id: str) -> None:
         validate_id(conv_id)
         with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.root)
             atomic_write_text(self.root / LAST_OPENED_FILE, conv_id + "\n")
 
     def last_opened(self, *, fallback: bool = True) -> str | None:
         """The conversation last opened (for `--resume`); else the most recently updated."""
         try:
-            conv_id = (self.root / LAST_OPENED_FILE).read_text(encoding="utf-8").strip()
+            conv_id = read_regular_text(self.root / LAST_OPENED_FILE, SMALL_STATE_MAX).strip()
             if ID_PATTERN.match(conv_id) and (self.folder(conv_id) / CONVERSATION_FILE).is_file():
                 return conv_id
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             pass
         if not fallback:
             return None
@@ -542,6 +593,8 @@ def to_markdown(conv: Conversation) -> str:
             notes.append(f"K={t.k}")
         if t.stopped:
             notes.append("stopped")
+        elif t.finish == "length":
+            notes.append("hit max tokens")
         if notes:
             heading += f" ({', '.join(notes)})"
         lines += [heading, "", t.text, ""]

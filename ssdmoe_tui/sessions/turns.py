@@ -69,9 +69,12 @@ def build_prompt(
 ) -> tuple[list[int], list[int]]:
     """(prompt tokens, delta): the conversation's exact token history plus the templated
     new user turn (`delta`, what the user turn records); the whole template on turn one.
-    If the conversation's ids came from another tokenizer, they are rebuilt first."""
+    If the conversation's ids came from another tokenizer (or under another system
+    prompt: `tokenizer_id` cleared), they are rebuilt first."""
     current = tokenizer_id(tokenizer)
-    if conv.turns and conv.tokenizer_id != current:
+    # A turn without ids: its ids were never split per turn (a conversation re-based on
+    # one prompt by an older `AppSessions.record`); rebuilt, the history stays whole.
+    if conv.turns and (conv.tokenizer_id != current or not all(t.token_ids for t in conv.turns)):
         retokenize(tokenizer, conv, **template_kwargs)
     conv.tokenizer_id = current
     history = conv.history_tokens()

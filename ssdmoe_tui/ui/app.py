@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from textual import on
@@ -24,11 +27,15 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer
 
+from ssdmoe_tui import paths
+from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
-from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
+from ssdmoe_tui.engine.run.protocol import EngineError
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import conversations, gen_settings, model
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
@@ -69,6 +76,26 @@ def default_engine(post: Callable[[object], None]) -> Engine:
     return EngineService(post=post)  # no persistence: `commands/chat.py` injects it
 
 
+def screenshots_dir() -> Path:
+    return paths.data_dir() / "screenshots"
+
+
+def save_svg(folder: Path, svg: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / time.strftime("ssdmoe-%Y%m%d-%H%M%S.svg")
+    atomic_write_text(path, svg)
+    return path
+
+
+def in_app_words(error: EngineError) -> EngineError:
+    """The engine's errors name command-line flags (`--model X: no such file or folder`);
+    in the app the model was typed in a dialog, so the flag goes."""
+    text = error.message
+    if text.startswith("--model "):
+        text = "model " + text[len("--model ") :]
+    return replace(error, message=text) if text != error.message else error
+
+
 def while_mounted(handler: Callable) -> Callable:
     """An engine message may land while the app exits and its widgets are gone."""
 
@@ -104,11 +131,13 @@ class SsdmoeApp(App[int]):
             "ctrl+p", "command_palette", "Commands", show=False, id="app.palette", priority=True
         ),
         Binding("ctrl+end", "pin", "Follow", show=False, id="app.pin"),
+        Binding("ctrl+home", "top", "Transcript top", show=False, id="app.top"),
         # Not ctrl+y (the prompt, a TextArea, takes it as redo) nor F5-F7 (it selects with them).
         Binding("f8", "copy_last", "Copy reply", show=False, id="app.copy_last"),
         Binding("ctrl+g", "regenerate", "Regenerate", show=False, id="app.regenerate"),
         Binding("ctrl+l", "edit_last", "Edit last prompt", show=False, id="app.edit_last"),
         Binding("f9", "gen_settings", "Settings", show=False, id="app.settings"),
+        Binding("ctrl+t", "toggle_thinking", "Thinking", show=False, id="app.thinking"),
     ]
 
     def __init__(
@@ -130,6 +159,8 @@ class SsdmoeApp(App[int]):
             on_warning=lambda text: self.notify(text, severity="warning", markup=False),
         )
         self.load_progress = LoadProgress()
+        self.prefill_clock = PrefillClock()
+        self._prefill_timer: Timer | None = None
         self.events_seen: dict[str, int] = {}
         self.themes = ThemeChoice(self)
         themes, self._theme_warnings = load_themes()
@@ -164,7 +195,8 @@ class SsdmoeApp(App[int]):
 
     async def on_mount(self) -> None:
         self.themes.apply(self.settings.theme)
-        apply_keymap(self, self.settings.keymap)
+        cfg = self.settings.config
+        apply_keymap(self, self.settings.keymap, str(cfg.path) if cfg else "config.toml")
         for warning in (*self.settings.warnings, *self._theme_warnings):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane
@@ -172,16 +204,29 @@ class SsdmoeApp(App[int]):
         await pane.open_session(self.settings.resume)
         if self.engine_factory is not None and not self.settings.model and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
+            pane.transcript.show_top()  # its top first, at any size
         if self.engine_factory is not None:
-            try:
-                self.chat.engine = self.engine_factory(self.feed)
-                self.chat.engine.start()
-            except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
-                self.chat.engine = None
-                self.status_bar.phase = "no engine"
-                self.notify(f"the engine did not start: {user_message(e)}", severity="error")
-                return
-            model.open_model(self, self.settings.model, k=self.chat.gen.k)
+            # Draw first: building the engine imports MLX, mlx-lm and transformers
+            # (seconds on a busy machine), so it happens off the UI thread, after mount.
+            self.status_bar.phase = "starting the engine"
+            self.run_worker(self._start_engine(), group="engine-start", exit_on_error=False)
+
+    async def _start_engine(self) -> None:
+        assert self.engine_factory is not None
+        self.chat.engine_starting = True
+        try:
+            engine = await asyncio.to_thread(self.engine_factory, self.feed)
+            engine.start()
+        except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
+            self.chat.engine_starting = False
+            self.status_bar.phase = "no engine"
+            self.notify(f"the engine did not start: {user_message(e)}", severity="error")
+            return
+        if self._exit or not self.is_running:  # quit while it was being built
+            await asyncio.to_thread(engine.shutdown, 5.0)
+            return
+        self.chat.engine, self.chat.engine_starting = engine, False
+        model.open_model(self, self.settings.model, k=self.chat.gen.k)
 
     async def on_unmount(self) -> None:
         engine, self.chat.engine = self.chat.engine, None
@@ -191,8 +236,29 @@ class SsdmoeApp(App[int]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for command in super().get_system_commands(screen):
-            if command.title != "Keys":  # ours (F1) lists every binding with its id
+            if command.title == "Screenshot":  # Textual's says nothing when it fails
+                yield SystemCommand(
+                    "Screenshot",
+                    f"Save an SVG of the screen in {screenshots_dir()}",
+                    lambda: self.set_timer(0.1, self.save_screenshot_here),
+                )
+            elif command.title != "Keys":  # ours (F1) lists every binding with its id
                 yield command
+
+    def save_screenshot_here(self) -> None:
+        """The palette's Screenshot: the file's path, or where it tried and why not."""
+        folder = screenshots_dir()
+        try:
+            path = save_svg(folder, self.export_screenshot())
+        except OSError as e:
+            self.notify(
+                f"Screenshot not saved: cannot write in {folder}: {e.strerror or e}",
+                severity="error",
+                markup=False,
+            )
+            return
+        self.copy_to_clipboard(str(path))
+        self.notify(f"Screenshot saved: {path} (path copied)", markup=False)
 
     # ------------------------------------------------------------------ engine link
 
@@ -233,21 +299,43 @@ class SsdmoeApp(App[int]):
             self.panel.show_load(self.load_progress)
             if welcome := self.chat_pane.welcome:
                 welcome.show_progress(event.phase, event.done, event.total, event.detail)
+        if event.phase == "prefill" and event.total:
+            self.prefill_clock.report(event.done, event.total)
+            self._show_prefill()
+            if self._prefill_timer is None:  # moves between the engine's chunk reports
+                self._prefill_timer = self.set_interval(0.25, self._show_prefill)
+            return
+        if event.phase == "decoding" and event.total:
+            self.prefill_clock.report(event.total, event.total)  # its rate, for the next
+        self._stop_prefill_clock()
         label = PHASE_LABELS.get(event.phase, event.phase)
-        if event.total and event.phase in ("prefill", "loading", "indexing"):
+        if event.total and event.phase in ("loading", "indexing"):
             label += f" {event.done}/{event.total}"
         self.status_bar.phase = label
+
+    def _show_prefill(self) -> None:
+        clock = self.prefill_clock
+        self.status_bar.phase = f"{PHASE_LABELS['prefill']} {clock.text(rate=False)}"
+        self.panel.show_prefill(clock)
+
+    def _stop_prefill_clock(self) -> None:
+        if self._prefill_timer is not None:
+            self._prefill_timer.stop()
+            self._prefill_timer = None
 
     @on(ReplyDone)
     @while_mounted
     async def _reply_done(self, message: ReplyDone) -> None:
+        self._stop_prefill_clock()  # a reply stopped during its prefill
+        self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
+        self.panel.show_ranks((message.event.stats or {}).get("distributed"))
         await self.chat_pane.reply_done(message.event)
 
     @on(ModelReady)
     @while_mounted
     async def _model_ready(self, message: ModelReady) -> None:
         info = message.event.info
-        loaded = self.chat.model_loaded(info)
+        loaded = self.chat.model_loaded(info, message.event.tokenizer)
         if welcome := self.chat_pane.welcome:
             welcome.loaded(info.name)
         self.panel.show_model(info, k=loaded.k)
@@ -261,6 +349,10 @@ class SsdmoeApp(App[int]):
             f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {loaded.k}, "
             f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
         )
+        if self.chat_pane.welcome is not None and not self.chat.history:
+            # The card's top says what the demo is: the notice must not scroll it away
+            # (at 80x24 they do not both fit). Sending pins the transcript again.
+            self.chat_pane.transcript.show_top()
         for warning in loaded.warnings:
             self.notify(warning, severity="warning", timeout=10, markup=False)
         if info.expert_source_note:
@@ -269,7 +361,7 @@ class SsdmoeApp(App[int]):
     @on(EngineFailed)
     @while_mounted
     async def _engine_failed(self, message: EngineFailed) -> None:
-        error = message.event
+        error = in_app_words(message.event)
         self.notify(error.message, title="engine error", severity="error", timeout=12, markup=False)
         failure = self.chat.engine_error(error)
         if failure.reply_failed:
@@ -345,6 +437,7 @@ class SsdmoeApp(App[int]):
         await pane.start_over()
         self.panel.clear_history()
         await pane.open_session(None)
+        model.reset_k(self)
         await pane.transcript.add_notice("New chat.")
         pane.prompt.focus()
 
@@ -363,10 +456,34 @@ class SsdmoeApp(App[int]):
     def action_pin(self) -> None:
         self.chat_pane.transcript.action_pin()
 
+    def action_top(self) -> None:
+        """The transcript's first line (it stops following the stream; End follows again)."""
+        self.chat_pane.transcript.scroll_home(animate=False)
+
+    def action_page(self, direction: int) -> None:
+        """PageUp / PageDown while the prompt has focus: scroll the transcript a page."""
+        transcript = self.chat_pane.transcript
+        if direction < 0:
+            transcript.scroll_page_up(animate=False)
+        else:
+            transcript.scroll_page_down(animate=False)
+
+    def action_toggle_thinking(self) -> None:
+        """Show or hide the reasoning of the last reply that has some."""
+        replies = [
+            m
+            for m in self.chat_pane.transcript.messages()
+            if isinstance(m, AssistantMessage) and m.split.has_thinking
+        ]
+        if replies:
+            replies[-1].action_toggle_thinking()
+        else:
+            self.notify("No reply with thinking yet.", severity="warning")
+
     def action_copy_last(self) -> None:
         messages = self.chat_pane.transcript.messages()
         replies = [m for m in messages if isinstance(m, AssistantMessage)]
-        if replies and replies[-1].text:
+        if replies and replies[-1].answer:
             replies[-1].action_copy_message()
         else:
             self.notify("No reply to copy yet.", severity="warning")

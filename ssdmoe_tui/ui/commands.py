@@ -10,7 +10,7 @@ from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from ssdmoe_tui.ui.actions import conversations, model
+from ssdmoe_tui.ui.actions import conversations, gen_settings, model
 
 _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
 _SET_CACHE = re.compile(r"(?:set\s+)?(?:expert[-\s]?)?cache\s*=?\s*(\S+)", re.IGNORECASE)
@@ -30,7 +30,11 @@ class SsdmoeCommands(Provider):
         act = self._action
         run = self._run
         commands: list[tuple[str, str, Callable[[], object]]] = [
-            ("New chat", "Clear the conversation and start over", act("new_chat")),
+            (
+                "New chat",
+                "A new conversation (ctrl+n); this one stays saved in the list",
+                act("new_chat"),
+            ),
             ("Stop generation", "Stop the streaming reply and keep what arrived", act("stop")),
             (
                 "Regenerate last reply",
@@ -46,6 +50,11 @@ class SsdmoeCommands(Provider):
                 "Generation settings…",
                 "System prompt, temperature, top-p, max tokens, K for this conversation (F9)",
                 act("gen_settings"),
+            ),
+            (
+                "Thinking on/off",
+                "Models that think (Qwen3...): reason first, or answer at once (this chat)",
+                run(gen_settings.toggle_thinking),
             ),
             ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", run(model.ask_k)),
             (
@@ -67,7 +76,7 @@ class SsdmoeCommands(Provider):
             ),
             (
                 "Clear conversation",
-                "New context in this window; the conversation stays in the list",
+                "= New chat: a new context in this window; this one stays in the list",
                 act("new_chat"),
             ),
             (

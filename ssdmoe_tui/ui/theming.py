@@ -10,6 +10,7 @@ from pathlib import Path
 from textual.theme import Theme
 
 from ssdmoe_tui import paths
+from ssdmoe_tui.user_files import CONFIG_TOML_MAX, RefusedFile, read_regular_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,8 +26,10 @@ _FLOAT_FIELDS = {"luminosity_spread", "text_alpha"}
 def theme_from_toml(path: Path) -> Theme:
     """Parse one theme file; raises ValueError with a one-line reason."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(read_regular_text(path, CONFIG_TOML_MAX))
+    except RefusedFile as e:
+        raise ValueError(str(e)) from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise ValueError(f"{path}: {e}") from None
     kwargs: dict[str, object] = {}
     for key, value in data.items():

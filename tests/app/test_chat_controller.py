@@ -32,7 +32,7 @@ def test_k_asked_while_a_model_loads_is_applied_once_it_has_loaded(checkpoints) 
         assert ctrl.loading == str(path)
         svc.start()
         loaded, _ = ev.until(P.ModelLoaded)
-        assert ctrl.model_loaded(loaded.info).k == 2
+        assert ctrl.model_loaded(loaded.info, loaded.tokenizer).k == 2
         assert svc.model_info is not None and svc.model_info.k == 2
     finally:
         svc.shutdown()
@@ -44,7 +44,7 @@ def test_reply_cut_by_a_model_switch_stays_in_the_conversation(checkpoints) -> N
     the screen), so the next prompt does not follow an unanswered one."""
     path = checkpoints("qwen3_moe")
     svc, ev = start(path)
-    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info)
+    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
     try:
         request = ctrl.prepare("hello")
         ctrl.submit(replace(request, max_tokens=4000))
@@ -59,9 +59,12 @@ def test_reply_cut_by_a_model_switch_stays_in_the_conversation(checkpoints) -> N
             ("assistant", done.text),
         ]
         loaded, _ = ev.until(P.ModelLoaded)
-        ctrl.model_loaded(loaded.info)
-        roles = [m.role for m in ctrl.prepare("again").messages]
-        assert roles == ["user", "assistant", "user"]
+        ctrl.model_loaded(loaded.info, loaded.tokenizer)
+        again = ctrl.prepare("again")
+        assert [m.role for m in ctrl.history] == ["user", "assistant", "user"]
+        assert list(again.prompt_tokens[: len(done.prompt_token_ids)]) == list(
+            done.prompt_token_ids
+        )  # the whole chat, its first turn included, goes to the engine
     finally:
         svc.shutdown()
 
@@ -70,7 +73,7 @@ def test_reply_of_a_closed_conversation_is_dropped(checkpoints) -> None:
     """New chat while a reply streams: the reply belongs to no conversation now."""
     path = checkpoints("qwen3_moe")
     svc, ev = start(path)
-    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info)
+    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
     try:
         ctrl.submit(replace(ctrl.prepare("hello"), max_tokens=4000))
         ev.until(P.Tokens)
@@ -78,5 +81,36 @@ def test_reply_of_a_closed_conversation_is_dropped(checkpoints) -> None:
         done, _ = ev.until(P.GenerationDone)
         assert ctrl.reply_done(done) is None and ctrl.history == []
         assert ctrl.why_not_send() is None
+    finally:
+        svc.shutdown()
+
+
+def test_a_hostile_chat_template_is_one_line_and_the_chat_goes_on(checkpoints, tmp_path) -> None:
+    """Issue 23: the app's path (the controller templating a turn) with a template whose
+    nested loops would run for hours: refused within the render budget in one line naming
+    chat_template.jinja; no turn is added and the engine was never asked."""
+    import shutil
+    import time
+
+    import pytest
+
+    from ssdmoe_tui.chat.controller import Refused
+
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("qwen3_moe"), model)
+    (model / "chat_template.jinja").write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    )
+    svc, ev = start(model)
+    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Refused) as refused:
+            ctrl.prepare("hello")
+        assert time.monotonic() - t0 < 15
+        line = str(refused.value)
+        assert "\n" not in line and "chat_template.jinja" in line and "budget" in line, line
+        assert ctrl.history == []
+        assert svc.model_info is not None  # the engine is there and idle
     finally:
         svc.shutdown()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 from ssdmoe_tui.commands import chat
 from ssdmoe_tui.config import Config, config_path, load_config, set_config_value
 from ssdmoe_tui.ui.theming import load_themes, theme_from_toml
+from tests.cli_runner import run_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -103,12 +102,7 @@ def test_theme_edit_keeps_comments_and_other_keys(ssdmoe_home):
 
 
 def test_config_path_flag_prints_and_exits(ssdmoe_home):
-    out = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "--config-path"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli(["--config-path"], timeout=60)
     assert out.returncode == 0, out.stderr
     path = ssdmoe_home / "config" / "config.toml"
     assert out.stdout.strip() == str(path)
@@ -117,23 +111,13 @@ def test_config_path_flag_prints_and_exits(ssdmoe_home):
     assert "# k = 4" in template and "# temperature = " in template and "f4" not in template
     assert load_config(path).config == Config() and not load_config(path).warnings
     path.write_text("k = 3\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "chat", "--config-path"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli(["chat", "--config-path"], timeout=60)
     assert out.stdout.strip() == str(ssdmoe_home / "config" / "config.toml")
     assert path.read_text() == "k = 3\n"  # never written over
 
 
 def test_bad_flag_values_are_one_line_errors():
-    out = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "--k", "zero"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli(["--k", "zero"], timeout=60)
     assert out.returncode == 2
     assert "--k" in out.stderr and "Traceback" not in out.stderr
 
@@ -159,3 +143,26 @@ def test_user_themes_are_loaded_and_bad_ones_skipped(ssdmoe_home):
     assert len(warnings) == 2 and all("\n" not in w for w in warnings)
     assert any("broken.toml" in w for w in warnings) and any("primari" in w for w in warnings)
     assert theme_from_toml(folder / "mine.toml").primary == "#ff0000"
+
+
+async def test_keymap_clashes_and_unknown_ids_are_one_warning_each(ssdmoe_home, demo_model):
+    """Issue 23: a [keymap] that puts two actions of one screen on one key, or names an
+    action that does not exist, says so (file named) instead of saying nothing."""
+    from ssdmoe_tui.config import LoadedConfig
+    from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+
+    path = config_path()
+    settings = ChatSettings(
+        model=str(demo_model),
+        keymap={"app.stop": "ctrl+n", "app.teleport": "f9", "prompt.nope": "f10"},
+        config=LoadedConfig(Config(), path),
+    )
+    app = SsdmoeApp(settings)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        said = [n.message for n in app._notifications if n.severity == "warning"]
+    keymap = [w for w in said if "[keymap]" in w]
+    assert len(keymap) == 2, said
+    assert all(str(path) in w and "\n" not in w for w in keymap)
+    assert any("app.teleport" in w and "prompt.nope" in w and "unknown" in w for w in keymap)
+    assert any("app.new_chat" in w and "app.stop" in w and "ctrl+n" in w for w in keymap)

@@ -12,7 +12,8 @@ from textual.widgets import Input, Label, Static
 
 from ssdmoe_tui.commands import chat
 from ssdmoe_tui.config import DEFAULT_THEME, config_path, ensure_config_file, load_config
-from ssdmoe_tui.engine.run.protocol import GenerationDone, Message
+from ssdmoe_tui.engine.run.protocol import GenerationDone
+from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp

@@ -81,7 +81,7 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         events: list[ModelInfo] = []
         phases: list[PhaseChanged] = []
         model_loaded, show_phase = app.chat.model_loaded, app.panel.show_phase
-        app.chat.model_loaded = lambda info: (events.append(info), model_loaded(info))[1]
+        app.chat.model_loaded = lambda info, tok=None: (events.append(info), model_loaded(info, tok))[1]
         app.panel.show_phase = lambda event: (phases.append(event), show_phase(event))[1]
         screen.option_list.highlighted = screen.option_list.get_option_index(str(qwen))
         await pilot.press("enter")

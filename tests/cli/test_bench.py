@@ -306,3 +306,37 @@ def test_bench_options_typed_once(tiny):
         with pytest.raises(BadValueError) as e:
             BenchOptions(engine=EngineOptions(model=str(tiny)), **bad)
         assert "\n" not in str(e.value)
+
+
+def test_batch_reports_aggregate_per_stream_and_bytes_per_sequence(tiny, tmp_path, capsys):
+    """`--batch 1,3`: each B on a fresh engine; the steady-state window decodes B rows per
+    step; `--batch-check` reruns every row alone: greedy tokens equal on CPU."""
+    out = tmp_path / "batch.json"
+    rc = main(
+        [
+            "bench", "--model", str(tiny), "--k", "4", "--expert-cache", "64K",
+            "--prompt-tokens", "16", "--decode-tokens", "10", "--disk-mib", "1",
+            "--baseline", "skip", "--no-warmup", "--batch", "1,3", "--batch-check",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    res = json.loads(out.read_text())
+    one, three = res["batch"]
+    assert (one["batch"], three["batch"]) == (1, 3)
+    for r in (one, three):
+        b = r["batch"]
+        assert r["window_steps"] >= 1
+        assert r["aggregate_decode_tok_s"] == pytest.approx(
+            b * r["per_stream_decode_tok_s"], rel=1e-3
+        )
+        assert r["rows_equal_alone"] == b and r["token_mismatch_rate"] == 0
+        assert len(r["token_ids"]) == b and all(len(t) == 10 for t in r["token_ids"])
+    assert three["union_experts_per_layer"] > one["union_experts_per_layer"] == 4
+    assert len({tuple(t) for t in three["token_ids"]}) == 3  # three different prompts
+    assert three["aggregate_vs_b1"] == pytest.approx(
+        three["aggregate_decode_tok_s"] / one["aggregate_decode_tok_s"], rel=1e-2
+    )
+    assert one["token_ids"][0] == res["configs"][0]["token_ids"]  # B=1 row 0: the bench prompt
+    printed = capsys.readouterr().out
+    assert "batched decode" in printed and "| 4 | 64K | 3 |" in printed

@@ -128,12 +128,17 @@ def test_human_bytes_is_the_one_byte_formatter():
     assert parse_bytes(human_bytes(3 << 30).replace(" ", "")) == 3 << 30
 
 
-def test_policy_is_checked_with_the_other_engine_options():
-    """A typo in the eviction policy fails when the options are built, before any load."""
+def test_policy_is_checked_before_any_model_is_touched(tmp_path):
+    """A typo in the eviction policy fails in plan_engine's first step (the model path
+    is not even resolved) and as the CLI parses it."""
+    from ssdmoe_tui.engine.policy.policies import parse_policy
+    from ssdmoe_tui.engine.run.open import plan_engine
+
     for ok in ("auto", "lru", "lfu-decay:0.8", "predict:4"):
-        assert EngineOptions(policy=ok).policy == ok
+        assert parse_policy(ok) == ok
+    missing = tmp_path / "no-such-model"
     with pytest.raises(BadValueError, match="unknown cache policy 'nope'"):
-        EngineOptions(policy="nope")
+        plan_engine(EngineOptions(model=str(missing), policy="nope"))
 
 
 def test_check_text_names_lone_surrogates_and_escaped_bytes():

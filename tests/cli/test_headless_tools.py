@@ -171,3 +171,24 @@ def test_trace_replay_help_names_the_recording_flag(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "ssdmoe generate --trace FILE" in help_text
     assert "ssdmoe --trace" not in help_text
+
+
+def test_generate_batch_json_each_sequence_equal_alone(tmp_path, capsys):
+    """`generate --batch 3` with two prompts: three sequences (the prompts repeated),
+    decoded together; each equal to `generate` of its prompt alone (greedy)."""
+    from tests.checkpoints import build
+
+    model = str(build("mixtral", tmp_path / "mixtral"))
+    base = ["generate", "--model", model, "--max-tokens", "8", "--json"]
+    alone = []
+    for text in ("Hello there", "Why stream experts?"):
+        assert main([*base, "--prompt", text]) == 0
+        alone.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    argv = [*base, "--prompt", "Hello there", "--prompt", "Why stream experts?", "--batch", "3"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    seqs = got["sequences"]
+    assert [s["token_ids"] for s in seqs] == [a["token_ids"] for a in (*alone, alone[0])]
+    assert [s["text"] for s in seqs] == [a["text"] for a in (*alone, alone[0])]
+    assert got["batch"]["max_rows"] == 3 and got["batch"]["steps"] >= 1
+    assert all(s["stats"]["generated_tokens"] == 8 for s in seqs)

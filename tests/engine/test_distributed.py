@@ -55,8 +55,9 @@ def _free_port(avoid: tuple[int, ...] = ()) -> int:
 
 
 def _launch_cmd(cmd: list[str], avoid: tuple[int, ...] = ()) -> list[str]:
+    """`ssdmoe launch` (mlx.launch, exiting with the ranks' status) of two local ranks."""
     return [
-        str(BIN / "mlx.launch"), "-n", "2", "--backend", "ring",
+        sys.executable, "-m", "ssdmoe_tui.cli", "launch", "-n", "2", "--backend", "ring",
         "--starting-port", str(_free_port(avoid)), *cmd,
     ]  # fmt: skip
 
@@ -126,28 +127,6 @@ def test_bad_heartbeat_timeout_is_one_line(value, monkeypatch):
     assert _timeout_s() == 2.5
 
 
-@pytest.mark.parametrize("flag", [["--prefetch"], ["--trace", "t.jsonl"]])
-def test_options_that_do_not_combine_are_refused_in_one_line(flag, capsys):
-    from ssdmoe_tui import cli
-
-    assert cli.main(["generate", "--distributed", "--prompt", "hi", *flag]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"ssdmoe: error: {flag[0]} does not combine with --distributed"]
-
-
-@pytest.mark.parametrize("flag", [["--prefetch"], ["--routing-trace", "t.jsonl"]])
-def test_serve_refuses_the_same_options(flag):
-    """serve --distributed starts its ranks itself: it must refuse what generate refuses
-    (in a subprocess with a bound, since a regression would start serving)."""
-    code = "import sys; from ssdmoe_tui.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, "serve", "--distributed", "--port", "0", *flag]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines() == [
-        f"ssdmoe: error: {flag[0]} does not combine with --distributed"
-    ]
-
-
 @pytest.mark.parametrize("bank_bytes", [None, "20K"])
 def test_one_rank_group_is_the_single_process_engine(checkpoints, monkeypatch, bank_bytes):
     """The distributed switch on a group of one (every expert owned; groups of rows when
@@ -192,6 +171,7 @@ def test_two_ranks_match_one_process(checkpoints):
     r = _run([*cmd, str(qwen), *map(str, paths)])
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, r.stderr[-3000:]  # rank 0 alone reports
+    assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(lines[0])
     assert got["engine"] == want
     svc = got["service"]
@@ -278,6 +258,81 @@ def test_serve_on_rank_0_and_a_killed_rank(checkpoints, tmp_path):
     errs = _errors(err.decode(errors="replace"))
     assert len(errs) == 1, err.decode(errors="replace")[-3000:]
     assert "rank 1" in errs[0] and "exited unexpectedly" in errs[0], errs
+    assert p.returncode == 1  # the launch's status: a rank failed (mlx.launch says 0)
+
+
+def _start_serve(path: Path, tmp_path: Path, env: dict) -> tuple[subprocess.Popen, object, str]:
+    """`ssdmoe launch ... serve --distributed` on a free port: (launch, openai client,
+    model id), each rank's pid in tmp_path/rank<N>.pid."""
+    import shlex
+
+    import openai
+
+    port = _free_port()
+    serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
+    serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
+    pids = shlex.quote(str(tmp_path))
+    cmd = ["/bin/sh", "-c", f"echo $$ > {pids}/rank$MLX_RANK.pid; exec {shlex.join(serve)}"]
+    p = subprocess.Popen(
+        _launch_cmd(cmd, avoid=(port,)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
+    )
+    end = time.monotonic() + 60
+    while time.monotonic() < end and p.poll() is None:
+        try:
+            return p, client, client.models.list().data[0].id
+        except openai.APIConnectionError:
+            time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    pytest.fail(f"the server on rank 0 did not come up:\n{p.communicate()[1][-3000:]}")
+
+
+def test_serve_kv_checkpoints_survive_a_restart_on_every_rank(checkpoints, tmp_path):
+    """`serve --distributed` keeps KV checkpoints: after a restart of the launch (SIGINT
+    to rank 0: a clean stop, status 0) the conversation's next turn reuses >= 97 % of its
+    prompt from the checkpoint on disk, on both ranks alike (they would be out of step
+    otherwise), and the second rank on the same machine reads rank 0's copy."""
+    from tests.server.test_server import conversation_turns
+
+    path = checkpoints("qwen3_moe")
+    env = {"SSDMOE_HOME": str(tmp_path / "home"), "SSDMOE_DIST_TIMEOUT": "30"}
+    p, client, model = _start_serve(path, tmp_path, env)
+    try:
+        messages, usages = conversation_turns(client, model, 2)
+        for u in usages[1:]:
+            assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+        os.kill(int((tmp_path / "rank0.pid").read_text()), signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 0 and not _errors(err.decode(errors="replace")), err[-3000:]
+    saved = list((tmp_path / "home").rglob("*.safetensors"))
+    assert saved and all("chains" in f.parts for f in saved), saved
+    n_saved = len(saved)
+    p, client, model = _start_serve(path, tmp_path, env)
+    try:
+        start = [dict(m) for m in messages]
+        _, usages = conversation_turns(client, model, 1, start=start)
+        u = usages[0]
+        assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+    finally:
+        os.kill(int((tmp_path / "rank0.pid").read_text()), signal.SIGINT)
+        try:
+            p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert n_saved <= len(list((tmp_path / "home").rglob("*.safetensors")))
 
 
 def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):
@@ -294,6 +349,7 @@ def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):
     bench = [sys.executable, "-m", "ssdmoe_tui.cli", "bench", "--distributed", *flags.split()]
     r = _run([*bench, "--model", str(path), "--json", str(out)])
     assert out.exists(), r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["conditions"]["distributed"]["ranks"] == 2
     cfg = res["configs"][0]
@@ -349,3 +405,158 @@ def test_rank_that_cannot_read_its_shard_ends_the_run_with_one_line(checkpoints,
     errs = _errors(r.stderr)
     assert len(errs) == 1, r.stderr[-3000:]
     assert "rank 1:" in errs[0] and "truncated" in errs[0], errs
+    assert r.returncode == 1, r.stderr[-3000:]
+
+
+def test_launch_status_is_the_ranks_status(tmp_path):
+    """`ssdmoe launch`'s status from the ranks' records: the first rank that failed by
+    itself wins over one the launcher stopped (SIGTERM); rank 0 speaks for a rank whose
+    own record is elsewhere (another machine); a rank no one accounts for is a failure."""
+    from ssdmoe_tui.engine.distributed.exit_status import STOPPED, launch_status
+
+    def put(rank: int, status: int, peers: dict | None = None) -> None:
+        data = {"rank": rank, "status": status, "peers": peers or {}}
+        (tmp_path / f"rank-{rank}.json").write_text(json.dumps(data))
+
+    put(0, 0, {"1": 0})
+    assert launch_status(tmp_path, 2).status == 0
+    assert launch_status(tmp_path, 3).missing() == [2]
+    assert launch_status(tmp_path, 3).status == 1
+    put(1, 3)
+    put(0, STOPPED, {"1": 1})
+    assert launch_status(tmp_path, 2).status == 3  # rank 1's own record wins
+    (tmp_path / "rank-1.json").unlink()
+    assert launch_status(tmp_path, 2).status == 1  # rank 0's view of rank 1
+
+
+def test_launch_passes_mlx_launch_refusals_and_counts_ranks(tmp_path):
+    """A bad mlx.launch option is mlx.launch's own status; the rank count comes from
+    mlx.launch's flags (hosts x -n, or the hostfile)."""
+    from ssdmoe_tui.commands.launch import expected_ranks
+
+    p = subprocess.run(
+        [sys.executable, "-m", "ssdmoe_tui.cli", "launch", "--backend", "nope", "true"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2 and "backend" in p.stderr
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps({"backend": "ring", "hosts": [{"ssh": "a"}, {"ssh": "b"}]}))
+    assert expected_ranks(["--hostfile", str(hosts), "ssdmoe"]) == 2
+    assert expected_ranks(["-n", "3", "ssdmoe", "generate"]) == 3
+    assert expected_ranks(["--hosts", "a,b", "-n", "2", "x"]) == 4
+
+
+def _prefill_union_and_decode(path: Path) -> tuple[dict, list]:
+    from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
+
+    union: dict[int, set] = {}
+    decode = []
+    for step in read_trace(path).steps:
+        if step.phase == DECODE:
+            decode.append(step.layers)
+        else:
+            for layer, ids in step.layers:
+                union.setdefault(layer, set()).update(ids)
+    return union, decode
+
+
+def test_trace_prefetch_and_routing_trace_on_two_ranks(checkpoints, tmp_path, capsys):
+    """`--trace` and `--prefetch` with `--distributed`: rank 0 records the routing every
+    rank sees (the same trace as one process), each rank prefetches its own experts, and
+    the tokens are one process's. Then `--routing-trace` of that trace on both ranks: one
+    process's trace-routed tokens, the lookups split between the ranks."""
+    from ssdmoe_tui import cli
+
+    path = checkpoints("qwen3_moe")
+    gen = ["generate", "--raw", "--prompt", "hello there you", "--max-tokens", "6"]
+    gen += ["--expert-cache", "216K", "--model", str(path), "--json", "--prefetch"]
+
+    def single(*extra: str) -> dict:
+        assert cli.main([*gen, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    def two_ranks(*extra: str) -> dict:
+        r = _run([sys.executable, "-m", "ssdmoe_tui.cli", *gen, "--distributed", *extra])
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    one_trace, two_trace = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    want = single("--trace", str(one_trace))
+    got = two_ranks("--trace", str(two_trace))
+    assert got["token_ids"] == want["token_ids"]
+    assert _prefill_union_and_decode(two_trace) == _prefill_union_and_decode(one_trace)
+    per_rank = got["stats"]["distributed"]["per_rank"]
+    assert all(r["prefetch_issued"] > 0 for r in per_rank), per_rank
+
+    want = single("--routing-trace", str(one_trace))
+    got = two_ranks("--routing-trace", str(one_trace))
+    assert got["stats"]["routing"] == want["stats"]["routing"] == "trace:one.jsonl"
+    assert got["token_ids"] == want["token_ids"]
+    per_rank = got["stats"]["distributed"]["per_rank"]
+    lookups = sum(r["hits"] + r["misses"] for r in per_rank)
+    assert lookups == want["stats"]["expert_cache_hits"] + want["stats"]["expert_cache_misses"]
+    assert all(r["misses"] > 0 for r in per_rank), per_rank  # each reads its own share
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_one_rank_group_records_prefetches_and_replays_as_one_process(
+    checkpoints, tmp_path, routed
+):
+    """The distributed switch on a group of one (it owns every expert) against the
+    single-process switch, with a trace recorder, prefetch (the next router's lookahead;
+    co-occurrence when trace-routed) and, `routed`, a routing trace: the same tokens, the
+    same recorded routing and the very same cache lookups, hits, misses and prefetches."""
+    from ssdmoe_tui.engine.policy.traces import TraceWriter
+    from ssdmoe_tui.engine.run.open import open_engine
+    from ssdmoe_tui.options import CacheBudget, EngineOptions
+
+    path = checkpoints("qwen3_moe")
+    trace = tmp_path / "model.jsonl"
+    # 20 of 48 slots: a prefill's union fits (one process would feed the co-occurrence
+    # predictor group by group otherwise), and prefetch has something to read
+    budget = "360K"
+    if routed:
+        want, _ = _single_tokens(path, PROMPT, 8, "216K")  # any recording will do
+        meta = {"model_type": "qwen3_moe", "k": 4, "num_layers": 3, "num_experts": 16}
+        sm = load_streamed(path, expert_cache="216K")
+        w = TraceWriter(trace, meta)
+        step = {"n": 0}
+        sm.cache.on_route = lambda layer, ids: w.add(
+            step["n"], layer, ids, phase=int(step["n"] > 0)
+        )
+        sm.tokenizer.eos_token_ids = set()
+        for ev in Runner(sm).stream(PROMPT, max_tokens=8, sampler=make_sampler(0.0)):
+            step["n"] += type(ev).__name__ == "TokenEvent"
+        w.close()
+        sm.close()
+    dist = Distributed(mx.distributed.init(strict=False))
+    results = []
+    for d in (None, dist):
+        opts = EngineOptions(
+            model=str(path), expert_cache=CacheBudget.parse(budget), prefetch=True,
+            routing_trace=str(trace) if routed else None,
+        )  # fmt: skip
+        runner = open_engine(opts, distributed=d)
+        rows: list = []
+
+        def record(layer, ids, rows=rows) -> None:
+            # one process records a prefill larger than the cache group by group
+            if rows and rows[-1][0] == layer:
+                rows[-1][1].extend(map(int, ids))
+            else:
+                rows.append((layer, list(map(int, ids))))
+
+        runner.sm.cache.on_route = record
+        runner.sm.tokenizer.eos_token_ids = set()
+        try:
+            res = runner.generate(PROMPT, max_tokens=8, sampler=make_sampler(0.0))
+            c = runner.sm.cache.counters
+            figures = (c.hits, c.misses, c.bytes_read, c.prefetch_issued, c.prefetch_used)
+            kind = type(runner.sm.blocks[0].switch_mlp).__name__
+            results.append((res.tokens, rows, figures, kind))
+        finally:
+            runner.close()
+    (t1, r1, f1, k1), (t2, r2, f2, k2) = results
+    assert (k1, k2) == ("StreamedSwitch", "DistributedSwitch")
+    assert t2 == t1 and r2 == r1 and f2 == f1
+    assert f1[3] > 0  # prefetch was exercised

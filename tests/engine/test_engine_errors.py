@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ssdmoe_tui.engine.experts.index import build_index
+from tests import cli_runner
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    return subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return cli_runner.run_cli(args)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:

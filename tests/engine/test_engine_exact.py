@@ -99,3 +99,33 @@ def test_prefetch_keeps_output_exact(checkpoints, arch):
     assert 0 <= c.prefetch_used <= min(c.prefetch_issued, c.misses)
     assert c.bytes_read == (c.misses + c.prefetch_issued - c.prefetch_used) * sm.index.expert_bytes
     assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+
+
+def test_samplers_and_penalties_match_mlx_lm(checkpoints):
+    """top_k, min_p and the penalties (what the server's requests set) run as mlx-lm's
+    own sampler and logits processors do: the same tokens, greedy and seeded."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache="1G")
+    runner = Runner(sm)
+    prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+    model, tok = load(str(path))
+    cast_model(model, mx.float32)
+    penalties = {"repetition_penalty": 1.5, "presence_penalty": 0.7, "frequency_penalty": 0.4}
+    for temp, seed in [(0.0, None), (0.9, 7)]:
+
+        def run(fn, temp=temp, seed=seed):
+            if seed is not None:
+                mx.random.seed(seed)
+            sampler = make_sampler(temp, top_k=8, min_p=0.02)
+            return fn(sampler, make_logits_processors(**penalties))
+
+        ours = run(lambda s, p: runner.generate(prompt, max_tokens=MAX_TOKENS, sampler=s,
+                                                logits_processors=p).tokens)  # fmt: skip
+        ref = run(lambda s, p: [r.token for r in stream_generate(
+            model, tok, prompt, max_tokens=MAX_TOKENS, sampler=s, logits_processors=p)])  # fmt: skip
+        assert ours == ref, (temp, seed)
+        plain = runner.generate(prompt, max_tokens=MAX_TOKENS).tokens
+        if seed is None:
+            assert ours != plain  # the penalties changed the greedy reply

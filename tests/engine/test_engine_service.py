@@ -8,6 +8,7 @@ import time
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.service import EngineService
+from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
 
 class Events:
@@ -42,13 +43,19 @@ def start(path) -> tuple[EngineService, Events]:
     svc.submit(P.LoadModel(path=str(path), expert_cache="1"))
     loaded, _ = ev.until(P.ModelLoaded)
     assert loaded.info.trained_k == 4
+    ev.tokenizer = loaded.tokenizer
     return svc, ev
+
+
+def chat_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """A user message as the engine takes it: token ids (the caller templates)."""
+    return tuple(prompt_tokens(tokenizer, [{"role": "user", "content": text}]))
 
 
 def test_generate_streams_tokens_and_stats(checkpoints):
     svc, ev = start(checkpoints("qwen3_moe"))
     try:
-        svc.submit(P.Generate("r1", messages=(P.Message("user", "hello"),), max_tokens=40))
+        svc.submit(P.Generate("r1", prompt_tokens=chat_ids(ev.tokenizer, "hello"), max_tokens=40))
         done, seen = ev.until(P.GenerationDone)
         toks = [e for e in seen if isinstance(e, P.Tokens)]
         assert len(toks) >= 1
@@ -90,8 +97,8 @@ def test_errors_are_events_and_engine_survives(checkpoints, tmp_path):
         err, _ = ev.until(P.EngineError)
         assert "missing" in err.message and "\n" not in err.message
         svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1"))
-        ev.until(P.ModelLoaded)
-        svc.submit(P.Generate("r3", messages=(P.Message("user", "hi"),), max_tokens=5))
+        loaded, _ = ev.until(P.ModelLoaded)
+        svc.submit(P.Generate("r3", prompt_tokens=chat_ids(loaded.tokenizer, "hi"), max_tokens=5))
         done, _ = ev.until(P.GenerationDone)
         assert len(done.token_ids) >= 1
     finally:

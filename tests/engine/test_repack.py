@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import mlx.core as mx
 import numpy as np
@@ -18,6 +16,7 @@ from ssdmoe_tui.engine.experts.index import load_index
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import ModelError, user_message
+from tests.cli_runner import run_cli
 
 from .test_engine_exact import PROMPT, reference_tokens
 
@@ -116,10 +115,7 @@ def test_hub_snapshot_copy_goes_to_the_data_folder(checkpoints, tmp_path) -> Non
 
 def test_cli_status_repack_remove(model_copy) -> None:
     def cli(*a: str) -> dict:
-        out = subprocess.run(
-            [sys.executable, "-m", "ssdmoe_tui.cli", "repack", "--model", str(model_copy), *a, "--json"],
-            capture_output=True, text=True, check=True, env=os.environ,
-        )  # fmt: skip
+        out = run_cli(["repack", "--model", str(model_copy), *a, "--json"], check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     assert cli("--status")["current"] is False
@@ -146,8 +142,7 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
     """The TUI reads the repacked copy and says so; a stale copy is reported, not used."""
     from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
     from ssdmoe_tui.ui.widgets.transcript import Notice
-
-    from .test_ui_app import SIZE, loaded, type_and_send, wait_until
+    from tests.app.test_ui_app import SIZE, loaded, type_and_send, wait_until
 
     model = tmp_path / "demo"
     shutil.copytree(demo_model, model)

@@ -19,6 +19,7 @@ TEXT = (
 
 
 def _masses(sm, k: int, tokens: int = 4) -> list[float]:
+    sm.measure_routing_mass()
     runner = Runner(sm)
     runner.k = k
     sm.tokenizer.eos_token_ids = set()  # exactly `tokens` tokens
@@ -49,7 +50,7 @@ def test_mass_matches_the_router_computed_by_hand(checkpoints):
         sm.set_k(2)
         block = sm.blocks[0]
         x = mx.random.normal((1, 1, sm.config["hidden_size"]))
-        meter = sm.routing_mass
+        meter = sm.measure_routing_mass()
         meter.clear()
         block(x)
         got = meter.take()
@@ -164,7 +165,7 @@ def test_nemotron_mass_uses_plain_sigmoids_over_the_biased_selection(checkpoints
         gate.weight = mx.random.normal((n, hidden), key=mx.random.key(1)) * 0.2
         gate.e_score_correction_bias = mx.random.normal((n,), key=mx.random.key(2)) * 0.3
         x = mx.random.normal((1, 1, hidden), key=mx.random.key(3))
-        meter = sm.routing_mass
+        meter = sm.measure_routing_mass()
         meter.clear()
         block(x)
         got = meter.take().item()
@@ -174,5 +175,31 @@ def test_nemotron_mass_uses_plain_sigmoids_over_the_biased_selection(checkpoints
         want = sig[order[:2]].sum() / sig[order[:4]].sum()
         assert got == pytest.approx(want, rel=1e-4)
         assert 0 < got < 1
+    finally:
+        sm.close()
+
+
+def test_a_long_unread_turn_resolves_in_bounded_batches(checkpoints, monkeypatch):
+    """The log resolves itself past MAX_PENDING_ROWS: same figures, bounded references."""
+    from ssdmoe_tui.engine.model import routing_mass
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1")
+    try:
+        whole = _masses(sm, 2, tokens=6)
+        monkeypatch.setattr(routing_mass, "MAX_PENDING_ROWS", 4)  # 3 layers: every 2 tokens
+        runner = Runner(sm)
+        runner.k = 2
+        stream = runner.stream(list(range(3, 14)), max_tokens=6)
+        seen, last = 0, None
+        for ev in stream:
+            stats = getattr(ev, "stats", None)
+            if stats is not None and stats.mass_log is not None:
+                seen, last = max(seen, len(stats.mass_log._pending)), stats
+        assert last is not None and seen <= 2
+        assert last.mass_per_token == pytest.approx(whole, rel=1e-6)
+        # a model without a consumer keeps mlx-lm's gates: no probe, no mass
+        sm.measure_routing_mass(False)
+        assert type(sm.blocks[0].gate).__name__ in ("Linear", "QuantizedLinear")
+        assert runner.generate(list(range(3, 14)), max_tokens=3).stats.mass_per_token == []
     finally:
         sm.close()

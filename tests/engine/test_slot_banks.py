@@ -38,6 +38,9 @@ def test_several_banks_match_mlx_lm(checkpoints, monkeypatch, bank_bytes, budget
     assert any(a.dtype == mx.float32 for a in arrays)
     assert max(a.nbytes for a in arrays) <= parse_size(bank_bytes)
     assert cache.all_frozen == frozen
+    # frozen layers, read whole in id order, run on their own rows (no device lookup)
+    rows = [cache.layer_arrays(i) is not None for i in range(sm.index.num_layers)]
+    assert all(rows) == frozen and (any(rows) or not frozen)
     assert len(prompt) * sm.trained_k >= 64, "prefill must take mlx-lm's sorted path"
     assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
     sm.close()

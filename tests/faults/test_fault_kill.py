@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints, load_checkpoint
-from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.sessions.store import SessionStore, Turn
+from tests.cli_runner import run_cli
 from tests.fault_kill_worker import FP, turn_text, turn_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +43,7 @@ def test_kill_9_during_saves_loses_nothing(tmp_path):
     left = temps(home)
 
     # The next start removes every temp file the killed writers left.
-    r = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "index", "--help"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_cli(["index", "--help"], env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert temps(home) == [], f"left after the next start (before: {len(left)})"
 
@@ -78,3 +72,71 @@ def test_kill_9_during_saves_loses_nothing(tmp_path):
         f"{sum(k['writes'] for k in report['kills'])} committed writes, "
         f"{len(left)} temp files left by kills, 0 after the next start"
     )
+
+
+# A writer stopped at the atomic writer's pause point (its temp file written, not yet
+# fsynced or renamed) and killed there: the case the random kills above rarely reach.
+PAUSED_WRITER = r"""
+import os, signal, sys
+from ssdmoe_tui import atomic
+from ssdmoe_tui.sessions.store import SessionStore, Turn
+
+what, conv_id = sys.argv[1], sys.argv[2]
+store = SessionStore()
+conv = store.get(conv_id)
+
+def pause(tmp):
+    print(f"PAUSED {tmp}", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # the parent kills us here
+
+atomic._pause_point = pause
+if what == "turn":
+    store.add_turn(conv, Turn("user", "the turn the kill cuts", [9, 9, 9]))
+else:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+    from ssdmoe_tui.sessions.checkpoints import save_checkpoint
+    cache = KVCache()
+    kv = mx.zeros((1, 2, 4, 32))
+    cache.update_and_fetch(kv, kv)
+    save_checkpoint(store.folder(conv_id), [cache], [1, 2, 3, 4], "fp")
+print("NOT KILLED", flush=True)
+"""
+
+
+def _kill_at_the_pause_point(what: str, conv_id: str, env: dict) -> Path:
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, what, conv_id], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PAUSED "), (line, proc.stderr.read()[-2000:])
+        tmp = Path(line.split(" ", 1)[1].strip())
+        assert tmp.exists()  # the temp file is there, under its final folder
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return tmp
+
+
+def test_a_kill_inside_the_atomic_writer_leaves_the_old_file_and_a_swept_temp(tmp_path):
+    """Deterministic: the writer is stopped at `atomic._pause_point` (temp written, not
+    renamed) and SIGKILLed there, for a conversation save and a KV checkpoint save."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    store = SessionStore()
+    conv = store.create("m", "fp")
+    store.add_turn(conv, Turn("user", "kept", [1, 2]))
+    before = (store.folder(conv.id) / "conversation.json").read_bytes()
+    left = [_kill_at_the_pause_point(what, conv.id, env) for what in ("turn", "kv")]
+    assert all(p.exists() for p in left), left  # the kills left their temp files
+    assert (store.folder(conv.id) / "conversation.json").read_bytes() == before
+    assert [t.text for t in store.get(conv.id).turns] == ["kept"]
+    assert list_checkpoints(store.folder(conv.id)) == []  # no torn checkpoint in place
+    r = run_cli(["index", "--help"], env=env, timeout=60)  # the next start sweeps them
+    assert r.returncode == 0, r.stderr
+    assert [p for p in left if p.exists()] == []
+    assert temps(Path(os.environ["SSDMOE_HOME"])) == []

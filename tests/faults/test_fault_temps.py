@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import STALE_TEMP_S, is_orphan_temp
+from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,13 +58,7 @@ def test_every_kind_of_orphan_is_removed_at_start_and_live_ones_stay():
         for p in orphans:
             if ".p" not in p.name:
                 os.utime(p, (old, old))
-        r = subprocess.run(
-            [sys.executable, "-m", "ssdmoe_tui.cli", "index", "--help"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = run_cli(["index", "--help"], timeout=60)
         assert r.returncode == 0, r.stderr
         assert sorted(str(p) for p in orphans if p.exists()) == []
         assert all(p.exists() for p in kept)

@@ -156,6 +156,74 @@ def _config(data: bytes, work: Path) -> None:
         _check_message(w, "config loader")
 
 
+_TOKENIZER: list = []  # one in-memory tokenizer for every chat-template case
+_TEMPLATE_STEPS = 20_000  # the render budget while fuzzing (a case stays milliseconds)
+
+
+def _tokenizer():
+    if not _TOKENIZER:
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "hi": 3}
+        tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+        hf = PreTrainedTokenizerFast(
+            tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>"
+        )
+        _TOKENIZER.append(TokenizerWrapper(hf))  # as mlx-lm hands it to chat_format
+    return _TOKENIZER[0]
+
+
+def _chat_template(data: bytes, work: Path) -> None:
+    """A chat template from a model folder, rendered for a small chat with tools: one
+    ChatTemplateError line (file named) for any failure, within the render budget."""
+    from ssdmoe_tui.prompting import chat_format
+
+    tok = _tokenizer()
+    tok._tokenizer.chat_template = data.decode("utf-8", "replace")
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "a"}, {"role": "user", "content": "hi"}]  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    steps, chat_format.RENDER_STEPS = chat_format.RENDER_STEPS, _TEMPLATE_STEPS
+    try:
+        _expect_clean(
+            lambda: chat_format.render(tok, messages, add_generation_prompt=True, tools=tools),
+            "chat template",
+        )
+    finally:
+        chat_format.RENDER_STEPS = steps
+
+
+_INDEX_MODEL: dict[str, Path] = {}
+
+
+def _index_cache(data: bytes, work: Path) -> None:
+    """An expert-index cache entry (`@KEY@` in the seed is replaced by the folder's real
+    key, so a mutated entry that parses is taken as current): load_index returns an
+    index or raises one line; an unreadable entry is stale (rebuilt), never a crash."""
+    import os
+
+    from ssdmoe_tui.engine.experts.index import load_index
+    from ssdmoe_tui.paths import cache_dir
+
+    if "model" not in _INDEX_MODEL:  # one model folder and home for the whole session
+        home = Path(tempfile.mkdtemp(prefix="ssdmoe-fuzz-index-"))
+        folder = home / "model"
+        folder.mkdir()
+        seed = sorted((SEEDS / "safetensors").glob("*.json"))[0].read_bytes()
+        _write_safetensors(folder / "model.safetensors", b"\0" + seed)
+        os.environ["SSDMOE_HOME"] = str(home / "home")
+        load_index(folder)
+        (entry,) = (cache_dir() / "index").glob("*.json")
+        _INDEX_MODEL.update(model=folder, entry=entry)
+    os.environ["SSDMOE_HOME"] = str(_INDEX_MODEL["model"].parent / "home")
+    entry = _INDEX_MODEL["entry"]
+    entry.write_bytes(data.replace(b"@KEY@", entry.stem.encode()))
+    _expect_clean(lambda: load_index(_INDEX_MODEL["model"]), "index cache")
+
+
 _FRAMED = {"safetensors", "kv_checkpoint"}
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -165,6 +233,8 @@ TARGETS: dict[str, Target] = {
         Target("trace", _trace, "*"),
         Target("conversation", _conversation, "*.json"),
         Target("config", _config, "*.toml"),
+        Target("chat_template", _chat_template, "*.jinja"),
+        Target("index_cache", _index_cache, "*.json"),
     )
 }
 

@@ -147,7 +147,7 @@ def test_missing_file_and_folder(tmp_path):
     (tmp_path / "d.safetensors").mkdir()
     with pytest.raises(HeaderError) as e:
         read_header(tmp_path / "d.safetensors")
-    one_line(e.value, tmp_path / "d.safetensors", "is a folder")
+    one_line(e.value, tmp_path / "d.safetensors", "a folder, not a file")
 
 
 # ----------------------------------------------------------- expert-level (index builder)

@@ -25,6 +25,7 @@ import pytest
 
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.models.resolve import DownloadProgress, format_progress, resolve_model
+from tests.cli_runner import run_cli
 from tests.models.test_models_fakes import fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -335,16 +336,8 @@ def test_cli_fetch_shows_progress_and_prints_the_folder(fake_hub, tmp_path: Path
     src = tmp_path / "src"
     write_checkpoint(src, fake_config(experts=16, hidden=256, inter=128), shards=2)
     repo = _publish(fake_hub, REPO, src)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env |= {"HF_ENDPOINT": fake_hub.url, "HF_HUB_CACHE": str(tmp_path / "hub")}
-    r = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "models", "fetch", REPO],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {"HF_ENDPOINT": fake_hub.url, "HF_HUB_CACHE": str(tmp_path / "hub")}
+    r = run_cli(["models", "fetch", REPO], env=env, drop_env=("HF_",), timeout=60)
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()).name == repo.commit
     last = r.stderr.strip().splitlines()[-1]

@@ -162,3 +162,20 @@ def test_label_hides_the_api_key(tmp_path, monkeypatch) -> None:
         command = read_holder(lock.path).command
     assert "s3cret" not in command and "k2" not in command, command
     assert command == "ssdmoe serve --api-key '***' '--api-key=***'"
+
+
+def test_no_form_of_the_key_reaches_the_label_or_the_busy_line(tmp_path, monkeypatch) -> None:
+    """Issue 23: `--api-k KEY` (an abbreviation argparse used to take) and labels written by
+    an older process that did not redact: neither the label read back nor the "another
+    ssdmoe is running" line shows the key."""
+    monkeypatch.setattr(sys, "argv", ["ssdmoe", "serve", "--api-k", "s3cret", "--api=k2"])
+    path = tmp_path / "model.lock"
+    with acquire_model_lock("m", path=path) as lock:
+        command = read_holder(lock.path).command
+        assert "s3cret" not in command and "k2" not in command, command
+        with pytest.raises(ModelLockedError) as busy:
+            acquire_model_lock("m", path=path)
+        assert "s3cret" not in str(busy.value) and "k2" not in str(busy.value)
+    old = tmp_path / "old.lock"  # a label an unredacting version wrote
+    old.write_text('{"pid": 1, "model": "m", "command": "ssdmoe serve --api-ke s3cret"}')
+    assert read_holder(old).command == "ssdmoe serve --api-ke '***'"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 from ssdmoe_tui.models.resolve import parse_spec, resolve_model
+from tests.cli_runner import run_cli
 from tests.models.test_models_fakes import add_to_hub_cache, fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,15 +29,7 @@ def hub(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def _cli(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | env
-    return subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", *args],
-        cwd=ROOT,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli(args, env=env, drop_env=("HF_",), timeout=timeout)
 
 
 def test_local_folder(tmp_path: Path) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from ssdmoe_tui.models import registry
+from ssdmoe_tui.models.demo import ensure_demo_model
 from ssdmoe_tui.models.scan import measure_experts, read_config, scan_models
+from tests.cli_runner import run_cli
 from tests.models.test_models_fakes import add_to_hub_cache, fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,15 +17,7 @@ MIB = 1 << 20
 
 
 def _models_json(env: dict[str, str]) -> list[dict]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "SSDMOE_"))} | env
-    r = subprocess.run(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "models", "--json"],
-        cwd=ROOT,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_cli(["models", "--json"], env=env, drop_env=("HF_", "SSDMOE_"), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     return json.loads(r.stdout)
@@ -99,11 +91,10 @@ def test_incomplete_hub_snapshot_is_listed_as_not_usable(tmp_path: Path) -> None
 
 def test_demo_model_and_extra_dirs_are_listed(demo_model: Path, tmp_path: Path) -> None:
     """The real demo checkpoint (mlx-lm quantized) is found in the demo folder and measured."""
-    import shutil
 
     from ssdmoe_tui.paths import demo_model_dir
 
-    shutil.copytree(demo_model, demo_model_dir())
+    ensure_demo_model(demo_model_dir())
     extra = tmp_path / "one-model"
     write_checkpoint(extra, fake_config("nemotron_h", layers=4))
     entries = scan_models([extra], cache_dir=tmp_path / "no-hub")

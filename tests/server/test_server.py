@@ -42,7 +42,7 @@ class Running:
         )
         self.thread.start()
         assert self.server.ready.wait(TIMEOUT), "server did not start"
-        assert self.server.api is not None, "the engine did not load"
+        assert self.server.state is not None, "the engine did not load"
         self.model = self.server.model_id
 
     def client(self, **kw) -> openai.OpenAI:
@@ -185,6 +185,40 @@ def test_stop_string_cuts_the_reply(srv, reference):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_max_tokens_past_the_context_is_clamped(srv):
+    """opencode sends max_tokens 32000 whatever the context: the reply gets the room left
+    and ends with `length` (was a 400 once prompt + max_tokens passed the context)."""
+    ctx = srv.server.engine.info.max_context
+    long_text = " ".join(["streaming experts from the disk"] * 380)  # ~1,900 of 2,048 tokens
+    messages = [{"role": "user", "content": long_text}]
+    r = srv.client().chat.completions.create(model=srv.model, messages=messages, max_tokens=32000)
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == ctx, r.usage
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_samplers_and_penalties_are_honoured(srv, reference):
+    """top_k, min_p and the penalties reach the engine (mlx-lm's sampler and processors,
+    tests/engine/test_engine_exact.py); a bad value is a 400 naming the field."""
+    c = srv.client()
+    plain = reference["text"]
+    kw = {"model": srv.model, "messages": HELLO, "max_tokens": 16, "temperature": 0}
+    r = c.chat.completions.create(**kw, extra_body={"top_k": 5, "min_p": 0.05})
+    assert r.choices[0].message.content == plain  # greedy: the samplers do not change it
+    # negative penalties favour the last 20 tokens: the reply starts repeating itself
+    r = c.chat.completions.create(**kw, frequency_penalty=-2, presence_penalty=-2,
+                                  extra_body={"repetition_penalty": 1.2})  # fmt: skip
+    assert r.choices[0].message.content != plain
+    a, b = (c.chat.completions.create(**{**kw, "temperature": 1.0}, seed=3,
+                                      extra_body={"top_k": 4, "min_p": 0.1})
+            for _ in range(2))  # fmt: skip
+    assert a.choices[0].message.content == b.choices[0].message.content
+    for field, value in [("repetition_penalty", 0), ("top_k", "x"), ("min_p", 2),
+                         ("presence_penalty", 3)]:  # fmt: skip
+        body = {**kw, field: value}
+        got = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        assert got.status_code == 400 and got.json()["error"]["param"] == field, got.text
+
+
 # --------------------------------------------------------------------------- K and stats
 
 
@@ -299,6 +333,81 @@ def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
     assert time_to_free(srv) < 1.0
 
 
+def timed_lines(url: str, body: dict, headers: dict | None = None) -> list[tuple[float, str]]:
+    """Every line of a streamed reply with the time it arrived."""
+    out = [(time.monotonic(), "")]
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=TIMEOUT) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            out.append((time.monotonic(), line))
+    return out
+
+
+def test_streams_are_never_silent_while_queued_or_in_prefill(srv):
+    """Every streaming endpoint sends an SSE comment with progress at least every
+    `keepalive_s` while its request waits for the engine or is in prefill (proxies and
+    Node's fetch drop a silent stream); a queued client that leaves frees its place."""
+    state = srv.server.state
+    settings = state.settings
+    state.settings = dataclasses.replace(settings, keepalive_s=0.5)
+    model = srv.model
+    engine = srv.server.engine
+    slots, engine.max_batch = engine.max_batch, 1  # one slot: the blocker makes others queue
+
+    def long(i: int) -> str:  # a prompt no cache serves (it differs from the first word)
+        return f"{i} " + " ".join(["streaming experts from the disk"] * 250)
+
+    bodies = {
+        "/v1/chat/completions": lambda i: {"model": model, "max_tokens": 2, "stream": True,
+                                           "messages": [{"role": "user", "content": long(i)}]},
+        "/v1/completions": lambda i: {"model": model, "max_tokens": 2, "stream": True,
+                                      "prompt": long(i)},
+        "/v1/responses": lambda i: {"model": model, "max_output_tokens": 2, "stream": True,
+                                    "input": long(i)},
+        "/v1/messages": lambda i: {"model": model, "max_tokens": 2, "stream": True,
+                                   "messages": [{"role": "user", "content": long(i)}]},
+    }  # fmt: skip
+    blocker_body = {"model": model, "messages": HELLO, "max_tokens": 400, "stream": True}
+    try:
+        for i, (path, body) in enumerate(bodies.items()):
+            blocker = threading.Thread(
+                target=timed_lines, args=(srv.url + "/v1/chat/completions", blocker_body)
+            )
+            blocker.start()
+            t_end = time.monotonic() + 10
+            while not srv.server.engine.busy and time.monotonic() < t_end:
+                time.sleep(0.01)
+            lines = timed_lines(srv.url + path, body(time.time_ns() + i))
+            blocker.join(TIMEOUT)
+            gaps = [b[0] - a[0] for a, b in zip(lines, lines[1:], strict=False)]
+            comments = [line for _, line in lines if line.startswith(":")]
+            assert max(gaps) < 2.0, (path, max(gaps))
+            assert any("queued" in c for c in comments), (path, comments)
+            assert any("prefill" in c for c in comments), (path, comments)
+        # a queued client that goes away gives its place back
+        blocker = threading.Thread(
+            target=timed_lines, args=(srv.url + "/v1/chat/completions", blocker_body)
+        )
+        blocker.start()
+        while not srv.server.engine.busy:
+            time.sleep(0.01)
+        body = bodies["/v1/messages"](time.time_ns())
+        with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=TIMEOUT) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith(": queued"):
+                pass
+            assert srv.server.engine.queued == 1
+        t0 = time.monotonic()
+        while srv.server.engine.queued and time.monotonic() - t0 < 2:
+            time.sleep(0.01)
+        assert srv.server.engine.queued == 0
+        blocker.join(TIMEOUT)
+    finally:
+        state.settings = settings
+        engine.max_batch = slots
+    assert time_to_free(srv) < 1.0
+
+
 def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
     chat = [{"role": "system", "content": "Another agent. " + SYSTEM},
             {"role": "user", "content": "Hi"}]  # fmt: skip
@@ -341,9 +450,11 @@ def test_two_clients_wait_or_get_429(srv):
         t.start()
     for t in threads:
         t.join(TIMEOUT)
-    assert [r.status_code for r in results] == [200, 200]  # the second one waited
-    # with no room in the queue the second is refused, and both keep working after
-    srv.server.engine.max_queue = 0
+    assert [r.status_code for r in results] == [200, 200]  # both answered (together)
+    # with every slot taken and no room in the queue the second is refused, and both keep
+    # working after (one slot here: the batch's slots are tests/server/test_server_batch.py's)
+    engine = srv.server.engine
+    slots, engine.max_batch, engine.max_queue = engine.max_batch, 1, 0
     try:
         body["max_tokens"] = 300
         body["stream"] = True
@@ -356,9 +467,53 @@ def test_two_clients_wait_or_get_429(srv):
         assert second.status_code == 429 and second.headers["retry-after"]
         assert second.json()["error"]["type"] == "rate_limit_error"
     finally:
-        srv.server.engine.max_queue = 8
+        engine.max_batch, engine.max_queue = slots, 8
     h = httpx.get(srv.url + "/health", timeout=5)
     assert h.status_code == 200
+
+
+def test_cors_only_for_the_allowed_origins(srv):
+    """No CORS by default (a web page must not drive a keyless loopback server); with
+    --allowed-origins, those origins' pages may (preflight, headers, exposed stats)."""
+    import uvicorn
+
+    from ssdmoe_tui.server.main import bind
+    from ssdmoe_tui.server.routes import build_app
+
+    page = "http://localhost:3000"
+    preflight = {"origin": page, "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization,content-type"}  # fmt: skip
+    r = httpx.options(srv.url + "/v1/chat/completions", headers=preflight, timeout=5)
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+    r = httpx.get(srv.url + "/v1/models", headers={"origin": page}, timeout=5)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    # the same state behind an app with CORS on, on its own loopback port
+    state = srv.server.state
+    cors = dataclasses.replace(
+        state, settings=dataclasses.replace(state.settings, allowed_origins=(page,))
+    )
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(build_app(cors), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: server.run(sockets=[sock]), daemon=True)
+    thread.start()
+    try:
+        url = url_of(sock)
+        t_end = time.monotonic() + TIMEOUT
+        while not server.started and time.monotonic() < t_end:
+            time.sleep(0.01)
+        r = httpx.options(url + "/v1/chat/completions", headers=preflight, timeout=5)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        r = httpx.get(url + "/v1/models", headers={"origin": page}, timeout=5)
+        assert r.headers["access-control-allow-origin"] == page
+        assert "x-ssdmoe-stats" in r.headers["access-control-expose-headers"]
+        other = httpx.get(url + "/v1/models", headers={"origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT)
+        sock.close()
 
 
 # --------------------------------------------------------------------------- 4xx
@@ -415,10 +570,10 @@ def test_malformed_body_size_cap_and_api_key(srv):
         for seed in (-1, 2**64 - 1)
     )
     assert a.choices[0].message.content == b.choices[0].message.content
-    api = srv.server.api
-    settings = api.settings
+    state = srv.server.state
+    settings = state.settings
     try:
-        api.settings = dataclasses.replace(settings, max_body_bytes=1000, api_key="sekrit")
+        state.settings = dataclasses.replace(settings, max_body_bytes=1000, api_key="sekrit")
         r = httpx.post(url, json={"model": srv.model, "messages": HELLO})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(srv.url + "/v1/models").status_code == 401
@@ -432,6 +587,6 @@ def test_malformed_body_size_cap_and_api_key(srv):
         )
         assert ok.usage.completion_tokens == 1
     finally:
-        api.settings = settings
+        state.settings = settings
     with pytest.raises(openai.NotFoundError):
         srv.client().chat.completions.create(model="nope", messages=HELLO)

@@ -16,7 +16,9 @@ from tests.server.test_server import (
 )
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_moe"])  # nemotron_h: tests/sessions/test_sessions_engine.py
+@pytest.mark.parametrize(
+    "arch", ["qwen3_5_moe"]
+)  # nemotron_h: tests/sessions/test_sessions_engine.py
 def test_hybrid_multi_turn_and_restart(checkpoints, tmp_path, arch):
     model = checkpoints(arch)
     options = ServeOptions(EngineOptions(model=str(model)), cache_root=tmp_path / "sc")

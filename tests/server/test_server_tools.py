@@ -27,12 +27,13 @@ from openai.types.chat import ChatCompletionChunk
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, hf_tokenizer
-from ssdmoe_tui.server.app import Api, ApiSettings
 from ssdmoe_tui.server.engine_client import EngineClient, Job
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, named_format, tool_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import ChatMessage, ToolCall, parse_chat
+from ssdmoe_tui.server.serving_chat import ServingChat
+from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 from tests.fixture_paths import MODELS
 
 TOOLS = [
@@ -161,10 +162,11 @@ def test_stop_strings_cut_and_hold_back():
     assert "".join(filt.content) == "abc ENxyy"
 
 
-def _api(tokenizer) -> Api:
+def _api(tokenizer) -> ServingChat:
     engine = EngineClient(lambda post: None)
     engine.tokenizer = tokenizer
-    return Api(engine, PromptBuilder(tokenizer, HistoryRecords(None)), ApiSettings("m"))
+    builder = PromptBuilder(tokenizer, HistoryRecords(None))
+    return ServingChat(ServerState(engine, builder, ApiSettings("m")))
 
 
 @pytest.mark.parametrize("family", list(OUTPUTS))
@@ -174,7 +176,7 @@ def test_sse_tool_call_chunks_as_the_openai_client_reads_them(tokenizers, family
     req = parse_chat(
         {"model": "m", "messages": [{"role": "user", "content": "Paris?"}], "tools": TOOLS,
          "stream": True, "stream_options": {"include_usage": True}}, "m")  # fmt: skip
-    prompt = api.builder.chat(req)
+    prompt = api.state.builder.chat(req)
     text = OUTPUTS[family]
     ids = encode(tok, text) + [next(iter(tok.eos_token_ids))]
     job = Job("chatcmpl-test")
@@ -185,10 +187,14 @@ def test_sse_tool_call_chunks_as_the_openai_client_reads_them(tokenizers, family
         job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop", (4,) * len(ids), stats
     )
     job.events.put_nowait(job.result)
-    filt = OutputFilter((), api.tool_format, req.tools)
 
     async def collect() -> list[str]:
-        return [c async for c in api._chat_stream(req, prompt, job, filt)]
+        return [
+            c
+            async for c in api.chat_stream(
+                req, prompt, lambda: asyncio.sleep(0, job), job.request_id
+            )
+        ]
 
     raw = asyncio.run(collect())
     assert raw[-1] == "data: [DONE]\n\n"
@@ -262,19 +268,6 @@ def test_tool_results_render_into_the_next_turn_on_the_exact_history(tokenizers,
 # --------------------------------------------------------------------------- real server
 
 
-@pytest.fixture(scope="module")
-def tool_model(checkpoints, tmp_path_factory):
-    """The small qwen3_moe checkpoint with Qwen3's own chat template (tools included)."""
-    src = checkpoints("qwen3_moe")
-    dst = tmp_path_factory.mktemp("tools") / "qwen3-tools"
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "tokenizer_config.json").read_text())
-    config["chat_template"] = (MODELS / "qwen3-30b-a3b" / "chat_template.jinja").read_text()
-    (dst / "tokenizer_config.json").write_text(json.dumps(config))
-    (dst / "chat_template.jinja").unlink(missing_ok=True)
-    return dst
-
-
 def test_server_renders_tools_and_tool_results_reuse_the_cache(tool_model, tmp_path, monkeypatch):
     from ssdmoe_tui.options import EngineOptions
     from ssdmoe_tui.server.main import ServeOptions
@@ -284,7 +277,7 @@ def test_server_renders_tools_and_tool_results_reuse_the_cache(tool_model, tmp_p
     tok = load_tokenizer(tool_model)
     srv = Running(ServeOptions(EngineOptions(model=str(tool_model)), cache_root=tmp_path / "sc"))
     try:
-        assert srv.server.api.tool_format.name == "json_tools"
+        assert srv.server.state.tool_format.name == "json_tools"
         c = srv.client()
         messages = [{"role": "system", "content": SYSTEM},
                     {"role": "user", "content": "Weather in Paris?"}]  # fmt: skip

@@ -233,3 +233,56 @@ def test_killed_between_write_and_rename_keeps_previous(tmp_path, mode):
     assert (d / "conversation.json").read_text() == '{"kept": true}'
     # load_checkpoint removed the orphan: its writer (the killed child) is gone.
     assert not [p for p in d.iterdir() if p.name.startswith(".kv-")]
+
+
+def _reshape_first_keys(path: Path, new_shape) -> None:
+    """Rewrite the header so the first attention keys tensor has `new_shape`: the same
+    bytes, read as another shape, with the checksum made to match (a consistent file)."""
+    import json
+    import struct
+
+    from mlx_lm.models.cache import load_prompt_cache
+
+    def write(header: dict, data: bytes) -> None:
+        raw = json.dumps(header).encode()
+        raw += b" " * ((8 - len(raw) % 8) % 8)
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header, data = json.loads(blob[8 : 8 + n]), blob[8 + n :]
+    name = next(k for k, v in header.items() if k != "__metadata__" and len(v["shape"]) == 4)
+    header[name]["shape"] = new_shape(header[name]["shape"])
+    write(header, data)
+    header["__metadata__"]["0.state_crc32"] = ck._state_checksum(load_prompt_cache(str(path)))
+    write(header, data)
+
+
+@pytest.mark.parametrize(
+    "reshape, why",
+    [
+        (lambda s: [s[0], s[1] * 2, s[2] // 2, s[3]], "do not pair|positions"),  # [1,4,T/2,32]
+        (lambda s: [s[0], s[1], s[2] * 2, s[3] // 2], "do not pair|head size"),
+    ],
+)
+def test_a_reshaped_checkpoint_is_refused_against_the_model(tmp_path, reshape, why):
+    """Issue 23: `[1, 2, T, 32]` saved, read back as `[1, 4, T/2, 32]` (checksum untouched):
+    refused by the model's numbers, naming the file, and never fed to the model."""
+    from ssdmoe_tui.sessions.checkpoints import CacheShape
+    from tests.sessions.test_sessions_tiny import TINY
+
+    d = session(tmp_path)
+    path = save_checkpoint(d, filled_cache("qwen3_moe", T1), T1, FP).path
+    _reshape_first_keys(path, reshape)
+    cfg = TINY["qwen3_moe"]
+    shape = CacheShape(cfg["num_key_value_heads"], cfg.get("head_dim", 0), "float32")
+    with pytest.raises(CheckpointInvalid, match=why) as e:
+        load_checkpoint(d, T2, FP, shape=shape)
+    assert e.value.reason.startswith("kv-00000040.safetensors: layer ")
+
+
+def test_cache_shape_of_a_model_folder(checkpoints):
+    from ssdmoe_tui.sessions.checkpoints import CacheShape
+
+    shape = CacheShape.of_model(checkpoints("qwen3_moe"), "bfloat16")
+    assert shape == CacheShape(2, 32, "bfloat16")

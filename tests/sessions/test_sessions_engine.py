@@ -17,6 +17,7 @@ from mlx_lm.utils import load_tokenizer
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.service import EngineService, KVHooks
+from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
@@ -210,15 +211,14 @@ def test_checkpoint_of_another_model_is_ignored(models, ssdmoe_home):
 
 
 def test_app_path_prompt_hook_and_record(models, ssdmoe_home):
-    """The chat app's path: it sends `messages` with a session id; the engine-side hook
-    (`SessionKV.prompt`, on the engine thread once wired) turns them into the exact-history
-    prompt; `AppSessions.record` saves each exchange from GenerationDone. Resume with
+    """The chat app's path: `AppSessions.prompt` turns its messages into the exact-history
+    prompt ids the engine takes; `AppSessions.record` saves each exchange from GenerationDone. Resume with
     `open("")` (`ssdmoe --resume`) after a restart, then continue from the checkpoint."""
     model = models["qwen3_5_moe"]()
 
     def turn(client, app, sid, messages, text):
-        messages.append(P.Message("user", text))
-        prompt = client.kv.prompt(sid, messages, client.tok, client.info)
+        messages.append(Message("user", text))
+        prompt = app.prompt(sid, messages, client.tok, client.info)
         assert prompt is not None
         client.svc.submit(
             P.Generate(
@@ -230,7 +230,7 @@ def test_app_path_prompt_hook_and_record(models, ssdmoe_home):
         )
         done = client._wait(P.GenerationDone)
         client.settle()
-        messages.append(P.Message("assistant", done.text))
+        messages.append(Message("assistant", done.text))
         app.record(sid, [m for m in messages if m.role != "system"], done)
         return done
 
@@ -238,7 +238,7 @@ def test_app_path_prompt_hook_and_record(models, ssdmoe_home):
     app = AppSessions(SessionStore())
     sid, shown = app.open(None)
     assert shown == [] and not SessionStore().folder(sid).exists()
-    messages = [P.Message("system", SYSTEM)]
+    messages = [Message("system", SYSTEM)]
     rates = [turn(a, app, sid, messages, t).stats["kv_hit_rate"] for t in USERS[:3]]
     assert min(rates[1:]) >= 0.97, rates
     a.close()

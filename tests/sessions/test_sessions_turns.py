@@ -8,10 +8,10 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
 
-from ssdmoe_tui.engine.run.protocol import GenerationDone, Message
+from ssdmoe_tui.engine.run.protocol import GenerationDone
 from ssdmoe_tui.prompting.chat_format import encode, render
+from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
-from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionNotFound, SessionStore
 from ssdmoe_tui.sessions.turns import build_prompt, tokenizer_id
 from tests.prompting.test_chat_format import CHATML, IM_END, QWEN3
@@ -93,26 +93,26 @@ def done_for(prompt, reply_ids, finish="stop", text="x"):
 
 def test_app_sessions_and_prompt_hook(tmp_path, tok):
     store = SessionStore(tmp_path)
-    kv, app = SessionKV(store), AppSessions(store, system_prompt="Sys")
+    app = AppSessions(store, system_prompt="Sys")
     sid, shown = app.open(None)
     assert shown == [] and not store.folder(sid).exists()
     msgs = [Message("system", "Sys"), Message("user", "Hi")]
-    p1 = kv.prompt(sid, msgs, tok, INFO)
+    p1 = app.prompt(sid, msgs, tok, INFO)
     assert store.get(sid).system_prompt == "Sys" and store.get(sid).fingerprint == "fp-q"
     r1 = encode(tok, "Hello") + [IM_END]
     msgs.append(Message("assistant", "Hello"))
     app.record(sid, msgs[1:], done_for(p1, r1, text="Hello"))
     msgs.append(Message("user", "Again"))
-    p2 = kv.prompt(sid, msgs, tok, INFO)
+    p2 = app.prompt(sid, msgs, tok, INFO)
     assert p2[: len(p1) + len(r1)] == p1 + r1  # exact history
     # a failed turn records nothing; a reply the app dropped leaves the user turn only
     app.record(sid, msgs[1:], done_for(p2, [], finish="error"))
     assert len(store.get(sid).turns) == 2
     app.record(sid, msgs[1:], done_for(p2, [], finish="cancelled", text=""))
     assert [t.role for t in store.get(sid).turns] == ["user", "assistant", "user"]
-    # the stored history no longer ends with a reply: the engine templates the messages
+    # the stored history no longer ends with a reply: the caller templates the messages
     msgs.append(Message("user", "Hello?"))
-    assert kv.prompt(sid, msgs, tok, INFO) is None
+    assert app.prompt(sid, msgs, tok, INFO) is None
     p3 = encode(tok, render(tok, [m.__dict__ for m in msgs], add_generation_prompt=True))
     msgs.append(Message("assistant", "Yes"))
     app.record(sid, msgs[1:], done_for(p3, encode(tok, "Yes") + [IM_END], text="Yes"))
@@ -122,15 +122,77 @@ def test_app_sessions_and_prompt_hook(tmp_path, tok):
     assert app.open("")[0] == sid and app.open(sid)[1][-1].content == "Yes"
 
 
+def test_system_prompt_changed_mid_conversation_rebuilds_every_turn(tmp_path, tok):
+    """Issue 22, defect 1: the prompt after a new system prompt holds every earlier turn
+    with its own ids, so a regenerate after it (a rewind to the earlier turns) still
+    starts from the whole history; the turns keep their metadata."""
+    store = SessionStore(tmp_path)
+    app = AppSessions(store)
+    sid, _ = app.open(None)
+    msgs = [Message("user", "Hi")]
+    p1 = app.prompt(sid, msgs, tok, INFO)
+    r1 = encode(tok, "Hello") + [IM_END]
+    msgs.append(Message("assistant", "Hello"))
+    app.record(sid, msgs, done_for(p1, r1, text="Hello"), "qwen3")
+    before = store.get(sid).turns
+    msgs.append(Message("user", "Again"))
+    p2 = app.prompt(sid, [Message("system", "Be a pirate"), *msgs], tok, INFO)
+    full = [{"role": "system", "content": "Be a pirate"}] + [m.__dict__ for m in msgs]
+    assert p2 == encode(tok, render(tok, full, add_generation_prompt=True))
+    msgs.append(Message("assistant", "Arr"))
+    arr = done_for(p2, encode(tok, "Arr") + [IM_END], text="Arr")
+    app.record(sid, msgs, arr, "qwen3", {"system_prompt": "Be a pirate"})
+    conv = store.get(sid)
+    assert all(t.token_ids for t in conv.turns)
+    assert [(t.created, t.model, t.k) for t in conv.turns[:2]] == [
+        (t.created, t.model, t.k) for t in before
+    ]
+    app.rewind(sid, 2)  # a regenerate of the last reply
+    again, _ = build_prompt(tok, store.get(sid), "Again")
+    assert again == p2
+
+
+def test_a_rebased_conversation_keeps_its_turns_metadata_and_its_whole_context(tmp_path, tok):
+    """A prompt the stored ids did not build (the controller templated the messages) re-bases
+    the conversation: its turns keep time, K, model and speed, and the next prompt,
+    also after a rewind, holds the whole history."""
+    store = SessionStore(tmp_path)
+    app = AppSessions(store)
+    sid, _ = app.open(None)
+    msgs = [Message("user", "Hi")]
+    p1 = app.prompt(sid, msgs, tok, INFO)
+    msgs.append(Message("assistant", "Hello"))
+    # The reply's stored ids are not its text's (as after an edit elsewhere), so the
+    # template of the messages does not extend them.
+    app.record(sid, msgs, done_for(p1, encode(tok, "Hi there") + [IM_END], text="Hello"), "m")
+    before = store.get(sid).turns
+    msgs.append(Message("user", "Again"))
+    p2 = encode(tok, render(tok, [m.__dict__ for m in msgs], add_generation_prompt=True))
+    msgs.append(Message("assistant", "Yes"))
+    app.record(sid, msgs, done_for(p2, encode(tok, "Yes") + [IM_END], text="Yes"))
+    conv = store.get(sid)  # re-based: the last prompt carries every id
+    assert conv.turns[2].token_ids == p2 and not conv.turns[0].token_ids
+    assert (conv.turns[1].model, conv.turns[1].k, conv.turns[1].created) == (
+        "m",
+        before[1].k,
+        before[1].created,
+    )
+    app.rewind(sid, 2)
+    prompt, _ = build_prompt(tok, store.get(sid), "Again")
+    assert prompt == p2
+
+
 def test_prompt_hook_declines_histories_it_does_not_hold(tmp_path, tok):
     store = SessionStore(tmp_path)
-    kv = SessionKV(store)
-    sid = AppSessions(store).open(None)[0]
+    app = AppSessions(store)
+    sid = app.open(None)[0]
     two = [Message("user", "a"), Message("assistant", "b"), Message("user", "c")]
-    assert kv.prompt(sid, two, tok, INFO) is None  # never stored
+    assert app.prompt(sid, two, tok, INFO) is None  # never stored
     assert not store.folder(sid).exists()
-    assert kv.prompt(sid, [Message("user", "a")], tok, INFO) is not None
-    assert kv.prompt(sid, [Message("system", "other"), Message("user", "a")], tok, INFO) is None
+    assert app.prompt(sid, [Message("user", "a")], tok, INFO) is not None
+    # Another system prompt over the same turns (F9 mid-conversation): rebuilt under it.
+    other = app.prompt(sid, [Message("system", "other"), Message("user", "a")], tok, INFO)
+    assert "other" in tok.decode(other) and store.get(sid).system_prompt == "other"
     with pytest.raises(SessionNotFound):
         AppSessions(SessionStore(tmp_path / "empty")).open("")
 

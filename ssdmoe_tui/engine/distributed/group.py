@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.distributed import exit_status
 from ssdmoe_tui.engine.distributed.expert_map import ExpertMap
 from ssdmoe_tui.engine.distributed.failure import DistributedError, looks_like_comm_error
 from ssdmoe_tui.engine.distributed.watchdog import Watchdog, timeout_s
@@ -66,6 +67,7 @@ class Distributed:
         self.watchdog = watchdog
         self.counters = CommCounters()
         self._hosts: list[str] | None = None
+        self.exit_code = 0  # what the command returned (the guard records it)
 
     @property
     def is_root(self) -> bool:
@@ -203,22 +205,39 @@ class Distributed:
         On rank 0 the error propagates (the CLI prints it, prefixed with the rank) after
         the other ranks were told to stop. On another rank it goes to rank 0, which
         prints it; this rank then exits without printing."""
+        wd = self.watchdog
         try:
             yield self
         except BaseException as e:
             stop = isinstance(e, KeyboardInterrupt | SystemExit)
-            if stop and (self.watchdog is None or self.is_root):
-                if self.watchdog is not None:
-                    self.watchdog.finish()  # rank 0 was stopped on purpose: a clean end
+            if stop and (wd is None or self.is_root):
+                if wd is not None:
+                    wd.finish()  # rank 0 was stopped on purpose: a clean end
+                self._record(130 if isinstance(e, KeyboardInterrupt) else _exit_code(e))
                 raise
             msg = f"rank {self.rank}: " + ("interrupted" if stop else user_message(e))
-            if self.watchdog is None:
+            if wd is None:
+                self._record(1)
                 raise DistributedError(msg) from e
-            self.watchdog.local_failure(msg, comm_error=looks_like_comm_error(e))
+            wd.local_failure(msg, comm_error=looks_like_comm_error(e))
+            self._record(1)
             raise DistributedError(msg) from e  # rank 0 only: the others exited above
         else:
-            if self.watchdog is not None:
-                self.watchdog.finish()
+            if wd is not None:
+                wd.finish()
+            self._record(self.exit_code)
+
+    def _record(self, status: int) -> None:
+        """This rank's exit status, for `ssdmoe launch` (exit_status.py)."""
+        if self.watchdog is not None:
+            self.watchdog.record(status)
+        else:
+            exit_status.write(self.rank, status)
+
+
+def _exit_code(e: BaseException) -> int:
+    code = getattr(e, "code", 0)
+    return code if isinstance(code, int) else 1
 
 
 def start(backend: str = "any", *, sigterm: bool = True) -> Distributed:

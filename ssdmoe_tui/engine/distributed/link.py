@@ -29,9 +29,7 @@ def _decode_command(data: dict):
         raise DistributedError(f"rank 0 sent an unknown engine command {data['type']!r}")
     fields = dict(data["fields"])
     if cls is P.Generate:
-        fields["messages"] = tuple(P.Message(**m) for m in fields.get("messages") or ())
-        if fields.get("prompt_tokens") is not None:
-            fields["prompt_tokens"] = tuple(fields["prompt_tokens"])
+        fields["prompt_tokens"] = tuple(fields.get("prompt_tokens") or ())
     return cls(**fields)
 
 
@@ -111,7 +109,10 @@ class ServiceLink:
         line = f"rank {self.dist.rank}: {user_message(exc)}"
         wd = self.dist.watchdog
         if wd is None:
+            from ssdmoe_tui.engine.distributed import exit_status
+
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
+            exit_status.write(self.dist.rank, 1)
             os._exit(1)
         if not self.dist.is_root:
             wd.local_failure(line, comm_error=looks_like_comm_error(exc))  # exits
@@ -122,9 +123,10 @@ class ServiceLink:
         os._exit(1)
 
 
-def follow(dist, options, link: ServiceLink | None = None) -> int:
+def follow(dist, options, link: ServiceLink | None = None, kv_hooks=None) -> int:
     """A rank other than 0 of `serve --distributed`: run rank 0's engine commands until
-    it shuts down (rank 0 alone serves HTTP)."""
+    it shuts down (rank 0 alone serves HTTP). `kv_hooks`: this rank's side of the KV
+    checkpoints (the server's `ReplicatedKV`: rank 0 decides, every rank restores)."""
     import signal
 
     from ssdmoe_tui.engine.run.service import EngineService
@@ -133,8 +135,34 @@ def follow(dist, options, link: ServiceLink | None = None) -> int:
         # Ctrl-C reaches every process of the launch: rank 0 stops the server and then
         # sends Shutdown here; a follower that left first would look like a failure.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    service = EngineService(lambda _event: None, options=options)
+    service = EngineService(lambda _event: None, options=options, kv_hooks=kv_hooks)
     (link or ServiceLink(dist)).attach(service)
     service.start()
     service.shutdown(timeout=threading.TIMEOUT_MAX)  # returns once rank 0 sent Shutdown
     return 0
+
+
+def agreed_kv_hooks(dist, hooks, saves: bool):
+    """KV hooks for a rank of the distributed chat app: every rank restores the same
+    prompt prefix from disk, or none does (the ranks compute each token together).
+
+    Each rank loads through its own `hooks` (the app's conversation folders: a rank on
+    rank 0's machine finds rank 0's checkpoints, a rank on another machine usually
+    none), then the ranks compare the tokens restored; unless all restored the same
+    number, none uses its checkpoint and all prefill. `saves`: this rank writes
+    checkpoints (rank 0; the others would only write a second copy of the same values).
+    A load error counts as nothing restored: it never skips the comparison."""
+    from ssdmoe_tui.engine.run.service import KVHooks
+
+    def load(session_id, tokens, info):
+        got = None
+        try:
+            got = hooks.load(session_id, tokens, info) if hooks.load is not None else None
+        except Exception:  # noqa: BLE001 - nothing restored here: every rank prefills
+            got = None
+        counts = dist.gather_json(int(got[1]) if got is not None else 0)
+        if counts[0] > 0 and all(n == counts[0] for n in counts):
+            return got
+        return None
+
+    return KVHooks(save=hooks.save if saves else None, load=load)

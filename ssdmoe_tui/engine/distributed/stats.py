@@ -23,6 +23,8 @@ class DecodeMeter:
             "requested_bytes": c.bytes_read,
             "device_bytes": iostats.device_read_bytes(),
             "read_s": c.read_s,
+            "prefetch_issued": c.prefetch_issued,
+            "prefetch_used": c.prefetch_used,
             "all_sum_s": d.all_sum_s,
             "all_sum_calls": d.all_sum_calls,
             "expert_compute_s": d.expert_compute_s,

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ssdmoe_tui.engine.distributed import exit_status
 from ssdmoe_tui.engine.distributed.failure import DistributedError
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.options import parse_seconds
@@ -22,6 +23,7 @@ ENV_CONTROL = "SSDMOE_DIST_CONTROL"  # host[:port] of rank 0's side channel (def
 DEFAULT_TIMEOUT_S = 30.0
 HEARTBEAT_S = 1.0
 CONNECT_TIMEOUT_S = 60.0  # ranks reach the side channel within this of each other
+FINISH_WAIT_S = 10.0  # rank 0 waits this long at a clean end for the others' BYE
 
 
 def timeout_s() -> float:
@@ -88,6 +90,13 @@ class Watchdog:
         self._failing = False
         self._finished = False
         self._root_gone = threading.Event()  # a follower's connection to rank 0 ended
+        # rank 0: how each other rank ended, as the side channel told (0: said BYE;
+        # 1: reported an error or vanished), for `ssdmoe launch`'s exit status
+        self.outcomes: dict[int, int] = {}
+        self._all_done = threading.Event()
+        # called (once, on the watchdog's thread) before a verdict ends the process: the
+        # chat app restores the terminal there
+        self.before_exit = None
 
     # -------------------------------------------------------- setup
     def connect(self, dist, sigterm: bool = True) -> None:
@@ -158,7 +167,9 @@ class Watchdog:
                     if self.rank == 0:
                         for p in self.peers:
                             p.send("ERR stopped")
-                    os._exit(128 + signal.SIGTERM)
+                    self._before_exit()
+                    self.record(exit_status.STOPPED)
+                    os._exit(exit_status.STOPPED)
 
         threading.Thread(target=wait, daemon=True, name="ssdmoe-dist-sigterm").start()
 
@@ -186,6 +197,8 @@ class Watchdog:
                 chunk = b""
             if not chunk:
                 self._root_gone.set()
+                if not p.done:
+                    self._outcome(p.rank, 1)
                 if not (p.done or self._stopping.is_set()):
                     self._lost(
                         p.rank,
@@ -199,13 +212,33 @@ class Watchdog:
                 text = line.decode(errors="replace")
                 if text == "BYE":
                     p.done = True
+                    self._outcome(p.rank, 0)
                 elif text.startswith("ERR "):
                     self._root_gone.set()
+                    self._outcome(p.rank, 1)
                     self._remote_error(p.rank, text[4:])
                     return
 
+    # -------------------------------------------------------- exit status
+    def _outcome(self, rank: int, status: int) -> None:
+        if self.rank != 0:
+            return
+        self.outcomes.setdefault(rank, status)
+        if len(self.outcomes) >= self.size - 1:
+            self._all_done.set()
+
+    def _before_exit(self) -> None:
+        hook, self.before_exit = self.before_exit, None
+        if hook is not None:
+            with contextlib.suppress(Exception):
+                hook()
+
+    def record(self, status: int) -> None:
+        """This rank's exit status for `ssdmoe launch` (rank 0 adds the others')."""
+        exit_status.write(self.rank, status, dict(self.outcomes) if self.rank == 0 else None)
+
     # -------------------------------------------------------- verdicts
-    def _exit(self, line: str | None) -> None:
+    def _exit(self, line: str | None, status: int = 1) -> None:
         """Print `line` (if any) once, tell the others, and end this process."""
         if not self._verdict.acquire(blocking=False):
             return  # another verdict is already ending the process
@@ -213,11 +246,13 @@ class Watchdog:
         if self.rank == 0:
             for p in self.peers:
                 p.send(f"ERR {line or 'stopped'}")
+        self._before_exit()
         if line:
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        os._exit(1)
+        self.record(status)
+        os._exit(status)
 
     def _lost(self, rank: int, line: str) -> None:
         if self._finished and self.rank != 0:
@@ -227,7 +262,7 @@ class Watchdog:
 
     def _remote_error(self, rank: int, line: str) -> None:
         if line == "stopped":
-            self._exit(None)  # rank 0 was stopped from outside: nothing failed
+            self._exit(None, exit_status.STOPPED)  # rank 0 was stopped from outside
         elif self.rank == 0:
             self._exit(line)  # a follower's own error, named by it
         else:
@@ -258,15 +293,21 @@ class Watchdog:
             print(f"ssdmoe: error: {line}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        os._exit(1)
+        status = 130 if line.endswith(": interrupted") else 1
+        self.record(status)
+        os._exit(status)
 
     def finish(self) -> None:
-        """A clean end: tell the others, stop beating."""
+        """A clean end: tell the others, stop beating. Under `ssdmoe launch`, rank 0
+        first waits (bounded) for every other rank's own end, so its status file can
+        speak for ranks on other machines."""
         if self._finished:
             return
         self._finished = True
         for p in self.peers:
             p.send("BYE")
+        if self.rank == 0 and self.size > 1 and exit_status.status_dir() is not None:
+            self._all_done.wait(min(self.timeout, FINISH_WAIT_S))
         self._stopping.set()
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from ssdmoe_tui.engine.experts.device_memory import place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
-from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address
+from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address, split_requests
 from ssdmoe_tui.errors import ModelError
 
 _MX_DTYPES = {
@@ -93,6 +93,78 @@ def _env_bank_bytes() -> int:
     return v
 
 
+SPLIT_ENV = "SSDMOE_READ_SPLIT"
+
+
+def _env_split() -> int:
+    """Smallest piece a read is split into (`reader.split_requests`); 0: off (default).
+
+    Off until it wins: on the development VM's disk, cutting a layer's 1-2 missed
+    experts into 128-384 KiB pieces read no faster (docs/benchmarks.md)."""
+    text = os.environ.get(SPLIT_ENV, "").strip().lower()
+    if text in ("", "0", "off"):
+        return 0
+    try:
+        v = parse_size(text)
+    except ValueError:
+        v = 0
+    if v < 4096:
+        raise ModelError(
+            f"{SPLIT_ENV}={text!r}: expected off or a size of at least 4K, such as 256K"
+        )
+    return v
+
+
+def _slot_dtypes(index: ExpertIndex, act_dtype: mx.Dtype | None) -> tuple[list[bool], list]:
+    """Per component: whether its values are widened to float32 as they are read, and
+    the slot array's dtype. An unsupported dtype is one line naming the tensor."""
+    widen, dtypes = [], []
+    for c in index.layers[0].components:
+        dt = _MX_DTYPES.get(c.dtype)
+        if dt is None:
+            raise ModelError(
+                f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
+            )
+        w = _widened(c, act_dtype)
+        widen.append(w)
+        dtypes.append(mx.float32 if w else dt)
+    return widen, dtypes
+
+
+def _make_banks(comps, dtypes: list, capacity: int, bank_slots: int) -> list[dict[str, mx.array]]:
+    """banks[b][component] -> an array of `bank_slots` slots (the last bank: the
+    remainder), each bank under the size MLX-CUDA's gather_qmm handles."""
+    banks: list[dict[str, mx.array]] = []
+    for start in range(0, capacity, bank_slots):
+        n = min(bank_slots, capacity - start)
+        banks.append(
+            {c.name: mx.zeros((n, *c.shape), dtype=dt) for c, dt in zip(comps, dtypes, strict=True)}
+        )
+        mx.eval(list(banks[-1].values()))
+    return banks
+
+
+def _open_layer_files(
+    index: ExpertIndex, model_dir: Path, reader: Reader
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per layer and component: the shard's file handle (each shard opened once, advised
+    random), the file offset of expert 0, and the file bytes between consecutive experts."""
+    fds_all, offsets_all, steps_all = [], [], []
+    handles: dict[str, int] = {}
+    for layer in index.layers:
+        fds, offs = [], []
+        for c in layer.components:
+            if c.shard not in handles:
+                handles[c.shard] = fd = reader.open(Path(model_dir) / c.shard)
+                _advise_random(fd)
+            fds.append(handles[c.shard])
+            offs.append(c.offset)
+        fds_all.append(np.array(fds, dtype=np.int64))
+        offsets_all.append(np.array(offs, dtype=np.int64))
+        steps_all.append(np.array([c.file_step for c in layer.components], dtype=np.int64))
+    return fds_all, offsets_all, steps_all
+
+
 @dataclass
 class _Layout:
     names: list[str]
@@ -132,30 +204,10 @@ class ExpertCache:
         self.policy_name = DEFAULT_POLICY if policy == "auto" else policy
         self.policy = make_policy(self.policy_name, capacity, index.num_layers)
         comps = index.layers[0].components
-        widen = []
-        dtypes = []
-        for c in comps:
-            dt = _MX_DTYPES.get(c.dtype)
-            if dt is None:
-                raise ModelError(
-                    f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
-                )
-            w = _widened(c, act_dtype)
-            widen.append(w)
-            dtypes.append(mx.float32 if w else dt)
+        widen, dtypes = _slot_dtypes(index, act_dtype)
         mem_strides = [c.stride * (2 if w else 1) for c, w in zip(comps, widen, strict=True)]
         self.bank_slots = bank_slot_count(max(mem_strides), capacity, index.num_experts, bank_bytes)
-        # banks[b][component] -> array of bank_slots (the last bank: the remainder) slots
-        self.banks: list[dict[str, mx.array]] = []
-        for start in range(0, capacity, self.bank_slots):
-            n = min(self.bank_slots, capacity - start)
-            self.banks.append(
-                {
-                    c.name: mx.zeros((n, *c.shape), dtype=dt)
-                    for c, dt in zip(comps, dtypes, strict=True)
-                }
-            )
-            mx.eval(list(self.banks[-1].values()))
+        self.banks = _make_banks(comps, dtypes, capacity, self.bank_slots)
         self.placement = place_slots(
             [
                 (buffer_address(memoryview(a)), int(a.nbytes))
@@ -190,27 +242,17 @@ class ExpertCache:
         ]
         self._direct = np.array([not w for w in widen])
         # Per layer: file handle and file offset of expert 0 for each component.
-        self._fds: list[np.ndarray] = []
-        self._offsets: list[np.ndarray] = []
-        self._steps: list[np.ndarray] = []  # file bytes between consecutive experts
-        handles: dict[str, int] = {}
-        for layer in index.layers:
-            fds, offs = [], []
-            for c in layer.components:
-                if c.shard not in handles:
-                    handles[c.shard] = fd = reader.open(Path(model_dir) / c.shard)
-                    _advise_random(fd)
-                fds.append(handles[c.shard])
-                offs.append(c.offset)
-            self._fds.append(np.array(fds, dtype=np.int64))
-            self._offsets.append(np.array(offs, dtype=np.int64))
-            self._steps.append(np.array([c.file_step for c in layer.components], dtype=np.int64))
+        self._fds, self._offsets, self._steps = _open_layer_files(index, model_dir, reader)
         self._slot_of: dict[tuple[int, int], int] = {}
         # When the budget holds every expert nothing is ever evicted: once a layer's
         # experts are all resident, its expert->slot map lives on the device and the
         # layer needs no host sync at all (the graph stays lazy, as in plain mlx-lm).
         self.holds_everything = capacity >= index.num_experts * index.num_layers
         self._device_lut: list[tuple[int, mx.array] | None] = [None] * index.num_layers
+        # A frozen layer whose experts sit in rows r..r+E-1 of one bank in id order: its
+        # own views of those rows, so it runs mlx-lm's call with the router's indices.
+        self._layer_rows: list[dict | None] = [None] * index.num_layers
+        self._bank_arrays: list[dict] = [_by_projection(bank) for bank in self.banks]
         self._layer_count = [0] * index.num_layers  # resident experts per layer
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
@@ -220,6 +262,7 @@ class ExpertCache:
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
         self._inflight = None  # (layer, Future) of the prefetch being read
         self._pool = None
+        self._split_min = _env_split()
 
     @property
     def num_banks(self) -> int:
@@ -248,6 +291,14 @@ class ExpertCache:
         `layer` is resident for good (only when the budget holds all experts); else None."""
         return self._device_lut[layer]
 
+    def bank_arrays(self, bank: int) -> dict[str, tuple]:
+        """Projection name -> (weight, scales, biases or None) of one bank (built once)."""
+        return self._bank_arrays[bank]
+
+    def layer_arrays(self, layer: int) -> dict[str, tuple] | None:
+        """A frozen layer's experts as their own arrays (rows = expert ids), or None."""
+        return self._layer_rows[layer]
+
     def _maybe_freeze_layer(self, layer: int) -> None:
         e = self.index.num_experts
         if self._layer_count[layer] == e and self._device_lut[layer] is None:
@@ -255,34 +306,49 @@ class ExpertCache:
             banks = slots // self.bank_slots
             if (banks != banks[0]).any():
                 return  # split over banks: the layer keeps its host-side lookup
-            lut = mx.array((slots % self.bank_slots).astype(np.uint32))
+            b = int(banks[0])
+            rows = slots % self.bank_slots
+            lut = mx.array(rows.astype(np.uint32))
             mx.eval(lut)
-            self._device_lut[layer] = (int(banks[0]), lut)
+            self._device_lut[layer] = (b, lut)
+            r0 = int(rows[0])
+            if (rows == r0 + np.arange(e)).all():
+                views = {
+                    proj: tuple(None if a is None else a[r0 : r0 + e] for a in arrays)
+                    for proj, arrays in self._bank_arrays[b].items()
+                }
+                mx.eval([a for t in views.values() for a in t if a is not None])
+                self._layer_rows[layer] = views
 
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
 
-    def ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
         """Make `experts` (unique ids) of `layer` resident; return their slots, in order.
+
+        `observe=False`: the caller already gave the layer's whole selection to the trace
+        recorder and the predictor (a distributed rank looks up only its share).
 
         All misses of the call are read in one batched reader call. The time spent here
         is counted (`counters.ensure_s`): minus read time, it is the cache's bookkeeping.
         """
         t0 = time.perf_counter()
         try:
-            return self._ensure(layer, experts)
+            return self._ensure(layer, experts, observe)
         finally:
             self.counters.ensure_s += time.perf_counter() - t0
 
-    def _ensure(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def _ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
         n = len(experts)
         if n > self.capacity:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
-        if self.on_route is not None:
+        if observe and self.on_route is not None:
             self.on_route(layer, experts)
-        if self.predictor is not None:
+        if observe and self.predictor is not None:
             self.predictor.observe(layer, experts.tolist())
         self.wait_prefetch()
+        if self.holds_everything and self._layer_count[layer] == 0:
+            return self._first_visit(layer, experts)
         slots = np.empty(n, dtype=np.int64)
         pinned = [(layer, int(e)) for e in experts]
         miss_pos: list[int] = []
@@ -323,6 +389,20 @@ class ExpertCache:
         if self.holds_everything:
             self._maybe_freeze_layer(layer)
         return slots
+
+    def _first_visit(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """A budget holding every expert, a layer not seen yet: read the whole layer in
+        one batch, slots in expert-id order (consecutive while layers arrive in order,
+        so the frozen layer runs on its own rows of one bank: no lookup on the device).
+        Counted as the misses of the experts asked for, as the replay counts them."""
+        e = self.index.num_experts
+        keys = [(layer, i) for i in range(e)]
+        slots = np.empty(e, dtype=np.int64)
+        self._assign(keys, list(range(e)), slots, set(keys))
+        self.counters.misses += len(experts)
+        self._read(layer, np.arange(e, dtype=np.int64), slots)
+        self._maybe_freeze_layer(layer)
+        return slots[np.asarray(experts, dtype=np.int64)]
 
     def _assign(self, keys: list, positions: list[int], slots: np.ndarray, pinned: set) -> None:
         slot_of = self._slot_of
@@ -407,6 +487,10 @@ class ExpertCache:
                 staging.append(buf)
         fds, lengths = np.ascontiguousarray(fds).ravel(), np.ascontiguousarray(lengths).ravel()
         offsets, dests = offsets.ravel(), dests.ravel()
+        if self._split_min:  # a layer's few misses as more, smaller reads ($SSDMOE_READ_SPLIT)
+            fds, offsets, lengths, dests = split_requests(
+                fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min
+            )
         t0 = time.perf_counter()
         try:
             nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
@@ -448,7 +532,18 @@ class ExpertCache:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self.banks.clear()
+        self._bank_arrays.clear()
+        self._layer_rows = [None] * len(self._layer_rows)
+        self._device_lut = [None] * len(self._device_lut)
         self.reader.close()
+
+
+def _by_projection(bank: dict[str, mx.array]) -> dict[str, tuple]:
+    """{'gate_proj.weight': w, ...} -> {'gate_proj': (weight, scales, biases or None)}."""
+    projs = dict.fromkeys(name.rsplit(".", 1)[0] for name in bank)
+    return {
+        p: (bank[f"{p}.weight"], bank.get(f"{p}.scales"), bank.get(f"{p}.biases")) for p in projs
+    }
 
 
 def _widened(comp, act_dtype: mx.Dtype | None) -> bool:
@@ -497,8 +592,10 @@ def available_memory_bytes() -> int:
         return 8 << 30
 
 
-def auto_budget(index: ExpertIndex, resident_bytes: int, min_bytes: int) -> int:
-    """Half of what is left after the resident weights, leaving the rest to the page cache."""
+def auto_budget(index: ExpertIndex, resident_bytes: int, min_bytes: int, sharers: int = 1) -> int:
+    """The one `auto` rule: half of what is left after the resident weights (the rest is
+    the page cache's), split over `sharers` processes on this machine (the ranks of a
+    distributed launch), never below `min_bytes` nor above every expert."""
     avail = available_memory_bytes() - resident_bytes
     all_experts = index.expert_bytes * index.num_experts * index.num_layers
-    return int(min(all_experts, max(min_bytes, avail * 0.5)))
+    return int(min(all_experts, max(min_bytes, avail // (2 * max(1, sharers)))))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -26,6 +27,13 @@ from ssdmoe_tui.checkpoint import layout
 from ssdmoe_tui.checkpoint.header import read_header_bytes
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.paths import cache_dir
+from ssdmoe_tui.user_files import (
+    INDEX_CACHE_MAX,
+    MODEL_JSON_MAX,
+    open_regular,
+    read_regular,
+    read_regular_text,
+)
 
 INDEX_VERSION = 3
 SAMPLE_BLOCK = 4096
@@ -81,10 +89,6 @@ class ExpertIndex:
     def mib_per_token(self, k: int) -> float:
         return layout.mib_per_token(self.expert_bytes, k, self.num_layers)
 
-    def component_layout(self) -> tuple[tuple[str, tuple[int, ...], str, int], ...]:
-        """(name, shape, dtype, stride) of the components, identical for every layer."""
-        return tuple((c.name, c.shape, c.dtype, c.stride) for c in self.layers[0].components)
-
     def is_expert_tensor(self, name: str) -> bool:
         return layout.is_expert_tensor(name)
 
@@ -97,7 +101,7 @@ def content_sample(path: Path) -> str:
     start = 8 + len(raw)
     span = max(size - start - SAMPLE_BLOCK, 0)
     points = sorted({start + span * i // SAMPLE_BLOCKS for i in range(SAMPLE_BLOCKS + 1)})
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for pos in points:
             h.update(os.pread(f.fileno(), SAMPLE_BLOCK, pos))
     return h.hexdigest()
@@ -120,7 +124,7 @@ def _index_key(model_dir: Path, names: list[str], states: dict[str, list] | None
         h.update(f"{n}:{size}:{mtime}:{sample}".encode())
     cfg = model_dir / "config.json"
     if cfg.exists():
-        h.update(cfg.read_bytes())
+        h.update(read_regular(cfg, MODEL_JSON_MAX))
     return h.hexdigest()[:32]
 
 
@@ -216,7 +220,7 @@ def changed_in_place(model_dir: Path, states: dict[str, list]) -> list[str]:
     key = hashlib.sha256(os.path.realpath(model_dir).encode()).hexdigest()[:32]
     record = cache_dir() / "index" / "folders" / f"{key}.json"
     try:
-        before = json.loads(record.read_text())
+        before = json.loads(read_regular(record, INDEX_CACHE_MAX))
     except (OSError, ValueError, RecursionError):
         before = {}
     if not isinstance(before, dict):  # a damaged record only costs this comparison
@@ -255,17 +259,19 @@ def load_index(model_dir: Path, use_cache: bool = True) -> tuple[ExpertIndex, bo
     cached = cache_dir() / "index" / f"{key}.json"
     if use_cache and cached.exists():
         try:
-            index = _from_json(cached.read_text())
+            index = _from_json(read_regular_text(cached, INDEX_CACHE_MAX))
             if index.key == key:
                 for n in index.shards:  # re-validate file sizes cheaply
                     if not (model_dir / n).exists():
                         raise ValueError
                 return index, True
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-            pass
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError):
+            pass  # any unreadable cache file (damaged, nested, a FIFO...) is stale: rebuild
     index = build_index(model_dir)
     if use_cache:
         try:
+            if cached.is_dir() and not cached.is_symlink():  # a folder in our cache's place
+                shutil.rmtree(cached)
             atomic_write_text(cached, _to_json(index))
         except OSError:
             pass  # a read-only cache dir only costs a rebuild next time

@@ -122,7 +122,9 @@ def build_native_library(src_dir: Path, out: Path) -> Path:
     """Compile ``src_dir/ssdmoe_reader.c`` into ``out`` atomically (temp file + rename)."""
     cc = _compiler()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=f".p{os.getpid()}.tmp", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{out.name}.", suffix=f".p{os.getpid()}.tmp", dir=out.parent
+    )
     os.close(fd)
     flags = [*compile_flags(src_dir), "-shared", "-fPIC"]
     cmd = [cc, *flags, "-o", tmp, str(src_dir / "ssdmoe_reader.c")]
@@ -247,6 +249,43 @@ def _cause(status: int) -> tuple[str, int | None, int | None]:
         return f"short read: file ended after {got} bytes", None, got
     err = -status
     return f"{os.strerror(err)} (errno {err})", err, None
+
+
+SPLIT_MIN_BYTES = 128 << 10  # no request is split below this
+
+
+def split_requests(
+    fds: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    dests: np.ndarray,
+    want: int,
+    min_piece: int = SPLIT_MIN_BYTES,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cut large requests into pieces so a batch holds about `want` requests.
+
+    A layer with one or two misses hands the reader 6-18 requests, a few of them large,
+    so most of the pool's threads idle while those few run: the disk delivers its
+    bandwidth only with many requests in flight. Pieces are multiples of 4096 bytes
+    (aligned pieces of an aligned request stay aligned) and at least `min_piece`; the
+    bytes and their destinations are the same, only in more, smaller reads."""
+    n = len(lengths)
+    if n == 0 or n >= want:
+        return fds, offsets, lengths, dests
+    piece = max(min_piece, -(-int(lengths.sum()) // want))
+    piece = -(-piece // ALIGN) * ALIGN
+    counts = np.maximum(1, -(-lengths // piece))
+    if (counts == 1).all():
+        return fds, offsets, lengths, dests
+    rep = np.repeat(np.arange(n), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    start = (np.arange(len(rep)) - first) * piece
+    return (
+        fds[rep],
+        offsets[rep] + start,
+        np.minimum(piece, lengths[rep] - start),
+        dests[rep] + start,
+    )
 
 
 class Reader(ABC):

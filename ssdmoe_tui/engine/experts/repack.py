@@ -32,6 +32,7 @@ from ssdmoe_tui.engine.experts.index import ExpertIndex, MoELayer, shard_states
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.units import human_bytes
+from ssdmoe_tui.user_files import MODEL_JSON_MAX, read_regular
 
 MANIFEST = "ssdmoe-experts.json"
 DATA = "ssdmoe-experts.bin"
@@ -99,7 +100,7 @@ def find_repacked(model_dir: Path, index: ExpertIndex) -> tuple[PackedLayout | N
         if not man.is_file():
             continue
         try:
-            m = json.loads(man.read_text())
+            m = json.loads(read_regular(man, MODEL_JSON_MAX))
             if m.get("format") != FORMAT or m.get("version") != VERSION:
                 note = f"{man}: not a version-{VERSION} repack manifest"
                 continue

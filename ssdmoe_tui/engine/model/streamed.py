@@ -35,6 +35,10 @@ class StepTimes:
     calls: int = 0
     grouped_calls: int = 0  # calls whose expert union exceeded the cache (processed in groups)
     last_k: int = 0
+    # decode passes (one token per sequence) that synced: experts looked up per layer
+    # (the union over the batch's rows), summed, and how many such layer calls
+    union_experts: int = 0
+    union_calls: int = 0
 
 
 def _gather_sort(x, indices):
@@ -73,6 +77,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_quant", quant)
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
+        object.__setattr__(self, "_lut", np.zeros(cache.index.num_experts, dtype=np.int64))
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
         object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
@@ -86,19 +91,18 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_predict", predict)
 
     def set_mass_meter(self, meter) -> None:
-        """`meter.kept(layer, indices)` records the router mass these experts keep."""
+        """`meter.kept(layer, indices)` notes the experts run (routing_mass.py); None: off."""
         object.__setattr__(self, "_mass", meter)
 
     def _proj(
-        self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, bank: int
+        self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, arrays: dict
     ) -> mx.array:
-        pools = self._cache.banks[bank]
+        weight, scales, biases = arrays[name]
         q = self._quant[name]
-        biases = pools.get(f"{name}.biases")
         return mx.gather_qmm(
             x,
-            pools[f"{name}.weight"],
-            pools[f"{name}.scales"],
+            weight,
+            scales,
             biases,
             rhs_indices=idx,
             transpose=True,
@@ -108,25 +112,27 @@ class StreamedSwitch(nn.Module):
             sorted_indices=sorted_indices,
         )
 
-    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, bank: int = 0) -> mx.array:
+    def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, arrays: dict) -> mx.array:
         if self._kind == "glu":
-            x_up = self._proj("up_proj", x, idx, do_sort, bank)
-            x_gate = self._proj("gate_proj", x, idx, do_sort, bank)
-            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort, bank)
-        x = self._proj("fc1", x, idx, do_sort, bank)
+            x_up = self._proj("up_proj", x, idx, do_sort, arrays)
+            x_gate = self._proj("gate_proj", x, idx, do_sort, arrays)
+            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort, arrays)
+        x = self._proj("fc1", x, idx, do_sort, arrays)
         x = self.activation(x)
-        return self._proj("fc2", x, idx, do_sort, bank)
+        return self._proj("fc2", x, idx, do_sort, arrays)
 
     def _run(
-        self, x: mx.array, slot_idx: mx.array, shape, bank: int = 0, do_sort: bool | None = None
+        self, x: mx.array, slot_idx: mx.array, shape, arrays: dict, do_sort: bool | None = None
     ) -> mx.array:
+        """mlx-lm's SwitchGLU arithmetic over `arrays` (projection -> weight, scales,
+        biases: a slot bank, or a frozen layer's own rows of one) at rows `slot_idx`."""
         if do_sort is None:
             do_sort = slot_idx.size >= 64  # mlx-lm's rule, so kernels match
         inv_order = None
         idx = slot_idx
         if do_sort:
             x, idx, inv_order = _gather_sort(x, slot_idx)
-        y = self._experts(x, idx, do_sort, bank)
+        y = self._experts(x, idx, do_sort, arrays)
         if do_sort:
             y = _scatter_unsort(y, inv_order, shape)
         return y.squeeze(-2)
@@ -140,11 +146,16 @@ class StreamedSwitch(nn.Module):
         smaller calls instead changes which MLX-CUDA kernel runs (measured: tokens differ
         from mlx-lm's on the H200); keeping the shapes keeps every row's arithmetic."""
         cache = self._cache
+        if cache.num_banks == 1:  # the common case: slot ids are the rows
+            return self._run(
+                x, mx.array(slots.astype(np.uint32)), slots.shape, cache.bank_arrays(0), do_sort
+            )
         bank, row = np.divmod(slots, cache.bank_slots)
         banks = np.unique(bank)
         if len(banks) == 1:
+            b = int(banks[0])
             return self._run(
-                x, mx.array(row.astype(np.uint32)), slots.shape, int(banks[0]), do_sort
+                x, mx.array(row.astype(np.uint32)), slots.shape, cache.bank_arrays(b), do_sort
             )
         y = None
         for b in banks:
@@ -154,7 +165,7 @@ class StreamedSwitch(nn.Module):
             free = np.setdiff1d(np.arange(min(size, len(used) + 1)), used)
             dummy = int(free[0]) if len(free) else int(used[0])
             idx = mx.array(np.where(mine, row, dummy).astype(np.uint32))
-            yb = self._run(x, idx, slots.shape, int(b), do_sort)
+            yb = self._run(x, idx, slots.shape, cache.bank_arrays(int(b)), do_sort)
             y = yb if y is None else mx.where(mx.array(mine)[..., None], yb, y)
         return y
 
@@ -164,7 +175,8 @@ class StreamedSwitch(nn.Module):
         cache = self._cache
         frozen = cache.device_lut(self._layer)
         routing = self._routing
-        mass = self._mass.kept(self._layer, indices) if self._mass is not None else None
+        if self._mass is not None:
+            self._mass.kept(self._layer, indices)  # a reference only: no kernel, no sync
         if frozen is not None and predict is None and cache.on_route is None:
             # Every expert of this layer is resident for good: no host sync, no reads (a
             # trace-routed run too: the masked router picks the trace's ids on the device).
@@ -173,21 +185,34 @@ class StreamedSwitch(nn.Module):
             cell = routing.cell(self._layer) if routing is not None else None
             # lookups, all hits by construction (a trace's cell: what the replay counts)
             cache.counters.hits += len(cell) if cell is not None else int(indices.size)
+            x = mx.expand_dims(x, (-2, -3))
+            rows = cache.layer_arrays(self._layer)
+            if rows is not None:
+                # The layer's experts are rows 0..E-1 of their own arrays: mlx-lm's call
+                # with the router's indices as they are (no lookup on the device).
+                return self._run(x, indices, indices.shape, rows)
             bank, lut = frozen
-            return self._run(mx.expand_dims(x, (-2, -3)), lut[indices], indices.shape, bank)
+            return self._run(x, lut[indices], indices.shape, cache.bank_arrays(bank))
         pred = None
         t0 = time.perf_counter()
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
-        elif mass is not None:
-            mx.eval(indices, mass)  # the mass comes back with the indices: no extra sync
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         times.calls += 1
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))
-        uniq = np.unique(host)
+        if host.size == host.shape[-1]:
+            # One token: its K experts are distinct (top-K), so sorting is np.unique.
+            uniq = np.sort(host.reshape(-1))
+            if len(uniq) > 1 and (uniq[1:] == uniq[:-1]).any():
+                uniq = np.unique(uniq)
+        else:
+            uniq = np.unique(host)
+        if host.ndim >= 2 and host.shape[-2] == 1:
+            times.union_experts += len(uniq)
+            times.union_calls += 1
         extra = None
         if routing is not None:
             cell = routing.cell(self._layer)
@@ -198,7 +223,7 @@ class StreamedSwitch(nn.Module):
                 uniq = cell
         if len(uniq) <= cache.capacity:
             slots = cache.ensure(self._layer, uniq)
-            lut = np.zeros(self._num_experts, dtype=np.int64)
+            lut = self._lut  # only the entries set here are read
             lut[uniq] = slots
             if extra is not None and len(extra):
                 lut[extra] = slots[0]
@@ -255,20 +280,24 @@ class StreamedSwitch(nn.Module):
 
 
 def routing_predictor(block: nn.Module):
-    """The block's own top-k selection, as a function of a hidden state (for prefetch)."""
-    gate = block.gate
-    if hasattr(gate, "top_k") and not isinstance(gate, nn.Linear):  # nemotron_h MoEGate
-        return lambda x: gate(x)[0]
+    """The block's own top-k selection, as a function of a hidden state (for prefetch).
+
+    The gate is looked up at each call, not captured: the loader sets predictors before
+    `nn.quantize` swaps a quantized checkpoint's `nn.Linear` gates for `QuantizedLinear`
+    ones, and a captured gate would be the discarded, randomly initialised Linear (its
+    predictions were noise, and differed from run to run)."""
+    if hasattr(block.gate, "top_k") and not isinstance(block.gate, nn.Linear):  # nemotron_h
+        return lambda x: block.gate(x)[0]
     if hasattr(block, "top_k"):  # qwen3_moe, qwen3_5_moe: softmax is monotonic, top-k of logits
 
         def qwen(x):
             k = block.top_k
-            return mx.argpartition(gate(x), kth=-k, axis=-1)[..., -k:]
+            return mx.argpartition(block.gate(x), kth=-k, axis=-1)[..., -k:]
 
         return qwen
 
     def mixtral(x):
         k = block.num_experts_per_tok
-        return mx.argpartition(-gate(x), kth=k - 1, axis=-1)[..., :k]
+        return mx.argpartition(-block.gate(x), kth=k - 1, axis=-1)[..., :k]
 
     return mixtral

@@ -914,6 +914,15 @@ def make_policy(name: str, capacity: int, num_layers: int) -> EvictionPolicy:
     raise BadValueError(f"unknown cache policy {name!r} (known: {known})")
 
 
+def parse_policy(text: str) -> str:
+    """An expert-cache eviction policy name (`auto`: the engine's default), checked by
+    building it once on a toy cache, so a typo fails before any model loads."""
+    name = str(text).strip()
+    if name != "auto":
+        make_policy(name, 8, 2)  # BadValueError naming the policy and the known ones
+    return name
+
+
 def _named(policy: LFUDecayPolicy, name: str) -> LFUDecayPolicy:
     policy.name = name
     return policy

@@ -104,14 +104,27 @@ class TraceRouting:
         self.wraps = 0
         self.prefill_chunk = False  # set by the runner around each prefill chunk
         self.on_decode_start = None  # callback when the first decode pass begins
+        # A batch (engine/run/batch.py) sets each row's own decode step before a pass of
+        # one token per row: every sequence follows the trace from its own offset.
+        self.rows: list[int] | None = None
+        self._rows: list[int] | None = None  # the rows of the pass being built
         self._masks: dict[int, mx.array] = {}
 
     # ---------------------------------------------------------------- position
     def begin_pass(self, tokens: int) -> None:
         """Called once per forward pass (by the first MoE layer's gate)."""
         self._masks = {}
-        if tokens > 1 or self.prefill_chunk:
+        self._rows = None
+        if self.prefill_chunk or (tokens > 1 and (self.rows is None or tokens != len(self.rows))):
             self.phase = PREFILL
+            return
+        if self.rows is not None:
+            if self.phase == PREFILL and self.position < 0:
+                self.position = 0
+                if self.on_decode_start is not None:
+                    self.on_decode_start()
+            self.phase = DECODE
+            self._rows = list(self.rows)
             return
         first = self.phase == PREFILL and self.position < 0
         self.phase = DECODE
@@ -126,10 +139,23 @@ class TraceRouting:
         (then the router's own choice stands)."""
         if self.phase == PREFILL:
             return self.prefill.get(layer)
+        if self._rows is not None:
+            cells = [self.decode[p % len(self.decode)].get(layer) for p in self._rows]
+            if any(c is None for c in cells):
+                return None
+            return np.array(list(dict.fromkeys(np.concatenate(cells).tolist())), dtype=np.int64)
         return self.decode[self.position % len(self.decode)].get(layer)
 
     def mask(self, layer: int) -> mx.array | None:
         m = self._masks.get(layer)
+        if m is None and self._rows is not None and self.phase == DECODE:
+            host = np.zeros((len(self._rows), 1, self.num_experts), dtype=bool)
+            for i, p in enumerate(self._rows):
+                ids = self.decode[p % len(self.decode)].get(layer)
+                if ids is None:
+                    return None
+                host[i, 0, ids] = True
+            m = self._masks[layer] = mx.array(host)
         if m is None:
             ids = self.cell(layer)
             if ids is None:

@@ -29,12 +29,15 @@ import csv
 import gzip
 import io
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ssdmoe_tui.atomic import private_dirs
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.user_files import check_regular, open_regular
 
 FORMAT = "ssdmoe-route-trace"
 VERSION = 1
@@ -76,10 +79,33 @@ class Trace:
 # --------------------------------------------------------------------------- writer
 
 
+class _Text(io.TextIOWrapper):
+    """UTF-8 text over a (gzip) stream that also closes the file under it (GzipFile
+    leaves a file object it was given open)."""
+
+    def __init__(self, stream: IO[bytes], under: IO[bytes]) -> None:
+        super().__init__(stream, encoding="utf-8")
+        self._under = under
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._under.close()
+
+
 def _open_text(path: Path, mode: str) -> IO[str]:
+    """Text of a trace. Reading opens regular files only (a FIFO or /dev/zero as a trace
+    is refused by name rather than blocking or reading forever); writing creates the file
+    0600 (a trace follows the prompts it was recorded on)."""
+    if mode == "r":
+        raw: IO[bytes] = open_regular(path)
+    else:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+        raw = os.fdopen(os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600), mode + "b")
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
+        return _Text(gzip.GzipFile(fileobj=raw, mode=mode + "b"), raw)  # type: ignore[arg-type]
+    return io.TextIOWrapper(raw, encoding="utf-8")
 
 
 class TraceWriter:
@@ -99,7 +125,7 @@ class TraceWriter:
         try:
             if self.path.exists() and not self.path.is_file():
                 raise OSError(f"{self.path} is not a regular file")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.path.parent)
             self._f: IO[str] | None = _open_text(self.path, "w")
             self._f.write(json.dumps(header, separators=(",", ":")) + "\n")
             self._f.flush()
@@ -201,8 +227,12 @@ class _Steps:
 def read_trace(path: str | Path) -> Trace:
     """Read any supported trace; the format is recognised from its first line."""
     path = Path(path)
-    if not path.is_file():
-        raise BadValueError(f"trace not found: {path}")
+    try:
+        check_regular(path)
+    except FileNotFoundError:
+        raise BadValueError(f"trace not found: {path}") from None
+    except OSError as e:  # a folder, a FIFO, a device, a link loop: say which
+        raise BadValueError(f"cannot read trace {path}: {e.strerror or e}") from None
     try:
         with _open_text(path, "r") as f:
             first = f.readline()
@@ -281,11 +311,25 @@ def _json_objects(path: Path, lines: list[str]) -> Iterator[tuple[int, dict]]:
         yield i, row
 
 
+def _check_shape(meta: TraceMeta, path: Path, where: int | str = 1) -> TraceMeta:
+    """A header's numbers bounded as row values are: layers and experts by the caps a
+    trace without a header gets, K by the experts (a header of 10**12 layers was an
+    allocation that ended in "out of memory: lower the expert cache")."""
+    for key, value, hi in (
+        ("num_layers", meta.num_layers, MAX_LAYERS),
+        ("num_experts", meta.num_experts, MAX_EXPERTS),
+        ("k", meta.k, meta.num_experts or MAX_EXPERTS),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+            raise _bad(path, where, f"header {key!r} must be an integer in 0..{hi}, got {value}")
+    return meta
+
+
 def _header_meta(header: dict, path: Path, **defaults: Any) -> TraceMeta:
     def num(key: str) -> int:
         return _int(header.get(key, 0), path, 1, f"header {key!r}")
 
-    return TraceMeta(
+    meta = TraceMeta(
         model=str(header.get("model", "")),
         k=num("k"),
         num_layers=num("num_layers"),
@@ -293,6 +337,7 @@ def _header_meta(header: dict, path: Path, **defaults: Any) -> TraceMeta:
         note=str(header.get("note", "")),
         **defaults,
     )
+    return _check_shape(meta, path)
 
 
 def _read_engine(path: Path) -> Trace:
@@ -384,6 +429,7 @@ def _read_route_csv(path: Path) -> Trace:
                 meta.num_layers = num("n_layer", meta.num_layers)
                 meta.num_experts = num("n_expert", meta.num_experts)
                 meta.k = num("n_expert_used", meta.k)
+                _check_shape(meta, path, n)
         elif line.strip():
             body_start = body_start or n
             body.append(line)
@@ -461,12 +507,13 @@ def _read_vllm_routes(path: Path) -> Trace:
                   _int(row.get("layer"), path, i, "layer"), ids, i)  # fmt: skip
     meta = TraceMeta(
         model=str(head.get("model_id", "")),
-        k=int(head.get("top_k", 0)),
-        num_experts=int(head.get("num_experts", 0)),
+        k=_int(head.get("top_k", 0), path, 1, "meta 'top_k'"),
+        num_experts=_int(head.get("num_experts", 0), path, 1, "meta 'num_experts'"),
         source="vllm moe_routes",
         note="requests are interleaved by the batcher: token order is not per-request; "
         "use for expert popularity, not for recency-based hit rates",
     )
+    _check_shape(meta, path)
     trace = Trace(meta, steps.done() if steps else [])
     _fill_shape(meta, trace.steps)
     return trace

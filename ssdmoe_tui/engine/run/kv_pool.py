@@ -189,3 +189,42 @@ class KVPool:
             if best is None or n > best[1]:
                 best = (eid, n)
         return best
+
+
+def kv_bytes_per_token(cache: PromptCache) -> int:
+    """Bytes one more token adds to a prompt cache: its attention layers' K and V rows
+    (recurrent state does not grow). From the arrays when they exist."""
+    total = 0
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        values = getattr(layer, "values", None)
+        if isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == 4:
+            rows = keys.shape[0] * keys.shape[2]
+            total += (keys.nbytes + values.nbytes) // max(rows, 1)
+    return total
+
+
+def estimate_bytes_per_token(model, config: dict, dtype_size: int) -> int:
+    """Before any forward pass: attention layers (the model's own cache list) x K and V
+    x KV heads x head size, from the config (what `kv_bytes_per_token` will measure)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    cfg = config.get("text_config", config)
+    heads = int(cfg.get("num_attention_heads", 1) or 1)
+    kv_heads = int(cfg.get("num_key_value_heads", heads) or heads)
+    head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", heads) // heads)
+    layers = sum(isinstance(c, KVCache) for c in make_prompt_cache(model))
+    return layers * 2 * kv_heads * head_dim * dtype_size
+
+
+def auto_max_batch(runner, budget_bytes: int, context: int | None = None) -> int:
+    """Sequences the KV budget holds at the model's context (capped at 8192 tokens a
+    sequence), at least 4 and at most 16: `serve`'s default `--max-batch`."""
+    from ssdmoe_tui.engine.model.context import max_context
+
+    sm = runner.sm
+    ctx = min(context or max_context(sm.config) or 8192, 8192)
+    per_token = estimate_bytes_per_token(sm.model, sm.config, sm.dtype.size)
+    if per_token <= 0:
+        return 4
+    return max(4, min(16, budget_bytes // (per_token * ctx)))

@@ -70,7 +70,9 @@ def plan_engine(
 ) -> EnginePlan:
     """Step 1: everything that can fail on a typo, before any model is touched."""
     from ssdmoe_tui.engine.experts.index import load_index
+    from ssdmoe_tui.engine.policy.policies import parse_policy
 
+    parse_policy(options.policy)
     path = resolve_model_spec(options.model, say=say, download=download, cancel=cancel)
     index, _ = load_index(path)
     check_k(options.k, index.num_experts, "K")

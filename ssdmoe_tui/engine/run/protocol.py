@@ -10,7 +10,7 @@ Everything here is plain data: no MLX arrays, no Textual objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Phase = Literal["idle", "loading", "indexing", "prefill", "decoding", "saving"]
 
@@ -32,27 +32,29 @@ class LoadModel:
 
 
 @dataclass(frozen=True)
-class Message:
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-@dataclass(frozen=True)
 class Generate:
-    """Generate a reply.
+    """Generate a reply to `prompt_tokens`.
 
-    Either `prompt_tokens` (exact ids, e.g. the previous turn's full sequence plus
-    the templated new user turn) or `messages` (templated by the engine) is given.
+    The engine takes token ids only: the caller turns messages into ids
+    (`ssdmoe_tui.prompting.chat_format`, or a store's exact history: `sessions/turns.py`,
+    `server/prompts.py`). `k`: experts per token for this generation (None: the K the
+    engine runs with); it travels with the request, so a queued request cannot pick up
+    another's K.
     """
 
     request_id: str
-    messages: tuple[Message, ...] = ()
-    prompt_tokens: tuple[int, ...] | None = None
+    prompt_tokens: tuple[int, ...] = ()
     max_tokens: int = 512
     temp: float = 0.0
     top_p: float = 0.0
     seed: int | None = None
     session_id: str | None = None  # lets the engine pick the right cached KV state
+    k: int | None = None  # experts per token from this reply's first token on (None: as set)
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float | None = None  # None: off (mlx-lm's logits processors)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class ModelInfo:
 @dataclass(frozen=True)
 class ModelLoaded:
     info: ModelInfo
+    # The model's tokenizer (a Hugging Face one behind mlx-lm's wrapper; no MLX calls):
+    # callers template their messages into the ids a Generate carries.
+    tokenizer: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

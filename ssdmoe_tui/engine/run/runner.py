@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
@@ -19,6 +19,7 @@ import mlx.core as mx
 from ssdmoe_tui.engine.experts import iostats
 from ssdmoe_tui.engine.model.context import check_context, max_context
 from ssdmoe_tui.engine.model.loader import StreamedModel
+from ssdmoe_tui.engine.model.routing_mass import MassLog
 from ssdmoe_tui.options import check_k
 
 
@@ -42,8 +43,14 @@ class TurnStats:
     peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
     k_per_token: list[int] = field(default_factory=list)
-    # router mass kept at the running K vs the trained K, per generated token (routing_mass.py)
-    mass_per_token: list[float] = field(default_factory=list)
+    # router mass kept at the running K vs the trained K, per generated token
+    # (routing_mass.py): None when no consumer asked for it; resolved only when read
+    mass_log: MassLog | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def mass_per_token(self) -> list[float]:
+        """Each generated token's mass (computed now for the tokens not read yet)."""
+        return self.mass_log.values() if self.mass_log is not None else []
 
     @property
     def prefill_tok_s(self) -> float:
@@ -128,11 +135,28 @@ class GenerationResult:
     cache: list  # the KV cache: prompt[:covered_prompt] + tokens[:covered_generated]
     covered_prompt: int = 0  # prompt tokens the cache holds (all, unless cancelled in prefill)
     covered_generated: int = 0  # generated tokens it holds (all but the last, or all)
+    decode_share: object = None  # in a batch: its share of the steps (batch.DecodeShare)
 
     @property
     def covered_tokens(self) -> list[int]:
         """Exactly the tokens the KV cache holds."""
         return self.prompt_tokens[: self.covered_prompt] + self.tokens[: self.covered_generated]
+
+
+@dataclass
+class Begun:
+    """A sequence after `Runner.begin`: its prompt is in `cache` and `token` is the first
+    generated token (None: stopped during prefill, or no tokens were asked for)."""
+
+    prompt: list[int]
+    cache: list
+    stats: TurnStats
+    start: Snapshot  # the engine's counters when the turn began
+    reused: int  # prompt tokens the cache held before
+    done: int  # prompt tokens prefilled before the last one
+    token: int | None = None
+    decode_share: object = None  # set by a batch: this sequence's share of the steps it ran in
+    window: LogitsWindow | None = None  # its logits processors and the tokens they see
 
 
 @dataclass(frozen=True)
@@ -234,11 +258,12 @@ def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> 
     """Prefill chunk from memory: mlx-lm's 2048 (so long prompts chunk as in mlx-lm) when
     a tenth of free memory holds that chunk's activations, else the largest power of two
     that fits (min 32). Bigger chunks read each expert once for more tokens."""
+    from ssdmoe_tui.checkpoint.arch import moe_geometry
     from ssdmoe_tui.engine.experts.cache import available_memory_bytes
 
-    cfg = sm.config.get("text_config", sm.config)
-    hidden = int(cfg.get("hidden_size", 4096))
-    inter = int(cfg.get("moe_intermediate_size", cfg.get("intermediate_size", 4 * hidden)))
+    geometry = moe_geometry(sm.config)  # the one reading of the expert shape
+    assert geometry is not None  # a loaded streamed model has MoE layers
+    hidden, inter = geometry.hidden_size, geometry.expert_intermediate
     k = max(sm.trained_k, 1)
     act = sm.dtype.size
     # the sorted expert inputs, gate/up/down intermediates and the layer's residuals
@@ -329,78 +354,43 @@ class Runner:
         cache: list | None = None,
         reused_tokens: int = 0,
         should_stop: Callable[[], bool] = lambda: False,
+        logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
     ) -> Iterator[RunnerEvent]:
         """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
+        `logits_processors`: mlx-lm's (tokens so far, logits) -> logits (penalties).
 
         Yields PrefillProgress while prefilling, a TokenEvent per token, and Done last
         (also when `should_stop` cut the turn short)."""
         from mlx_lm.sample_utils import make_sampler
 
         sm = self.sm
-        check_context(len(prompt), max_context(sm.config))  # before any prefill
-        model = sm.model
         sampler = sampler or make_sampler(0.0)
-        tokenizer = sm.tokenizer
-        eos = set(getattr(tokenizer, "eos_token_ids", []) or [])
-        if cache is None:
-            cache = self.make_cache()
-            reused_tokens = 0
-        stats = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused_tokens)
-        todo = mx.array(list(prompt[reused_tokens:]), dtype=mx.uint32)
-        if todo.size == 0:
-            raise ValueError("nothing to prefill: at least one prompt token must be new")
-        mx.reset_peak_memory()
-        iostats.reset_peak_rss()
-        self._masses.clear()
-        start = Snapshot.take(sm)
-
-        # ---- prefill (prefill K), mlx-lm's chunking: leave the last token for the first step
-        self._use_k(self.prefill_k or self.k)
-        total = int(todo.size)
-        done = 0
-        yield PrefillProgress(reused_tokens, len(prompt))
-        routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
-        while total - done > 1:
-            n = min(self.prefill_step_size, total - done - 1)
-            if routing is not None:
-                routing.prefill_chunk = True
-            try:
-                model(todo[done : done + n][None], cache=cache)
-            finally:
-                if routing is not None:
-                    routing.prefill_chunk = False
-            mx.eval([c.state for c in cache])
-            done += n
-            yield PrefillProgress(reused_tokens + done, len(prompt))
-            mx.clear_cache()
-            if should_stop():
-                break
-        last = todo[done:]
+        begun = yield from self.begin(
+            prompt,
+            max_tokens=max_tokens,
+            sampler=sampler,
+            cache=cache,
+            reused_tokens=reused_tokens,
+            should_stop=should_stop,
+            logits_processors=logits_processors,
+        )
+        model, cache, stats, start = sm.model, begun.cache, begun.stats, begun.start
+        eos = self.eos_ids()
+        detok = sm.tokenizer.detokenizer
+        tokens: list[int] = []
+        finish = "length"
+        fed_generated = 0  # generated tokens the KV cache holds
 
         def step(inp: mx.array) -> mx.array:
             logits = model(inp[None], cache=cache)[:, -1, :]
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sampler(logprobs)
 
-        # The first sampled token ends prefill (it processes the last prompt token).
-        tokens: list[int] = []
-        finish = "length"
-        detok = tokenizer.detokenizer
-        detok.reset()
-        cancelled = should_stop()
-        fed_generated = 0  # generated tokens the KV cache holds
-        if not cancelled and max_tokens > 0:
-            self._use_k(self.prefill_k or self.k)
-            if sm.routing_mass is not None:
-                sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
-            y = step(last)
-            self._queue_mass()
-            tok = int(y.item())
-            stats.k_per_token.append(sm.times.last_k)
-            self._record_mass(stats)
-            stats.prefill_s = time.perf_counter() - start.t
-            _totals(stats, Snapshot.take(sm) - start)
-            yield PrefillProgress(len(prompt), len(prompt))
+        if begun.window is not None:
+            step = _processed_step(model, cache, sampler, begun.window)
+
+        if begun.token is not None:
+            tok = begun.token
             dstart = Snapshot.take(sm)
             pending: tuple[mx.array, int] | None = None  # a step already scheduled
             while True:
@@ -441,22 +431,121 @@ class Runner:
                 fed_generated += 1  # scheduled on the last token: the cache holds it too
             stats.decode_s = time.perf_counter() - dstart.t
             _decode(stats, Snapshot.take(sm) - dstart)
-            stats.k_per_token = stats.k_per_token[: len(tokens)]
-            stats.mass_per_token = stats.mass_per_token[: len(tokens)]
             self._masses.clear()
         else:
             finish = "cancelled"
+        yield Done(self.finish(begun, tokens, detok, finish, fed_generated))
+
+    def eos_ids(self) -> set[int]:
+        return set(getattr(self.sm.tokenizer, "eos_token_ids", []) or [])
+
+    def begin(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampler: Callable[[mx.array], mx.array],
+        cache: list | None = None,
+        reused_tokens: int = 0,
+        should_stop: Callable[[], bool] = lambda: False,
+        k: int | None = None,
+        reset_peaks: bool = True,
+        logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
+    ) -> Generator[PrefillProgress, None, Begun]:
+        """Prefill (prefill K, mlx-lm's chunking) and sample the first token, which
+        processes the last prompt token: what every sequence does before decoding, alone
+        (`stream`) or in a batch (`engine/run/batch.py`). Yields PrefillProgress after each
+        chunk, so a batch can run its decode steps between them; returns `Begun`.
+        `k`: this sequence's K (None: the live `self.k`), used when no prefill K is set."""
+        sm = self.sm
+        check_context(len(prompt), max_context(sm.config))  # before any prefill
+        model = sm.model
+        if cache is None:
+            cache = self.make_cache()
+            reused_tokens = 0
+        stats = TurnStats(prompt_tokens=len(prompt), reused_tokens=reused_tokens)
+        if sm.routing_mass is not None:
+            stats.mass_log = MassLog(sm.trained_k)
+        todo = mx.array(list(prompt[reused_tokens:]), dtype=mx.uint32)
+        if todo.size == 0:
+            raise ValueError("nothing to prefill: at least one prompt token must be new")
+        if reset_peaks:
+            mx.reset_peak_memory()
+            iostats.reset_peak_rss()
+        self._masses.clear()
+        start = Snapshot.take(sm)
+        prefill_k = self.prefill_k or (self.k if k is None else k)
+
+        # ---- prefill (prefill K), mlx-lm's chunking: leave the last token for the first step
+        self._use_k(prefill_k)
+        total = int(todo.size)
+        done = 0
+        yield PrefillProgress(reused_tokens, len(prompt))
+        routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
+        while total - done > 1:
+            n = min(self.prefill_step_size, total - done - 1)
+            self._use_k(prefill_k)  # a batch may have run another K since the last chunk
+            if routing is not None:
+                routing.prefill_chunk = True
+            try:
+                model(todo[done : done + n][None], cache=cache)
+            finally:
+                if routing is not None:
+                    routing.prefill_chunk = False
+            mx.eval([c.state for c in cache])
+            done += n
+            yield PrefillProgress(reused_tokens + done, len(prompt))
+            mx.clear_cache()
+            if should_stop():
+                break
+        last = todo[done:]
+        begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
+        if logits_processors:
+            begun.window = LogitsWindow(logits_processors, prompt[: len(prompt) - int(last.size)])
+        if should_stop() or max_tokens <= 0:
             stats.prefill_s = time.perf_counter() - start.t
-        detok.finalize()
-        # totals over the whole turn
+            return begun
+        # The first sampled token ends prefill (it processes the last prompt token).
+        self._use_k(prefill_k)
+        if sm.routing_mass is not None:
+            sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
+        logits = model(last[None], cache=cache)[:, -1, :]
+        if begun.window is not None:
+            logits = begun.window(last, logits)
+        y = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        self._queue_mass()
+        begun.token = int(y.item())
+        stats.k_per_token.append(sm.times.last_k)
+        self._record_mass(stats)
+        stats.prefill_s = time.perf_counter() - start.t
         _totals(stats, Snapshot.take(sm) - start)
+        yield PrefillProgress(len(prompt), len(prompt))
+        return begun
+
+    def finish(
+        self, begun: Begun, tokens: list[int], detok, finish: str, fed_generated: int
+    ) -> GenerationResult:
+        """The turn's result once its last token is out (alone or in a batch)."""
+        sm, stats = self.sm, begun.stats
+        stats.k_per_token = stats.k_per_token[: len(tokens)]
+        if stats.mass_log is not None:
+            stats.mass_log.truncate(len(tokens))
+        detok.finalize()
+        if begun.decode_share is None:  # alone: totals over the whole turn
+            _totals(stats, Snapshot.take(sm) - begun.start)
         stats.peak_memory_bytes = int(mx.get_peak_memory())
         stats.peak_rss_bytes = iostats.peak_rss_bytes() or 0
-        covered = len(prompt) if tokens else reused_tokens + done
-        yield Done(
-            GenerationResult(
-                list(prompt), tokens, detok.text, finish, stats, cache, covered, fed_generated
-            )
+        covered = len(begun.prompt) if tokens else begun.reused + begun.done
+        return GenerationResult(
+            begun.prompt,
+            tokens,
+            detok.text,
+            finish,
+            stats,
+            begun.cache,
+            covered,
+            fed_generated,
+            begun.decode_share,
         )
 
     def _schedule(self, step, inp: mx.array) -> tuple[mx.array, int]:
@@ -470,12 +559,14 @@ class Runner:
     def _queue_mass(self) -> None:
         """Keep the routing mass of the step just built, to read with its token."""
         meter = self.sm.routing_mass
-        self._masses.append(meter.take() if meter is not None else None)
+        self._masses.append(meter.take_pending() if meter is not None else None)
 
     def _record_mass(self, stats: TurnStats) -> None:
+        """Its token's mass, unresolved: no `.item()` here, so the next step queued
+        behind this one is never waited for (readers resolve many tokens at once)."""
         m = self._masses.popleft() if self._masses else None
-        if m is not None:
-            stats.mass_per_token.append(float(m.mean().item()))
+        if stats.mass_log is not None:
+            stats.mass_log.append(m)
 
     def _can_pipeline(self) -> bool:
         cache = self.sm.cache
@@ -517,6 +608,36 @@ class Runner:
                 )
             )
         return out
+
+
+PROCESSOR_WINDOW = 256  # tokens the logits processors see (mlx-lm's penalties look at 20)
+
+
+class LogitsWindow:
+    """mlx-lm's logits processors (penalties) and the tokens they see: the prompt, then
+    each fed token, lazily as mlx-lm does. One per sequence (alone or a batch row)."""
+
+    def __init__(self, processors, before: Sequence[int]) -> None:  # noqa: ANN001
+        self.processors = list(processors)
+        self.seen = mx.array(list(before[-PROCESSOR_WINDOW:]), dtype=mx.uint32)
+
+    def __call__(self, inp: mx.array, logits: mx.array) -> mx.array:
+        self.seen = mx.concatenate([self.seen, inp.astype(mx.uint32)])[-PROCESSOR_WINDOW:]
+        for p in self.processors:
+            logits = p(self.seen, logits)
+        return logits
+
+
+def _processed_step(model, cache, sampler, window: LogitsWindow):  # noqa: ANN001, ANN202
+    """The decode step with logits processors between the model and the sampler."""
+
+    def step(inp: mx.array) -> mx.array:
+        logits = model(inp[None], cache=cache)[:, -1, :]
+        logits = window(inp, logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        return sampler(logprobs)
+
+    return step
 
 
 def _totals(stats: TurnStats, d: Snapshot) -> None:

@@ -52,13 +52,10 @@ class KVHooks:
     save(session_id, tokens, cache, info): after a reply has been shown.
     load(session_id, tokens, info) -> (cache, n_tokens) | None: when no in-memory
     cache serves a session's prompt (e.g. after a restart).
-    prompt(session_id, messages, tokenizer, info) -> token ids | None: the exact-history
-    prompt (stored turn tokens + the templated new turn) instead of a re-render.
     """
 
     save: Callable | None = None
     load: Callable | None = None
-    prompt: Callable | None = None
 
 
 # Builds the hooks on the engine thread (so a store that imports MLX is imported
@@ -74,10 +71,14 @@ class EngineService:
         options: EngineOptions | None = None,
         prefill_step_size: int | None = None,
         kv_hooks: KVHooks | KVHooksFactory | None = None,
+        max_batch: int | None = 1,
     ) -> None:
         """`options`: what every LoadModel starts from (reader, prefetch, ...); a
         LoadModel sets the model, K, prefill K, expert cache and dtype on top.
-        `kv_hooks`: persistence (or a factory called on the engine thread)."""
+        `kv_hooks`: persistence (or a factory called on the engine thread).
+        `max_batch`: Generates decoded together (engine/run/batch_loop.py); 1: one at a
+        time (the app); None: what the KV budget allows at the model's context, at
+        least 4 (`auto_max_batch`, set at each load)."""
         self._post = post
         self.options = options or EngineOptions()
         if prefill_step_size is not None:
@@ -96,9 +97,18 @@ class EngineService:
         self.last_stats: P.StatsSample | None = None
         self._lock = None  # cross-process "one loaded model" lock (models.lock)
         self.use_model_lock = True
+        # The stats samples carry the router mass (the app's panel shows it): free at the
+        # trained K, resolved per sample below it (engine/model/routing_mass.py).
+        self.measure_routing_mass = True
         # engine.distributed.ServiceLink: one rank of an expert-parallel launch (serve
         # --distributed); commands, K and stops then come from rank 0, in step.
         self.link = None
+        self.max_batch_setting = max_batch
+        self.max_batch = max_batch or 4
+        self._cancel_ids: set[str] = set()  # requests stopped one by one (batched serving)
+        self._outstanding = 0  # Generates submitted and not yet done
+        self._count_lock = threading.Lock()
+        self.batch_figures: dict | None = None  # the running batch's (BatchFigures.as_dict)
 
     # ------------------------------------------------------------------ client API
     def start(self) -> None:
@@ -116,8 +126,11 @@ class EngineService:
                 self._emit(P.EngineError(user_message(e)))
             return
         if isinstance(cmd, P.Generate):
+            with self._count_lock:
+                self._outstanding += 1
             self._busy.set()
-            self._cancel.clear()
+            if not self.batching:
+                self._cancel.clear()
         elif isinstance(cmd, P.LoadModel) and not self._busy.is_set():
             # Not while a reply runs: the app stops it as it opens another model, and
             # clearing here undid that stop (the reply ran to max_tokens before the load);
@@ -137,8 +150,25 @@ class EngineService:
                 return
             runner.set_k(k)
 
-    def cancel(self) -> None:
-        self._cancel.set()
+    def cancel(self, request_id: str | None = None) -> None:
+        """Stop a generation between two tokens: every one (None), or one request's."""
+        if request_id is None:
+            self._cancel.set()
+        else:
+            self._cancel_ids.add(request_id)
+
+    @property
+    def batching(self) -> bool:
+        """Generates decode together (not under --distributed: ranks step one reply)."""
+        return self.max_batch > 1 and self.link is None
+
+    def _generation_ended(self, request_id: str | None) -> None:
+        with self._count_lock:
+            self._outstanding = max(0, self._outstanding - 1)
+            if not self._outstanding:
+                self._busy.clear()
+        if request_id is not None:
+            self._cancel_ids.discard(request_id)
 
     @property
     def busy(self) -> bool:
@@ -176,8 +206,14 @@ class EngineService:
                 self.kv_hooks = self._hooks_source(self._notice)
             except Exception as e:  # noqa: BLE001 - chatting works without persistence
                 self._notice(f"conversations will not be saved: {user_message(e)}")
+        held: P.Command | None = None  # a command that ended a batch's admissions
         while True:
-            cmd = self._next_command()
+            cmd, held = held if held is not None else self._next_command(), None
+            if isinstance(cmd, P.Generate) and self.batching and self._runner is not None:
+                from ssdmoe_tui.engine.run.batch_loop import BatchLoop
+
+                held = BatchLoop(self).run(cmd)
+                continue
             try:
                 if isinstance(cmd, P.Shutdown):
                     self._unload()
@@ -205,7 +241,7 @@ class EngineService:
             finally:
                 if isinstance(cmd, P.Generate):
                     self._cancel.clear()  # its stop is spent, also when it failed
-                    self._busy.clear()
+                    self._generation_ended(cmd.request_id)
 
     def _next_command(self) -> P.Command:
         if self.link is None:
@@ -290,6 +326,8 @@ class EngineService:
             self._release_lock()  # nothing loaded: another instance may load a model
             raise
         self._runner = runner
+        if self.measure_routing_mass:
+            runner.sm.measure_routing_mass()
         try:
             from ssdmoe_tui.engine.run.kv_pool import KVPool
 
@@ -297,8 +335,12 @@ class EngineService:
         except ImportError:
             self.kv_pool = None
         self._options = plan.options
+        if self.max_batch_setting is None:
+            from ssdmoe_tui.engine.run.kv_pool import auto_max_batch
+
+            self.max_batch = auto_max_batch(runner, self.kv_budget_bytes)
         self._info = self._describe(runner)
-        self._emit(P.ModelLoaded(self.model_info))
+        self._emit(P.ModelLoaded(self.model_info, tokenizer=runner.sm.tokenizer))
         self._emit(self._sample(None, None))
         self._emit(P.PhaseChanged("idle"))
 
@@ -344,24 +386,9 @@ class EngineService:
             )
         )
 
-    def _prompt_tokens(self, cmd: P.Generate) -> list[int]:
-        from ssdmoe_tui.prompting.chat_format import prompt_tokens
-
-        if cmd.prompt_tokens is not None:
-            return list(cmd.prompt_tokens)
-        if not cmd.messages:
-            raise BadValueError("empty prompt")
-        tok = self._runner.sm.tokenizer
-        hooks = self.kv_hooks
-        if cmd.session_id and hooks.prompt is not None:
-            ids = hooks.prompt(cmd.session_id, cmd.messages, tok, self._info)
-            if ids:
-                return list(ids)
-        return prompt_tokens(tok, [{"role": m.role, "content": m.content} for m in cmd.messages])
-
     def _generate(self, cmd: P.Generate) -> None:
         import mlx.core as mx
-        from mlx_lm.sample_utils import make_sampler
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
         from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
@@ -369,9 +396,21 @@ class EngineService:
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
         sampling = SamplingOptions(
-            max_tokens=cmd.max_tokens, temp=cmd.temp, top_p=cmd.top_p, seed=cmd.seed
+            max_tokens=cmd.max_tokens,
+            temp=cmd.temp,
+            top_p=cmd.top_p,
+            seed=cmd.seed,
+            top_k=cmd.top_k,
+            min_p=cmd.min_p,
+            repetition_penalty=cmd.repetition_penalty,
+            presence_penalty=cmd.presence_penalty,
+            frequency_penalty=cmd.frequency_penalty,
         )
-        prompt = self._prompt_tokens(cmd)
+        if not cmd.prompt_tokens:
+            raise BadValueError("empty prompt")
+        prompt = list(cmd.prompt_tokens)
+        if cmd.k is not None:  # every rank of a distributed launch gets the same command
+            runner.set_k(cmd.k)  # checked like a SetK; a bad K refuses this request only
         if sampling.seed is not None:
             mx.random.seed(sampling.seed)
         cache, reused = self._take_cache(cmd.session_id, prompt)
@@ -391,8 +430,16 @@ class EngineService:
             last_flush = time.monotonic()
 
         result = None
-        sampler = make_sampler(sampling.temp, top_p=sampling.top_p)
-        should_stop = self._cancel.is_set
+        sampler = make_sampler(
+            sampling.temp, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k
+        )
+        penalties = sampling.logits_processors()
+        processors = make_logits_processors(**penalties) if penalties else []
+        rid = cmd.request_id
+
+        def should_stop() -> bool:
+            return self._cancel.is_set() or rid in self._cancel_ids
+
         link, meter = self.link, None
         if link is not None:
             sampler, meter = link.sampler(sampler), link.meter(runner.sm)
@@ -404,6 +451,7 @@ class EngineService:
             cache=cache,
             reused_tokens=reused,
             should_stop=should_stop,
+            logits_processors=processors,
         ):
             now = time.monotonic()
             if isinstance(ev, TokenEvent):

@@ -33,3 +33,15 @@ def edit(app: Any) -> None:
         app.notify("Settings saved for this conversation.")
 
     app.push_screen(GenSettingsScreen(current, info.num_experts if info else 0), chosen)
+
+
+def toggle_thinking(app: Any) -> None:
+    """The palette's "Thinking on/off": this conversation's `enable_thinking`."""
+    gen = replace(app.chat.gen, thinking=not app.chat.gen.thinking)
+    try:
+        app.chat.set_gen(gen)
+    except Refused as e:
+        app.notify(str(e), severity="error")
+        return
+    state = "on" if gen.thinking else "off"
+    app.notify(f"Thinking {state} for this conversation (from the next reply).")

@@ -29,6 +29,21 @@ def request_k(app: Any, k: int) -> None:
     app.panel.k_control.set_k(k)
 
 
+def reset_k(app: Any) -> None:
+    """A new chat starts from the config: its K (none set: the model's trained K), not
+    the last chat's."""
+    info = app.chat.model
+    if info is None:
+        return
+    k = app.chat.gen.k or info.trained_k
+    try:
+        app.chat.check_k(k)
+    except Refused:
+        k = info.trained_k
+    if k != app.panel.k_control.k:
+        app.panel.k_control.set_k(k)
+
+
 def step_k(app: Any, delta: int) -> None:
     control = app.panel.k_control
     if not control.num_experts:

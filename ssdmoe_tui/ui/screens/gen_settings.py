@@ -1,5 +1,5 @@
 """F9: this conversation's generation settings (system prompt, temperature, top-p, max
-tokens, K). Starts from the conversation's own values (new chats: the config's); each
+tokens, K, thinking). Starts from the conversation's own values (new chats: the config's); each
 value is checked by the config schema's own check, a bad one is named on the screen and
 nothing is applied until all are good. Returns the new `GenSettings`, or None."""
 
@@ -10,17 +10,25 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, TextArea
+from textual.widgets import Button, Checkbox, Input, Label, TextArea
 
 from ssdmoe_tui.config import GenSettings, check_value
 from ssdmoe_tui.options import check_k
 
-FIELDS = (  # (key, label, hint)
-    ("temperature", "Temperature", "0 = greedy: the same reply each time"),
-    ("top_p", "Top-p", "0 = off; e.g. 0.95"),
-    ("max_tokens", "Max tokens", "longest reply"),
-    ("k", "K (experts per token)", "empty = the model's trained K"),
+FIELDS = (  # (key, label, hint): a hint fits its column of a 64-wide dialog
+    ("temperature", "Temperature", "0 = greedy (same reply)"),
+    ("top_p", "Top-p", "off, or e.g. 0.95"),
+    ("max_tokens", "Max tokens", "the longest reply"),
+    ("k", "K (experts per token)", "empty = trained K"),
 )
+OFF_WHEN_ZERO = {"top_p"}  # shown empty at 0: "Top-p 0" reads as "keep nothing"
+
+
+def _shown(key: str, value: object) -> str:
+    """A setting as the field shows it (empty where empty means the default)."""
+    if value is None or (key in OFF_WHEN_ZERO and value == 0):
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _typed(key: str, text: str) -> object:
@@ -28,6 +36,8 @@ def _typed(key: str, text: str) -> object:
     text = text.strip()
     if key == "k" and not text:
         return None
+    if key in OFF_WHEN_ZERO and not text:
+        return 0.0
     try:
         return int(text) if key in ("max_tokens", "k") else float(text)
     except ValueError:
@@ -48,27 +58,27 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="gen-settings"):
             yield Label("Generation settings (this conversation)", classes="dialog-title")
-            yield Label("System prompt")
-            yield TextArea(
-                self.current.system_prompt, id="set-system_prompt", soft_wrap=True, compact=True
-            )
+            yield Label("System prompt (empty: none)", classes="setting-title")
+            yield TextArea(self.current.system_prompt, id="set-system_prompt", soft_wrap=True)
             for key, label, hint in FIELDS:
-                value = getattr(self.current, key)
                 with Horizontal(classes="setting-row"):
                     yield Label(label, classes="setting-label")
                     yield Input(
-                        ""
-                        if value is None
-                        else f"{value:g}"
-                        if isinstance(value, float)
-                        else str(value),
-                        placeholder=hint,
+                        _shown(key, getattr(self.current, key)),
+                        placeholder="off" if key in OFF_WHEN_ZERO else "",
                         id=f"set-{key}",
                         compact=True,
                     )
+                    yield Label(hint, classes="setting-hint")
+            yield Checkbox(
+                "Thinking (for models that think: Qwen3, …)",
+                self.current.thinking,
+                id="set-thinking",
+                compact=True,
+            )
             yield Label("", id="settings-error", classes="dialog-hint")
             yield Label(
-                "Enter or ctrl+s saves · esc cancels · saved with the conversation",
+                "ctrl+s or Enter saves · esc cancels · kept with the chat",
                 classes="dialog-hint",
             )
             with Horizontal(classes="dialog-buttons"):
@@ -76,12 +86,15 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#set-temperature", Input).focus()
+        # The system prompt first: typing right away lands in the box one expects.
+        self.query_one("#set-system_prompt", TextArea).focus()
+        self.query_one("#settings-error", Label).display = False  # until there is one
 
     def result(self) -> GenSettings:
         """The settings on screen; ValueError naming the first bad one."""
         values: dict[str, object] = {
-            "system_prompt": self.query_one("#set-system_prompt", TextArea).text
+            "system_prompt": self.query_one("#set-system_prompt", TextArea).text,
+            "thinking": self.query_one("#set-thinking", Checkbox).value,
         }
         for key, label, _ in FIELDS:
             raw = self.query_one(f"#set-{key}", Input).value
@@ -97,7 +110,9 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
         try:
             settings = self.result()
         except ValueError as e:
-            self.query_one("#settings-error", Label).update(str(e))
+            error = self.query_one("#settings-error", Label)
+            error.update(str(e))
+            error.display = True
             return
         self.dismiss(settings)
 

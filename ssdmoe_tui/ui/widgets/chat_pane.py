@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widgets import Static
 
+from ssdmoe_tui.chat.attachments import (
+    AttachmentError,
+    attachments_of,
+    mentioned,
+    split_attached,
+    with_attachments,
+)
 from ssdmoe_tui.chat.controller import ChatController, Refused
 from ssdmoe_tui.chat.replies import ShownTurn
 from ssdmoe_tui.engine.run.protocol import EngineError, Generate, GenerationDone, Tokens
@@ -35,7 +43,32 @@ class ChatPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Transcript(id="transcript")
-        yield PromptInput(id="prompt", placeholder="Ask anything (Enter sends, ctrl+j newline)")
+        yield Static("", id="attachments", markup=False)  # a chip per @file of the prompt
+        yield PromptInput(id="prompt", placeholder="Ask anything (Enter sends, @file attaches)")
+
+    def on_mount(self) -> None:
+        self.query_one("#attachments", Static).display = False
+        self._chips_for: tuple[str, ...] = ()
+
+    @on(PromptInput.Changed)
+    def _prompt_changed(self, event: PromptInput.Changed) -> None:
+        """The chips above the prompt follow its `@path`s (read when they change)."""
+        names = tuple(mentioned(self.prompt.text))
+        if names == self._chips_for:
+            return
+        self._chips_for = names
+        chips = self.query_one("#attachments", Static)
+        try:
+            files = attachments_of(self.prompt.text)
+        except AttachmentError as e:
+            chips.update(f"✗ {e}")
+            chips.add_class("error")
+        else:
+            chips.update("  ".join(a.chip() for a in files))
+            chips.remove_class("error")
+            chips.display = bool(files)
+            return
+        chips.display = True
 
     @property
     def transcript(self) -> Transcript:
@@ -60,19 +93,38 @@ class ChatPane(Vertical):
         else:
             await self.send(event.text)
 
+    def _with_files(self, text: str) -> str | None:
+        """The message with its `@path` files, or None (said in one line) when one of
+        them cannot be attached."""
+        try:
+            return with_attachments(text, attachments_of(text))
+        except AttachmentError as e:
+            self.notify(str(e), severity="error", markup=False)
+            return None
+
     async def send(self, text: str) -> bool:
         """Send one user turn; False (with a notice) when it cannot go now."""
         if why := self.chat.why_not_send():
             self.notify(why, severity="warning")
             return False
+        message = self._with_files(text)
+        if message is None:
+            return False
+        try:
+            request = self.chat.prepare(message)
+        except Refused as e:
+            self.notify(str(e), severity="warning", markup=False)
+            return False
         self.prompt.clear()
-        await self.transcript.add_user(text)
-        await self._start_reply(self.chat.prepare(text))
+        await self.transcript.add_user(message)
+        await self._start_reply(request)
         return True
 
     async def redo(self, text: str | None = None) -> bool:
         """Regenerate the last reply (`text` None) or resend the edited last prompt; the
         replaced turns stay on screen, marked, and in the conversation file."""
+        if text is not None and (text := self._with_files(text)) is None:
+            return False
         try:
             request = self.chat.redo(text)
         except Refused as e:
@@ -102,14 +154,16 @@ class ChatPane(Vertical):
             self.notify(why, severity="warning")
             return
         self.editing = True
-        self.prompt.load_text(text)
+        self.prompt.load_text(split_attached(text)[0])  # as typed: its @paths read again
         self.prompt.move_cursor(self.prompt.document.end)
         self.prompt.focus()
         self.notify("Editing the last prompt: Enter resends it, Esc cancels.")
 
     async def _start_reply(self, request: Generate) -> None:
         assert self.chat.model is not None
-        self.current = await self.transcript.add_assistant(request.request_id, self.chat.model.name)
+        self.current = await self.transcript.add_assistant(
+            request.request_id, self.chat.model.name, self.chat.thinking_inside
+        )
         self.transcript.action_pin()
         # Cleared before the request goes: its first sample must land on a clean graph.
         self.screen.query_one(EnginePanel).clear_history()
@@ -129,7 +183,9 @@ class ChatPane(Vertical):
         try:
             stats = self.chat.reply_done(done)
             if stats is not None and message is not None and message.is_attached:
-                await message.finish(done.text, done.finish_reason, stats.detail())
+                await message.finish(
+                    done.text, done.finish_reason, stats.detail(), stats.thinking_tokens
+                )
         finally:
             self.finishing = None
 
@@ -148,8 +204,13 @@ class ChatPane(Vertical):
             elif turn.role == "assistant":
                 stats = turn.reply
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
-                reason = "cancelled" if turn.stopped else "stop"
-                await message.finish(turn.content, reason, stats.detail() if stats else "")
+                reason = turn.finish or ("cancelled" if turn.stopped else "stop")
+                await message.finish(
+                    turn.content,
+                    reason,
+                    stats.detail() if stats else "",
+                    stats.thinking_tokens if stats else 0,
+                )
 
     async def open_session(self, resume: str | None) -> None:
         """Start (`resume` None) or resume a conversation and show its turns; a bad

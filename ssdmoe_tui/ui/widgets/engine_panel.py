@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
@@ -126,6 +126,10 @@ class EnginePanel(VerticalScroll):
         yield Static("expert cache", classes="section-title")
         yield Row("cache_hit", ROWS["cache_hit"])
         yield Row("cache_used", ROWS["cache_used"])
+        # An expert-parallel launch (`ssdmoe launch ... ssdmoe --distributed`): each rank's
+        # share, bytes and hits over the last reply (hidden in one process).
+        yield Static("ranks (last reply)", classes="section-title", id="ranks-title")
+        yield Static("", id="ranks")
         yield Static("memory", classes="section-title")
         for key in ("mem_resident", "mem_kv", "mem_rss", "mem_peak"):
             yield Row(key, ROWS[key])
@@ -137,6 +141,8 @@ class EnginePanel(VerticalScroll):
     def on_mount(self) -> None:
         self.border_title = "engine"
         self.query_one("#phase-progress", ProgressBar).display = False
+        self.query_one("#ranks-title").display = False
+        self.query_one("#ranks").display = False
 
     # ------------------------------------------------------------------ updates
 
@@ -186,6 +192,16 @@ class EnginePanel(VerticalScroll):
         if event.phase == "prefill" and event.done == 0:
             self._last_generated = 0
 
+    def show_prefill(self, clock: PrefillClock) -> None:
+        """A prefill: tokens (estimated between the engine's reports), rate, time left."""
+        label = f"{PHASE_LABELS['prefill']}  {clock.text()}"
+        self.query_one("#phase", Static).update(label)
+        self.shown["phase"] = label
+        bar = self.query_one("#phase-progress", ProgressBar)
+        bar.display = clock.total > 0
+        if bar.display:
+            bar.update(total=clock.total, progress=clock.estimate()[0])
+
     def show_load(self, progress: LoadProgress) -> None:
         """A model load: its step, share done and time left, on the phase line and bar."""
         label = f"{PHASE_LABELS['loading']}\n{progress.text()}"
@@ -232,6 +248,25 @@ class EnginePanel(VerticalScroll):
         self._set("context", f"{fmt_count(s.context_tokens)} / {fmt_count(s.max_context)}")
         meter = self.query_one("#context-meter", ProgressBar)
         meter.update(total=max(1, s.max_context), progress=min(s.context_tokens, s.max_context))
+
+    def show_ranks(self, d: dict | None) -> None:
+        """Per-rank figures of a distributed reply (its stats' `distributed`); None: hide."""
+        shown = bool(d and d.get("per_rank"))
+        self.query_one("#ranks-title").display = shown
+        box = self.query_one("#ranks", Static)
+        box.display = shown
+        if not shown:
+            return
+        lines = [
+            f"rank {r['rank']}  {fmt_pct(r.get('owned_fraction'))} of experts\n"
+            f"  {fmt_mib(r.get('requested_mib_per_token'))}/tok · hit {fmt_pct(r.get('hit_rate'))}\n"
+            f"  all_sum {r.get('all_sum_ms_per_token') or 0.0:.1f} ms/tok"
+            for r in d["per_rank"]
+        ]
+        lines.append(f"total {fmt_mib(d.get('total_requested_mib_per_token'))}/tok")
+        text = "\n".join(lines)
+        self.shown["ranks"] = text
+        box.update(text)
 
     @property
     def k_control(self) -> KSlider:

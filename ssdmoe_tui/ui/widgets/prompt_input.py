@@ -1,6 +1,8 @@
 """The prompt box: multi-line, Enter sends, shift+enter / ctrl+j insert a newline,
-↑/↓ on the first/last line walk through earlier prompts. Pastes keep their newlines
-(TextArea inserts pasted text as is)."""
+↑/↓ on the first/last line walk through earlier prompts, Tab after `@part` completes a
+file path (chat/attachments.py), PageUp/PageDown scroll the
+transcript (the box is a few lines; TextArea would page its own cursor). Pastes keep
+their newlines (TextArea inserts pasted text as is)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
+
+from ssdmoe_tui.chat.attachments import complete
 
 
 class PromptInput(TextArea):
@@ -47,12 +51,36 @@ class PromptInput(TextArea):
             event.prevent_default()
             self.action_submit()
             return
+        if event.key == "tab" and self.complete_path():
+            event.stop()
+            event.prevent_default()
+            return
         if event.key in ("ctrl+j", "shift+enter"):
             event.stop()
             event.prevent_default()
             self.action_newline()
             return
         await super()._on_key(event)
+
+    def complete_path(self) -> bool:
+        """Tab after `@part`: complete the file path (one match: all of it; several: their
+        common part, and the names are shown). False: not in an `@` word (Tab moves on)."""
+        row, col = self.cursor_location
+        line = self.document.get_line(row)
+        start = line.rfind(" ", 0, col) + 1
+        word = line[start:col]
+        if not word.startswith("@"):
+            return False
+        done, names = complete(word[1:])
+        if not names:
+            self.notify(f"No file matches {word}", severity="warning", markup=False)
+            return True
+        if done != word[1:]:
+            self._replace_via_keyboard("@" + done, (row, start), (row, col))
+        if len(names) > 1:
+            shown = "  ".join(names[:12]) + ("  …" if len(names) > 12 else "")
+            self.notify(shown, title=f"{len(names)} matches", markup=False)
+        return True
 
     def action_newline(self) -> None:
         start, end = self.selection
@@ -99,6 +127,12 @@ class PromptInput(TextArea):
             self._show(self._draft, at_end=True)
         else:
             self._show(self.prompt_history[self._history_index], at_end=True)
+
+    def action_cursor_page_up(self) -> None:
+        self.call_later(self.run_action, "app.page(-1)")
+
+    def action_cursor_page_down(self) -> None:
+        self.call_later(self.run_action, "app.page(1)")
 
     def action_cursor_line_end(self, select: bool = False) -> None:
         """End moves to the line end; pressed again there, it re-pins the transcript."""

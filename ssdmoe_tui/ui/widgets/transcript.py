@@ -10,8 +10,11 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Collapsible, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
+
+from ssdmoe_tui.chat.attachments import split_attached
+from ssdmoe_tui.chat.thinking import Split, split_thinking
 
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 
@@ -83,7 +86,7 @@ class ChatMessage(Vertical, can_focus=True):
         self.app.notify(f"Copied the {self.ROLE} message ({len(self.text)} characters)")
 
     def action_copy_code(self) -> None:
-        blocks = code_blocks(self.text)
+        blocks = code_blocks(getattr(self, "answer", self.text))
         if not blocks:
             self.app.notify("No code block in this message", severity="warning")
             return
@@ -94,26 +97,88 @@ class ChatMessage(Vertical, can_focus=True):
 
 
 class UserMessage(ChatMessage):
+    """What was typed, and a chip per attached file (`text` is the whole message the
+    model saw, files included: chat/attachments.py)."""
+
     ROLE = "you"
+    DEFAULT_CSS = """
+    UserMessage .attached { color: $foreground-muted; }
+    """
 
     def compose(self) -> ComposeResult:
+        typed, files = split_attached(self.text)
         yield from self.compose_header()
-        yield Static(self.text, markup=False, classes="message-body")
+        yield Static(typed, markup=False, classes="message-body")
+        if files:
+            chips = "  ".join(a.chip() for a in files)
+            yield Static(chips, markup=False, classes="attached")
 
 
 class AssistantMessage(ChatMessage):
-    """Starts empty; `append()` streams text in, `finish()` settles it."""
+    """Starts empty; `append()` streams text in, `finish()` settles it. A reply that
+    thinks (`<think> ... </think>`, chat/thinking.py) shows its reasoning in a block of
+    its own above the answer, collapsed; `t` (or ctrl+t for the last reply) toggles it."""
 
     ROLE = "assistant"
+    DEFAULT_CSS = """
+    AssistantMessage .thinking { display: none; }
+    AssistantMessage.thinks .thinking { display: block; }
+    AssistantMessage .thinking-body { color: $foreground-muted; }
+    """
+    BINDINGS = [
+        *ChatMessage.BINDINGS,
+        Binding("t", "toggle_thinking", "Show/hide thinking", id="message.thinking"),
+    ]
 
-    def __init__(self, request_id: str, model_name: str = "") -> None:
+    def __init__(self, request_id: str, model_name: str = "", thinking_inside: bool = False):
         super().__init__("", classes="pending")
         self.request_id = request_id
         self.model_name = model_name
+        self.thinking_inside = thinking_inside  # the prompt opened the <think> block
         self.finish_reason: str | None = None
         self.detail = ""
         self._stream: MarkdownStream | None = None
+        self._written = 0  # characters of the answer streamed into the Markdown
+        self.split = Split("", "")
         self.appends = 0  # how many increments arrived (tests check streaming happened)
+        # Kept, not queried: tokens may still arrive for a reply whose widget has been
+        # removed (another conversation opened), and it has no children then.
+        self._thinking_body = Static("", markup=False, classes="thinking-body")
+        self._block = Collapsible(
+            self._thinking_body, title="thinking", collapsed=True, classes="thinking"
+        )
+        self._markdown = Markdown("", classes="message-body")
+
+    @property
+    def answer(self) -> str:
+        """The reply without its reasoning (what copy and the code blocks take)."""
+        return self.split.answer
+
+    @property
+    def thinking_block(self) -> Collapsible:
+        return self._block
+
+    def action_toggle_thinking(self) -> None:
+        if not self.split.has_thinking:
+            self.app.notify("This reply has no thinking.", severity="warning")
+            return
+        block = self.thinking_block
+        block.collapsed = not block.collapsed
+
+    def action_copy_message(self) -> None:
+        self.app.copy_to_clipboard(self.answer)
+        self.app.notify(f"Copied the {self.ROLE} message ({len(self.answer)} characters)")
+
+    def _show_thinking(self, tokens: int = 0) -> None:
+        split, block = self.split, self.thinking_block
+        self.set_class(split.has_thinking, "thinks")  # the block shows once it thinks
+        if not split.has_thinking:
+            return
+        self._thinking_body.update(split.thinking)
+        if split.open and self.finish_reason is None:
+            block.title = "thinking…"
+        else:
+            block.title = f"thinking · {tokens} tokens" if tokens else "thinking"
 
     def header_text(self) -> Text:
         title = Text(self.model_name or self.ROLE, style="bold")
@@ -131,30 +196,42 @@ class AssistantMessage(ChatMessage):
 
     def compose(self) -> ComposeResult:
         yield from self.compose_header()
-        yield Markdown("", classes="message-body")
+        yield self._block
+        yield self._markdown
 
     @property
     def markdown(self) -> Markdown:
-        return self.query_one(Markdown)
+        return self._markdown
 
     async def append(self, text: str) -> None:
         if not text:
             return
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.markdown)
         self.text += text
         self.appends += 1
-        await self._stream.write(text)
+        self.split = split_thinking(self.text, self.thinking_inside)
+        self._show_thinking()
+        new = self.split.answer[self._written :]
+        if new:
+            if self._stream is None:
+                self._stream = Markdown.get_stream(self.markdown)
+            self._written = len(self.split.answer)
+            await self._stream.write(new)
 
-    async def finish(self, text: str, finish_reason: str, detail: str = "") -> None:
-        """End the stream and render the whole reply once, exactly as generated."""
+    async def finish(
+        self, text: str, finish_reason: str, detail: str = "", thinking_tokens: int = 0
+    ) -> None:
+        """End the stream and render the whole reply once, exactly as generated (its
+        reasoning apart, collapsed)."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
         self.text = text
         self.finish_reason = finish_reason
         self.detail = detail
-        await self.markdown.update(text)
+        live = self.appends > 0
+        self.split = split_thinking(text, self.thinking_inside if live else None)
+        self._show_thinking(thinking_tokens)
+        await self.markdown.update(self.split.answer)
         self.remove_class("pending")
         self.set_class(finish_reason == "cancelled", "stopped")
         self.set_class(finish_reason == "error", "failed")
@@ -188,13 +265,29 @@ class Transcript(VerticalScroll):
         self.anchor()
         self.scroll_end(animate=False)
 
+    def show_top(self) -> None:
+        """Its first lines in view, not following what is added (the welcome card):
+        anchored, Textual keeps the end in view and a short content at the bottom.
+        Sending a message pins it again."""
+        self.anchor(False)
+        self.scroll_home(animate=False)
+        self.call_after_refresh(self._at_top)
+
+    def _at_top(self) -> None:
+        # Right after a mount the offset can be left below 0 (short content drawn at the
+        # bottom); set it once the layout is done.
+        self.scroll_target_y = 0
+        self.scroll_y = 0
+
     async def add_user(self, text: str) -> UserMessage:
         message = UserMessage(text)
         await self.mount(message)
         return message
 
-    async def add_assistant(self, request_id: str, model_name: str) -> AssistantMessage:
-        message = AssistantMessage(request_id, model_name)
+    async def add_assistant(
+        self, request_id: str, model_name: str, thinking_inside: bool = False
+    ) -> AssistantMessage:
+        message = AssistantMessage(request_id, model_name, thinking_inside)
         await self.mount(message)
         return message
 

@@ -13,33 +13,34 @@ from ssdmoe_tui.models.registry import SUPPORTED_ARCHITECTURES
 
 EXAMPLE_REPO = "mlx-community/Qwen3-30B-A3B-4bit"
 
-ABOUT = (
-    "The demo model is tiny (8 M parameters) and was trained here on a few MB of software "
-    "manuals: it babbles, but it has learned (see docs/quality.md). "
-    "It exists to show the engine at work: the panel on the right, "
-    "K (ctrl+↑/↓), saved conversations (ctrl+o) and resume (ssdmoe --resume)."
-)
+# What the first lines say, whatever the size: the essentials come first (at 80x24 the
+# chat column has about 18 rows and 40 columns), the details after them.
+TITLE = "ssdmoe · demo model: tiny, trained here"
+ABOUT = "It babbles, but it has learned: it is here to show the engine at work."
+REAL_MODEL = "A real model: F4 here, or ssdmoe --model <folder or Hugging Face repo id>."
 
 
 def real_model_help() -> str:
     archs = ", ".join(SUPPORTED_ARCHITECTURES)
     return (
-        "To chat with a real model:\n"
-        f"  • ssdmoe --model {EXAMPLE_REPO}   (or a local folder)\n"
+        "The panel on the right shows the engine; K: ctrl+↑/↓; saved conversations: "
+        "ctrl+o (ssdmoe --resume reopens the last one).\n"
+        f"  • ssdmoe --model {EXAMPLE_REPO}\n"
         f"  • ssdmoe models fetch {EXAMPLE_REPO}   (download it first)\n"
-        "  • F4 here: the models found on this machine\n"
+        "  • F4: the models found on this machine\n"
         f"Supported architectures: {archs} (MLX-quantized checkpoints)."
     )
 
 
 class Welcome(Vertical):
     DEFAULT_CSS = """
-    Welcome { height: auto; margin: 1 0 0 0; padding: 0 1; border: round $accent 60%; }
+    Welcome { height: auto; margin: 0; padding: 0 1; border: round $accent 60%; }
     Welcome #welcome-title { text-style: bold; color: $accent; }
+    Welcome #welcome-real { text-style: bold; }
     Welcome ProgressBar { width: 1fr; }
     Welcome ProgressBar Bar { width: 1fr; }
     Welcome #welcome-status { color: $foreground-muted; }
-    Welcome .welcome-text { margin: 1 0 0 0; }
+    Welcome .welcome-more { margin: 1 0 0 0; color: $foreground-muted; }
     """
 
     def __init__(self) -> None:
@@ -47,11 +48,12 @@ class Welcome(Vertical):
         self.progress = LoadProgress()
 
     def compose(self) -> ComposeResult:
-        yield Static("Welcome to ssdmoe: starting the demo model", id="welcome-title")
+        yield Static(TITLE, id="welcome-title", markup=False)
+        yield Static(ABOUT, classes="welcome-text", markup=False)
+        yield Static(REAL_MODEL, id="welcome-real", markup=False)
         yield ProgressBar(total=100, show_eta=False, id="welcome-bar")
         yield Static("starting the engine", id="welcome-status", markup=False)
-        yield Static(ABOUT, classes="welcome-text", markup=False)
-        yield Static(real_model_help(), classes="welcome-text", markup=False)
+        yield Static(real_model_help(), classes="welcome-more", markup=False)
 
     def show_progress(self, phase: str, done: int, total: int, detail: str) -> None:
         self.progress.update(phase, done, total, detail)
@@ -59,9 +61,10 @@ class Welcome(Vertical):
         self.query_one("#welcome-status", Static).update(self.progress.text())
 
     def loaded(self, name: str) -> None:
-        self.query_one("#welcome-title", Static).update(f"Welcome to ssdmoe: {name} is ready")
         self.query_one("#welcome-bar", ProgressBar).display = False
-        self.query_one("#welcome-status", Static).update("Type a message below; Enter sends.")
+        self.query_one("#welcome-status", Static).update(
+            f"{name} is ready: type a message below, Enter sends."
+        )
 
     def failed(self, why: str) -> None:
         self.query_one("#welcome-bar", ProgressBar).display = False

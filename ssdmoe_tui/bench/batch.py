@@ -1,0 +1,173 @@
+"""`ssdmoe bench --batch N[,N...]`: B sequences decoding together (engine/run/batch.py).
+
+Each configuration runs on a fresh engine: B different prompts (the bench's fixed prompt,
+each rotated by another offset, so routing differs), greedy, each asked for the bench's
+decode tokens. Rows join one after another (one prefill at a time); the measured window
+is the steady state from the step the last row joined to the step the first row ended,
+so every step in it decodes B rows. Trace-driven runs (`--routing-trace`) start each row
+at another offset of the trace (`len(trace) * i / B`).
+
+Reported per configuration: aggregate decode tok/s (tokens of all rows / window time),
+per-stream tok/s (steps / time), requested and device MiB/token per sequence (window bytes
+/ tokens of all rows), experts looked up per MoE layer per step (the union over the rows),
+the expert cache's hit rate, and the longest stall of a join (one prefill chunk plus its
+first token, run between two decode steps). With `check_alone`, every row's prompt is
+run again alone on the same engine and the tokens compared (`rows_equal_alone`,
+`token_mismatch_rate`): the measurement of exactness on a GPU, where a kernel may change
+with the number of rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ssdmoe_tui.options import CacheBudget
+
+Log = Callable[[str], None]
+
+
+def row_prompts(prompt: list[int], b: int) -> list[list[int]]:
+    """B prompts of the same length: `prompt` rotated by i/B of its length (row 0: as is)."""
+    n = len(prompt)
+    out = []
+    for i in range(b):
+        s = (n * i) // b
+        out.append(prompt[s:] + prompt[:s])
+    return out
+
+
+def _per_step(x: float | None, n: float) -> float | None:
+    return None if x is None or not n else x / n
+
+
+def _round(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def run_batch_config(
+    runner,  # a fresh engine's Runner for this (K, budget)
+    decode_tokens: int,
+    budget: CacheBudget,
+    prompt: list[int],
+    b: int,
+    log: Log,
+    check_alone: bool = False,
+) -> dict:
+    """B rows on `runner`; the steady-state window's figures."""
+    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
+    from ssdmoe_tui.engine.run.runner import Done, Snapshot
+
+    k = runner.k
+    sm = runner.sm
+    eos = sm.tokenizer.eos_token_ids
+    try:
+        sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
+        batch = BatchRunner(runner, max_batch=b)
+        routing = sm.cache.routing
+        span = len(routing.decode) if routing is not None else 0
+        prompts = row_prompts(prompt, b)
+        for i, p in enumerate(prompts):
+            batch.add(SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=(span * i) // b))
+        results = {}
+        start = end = None
+        u0 = c0 = 0
+        full_steps = 0
+        t_all = time.perf_counter()
+        while not batch.idle:
+            events = batch.step()
+            for uid, ev in events:
+                if isinstance(ev, Done):
+                    results[uid] = ev.result
+            if start is None and batch.rows == b and not batch.waiting:
+                start = Snapshot.take(sm)
+                u0, c0 = sm.times.union_experts, sm.times.union_calls
+                steps0 = batch.figures.steps
+            elif start is not None and end is None and batch.rows < b:
+                end = Snapshot.take(sm)
+                u1, c1 = sm.times.union_experts, sm.times.union_calls
+                full_steps = batch.figures.steps - steps0  # each decoded all B rows
+        total_s = time.perf_counter() - t_all
+        if start is None or end is None or full_steps < 1:
+            raise ValueError(
+                f"--batch {b}: no step decoded all {b} rows together; raise --decode-tokens"
+            )
+        w = end - start
+        row_tokens = full_steps * b
+        fig = batch.figures
+        out = {
+            **runner.conditions(),
+            "expert_cache": str(budget),
+            "batch": b,
+            "window_steps": full_steps,
+            "window_s": round(w.t, 4),
+            "aggregate_decode_tok_s": _round(_per_step(row_tokens, w.t), 3),
+            "per_stream_decode_tok_s": _round(_per_step(full_steps, w.t), 3),
+            "requested_mib_per_token_per_sequence": _round(w.bytes_read / row_tokens / 2**20),
+            "device_mib_per_token_per_sequence": None
+            if w.device_bytes is None
+            else _round(w.device_bytes / row_tokens / 2**20),
+            "union_experts_per_layer": _round((u1 - u0) / (c1 - c0), 3) if c1 > c0 else None,
+            "hit_rate": round(w.hit_rate, 6),
+            "max_join_stall_s": round(fig.max_stall_s, 4),
+            "mean_step_s": round(fig.decode_s / fig.steps, 5) if fig.steps else None,
+            "total_s": round(total_s, 3),
+            "token_ids": [results[i].tokens for i in range(b)],
+        }
+        if check_alone:
+            alone = [runner.generate(p, max_tokens=decode_tokens).tokens for p in prompts]
+            diff = sum(
+                sum(x != y for x, y in zip(a, results[i].tokens, strict=False))
+                for i, a in enumerate(alone)
+            )
+            out["rows_equal_alone"] = sum(alone[i] == results[i].tokens for i in range(b))
+            out["token_mismatch_rate"] = round(diff / (b * decode_tokens), 6)
+        log(
+            f"  K={k} budget={budget} batch={b}: aggregate {out['aggregate_decode_tok_s'] or 0:.2f} "
+            f"tok/s, per stream {out['per_stream_decode_tok_s'] or 0:.2f}, "
+            f"{out['requested_mib_per_token_per_sequence'] or 0:.2f} MiB/token/sequence, "
+            f"union {out['union_experts_per_layer']} experts/layer, hit {w.hit_rate:.1%}, "
+            f"join stall <= {fig.max_stall_s * 1e3:.0f} ms"
+            + (
+                f", {out['rows_equal_alone']}/{b} rows equal alone"
+                if "rows_equal_alone" in out
+                else ""
+            )
+        )
+        return out
+    finally:
+        sm.tokenizer.eos_token_ids = eos
+
+
+def derive(batch_results: list[dict]) -> None:
+    """Against B=1 of the same (K, budget): aggregate speed-up and MiB/token ratio."""
+    ones = {(r["k"], r["expert_cache"]): r for r in batch_results if r["batch"] == 1}
+    for r in batch_results:
+        one = ones.get((r["k"], r["expert_cache"]))
+        if one is None:
+            continue
+        a, a1 = r["aggregate_decode_tok_s"], one["aggregate_decode_tok_s"]
+        m, m1 = (
+            r["requested_mib_per_token_per_sequence"],
+            one["requested_mib_per_token_per_sequence"],
+        )
+        r["aggregate_vs_b1"] = round(a / a1, 3) if a and a1 else None
+        r["mib_per_token_vs_b1"] = round(m / m1, 3) if m is not None and m1 else None
+
+
+def table(batch_results: list[dict], markdown: bool = True) -> str:
+    """The batch measurements as a Markdown table."""
+    head = (
+        "| K | expert cache | B | aggregate tok/s | vs B=1 | per stream tok/s | "
+        "MiB/tok/seq asked | vs B=1 | union experts/layer | cache hit | join stall |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in batch_results:
+        lines.append(
+            f"| {r['k']} | {r['expert_cache']} | {r['batch']} | "
+            f"{r['aggregate_decode_tok_s']} | {r.get('aggregate_vs_b1', '-')} | "
+            f"{r['per_stream_decode_tok_s']} | {r['requested_mib_per_token_per_sequence']} | "
+            f"{r.get('mib_per_token_vs_b1', '-')} | {r['union_experts_per_layer']} | "
+            f"{r['hit_rate']:.1%} | {r['max_join_stall_s'] * 1e3:.0f} ms |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,430 @@
+"""`ssdmoe bench --quick` (`make bench-quick`): the engine's own per-token cost, guarded.
+
+One process holds three models of one small checkpoint: resident mlx-lm, the streamed
+engine with a small expert cache, and the streamed engine with a cache holding every
+expert. Rounds alternate the three (the order rotates each round), each decoding the
+same greedy tokens, and the ratios are medians over the rounds, so the load other
+processes put on a shared machine falls on all three alike. Then, per MoE layer:
+
+- `build_us`: Python time to build one MoE block's expert graph (no evaluation) for
+  mlx-lm's `SwitchGLU`, the streamed block with every expert held (device lookup, no
+  sync) and the streamed block on the host path with all hits (lookups, slot map);
+- `kernels`: graph nodes of one MoE block (router included), resident vs streamed
+  with the router-mass meter on and off (`engine/model/routing_mass.py`);
+- `sync_us`: one host round trip (evaluate a tiny op, read it on the host): what each
+  layer of the host path pays on top of its compute;
+- `overhead_us`: (streamed ms/token - resident ms/token) / MoE layers, measured.
+
+The checkpoint (random weights, Qwen3-MoE architecture, 12 MoE layers x 32 experts of
+256 x 256, K = 4, 4-bit gs64: 47 MiB of experts) is built once into the cache folder. It
+is small on purpose: the development VM's CPU computes a 4-bit `gather_qmm` slowly, and
+on a model where each layer's compute is small the engine's fixed cost per layer shows. Every hot-path commit puts these figures
+in its message; docs/benchmarks.md keeps their history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ssdmoe_tui.units import human_bytes
+
+Log = Callable[[str], None]
+
+QUICK_CONFIG: dict = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 256,
+    "num_hidden_layers": 12,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 1024,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_experts_per_tok": 4,
+    "num_experts": 32,
+    "moe_intermediate_size": 256,
+    "norm_topk_prob": True,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "bos_token_id": None,
+    "eos_token_id": 2,
+}
+SMALL_CACHE = "16M"  # ~35 % of this checkpoint's expert slots on the CPU
+ALL_CACHE = "64G"  # clamped to the expert set: every expert held
+
+
+def quick_model(log: Log = lambda _: None) -> Path:
+    """The bench's checkpoint, written once (keyed by its config) into the cache folder."""
+    from ssdmoe_tui.models.demo import write_checkpoint
+    from ssdmoe_tui.paths import cache_dir
+
+    key = hashlib.sha256(json.dumps(QUICK_CONFIG, sort_keys=True).encode()).hexdigest()[:12]
+    out = cache_dir() / "bench-quick" / key
+    if (out / ".complete").is_file():
+        return out
+    log(f"building the bench checkpoint in {out} (first run only)")
+    tmp = out.with_name(key + ".partial")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_checkpoint(QUICK_CONFIG, tmp, seed=11, group_size=64, max_shard_bytes=256 << 20)
+    (tmp / ".complete").write_text("1\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _timed_stream(events, is_token) -> tuple[list[int], list[float], list[float]]:
+    """Token ids, wall-clock and process-CPU stamps of each token."""
+    tokens, stamps, cpu = [], [], []
+    for ev in events:
+        tok = is_token(ev)
+        if tok is not None:
+            stamps.append(time.perf_counter())
+            cpu.append(time.process_time())
+            tokens.append(tok)
+    return tokens, stamps, cpu
+
+
+def _rates(t0: float, stamps: list[float], cpu: list[float], prompt: int) -> dict:
+    """Prefill tok/s = prompt / time to the first token; decode tok/s over steps 2..N, by
+    the wall clock and by this process's CPU time (all its threads: on a machine other
+    jobs load, CPU time moves less with their load than the wall clock does)."""
+    steps = len(stamps) - 1
+    return {
+        "prefill_tok_s": prompt / (stamps[0] - t0),
+        "decode_tok_s": steps / (stamps[-1] - stamps[0]) if steps > 0 else 0.0,
+        "decode_cpu_ms": (cpu[-1] - cpu[0]) * 1e3 / steps if steps > 0 else 0.0,
+    }
+
+
+class _Resident:
+    name = "resident"
+
+    def __init__(self, path: Path, dtype) -> None:
+        import mlx.core as mx
+        import mlx_lm
+
+        from ssdmoe_tui.engine.model.loader import cast_model
+
+        self.model, self.tokenizer = mlx_lm.load(str(path))
+        cast_model(self.model, dtype)
+        mx.eval(self.model.parameters())
+        self.tokenizer.eos_token_ids = set()
+
+    def run(self, prompt: list[int], n: int) -> dict:
+        import mlx.core as mx
+        import mlx_lm
+        from mlx_lm.sample_utils import make_sampler
+
+        t0 = time.perf_counter()
+        tokens, stamps, cpu = _timed_stream(
+            mlx_lm.stream_generate(
+                self.model, self.tokenizer, mx.array(prompt), max_tokens=n,
+                sampler=make_sampler(0.0),
+            ),
+            lambda r: int(r.token),
+        )  # fmt: skip
+        return {"tokens": tokens, **_rates(t0, stamps, cpu, len(prompt))}
+
+
+class _Streamed:
+    def __init__(self, name: str, path: Path, budget: str, dtype: str | None) -> None:
+        from ssdmoe_tui.engine.model.loader import load_streamed
+        from ssdmoe_tui.engine.run.runner import Runner
+
+        self.name = name
+        self.sm = load_streamed(path, expert_cache=budget, dtype=dtype)
+        self.sm.tokenizer.eos_token_ids = set()
+        self.runner = Runner(self.sm)
+
+    def run(self, prompt: list[int], n: int) -> dict:
+        from ssdmoe_tui.engine.run.runner import Snapshot, TokenEvent
+
+        marks: list = []
+
+        def token(ev):
+            if isinstance(ev, TokenEvent):
+                if ev.stats.generated_tokens in (1, n):
+                    marks.append(Snapshot.take(self.sm))
+                return ev.token
+            return None
+
+        t0 = time.perf_counter()
+        tokens, stamps, cpu = _timed_stream(self.runner.stream(prompt, max_tokens=n), token)
+        d = marks[-1] - marks[0]
+        steps = max(len(tokens) - 1, 1)
+        return {
+            "tokens": tokens,
+            **_rates(t0, stamps, cpu, len(prompt)),
+            "hit_rate": d.hit_rate,
+            "sync_ms": d.router_sync_s * 1e3 / steps,
+            "read_ms": d.read_s * 1e3 / steps,
+            "cache_ms": max(d.ensure_s - d.read_s, 0.0) * 1e3 / steps,
+            "mib_per_token": d.bytes_read / steps / 2**20,
+        }
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _nodes(*arrays) -> int:
+    """Primitive nodes of the unevaluated graph behind `arrays` (about the kernels launched)."""
+    import os
+    import tempfile
+
+    import mlx.core as mx
+
+    fd, name = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(name, *arrays)
+        text = Path(name).read_text()
+    finally:
+        os.unlink(name)
+    # one line per primitive node: `{ rank=same; ... }` groups aside, primitives are boxes
+    return sum(1 for line in text.splitlines() if "shape=rectangle" in line)
+
+
+def _per_call_us(fn: Callable[[], object], n: int, batches: int = 5) -> float:
+    """µs per call: the best of `batches` batches (the least disturbed by other load)."""
+    fn()
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
+
+
+def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: int = 100) -> dict:
+    """Per MoE layer: graph-build µs, graph nodes, and one host round trip."""
+    import mlx.core as mx
+    import numpy as np
+
+    from ssdmoe_tui.bench.bench import _moe_blocks
+
+    rblock = _moe_blocks(resident.model)[0]
+    sblock = small.sm.blocks[0]
+    eblock = every.sm.blocks[0]
+    cfg = small.sm.config.get("text_config", small.sm.config)
+    hidden = int(cfg["hidden_size"])
+    k = small.sm.trained_k
+    x = mx.random.normal((1, 1, hidden)).astype(small.sm.dtype)
+    inds = mx.array(np.arange(k, dtype=np.uint32).reshape(1, 1, k))
+    mx.eval(x, inds)
+    # the small cache's host path with every lookup a hit: make these experts resident
+    small.sm.cache.ensure(0, np.arange(k))
+    assert every.sm.cache.device_lut(0) is not None, "the all-held engine has not frozen layer 0"
+    build = {
+        "resident": _per_call_us(lambda: rblock.switch_mlp(x, inds), calls),
+        "streamed_held": _per_call_us(lambda: eblock.switch_mlp(x, inds), calls),
+        "streamed_host_path": _per_call_us(lambda: sblock.switch_mlp(x, inds), calls),
+    }
+    nodes = {"resident": _nodes(rblock(x)), "streamed_held": _nodes(eblock(x))}
+    # The router-mass meter below the trained K: the block's graph is unchanged, and the
+    # mass is one batched graph built when a figure is read (per read, not per layer).
+    meter = every.sm.measure_routing_mass()
+    every.sm.set_k(k // 2)
+    meter.clear()
+    nodes["streamed_held_mass_meter_on"] = _nodes(eblock(x))
+    eblock(x)
+    nodes["mass_meter_per_read"] = _nodes(meter.take())
+    meter.clear()
+    every.sm.set_k(k)
+    every.sm.measure_routing_mass(False)
+    y = mx.array([1.0])
+    mx.eval(y)
+
+    def round_trip():
+        z = y + 1
+        np.array(z, copy=False)
+
+    sync = _per_call_us(round_trip, calls)
+    return {
+        "build_us": {a: round(b, 1) for a, b in build.items()},
+        "kernels": nodes,
+        "sync_us": round(sync, 1),
+    }
+
+
+def run_quick(
+    path: Path | None = None,
+    *,
+    small_cache: int | None = None,
+    rounds: int = 9,
+    prompt_tokens: int = 16,
+    decode_tokens: int = 16,
+    dtype: str | None = None,
+    log: Log = lambda _: None,
+) -> dict:
+    """Alternating rounds (>= 3) of resident, small-cache and every-expert runs; medians.
+    `small_cache`: bytes of the small cache (default SMALL_CACHE)."""
+    import gc
+
+    import mlx.core as mx
+
+    from ssdmoe_tui.bench import system
+    from ssdmoe_tui.engine.model.loader import parse_dtype
+
+    if rounds < 3:
+        from ssdmoe_tui.errors import BadValueError
+
+        raise BadValueError(f"--rounds must be >= 3 (alternations for a median), got {rounds}")
+    t_start = time.perf_counter()
+    path = Path(path) if path is not None else quick_model(log)
+    act = parse_dtype(dtype)
+    small_label = SMALL_CACHE if small_cache is None else human_bytes(small_cache)
+    log(f"loading {path}: resident mlx-lm, streamed {small_label}, streamed every expert")
+    resident = _Resident(path, act)
+    small = _Streamed("small", path, SMALL_CACHE if small_cache is None else small_cache, dtype)
+    every = _Streamed("every", path, ALL_CACHE, dtype)
+    engines = [resident, small, every]
+    try:
+        cfg = small.sm.config.get("text_config", small.sm.config)
+        vocab = min(int(cfg["vocab_size"]), 1024)
+        prompt = [(7 + 13 * i) % (vocab - 8) + 4 for i in range(prompt_tokens)]
+        for e in engines:  # warm-up: kernels, and the all-held engine reads every layer once
+            e.run(prompt[:8], 4)
+        rows: list[dict] = []
+        for r in range(rounds):
+            order = engines[r % 3 :] + engines[: r % 3]
+            got = {e.name: e.run(prompt, decode_tokens) for e in order}
+            gc.collect()
+            rows.append(got)
+            res = got["resident"]
+            log(
+                f"  round {r + 1}/{rounds}: decode resident {res['decode_tok_s']:.1f}, "
+                f"{small_label} {got['small']['decode_tok_s']:.1f}, every expert "
+                f"{got['every']['decode_tok_s']:.1f} tok/s"
+            )
+        costs = layer_costs(resident, small, every)
+        layers = len(small.sm.blocks)
+        out_configs = {}
+        for e in (small, every):
+            dec = [x[e.name]["decode_tok_s"] / x["resident"]["decode_tok_s"] for x in rows]
+            cpu = [x["resident"]["decode_cpu_ms"] / x[e.name]["decode_cpu_ms"] for x in rows]
+            pre = [x[e.name]["prefill_tok_s"] / x["resident"]["prefill_tok_s"] for x in rows]
+            med = {
+                key: statistics.median(x[e.name][key] for x in rows)
+                for key in ("decode_tok_s", "prefill_tok_s", "hit_rate", "sync_ms", "read_ms",
+                            "cache_ms", "mib_per_token")
+            }  # fmt: skip
+            res_ms = 1e3 / statistics.median(x["resident"]["decode_tok_s"] for x in rows)
+            ms = 1e3 / med["decode_tok_s"]
+            out_configs[e.name] = {
+                "expert_cache": small_label if e is small else "all",
+                "expert_cache_slots": e.sm.cache.capacity,
+                "share_of_experts": round(
+                    e.sm.cache.capacity / (e.sm.index.num_experts * e.sm.index.num_layers), 4
+                ),
+                "decode_ratio_median": round(statistics.median(dec), 4),
+                "decode_ratios": [round(v, 4) for v in dec],
+                # resident CPU ms per token / streamed: the same ratio by CPU time
+                "decode_cpu_ratio_median": round(statistics.median(cpu), 4),
+                "decode_cpu_ratios": [round(v, 4) for v in cpu],
+                "prefill_ratio_median": round(statistics.median(pre), 4),
+                "prefill_ratios": [round(v, 4) for v in pre],
+                "decode_tok_s_median": round(med["decode_tok_s"], 2),
+                "prefill_tok_s_median": round(med["prefill_tok_s"], 2),
+                "hit_rate": round(med["hit_rate"], 4),
+                "ms_per_token": {
+                    "total": round(ms, 3),
+                    "router_sync": round(med["sync_ms"], 3),
+                    "read_wait": round(med["read_ms"], 3),
+                    "cache_bookkeeping": round(med["cache_ms"], 3),
+                    "rest": round(ms - med["sync_ms"] - med["read_ms"] - med["cache_ms"], 3),
+                },
+                "requested_mib_per_token": round(med["mib_per_token"], 3),
+                "overhead_us_per_moe_layer": round((ms - res_ms) * 1e3 / layers, 1),
+                "tokens_match_resident": all(
+                    x[e.name]["tokens"] == x["resident"]["tokens"] for x in rows
+                ),  # fmt: skip
+            }
+        resident_med = {
+            key: round(statistics.median(x["resident"][key] for x in rows), 2)
+            for key in ("decode_tok_s", "prefill_tok_s")
+        }
+        return {
+            "schema": 1,
+            "kind": "bench-quick",
+            "conditions": {
+                "model": str(path),
+                "config": {
+                    k: cfg.get(k)
+                    for k in (
+                        "num_hidden_layers",
+                        "hidden_size",
+                        "num_experts",
+                        "num_experts_per_tok",
+                        "moe_intermediate_size",
+                    )
+                },
+                "moe_layers": layers,
+                "dtype": str(small.sm.dtype).removeprefix("mlx.core."),
+                "device": system.device_description(),
+                "versions": system.versions(),
+                "source": system.source_state(),
+                "rounds": rounds,
+                "prompt_tokens": prompt_tokens,
+                "decode_tokens": decode_tokens,
+                "order": "resident, small, every expert; rotated each round",
+                "date": system.utc_now(),
+                "seconds": round(time.perf_counter() - t_start, 1),
+            },  # fmt: skip
+            "resident": resident_med,
+            "configs": out_configs,
+            "per_moe_layer": costs,
+        }
+    finally:
+        for e in (small, every):
+            e.close()
+        del resident
+        gc.collect()
+        mx.clear_cache()
+
+
+def quick_table(r: dict) -> str:
+    """A short table: ratios, the time split, and the per-layer costs."""
+    res = r["resident"]
+    dev = r["conditions"]["device"]
+    lines = [
+        f"bench-quick: {dev['backend']} ({dev['name']}, {dev['cpus']} cores), "
+        f"{r['conditions']['rounds']} alternating "
+        f"rounds, {r['conditions']['decode_tokens']} decoded tokens; resident mlx-lm "
+        f"{res['decode_tok_s']:.1f} tok/s decode, {res['prefill_tok_s']:.1f} prefill",
+        f"{'cache':<14}{'hit':>7}{'decode':>9}{'x res':>7}{'cpu x':>7}{'prefill x':>10}"
+        f"{'ms/tok = sync + read + cache + rest':>38}{'us/layer':>10}{'same':>6}",
+    ]
+    for c in r["configs"].values():
+        m = c["ms_per_token"]
+        label = f"{c['expert_cache']} ({c['share_of_experts']:.0%})"
+        split = (
+            f"{m['total']:.2f} = {m['router_sync']:.2f} + {m['read_wait']:.2f} + "
+            f"{m['cache_bookkeeping']:.2f} + {m['rest']:.2f}"
+        )
+        lines.append(
+            f"{label:<14}{c['hit_rate']:>7.1%}{c['decode_tok_s_median']:>9.1f}"
+            f"{c['decode_ratio_median']:>7.3f}{c['decode_cpu_ratio_median']:>7.3f}"
+            f"{c['prefill_ratio_median']:>10.3f}{split:>38}"
+            f"{c['overhead_us_per_moe_layer']:>10.1f}{'yes' if c['tokens_match_resident'] else 'NO':>6}"
+        )
+    p = r["per_moe_layer"]
+    b, k = p["build_us"], p["kernels"]
+    lines.append(
+        f"per MoE layer: graph build {b['resident']:.0f} us resident / {b['streamed_held']:.0f} "
+        f"held / {b['streamed_host_path']:.0f} host path; nodes {k['resident']} resident / "
+        f"{k['streamed_held']} held ({k['streamed_held_mass_meter_on']} with the mass meter on, "
+        f"+{k['mass_meter_per_read']} per read); host round trip {p['sync_us']:.0f} us"
+    )
+    return "\n".join(lines)

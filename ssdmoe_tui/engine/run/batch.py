@@ -1,0 +1,500 @@
+"""Continuous batching: several sequences decode together, one forward pass per step.
+
+A streamed engine gains more from batching than a resident one: B sequences in one
+forward pass share each MoE layer's fixed cost (one router sync, the launches, the
+Python) and read the union of their experts once (`StreamedSwitch` already takes any
+number of rows: one host sync per layer, the union looked up, the misses read in one
+batched call). The KV caches follow mlx-lm's `BatchGenerator`: per-sequence caches are
+merged into mlx-lm's batch caches (`BatchKVCache`, left-padded; `ArraysCache` rows for
+the recurrent state of the hybrid models), extended as sequences join and filtered as
+they leave.
+
+Continuous: `add` queues a sequence; each `step` runs one prefill chunk of the first
+waiting sequence (alone, `Runner.begin`: the same code and arithmetic as one sequence),
+then one decode step of the running ones. A sequence joins at the token boundary after
+its prefill (and its first token, which the prefill's last step samples), so the
+running ones stall for at most one prefill chunk per step; it leaves when it ends
+(end of sequence, max tokens, `should_stop`), and its KV cache is extracted for reuse.
+
+K per sequence: rows are grouped by K and each group runs its own forward pass per
+step (a row at K=2 beside rows at K=8 computes exactly what it computes alone at K=2;
+the groups still share the expert cache, so the second group hits what the first read).
+A row whose K is None follows the runner's live K (`Runner.set_k`), as one sequence does.
+
+A group of one row runs on the row's own cache, so one sequence alone in the batch runs
+exactly the single-sequence step. Sampling is per row, on the row's own log-probs; a
+seeded row draws from its own key (`SeededSampler`), so its draws do not depend on which
+sequences run beside it. No pipelining across steps (each step syncs its tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ssdmoe_tui.engine.run.runner import (
+    Begun,
+    Done,
+    PrefillProgress,
+    Runner,
+    RunnerEvent,
+    Snapshot,
+    TokenEvent,
+    _totals,
+)
+
+
+class SeededSampler:
+    """mlx-lm's sampler (temperature, top-p, min-p, top-k: `make_sampler`'s chain, in its
+    order) drawing from its own key.
+
+    `mx.random.seed(s)` followed by mlx-lm's sampler splits the global key once per
+    draw; this does the same split on a key of its own, so a seeded sequence draws the
+    same tokens alone (the service seeds the global key) and in a batch (where other
+    sequences draw too). Checked draw for draw against mlx-lm's in the tests."""
+
+    def __init__(
+        self, temp: float, top_p: float, seed: int, min_p: float = 0.0, top_k: int = 0
+    ) -> None:
+        self.temp = float(temp)
+        self.top_p = float(top_p)
+        self.min_p = float(min_p)
+        self.top_k = int(top_k)
+        self.key = mx.random.key(seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        self.key, sub = mx.random.split(self.key)
+        if 0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, self.min_p, 1)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.random.categorical(logprobs * (1.0 / self.temp), key=sub)
+
+
+def make_row_sampler(
+    temp: float, top_p: float, seed: int | None, min_p: float = 0.0, top_k: int = 0
+) -> Callable:
+    """The sampler of one sequence: greedy, mlx-lm's (global key), or seeded (own key)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    if temp == 0 or seed is None:
+        return make_sampler(temp, top_p=top_p, min_p=min_p, top_k=top_k)
+    return SeededSampler(temp, top_p, seed, min_p=min_p, top_k=top_k)
+
+
+@dataclass
+class SeqSpec:
+    """One sequence to generate (what `Runner.stream` takes, plus its K and id)."""
+
+    uid: Hashable
+    prompt: Sequence[int]
+    max_tokens: int = 256
+    sampler: Callable[[mx.array], mx.array] | None = None  # None: greedy
+    cache: list | None = None  # holds prompt[:reused_tokens]
+    reused_tokens: int = 0
+    k: int | None = None  # None: the runner's live K
+    should_stop: Callable[[], bool] = lambda: False
+    trace_offset: int = 0  # trace-driven runs: the decode step of the trace this row starts at
+    logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = ()  # penalties
+
+
+@dataclass
+class DecodeShare:
+    """A row's share of the batch steps it ran in: each step's counters divided by the
+    rows in it (so per-sequence figures add up to the batch's)."""
+
+    hits: float = 0.0
+    misses: float = 0.0
+    bytes_read: float = 0.0
+    device_bytes: float | None = 0.0
+    read_s: float = 0.0
+    router_sync_s: float = 0.0
+    batch_rows: int = 0  # sum over its steps of the rows in the step (mean batch = / steps)
+    steps: int = 0
+
+    def add(self, d: Snapshot, rows: int) -> None:
+        self.hits += d.hits / rows
+        self.misses += d.misses / rows
+        self.bytes_read += d.bytes_read / rows
+        if self.device_bytes is not None:
+            self.device_bytes = (
+                None if d.device_bytes is None else self.device_bytes + d.device_bytes / rows
+            )
+        self.read_s += d.read_s / rows
+        self.router_sync_s += d.router_sync_s / rows
+        self.batch_rows += rows
+        self.steps += 1
+
+
+@dataclass
+class _Row:
+    spec: SeqSpec
+    sampler: Callable
+    gen: Generator[PrefillProgress, None, Begun] | None = None
+    begun: Begun | None = None
+    detok: Any = None
+    tokens: list[int] = field(default_factory=list)
+    cache: list | None = None  # its own cache, while its group has no batch cache
+    dstart: float = 0.0
+    prefill: Snapshot | None = None  # its counters at the end of its prefill
+    trace_pos: int = 0
+    fed: int = 0  # generated tokens its KV cache holds
+    started: bool = False  # its prefill's first (work-free) progress event is out
+
+    @property
+    def uid(self) -> Hashable:
+        return self.spec.uid
+
+
+@dataclass
+class _Group:
+    """Rows decoding at one K; `cache` is their batch cache once there are two or more."""
+
+    k: int
+    rows: list[_Row] = field(default_factory=list)
+    cache: list | None = None
+
+
+@dataclass
+class BatchFigures:
+    """What the batch did since it was made (the server's /v1/stats `batch`)."""
+
+    steps: int = 0  # forward passes of decode rows
+    row_tokens: int = 0  # tokens they produced (sum of the rows of each step)
+    max_rows: int = 0
+    decode_s: float = 0.0  # wall time in decode steps
+    prefill_chunk_s: float = 0.0  # wall time in the prefill chunks of joining rows
+    max_stall_s: float = 0.0  # longest prefill chunk (+ first token) run between two decode steps
+    requested_bytes: int = 0  # during decode steps
+    union_experts: int = 0  # experts looked up per MoE layer, summed over the decode steps
+    union_calls: int = 0
+
+    def as_dict(self, rows_now: int, joining: int) -> dict:
+        mib = self.requested_bytes / max(self.row_tokens, 1) / 2**20
+        return {
+            "rows": rows_now,
+            "joining": joining,
+            "max_rows": self.max_rows,
+            "steps": self.steps,
+            "mean_rows": round(self.row_tokens / self.steps, 3) if self.steps else 0.0,
+            "aggregate_decode_tok_s": round(self.row_tokens / self.decode_s, 2)
+            if self.decode_s > 0
+            else 0.0,
+            "requested_mib_per_token_per_sequence": round(mib, 4),
+            "union_experts_per_layer": round(self.union_experts / self.union_calls, 3)
+            if self.union_calls
+            else None,
+            "max_join_stall_s": round(self.max_stall_s, 4),
+        }
+
+
+RowEvent = tuple[Hashable, RunnerEvent]
+
+
+def merge_caches(caches: list[list]) -> list:
+    """Per-layer batch caches from per-sequence ones (mlx-lm's `merge` of each layer's
+    cache class: KVCache -> left-padded BatchKVCache, ArraysCache -> stacked rows)."""
+    return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]
+
+
+class BatchRunner:
+    """Sequences that decode together on one Runner (see the module docstring)."""
+
+    def __init__(self, runner: Runner, max_batch: int = 4) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.runner = runner
+        self.max_batch = max_batch
+        self._waiting: deque[_Row] = deque()  # FIFO; the first prefills, one at a time
+        self._groups: dict[int, _Group] = {}
+        self.figures = BatchFigures()
+        self._eos = runner.eos_ids()
+        # Called before a sequence leaves the queue to prefill: False keeps it waiting
+        # (the service's KV budget); never asked while no sequence runs.
+        self.admit: Callable[[SeqSpec], bool] = lambda spec: True
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def rows(self) -> int:
+        """Sequences decoding now."""
+        return sum(len(g.rows) for g in self._groups.values())
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting and not self._groups
+
+    def running_caches(self) -> list[list]:
+        """The KV caches in use (batch caches and single rows' caches), for memory accounting."""
+        out = []
+        for g in self._groups.values():
+            out.extend([g.cache] if g.cache is not None else [r.cache for r in g.rows])
+        head = self._waiting[0] if self._waiting else None
+        if head is not None and head.gen is not None and head.spec.cache is not None:
+            out.append(head.spec.cache)
+        return out
+
+    # ------------------------------------------------------------------ updates
+    def add(self, spec: SeqSpec) -> None:
+        """Queue a sequence; it prefills when the ones before it have joined."""
+        from mlx_lm.sample_utils import make_sampler
+
+        self._waiting.append(_Row(spec, spec.sampler or make_sampler(0.0)))
+
+    def step(self) -> list[RowEvent]:
+        """One scheduling step: stopped rows leave, one prefill chunk of the first waiting
+        sequence runs (while there is room), then one decode step per K group."""
+        events: list[RowEvent] = []
+        for group in list(self._groups.values()):
+            for row in [r for r in group.rows if r.spec.should_stop()]:
+                events.append((row.uid, Done(self._leave(group, row, "cancelled"))))
+        self._follow_live_k()
+        t0 = time.perf_counter()
+        decoding = self.rows > 0  # a chunk stalls only the rows already decoding
+        if self._prefill_one(events):
+            stall = time.perf_counter() - t0
+            self.figures.prefill_chunk_s += stall
+            if decoding:
+                self.figures.max_stall_s = max(self.figures.max_stall_s, stall)
+        for k in sorted(self._groups):
+            group = self._groups.get(k)
+            if group is not None and group.rows:
+                self._decode(group, events)
+        return events
+
+    def drain(self) -> Generator[RowEvent, None, None]:
+        """Step until every sequence has ended (headless batches, tests)."""
+        while not self.idle:
+            yield from self.step()
+
+    # ------------------------------------------------------------------ prefill / join
+    def _prefill_one(self, events: list[RowEvent]) -> bool:
+        """Advance the first waiting sequence by one chunk; True if it ran one."""
+        if not self._waiting:
+            return False
+        row = self._waiting[0]
+        if row.gen is None:
+            if self.rows >= self.max_batch or (self.rows and not self.admit(row.spec)):
+                return False
+            spec = row.spec
+            row.gen = self.runner.begin(
+                spec.prompt,
+                max_tokens=spec.max_tokens,
+                sampler=row.sampler,
+                cache=spec.cache,
+                reused_tokens=spec.reused_tokens,
+                should_stop=spec.should_stop,
+                k=spec.k,
+                reset_peaks=self.idle_decoding,
+                logits_processors=spec.logits_processors,
+            )
+            row.trace_pos = spec.trace_offset
+        routing = self.runner.sm.cache.routing
+        if routing is not None:
+            routing.rows = [row.trace_pos]  # its first token: the trace's step at its offset
+        try:
+            # Run to the next chunk or the first token: the progress before any work
+            # (the first yield) and the end after the first token cost no step.
+            while True:
+                ev = next(row.gen)
+                events.append((row.uid, ev))
+                if ev.done == ev.total:  # the first token is out: Begun comes next
+                    next(row.gen)
+                    raise AssertionError("Runner.begin went on after its first token")
+                if row.started:
+                    break
+                row.started = True  # that was the work-free first event: go on
+        except StopIteration as stop:
+            self._waiting.popleft()
+            self._joined(row, stop.value, events)
+        finally:
+            if routing is not None:
+                routing.rows = None
+        return True
+
+    @property
+    def idle_decoding(self) -> bool:
+        return not self._groups
+
+    def _joined(self, row: _Row, begun: Begun, events: list[RowEvent]) -> None:
+        runner = self.runner
+        row.begun = begun
+        row.cache = begun.cache
+        row.detok = runner.sm.tokenizer.detokenizer
+        if begun.token is None:  # stopped in prefill, or no tokens asked for
+            events.append((row.uid, Done(runner.finish(begun, [], row.detok, "cancelled", 0))))
+            return
+        begun.decode_share = DecodeShare()
+        row.prefill = Snapshot.take(runner.sm)
+        row.dstart = time.perf_counter()
+        row.trace_pos += 1
+        finish = self._emit(row, begun.token, events)
+        if finish is not None:
+            events.append((row.uid, Done(self._result(row, finish))))
+            return
+        k = self._k(row)
+        group = self._groups.setdefault(k, _Group(k))
+        self._attach(group, row)
+
+    def _follow_live_k(self) -> None:
+        """Rows without a K of their own move to the runner's live K when it changes."""
+        live = self.runner.k
+        for group in [g for g in self._groups.values() if g.k != live]:
+            for row in [r for r in group.rows if r.spec.k is None]:
+                row.cache = self._detach(group, row)
+                self._attach(self._groups.setdefault(live, _Group(live)), row)
+
+    def _k(self, row: _Row) -> int:
+        return self.runner.k if row.spec.k is None else row.spec.k
+
+    def _attach(self, group: _Group, row: _Row) -> None:
+        if not group.rows:
+            group.rows.append(row)
+            return
+        if group.cache is None:  # one row so far: merge the two
+            first = group.rows[0]
+            group.cache = merge_caches([first.cache, row.cache])
+            first.cache = None
+        else:
+            new = merge_caches([row.cache])
+            for mine, theirs in zip(group.cache, new, strict=True):
+                mine.extend(theirs)
+        row.cache = None
+        group.rows.append(row)
+
+    def _detach(self, group: _Group, row: _Row) -> list:
+        """Take `row` out of its group; returns its own KV cache."""
+        i = group.rows.index(row)
+        group.rows.pop(i)
+        if group.cache is None:
+            cache = row.cache
+        else:
+            cache = [c.extract(i) for c in group.cache]
+            if len(group.rows) == 1:  # back to the single-sequence step
+                other = 1 - i  # the remaining row's index in the batch cache
+                group.rows[0].cache = [c.extract(other) for c in group.cache]
+                group.cache = None
+            else:
+                keep = list(range(len(group.rows) + 1))
+                keep.pop(i)
+                for c in group.cache:
+                    c.filter(keep)
+        row.cache = None
+        if not group.rows:
+            self._groups.pop(group.k, None)
+        return cache
+
+    # ------------------------------------------------------------------ decode
+    def _decode(self, group: _Group, events: list[RowEvent]) -> None:
+        """One forward pass of the group's rows, one token each."""
+        runner, sm = self.runner, self.runner.sm
+        rows = list(group.rows)
+        runner._use_k(group.k)
+        sm.cache.step()
+        routing = sm.cache.routing
+        if routing is not None:
+            routing.rows = [r.trace_pos for r in rows]
+        times = sm.times
+        u0, c0 = times.union_experts, times.union_calls
+        before = Snapshot.take(sm)
+        inputs = mx.array([r.tokens[-1] for r in rows], dtype=mx.uint32)[:, None]
+        cache = group.cache if group.cache is not None else rows[0].cache
+        try:
+            logits = sm.model(inputs, cache=cache)[:, -1, :]
+        finally:
+            if routing is not None:
+                routing.rows = None
+        meter = sm.routing_mass
+        mass = meter.take() if meter is not None else None
+        picks = []
+        for i, row in enumerate(rows):
+            lg = logits[i : i + 1]
+            if row.begun.window is not None:
+                lg = row.begun.window(inputs[i], lg)
+            picks.append(row.sampler(lg - mx.logsumexp(lg, keepdims=True)).reshape(-1))
+        toks = mx.concatenate(picks).tolist()
+        masses = mass.tolist() if mass is not None else None
+        d = Snapshot.take(sm) - before
+        fig = self.figures
+        fig.steps += 1
+        fig.row_tokens += len(rows)
+        fig.max_rows = max(fig.max_rows, self.rows)
+        fig.decode_s += d.t
+        fig.requested_bytes += d.bytes_read
+        fig.union_experts += times.union_experts - u0
+        fig.union_calls += times.union_calls - c0
+        k_tok = times.last_k
+        for i, row in enumerate(rows):
+            row.fed += 1
+            row.trace_pos += 1
+            stats = row.begun.stats
+            stats.k_per_token.append(k_tok)
+            if stats.mass_log is not None:
+                stats.mass_log.append_value(None if masses is None else float(masses[i]))
+            row.begun.decode_share.add(d, len(rows))
+            finish = self._emit(row, int(toks[i]), events)
+            if finish is not None:
+                events.append((row.uid, Done(self._leave(group, row, finish))))
+
+    def _emit(self, row: _Row, tok: int, events: list[RowEvent]) -> str | None:
+        """Record a generated token, yield its event; the finish reason if it was the last."""
+        row.tokens.append(tok)
+        stats = row.begun.stats
+        if tok in self._eos:
+            piece, finish = "", "stop"
+        else:
+            row.detok.add_token(tok)
+            piece, finish = row.detok.last_segment, None
+        stats.generated_tokens = len(row.tokens)
+        stats.decode_s = time.perf_counter() - row.dstart
+        _share_into(stats, row)
+        events.append((row.uid, TokenEvent(tok, piece, stats)))
+        if finish is None and len(row.tokens) >= row.spec.max_tokens:
+            finish = "length"
+        return finish
+
+    def _leave(self, group: _Group, row: _Row, finish: str):
+        row.begun.cache = self._detach(group, row)
+        return self._result(row, finish)
+
+    def _result(self, row: _Row, finish: str):
+        if row.cache is not None:  # never attached (ended on its first token)
+            row.begun.cache = row.cache
+            row.cache = None
+        row.begun.stats.decode_s = time.perf_counter() - row.dstart
+        _share_into(row.begun.stats, row)
+        return self.runner.finish(row.begun, row.tokens, row.detok, finish, row.fed)
+
+
+def _share_into(stats, row: _Row) -> None:
+    """The row's decode figures (its share of the steps) and turn totals (its own prefill
+    plus that share)."""
+    s: DecodeShare = row.begun.decode_share
+    stats.decode_hits, stats.decode_misses = round(s.hits), round(s.misses)
+    stats.decode_requested_bytes = round(s.bytes_read)
+    stats.decode_device_bytes = None if s.device_bytes is None else round(s.device_bytes)
+    p = row.prefill - row.begun.start
+    _totals(stats, p)
+    stats.hits += stats.decode_hits
+    stats.misses += stats.decode_misses
+    stats.requested_bytes += stats.decode_requested_bytes
+    stats.read_s += s.read_s
+    stats.router_sync_s += s.router_sync_s
+    if stats.device_bytes is not None:
+        stats.device_bytes = (
+            None
+            if stats.decode_device_bytes is None
+            else stats.device_bytes + stats.decode_device_bytes
+        )

@@ -1,0 +1,359 @@
+"""What every generating endpoint shares (vLLM's `serving_engine`): the server's state,
+a validated request turned into a job holding the engine (K and the sampling travel in
+the `Generate` command), the engine's events as filtered pieces, and the engine's
+figures as the `ssdmoe` field, usage and the stats header.
+
+The API-specific modules (`serving_chat`, `serving_completion`, ...) shape requests and
+responses; `routes` wires them to paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.options import check_k
+from ssdmoe_tui.server.engine_client import EngineClient, Job, Ticket, new_request_id
+from ssdmoe_tui.server.errors import ApiError, bad_request
+from ssdmoe_tui.server.hosts import HostPolicy
+from ssdmoe_tui.server.http import read_json, sse, until_disconnect
+from ssdmoe_tui.server.output import (
+    OutputFilter,
+    Piece,
+    ThinkFormat,
+    ToolFormat,
+    starts_in_think,
+    think_format_for,
+    tool_format_for,
+)
+from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
+from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
+from ssdmoe_tui.server.schema import Sampling
+
+STATS_HEADER = "x-ssdmoe-stats"
+K_HEADER = "x-ssdmoe-k"
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    model_id: str
+    api_key: str | None = None
+    max_body_bytes: int = 32 << 20
+    max_tokens: int = 4096  # default when a request gives none (and the context allows)
+    temperature: float = 0.0  # default when a request gives none
+    system_checkpoints: bool = True  # see Serving._prefix_step
+    hosts: HostPolicy = field(default_factory=HostPolicy)  # the Host check (hosts.py)
+    keepalive_s: float = 1.0  # a streaming reply is never silent longer (SSE comments)
+    allowed_origins: tuple[str, ...] = ()  # CORS (routes.middleware); none: no CORS headers
+
+
+def _log(line: str) -> None:
+    print(f"ssdmoe serve: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: one per server. `settings` may be swapped whole (tests)."""
+
+    engine: EngineClient
+    builder: PromptBuilder
+    settings: ApiSettings
+    kv: ServerKV | None = None
+    tool_format: ToolFormat | None = None
+    think_format: ThinkFormat | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    last_response_stats: dict | None = None
+    log: Callable[[str], None] = _log
+
+    def __post_init__(self) -> None:
+        if self.tool_format is None:
+            self.tool_format = tool_format_for(self.engine.tokenizer)
+        if self.think_format is None:
+            self.think_format = think_format_for(self.engine.tokenizer)
+
+
+@dataclass
+class Pending:
+    """A validated request with its prompt and its place in the queue, not yet running."""
+
+    req: Any
+    prompt: Prompt
+    k: int
+    max_tokens: int
+    rid: str
+    ticket: Ticket
+    job: Job | None = None
+
+    def close(self) -> None:
+        """However a streaming reply ends: give back the place in the queue, or stop the
+        generation (both harmless when already done)."""
+        self.ticket.abandon()
+        if self.job is not None:
+            self.job.cancel()
+
+    def progress(self, engine: EngineClient) -> str:
+        """What a keepalive comment says: the place in the queue, or the engine's phase."""
+        if not self.ticket.taken:
+            return f"queued, {self.ticket.ahead} ahead"
+        ph = engine.phase
+        if ph.phase == "prefill" and ph.total:
+            return f"prefill {ph.done}/{ph.total}"
+        return ph.phase
+
+
+class Serving:
+    """The generation steps every API shares; subclasses shape one API's bodies."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    @property
+    def engine(self) -> EngineClient:
+        return self.state.engine
+
+    @property
+    def settings(self) -> ApiSettings:
+        return self.state.settings
+
+    # ------------------------------------------------------------------ request -> job
+    async def body(self, request: Request) -> Any:
+        return await read_json(request, self.settings.max_body_bytes)
+
+    def check_k(self, k: int | None) -> int | None:
+        try:
+            check_k(k, self.engine.info.num_experts, "K")
+        except BadValueError as e:
+            raise bad_request(str(e), "ssdmoe.k") from None
+        return k
+
+    def max_tokens(self, prompt: Prompt, sampling: Sampling) -> int:
+        ctx = self.engine.info.max_context
+        n = len(prompt.tokens)
+        if not n:
+            raise bad_request("the prompt is empty", "messages")
+        if ctx and n >= ctx:
+            raise bad_request(
+                f"the prompt is {n} tokens, the model's context is {ctx}",
+                "messages",
+                "context_length_exceeded",
+            )
+        want = sampling.max_tokens
+        if want is None:
+            want = self.settings.max_tokens
+        # Past the context: the room left, ending with `length` (llama.cpp's server does
+        # the same). Agents ask for far more than they expect (opencode sends 32000 on
+        # every request), and refusing would end their conversations once they grow.
+        return min(want, ctx - n) if ctx else want
+
+    async def prepare(
+        self, request: Request, parse: Callable, build: Callable, kind: str
+    ) -> Pending:
+        """Body -> validated request -> prompt (off the loop) -> a place in the queue. Every
+        refusal (4xx, a full queue's 429) happens here, while a status can still be sent."""
+        req = parse(await self.body(request), self.settings.model_id)
+        k = self.check_k(req.k)
+        prompt = await asyncio.to_thread(build, req)
+        max_tokens = self.max_tokens(prompt, req.sampling)
+        ticket = self.engine.reserve()
+        k = k if k is not None else self.engine.default_k
+        return Pending(req, prompt, k, max_tokens, new_request_id(kind), ticket)
+
+    async def start(self, request: Request, p: Pending) -> Job:
+        """Wait for the engine and start `p` (a JSON reply's path: a disconnect cancels)."""
+        try:
+            return await until_disconnect(request, self.run(p))
+        finally:
+            p.ticket.abandon()  # a no-op once the job holds the engine
+
+    def sse(self, p: Pending, stream: AsyncIterator[str]) -> Response:
+        """A streaming reply: SSE comments with progress while queued and in prefill."""
+        return sse(
+            stream,
+            {K_HEADER: str(p.k)},
+            progress=lambda: p.progress(self.engine),
+            every=self.settings.keepalive_s,
+            on_close=p.close,
+        )
+
+    async def run(self, p: Pending) -> Job:
+        """Wait for the engine, run the system part's step if it needs one, submit."""
+        await p.ticket.wait()
+        prompt, sampling, k, rid = p.prompt, p.req.sampling, p.k, p.rid
+        step = None
+        kv = self.state.kv
+        try:
+            if self._needs_prefix_checkpoint(prompt):
+                step = self._prefix_step(prompt, k, rid)
+                await step.done.wait()
+            if kv is not None:
+                kv.register(prompt.tokens, prompt.chain)
+            temp = sampling.temperature
+            cmd = P.Generate(
+                request_id=rid,
+                prompt_tokens=tuple(prompt.tokens),
+                max_tokens=p.max_tokens,
+                temp=self.settings.temperature if temp is None else temp,
+                top_p=sampling.top_p if sampling.top_p is not None else 0.0,
+                seed=sampling.seed,
+                session_id=SESSION_KEY,
+                k=k,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+            )
+            job = self.engine.submit(cmd)
+            if step is not None and step.result is not None:
+                job.cached_before = step.result.stats.get("reused_prompt_tokens", 0)
+            p.job = job
+            return job
+        except BaseException:
+            if step is not None and not step.done.is_set():
+                step.keep_slot = False  # the client left during the step: its end frees the engine
+                step.cancel()
+            else:
+                self.engine.release_unused()
+            raise
+
+    def _needs_prefix_checkpoint(self, prompt: Prompt) -> bool:
+        n = prompt.shared_prefix
+        kv = self.state.kv
+        if not n or kv is None or not self.settings.system_checkpoints:
+            return False
+        return not kv.has_checkpoint(prompt.prefix_chain, n)
+
+    def _prefix_step(self, prompt: Prompt, k: int, rid: str) -> Job:
+        """Prefill the shared system part alone first, so it gets a KV checkpoint of its
+        own: a new chat that starts the same way (an agent's next session, also after a
+        restart) loads it instead of prefilling it; on hybrid models nothing else could
+        serve it. Costs one extra step and a checkpoint save, once per system prompt."""
+        prefix = prompt.tokens[: prompt.shared_prefix]
+        self.state.kv.register(prefix, prompt.prefix_chain)
+        cmd = P.Generate(
+            request_id=rid + "-prefix",
+            prompt_tokens=tuple(prefix),
+            max_tokens=1,  # one sampled token, never fed: the cache covers exactly the prefix
+            session_id=SESSION_KEY,
+            k=k,
+        )
+        return self.engine.submit(cmd, keep_slot=True)
+
+    # ------------------------------------------------------------------ job -> output
+    def output_filter(self, prompt: Prompt, stops=(), tools=()) -> OutputFilter:  # noqa: ANN001
+        """A chat reply's filter: stop strings, the think block apart, tool calls."""
+        fmt = self.state.think_format
+        inside = fmt is not None and starts_in_think(self.engine.tokenizer, prompt.tokens)
+        return OutputFilter(stops, self.state.tool_format, tools, fmt, inside)
+
+    async def pieces(self, job: Job, filt: OutputFilter) -> AsyncIterator[list[Piece]]:
+        """The job's output as filtered pieces; the last item follows GenerationDone."""
+        while True:
+            ev = await job.events.get()
+            if isinstance(ev, P.Tokens):
+                pieces = filt.feed(ev.text)
+                if filt.stopped:
+                    job.cancel()
+                if pieces:
+                    yield pieces
+            elif isinstance(ev, P.GenerationDone):
+                if ev.finish_reason == "error":
+                    raise ApiError(
+                        500, ev.stats.get("error", "generation failed"), code="engine_error"
+                    )
+                pieces = filt.finish()
+                if pieces:
+                    yield pieces
+                return
+
+    async def drain(self, request: Request, job: Job, filt: OutputFilter) -> P.GenerationDone:
+        """Wait for the whole reply (a disconnect cancels it); the result as `done`."""
+
+        async def run() -> None:
+            async for _ in self.pieces(job, filt):
+                pass
+
+        try:
+            await until_disconnect(request, run())
+        finally:
+            job.cancel()
+        return self.done(job)
+
+    @staticmethod
+    def finish_reason(done: P.GenerationDone, filt: OutputFilter) -> str:
+        """OpenAI's finish reason: tool_calls, length (not cut by a stop string), stop."""
+        if filt.calls:
+            return "tool_calls"
+        if done.finish_reason == "length" and not filt.stopped:
+            return "length"
+        return "stop"
+
+    @staticmethod
+    def done(job: Job) -> P.GenerationDone:
+        """The job's result as the client should see it: after a system-prompt step, the
+        prompt tokens cached are those that were cached before the request, not the step's."""
+        done = job.result
+        if job.cached_before is None:
+            return done
+        stats = dict(done.stats)
+        n = len(done.prompt_token_ids)
+        stats["reused_prompt_tokens"] = job.cached_before
+        stats["kv_hit_rate"] = round(job.cached_before / n, 4) if n else 0.0
+        stats["system_prompt_checkpoint"] = True
+        return replace(done, stats=stats)
+
+    def ext(self, done: P.GenerationDone) -> dict:
+        """The `ssdmoe` extension field: which K ran and the engine's figures (logged)."""
+        s = done.stats
+        ks = Counter(done.k_per_token).most_common(1)
+        ext = {
+            "k": ks[0][0] if ks else s.get("k"),
+            "stats": {
+                "prompt_tokens": s.get("prompt_tokens", len(done.prompt_token_ids)),
+                "kv_cached_tokens": s.get("reused_prompt_tokens", 0),
+                "kv_hit_rate": s.get("kv_hit_rate", 0.0),
+                "prefill_tok_s": s.get("prefill_tok_s", 0.0),
+                "decode_tok_s": s.get("decode_tok_s", 0.0),
+                "ssd_mib_per_token": s.get("ssd_mib_per_token", 0.0),
+                "requested_mib_per_token": s.get("requested_mib_per_token", 0.0),
+                "ssd_bytes_measured_from_device": s.get("ssd_bytes_measured_from_device", False),
+                "expert_cache_hit_rate": s.get("expert_cache_hit_rate", 0.0),
+                "generated_tokens": len(done.token_ids),
+            },
+        }
+        if s.get("system_prompt_checkpoint"):
+            ext["system_prompt_checkpoint"] = True  # this request wrote one for its system part
+        if "distributed" in s:  # serve --distributed: per-rank bytes, hit rate, all_sum
+            ext["distributed"] = s["distributed"]
+        self.state.last_response_stats = ext
+        st = ext["stats"]
+        self.state.log(
+            f"{done.request_id}: {st['prompt_tokens']} prompt tokens ({st['kv_cached_tokens']} "
+            f"cached) -> {st['generated_tokens']} tokens ({done.finish_reason}), "
+            f"{st['decode_tok_s']} tok/s, K={ext['k']}, {st['ssd_mib_per_token']} MiB/token from SSD"
+        )
+        return ext
+
+    @staticmethod
+    def stats_header(ext: dict) -> str:
+        s = ext["stats"]
+        keys = ("decode_tok_s", "prefill_tok_s", "ssd_mib_per_token", "requested_mib_per_token",
+                "expert_cache_hit_rate", "kv_cached_tokens")  # fmt: skip
+        return "; ".join([f"k={ext['k']}"] + [f"{key}={s[key]}" for key in keys])
+
+    def k_header(self, k: int | None) -> dict[str, str]:
+        return {K_HEADER: str(k or self.engine.default_k)}
+
+    @staticmethod
+    def cached_tokens(done: P.GenerationDone) -> int:
+        return done.stats.get("reused_prompt_tokens", 0)

@@ -1,0 +1,116 @@
+"""The model's context is the conversation on screen (issue 22, defect 1): a system
+prompt set in F9 mid-conversation, then regenerate, edit and resume; the real engine
+on the demo model, its real tokenizer decoding every prompt the engine was given."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from ssdmoe_tui.commands.chat import engine_factory
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, UserMessage
+from tests.app.test_ui_app import SIZE, loaded, tap, type_and_send, wait_until
+
+SYSTEM = "Answer like a pirate"
+
+
+def on_screen(app: SsdmoeApp) -> list[str]:
+    """The texts of the turns on screen that are still in the conversation."""
+    return [
+        m.text
+        for m in app.chat_pane.transcript.messages()
+        if isinstance(m, UserMessage | AssistantMessage) and not m.has_class("replaced")
+    ]
+
+
+def assert_context_holds_the_screen(app: SsdmoeApp, tokenizer, system: str) -> None:
+    done = app.chat.last_done
+    context = tokenizer.decode(list(done.prompt_token_ids))
+    shown = on_screen(app)
+    assert shown, "nothing on screen"
+    assert system in context, context
+    *earlier, reply = shown
+    for text in earlier:  # every turn before the reply is in the prompt it was made from
+        assert text.strip() in context, (text, context)
+    assert reply == done.text
+
+
+async def finish(pilot, app: SsdmoeApp, what: str) -> None:
+    await wait_until(pilot, lambda: app.inflight is None, 60, what)
+    await wait_until(pilot, lambda: not app.chat.engine.busy, 20, "the KV checkpoint save")
+
+
+def assert_metadata_kept(conv_id: str) -> None:
+    conv = SessionStore().get(conv_id)
+    replies = [t for t in conv.turns if t.role == "assistant"]
+    assert replies and all(t.model == "demo-model" for t in replies), replies
+    assert all(t.decode_tok_s is not None and t.k is not None for t in replies), replies
+    assert all(t.token_ids for t in conv.turns), "a turn lost its token ids"
+    created = [t.created for t in conv.turns]
+    assert created == sorted(created) and len(set(created)) == len(created), created
+
+
+async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model):
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_model))
+    app = SsdmoeApp(
+        ChatSettings(model=str(demo_model), max_tokens=8),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "first question")
+        await finish(pilot, app, "reply 1")
+        await type_and_send(pilot, "second question")
+        await finish(pilot, app, "reply 2")
+        await pilot.press("f9")
+        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
+        app.screen.query_one("#set-system_prompt").load_text(SYSTEM)
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen), 5, "save")
+        await type_and_send(pilot, "third question")
+        await finish(pilot, app, "reply 3")
+        assert_context_holds_the_screen(app, tokenizer, SYSTEM)
+        third = len(app.chat.last_done.prompt_token_ids)
+
+        await tap(pilot, "ctrl+g")  # regenerate: the same prompt, on the stored history
+        await wait_until(pilot, lambda: app.inflight is not None, 10, "the regenerate")
+        await finish(pilot, app, "the regenerated reply")
+        assert_context_holds_the_screen(app, tokenizer, SYSTEM)
+        assert len(app.chat.last_done.prompt_token_ids) == third
+
+        await tap(pilot, "ctrl+l")  # edit the last prompt and resend it
+        await wait_until(pilot, lambda: app.chat_pane.editing, 5, "the edit")
+        app.chat_pane.prompt.load_text("third question, edited")
+        await tap(pilot, "enter")
+        await wait_until(pilot, lambda: app.inflight is not None, 10, "the resend")
+        await finish(pilot, app, "the edited reply")
+        assert_context_holds_the_screen(app, tokenizer, SYSTEM)
+        assert len(app.chat.last_done.prompt_token_ids) >= third
+        conv_id = app.chat.session_id
+        await pilot.press("ctrl+q")
+    assert_metadata_kept(conv_id)
+
+    again = SsdmoeApp(
+        ChatSettings(model=str(demo_model), max_tokens=8, resume=""),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+    async with again.run_test(size=SIZE) as pilot:
+        await loaded(pilot, again)
+        assert again.chat.session_id == conv_id
+        restored = [m for m in again.chat_pane.transcript.messages() if not m.has_class("replaced")]
+        details = [m.detail for m in restored if isinstance(m, AssistantMessage)]
+        assert details and all("tok/s" in d and "K " in d for d in details), details
+        await type_and_send(pilot, "fourth question")
+        await finish(pilot, again, "reply 4")
+        assert_context_holds_the_screen(again, tokenizer, SYSTEM)
+        await tap(pilot, "ctrl+g")
+        await wait_until(pilot, lambda: again.inflight is not None, 10, "the regenerate")
+        await finish(pilot, again, "the regenerated reply 4")
+        assert_context_holds_the_screen(again, tokenizer, SYSTEM)
+        await pilot.press("ctrl+q")
+    assert_metadata_kept(conv_id)

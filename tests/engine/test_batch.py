@@ -1,0 +1,211 @@
+"""Batched decode (engine/run/batch.py): each sequence's tokens in a batch equal its tokens
+alone, for every architecture, with sequences joining and leaving at different steps."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.sample_utils import make_sampler
+
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.run.batch import BatchRunner, SeededSampler, SeqSpec
+from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, Runner, TokenEvent
+
+ARCHS = ["qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral"]
+TEXTS = [
+    "Tell me about mixtures of experts, please.",
+    "Hi",
+    "Why is the sky blue? Explain in detail, with the physics of scattering.",
+    "Write a poem about disks, streams of weights and caches.",
+    "ok",
+]
+MAX_TOKENS = [14, 6, 18, 11, 9]  # different lengths: rows leave at different steps
+
+
+def prompts(sm) -> list[list[int]]:
+    tok = sm.tokenizer
+    return [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+        for t in TEXTS
+    ]
+
+
+def run_batch(runner, specs, max_batch):
+    batch = BatchRunner(runner, max_batch=max_batch)
+    for spec in specs:
+        batch.add(spec)
+    results, events = {}, {}
+    for uid, ev in batch.drain():
+        events.setdefault(uid, []).append(ev)
+        if isinstance(ev, Done):
+            results[uid] = ev.result
+    return batch, results, events
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_tokens_equal_alone(checkpoints, arch):
+    """Min cache (every layer syncs, reads the union of the rows' experts, evicts);
+    max_batch 3 of 5 sequences: two wait, join as others leave, and rows leave at
+    different steps, so batch caches are merged, extended, filtered and split."""
+    sm = load_streamed(checkpoints(arch), expert_cache="1")
+    runner = Runner(sm)
+    ps = prompts(sm)
+    alone = [runner.generate(p, max_tokens=n) for p, n in zip(ps, MAX_TOKENS, strict=True)]
+    specs = [
+        SeqSpec(i, p, max_tokens=n) for i, (p, n) in enumerate(zip(ps, MAX_TOKENS, strict=True))
+    ]
+    batch, results, events = run_batch(runner, specs, max_batch=3)
+    for i, a in enumerate(alone):
+        assert results[i].tokens == a.tokens, f"sequence {i}"
+        assert results[i].text == a.text
+        assert results[i].finish_reason == a.finish_reason
+        assert results[i].stats.k_per_token == a.stats.k_per_token
+        # Its KV cache is its own again, covering exactly its tokens.
+        offsets = [c.offset for c in results[i].cache if hasattr(c, "keys")]
+        assert offsets and all(o == len(results[i].covered_tokens) for o in offsets)
+        kinds = [type(e) for e in events[i]]
+        assert kinds[0] is PrefillProgress and kinds[-1] is Done
+        assert kinds.count(TokenEvent) == len(a.tokens)
+    fig = batch.figures
+    assert fig.max_rows == 3
+    assert fig.row_tokens == sum(len(a.tokens) for a in alone) - len(alone)  # first tokens: prefill
+    assert fig.row_tokens > fig.steps  # rows really shared steps
+    assert fig.union_calls > 0 and fig.union_experts / fig.union_calls >= sm.trained_k
+    if arch != "nemotron_h":  # its random router picks the same experts for every token
+        assert fig.union_experts / fig.union_calls > sm.trained_k  # rows' unions looked up
+    # Per-sequence shares add up to the batch's decode bytes.
+    share = sum(r.stats.decode_requested_bytes for r in results.values())
+    assert abs(share - fig.requested_bytes) <= len(results)
+
+
+def test_batch_all_resident_and_k_groups(checkpoints):
+    """A budget holding every expert (no host sync per layer) and rows at different K:
+    each K group runs its own pass, each row computes exactly its K."""
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    runner = Runner(sm)
+    ps = prompts(sm)[:4]
+    ks = [2, 4, 2, None]  # None: the runner's live K (the trained 4)
+    alone = []
+    for p, k, n in zip(ps, ks, MAX_TOKENS, strict=False):
+        runner.set_k(k or sm.trained_k)
+        alone.append(runner.generate(p, max_tokens=n))
+    runner.set_k(sm.trained_k)
+    specs = [
+        SeqSpec(i, p, max_tokens=n, k=k)
+        for i, (p, k, n) in enumerate(zip(ps, ks, MAX_TOKENS, strict=False))
+    ]
+    _, results, _ = run_batch(runner, specs, max_batch=4)
+    for i, a in enumerate(alone):
+        assert results[i].tokens == a.tokens, f"sequence {i} (K={ks[i]})"
+        assert set(results[i].stats.k_per_token) == {ks[i] or sm.trained_k}
+
+
+def test_cancel_frees_the_row_and_others_go_on(checkpoints):
+    sm = load_streamed(checkpoints("qwen3_5_moe"), expert_cache="1")
+    runner = Runner(sm)
+    ps = prompts(sm)[:3]
+    alone = [runner.generate(p, max_tokens=16).tokens for p in ps]
+    stop = {"flag": False}
+    specs = [SeqSpec(i, p, max_tokens=16) for i, p in enumerate(ps)]
+    specs[1].should_stop = lambda: stop["flag"]
+    batch = BatchRunner(runner, max_batch=3)
+    for s in specs:
+        batch.add(s)
+    results = {}
+    seen = 0
+    for uid, ev in batch.drain():
+        if uid == 1 and isinstance(ev, TokenEvent):
+            seen += 1
+            if seen == 5:
+                stop["flag"] = True
+        if isinstance(ev, Done):
+            results[uid] = ev.result
+            if uid == 1:
+                assert batch.rows == 2  # its row is gone before the next decode step
+    assert results[1].finish_reason == "cancelled"
+    assert results[1].tokens == alone[1][:5]
+    assert results[1].covered_tokens == ps[1] + alone[1][:4]  # the last token was never fed
+    assert results[0].tokens == alone[0] and results[2].tokens == alone[2]
+
+
+def test_seeded_sampling_and_penalties_are_per_sequence(checkpoints):
+    """A seeded sequence draws from its own key: the same tokens alone (global seed, as
+    the service does) and in a batch beside other sampled sequences; a row with logits
+    processors (a repetition penalty) sees its own tokens only."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    sm = load_streamed(checkpoints("mixtral"), expert_cache="1G")
+    runner = Runner(sm)
+    ps = prompts(sm)[:4]
+    alone = []
+    for i, p in enumerate(ps[:3]):
+        mx.random.seed(100 + i)
+        sampler = make_sampler(0.9, top_p=0.95, min_p=0.01, top_k=50 if i else 0)
+        alone.append(runner.generate(p, max_tokens=12, sampler=sampler).tokens)
+    penalty = {"repetition_penalty": 5.0, "repetition_context_size": 64}
+    alone.append(
+        runner.generate(
+            ps[3], max_tokens=12, logits_processors=make_logits_processors(**penalty)
+        ).tokens
+    )
+    specs = [
+        SeqSpec(
+            i, p, max_tokens=12, sampler=SeededSampler(0.9, 0.95, 100 + i, 0.01, 50 if i else 0)
+        )
+        for i, p in enumerate(ps[:3])
+    ]
+    specs.append(
+        SeqSpec(3, ps[3], max_tokens=12, logits_processors=make_logits_processors(**penalty))
+    )
+    _, results, _ = run_batch(runner, specs, max_batch=4)
+    assert [results[i].tokens for i in range(4)] == alone
+    assert len({tuple(a) for a in alone}) == 4
+    plain = runner.generate(ps[3], max_tokens=12).tokens
+    assert plain != alone[3], "the penalty should change this greedy reply"
+
+
+def _service_run(path, kv_budget: int):
+    """Three Generates submitted at once to EngineService(max_batch=3)."""
+    import queue
+
+    from ssdmoe_tui.engine.run import protocol as P
+    from ssdmoe_tui.engine.run.service import EngineService
+    from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+    events: queue.Queue = queue.Queue()
+    svc = EngineService(events.put, max_batch=3)
+    svc.use_model_lock = False
+    svc.kv_budget_bytes = kv_budget
+    svc.start()
+    try:
+        svc.submit(P.LoadModel(path=str(path), expert_cache="1G"))
+        tok = None
+        while tok is None:
+            ev = events.get(timeout=60)
+            if isinstance(ev, P.ModelLoaded):
+                tok = ev.tokenizer
+        for i, text in enumerate(TEXTS[:3]):
+            ids = prompt_tokens(tok, [{"role": "user", "content": text}])
+            svc.submit(P.Generate(f"r{i}", prompt_tokens=tuple(ids), max_tokens=10))
+        done = {}
+        while len(done) < 3:
+            ev = events.get(timeout=120)
+            if isinstance(ev, P.GenerationDone):
+                done[ev.request_id] = ev
+        return done, dict(svc.batch_figures or {})
+    finally:
+        svc.shutdown()
+
+
+def test_service_batches_and_the_kv_budget_counts_every_sequence(checkpoints):
+    """Room in the KV budget: the three requests decode together. A budget that holds one
+    sequence's cache only: each waits for the one before it to end (still answered, same
+    tokens)."""
+    path = checkpoints("qwen3_moe")
+    roomy, fig = _service_run(path, 2 << 30)
+    assert fig["max_rows"] == 3
+    tight, fig1 = _service_run(path, 40_000)  # about one short sequence's KV (4 layers)
+    assert fig1["max_rows"] == 1
+    for rid in roomy:
+        assert tight[rid].token_ids == roomy[rid].token_ids and len(roomy[rid].token_ids) == 10
+        assert roomy[rid].stats["batch"]["max_rows"] >= 1

@@ -1,0 +1,183 @@
+"""The think block apart from the answer, in every API: `reasoning_content` in chat
+completions, a reasoning item in Responses, a thinking block in Messages; `content`
+holds the answer and tool calls come from the answer only. Recorded replies through the
+genuine Qwen3 tokenizer (tests/fixtures/models) and the packages' own types, then a real
+server on a thinking template: the split, `enable_thinking`, and the prompt cache's
+hit rate on the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import anthropic
+import openai
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import RawMessageStreamEvent
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.chat import ChatCompletionChunk
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.options import EngineOptions
+from ssdmoe_tui.prompting.chat_format import encode
+from ssdmoe_tui.server.engine_client import EngineClient, Job
+from ssdmoe_tui.server.main import ServeOptions
+from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning, think_format_for
+from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
+from ssdmoe_tui.server.schema import parse_chat
+from ssdmoe_tui.server.schema_messages import parse_messages
+from ssdmoe_tui.server.schema_responses import parse_responses
+from ssdmoe_tui.server.serving_chat import ServingChat
+from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
+from ssdmoe_tui.server.serving_messages import ServingMessages
+from ssdmoe_tui.server.serving_responses import ServingResponses, _Run
+from tests.server.test_server import SYSTEM, Running
+from tests.server.test_server_tools import CALLS, OUTPUTS, TOOLS, tokenizers  # noqa: F401
+
+QWEN3 = "qwen3-30b-a3b"
+THOUGHT = "The user wants the weather and the time.\n"
+ANSWER_AFTER_THINK = "I am thinking.\n</think>\n\nParis is sunny."  # Qwen3.5: prompt opened it
+
+
+def states(tok) -> ServerState:
+    engine = EngineClient(lambda post: None)
+    engine.tokenizer = tok
+    return ServerState(engine, PromptBuilder(tok, HistoryRecords(None)), ApiSettings("m"))
+
+
+def scripted(tok, prompt, text: str) -> Job:
+    """A job whose events are `text` in the engine's batches, as recorded."""
+    ids = encode(tok, text) + [next(iter(tok.eos_token_ids))]
+    job = Job("r-test")
+    for i in range(0, len(text), 6):
+        job.events.put_nowait(P.Tokens(job.request_id, text[i : i + 6], ()))
+    job.result = P.GenerationDone(job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop",
+                                  (4,) * len(ids), {"reused_prompt_tokens": 0})  # fmt: skip
+    job.events.put_nowait(job.result)
+    return job
+
+
+def collect(gen) -> list[str]:
+    async def run() -> list[str]:
+        return [e async for e in gen]
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 64])
+def test_the_think_block_is_split_off_in_pieces_of_any_size(tokenizers, size):  # noqa: F811
+    tok = tokenizers[QWEN3]
+    fmt = think_format_for(tok)
+    assert (fmt.start, fmt.end) == ("<think>", "</think>")
+    from ssdmoe_tui.server.output import tool_format_for
+    from tests.server.test_server_tools import run_filter
+
+    filt = OutputFilter((), tool_format_for(tok), [t for t in TOOLS], fmt)
+    pieces = run_filter(filt, OUTPUTS[QWEN3], size)
+    assert "".join(p.text for p in pieces if isinstance(p, Reasoning)) == THOUGHT
+    assert [(p.call.name, json.loads(p.call.arguments)) for p in pieces
+            if isinstance(p, Call)] == CALLS  # fmt: skip
+    assert "".join(p.text for p in pieces if isinstance(p, Content)).strip() == ""
+    # a prompt that opened the block: everything up to </think> is reasoning
+    filt = OutputFilter((), None, None, fmt, in_think=True)
+    pieces = run_filter(filt, ANSWER_AFTER_THINK, size)
+    assert "".join(filt.reasoning) == "I am thinking.\n"
+    assert "".join(filt.content) == "Paris is sunny."
+    assert all(not isinstance(p, Content) or "think" not in p.text for p in pieces)
+
+
+def test_chat_completions_stream_reasoning_content(tokenizers):  # noqa: F811
+    tok = tokenizers[QWEN3]
+    api = ServingChat(states(tok))
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "Paris?"}],
+                      "tools": TOOLS, "stream": True}, "m")  # fmt: skip
+    prompt = api.state.builder.chat(req)
+    job = scripted(tok, prompt, OUTPUTS[QWEN3])
+    raw = collect(api.chat_stream(req, prompt, lambda: asyncio.sleep(0, job), job.request_id))
+    chunks = [ChatCompletionChunk.model_validate(json.loads(r[6:])) for r in raw[:-1]]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content", "") for d in deltas) == THOUGHT
+    assert "".join(d.content or "" for d in deltas).strip() == ""
+    assert sum(len(d.tool_calls or []) for d in deltas) == 2
+
+
+def test_responses_reasoning_item_and_messages_thinking_block(tokenizers):  # noqa: F811
+    tok = tokenizers[QWEN3]
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    serving = ServingResponses(states(tok))
+    req = parse_responses({"model": "m", "input": "Paris?", "tools": flat, "stream": True}, "m")
+    chat = req.chat()
+    prompt = serving.state.builder.chat(chat)
+    job = scripted(tok, prompt, OUTPUTS[QWEN3])
+    run = _Run(req, chat, ())
+    filt = serving.output_filter(prompt, (), chat.tools)
+    state = ResponseStreamState(input_tools=flat, text_format=openai.omit)
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for raw in collect(serving._events(run, prompt, lambda: asyncio.sleep(0, job), filt)):
+        state.handle_event(adapter.validate_python(json.loads(raw.split("\n", 1)[1][6:])))
+    final = state._completed_response
+    assert [o.type for o in final.output] == ["reasoning", "function_call", "function_call"]
+    assert final.output[0].content[0].text == THOUGHT
+    assert final.usage.output_tokens_details.reasoning_tokens > 0
+    # Messages: a thinking block first, then the tool_use blocks
+    ms = ServingMessages(states(tok))
+    anth_tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                  for t in TOOLS]  # fmt: skip
+    mreq = parse_messages({"model": "m", "max_tokens": 64, "stream": True, "tools": anth_tools,
+                           "messages": [{"role": "user", "content": "Paris?"}]}, "m")  # fmt: skip
+    prompt = ms.state.builder.chat(mreq.chat)
+    job = scripted(tok, prompt, OUTPUTS[QWEN3])
+    filt = ms.output_filter(prompt, (), mreq.chat.tools)
+    snap, bufs, adapter = None, {}, TypeAdapter(RawMessageStreamEvent)
+    gen = ms._events(mreq, prompt, lambda: asyncio.sleep(0, job), filt, job.request_id)
+    for raw in collect(gen):
+        event = adapter.validate_python(json.loads(raw.split("\n", 1)[1][6:]))
+        snap = accumulate_event(event=event, current_snapshot=snap, json_bufs=bufs)
+    assert [b.type for b in snap.content] == ["thinking", "tool_use", "tool_use"]
+    assert snap.content[0].thinking == THOUGHT and snap.stop_reason == "tool_use"
+
+
+@pytest.fixture(scope="module")
+def srv(think_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reasoning")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SSDMOE_LOCK_DIR", str(root / "locks"))
+        running = Running(ServeOptions(EngineOptions(model=str(think_model)), cache_root=root))
+        yield running
+        running.stop()
+
+
+def test_a_thinking_template_through_the_server(srv):
+    """Qwen3.5's template opens the think block: what the model writes until </think> is
+    reasoning in every API; enable_thinking false gives a plain answer; the next turn,
+    sent back with the answer only, is served from the prompt cache."""
+    assert srv.server.state.think_format is not None
+    c = srv.client()
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
+    r = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=8)
+    m = r.choices[0].message
+    thought = m.model_extra.get("reasoning_content") or ""
+    assert thought and "<think>" not in thought and "</think>" not in (m.content or "")
+    plain = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=8,
+                                      extra_body={"chat_template_kwargs":
+                                                  {"enable_thinking": False}})  # fmt: skip
+    assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+    assert plain.choices[0].message.content
+    # the client sends back the answer without the reasoning: the cache still serves it
+    msgs += [{"role": "assistant", "content": m.content or ""},
+             {"role": "user", "content": "Go on."}]  # fmt: skip
+    r2 = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=4)
+    u = r2.usage
+    assert u.prompt_tokens_details.cached_tokens >= 0.97 * u.prompt_tokens, u
+    # the same split in Responses and Messages
+    resp = c.responses.create(model=srv.model, instructions=SYSTEM, input="Hi",
+                              max_output_tokens=8)  # fmt: skip
+    assert resp.output[0].type == "reasoning" and resp.output[0].content[0].text == thought
+    a = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
+    msg = a.messages.create(model=srv.model, system=SYSTEM, max_tokens=8,
+                            messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
+    assert msg.content[0].type == "thinking" and msg.content[0].thinking == thought
