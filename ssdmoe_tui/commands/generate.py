@@ -78,7 +78,7 @@ def prompt_argument(args: argparse.Namespace) -> list[str]:
 
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
-    from ssdmoe_tui.engine.run.open import load_engine, plan_engine
+    from ssdmoe_tui.engine.run.open import load_engine, memory_need, plan_engine
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     )
     lock = None  # held until exit: one loaded model per machine (one rank per machine)
     if dist is None or dist.first_on_host():
-        lock = acquire_model_lock(str(plan.path))
+        lock = acquire_model_lock(str(plan.path), need_bytes=memory_need(plan))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
         runner.sm.measure_routing_mass()  # the stats it prints carry the router mass

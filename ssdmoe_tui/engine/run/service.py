@@ -256,16 +256,19 @@ class EngineService:
             self._lock.release()
             self._lock = None
 
-    def _take_lock(self, path: Path) -> None:
-        """One loaded model per machine: a second app instance is told who holds it."""
+    def _take_lock(self, plan) -> None:
+        """Models share the machine within its memory (models/lock.py): a second one that
+        does not fit is refused with the numbers."""
         if not self.use_model_lock:
             return
+        from ssdmoe_tui.engine.run.open import memory_need
         from ssdmoe_tui.models.lock import acquire_model_lock
 
+        need = memory_need(plan, self.kv_budget_bytes)
         if self._lock is None:
-            self._lock = acquire_model_lock(str(path))
+            self._lock = acquire_model_lock(str(plan.path), need_bytes=need)
         else:
-            self._lock.relabel(str(path))
+            self._lock.relabel(str(plan.path), need)
 
     def _unload(self) -> None:
         runner, self._runner = self._runner, None
@@ -314,7 +317,7 @@ class EngineService:
             say("unloading previous model")
         self._unload()
         try:
-            self._take_lock(plan.path)
+            self._take_lock(plan)
             self._emit(P.PhaseChanged("indexing", detail=str(plan.path)))
             runner = load_engine(
                 plan,
