@@ -8,7 +8,9 @@
 #   scripts/gpu_batch_bench.sh OUTDIR
 #
 # Environment: MODEL (/root/q30), CAP_GIB (8), CACHE (4G), BATCH (1,2,4,8),
-# DECODE_TOKENS (48), PROMPT_TOKENS (64), ROUTING (model,trace), PYTHON (python3).
+# DECODE_TOKENS (48), PROMPT_TOKENS (64), ROUTING (model,trace), CHECK (1: --batch-check),
+# PYTHON (python3). One routing fits a 10-minute device call (kernel compilation ~3 min on
+# a fresh machine, the build ~40 s): ROUTING=trace first, then ROUTING=model.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_batch_bench.sh OUTDIR}
 mkdir -p "$OUT"
@@ -23,7 +25,8 @@ cat "$OUT/env.txt" >&2
 args=(scripts/batch_bench.py --out "$OUT" --model "$MODEL"
   --config tests/fixtures/models/qwen3-30b-a3b/config.json --cache "${CACHE:-4G}"
   --batch "${BATCH:-1,2,4,8}" --decode-tokens "${DECODE_TOKENS:-48}"
-  --prompt-tokens "${PROMPT_TOKENS:-64}" --routing "${ROUTING:-model,trace}" --check)
+  --prompt-tokens "${PROMPT_TOKENS:-64}" --routing "${ROUTING:-model,trace}")
+[ "${CHECK:-1}" = 1 ] && args+=(--check)
 # the checkpoint is built uncapped (16 GiB written once)
 "$PY" "${args[@]}" --build-only 2>&1 | tee "$OUT/build.log" >&2 || exit 1
 sync

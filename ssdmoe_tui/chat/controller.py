@@ -123,6 +123,7 @@ class ChatController:
     _requests: int = 0
     gen: GenSettings = field(init=False)  # the open conversation's generation settings
     thinking_inside: bool = False  # the reply in flight starts in an open <think> block
+    engine_starting: bool = False  # the app builds the engine (after its first frame)
 
     def __post_init__(self) -> None:
         self.gen = self.defaults()
@@ -225,6 +226,8 @@ class ChatController:
                 return "Still stopping the previous reply; send again in a moment."
             return "A reply is still streaming: Esc stops it."
         if self.engine is None:
+            if self.engine_starting:
+                return "The engine is starting; send again in a moment."
             return "The engine is not running."
         if self.loading is not None:
             return "The model is still loading."

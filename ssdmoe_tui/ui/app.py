@@ -213,17 +213,19 @@ class SsdmoeApp(App[int]):
 
     async def _start_engine(self) -> None:
         assert self.engine_factory is not None
+        self.chat.engine_starting = True
         try:
             engine = await asyncio.to_thread(self.engine_factory, self.feed)
             engine.start()
         except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
+            self.chat.engine_starting = False
             self.status_bar.phase = "no engine"
             self.notify(f"the engine did not start: {user_message(e)}", severity="error")
             return
         if self._exit or not self.is_running:  # quit while it was being built
             await asyncio.to_thread(engine.shutdown, 5.0)
             return
-        self.chat.engine = engine
+        self.chat.engine, self.chat.engine_starting = engine, False
         model.open_model(self, self.settings.model, k=self.chat.gen.k)
 
     async def on_unmount(self) -> None:

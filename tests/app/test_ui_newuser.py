@@ -235,6 +235,9 @@ async def test_the_first_frame_comes_before_the_engine_is_built(demo_model):
         assert "starting the engine" in screen_text(app)
         await pilot.press("h", "i")
         assert app.chat_pane.prompt.text == "hi"  # keys work meanwhile
+        said = record_notifications(app)
+        await pilot.press("enter")
+        assert said[-1] == ("warning", "The engine is starting; send again in a moment.")
         release.set()
         await loaded(pilot, app)
         assert built.is_set()

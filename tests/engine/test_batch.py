@@ -162,3 +162,50 @@ def test_seeded_sampling_and_penalties_are_per_sequence(checkpoints):
     assert len({tuple(a) for a in alone}) == 4
     plain = runner.generate(ps[3], max_tokens=12).tokens
     assert plain != alone[3], "the penalty should change this greedy reply"
+
+
+def _service_run(path, kv_budget: int):
+    """Three Generates submitted at once to EngineService(max_batch=3)."""
+    import queue
+
+    from ssdmoe_tui.engine.run import protocol as P
+    from ssdmoe_tui.engine.run.service import EngineService
+    from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+    events: queue.Queue = queue.Queue()
+    svc = EngineService(events.put, max_batch=3)
+    svc.use_model_lock = False
+    svc.kv_budget_bytes = kv_budget
+    svc.start()
+    try:
+        svc.submit(P.LoadModel(path=str(path), expert_cache="1G"))
+        tok = None
+        while tok is None:
+            ev = events.get(timeout=60)
+            if isinstance(ev, P.ModelLoaded):
+                tok = ev.tokenizer
+        for i, text in enumerate(TEXTS[:3]):
+            ids = prompt_tokens(tok, [{"role": "user", "content": text}])
+            svc.submit(P.Generate(f"r{i}", prompt_tokens=tuple(ids), max_tokens=10))
+        done = {}
+        while len(done) < 3:
+            ev = events.get(timeout=120)
+            if isinstance(ev, P.GenerationDone):
+                done[ev.request_id] = ev
+        return done, dict(svc.batch_figures or {})
+    finally:
+        svc.shutdown()
+
+
+def test_service_batches_and_the_kv_budget_counts_every_sequence(checkpoints):
+    """Room in the KV budget: the three requests decode together. A budget that holds one
+    sequence's cache only: each waits for the one before it to end (still answered, same
+    tokens)."""
+    path = checkpoints("qwen3_moe")
+    roomy, fig = _service_run(path, 2 << 30)
+    assert fig["max_rows"] == 3
+    tight, fig1 = _service_run(path, 40_000)  # about one short sequence's KV (4 layers)
+    assert fig1["max_rows"] == 1
+    for rid in roomy:
+        assert tight[rid].token_ids == roomy[rid].token_ids and len(roomy[rid].token_ids) == 10
+        assert roomy[rid].stats["batch"]["max_rows"] >= 1

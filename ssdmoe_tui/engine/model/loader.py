@@ -242,102 +242,21 @@ def load_streamed(
 
     model = model_class(args_class.from_dict(config))
     times = StepTimes()
-    blocks: list[nn.Module] = []
-    # Components by name for quant inference (shape/dtype only).
-    comp_meta = {c.name: _CompMeta(c.shape, c.dtype) for c in index.layers[0].components}
     read_index, source, source_note = resolve_expert_source(path, index, experts)
     rd = open_reader(queue_depth=reader_queue_depth, direct=direct_io, prefer=reader)
-
-    specs = []
-    for li, layer in enumerate(index.layers):
-        try:
-            block = _find_module(model, layer.prefix)
-        except (AttributeError, KeyError, IndexError, ValueError) as e:
-            raise UnsupportedModelError(
-                f"{layer.prefix}: expert tensors do not match any module of {config['model_type']}"
-            ) from e
-        orig = getattr(block, "switch_mlp", None)
-        if orig is None:
-            raise UnsupportedModelError(f"{layer.prefix}: module has no switch_mlp")
-        kind = "glu" if hasattr(orig, "gate_proj") else "mlp"
-        projs = ("gate_proj", "up_proj", "down_proj") if kind == "glu" else ("fc1", "fc2")
-        quant = {
-            p: _proj_quant(config, layer.prefix, p, getattr(orig, p).weight.shape[-1], comp_meta)
-            for p in projs
-        }
-        specs.append((li, block, orig, kind, quant))
+    specs = _switch_specs(model, index, config)
 
     trained_k = arch.trained_k(config)  # the one reading of it (checkpoint.arch)
     if not trained_k:
         raise ModelError(f"{path / 'config.json'}: no num_experts_per_tok (trained top-k)")
-    min_slots = max(trained_k, 1) * index.num_layers
-    resident_est = index.resident_bytes
-    if expert_cache == "auto":  # the rank's owned experts cap a distributed one below
-        sharers = distributed.ranks_on_host() if distributed is not None else 1
-        budget = auto_budget(index, resident_est, min_slots * index.expert_bytes, sharers)
-    else:
-        budget = parse_bytes(expert_cache, "expert cache")
-    capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
-    capacity = min(capacity, index.num_experts * index.num_layers)
     partition = distributed.partition(index) if distributed is not None else None
-    if partition is not None:
-        capacity = max(min(capacity, partition.owned_slots), 1)
+    capacity = _cache_capacity(index, trained_k, expert_cache, act_dtype, distributed, partition)
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
-
-    make_switch = StreamedSwitch if partition is None else partition.make_switch
-    for li, block, orig, kind, quant in specs:
-        block.switch_mlp = make_switch(li, cache, kind, orig.activation, quant, times)
-        blocks.append(block)
-    if prefetch:
-        for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
-            b.switch_mlp.set_predictor(routing_predictor(nxt))
+    blocks = _install_switches(specs, cache, partition, times, prefetch)
 
     progress("loading resident weights")
-    weights = {}
-    for shard in index.shards:
-        try:
-            arrays = mx.load(str(path / shard))
-        except Exception as e:  # noqa: BLE001 - mlx raises RuntimeError/ValueError variants
-            raise ModelError(f"{path / shard}: cannot read shard ({e})") from e
-        for name, arr in arrays.items():
-            if not index.is_expert_tensor(name):
-                weights[name] = arr
-    if hasattr(model, "sanitize"):
-        weights = model.sanitize(weights)
-
-    qcfg = config.get("quantization")
-    if qcfg is not None:
-        from mlx_lm.utils import infer_quant_config
-
-        def class_predicate(p, m):
-            if p in qcfg:
-                return qcfg[p]
-            if not hasattr(m, "to_quantized"):
-                return False
-            if f"{p}.scales" not in weights:
-                return False
-            params = infer_quant_config(p, m, weights)
-            if f"{p}.global_scale" in weights and _takes_global_scale(m):
-                params["global_scale"] = True
-            return params
-
-        nn.quantize(
-            model,
-            group_size=qcfg["group_size"],
-            bits=qcfg["bits"],
-            mode=qcfg.get("mode", "affine"),
-            class_predicate=class_predicate,
-        )
-    model.eval()
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise ModelError(
-            f"{path}: weights do not match {config['model_type']}: {str(e).splitlines()[0]}"
-        ) from e
-    cast_model(model, act_dtype)
-    mx.eval(model.parameters())
-    resident = sum(v.nbytes for _, v in _flat(model.parameters()))
+    weights = _resident_weights(path, index, model)
+    resident = _load_resident(model, weights, config, path, act_dtype)
 
     progress("loading tokenizer")
     tokenizer = load_tokenizer(path)
@@ -362,6 +281,147 @@ def load_streamed(
     if k is not None:
         sm.set_k(k)
     return sm
+
+
+@dataclass(frozen=True)
+class _SwitchSpec:
+    """One MoE block to stream: its layer, the block, mlx-lm's `switch_mlp` it replaces,
+    the expert MLP's kind (`glu` or `mlp`) and each projection's quantization."""
+
+    layer: int
+    block: nn.Module
+    orig: nn.Module
+    kind: str
+    quant: dict[str, ProjQuant]
+
+
+def _switch_specs(model: nn.Module, index: ExpertIndex, config: dict) -> list[_SwitchSpec]:
+    """Find the model's module for every expert layer of the index, before anything is
+    evaluated (so no expert tensor is allocated), or one line naming the unmatched one."""
+    # Components by name for quant inference (shape/dtype only).
+    comp_meta = {c.name: _CompMeta(c.shape, c.dtype) for c in index.layers[0].components}
+    specs = []
+    for li, layer in enumerate(index.layers):
+        try:
+            block = _find_module(model, layer.prefix)
+        except (AttributeError, KeyError, IndexError, ValueError) as e:
+            raise UnsupportedModelError(
+                f"{layer.prefix}: expert tensors do not match any module of {config['model_type']}"
+            ) from e
+        orig = getattr(block, "switch_mlp", None)
+        if orig is None:
+            raise UnsupportedModelError(f"{layer.prefix}: module has no switch_mlp")
+        kind = "glu" if hasattr(orig, "gate_proj") else "mlp"
+        projs = ("gate_proj", "up_proj", "down_proj") if kind == "glu" else ("fc1", "fc2")
+        quant = {
+            p: _proj_quant(config, layer.prefix, p, getattr(orig, p).weight.shape[-1], comp_meta)
+            for p in projs
+        }
+        specs.append(_SwitchSpec(li, block, orig, kind, quant))
+    return specs
+
+
+def _cache_capacity(
+    index: ExpertIndex,
+    trained_k: int,
+    expert_cache: str | int,
+    act_dtype: mx.Dtype,
+    distributed,
+    partition,
+) -> int:
+    """Expert-cache slots: the budget (`auto` or a size) over one slot's memory, at least
+    the trained top-k of every layer, at most every expert; a distributed rank holds at
+    most the experts it owns."""
+    min_slots = max(trained_k, 1) * index.num_layers
+    resident_est = index.resident_bytes
+    if expert_cache == "auto":  # the rank's owned experts cap a distributed one below
+        sharers = distributed.ranks_on_host() if distributed is not None else 1
+        budget = auto_budget(index, resident_est, min_slots * index.expert_bytes, sharers)
+    else:
+        budget = parse_bytes(expert_cache, "expert cache")
+    capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
+    capacity = min(capacity, index.num_experts * index.num_layers)
+    if partition is not None:
+        capacity = max(min(capacity, partition.owned_slots), 1)
+    return capacity
+
+
+def _install_switches(
+    specs: list[_SwitchSpec], cache: ExpertCache, partition, times: StepTimes, prefetch: bool
+) -> list[nn.Module]:
+    """Swap every block's `switch_mlp` for a streamed one (this rank's share in a
+    distributed launch) and chain the routing predictors when prefetching; the blocks."""
+    make_switch = StreamedSwitch if partition is None else partition.make_switch
+    blocks: list[nn.Module] = []
+    for s in specs:
+        s.block.switch_mlp = make_switch(s.layer, cache, s.kind, s.orig.activation, s.quant, times)
+        blocks.append(s.block)
+    if prefetch:
+        for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
+            b.switch_mlp.set_predictor(routing_predictor(nxt))
+    return blocks
+
+
+def _resident_weights(path: Path, index: ExpertIndex, model: nn.Module) -> dict:
+    """Every non-expert tensor of the shards, sanitized the way the model class wants."""
+    weights = {}
+    for shard in index.shards:
+        try:
+            arrays = mx.load(str(path / shard))
+        except Exception as e:  # noqa: BLE001 - mlx raises RuntimeError/ValueError variants
+            raise ModelError(f"{path / shard}: cannot read shard ({e})") from e
+        for name, arr in arrays.items():
+            if not index.is_expert_tensor(name):
+                weights[name] = arr
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    return weights
+
+
+def _quantize_resident(model: nn.Module, config: dict, weights: dict) -> None:
+    """Quantize the resident modules as `mlx_lm.utils.load_model` does: the config's
+    per-path entries, else inferred from the weights, nvfp4 global scales included."""
+    qcfg = config.get("quantization")
+    if qcfg is None:
+        return
+    from mlx_lm.utils import infer_quant_config
+
+    def class_predicate(p, m):
+        if p in qcfg:
+            return qcfg[p]
+        if not hasattr(m, "to_quantized"):
+            return False
+        if f"{p}.scales" not in weights:
+            return False
+        params = infer_quant_config(p, m, weights)
+        if f"{p}.global_scale" in weights and _takes_global_scale(m):
+            params["global_scale"] = True
+        return params
+
+    nn.quantize(
+        model,
+        group_size=qcfg["group_size"],
+        bits=qcfg["bits"],
+        mode=qcfg.get("mode", "affine"),
+        class_predicate=class_predicate,
+    )
+
+
+def _load_resident(
+    model: nn.Module, weights: dict, config: dict, path: Path, act_dtype: mx.Dtype
+) -> int:
+    """Quantize, load (strictly), cast and evaluate the resident weights; their bytes."""
+    _quantize_resident(model, config, weights)
+    model.eval()
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise ModelError(
+            f"{path}: weights do not match {config['model_type']}: {str(e).splitlines()[0]}"
+        ) from e
+    cast_model(model, act_dtype)
+    mx.eval(model.parameters())
+    return sum(v.nbytes for _, v in _flat(model.parameters()))
 
 
 EXPERT_SOURCES = ("auto", "shards", "repacked")

@@ -82,6 +82,8 @@ class BatchLoop:
                     self._on_event(rid, ev)
                 svc.batch_figures = self.batch.figures.as_dict(self.batch.rows, self.batch.waiting)
         finally:
+            if svc.kv_pool is not None:  # nothing runs: the pool has the whole budget again
+                svc.kv_pool.set_budget(svc.kv_budget_bytes)
             if svc._cancel.is_set() and not self.requests:
                 svc._cancel.clear()  # a stop of everything is spent once nothing runs
             svc._emit(P.PhaseChanged("idle"))
@@ -151,6 +153,15 @@ class BatchLoop:
             svc.kv_pool.set_budget(max(0, budget - used - need))
         return True
 
+    def _resize_pool(self) -> None:
+        """The pool gets what the running caches leave of the KV budget."""
+        from ssdmoe_tui.engine.run.kv_pool import cache_nbytes
+
+        svc = self.svc
+        if svc.kv_pool is not None:
+            used = sum(cache_nbytes(c) for c in self.batch.running_caches())
+            svc.kv_pool.set_budget(max(0, svc.kv_budget_bytes - used))
+
     # ------------------------------------------------------------------ events
     def _on_event(self, rid: str, ev) -> None:  # noqa: ANN001
         from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
@@ -206,6 +217,7 @@ class BatchLoop:
         svc._emit(svc.last_stats)
         covered = result.covered_tokens
         session = req.cmd.session_id
+        self._resize_pool()  # this row's cache no longer runs: the pool may hold it
         try:
             if result.tokens:
                 svc._store_cache(session, covered, result.cache)

@@ -141,6 +141,13 @@ class AssistantMessage(ChatMessage):
         self._written = 0  # characters of the answer streamed into the Markdown
         self.split = Split("", "")
         self.appends = 0  # how many increments arrived (tests check streaming happened)
+        # Kept, not queried: tokens may still arrive for a reply whose widget has been
+        # removed (another conversation opened), and it has no children then.
+        self._thinking_body = Static("", markup=False, classes="thinking-body")
+        self._block = Collapsible(
+            self._thinking_body, title="thinking", collapsed=True, classes="thinking"
+        )
+        self._markdown = Markdown("", classes="message-body")
 
     @property
     def answer(self) -> str:
@@ -149,7 +156,7 @@ class AssistantMessage(ChatMessage):
 
     @property
     def thinking_block(self) -> Collapsible:
-        return self.query_one(".thinking", Collapsible)
+        return self._block
 
     def action_toggle_thinking(self) -> None:
         if not self.split.has_thinking:
@@ -167,7 +174,7 @@ class AssistantMessage(ChatMessage):
         self.set_class(split.has_thinking, "thinks")  # the block shows once it thinks
         if not split.has_thinking:
             return
-        block.query_one(".thinking-body", Static).update(split.thinking)
+        self._thinking_body.update(split.thinking)
         if split.open and self.finish_reason is None:
             block.title = "thinking…"
         else:
@@ -189,13 +196,12 @@ class AssistantMessage(ChatMessage):
 
     def compose(self) -> ComposeResult:
         yield from self.compose_header()
-        with Collapsible(title="thinking", collapsed=True, classes="thinking"):
-            yield Static("", markup=False, classes="thinking-body")
-        yield Markdown("", classes="message-body")
+        yield self._block
+        yield self._markdown
 
     @property
     def markdown(self) -> Markdown:
-        return self.query_one(Markdown)
+        return self._markdown
 
     async def append(self, text: str) -> None:
         if not text:
