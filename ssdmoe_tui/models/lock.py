@@ -90,7 +90,7 @@ class ModelLockedError(SsdmoeError):
             super().__init__(
                 f"not enough memory for a second model: needs {human_bytes(need_bytes)}, "
                 f"{human_bytes(held)} held by {who}, {human_bytes(available_bytes)} available; "
-                "quit it or lower --expert-cache"
+                "quit it or lower the expert cache"
             )
             return
         if holder is None or holder.pid is None:

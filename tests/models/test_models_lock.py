@@ -200,3 +200,43 @@ def test_no_form_of_the_key_reaches_the_label_or_the_busy_line(tmp_path, monkeyp
     old = tmp_path / "old.lock"  # a label an unredacting version wrote
     old.write_text('{"pid": 1, "model": "m", "command": "ssdmoe serve --api-ke s3cret"}')
     assert read_holder(old).command == "ssdmoe serve --api-ke '***'"
+
+
+GENERATE = "import sys; from ssdmoe_tui import cli; sys.exit(cli.main(sys.argv[1:]))"
+
+
+def test_ssdmoe_generate_loads_beside_a_holder_only_when_it_fits(demo_model) -> None:
+    """Real `ssdmoe generate` processes on the demo model next to a holder that declared
+    600 MiB: the machine's (fake) memory either holds both, and it generates, or is one
+    byte short, and it is refused with the one line."""
+    from ssdmoe_tui.engine.run.open import memory_need, plan_engine
+    from ssdmoe_tui.options import CacheBudget, EngineOptions
+
+    opts = EngineOptions(model=str(demo_model), expert_cache=CacheBudget.parse("4M"))
+    need = memory_need(plan_engine(opts))
+    held = 600 * MiB
+    proc = _holder("/models/held", held)
+
+    def generate(memory: int) -> subprocess.CompletedProcess:
+        argv = ["generate", "hi", "--model", str(demo_model), "--expert-cache", "4M"]
+        argv += ["--max-tokens", "2", "--raw", "--json"]
+        return subprocess.run(
+            [sys.executable, "-c", GENERATE, *argv],
+            cwd=ROOT,
+            env=_env(memory),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    try:
+        ok = generate(held + need)
+        assert ok.returncode == 0, ok.stderr
+        assert '"text"' in ok.stdout or "text" in ok.stdout
+        refused = generate(held + need - 1)
+        assert refused.returncode != 0
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("ssdmoe: error: not enough memory for a second model"), line
+        assert f"held by pid {proc.pid} (/models/held)" in line, line
+    finally:
+        _end(proc)
