@@ -220,9 +220,6 @@ def run_config(
     """One configuration on a fresh engine; returns its result dict."""
     from mlx_lm.sample_utils import make_sampler
 
-    from ssdmoe_tui.engine.run.kv_pool import cache_nbytes
-    from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
-
     t0 = time.perf_counter()
     runner = _open(opts, budget, k, prefetch, log)
     load_s = time.perf_counter() - t0
@@ -235,94 +232,133 @@ def run_config(
         sampler = make_sampler(0.0)
         if dist is not None:
             sampler = dist.wrap_sampler(sampler)
-        marks: dict[str, Snapshot] = {}
-        start = Snapshot.take(sm)
-        rss_reset = system.reset_peak_rss()
-        result = None
-        for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=sampler):
-            if isinstance(ev, TokenEvent):
-                n = ev.stats.generated_tokens
-                if meter is not None:
-                    meter.on_token(n)
-                if n == 1:
-                    marks["first"] = Snapshot.take(sm)
-                if n == opts.decode_tokens:
-                    marks["last"] = Snapshot.take(sm)
-            elif isinstance(ev, Done):
-                result = ev.result
-        end = marks.get("last") or Snapshot.take(sm)
-        first = marks.get("first") or end
-        st = result.stats
-        pre = first - start
-        dec = end - first
-        steps = max(len(result.tokens) - 1, 0)
-        cache = sm.cache
-        index = sm.index
-        hit_rate = dec.hit_rate
-        req_bpt = _per_step(dec.bytes_read, steps)
-        dev_bpt = _per_step(dec.device_bytes, steps)
-        expert_set = index.expert_bytes * index.num_experts * index.num_layers
-        kv_bytes = cache_nbytes(result.cache)
-        bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
-        out = {
-            # k, prefill_k, reader, slot placement, expert source, budget, slots, policy,
-            # routing, dtype: the same figures `generate --json` and the app report
-            **runner.conditions(),
-            "expert_cache": str(budget),
-            "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
-            "prefetch": prefetch,
-            **(_prefetch_stats(dec, steps) if prefetch else {}),
-            "slot_placement_note": cache.placement.note,
-            "direct_io": cache.reader.direct_active,
-            "load_s": round(load_s, 3),
-            "prompt_tokens": st.prompt_tokens,
-            "generated_tokens": len(result.tokens),
-            "decode_steps": steps,
-            "prefill_s": round(st.prefill_s, 4),
-            "prefill_tok_s": round(st.prefill_tok_s, 3),
-            "decode_s": round(dec.t, 4),
-            "decode_tok_s": _round(_per_step(steps, dec.t), 3),
-            "ms_per_token": _split(dec, steps),
-            "prefill_ms_per_token": _split(pre, st.prompt_tokens),
-            "decode_hits": dec.hits,
-            "decode_misses": dec.misses,
-            "hit_rate": round(hit_rate, 6),
-            "prefill_hit_rate": round(pre.hit_rate, 4),
-            "decode_requested_bytes": dec.bytes_read,
-            "decode_device_bytes": dec.device_bytes,
-            "requested_mib_per_token": _round(None if req_bpt is None else req_bpt / 2**20),
-            "device_mib_per_token": _round(None if dev_bpt is None else dev_bpt / 2**20),
-            "decode_read_s": round(dec.read_s, 4),
-            "decode_read_gb_s": _gb_s(dec),
-            "prefill_requested_bytes": pre.bytes_read,
-            "prefill_read_s": round(pre.read_s, 4),
-            "prefill_read_gb_s": _gb_s(pre),
-            "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
-            # The issue's memory target: peak within 10% of resident + cache budget + KV.
-            "resident_memory_bytes": int(sm.resident_bytes),
-            "kv_cache_bytes": kv_bytes,
-            "memory_bound_bytes": bound,
-            "peak_over_memory_bound": round(st.peak_memory_bytes / bound, 4),
-            "peak_rss_bytes": int(st.peak_rss_bytes),
-            "peak_rss_scope": "this generation" if rss_reset else "whole process",
-            "token_ids": result.tokens,
-            # router mass kept at this K vs the trained K, over the decoded tokens
-            "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
-        }
+        run = _measure_run(runner, opts, prompt, sampler, meter)
+        out = _config_figures(runner, budget, prefetch, load_s, run)
         if dist is not None:
             from ssdmoe_tui.engine.distributed.stats import summary_line
 
-            out["distributed"] = dist.run_stats(sm, meter, steps)
+            out["distributed"] = dist.run_stats(sm, meter, out["decode_steps"])
             log("  " + summary_line(out["distributed"]))
-        log(
-            f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
-            f"[ms/tok {_fmt_split(out['prefill_ms_per_token'])}], "
-            f"decode {out['decode_tok_s'] or 0:.2f} tok/s [ms/tok {_fmt_split(out['ms_per_token'])}], "
-            f"hit {hit_rate:.1%}, {out['requested_mib_per_token'] or 0:.1f} MiB/token requested"
-        )
+        _log_config(out, k, budget, log)
         return out
     finally:
         _close(runner)
+
+
+@dataclass
+class _MeasuredRun:
+    """One greedy run and the engine's counters at its start, first and last token."""
+
+    result: object  # engine.run.runner.GenerationResult
+    start: Snapshot
+    first: Snapshot
+    end: Snapshot
+    rss_reset: bool
+
+
+def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) -> _MeasuredRun:  # noqa: ANN001
+    """Stream `opts.decode_tokens` tokens, marking the first and the last one."""
+    from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
+
+    sm = runner.sm
+    marks: dict[str, Snapshot] = {}
+    start = Snapshot.take(sm)
+    rss_reset = system.reset_peak_rss()
+    result = None
+    for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=sampler):
+        if isinstance(ev, TokenEvent):
+            n = ev.stats.generated_tokens
+            if meter is not None:
+                meter.on_token(n)
+            if n == 1:
+                marks["first"] = Snapshot.take(sm)
+            if n == opts.decode_tokens:
+                marks["last"] = Snapshot.take(sm)
+        elif isinstance(ev, Done):
+            result = ev.result
+    end = marks.get("last") or Snapshot.take(sm)
+    first = marks.get("first") or end
+    return _MeasuredRun(result, start, first, end, rss_reset)
+
+
+def _config_figures(
+    runner,  # noqa: ANN001
+    budget: CacheBudget,
+    prefetch: bool,
+    load_s: float,
+    run: _MeasuredRun,
+) -> dict:
+    """A configuration's result dict: its conditions, speeds, reads and memory."""
+    from ssdmoe_tui.engine.run.kv_pool import cache_nbytes
+
+    sm, result, rss_reset = runner.sm, run.result, run.rss_reset
+    st = result.stats
+    pre = run.first - run.start
+    dec = run.end - run.first
+    steps = max(len(result.tokens) - 1, 0)
+    cache = sm.cache
+    index = sm.index
+    hit_rate = dec.hit_rate
+    req_bpt = _per_step(dec.bytes_read, steps)
+    dev_bpt = _per_step(dec.device_bytes, steps)
+    expert_set = index.expert_bytes * index.num_experts * index.num_layers
+    kv_bytes = cache_nbytes(result.cache)
+    bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
+    return {
+        # k, prefill_k, reader, slot placement, expert source, budget, slots, policy,
+        # routing, dtype: the same figures `generate --json` and the app report
+        **runner.conditions(),
+        "expert_cache": str(budget),
+        "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
+        "prefetch": prefetch,
+        **(_prefetch_stats(dec, steps) if prefetch else {}),
+        "slot_placement_note": cache.placement.note,
+        "direct_io": cache.reader.direct_active,
+        "load_s": round(load_s, 3),
+        "prompt_tokens": st.prompt_tokens,
+        "generated_tokens": len(result.tokens),
+        "decode_steps": steps,
+        "prefill_s": round(st.prefill_s, 4),
+        "prefill_tok_s": round(st.prefill_tok_s, 3),
+        "decode_s": round(dec.t, 4),
+        "decode_tok_s": _round(_per_step(steps, dec.t), 3),
+        "ms_per_token": _split(dec, steps),
+        "prefill_ms_per_token": _split(pre, st.prompt_tokens),
+        "decode_hits": dec.hits,
+        "decode_misses": dec.misses,
+        "hit_rate": round(hit_rate, 6),
+        "prefill_hit_rate": round(pre.hit_rate, 4),
+        "decode_requested_bytes": dec.bytes_read,
+        "decode_device_bytes": dec.device_bytes,
+        "requested_mib_per_token": _round(None if req_bpt is None else req_bpt / 2**20),
+        "device_mib_per_token": _round(None if dev_bpt is None else dev_bpt / 2**20),
+        "decode_read_s": round(dec.read_s, 4),
+        "decode_read_gb_s": _gb_s(dec),
+        "prefill_requested_bytes": pre.bytes_read,
+        "prefill_read_s": round(pre.read_s, 4),
+        "prefill_read_gb_s": _gb_s(pre),
+        "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
+        # The issue's memory target: peak within 10% of resident + cache budget + KV.
+        "resident_memory_bytes": int(sm.resident_bytes),
+        "kv_cache_bytes": kv_bytes,
+        "memory_bound_bytes": bound,
+        "peak_over_memory_bound": round(st.peak_memory_bytes / bound, 4),
+        "peak_rss_bytes": int(st.peak_rss_bytes),
+        "peak_rss_scope": "this generation" if rss_reset else "whole process",
+        "token_ids": result.tokens,
+        # router mass kept at this K vs the trained K, over the decoded tokens
+        "routing_mass": None if st.routing_mass is None else round(st.routing_mass, 4),
+    }
+
+
+def _log_config(out: dict, k: int, budget: CacheBudget, log: Log) -> None:
+    """A configuration's one summary line."""
+    log(
+        f"  K={k} budget={budget}: prefill {out['prefill_tok_s']:.1f} tok/s "
+        f"[ms/tok {_fmt_split(out['prefill_ms_per_token'])}], "
+        f"decode {out['decode_tok_s'] or 0:.2f} tok/s [ms/tok {_fmt_split(out['ms_per_token'])}], "
+        f"hit {out['hit_rate']:.1%}, {out['requested_mib_per_token'] or 0:.1f} MiB/token requested"
+    )
 
 
 def _gb_s(w: Snapshot) -> float | None:
@@ -500,10 +536,73 @@ def run_bench(
     `on_partial` gets the result so far after each measurement, so a run cut short
     (a time limit, an out-of-memory kill) still leaves what it measured.
     """
-    from ssdmoe_tui.bench.disk import random_read_bandwidth
+    from ssdmoe_tui.engine.run import runner as _runner  # noqa: F401 - imported before the digest
+
+    s = _bench_setup(opts)
+    conditions = _bench_conditions(opts, s)
+    result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
+    log(
+        f"model {s.path} ({s.config.get('model_type')}, {human_bytes(s.ckpt_bytes, 2)}, "
+        f"{s.index.num_layers} MoE layers x {s.index.num_experts} experts x "
+        f"{human_bytes(s.index.expert_bytes, 2)})"
+    )
+
+    # ---------------- page cache: cold drops it before each measurement; warm fills it once
+    page_cache = _PageCache(opts, s.shards, log)
+    prepare = page_cache.prepare
+    if not opts.baseline_only:
+        if not opts.cold:
+            _fill_page_cache(s, conditions, log)
+        # ---------------- disk
+        state = prepare()
+    if not opts.baseline_only and opts.root:
+        result["disk"] = _run_disk(opts, s, state, log)
+    if not opts.baseline_only:
+        if opts.warmup:
+            warmup(opts, max(s.ks), opts.budgets[0], log)
+        _run_configs(opts, s, result, prepare, on_partial, log)
+        if opts.cold and page_cache.drops and any(m != "drop_caches" for m in page_cache.drops):
+            conditions["mode"] = "cold (fallback: see page_cache per result)"
+
+    if opts.quality_text is not None:
+        run_quality(opts, s.ks, result, log)
+        on_partial(result)
+
+    base = _baseline(opts, s, conditions, log)
+    result["resident_baseline"] = {
+        **{k: v for k, v in base.items() if k != "by_k"},
+        "by_k": {str(k): v for k, v in base["by_k"].items()},
+    }
+    if "configs" in result:
+        _derive(result, base["by_k"], s.index)
+    result["complete"] = True
+    return result
+
+
+@dataclass
+class _BenchSetup:
+    """What every measurement of a run shares: the checkpoint read once."""
+
+    path: Path
+    config: dict
+    index: object  # engine.experts.index.ExpertIndex
+    act_dtype: object  # mx.Dtype
+    prompt: list[int]
+    trained_k: int
+    ks: list[int]
+    routing_label: str
+    ckpt_bytes: int
+    mem: system.MemoryLimit
+    shards: list[Path]
+    read_index: object  # the index the cache reads through (shards or repacked copy)
+    source: str
+    source_note: str
+
+
+def _bench_setup(opts: BenchOptions) -> _BenchSetup:
+    """Read the checkpoint's config, index and tokenizer, build the prompt and the Ks."""
     from ssdmoe_tui.engine.experts.index import load_index
     from ssdmoe_tui.engine.model.loader import _load_config, parse_dtype, resolve_expert_source
-    from ssdmoe_tui.engine.run import runner as _runner  # noqa: F401 - imported before the digest
 
     eng = opts.engine
     path = Path(eng.model)
@@ -512,7 +611,6 @@ def run_bench(
     config = _load_config(path)
     index, _ = load_index(path)
     act_dtype = parse_dtype(eng.dtype)
-    dtype_name = str(act_dtype).removeprefix("mlx.core.")
 
     from ssdmoe_tui.checkpoint.config import load_tokenizer
 
@@ -538,44 +636,65 @@ def run_bench(
         check_k(k, index.num_experts)
     ckpt_bytes = _checkpoint_bytes(path, index)
     mem = system.memory_limit()
-    expert_set = index.expert_bytes * index.num_experts * index.num_layers
     shards = _shard_paths(path, index)
     read_index, source, source_note = resolve_expert_source(path, index, eng.experts)
     if source == "repacked":  # cold/warm handling and the disk test cover the copy read
         shards.append(Path(read_index.layers[0].components[0].shard))
+    return _BenchSetup(
+        path=path,
+        config=config,
+        index=index,
+        act_dtype=act_dtype,
+        prompt=prompt,
+        trained_k=trained_k,
+        ks=ks,
+        routing_label=routing_label,
+        ckpt_bytes=ckpt_bytes,
+        mem=mem,
+        shards=shards,
+        read_index=read_index,
+        source=source,
+        source_note=source_note,
+    )
+
+
+def _bench_conditions(opts: BenchOptions, s: _BenchSetup) -> dict:
+    """The run's conditions: checkpoint, machine, prompt, what is measured and how."""
+    eng, index, config = opts.engine, s.index, s.config
+    expert_set = index.expert_bytes * index.num_experts * index.num_layers
     conditions = {
-        "model": str(path.resolve()),
+        "model": str(s.path.resolve()),
         "model_type": config.get("model_type"),
         "quantization": _quantization(config),
         "num_layers_moe": index.num_layers,
         "num_experts": index.num_experts,
-        "trained_k": trained_k,
+        "trained_k": s.trained_k,
         "expert_bytes": index.expert_bytes,
         "expert_piece_bytes": [c.stride for c in index.layers[0].components],
         "expert_set_bytes": expert_set,
         "resident_bytes_on_disk": index.resident_bytes,
-        "checkpoint_bytes": ckpt_bytes,
+        "checkpoint_bytes": s.ckpt_bytes,
         "versions": system.versions(),
         "source": system.source_state(),
         "device": system.device_description(),
-        "dtype": dtype_name,
+        "dtype": str(s.act_dtype).removeprefix("mlx.core."),
         "prompt": "fixed English text repeated, tokenized raw (no chat template), truncated",
-        "prompt_tokens": len(prompt),
+        "prompt_tokens": len(s.prompt),
         "decode_tokens": opts.decode_tokens,
         "sampling": "greedy (temperature 0); end-of-sequence ignored",
-        "ks": ks,
+        "ks": s.ks,
         "expert_cache": [str(b) for b in opts.budgets],
         "mode": "cold" if opts.cold else "warm",
         "reader_requested": eng.reader,
         "queue_depth": eng.queue_depth,
         "direct_io": eng.direct_io,
-        "expert_source": source,
-        "expert_source_note": source_note,
+        "expert_source": s.source,
+        "expert_source_note": s.source_note,
         "prefetch": opts.prefetch,
-        "routing": routing_label,
+        "routing": s.routing_label,
         "policy": eng.policy,
         "prefill_step": eng.prefill_step,
-        "memory": mem.as_dict(),
+        "memory": s.mem.as_dict(),
         "date": system.utc_now(),
     }
     if opts.distributed is not None:
@@ -584,122 +703,121 @@ def run_bench(
             "expert_cache": "per rank (each rank caches only the experts it owns)",
             "measured_by": "every rank; rank 0 reports, measures the disk and the baseline",
         }
-    result: dict = {"schema": SCHEMA_VERSION, "conditions": conditions}
-    log(
-        f"model {path} ({config.get('model_type')}, {human_bytes(ckpt_bytes, 2)}, "
-        f"{index.num_layers} MoE layers x {index.num_experts} experts x "
-        f"{human_bytes(index.expert_bytes, 2)})"
-    )
+    return conditions
 
-    # ---------------- page cache: cold drops it before each measurement; warm fills it once
-    drops: list[str] = []
 
-    def prepare() -> str:
-        if opts.cold:
-            d = system.drop_page_cache(shards)
-            drops.append(d.method)
+class _PageCache:
+    """Cold mode drops the shards from the page cache before each measurement (and
+    remembers how: `drops`); warm mode leaves it. `prepare()` names the state."""
+
+    def __init__(self, opts: BenchOptions, shards: list[Path], log: Log) -> None:
+        self.opts, self.shards, self.log = opts, shards, log
+        self.drops: list[str] = []
+
+    def prepare(self) -> str:
+        if self.opts.cold:
+            d = system.drop_page_cache(self.shards)
+            self.drops.append(d.method)
             if d.method != "drop_caches":
-                log(f"  note: {d.note}")
+                self.log(f"  note: {d.note}")
             return "cold (" + d.method + ")" if d.cold else "warm (" + d.note + ")"
         return "warm"
 
-    if not opts.baseline_only:
-        if not opts.cold:
-            if ckpt_bytes < mem.available * BASELINE_FRACTION:
-                log("warm mode: reading the shards once into the page cache")
-                system.read_through(shards)
-                conditions["warm_prefill"] = "shards read once into the page cache before measuring"
-            else:
-                conditions["warm_prefill"] = (
-                    "checkpoint larger than half the available memory: not pre-read; "
-                    "page cache as the previous configurations left it"
-                )
-        # ---------------- disk
-        state = prepare()
-    if not opts.baseline_only and opts.root:
+
+def _fill_page_cache(s: _BenchSetup, conditions: dict, log: Log) -> None:
+    """Warm mode: read the shards once into the page cache when they fit."""
+    if s.ckpt_bytes < s.mem.available * BASELINE_FRACTION:
+        log("warm mode: reading the shards once into the page cache")
+        system.read_through(s.shards)
+        conditions["warm_prefill"] = "shards read once into the page cache before measuring"
+    else:
+        conditions["warm_prefill"] = (
+            "checkpoint larger than half the available memory: not pre-read; "
+            "page cache as the previous configurations left it"
+        )
+
+
+def _run_disk(opts: BenchOptions, s: _BenchSetup, state: str, log: Log) -> dict:
+    """The disk's random-read bandwidth for whole experts, in batches of K."""
+    from ssdmoe_tui.bench.disk import random_read_bandwidth
+
+    eng = opts.engine
+    log(
+        f"disk: random reads of whole experts, batches of K experts, queue depth {eng.queue_depth} [{state}]"
+    )
+    disk = random_read_bandwidth(
+        s.path,
+        s.read_index,
+        s.ks,
+        target_bytes=opts.disk_bytes,
+        queue_depth=eng.queue_depth,
+        reader=eng.reader,
+        direct=eng.direct_io,
+        seed=opts.seed,
+    )
+    for k, d in disk.items():
         log(
-            f"disk: random reads of whole experts, batches of K experts, queue depth {eng.queue_depth} [{state}]"
+            f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({human_bytes(d.bytes)} in {d.seconds:.2f} s, {d.reader})"
         )
-        disk = random_read_bandwidth(
-            path,
-            read_index,
-            ks,
-            target_bytes=opts.disk_bytes,
-            queue_depth=eng.queue_depth,
-            reader=eng.reader,
-            direct=eng.direct_io,
-            seed=opts.seed,
-        )
-        result["disk"] = {
-            "page_cache": state,
-            "by_k": {str(k): d.as_dict() for k, d in disk.items()},
-        }
-        for k, d in disk.items():
-            log(
-                f"  K={k}: {d.bytes_per_s / 1e9:.2f} GB/s ({human_bytes(d.bytes)} in {d.seconds:.2f} s, {d.reader})"
-            )
-    if not opts.baseline_only:
-        if opts.warmup:
-            warmup(opts, max(ks), opts.budgets[0], log)
+    return {
+        "page_cache": state,
+        "by_k": {str(k): d.as_dict() for k, d in disk.items()},
+    }
 
-        # ---------------- configurations
-        configs: list[dict] = []
-        result["configs"] = configs
-        result["complete"] = False
-        on_partial(result)
-        modes = {"off": [False], "on": [True], "both": [False, True]}[opts.prefetch]
-        for budget in opts.budgets:
-            for k in ks:
-                for pf in modes:
-                    state = prepare()
-                    tag = " +prefetch" if pf else ""
-                    log(f"config K={k} expert cache {budget}{tag} [{state}]")
-                    r = run_config(opts, k, budget, prompt, log, prefetch=pf)
-                    r["page_cache"] = state
-                    configs.append(r)
-                    _derive(result, {}, index)
+
+def _run_configs(
+    opts: BenchOptions,
+    s: _BenchSetup,
+    result: dict,
+    prepare: Callable[[], str],
+    on_partial: Callable[[dict], None],
+    log: Log,
+) -> None:
+    """Every (budget, K, prefetch) configuration on a fresh engine, into `result["configs"]`."""
+    configs: list[dict] = []
+    result["configs"] = configs
+    result["complete"] = False
+    on_partial(result)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[opts.prefetch]
+    for budget in opts.budgets:
+        for k in s.ks:
+            for pf in modes:
+                state = prepare()
+                tag = " +prefetch" if pf else ""
+                log(f"config K={k} expert cache {budget}{tag} [{state}]")
+                r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
+                r["page_cache"] = state
+                configs.append(r)
+                _derive(result, {}, s.index)
+                on_partial(result)
+                if not pf and opts.batch:
+                    _run_batches(opts, k, budget, s.prompt, result, prepare, log)
                     on_partial(result)
-                    if not pf and opts.batch:
-                        _run_batches(opts, k, budget, prompt, result, prepare, log)
-                        on_partial(result)
-        if opts.cold and drops and any(m != "drop_caches" for m in drops):
-            conditions["mode"] = "cold (fallback: see page_cache per result)"
 
-    if opts.quality_text is not None:
-        run_quality(opts, ks, result, log)
-        on_partial(result)
 
-    # ---------------- resident baseline
+def _baseline(opts: BenchOptions, s: _BenchSetup, conditions: dict, log: Log) -> dict:
+    """The resident mlx-lm baseline: measured here, read from --baseline-json, or why not."""
     if not opts.root:
-        base = {"status": "rank 0 measures it", "by_k": {}}
-    elif opts.baseline_json is not None:
+        return {"status": "rank 0 measures it", "by_k": {}}
+    if opts.baseline_json is not None:
         base = _load_baseline_json(opts.baseline_json, conditions)
         log(f"resident baseline from {opts.baseline_json}")
-    else:
-        why = _baseline_decision(opts, ckpt_bytes, mem)
-        if why is None:
-            log("resident baseline: plain mlx-lm (mlx_lm.load + stream_generate)")
-            by_k = resident_baseline(
-                path, ks, prompt, opts.decode_tokens, act_dtype, eng.prefill_step, log
-            )
-            base = {
-                "status": "ran",
-                "forced": opts.baseline == "force",
-                "note": "mlx_lm.load + cast_model to the same dtype + stream_generate, "
-                "top-k set to K on mlx-lm's own MoE blocks",
-                "by_k": by_k,
-            }
-        else:
-            log(f"resident baseline: {why}")
-            base = {"status": why, "by_k": {}}
-    result["resident_baseline"] = {
-        **{k: v for k, v in base.items() if k != "by_k"},
-        "by_k": {str(k): v for k, v in base["by_k"].items()},
+        return base
+    why = _baseline_decision(opts, s.ckpt_bytes, s.mem)
+    if why is not None:
+        log(f"resident baseline: {why}")
+        return {"status": why, "by_k": {}}
+    log("resident baseline: plain mlx-lm (mlx_lm.load + stream_generate)")
+    by_k = resident_baseline(
+        s.path, s.ks, s.prompt, opts.decode_tokens, s.act_dtype, opts.engine.prefill_step, log
+    )
+    return {
+        "status": "ran",
+        "forced": opts.baseline == "force",
+        "note": "mlx_lm.load + cast_model to the same dtype + stream_generate, "
+        "top-k set to K on mlx-lm's own MoE blocks",
+        "by_k": by_k,
     }
-    if "configs" in result:
-        _derive(result, base["by_k"], index)
-    result["complete"] = True
-    return result
 
 
 def _run_batches(opts, k, budget, prompt, result, prepare, log) -> None:

@@ -78,7 +78,7 @@ def prompt_argument(args: argparse.Namespace) -> list[str]:
 
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
-    from ssdmoe_tui.engine.run.open import load_engine, plan_engine
+    from ssdmoe_tui.engine.run.open import load_engine, memory_need, plan_engine
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     )
     lock = None  # held until exit: one loaded model per machine (one rank per machine)
     if dist is None or dist.first_on_host():
-        lock = acquire_model_lock(str(plan.path))
+        lock = acquire_model_lock(str(plan.path), need_bytes=memory_need(plan))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
         runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
@@ -120,27 +120,42 @@ def _run(args: argparse.Namespace, dist) -> int:
 
 def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
     import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
-
-    from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
-    from ssdmoe_tui.errors import BadValueError
-    from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
     sm = runner.sm
-    msgs = [{"role": "system", "content": args.system}] if args.system and not args.raw else []
-    msgs.append({"role": "user", "content": prompt_text})
-    prompt = prompt_tokens(sm.tokenizer, msgs, raw=args.raw)
-    if not prompt:
-        raise BadValueError("the prompt is empty")
+    prompt = _prompt_ids(args, sm, prompt_text)
     if args.seed is not None:
         mx.random.seed(args.seed)
-    writer = None
     quiet = dist is not None and not dist.is_root
-    if args.trace and not quiet:  # every rank sees the same routing: rank 0 records it
+    # every rank sees the same routing: rank 0 records it
+    trace = _RouteTrace(args.trace, runner, path) if args.trace and not quiet else None
+    meter = dist.meter(sm) if dist is not None else None
+    try:
+        result = _stream(args, runner, prompt, dist, meter, trace, quiet)
+    finally:
+        if trace is not None:
+            trace.writer.close()
+    stats = runner.stats_dict(result.stats)
+    if dist is not None:
+        stats["distributed"] = dist.run_stats(sm, meter, len(result.tokens) - 1)
+        if quiet:
+            return 0
+    if args.json:
+        _print_json(runner, path, prompt, result, stats)
+    else:
+        sys.stdout.write("\n")
+        _print_summary(runner, result, stats, dist)
+    return 0
+
+
+class _RouteTrace:
+    """`--trace`: every layer's routed experts, by token and phase (engine/policy/traces.py)."""
+
+    def __init__(self, trace_path, runner, path) -> None:  # noqa: ANN001
         from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceWriter
 
-        writer = TraceWriter(
-            args.trace,
+        sm = runner.sm
+        self.writer = TraceWriter(
+            trace_path,
             {
                 "model": str(path),
                 "model_type": sm.model_type,
@@ -149,73 +164,75 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
                 "num_experts": sm.index.num_experts,
             },
         )
-        counter = {"token": 0, "phase": PREFILL}
-        sm.cache.on_route = lambda layer, experts: writer.add(
-            counter["token"], layer, [int(e) for e in experts], phase=counter["phase"]
+        self.token, self.phase, self.decode = 0, PREFILL, DECODE
+        sm.cache.on_route = lambda layer, experts: self.writer.add(
+            self.token, layer, [int(e) for e in experts], phase=self.phase
         )
+
+
+def _stream(args, runner, prompt: list[int], dist, meter, trace: _RouteTrace | None, quiet: bool):  # noqa: ANN001, ANN202
+    """Run the prompt, writing the text as it comes (unless --json); the GenerationResult."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
     result = None
-    meter = dist.meter(sm) if dist is not None else None
     sampler = make_sampler(args.temp, top_p=args.top_p)
-    try:
-        for ev in runner.stream(
-            prompt,
-            max_tokens=args.max_tokens,
-            sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
-        ):
-            if isinstance(ev, PrefillProgress) and writer is not None and ev.done >= ev.total - 1:
-                # The last prompt token runs alone, as the first decode step: record it
-                # as decode step 0, which is how trace routing reads a trace back.
-                counter["phase"] = DECODE
-            if isinstance(ev, TokenEvent) and meter is not None:
-                meter.on_token(ev.stats.generated_tokens)
-            if isinstance(ev, TokenEvent) and not quiet:
-                if writer is not None:
-                    counter["token"] += 1
-                    counter["phase"] = DECODE
-                if not args.json and ev.text:
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-            elif isinstance(ev, Done):
-                result = ev.result
-    finally:
-        if writer is not None:
-            writer.close()
-    stats = runner.stats_dict(result.stats)
-    if dist is not None:
-        stats["distributed"] = dist.run_stats(sm, meter, len(result.tokens) - 1)
-        if quiet:
-            return 0
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": str(path),
-                    "prompt_token_ids": list(prompt),
-                    "token_ids": result.tokens,
-                    "text": result.text,
-                    "finish_reason": result.finish_reason,
-                    "k": runner.k,
-                    "prefill_k": runner.prefill_k or runner.k,
-                    "k_per_token": result.stats.k_per_token,
-                    "stats": stats,
-                }
-            )
-        )
-    else:
-        sys.stdout.write("\n")
-        s = result.stats
-        print(
-            f"[{s.prompt_tokens} prompt tok, {s.prefill_tok_s:.1f} tok/s prefill | {s.generated_tokens} tok, "
-            f"{s.decode_tok_s:.1f} tok/s | {s.ssd_mib_per_token():.2f} MiB/tok from SSD | "
-            f"expert cache hit {s.hit_rate:.1%} | K={runner.k}{_routed(stats)}]",
-            file=sys.stderr,
-        )
-        if dist is not None:
-            from ssdmoe_tui.engine.distributed.stats import summary_line
+    for ev in runner.stream(
+        prompt,
+        max_tokens=args.max_tokens,
+        sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
+    ):
+        if isinstance(ev, PrefillProgress) and trace is not None and ev.done >= ev.total - 1:
+            # The last prompt token runs alone, as the first decode step: record it
+            # as decode step 0, which is how trace routing reads a trace back.
+            trace.phase = trace.decode
+        if isinstance(ev, TokenEvent) and meter is not None:
+            meter.on_token(ev.stats.generated_tokens)
+        if isinstance(ev, TokenEvent) and not quiet:
+            if trace is not None:
+                trace.token += 1
+                trace.phase = trace.decode
+            if not args.json and ev.text:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        elif isinstance(ev, Done):
+            result = ev.result
+    return result
 
-            print(summary_line(stats["distributed"]), file=sys.stderr)
-    return 0
+
+def _print_json(runner, path, prompt: list[int], result, stats: dict) -> None:  # noqa: ANN001
+    """`--json`: the ids, the text and the run's figures, one object on stdout."""
+    print(
+        json.dumps(
+            {
+                "model": str(path),
+                "prompt_token_ids": list(prompt),
+                "token_ids": result.tokens,
+                "text": result.text,
+                "finish_reason": result.finish_reason,
+                "k": runner.k,
+                "prefill_k": runner.prefill_k or runner.k,
+                "k_per_token": result.stats.k_per_token,
+                "stats": stats,
+            }
+        )
+    )
+
+
+def _print_summary(runner, result, stats: dict, dist) -> None:  # noqa: ANN001
+    """The run's one-line summary (and the distributed one) on stderr."""
+    s = result.stats
+    print(
+        f"[{s.prompt_tokens} prompt tok, {s.prefill_tok_s:.1f} tok/s prefill | {s.generated_tokens} tok, "
+        f"{s.decode_tok_s:.1f} tok/s | {s.ssd_mib_per_token():.2f} MiB/tok from SSD | "
+        f"expert cache hit {s.hit_rate:.1%} | K={runner.k}{_routed(stats)}]",
+        file=sys.stderr,
+    )
+    if dist is not None:
+        from ssdmoe_tui.engine.distributed.stats import summary_line
+
+        print(summary_line(stats["distributed"]), file=sys.stderr)
 
 
 def _prompt_ids(args, sm, text: str) -> list[int]:

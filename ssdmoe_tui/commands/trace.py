@@ -72,7 +72,7 @@ def _numbers(text: str, what: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ssdmoe_tui.bench.trace_replay import BELADY, next_token_overlap, replay
+    from ssdmoe_tui.bench.trace_replay import BELADY, replay
     from ssdmoe_tui.engine.policy.policies import make_policy
     from ssdmoe_tui.engine.policy.traces import read_trace
 
@@ -87,8 +87,34 @@ def run(args: argparse.Namespace) -> int:
     layers, k = max(1, meta.num_layers), meta.k
     if args.per_layer and args.budget_mib:
         raise BadValueError("--per-layer takes --budget (experts per layer), not --budget-mib")
+    budgets = _budgets(args, meta, layers, k)
 
-    # (label, slots) per budget
+    results = []
+    for label, slots in budgets:
+        for p in policies:
+            res = replay(
+                trace,
+                p,
+                slots,
+                per_layer=args.per_layer,
+                decode_only=args.decode_only,
+                warmup=args.warmup,
+                prefetch=args.prefetch and p != BELADY,
+            )
+            results.append((label, res))
+
+    _print_header(args, trace, layers, results)
+    _print_table(budgets, policies, results, per_layer=args.per_layer, layers=layers)
+    if args.prefetch:
+        _print_prefetch(meta, results)
+    if args.json:
+        _write_json(args, meta, layers, results)
+    return 0
+
+
+def _budgets(args: argparse.Namespace, meta, layers: int, k: int) -> list[tuple[str, int]]:  # noqa: ANN001
+    """(label, slots) per budget: --budget-mib over the expert size, else --budget
+    experts per layer (whole ones with --per-layer; default 1, 2, 4, 8 x K)."""
     budgets: list[tuple[str, int]] = []
     if args.budget_mib:
         expert_mib = args.expert_mib or _trace_expert_mib(meta.extra)
@@ -105,25 +131,18 @@ def run(args: argparse.Namespace) -> int:
                 )
             slots = int(b) if args.per_layer else int(round(b * layers))
             budgets.append((f"{b:g}/layer", slots))
+    return budgets
 
-    results = []
-    for label, slots in budgets:
-        for p in policies:
-            res = replay(
-                trace,
-                p,
-                slots,
-                per_layer=args.per_layer,
-                decode_only=args.decode_only,
-                warmup=args.warmup,
-                prefetch=args.prefetch and p != BELADY,
-            )
-            results.append((label, res))
 
+def _print_header(args: argparse.Namespace, trace, layers: int, results: list) -> None:  # noqa: ANN001
+    """The trace's shape and what the hit rates count."""
+    from ssdmoe_tui.bench.trace_replay import next_token_overlap
+
+    meta = trace.meta
     mode = "per-layer caches" if args.per_layer else "one global cache"
     print(
         f"{Path(args.trace).name}: {meta.model or '?'} ({meta.source}), {layers} layers x "
-        f"{meta.num_experts} experts, K={k}; {len(trace.steps) - trace.decode_steps()} prefill "
+        f"{meta.num_experts} experts, K={meta.k}; {len(trace.steps) - trace.decode_steps()} prefill "
         f"+ {trace.decode_steps()} decode steps; next-token overlap "
         f"{next_token_overlap(trace):.3f}"
     )
@@ -135,42 +154,48 @@ def run(args: argparse.Namespace) -> int:
         + (", prefill not replayed" if args.decode_only else ", prefill warms the cache")
         + (f", first {args.warmup} decode tokens uncounted" if args.warmup else "")
     )
-    _print_table(budgets, policies, results, per_layer=args.per_layer, layers=layers)
-    if args.prefetch:
-        mib = _trace_expert_mib(meta.extra)
-        print("prefetch (co-occurrence, K ids per layer; a prefetched expert counts as a miss):")
-        for label, res in results:
-            if res.policy == BELADY:
-                continue
-            n, used = res.prefetch_issued, res.prefetch_used
-            size = (lambda x: f" ({x * mib:.0f} MiB)") if mib else (lambda x: "")
-            print(
-                f"  {label} {res.policy}: issued {n}{size(n)}, used {used}, wasted "
-                f"{n - used}{size(n - used)}, precision {used / n if n else 0:.2f}"
-            )
-    if args.json:
-        doc = {
-            "trace": str(args.trace),
-            "meta": {
-                "model": meta.model,
-                "source": meta.source,
-                "k": k,
-                "num_layers": layers,
-                "num_experts": meta.num_experts,
-            },
-            "per_layer": args.per_layer,
-            "decode_only": args.decode_only,
-            "warmup": args.warmup,
-            "results": [{"budget": label, **res.to_json()} for label, res in results],
-        }
-        text = json.dumps(doc, indent=1)
-        if args.json == "-":
-            print(text)
-        else:
-            from ssdmoe_tui.atomic import atomic_write_text
 
-            atomic_write_text(Path(args.json), text + "\n")
-    return 0
+
+def _print_prefetch(meta, results: list) -> None:  # noqa: ANN001
+    """--prefetch: what the co-occurrence prefetcher issued and how much of it was used."""
+    from ssdmoe_tui.bench.trace_replay import BELADY
+
+    mib = _trace_expert_mib(meta.extra)
+    print("prefetch (co-occurrence, K ids per layer; a prefetched expert counts as a miss):")
+    for label, res in results:
+        if res.policy == BELADY:
+            continue
+        n, used = res.prefetch_issued, res.prefetch_used
+        size = (lambda x: f" ({x * mib:.0f} MiB)") if mib else (lambda x: "")
+        print(
+            f"  {label} {res.policy}: issued {n}{size(n)}, used {used}, wasted "
+            f"{n - used}{size(n - used)}, precision {used / n if n else 0:.2f}"
+        )
+
+
+def _write_json(args: argparse.Namespace, meta, layers: int, results: list) -> None:  # noqa: ANN001
+    """--json: the results to stdout (`-`) or atomically to a file."""
+    doc = {
+        "trace": str(args.trace),
+        "meta": {
+            "model": meta.model,
+            "source": meta.source,
+            "k": meta.k,
+            "num_layers": layers,
+            "num_experts": meta.num_experts,
+        },
+        "per_layer": args.per_layer,
+        "decode_only": args.decode_only,
+        "warmup": args.warmup,
+        "results": [{"budget": label, **res.to_json()} for label, res in results],
+    }
+    text = json.dumps(doc, indent=1)
+    if args.json == "-":
+        print(text)
+    else:
+        from ssdmoe_tui.atomic import atomic_write_text
+
+        atomic_write_text(Path(args.json), text + "\n")
 
 
 def _trace_expert_mib(extra: dict) -> float | None:

@@ -1,15 +1,26 @@
-"""One loaded model per machine: two ssdmoe processes streaming experts would fight over RAM
-and SSD bandwidth, so the second one is told who holds the model instead.
+"""Loaded models per machine, within its memory: two ssdmoe processes streaming experts
+share RAM and SSD bandwidth, so a second one loads only when both declared budgets fit
+(as ollama keeps several models loaded within memory), and is told the numbers otherwise.
 
-The lock is `flock` on `model.lock` in one folder per user and machine, whatever the
-cache or data folders (XDG_CACHE_HOME, SSDMOE_HOME) say: `$SSDMOE_LOCK_DIR` if set (tests
-give each run its own), else `<tmp>/ssdmoe-locks-<uid>` (made 0700 and checked to be
-ours; else the cache folder). The kernel drops the lock when the holder exits, however
-it exits, so a crash never leaves a stale lock. The file's content (pid, command, model)
-is only a label for the error message; the holder removes the file when it releases it
-(the inode is checked after locking, so a file removed meanwhile is never trusted), and
-a label that cannot be written (disk full) removes it too, with one line saying so. On
-platforms without `fcntl` (MLX does not run there) the lock is a no-op.
+Every holder has its own claim file, `model-<pid>-<random>.lock`, in one folder per user
+and machine, whatever the cache or data folders (XDG_CACHE_HOME, SSDMOE_HOME) say:
+`$SSDMOE_LOCK_DIR` if set (tests give each run its own), else `<tmp>/ssdmoe-locks-<uid>`
+(made 0700 and checked to be ours; else the cache folder). Files are 0600. The holder
+keeps an exclusive `flock` on its file; the kernel drops it when the holder exits,
+however it exits, so a claim whose file is not locked is stale and is removed by the next
+process that looks. A claim is written in full under a temporary name and renamed into
+place while locked, so a reader never sees a half-made claim. The file's content is a
+label: pid, command (secrets hidden), model and the bytes it declared (resident weights +
+expert cache + KV budget); it is read with a size cap. Checking the others and claiming
+happen under `claims.mutex` (a flock held for milliseconds), so two processes starting
+together cannot both take the last of the memory.
+
+The rule: with no other holder a model always loads (the expert cache adapts); with
+others, the new claim loads when its bytes plus every holder's declared bytes fit in what
+`available_memory_bytes` reports now (conservative: what the holders already use counts
+twice, so it errs towards refusing). A holder that declared nothing (or a label that
+cannot be read) holds the whole machine. On platforms without `fcntl` (MLX does not run
+there) the lock is a no-op.
 """
 
 from __future__ import annotations
@@ -17,16 +28,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
 import shlex
 import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.paths import cache_dir
+from ssdmoe_tui.units import human_bytes
 from ssdmoe_tui.user_files import SMALL_STATE_MAX, read_regular
 
 try:
@@ -34,7 +48,11 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-LOCK_NAME = "model.lock"
+MUTEX_NAME = "claims.mutex"
+CLAIM_PREFIX = "model-"
+CLAIM_SUFFIX = ".lock"
+_TEMP_PREFIX = ".claim-"
+MUTEX_WAIT_S = 10.0  # the mutex is held for milliseconds; past this something is wrong
 
 
 @dataclass(frozen=True)
@@ -43,14 +61,38 @@ class LockHolder:
     model: str
     command: str
     since: float | None = None
+    need_bytes: int | None = None  # declared memory; None: the whole machine
 
 
 class ModelLockedError(SsdmoeError):
-    """Another process holds the model lock."""
+    """Other processes hold models and this one does not fit beside them."""
 
-    def __init__(self, holder: LockHolder | None, path: Path):
+    def __init__(
+        self,
+        holder: LockHolder | None,
+        path: Path,
+        *,
+        need_bytes: int | None = None,
+        holders: tuple[LockHolder, ...] = (),
+        available_bytes: int | None = None,
+    ):
         self.holder = holder
+        self.holders = holders or ((holder,) if holder is not None else ())
         self.path = path
+        if (
+            need_bytes is not None
+            and available_bytes is not None
+            and self.holders
+            and all(h.need_bytes is not None for h in self.holders)
+        ):
+            held = sum(h.need_bytes or 0 for h in self.holders)
+            who = " and ".join(f"pid {h.pid} ({h.model or 'a model'})" for h in self.holders)
+            super().__init__(
+                f"not enough memory for a second model: needs {human_bytes(need_bytes)}, "
+                f"{human_bytes(held)} held by {who}, {human_bytes(available_bytes)} available; "
+                "quit it or lower the expert cache"
+            )
+            return
         if holder is None or holder.pid is None:
             who = f"another process (see {path})"
         else:
@@ -81,10 +123,6 @@ def lock_dir() -> Path:
     except OSError:
         pass
     return cache_dir()  # someone else's or unusable: the per-user cache folder still works
-
-
-def lock_path() -> Path:
-    return lock_dir() / LOCK_NAME
 
 
 SECRET_OPTIONS = ("--api-key",)  # their values never go into the label (it is shown)
@@ -129,59 +167,193 @@ def _command() -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def read_holder(path: Path | None = None) -> LockHolder | None:
-    """The label the current holder wrote, if any (it may be mid-write: then None)."""
-    path = path or lock_path()
+def read_holder(path: Path) -> LockHolder | None:
+    """The label a holder wrote (bounded read), or None if it cannot be read."""
     try:
         data = json.loads(read_regular(Path(path), SMALL_STATE_MAX) or b"null")
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):
         return None
-    pid = data.get("pid")
+    pid, need = data.get("pid"), data.get("need_bytes")
     return LockHolder(
         pid=pid if isinstance(pid, int) else None,
         model=str(data.get("model") or ""),
         command=redact_command(str(data.get("command") or "")),
         since=data.get("since") if isinstance(data.get("since"), int | float) else None,
+        need_bytes=need if isinstance(need, int) and not isinstance(need, bool) else None,
     )
+
+
+def _label(model: str, need_bytes: int | None) -> bytes:
+    label = {
+        "pid": os.getpid(),
+        "model": model,
+        "command": _command(),
+        "since": time.time(),
+        "need_bytes": need_bytes,
+    }
+    return json.dumps(label).encode("utf-8")
+
+
+def _write_label(fd: int, data: bytes, path: Path) -> None:
+    from ssdmoe_tui.atomic import DiskFullError, is_disk_full
+
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, "short write")
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFullError(path, len(data)) from None
+        raise
+
+
+def _open(path: Path) -> int:
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    return os.open(path, flags, 0o600)
+
+
+class _Mutex:
+    """`claims.mutex`: held while the claims are read and one is made or changed."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / MUTEX_NAME
+        self.fd: int | None = None
+
+    def __enter__(self) -> _Mutex:
+        self.fd = _open(self.path)
+        if fcntl is None:
+            return self
+        deadline = time.monotonic() + MUTEX_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise SsdmoeError(
+                        f"cannot take the model lock: {self.path} stayed locked "
+                        f"for {MUTEX_WAIT_S:.0f} s"
+                    ) from None
+                time.sleep(0.01)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def _ensure_folder(folder: Path) -> None:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def live_holders(
+    folder: Path | None = None, *, exclude: Path | None = None
+) -> list[tuple[Path, LockHolder | None]]:
+    """The claims whose holder is alive (their file is flocked); stale ones are removed.
+    Call under the mutex for a consistent answer."""
+    folder = folder or lock_dir()
+    out: list[tuple[Path, LockHolder | None]] = []
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        claim = name.startswith(CLAIM_PREFIX) and name.endswith(CLAIM_SUFFIX)
+        if not (claim or name.startswith(_TEMP_PREFIX)):
+            continue
+        path = folder / name
+        if exclude is not None and path == exclude:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if claim:
+                        out.append((path, read_holder(path)))
+                    continue
+            # Nobody holds it: its holder died (or is a temp name being made right now
+            # by a process that has not locked it yet: only old temp files go).
+            if claim or time.time() - os.fstat(fd).st_mtime > 60:
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return out
+
+
+def _check_fits(
+    folder: Path,
+    model: str,
+    need_bytes: int | None,
+    exclude: Path | None,
+    available: Callable[[], int] | None,
+) -> None:
+    held = live_holders(folder, exclude=exclude)
+    if not held:
+        return
+    holders = tuple(h for _, h in held if h is not None)
+    first = held[0]
+    if need_bytes is None or len(holders) < len(held) or any(h.need_bytes is None for h in holders):
+        raise ModelLockedError(first[1], first[0])
+    avail = available() if available is not None else _available_bytes()
+    if need_bytes + sum(h.need_bytes or 0 for h in holders) > avail:
+        raise ModelLockedError(
+            holders[0], first[0], need_bytes=need_bytes, holders=holders, available_bytes=avail
+        )
+
+
+def _available_bytes() -> int:
+    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
+
+    return available_memory_bytes()
 
 
 class ModelLock:
     """Held until `release()` (or the end of a `with` block, or process exit)."""
 
-    def __init__(self, path: Path, fd: int | None, model: str):
+    def __init__(self, path: Path, fd: int | None, model: str, need_bytes: int | None):
         self.path = path
         self.model = model
+        self.need_bytes = need_bytes
         self._fd = fd
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
-    def relabel(self, model: str) -> None:
-        """Record a different model (switching models keeps the lock)."""
+    def relabel(
+        self,
+        model: str,
+        need_bytes: int | None = None,
+        *,
+        available: Callable[[], int] | None = None,
+    ) -> None:
+        """Record a different model (switching models keeps the claim); a new memory
+        figure is checked against the other holders first (ModelLockedError)."""
         if self._fd is None:
             raise SsdmoeError("model lock already released")
-        self.model = model
-        _write_label(self._fd, model, self.path)
+        with _Mutex(self.path.parent):
+            _check_fits(self.path.parent, model, need_bytes, self.path, available)
+            _write_label(self._fd, _label(model, need_bytes), self.path)
+        self.model, self.need_bytes = model, need_bytes
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
-            if _same_file(fd, self.path):
-                os.unlink(self.path)  # still ours: nobody else trusts a removed inode
-            else:
-                os.ftruncate(fd, 0)
+            self.path.unlink(missing_ok=True)
         except OSError:
             pass
-        try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        os.close(fd)  # drops the flock
 
     def __enter__(self) -> ModelLock:
         return self
@@ -193,65 +365,32 @@ class ModelLock:
         return f"ModelLock({str(self.path)!r}, model={self.model!r}, held={self.held})"
 
 
-def _write_label(fd: int, model: str, path: Path | None = None) -> None:
-    from ssdmoe_tui.atomic import DiskFullError, is_disk_full
-
-    label = {"pid": os.getpid(), "model": model, "command": _command(), "since": time.time()}
-    data = json.dumps(label).encode("utf-8")
-    try:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        if os.write(fd, data) != len(data):
-            raise OSError(errno.ENOSPC, "short write")
-    except OSError as e:
-        if path is not None and is_disk_full(e):
-            raise DiskFullError(path, len(data)) from None
-        raise
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except OSError:
-        return False
-
-
-def acquire_model_lock(model_desc: str, *, path: Path | None = None) -> ModelLock:
-    """Take the machine-wide model lock or raise `ModelLockedError` naming the holder.
-
-    Never blocks. Within one process a second acquire also fails (flock locks belong to
-    the open file), so release before loading through another lock.
-    """
-    path = Path(path) if path is not None else lock_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(20):  # the holder may remove the file between our open and our lock
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        if fcntl is None:
-            break
+def acquire_model_lock(
+    model_desc: str,
+    *,
+    need_bytes: int | None = None,
+    folder: Path | None = None,
+    available: Callable[[], int] | None = None,
+) -> ModelLock:
+    """Claim room for a model or raise `ModelLockedError` (one line: who holds what and,
+    when every holder declared its bytes, the numbers). `need_bytes`: resident weights +
+    expert cache + KV budget; None claims the whole machine. Never blocks (beyond the
+    mutex's milliseconds). `available`: the free-memory figure (tests pass their own)."""
+    folder = Path(folder) if folder is not None else lock_dir()
+    _ensure_folder(folder)
+    with _Mutex(folder):
+        _check_fits(folder, model_desc, need_bytes, None, available)
+        token = secrets.token_hex(4)
+        temp = folder / f"{_TEMP_PREFIX}{os.getpid()}-{token}"
+        path = folder / f"{CLAIM_PREFIX}{os.getpid()}-{token}{CLAIM_SUFFIX}"
+        fd = _open(temp)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = None
-            for _ in range(5):  # the holder may be between truncate and write
-                holder = read_holder(path)
-                if holder is not None:
-                    break
-                time.sleep(0.02)
-            raise ModelLockedError(holder, path) from None
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _write_label(fd, _label(model_desc, need_bytes), path)
+            os.replace(temp, path)  # the flock stays with the inode
         except BaseException:
+            temp.unlink(missing_ok=True)
             os.close(fd)
             raise
-        if _same_file(fd, path):
-            break
-        os.close(fd)  # locked a file its holder had just removed: try the new one
-    else:
-        raise SsdmoeError(f"cannot take the model lock {path}: it keeps being replaced")
-    try:
-        _write_label(fd, model_desc, path)
-    except BaseException:
-        if _same_file(fd, path):
-            path.unlink(missing_ok=True)  # no 0-byte lock file left behind
-        os.close(fd)
-        raise
-    return ModelLock(path, fd, model_desc)
+    return ModelLock(path, fd, model_desc, need_bytes)

@@ -154,3 +154,38 @@ async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, 
     finally:
         holder.kill()
         holder.wait()
+
+
+MEMORY_HOLDER = """
+import sys
+from ssdmoe_tui.models.lock import acquire_model_lock
+lock = acquire_model_lock("/models/held-elsewhere", need_bytes=int(sys.argv[1]))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_a_model_that_does_not_fit_beside_another_gets_the_numbers(demo_model, monkeypatch):
+    """Issue 22 item 8: a holder declared 600 MiB on a (fake) 700 MiB machine; the app's
+    demo load does not fit beside it: one line with the numbers, and the app stays up."""
+    monkeypatch.setenv("SSDMOE_TEST_AVAILABLE_MEMORY", str(700 << 20))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", MEMORY_HOLDER, str(600 << 20)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=20))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: errors(app), 60, "the memory error")
+            (message,) = errors(app)
+            assert "not enough memory for a second model: needs" in message, message
+            assert f"600.0 MiB held by pid {holder.pid} (/models/held-elsewhere)" in message
+            assert "700.0 MiB available" in message and "\n" not in message
+            assert app.chat.model is None
+    finally:
+        holder.kill()
+        holder.wait()

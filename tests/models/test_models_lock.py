@@ -1,4 +1,4 @@
-"""The machine-wide model lock, exercised by real processes."""
+"""The memory-aware model lock, exercised by real processes on a fake small machine."""
 
 from __future__ import annotations
 
@@ -11,15 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from ssdmoe_tui.models.lock import ModelLockedError, acquire_model_lock, lock_path, read_holder
+from ssdmoe_tui.models.lock import (
+    ModelLockedError,
+    acquire_model_lock,
+    live_holders,
+    lock_dir,
+    read_holder,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
 
 HOLDER = textwrap.dedent(
     """
     import sys
     from ssdmoe_tui.models.lock import acquire_model_lock
-    lock = acquire_model_lock(sys.argv[1])
+    need = int(sys.argv[2]) if sys.argv[2] != "none" else None
+    lock = acquire_model_lock(sys.argv[1], need_bytes=need)
     print("locked", flush=True)
     sys.stdin.read()  # hold until the parent closes our stdin
     lock.release()
@@ -27,12 +35,32 @@ HOLDER = textwrap.dedent(
     """
 )
 
+CLAIMANT = textwrap.dedent(
+    """
+    import sys
+    from ssdmoe_tui.errors import user_message
+    from ssdmoe_tui.models.lock import acquire_model_lock, ModelLockedError
+    try:
+        acquire_model_lock(sys.argv[1], need_bytes=int(sys.argv[2])).release()
+    except ModelLockedError as e:
+        print("ssdmoe: error: " + user_message(e), file=sys.stderr); sys.exit(1)
+    print("loaded")
+    """
+)
 
-def _holder(model: str) -> subprocess.Popen:
+
+def _env(memory: int | None = None) -> dict:
+    env = dict(os.environ)  # SSDMOE_LOCK_DIR from the autouse fixture: same folder
+    if memory is not None:
+        env["SSDMOE_TEST_AVAILABLE_MEMORY"] = str(memory)
+    return env
+
+
+def _holder(model: str, need: int | None, env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, model],
+        [sys.executable, "-c", HOLDER, model, "none" if need is None else str(need)],
         cwd=ROOT,
-        env=dict(os.environ),  # SSDMOE_HOME from the autouse fixture: same lock file
+        env=env or _env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -42,140 +70,173 @@ def _holder(model: str) -> subprocess.Popen:
     return proc
 
 
-def test_second_process_is_told_who_holds_the_model() -> None:
-    proc = _holder("mlx-community/Qwen3-30B-A3B-4bit")
+def _claim(model: str, need: int, memory: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CLAIMANT, model, str(need)],
+        cwd=ROOT,
+        env=_env(memory),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _end(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+def test_a_second_model_loads_when_both_fit_and_is_refused_with_the_numbers() -> None:
+    """A 1000 MiB machine: a holder declared 600 MiB; 300 MiB fits, 500 MiB does not."""
+    memory = 1000 * MiB
+    proc = _holder("mlx-community/Qwen3-30B-A3B-4bit", 600 * MiB, _env(memory))
     try:
-        with pytest.raises(ModelLockedError) as e:
-            acquire_model_lock("demo")
-        msg = str(e.value)
-        assert "\n" not in msg
-        assert f"pid {proc.pid}" in msg
-        assert "mlx-community/Qwen3-30B-A3B-4bit" in msg
-        assert "-c" in msg  # the holder's command line (python -c ...)
-        assert e.value.holder is not None and e.value.holder.pid == proc.pid
+        fits = _claim("small", 300 * MiB, memory)
+        assert fits.returncode == 0 and fits.stdout.strip() == "loaded", fits.stderr
+        refused = _claim("big", 500 * MiB, memory)
+        assert refused.returncode == 1
+        (line,) = refused.stderr.strip().splitlines()
+        assert "needs 500.0 MiB" in line and "600.0 MiB held by" in line, line
+        assert f"pid {proc.pid} (mlx-community/Qwen3-30B-A3B-4bit)" in line, line
+        assert "1000.0 MiB available" in line, line
     finally:
-        proc.stdin.close()
-        assert proc.stdout.readline().strip() == "released"
-        proc.wait(timeout=10)
-    with acquire_model_lock("demo") as lock:
-        assert lock.held
-        holder = read_holder(lock_path())
-        assert holder is not None and holder.pid == os.getpid() and holder.model == "demo"
-    assert not lock.held
-    assert read_holder(lock_path()) is None  # released: the label is cleared
+        _end(proc)
+    assert _claim("big", 500 * MiB, memory).returncode == 0  # the holder quit: room now
 
 
-def test_lock_is_freed_when_the_holder_is_killed() -> None:
-    proc = _holder("big-model")
+def test_several_holders_add_up() -> None:
+    memory = 1000 * MiB
+    one = _holder("a", 400 * MiB, _env(memory))
+    two = _holder("b", 400 * MiB, _env(memory))
+    try:
+        r = _claim("c", 300 * MiB, memory)
+        assert r.returncode == 1
+        assert "800.0 MiB held by" in r.stderr and f"pid {one.pid} (a)" in r.stderr
+        assert f"pid {two.pid} (b)" in r.stderr
+    finally:
+        _end(one)
+        _end(two)
+
+
+def test_a_killed_holder_frees_its_claim() -> None:
+    memory = 1000 * MiB
+    proc = _holder("big-model", 900 * MiB, _env(memory))
+    assert _claim("x", 500 * MiB, memory).returncode == 1
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    lock = acquire_model_lock("after-crash")
+    assert len(list(lock_dir().glob("model-*.lock"))) == 1  # its file is still there...
+    r = _claim("after-crash", 500 * MiB, memory)
+    assert r.returncode == 0, r.stderr  # ...but it claims nothing
+    assert list(lock_dir().glob("model-*.lock")) == []  # stale claim removed, ours released
+
+
+def test_an_undeclared_holder_holds_the_whole_machine() -> None:
+    proc = _holder("/models/old-style", None)
     try:
-        assert read_holder(lock_path()).model == "after-crash"
+        with pytest.raises(ModelLockedError) as e:
+            acquire_model_lock("demo", need_bytes=1)
+        msg = str(e.value)
+        assert "\n" not in msg and "another ssdmoe is running" in msg
+        assert f"pid {proc.pid}" in msg and "/models/old-style" in msg and "-c" in msg
     finally:
-        lock.release()
+        _end(proc)
+    with acquire_model_lock("demo") as lock:
+        holder = read_holder(lock.path)
+        assert holder is not None and holder.pid == os.getpid() and holder.model == "demo"
+    assert live_holders() == []
 
 
-def test_loser_reports_one_line() -> None:
-    """The losing process formats the error as the CLI does: one line, holder named."""
-    proc = _holder("mlx-community/NVIDIA-Nemotron-3-Nano-30B-A3B-4bit")
+def test_relabel_checks_the_new_figure(tmp_path) -> None:
+    folder = tmp_path / "locks"
+    other = acquire_model_lock("other", need_bytes=600, folder=folder, available=lambda: 1000)
+    mine = acquire_model_lock("a", need_bytes=300, folder=folder, available=lambda: 1000)
     try:
-        code = (
-            "import sys\n"
-            "from ssdmoe_tui.errors import user_message\n"
-            "from ssdmoe_tui.models.lock import acquire_model_lock, ModelLockedError\n"
-            "try:\n    acquire_model_lock('x')\n"
-            "except ModelLockedError as e:\n"
-            "    print('ssdmoe: error: ' + user_message(e), file=sys.stderr); sys.exit(1)\n"
-        )
-        r = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30
-        )
-        assert r.returncode == 1
-        assert len(r.stderr.strip().splitlines()) == 1
-        assert f"pid {proc.pid}" in r.stderr and "Nemotron" in r.stderr
+        with pytest.raises(ModelLockedError, match="needs 500 B"):
+            mine.relabel("b", 500, available=lambda: 1000)
+        assert read_holder(mine.path).model == "a"
+        mine.relabel("c", 350, available=lambda: 1000)
+        assert read_holder(mine.path).model == "c" and read_holder(mine.path).need_bytes == 350
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
+        mine.release()
+        mine.release()  # idempotent
+        other.release()
 
 
-def test_same_process_cannot_take_it_twice_and_relabel() -> None:
-    lock = acquire_model_lock("a")
-    try:
-        with pytest.raises(ModelLockedError, match=f"pid {os.getpid()}"):
-            acquire_model_lock("b")
-        lock.relabel("c")
-        assert read_holder(lock_path()).model == "c"
-    finally:
-        lock.release()
-        lock.release()  # idempotent
-    acquire_model_lock("b").release()
+def test_files_are_private(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("SSDMOE_LOCK_DIR")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
 
-
-def test_lock_is_machine_wide_not_per_cache_folder(tmp_path) -> None:
-    """Two processes with different SSDMOE_HOME / XDG_CACHE_HOME still share one lock:
-    the default lock folder is <tmp>/ssdmoe-locks-<uid> (TMPDIR points it into this
-    test's folder, so parallel test runs on the machine do not meet)."""
-    machine_tmp = tmp_path / "machine-tmp"
-    machine_tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "SSDMOE_LOCK_DIR"}
-    env |= {"TMPDIR": str(machine_tmp)}
-    one = env | {"SSDMOE_HOME": str(tmp_path / "home-1"), "XDG_CACHE_HOME": str(tmp_path / "c1")}
-    two = env | {"SSDMOE_HOME": str(tmp_path / "home-2"), "XDG_CACHE_HOME": str(tmp_path / "c2")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, "/models/Qwen3-30B-A3B"],
-        cwd=ROOT,
-        env=one,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "locked"
-        code = (
-            "from ssdmoe_tui.models.lock import acquire_model_lock, lock_path\n"
-            "print(lock_path())\n"
-            "acquire_model_lock('/models/Qwen3-30B-A3B')\n"
-        )
-        r = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=ROOT,
-            env=two,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert r.returncode != 0 and f"pid {proc.pid}" in r.stderr
-        path = Path(r.stdout.strip())
-        assert path.parent == machine_tmp / f"ssdmoe-locks-{os.getuid()}"
-        assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-    assert not path.exists()  # released: the file goes with the lock
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    with acquire_model_lock("m", need_bytes=1) as lock:
+        assert lock.path.parent == tmp_path / f"ssdmoe-locks-{os.getuid()}"
+        assert oct(lock.path.parent.stat().st_mode & 0o777) == "0o700"
+        assert oct(lock.path.stat().st_mode & 0o777) == "0o600"
+        for f in lock.path.parent.iterdir():
+            assert oct(f.stat().st_mode & 0o777) == "0o600", f
+    assert not lock.path.exists()
 
 
 def test_label_hides_the_api_key(tmp_path, monkeypatch) -> None:
     """The label (shown to the next process in its error line) held `serve --api-key KEY`."""
     monkeypatch.setattr(sys, "argv", ["/x/ssdmoe", "serve", "--api-key", "s3cret", "--api-key=k2"])
-    with acquire_model_lock("m", path=tmp_path / "model.lock") as lock:
+    with acquire_model_lock("m", folder=tmp_path) as lock:
         command = read_holder(lock.path).command
-    assert "s3cret" not in command and "k2" not in command, command
+        raw = lock.path.read_text()
+    assert "s3cret" not in raw and "k2" not in raw, raw
     assert command == "ssdmoe serve --api-key '***' '--api-key=***'"
 
 
 def test_no_form_of_the_key_reaches_the_label_or_the_busy_line(tmp_path, monkeypatch) -> None:
-    """Issue 23: `--api-k KEY` (an abbreviation argparse used to take) and labels written by
-    an older process that did not redact: neither the label read back nor the "another
-    ssdmoe is running" line shows the key."""
+    """Issue 23: `--api-k KEY` and labels written by an older process that did not redact:
+    neither the label read back nor the "another ssdmoe is running" line shows the key."""
     monkeypatch.setattr(sys, "argv", ["ssdmoe", "serve", "--api-k", "s3cret", "--api=k2"])
-    path = tmp_path / "model.lock"
-    with acquire_model_lock("m", path=path) as lock:
+    with acquire_model_lock("m", folder=tmp_path) as lock:
         command = read_holder(lock.path).command
         assert "s3cret" not in command and "k2" not in command, command
         with pytest.raises(ModelLockedError) as busy:
-            acquire_model_lock("m", path=path)
+            acquire_model_lock("m", folder=tmp_path)
         assert "s3cret" not in str(busy.value) and "k2" not in str(busy.value)
     old = tmp_path / "old.lock"  # a label an unredacting version wrote
     old.write_text('{"pid": 1, "model": "m", "command": "ssdmoe serve --api-ke s3cret"}')
     assert read_holder(old).command == "ssdmoe serve --api-ke '***'"
+
+
+GENERATE = "import sys; from ssdmoe_tui import cli; sys.exit(cli.main(sys.argv[1:]))"
+
+
+def test_ssdmoe_generate_loads_beside_a_holder_only_when_it_fits(demo_model) -> None:
+    """Real `ssdmoe generate` processes on the demo model next to a holder that declared
+    600 MiB: the machine's (fake) memory either holds both, and it generates, or is one
+    byte short, and it is refused with the one line."""
+    from ssdmoe_tui.engine.run.open import memory_need, plan_engine
+    from ssdmoe_tui.options import CacheBudget, EngineOptions
+
+    opts = EngineOptions(model=str(demo_model), expert_cache=CacheBudget.parse("4M"))
+    need = memory_need(plan_engine(opts))
+    held = 600 * MiB
+    proc = _holder("/models/held", held)
+
+    def generate(memory: int) -> subprocess.CompletedProcess:
+        argv = ["generate", "hi", "--model", str(demo_model), "--expert-cache", "4M"]
+        argv += ["--max-tokens", "2", "--raw", "--json"]
+        return subprocess.run(
+            [sys.executable, "-c", GENERATE, *argv],
+            cwd=ROOT,
+            env=_env(memory),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    try:
+        ok = generate(held + need)
+        assert ok.returncode == 0, ok.stderr
+        assert '"text"' in ok.stdout or "text" in ok.stdout
+        refused = generate(held + need - 1)
+        assert refused.returncode != 0
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("ssdmoe: error: not enough memory for a second model"), line
+        assert f"held by pid {proc.pid} (/models/held)" in line, line
+    finally:
+        _end(proc)

@@ -420,7 +420,8 @@ def test_disconnect_during_the_system_prompt_step_frees_the_engine(srv):
 
 
 def test_second_server_is_told_who_holds_the_model(srv, model, home):
-    """`ssdmoe serve` on a model while this process holds the lock: one line, exit 1."""
+    """`ssdmoe serve` on a model that does not fit beside the one this process holds (a fake
+    1 MiB machine): one line with the numbers, exit 1."""
     import os
     import subprocess
     import sys
@@ -430,11 +431,16 @@ def test_second_server_is_told_who_holds_the_model(srv, model, home):
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
-        env={**os.environ, "SSDMOE_LOCK_DIR": str(home / "locks")},  # the module server's
+        env={
+            **os.environ,
+            "SSDMOE_LOCK_DIR": str(home / "locks"),  # the module server's
+            "SSDMOE_TEST_AVAILABLE_MEMORY": str(1 << 20),
+        },
     )
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"ssdmoe: error: another ssdmoe is running: pid {os.getpid()}"), last
+    assert last.startswith("ssdmoe: error: not enough memory for a second model: needs"), last
+    assert f"held by pid {os.getpid()} (" in last and "1.0 MiB available" in last, last
     assert "Traceback" not in proc.stderr
 
 

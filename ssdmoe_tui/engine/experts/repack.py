@@ -181,46 +181,18 @@ def write_repacked(
     layer_offsets = _layer_offsets(index, stride)
     total = index.num_layers * e * stride
     out_dir.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out_dir).free
-    if free < total + (64 << 20):
-        raise ModelError(
-            f"{out_dir}: {human_bytes(total, 2)} needed for the repacked experts, "
-            f"{human_bytes(free, 2)} free"
-        )
+    _check_free(out_dir, total)
     data = out_dir / DATA
     (out_dir / MANIFEST).unlink(missing_ok=True)  # an old copy stops counting before we write
     remove_orphan_temps(out_dir, depth=0)  # a killed repack's partial copy (GBs), if any
     tmp = out_dir / f".{DATA}.p{os.getpid()}.tmp"  # the pid: start-up cleanup spares live writers
-    per_chunk = max(1, min(e, chunk_bytes // stride))
-    buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero
-    base = buf.ctypes.data
-    comps = index.layers[0].components
     rd = open_reader(queue_depth=16)
     t0 = time.perf_counter()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        handles = {}
-        for li, layer in enumerate(index.layers):
-            for c in layer.components:
-                if c.shard not in handles:
-                    handles[c.shard] = rd.open(model_dir / c.shard)
-            for first in range(0, e, per_chunk):
-                n = min(per_chunk, e - first)
-                fds = np.tile(np.array([handles[c.shard] for c in layer.components]), n)
-                offsets = layer.file_offsets(np.arange(first, first + n))
-                lengths = np.tile(np.array([c.stride for c in comps], dtype=np.int64), n)
-                dests = (
-                    base
-                    + (np.arange(n, dtype=np.int64) * stride)[:, None]
-                    + np.array(comp_offs, dtype=np.int64)[None, :]
-                ).ravel()
-                rd.read_batch(fds, offsets, lengths, dests)
-                view = memoryview(buf)[: n * stride]
-                pos = layer_offsets[li] + first * stride
-                while view:
-                    wrote = os.pwrite(fd, view, pos)
-                    view, pos = view[wrote:], pos + wrote
-            progress(f"repacked layer {li + 1}/{index.num_layers} ({layer.prefix})")
+        _copy_experts(
+            model_dir, index, rd, fd, comp_offs, stride, layer_offsets, chunk_bytes, progress
+        )
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -256,6 +228,58 @@ def write_repacked(
         "seconds": round(seconds, 2),
         "gb_per_s": round(total / seconds / 1e9, 3) if seconds > 0 else None,
     }
+
+
+def _check_free(out_dir: Path, total: int) -> None:
+    """One line when the folder's disk cannot hold the copy (plus 64 MiB of slack)."""
+    free = shutil.disk_usage(out_dir).free
+    if free < total + (64 << 20):
+        raise ModelError(
+            f"{out_dir}: {human_bytes(total, 2)} needed for the repacked experts, "
+            f"{human_bytes(free, 2)} free"
+        )
+
+
+def _copy_experts(
+    model_dir: Path,
+    index: ExpertIndex,
+    rd,  # noqa: ANN001 - an engine.experts.reader reader
+    fd: int,
+    comp_offs: tuple[int, ...],
+    stride: int,
+    layer_offsets: tuple[int, ...],
+    chunk_bytes: int,
+    progress: Callable[[str], None],
+) -> None:
+    """Read every layer's experts a group at a time (at most `chunk_bytes`) into one
+    zero-padded buffer laid out as the copy is, and write each group at its offset."""
+    e = index.num_experts
+    per_chunk = max(1, min(e, chunk_bytes // stride))
+    buf = np.zeros(per_chunk * stride, dtype=np.uint8)  # padding stays zero
+    base = buf.ctypes.data
+    comps = index.layers[0].components
+    handles = {}
+    for li, layer in enumerate(index.layers):
+        for c in layer.components:
+            if c.shard not in handles:
+                handles[c.shard] = rd.open(model_dir / c.shard)
+        for first in range(0, e, per_chunk):
+            n = min(per_chunk, e - first)
+            fds = np.tile(np.array([handles[c.shard] for c in layer.components]), n)
+            offsets = layer.file_offsets(np.arange(first, first + n))
+            lengths = np.tile(np.array([c.stride for c in comps], dtype=np.int64), n)
+            dests = (
+                base
+                + (np.arange(n, dtype=np.int64) * stride)[:, None]
+                + np.array(comp_offs, dtype=np.int64)[None, :]
+            ).ravel()
+            rd.read_batch(fds, offsets, lengths, dests)
+            view = memoryview(buf)[: n * stride]
+            pos = layer_offsets[li] + first * stride
+            while view:
+                wrote = os.pwrite(fd, view, pos)
+                view, pos = view[wrote:], pos + wrote
+        progress(f"repacked layer {li + 1}/{index.num_layers} ({layer.prefix})")
 
 
 def remove_repacked(model_dir: Path, index: ExpertIndex) -> list[Path]:

@@ -80,6 +80,22 @@ def plan_engine(
     return EnginePlan(options, path, index)
 
 
+def memory_need(plan: EnginePlan, kv_budget_bytes: int = 0) -> int:
+    """What a load of `plan` declares to the model lock: resident weights + expert cache
+    (a set budget, or the `auto` rule's figure now) + KV budget. An estimate made before
+    any weights are read (the cache's real floor, K x layers slots, may raise it)."""
+    from ssdmoe_tui.engine.experts.cache import auto_budget
+
+    index = plan.index
+    all_experts = index.expert_bytes * index.num_experts * index.num_layers
+    budget = plan.options.expert_cache
+    if budget.auto:
+        cache = auto_budget(index, index.resident_bytes, index.expert_bytes * index.num_layers)
+    else:
+        cache = min(budget.bytes or 0, all_experts)
+    return index.resident_bytes + cache + max(0, kv_budget_bytes)
+
+
 def load_engine(
     plan: EnginePlan, *, say: Say = _quiet, notice: Say = _quiet, distributed=None
 ) -> Runner:

@@ -363,7 +363,6 @@ class Runner:
         (also when `should_stop` cut the turn short)."""
         from mlx_lm.sample_utils import make_sampler
 
-        sm = self.sm
         sampler = sampler or make_sampler(0.0)
         begun = yield from self.begin(
             prompt,
@@ -374,67 +373,90 @@ class Runner:
             should_stop=should_stop,
             logits_processors=logits_processors,
         )
-        model, cache, stats, start = sm.model, begun.cache, begun.stats, begun.start
-        eos = self.eos_ids()
-        detok = sm.tokenizer.detokenizer
+        detok = self.sm.tokenizer.detokenizer
         tokens: list[int] = []
-        finish = "length"
-        fed_generated = 0  # generated tokens the KV cache holds
+        if begun.token is None:
+            finish, fed_generated = "cancelled", 0
+        else:
+            finish, fed_generated = yield from self._decode_loop(
+                begun, self._decode_step(begun, sampler), tokens, detok, max_tokens, should_stop
+            )
+        yield Done(self.finish(begun, tokens, detok, finish, fed_generated))
+
+    def _decode_step(
+        self, begun: Begun, sampler: Callable[[mx.array], mx.array]
+    ) -> Callable[[mx.array], mx.array]:
+        """One decode step of `begun`'s sequence: its next token's sample, lazily."""
+        model, cache = self.sm.model, begun.cache
+        if begun.window is not None:
+            return _processed_step(model, cache, sampler, begun.window)
 
         def step(inp: mx.array) -> mx.array:
             logits = model(inp[None], cache=cache)[:, -1, :]
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sampler(logprobs)
 
-        if begun.window is not None:
-            step = _processed_step(model, cache, sampler, begun.window)
+        return step
 
-        if begun.token is not None:
-            tok = begun.token
-            dstart = Snapshot.take(sm)
-            pending: tuple[mx.array, int] | None = None  # a step already scheduled
-            while True:
-                tokens.append(tok)
-                if tok in eos:
-                    finish = "stop"
-                    piece = ""
-                else:
-                    detok.add_token(tok)
-                    piece = detok.last_segment
-                stats.generated_tokens = len(tokens)
-                stats.decode_s = time.perf_counter() - dstart.t
-                yield TokenEvent(tok, piece, stats)
-                if finish == "stop" or len(tokens) >= max_tokens:
-                    break
-                if should_stop():
-                    finish = "cancelled"
-                    break
-                if pending is None:
-                    y, k_tok = self._schedule(step, mx.array([tok], dtype=mx.uint32))
-                else:
-                    y, k_tok = pending
-                    pending = None
-                fed_generated += 1
-                if len(tokens) + 1 < max_tokens and self._can_pipeline():
-                    # Every layer's experts are resident for good, so no layer syncs:
-                    # build the next step on this one's lazy output while it computes,
-                    # as mlx-lm does. A K change then lands one token later.
-                    pending = self._schedule(step, y)
-                    mx.async_eval(pending[0])
-                tok = int(y.item())
-                stats.k_per_token.append(k_tok)
-                self._record_mass(stats)
-                now = Snapshot.take(sm)
-                _decode(stats, now - dstart)
-                _totals(stats, now - start)  # live turn totals for the UI
-            if pending is not None:
-                fed_generated += 1  # scheduled on the last token: the cache holds it too
+    def _decode_loop(
+        self,
+        begun: Begun,
+        step: Callable[[mx.array], mx.array],
+        tokens: list[int],
+        detok,  # noqa: ANN001 - mlx-lm's streaming detokenizer
+        max_tokens: int,
+        should_stop: Callable[[], bool],
+    ) -> Generator[TokenEvent, None, tuple[str, int]]:
+        """The hot path: a TokenEvent per token from `begun.token` on, appending each to
+        `tokens`; returns (finish reason, generated tokens the KV cache holds). The whole
+        per-token loop stays in this one frame (no helper call per token beyond these)."""
+        sm, stats, start = self.sm, begun.stats, begun.start
+        eos = self.eos_ids()
+        finish = "length"
+        fed_generated = 0  # generated tokens the KV cache holds
+        tok = begun.token
+        dstart = Snapshot.take(sm)
+        pending: tuple[mx.array, int] | None = None  # a step already scheduled
+        while True:
+            tokens.append(tok)
+            if tok in eos:
+                finish = "stop"
+                piece = ""
+            else:
+                detok.add_token(tok)
+                piece = detok.last_segment
+            stats.generated_tokens = len(tokens)
             stats.decode_s = time.perf_counter() - dstart.t
-            _decode(stats, Snapshot.take(sm) - dstart)
-            self._masses.clear()
-        else:
-            finish = "cancelled"
-        yield Done(self.finish(begun, tokens, detok, finish, fed_generated))
+            yield TokenEvent(tok, piece, stats)
+            if finish == "stop" or len(tokens) >= max_tokens:
+                break
+            if should_stop():
+                finish = "cancelled"
+                break
+            if pending is None:
+                y, k_tok = self._schedule(step, mx.array([tok], dtype=mx.uint32))
+            else:
+                y, k_tok = pending
+                pending = None
+            fed_generated += 1
+            if len(tokens) + 1 < max_tokens and self._can_pipeline():
+                # Every layer's experts are resident for good, so no layer syncs:
+                # build the next step on this one's lazy output while it computes,
+                # as mlx-lm does. A K change then lands one token later.
+                pending = self._schedule(step, y)
+                mx.async_eval(pending[0])
+            tok = int(y.item())
+            stats.k_per_token.append(k_tok)
+            self._record_mass(stats)
+            now = Snapshot.take(sm)
+            _decode(stats, now - dstart)
+            _totals(stats, now - start)  # live turn totals for the UI
+        if pending is not None:
+            fed_generated += 1  # scheduled on the last token: the cache holds it too
+        stats.decode_s = time.perf_counter() - dstart.t
+        _decode(stats, Snapshot.take(sm) - dstart)
+        self._masses.clear()
+        return finish, fed_generated
 
     def eos_ids(self) -> set[int]:
         return set(getattr(self.sm.tokenizer, "eos_token_ids", []) or [])
@@ -459,7 +481,6 @@ class Runner:
         `k`: this sequence's K (None: the live `self.k`), used when no prefill K is set."""
         sm = self.sm
         check_context(len(prompt), max_context(sm.config))  # before any prefill
-        model = sm.model
         if cache is None:
             cache = self.make_cache()
             reused_tokens = 0
@@ -476,12 +497,38 @@ class Runner:
         start = Snapshot.take(sm)
         prefill_k = self.prefill_k or (self.k if k is None else k)
 
-        # ---- prefill (prefill K), mlx-lm's chunking: leave the last token for the first step
+        done = yield from self._prefill_chunks(
+            todo, cache, prefill_k, reused_tokens, len(prompt), should_stop
+        )
+        last = todo[done:]
+        begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
+        if logits_processors:
+            begun.window = LogitsWindow(logits_processors, prompt[: len(prompt) - int(last.size)])
+        if should_stop() or max_tokens <= 0:
+            stats.prefill_s = time.perf_counter() - start.t
+            return begun
+        self._first_token(begun, last, sampler, prefill_k)
+        yield PrefillProgress(len(prompt), len(prompt))
+        return begun
+
+    def _prefill_chunks(
+        self,
+        todo: mx.array,
+        cache: list,
+        prefill_k: int,
+        reused: int,
+        prompt_len: int,
+        should_stop: Callable[[], bool],
+    ) -> Generator[PrefillProgress, None, int]:
+        """Prefill `todo` at prefill K with mlx-lm's chunking, leaving the last token for
+        the first step; a PrefillProgress before and after each chunk. Returns the tokens
+        prefilled (fewer when `should_stop` cut it short)."""
+        model = self.sm.model
         self._use_k(prefill_k)
         total = int(todo.size)
         done = 0
-        yield PrefillProgress(reused_tokens, len(prompt))
-        routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
+        yield PrefillProgress(reused, prompt_len)
+        routing = self.sm.cache.routing  # trace-driven: a one-token chunk is still prefill
         while total - done > 1:
             n = min(self.prefill_step_size, total - done - 1)
             self._use_k(prefill_k)  # a batch may have run another K since the last chunk
@@ -494,22 +541,22 @@ class Runner:
                     routing.prefill_chunk = False
             mx.eval([c.state for c in cache])
             done += n
-            yield PrefillProgress(reused_tokens + done, len(prompt))
+            yield PrefillProgress(reused + done, prompt_len)
             mx.clear_cache()
             if should_stop():
                 break
-        last = todo[done:]
-        begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
-        if logits_processors:
-            begun.window = LogitsWindow(logits_processors, prompt[: len(prompt) - int(last.size)])
-        if should_stop() or max_tokens <= 0:
-            stats.prefill_s = time.perf_counter() - start.t
-            return begun
-        # The first sampled token ends prefill (it processes the last prompt token).
+        return done
+
+    def _first_token(
+        self, begun: Begun, last: mx.array, sampler: Callable[[mx.array], mx.array], prefill_k: int
+    ) -> None:
+        """Sample `begun.token`: the step that processes the last prompt token, which
+        ends prefill (at prefill K); closes the prefill's figures."""
+        sm, stats = self.sm, begun.stats
         self._use_k(prefill_k)
         if sm.routing_mass is not None:
             sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
-        logits = model(last[None], cache=cache)[:, -1, :]
+        logits = sm.model(last[None], cache=begun.cache)[:, -1, :]
         if begun.window is not None:
             logits = begun.window(last, logits)
         y = sampler(logits - mx.logsumexp(logits, keepdims=True))
@@ -517,10 +564,8 @@ class Runner:
         begun.token = int(y.item())
         stats.k_per_token.append(sm.times.last_k)
         self._record_mass(stats)
-        stats.prefill_s = time.perf_counter() - start.t
-        _totals(stats, Snapshot.take(sm) - start)
-        yield PrefillProgress(len(prompt), len(prompt))
-        return begun
+        stats.prefill_s = time.perf_counter() - begun.start.t
+        _totals(stats, Snapshot.take(sm) - begun.start)
 
     def finish(
         self, begun: Begun, tokens: list[int], detok, finish: str, fed_generated: int

@@ -256,16 +256,19 @@ class EngineService:
             self._lock.release()
             self._lock = None
 
-    def _take_lock(self, path: Path) -> None:
-        """One loaded model per machine: a second app instance is told who holds it."""
+    def _take_lock(self, plan) -> None:
+        """Models share the machine within its memory (models/lock.py): a second one that
+        does not fit is refused with the numbers."""
         if not self.use_model_lock:
             return
+        from ssdmoe_tui.engine.run.open import memory_need
         from ssdmoe_tui.models.lock import acquire_model_lock
 
+        need = memory_need(plan, self.kv_budget_bytes)
         if self._lock is None:
-            self._lock = acquire_model_lock(str(path))
+            self._lock = acquire_model_lock(str(plan.path), need_bytes=need)
         else:
-            self._lock.relabel(str(path))
+            self._lock.relabel(str(plan.path), need)
 
     def _unload(self) -> None:
         runner, self._runner = self._runner, None
@@ -314,7 +317,7 @@ class EngineService:
             say("unloading previous model")
         self._unload()
         try:
-            self._take_lock(plan.path)
+            self._take_lock(plan)
             self._emit(P.PhaseChanged("indexing", detail=str(plan.path)))
             runner = load_engine(
                 plan,
@@ -388,24 +391,11 @@ class EngineService:
 
     def _generate(self, cmd: P.Generate) -> None:
         import mlx.core as mx
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
-        from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
-        sampling = SamplingOptions(
-            max_tokens=cmd.max_tokens,
-            temp=cmd.temp,
-            top_p=cmd.top_p,
-            seed=cmd.seed,
-            top_k=cmd.top_k,
-            min_p=cmd.min_p,
-            repetition_penalty=cmd.repetition_penalty,
-            presence_penalty=cmd.presence_penalty,
-            frequency_penalty=cmd.frequency_penalty,
-        )
+        sampling = _sampling_options(cmd)
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
         prompt = list(cmd.prompt_tokens)
@@ -417,24 +407,7 @@ class EngineService:
         if cache is None:  # made here so live samples can report its size
             cache, reused = runner.make_cache(), 0
 
-        pending: list[int] = []
-        pending_text: list[str] = []
-        last_flush = last_stats = last_prefill = 0.0
-
-        def flush() -> None:
-            nonlocal last_flush
-            if pending or pending_text:
-                self._emit(P.Tokens(cmd.request_id, "".join(pending_text), tuple(pending)))
-                pending.clear()
-                pending_text.clear()
-            last_flush = time.monotonic()
-
-        result = None
-        sampler = make_sampler(
-            sampling.temp, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k
-        )
-        penalties = sampling.logits_processors()
-        processors = make_logits_processors(**penalties) if penalties else []
+        sampler, processors = _samplers(sampling)
         rid = cmd.request_id
 
         def should_stop() -> bool:
@@ -444,7 +417,7 @@ class EngineService:
         if link is not None:
             sampler, meter = link.sampler(sampler), link.meter(runner.sm)
             should_stop = link.should_stop(should_stop, runner)
-        for ev in runner.stream(
+        events = runner.stream(
             prompt,
             max_tokens=sampling.max_tokens,
             sampler=sampler,
@@ -452,7 +425,31 @@ class EngineService:
             reused_tokens=reused,
             should_stop=should_stop,
             logits_processors=processors,
-        ):
+        )
+        result = self._relay(rid, events, cache, meter)
+        self._report(cmd, prompt, result, link, meter)
+        self._keep_cache(cmd.session_id, result)
+
+    def _relay(self, rid: str, events, cache, meter):  # noqa: ANN001
+        """Turn the runner's events into protocol events: tokens batched (every
+        TOKEN_BATCH_S), stats sampled (every STATS_EVERY_S), prefill progress at most
+        every 0.1 s; the run's GenerationResult."""
+        from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
+
+        pending: list[int] = []
+        pending_text: list[str] = []
+        last_flush = last_stats = last_prefill = 0.0
+
+        def flush() -> None:
+            nonlocal last_flush
+            if pending or pending_text:
+                self._emit(P.Tokens(rid, "".join(pending_text), tuple(pending)))
+                pending.clear()
+                pending_text.clear()
+            last_flush = time.monotonic()
+
+        result = None
+        for ev in events:
             now = time.monotonic()
             if isinstance(ev, TokenEvent):
                 if meter is not None:
@@ -473,6 +470,11 @@ class EngineService:
             elif isinstance(ev, Done):
                 result = ev.result
         flush()
+        return result
+
+    def _report(self, cmd: P.Generate, prompt: list[int], result, link, meter) -> None:  # noqa: ANN001
+        """The turn's GenerationDone (with its figures), its last stats sample, idle."""
+        runner = self._runner
         stats = runner.stats_dict(result.stats)
         if link is not None:
             stats["distributed"] = link.turn_stats(runner.sm, meter, len(result.tokens) - 1)
@@ -491,14 +493,16 @@ class EngineService:
         self._emit(self.last_stats)
         self._emit(P.PhaseChanged("idle"))
         self._cancel.clear()
+
+    def _keep_cache(self, session_id: str | None, result) -> None:  # noqa: ANN001
+        """Keep the KV cache a turn leaves for the session's next turn."""
         covered = result.covered_tokens
         if result.tokens:
-            self._store_cache(cmd.session_id, covered, result.cache)
+            self._store_cache(session_id, covered, result.cache)
         elif covered and self.kv_pool is not None:
             # Cancelled during prefill: not a turn boundary, so memory only, no checkpoint.
-            self.kv_pool.put(cmd.session_id or "_default", covered, result.cache)
+            self.kv_pool.put(session_id or "_default", covered, result.cache)
 
-    # ------------------------------------------------------------------ KV reuse
     def _take_cache(self, session_id: str | None, prompt: list[int]):
         key = session_id or "_default"
         if self.kv_pool is not None:
@@ -569,3 +573,30 @@ class EngineService:
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )
+
+
+def _sampling_options(cmd: P.Generate) -> SamplingOptions:
+    """The request's sampling settings, checked once (`options.SamplingOptions`)."""
+    return SamplingOptions(
+        max_tokens=cmd.max_tokens,
+        temp=cmd.temp,
+        top_p=cmd.top_p,
+        seed=cmd.seed,
+        top_k=cmd.top_k,
+        min_p=cmd.min_p,
+        repetition_penalty=cmd.repetition_penalty,
+        presence_penalty=cmd.presence_penalty,
+        frequency_penalty=cmd.frequency_penalty,
+    )
+
+
+def _samplers(sampling: SamplingOptions) -> tuple[Callable, list]:
+    """mlx-lm's sampler and logits processors (penalties) for these settings."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    sampler = make_sampler(
+        sampling.temp, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k
+    )
+    penalties = sampling.logits_processors()
+    processors = make_logits_processors(**penalties) if penalties else []
+    return sampler, processors
