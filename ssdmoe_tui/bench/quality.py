@@ -24,8 +24,8 @@ from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.user_files import TEXT_FILE_MAX, read_regular_text
 
 RANDOM_WEIGHTS_NOTE = (
-    "the numbers only mean something on a trained model; on random weights (the demo "
-    "model, test checkpoints) they only show that the measurement runs"
+    "the numbers only mean something on a trained model (such as the demo); on random "
+    "weights (test checkpoints, `demo-model --config`) they only show that the measurement runs"
 )
 
 
