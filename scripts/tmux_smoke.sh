@@ -63,8 +63,8 @@ quit_app() {
 
 start_app 120 40
 # First run: the welcome panel says what happens and what the demo is, at once.
-wait_for "the demo model: random weights" 10
-wait_for "word salad" 2
+wait_for "demo model: tiny, trained here" 10
+wait_for "It babbles" 2
 wait_for "A real model: F4 here" 2
 wait_for "ssdmoe --model mlx-community/Qwen3-30B-A3B-4bit" 2
 
@@ -85,7 +85,7 @@ chat_once() {
         sleep 0.2
     done
     start=$SECONDS
-    until pane | head -1 | grep -qE "idle *$" && pane | grep -qE "tok/s · K [0-9]+"; do
+    until pane | head -1 | grep -qE "idle *$" && pane | grep -qE "tok/s · K [0-9]+|^ *▌ · K [0-9]+"; do
         (( SECONDS - start >= REPLY_TIMEOUT )) && fail "the reply to '$1' never finished"
         sleep 0.5
     done
@@ -131,7 +131,7 @@ quit_app
 SESSION="smoke-80x24"  # a second window: the first one keeps the tmux server up
 start_app 80 24
 # The welcome card's top stays in view (the "Loaded" notice is below it, off screen).
-wait_for "the demo model: random weights" 10
+wait_for "demo model: tiny, trained here" 10
 wait_for "A real model: F4 here" 2
 wait_for "demo-model is ready" "$LOAD_TIMEOUT"
 chat_once "small screen"
