@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ssdmoe_tui.bench import system
+from ssdmoe_tui.bench import storage, system, thermal
 from ssdmoe_tui.errors import BadValueError, ModelError
 from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.units import human_bytes
@@ -321,6 +321,9 @@ def _config_figures(
         "prefill_s": round(st.prefill_s, 4),
         "prefill_tok_s": round(st.prefill_tok_s, 3),
         "decode_s": round(dec.t, 4),
+        # the response apart: prefill (to the first token), decode (the rest), total
+        "first_token_s": round((run.first - run.start).t, 4),
+        "response_s": round((run.end - run.start).t, 4),
         "decode_tok_s": _round(_per_step(steps, dec.t), 3),
         "ms_per_token": _split(dec, steps),
         "prefill_ms_per_token": _split(pre, st.prompt_tokens),
@@ -548,6 +551,8 @@ def run_bench(
     )
 
     # ---------------- page cache: cold drops it before each measurement; warm fills it once
+    # measured before anything here reads the shards: what the OS held from before
+    conditions["page_cache_before"] = storage.residency(s.shards).as_dict()
     page_cache = _PageCache(opts, s.shards, log)
     prepare = page_cache.prepare
     if not opts.baseline_only:
@@ -575,6 +580,7 @@ def run_bench(
     }
     if "configs" in result:
         _derive(result, base["by_k"], s.index)
+    conditions["thermal_after"] = thermal.thermal_state()
     result["complete"] = True
     return result
 
@@ -695,6 +701,8 @@ def _bench_conditions(opts: BenchOptions, s: _BenchSetup) -> dict:
         "policy": eng.policy,
         "prefill_step": eng.prefill_step,
         "memory": s.mem.as_dict(),
+        "storage": storage.storage_conditions(s.path),
+        "thermal_before": thermal.thermal_state(),
         "date": system.utc_now(),
     }
     if opts.distributed is not None:
@@ -785,8 +793,10 @@ def _run_configs(
                 state = prepare()
                 tag = " +prefetch" if pf else ""
                 log(f"config K={k} expert cache {budget}{tag} [{state}]")
+                resident = storage.residency(s.shards)
                 r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
                 r["page_cache"] = state
+                r["page_cache_resident_share"] = resident.as_dict()["resident_share"]
                 configs.append(r)
                 _derive(result, {}, s.index)
                 on_partial(result)
