@@ -405,7 +405,7 @@ class EngineService:
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
-        sampling = _sampling_options(cmd)
+        sampling = cmd.sampling()
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
         prompt = list(cmd.prompt_tokens)
@@ -583,21 +583,6 @@ class EngineService:
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )
-
-
-def _sampling_options(cmd: P.Generate) -> SamplingOptions:
-    """The request's sampling settings, checked once (`options.SamplingOptions`)."""
-    return SamplingOptions(
-        max_tokens=cmd.max_tokens,
-        temp=cmd.temp,
-        top_p=cmd.top_p,
-        seed=cmd.seed,
-        top_k=cmd.top_k,
-        min_p=cmd.min_p,
-        repetition_penalty=cmd.repetition_penalty,
-        presence_penalty=cmd.presence_penalty,
-        frequency_penalty=cmd.frequency_penalty,
-    )
 
 
 def _samplers(sampling: SamplingOptions) -> tuple[Callable, list]:
