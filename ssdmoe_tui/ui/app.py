@@ -220,7 +220,8 @@ class SsdmoeApp(App[int]):
         pane = self.chat_pane
         pane.prompt.focus()
         await pane.open_session(self.settings.resume)
-        if self.engine_factory is not None and not self.settings.model and not self.chat.history:
+        demo = not self.settings.model and not self.settings.attach
+        if self.engine_factory is not None and demo and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
             pane.transcript.show_top()  # its top first, at any size
         if self.settings.attach:  # `ssdmoe --attach URL`: a server's model, none of ours

@@ -277,10 +277,15 @@ async def test_attach_from_the_command_line(server, monkeypatch, capsys):
     monkeypatch.delenv("SSDMOE_API_KEY", raising=False)
     settings.max_tokens = 8
     store = session_store(settings)
-    app = SsdmoeApp(settings, engine_factory=None, session_store=store)
+
+    def no_engine(post):  # attached from the start, the app builds no engine of its own
+        raise AssertionError("the app built its own engine")
+
+    app = SsdmoeApp(settings, engine_factory=no_engine, session_store=store)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
         assert app.chat.model.server == server.url
+        assert app.chat_pane.welcome is None  # no demo-model card: no demo is loading
         await type_and_send(pilot, "hi")
         await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
         text = app.chat.last_done.text
@@ -289,3 +294,48 @@ async def test_attach_from_the_command_line(server, monkeypatch, capsys):
         conv = store.store.get(app.chat.session_id)
         assert [(t.role, t.text) for t in conv.turns] == [("user", "hi"), ("assistant", text)]
         assert conv.turns[1].finish == "length" and conv.turns[1].k == 4
+
+
+async def test_attach_frees_the_apps_own_model_and_f4_brings_it_back(
+    server, demo_model, monkeypatch
+):
+    """The app ran its own demo beside the server; attaching shuts its engine down (its
+    claim goes: only the server's is left), and F4 → the demo builds it again."""
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(server.lock_dir))
+    monkeypatch.setenv("SSDMOE_TEST_AVAILABLE_MEMORY", str(64 << 30))  # both fit
+    monkeypatch.setenv("SSDMOE_MODEL_DIRS", str(demo_model))  # F4 lists it while attached
+    monkeypatch.delenv("SSDMOE_API_KEY", raising=False)
+
+    def claims() -> list[Path]:
+        return sorted(server.lock_dir.glob("model-*.lock"))
+
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=8, temperature=0.0))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.chat.model is not None, 120, "the local load")
+        assert not app.chat.model.server and len(claims()) == 2
+        await attach_from_f4(pilot, app, SERVER + server.url)
+        await wait_until(
+            pilot, lambda: app.chat.model is not None and app.chat.remote, 30, "the attach"
+        )
+        await wait_until(pilot, lambda: len(claims()) == 1, 10, "the app's claim released")
+        assert [h.pid for h in served_models(server.lock_dir)] == [server.proc.pid]
+        await type_and_send(pilot, "hi")
+        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
+
+        screen = await open_picker(pilot, app)
+        assert "(attached)" in option_text(screen, SERVER + server.url)
+        screen.option_list.highlighted = screen.option_list.get_option_index(str(demo_model))
+        await pilot.press("enter")
+        await wait_until(
+            pilot,
+            lambda: app.chat.model is not None and not app.chat.remote,
+            120,
+            "the local model again",
+        )
+        assert app.chat.model.path == str(demo_model) and len(claims()) == 2
+        before = app.chat.last_done
+        await type_and_send(pilot, "hi again")
+        await wait_until(
+            pilot, lambda: app.chat.last_done is not before and app.inflight is None, 60, "reply"
+        )
+        assert app.chat.last_done.token_ids  # the app's own engine: ids again
