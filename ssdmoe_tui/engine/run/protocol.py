@@ -122,6 +122,9 @@ class ModelInfo:
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`'s aligned copy)
     expert_source_note: str = ""  # why a repacked copy present was not used
     slot_placement: str = "none"  # MLX-CUDA only: "host" or "managed"
+    # The URL of the `ssdmoe serve` that holds the model, for a client attached to one
+    # (chat/remote.py); "" when this process's engine holds it.
+    server: str = ""
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,16 @@ class EngineService:
             self._runner.set_k(k)
         return cmd
 
+    def advertise(self, url: str, *, key_required: bool = False) -> bool:
+        """Put the URL this model is served on in its machine-wide claim (models/lock.py),
+        so another ssdmoe on this machine can attach instead of loading its own copy.
+        False when this service holds no claim (no model, or the lock is off)."""
+        lock = self._lock
+        if lock is None:
+            return False
+        lock.advertise(url, key_required=key_required)
+        return True
+
     def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.release()
