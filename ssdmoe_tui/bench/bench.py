@@ -301,7 +301,6 @@ def _config_figures(
     hit_rate = dec.hit_rate
     req_bpt = _per_step(dec.bytes_read, steps)
     dev_bpt = _per_step(dec.device_bytes, steps)
-    expert_set = index.expert_bytes * index.num_experts * index.num_layers
     kv_bytes = cache_nbytes(result.cache)
     bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
     return {
@@ -309,7 +308,9 @@ def _config_figures(
         # routing, dtype: the same figures `generate --json` and the app report
         **runner.conditions(),
         "expert_cache": str(budget),
-        "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
+        # the share of all experts the slots hold (slots, not bytes: a slot can be larger
+        # than the expert on disk, when its scales widen)
+        "budget_over_expert_set": round(cache.capacity / (index.num_experts * index.num_layers), 4),
         "prefetch": prefetch,
         **(_prefetch_stats(dec, steps) if prefetch else {}),
         "slot_placement_note": cache.placement.note,

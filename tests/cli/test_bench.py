@@ -365,3 +365,25 @@ def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny
     text = summary(res, wide=True)
     assert f"| {fs['type']} on {fs['mount_point']} |" in text
     assert "response time (prefill to the first token + decode = total)" in text
+
+
+def test_batch_check_follows_each_rows_trace_offset(tiny, tmp_path, capsys):
+    """Trace-driven `--batch-check`: each row is rerun alone from its own offset of the
+    trace (the position the batch gave it), so on CPU every row equals its batched run;
+    before, the rerun continued the trace where the batch had left it (0/B equal)."""
+    trace = tmp_path / "own.jsonl"
+    assert main(["generate", "--model", str(tiny), "--prompt", "one two three four five",
+                 "--raw", "--max-tokens", "12", "--trace", str(trace)]) == 0  # fmt: skip
+    out = tmp_path / "batch.json"
+    rc = main(
+        [
+            "bench", "--model", str(tiny), "--expert-cache", "64K", "--routing-trace",
+            str(trace), "--prompt-tokens", "16", "--decode-tokens", "8", "--disk-mib", "1",
+            "--baseline", "skip", "--no-warmup", "--batch", "1,2", "--batch-check",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    for r in json.loads(out.read_text())["batch"]:
+        assert r["rows_equal_alone"] == r["batch"] and r["token_mismatch_rate"] == 0
+    capsys.readouterr()
