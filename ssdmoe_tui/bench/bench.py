@@ -254,6 +254,7 @@ class _MeasuredRun:
     first: Snapshot
     end: Snapshot
     rss_reset: bool
+    decode_cpu_s: float | None = None  # process CPU time (all threads) over the decode window
 
 
 def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) -> _MeasuredRun:  # noqa: ANN001
@@ -262,6 +263,7 @@ def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) 
 
     sm = runner.sm
     marks: dict[str, Snapshot] = {}
+    cpu: dict[str, float] = {}  # process CPU time at the same marks: on a shared machine
     start = Snapshot.take(sm)
     rss_reset = system.reset_peak_rss()
     result = None
@@ -272,13 +274,16 @@ def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) 
                 meter.on_token(n)
             if n == 1:
                 marks["first"] = Snapshot.take(sm)
+                cpu["first"] = time.process_time()
             if n == opts.decode_tokens:
                 marks["last"] = Snapshot.take(sm)
+                cpu["last"] = time.process_time()
         elif isinstance(ev, Done):
             result = ev.result
     end = marks.get("last") or Snapshot.take(sm)
     first = marks.get("first") or end
-    return _MeasuredRun(result, start, first, end, rss_reset)
+    cpu_s = cpu["last"] - cpu["first"] if len(cpu) == 2 else None
+    return _MeasuredRun(result, start, first, end, rss_reset, cpu_s)
 
 
 def _config_figures(
@@ -326,6 +331,11 @@ def _config_figures(
         "first_token_s": round((run.first - run.start).t, 4),
         "response_s": round((run.end - run.start).t, 4),
         "decode_tok_s": _round(_per_step(steps, dec.t), 3),
+        # CPU time of the whole process (every thread) per decode step: steadier than the
+        # wall clock where other work shares the cores; not a speed, a cost
+        "decode_cpu_ms_per_token": _round(
+            None if run.decode_cpu_s is None else _per_step(run.decode_cpu_s * 1e3, steps), 3
+        ),
         "ms_per_token": _split(dec, steps),
         "prefill_ms_per_token": _split(pre, st.prompt_tokens),
         "decode_hits": dec.hits,

@@ -362,6 +362,7 @@ def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny
         assert r["page_cache_resident_share"] == pytest.approx(1.0, abs=0.01)
         assert 0 < r["first_token_s"] == pytest.approx(r["prefill_s"], abs=0.05)
         assert r["response_s"] == pytest.approx(r["first_token_s"] + r["decode_s"], abs=0.05)
+        assert r["decode_cpu_ms_per_token"] > 0  # CPU time of the decode window, per step
     text = summary(res, wide=True)
     assert f"| {fs['type']} on {fs['mount_point']} |" in text
     assert "response time (prefill to the first token + decode = total)" in text
