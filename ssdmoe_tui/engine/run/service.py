@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,21 @@ def _wait_os_thread_gone(thread: threading.Thread, timeout: float) -> None:
             time.sleep(0.001)
     else:
         time.sleep(0.05)
+
+
+def _release_thread_streams() -> None:
+    """Destroy the MLX streams this thread made, while the runtime is whole: MLX asks
+    every thread that used it to call `clear_streams()` before it ends (ml-explore/mlx
+    #3395, #4327); left to the thread-local destructors, the cleanup can run during
+    interpreter teardown and abort ("terminate called without an active exception")."""
+    mx = sys.modules.get("mlx.core")  # a thread that never loaded MLX has none to clear
+    clear = getattr(mx, "clear_streams", None) if mx is not None else None  # MLX >= 0.31
+    if clear is not None:
+        try:
+            mx.synchronize()
+            clear()
+        except Exception:  # noqa: BLE001 - the thread ends either way
+            pass
 
 
 @dataclass
@@ -201,6 +217,12 @@ class EngineService:
         self._emit(P.Notice(message))
 
     def _main(self) -> None:
+        try:
+            self._serve_commands()
+        finally:
+            _release_thread_streams()
+
+    def _serve_commands(self) -> None:
         if self._hooks_source is not None and not isinstance(self._hooks_source, KVHooks):
             try:
                 self.kv_hooks = self._hooks_source(self._notice)
