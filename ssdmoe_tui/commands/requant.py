@@ -22,6 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--group-size", type=int, default=None, help="quantization group (default: the source's)"
     )
+    p.add_argument(
+        "--shard-size", default="2G",
+        help="largest shard (default 2G: the copy is made one shard at a time, and a shard's "
+        "dequantized weights are what memory holds at once)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -30,17 +35,21 @@ def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.engine.run.open import plan_engine
     from ssdmoe_tui.models.requant import check_requant, requantize
     from ssdmoe_tui.models.resolve import cli_progress
-    from ssdmoe_tui.options import EngineOptions
+    from ssdmoe_tui.options import EngineOptions, parse_bytes
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     out = Path(args.out)
+    shard = parse_bytes(args.shard_size, "--shard-size")
     # The header-only half of `open_engine`: a missing folder, a dense or unsupported
     # model fail here with their one line; the bits, group size and --out next.
     path = plan_engine(EngineOptions(model=args.model), say=say, download=cli_progress()).path
     check_requant(read_json_object(path / "config.json"), args.bits, args.group_size, out)
-    done = requantize(path, out, bits=args.bits, group_size=args.group_size, progress=say)
+    done = requantize(
+        path, out, bits=args.bits, group_size=args.group_size, max_shard_bytes=shard,
+        progress=say,
+    )  # fmt: skip
     say(
         f"wrote {done.out}: {done.bits}-bit {done.mode}, group size {done.group_size} (from "
         f"{done.source_bits}-bit), {human_bytes(done.weight_bytes, 2)} of weights in "

@@ -26,7 +26,7 @@ from ssdmoe_tui.models.demo import ProgressFn, _noop, copy_tokenizer, save_quant
 BITS = (2, 3, 4, 5, 6)
 GROUP_SIZES = (32, 64, 128)
 MODE = "affine"  # the only MLX mode with 2- and 3-bit weights
-SHARD_BYTES = 5 << 30
+SHARD_BYTES = 2 << 30  # a shard's dequantized weights are in memory at once
 
 README = """# {name}: {bits}-bit copy of {source}
 

@@ -125,6 +125,7 @@ def test_requant_bad_inputs_one_line_each(copies, tmp_path, capsys, checkpoints)
         (["--model", str(TRAINED_DIR), "--bits", "7"], "--bits 7"),
         (["--model", str(TRAINED_DIR), "--bits", "4"], "--bits 4"),
         (["--model", str(TRAINED_DIR), "--bits", "3", "--group-size", "48"], "--group-size 48"),
+        (["--model", str(TRAINED_DIR), "--bits", "3", "--shard-size", "lots"], "--shard-size"),
     ]
     for args, named in cases:
         assert named in _error(capsys, ["requant", *args, "--out", out])
