@@ -18,7 +18,7 @@ import io
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ssdmoe_tui.errors import ModelError
@@ -123,6 +123,14 @@ def write_tokenizer(
     then `extra_special` (e.g. `<think>`, `</think>` for a thinking template's tests).
     """
     specials = SPECIAL_TOKENS + list(extra_special)
+    tok = train_bpe(_corpus(), vocab_size, specials)
+    save_tokenizer(tok, out, specials, chat_template)
+    return tok.get_vocab_size()
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, specials: list[str]):  # -> Tokenizer
+    """A byte-level BPE trained on `texts`, `specials` first (ids 0, 1, ...): the demo's
+    and `scripts/train_demo.py`'s tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -134,7 +142,12 @@ def write_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def save_tokenizer(tok, out: Path, specials: list[str], chat_template: str) -> None:  # noqa: ANN001
+    """`tok` saved the way mlx-lm and transformers load it (a ChatML chat template)."""
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     config = {
@@ -163,7 +176,6 @@ def write_tokenizer(
         json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
     )
     (out / "chat_template.jinja").write_text(chat_template)
-    return tok.get_vocab_size()
 
 
 def _shard_plan(weights: dict, max_shard_bytes: int) -> list[list[str]]:

@@ -251,6 +251,16 @@ class EngineService:
             self._runner.set_k(k)
         return cmd
 
+    def advertise(self, url: str, *, key_required: bool = False) -> bool:
+        """Put the URL this model is served on in its machine-wide claim (models/lock.py),
+        so another ssdmoe on this machine can attach instead of loading its own copy.
+        False when this service holds no claim (no model, or the lock is off)."""
+        lock = self._lock
+        if lock is None:
+            return False
+        lock.advertise(url, key_required=key_required)
+        return True
+
     def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.release()
@@ -395,7 +405,7 @@ class EngineService:
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
-        sampling = _sampling_options(cmd)
+        sampling = cmd.sampling()
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
         prompt = list(cmd.prompt_tokens)
@@ -573,21 +583,6 @@ class EngineService:
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )
-
-
-def _sampling_options(cmd: P.Generate) -> SamplingOptions:
-    """The request's sampling settings, checked once (`options.SamplingOptions`)."""
-    return SamplingOptions(
-        max_tokens=cmd.max_tokens,
-        temp=cmd.temp,
-        top_p=cmd.top_p,
-        seed=cmd.seed,
-        top_k=cmd.top_k,
-        min_p=cmd.min_p,
-        repetition_penalty=cmd.repetition_penalty,
-        presence_penalty=cmd.presence_penalty,
-        frequency_penalty=cmd.frequency_penalty,
-    )
 
 
 def _samplers(sampling: SamplingOptions) -> tuple[Callable, list]:
