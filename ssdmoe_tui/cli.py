@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "index",
     "repack",
     "demo_model",
+    "requant",
     "models",
     "bench",
     "eval",
