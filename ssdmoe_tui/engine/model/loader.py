@@ -344,12 +344,13 @@ def _cache_capacity(
     most the experts it owns."""
     min_slots = max(trained_k, 1) * index.num_layers
     resident_est = index.resident_bytes
+    slot_bytes = slot_memory_bytes(index, act_dtype)
     if expert_cache == "auto":  # the rank's owned experts cap a distributed one below
         sharers = distributed.ranks_on_host() if distributed is not None else 1
-        budget = auto_budget(index, resident_est, min_slots * index.expert_bytes, sharers)
+        budget = auto_budget(index, resident_est, min_slots * slot_bytes, sharers, slot_bytes)
     else:
         budget = parse_bytes(expert_cache, "expert cache")
-    capacity = max(min_slots, budget // slot_memory_bytes(index, act_dtype))
+    capacity = max(min_slots, budget // slot_bytes)
     capacity = min(capacity, index.num_experts * index.num_layers)
     if partition is not None:
         capacity = max(min(capacity, partition.owned_slots), 1)
