@@ -30,6 +30,16 @@ args=(scripts/batch_bench.py --out "$OUT" --model "$MODEL"
 # the checkpoint is built uncapped (16 GiB written once)
 "$PY" "${args[@]}" --build-only 2>&1 | tee "$OUT/build.log" >&2 || exit 1
 sync
+# A process that meets new kernel shapes compiles them (MLX-CUDA JIT) and holds ~3 GiB more
+# anonymous memory while it does (4.6 GiB against 1.3 sampled, 2026-12-02): at an 8 GiB cap
+# that process was OOM-killed. So the same shapes run once uncapped, short, first
+# (WARMUP=0 skips it); the compiled kernels stay on the machine for the capped runs.
+if [ "${WARMUP:-1}" = 1 ]; then
+  "$PY" scripts/batch_bench.py --out "$OUT/warmup" --model "$MODEL" --cache "${CACHE:-4G}" \
+    --batch "${BATCH:-1,2,4,8}" --decode-tokens 24 --prompt-tokens "${PROMPT_TOKENS:-64}" \
+    --routing "${ROUTING:-model,trace}" > "$OUT/warmup.log" 2>&1
+  echo "uncapped warm-up (kernel compilation) exit $?" >&2
+fi
 cg=""
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
   grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control

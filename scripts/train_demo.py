@@ -176,48 +176,10 @@ def build_corpus(out: Path) -> tuple[list[str], dict]:
 
 
 def train_tokenizer(paras: list[str], out: Path, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from ssdmoe_tui.models.demo import CHATML_TEMPLATE, SPECIAL_TOKENS, save_tokenizer, train_bpe
 
-    from ssdmoe_tui.models.demo import CHATML_TEMPLATE, SPECIAL_TOKENS
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(paras, trainer=trainer)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "model_max_length": 4096,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHATML_TEMPLATE,
-        "added_tokens_decoder": {
-            str(i): {
-                "content": t,
-                "special": True,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "single_word": False,
-            }
-            for i, t in enumerate(SPECIAL_TOKENS)
-        },
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (out / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
-    )
-    (out / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+    tok = train_bpe(paras, vocab_size, SPECIAL_TOKENS)
+    save_tokenizer(tok, out, SPECIAL_TOKENS, CHATML_TEMPLATE)
     return tok
 
 

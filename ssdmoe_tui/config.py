@@ -192,6 +192,7 @@ class ChatSettings(Config):
     """What the app starts from: config.toml merged with the command line."""
 
     resume: str | None = None
+    attach: str | None = None  # `--attach URL`: chat through that `ssdmoe serve`
     config: LoadedConfig | None = None  # where to remember the theme; None: never write
     warnings: tuple[str, ...] = ()
 

@@ -11,10 +11,10 @@ Reported per configuration: aggregate decode tok/s (tokens of all rows / window 
 per-stream tok/s (steps / time), requested and device MiB/token per sequence (window bytes
 / tokens of all rows), experts looked up per MoE layer per step (the union over the rows),
 the expert cache's hit rate, and the longest stall of a join (one prefill chunk plus its
-first token, run between two decode steps). With `check_alone`, every row's prompt is
-run again alone on the same engine and the tokens compared (`rows_equal_alone`,
-`token_mismatch_rate`): the measurement of exactness on a GPU, where a kernel may change
-with the number of rows.
+first token, run between two decode steps). With `check_alone`, every row is run again
+alone (a batch of one, from its own trace offset) on the same engine and the tokens
+compared (`rows_equal_alone`, `token_mismatch_rate`): the measurement of exactness on a
+GPU, where a kernel may change with the number of rows.
 """
 
 from __future__ import annotations
@@ -45,6 +45,21 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def _alone(runner, spec) -> list[int]:  # noqa: ANN001 - a Runner and a SeqSpec
+    """`spec` decoded alone (a batch of one row), from its own trace offset: a rerun
+    through `Runner.generate` would continue the trace where the batch left it."""
+    from ssdmoe_tui.engine.run.batch import BatchRunner
+    from ssdmoe_tui.engine.run.runner import Done
+
+    one = BatchRunner(runner, max_batch=1)
+    one.add(spec)
+    for _ in range(4 * (spec.max_tokens + len(spec.prompt)) + 16):  # bounded: a step per token
+        for _uid, ev in one.step():
+            if isinstance(ev, Done):
+                return ev.result.tokens
+    raise RuntimeError(f"batch row {spec.uid} alone did not finish")
+
+
 def run_batch_config(
     runner,  # a fresh engine's Runner for this (K, budget)
     decode_tokens: int,
@@ -67,8 +82,9 @@ def run_batch_config(
         routing = sm.cache.routing
         span = len(routing.decode) if routing is not None else 0
         prompts = row_prompts(prompt, b)
+        offsets = [(span * i) // b for i in range(b)]
         for i, p in enumerate(prompts):
-            batch.add(SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=(span * i) // b))
+            batch.add(SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=offsets[i]))
         results = {}
         start = end = None
         u0 = c0 = 0
@@ -115,7 +131,10 @@ def run_batch_config(
             "token_ids": [results[i].tokens for i in range(b)],
         }
         if check_alone:
-            alone = [runner.generate(p, max_tokens=decode_tokens).tokens for p in prompts]
+            alone = [
+                _alone(runner, SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=spec_off))
+                for i, (p, spec_off) in enumerate(zip(prompts, offsets, strict=True))
+            ]
             diff = sum(
                 sum(x != y for x, y in zip(a, results[i].tokens, strict=False))
                 for i, a in enumerate(alone)

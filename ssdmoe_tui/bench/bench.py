@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ssdmoe_tui.bench import system
+from ssdmoe_tui.bench import storage, system, thermal
 from ssdmoe_tui.errors import BadValueError, ModelError
 from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.units import human_bytes
@@ -77,6 +77,7 @@ class BenchOptions:
     quality_tokens: int = 512
     batch: list[int] = field(default_factory=list)  # also B sequences together (bench/batch.py)
     batch_check: bool = False  # with batch: run each row alone again and compare tokens
+    fit: Path | None = None  # also B, a lower-bit copy, resident in mlx-lm (bench/fit.py)
 
     def __post_init__(self) -> None:
         # Programmatic callers get the checks the CLI's argument types make.
@@ -301,7 +302,6 @@ def _config_figures(
     hit_rate = dec.hit_rate
     req_bpt = _per_step(dec.bytes_read, steps)
     dev_bpt = _per_step(dec.device_bytes, steps)
-    expert_set = index.expert_bytes * index.num_experts * index.num_layers
     kv_bytes = cache_nbytes(result.cache)
     bound = int(sm.resident_bytes) + cache.budget_bytes + kv_bytes
     return {
@@ -309,7 +309,9 @@ def _config_figures(
         # routing, dtype: the same figures `generate --json` and the app report
         **runner.conditions(),
         "expert_cache": str(budget),
-        "budget_over_expert_set": round(cache.budget_bytes / expert_set, 4),
+        # the share of all experts the slots hold (slots, not bytes: a slot can be larger
+        # than the expert on disk, when its scales widen)
+        "budget_over_expert_set": round(cache.capacity / (index.num_experts * index.num_layers), 4),
         "prefetch": prefetch,
         **(_prefetch_stats(dec, steps) if prefetch else {}),
         "slot_placement_note": cache.placement.note,
@@ -321,6 +323,9 @@ def _config_figures(
         "prefill_s": round(st.prefill_s, 4),
         "prefill_tok_s": round(st.prefill_tok_s, 3),
         "decode_s": round(dec.t, 4),
+        # the response apart: prefill (to the first token), decode (the rest), total
+        "first_token_s": round((run.first - run.start).t, 4),
+        "response_s": round((run.end - run.start).t, 4),
         "decode_tok_s": _round(_per_step(steps, dec.t), 3),
         "ms_per_token": _split(dec, steps),
         "prefill_ms_per_token": _split(pre, st.prompt_tokens),
@@ -530,11 +535,13 @@ def run_bench(
     opts: BenchOptions,
     log: Log = lambda _: None,
     on_partial: Callable[[dict], None] = lambda _: None,
+    after: Callable[[_BenchSetup, dict], None] | None = None,
 ) -> dict:
     """Run every measurement; returns the JSON-ready result.
 
     `on_partial` gets the result so far after each measurement, so a run cut short
-    (a time limit, an out-of-memory kill) still leaves what it measured.
+    (a time limit, an out-of-memory kill) still leaves what it measured. `after` adds
+    a measurement of its own once the rest is done (`bench --fit`: bench/fit.py).
     """
     from ssdmoe_tui.engine.run import runner as _runner  # noqa: F401 - imported before the digest
 
@@ -548,6 +555,8 @@ def run_bench(
     )
 
     # ---------------- page cache: cold drops it before each measurement; warm fills it once
+    # measured before anything here reads the shards: what the OS held from before
+    conditions["page_cache_before"] = storage.residency(s.shards).as_dict()
     page_cache = _PageCache(opts, s.shards, log)
     prepare = page_cache.prepare
     if not opts.baseline_only:
@@ -575,6 +584,10 @@ def run_bench(
     }
     if "configs" in result:
         _derive(result, base["by_k"], s.index)
+    if after is not None:
+        on_partial(result)
+        after(s, result)
+    conditions["thermal_after"] = thermal.thermal_state()
     result["complete"] = True
     return result
 
@@ -622,7 +635,8 @@ def _bench_setup(opts: BenchOptions) -> _BenchSetup:
     from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
 
     trained_k = min(max(config_trained_k(config), 1), index.num_experts)
-    ks = opts.ks or default_ks(trained_k, index.num_experts)
+    # --fit compares at the trained K unless told otherwise (bench/fit.py).
+    ks = opts.ks or ([trained_k] if opts.fit else default_ks(trained_k, index.num_experts))
     routing_label = "model"
     if eng.routing_trace:
         from ssdmoe_tui.engine.policy.trace_routing import check_trace_k
@@ -694,7 +708,10 @@ def _bench_conditions(opts: BenchOptions, s: _BenchSetup) -> dict:
         "routing": s.routing_label,
         "policy": eng.policy,
         "prefill_step": eng.prefill_step,
+        "fit": str(opts.fit) if opts.fit is not None else None,
         "memory": s.mem.as_dict(),
+        "storage": storage.storage_conditions(s.path),
+        "thermal_before": thermal.thermal_state(),
         "date": system.utc_now(),
     }
     if opts.distributed is not None:
@@ -785,8 +802,10 @@ def _run_configs(
                 state = prepare()
                 tag = " +prefetch" if pf else ""
                 log(f"config K={k} expert cache {budget}{tag} [{state}]")
+                resident = storage.residency(s.shards)
                 r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
                 r["page_cache"] = state
+                r["page_cache_resident_share"] = resident.as_dict()["resident_share"]
                 configs.append(r)
                 _derive(result, {}, s.index)
                 on_partial(result)

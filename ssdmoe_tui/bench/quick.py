@@ -31,33 +31,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ssdmoe_tui.models.demo import DEMO_CONFIG
 from ssdmoe_tui.units import human_bytes
 
 Log = Callable[[str], None]
 
-QUICK_CONFIG: dict = {
-    "model_type": "qwen3_moe",
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "hidden_size": 256,
-    "num_hidden_layers": 12,
-    "intermediate_size": 512,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "rms_norm_eps": 1e-6,
-    "vocab_size": 1024,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "num_experts_per_tok": 4,
-    "num_experts": 32,
-    "moe_intermediate_size": 256,
-    "norm_topk_prob": True,
-    "rope_theta": 1000000.0,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-    "bos_token_id": None,
-    "eos_token_id": 2,
-}
+QUICK_CONFIG: dict = dict(DEMO_CONFIG, num_hidden_layers=12)  # the demo, twice as deep
 SMALL_CACHE = "16M"  # ~35 % of this checkpoint's expert slots on the CPU
 ALL_CACHE = "64G"  # clamped to the expert set: every expert held
 

@@ -153,6 +153,32 @@ def _prefill_fragment(r: dict) -> str | None:
     return f"union {r['prefill_union_share']:.0%} of the experts, {r['prefill_over_read_all']:.2f}x"
 
 
+def _response_fragment(r: dict) -> str | None:
+    if r.get("response_s") is None:  # a result from before these were recorded
+        return None
+    return (
+        f"{r['first_token_s']:.2f} + {r['response_s'] - r['first_token_s']:.2f} = "
+        f"{r['response_s']:.2f} s"
+    )
+
+
+def _storage_line(c: dict) -> str | None:
+    """Where the bytes came from: drive, interface, file system, file cache, thermal."""
+    st = c.get("storage")
+    if not st:
+        return None
+    d, fs = st["drive"], st["file_system"]
+    before = c.get("page_cache_before") or {}
+    share = before.get("resident_share")
+    cached = "unknown" if share is None else f"{share:.0%} resident"
+    therm = c.get("thermal_before") or {}
+    return (
+        f"storage: {d['device']} ({d['interface']}, model {d['model']}) | {fs['type']} on "
+        f"{fs['mount_point']} | model files in the OS file cache before the run: {cached} "
+        f"| thermal: {therm.get('state', 'unknown')}"
+    )
+
+
 # Lines under the table: (label, per-configuration text or None to leave it out).
 _FOOTERS = (
     (
@@ -169,6 +195,7 @@ _FOOTERS = (
         _prefetch_fragment,
     ),
     ("prefill vs reading every expert once per chunk (disk-bound)", _prefill_fragment),
+    ("response time (prefill to the first token + decode = total)", _response_fragment),
 )
 
 
@@ -199,6 +226,9 @@ def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
             lines.append(
                 "note: host-placed slots are CUDA driver memory, not charged to the cgroup cap"
             )
+    where = _storage_line(c)
+    if where:
+        lines.append(where)
     disk = result.get("disk")
     if disk:
         parts = []
@@ -249,6 +279,10 @@ def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
             + "\n"
             + quality_legend(trained, WIDTH if not (markdown or wide) else 10_000)
         )
+    if result.get("fit"):
+        from ssdmoe_tui.bench.fit import fit_table
+
+        text += sep * 2 + fit_table(result["fit"], markdown)
     return text
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ssdmoe_tui.chat.remote import ChatTurn
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
 from ssdmoe_tui.chat.thinking import prompt_opens_thinking, template_kwargs, thinking_tokens
 from ssdmoe_tui.config import ChatSettings, GenSettings
@@ -134,6 +135,12 @@ class ChatController:
     def __post_init__(self) -> None:
         self.gen = self.defaults()
 
+    @property
+    def remote(self) -> bool:
+        """The engine is a server's (`chat.remote.RemoteEngine`): it takes the chat as
+        messages, its model and expert cache are the server's own."""
+        return bool(getattr(self.engine, "takes_messages", False))
+
     def defaults(self) -> GenSettings:
         """A new conversation's settings: the config's (and the command line's)."""
         return GenSettings.from_config(self.settings)
@@ -151,6 +158,19 @@ class ChatController:
         self._pending_cache = None
         self.engine.submit(LoadModel(path=path, expert_cache=self.settings.expert_cache))
 
+    def use_engine(self, engine: Engine | None, loading: str | None) -> Engine | None:
+        """Another engine from now on (a server's, or this app's own again; None while
+        it is built): the model the old one held goes with it, and `loading` says what
+        comes next. Returns the old engine, for the caller to shut down. Not while a
+        reply streams (the app refuses that first)."""
+        old, self.engine = self.engine, engine
+        self.model = None
+        self.tokenizer = None
+        self.loading = loading
+        self._pending_cache = None
+        self._wanted_k = self.gen.k  # the conversation's K, once the new model is there
+        return old
+
     def set_expert_cache(self, size: str) -> None:
         """Reload the model with another expert-cache budget; a bad size changes nothing."""
         try:
@@ -159,6 +179,11 @@ class ChatController:
             raise Refused(str(e)) from None
         if self.engine is None or self.model is None:
             raise Refused("No model loaded.")
+        if self.remote:
+            raise Refused(
+                f"{self.model.name} is served by {self.model.server}: its expert cache is "
+                "the server's (--expert-cache of ssdmoe serve)"
+            )
         if self.loading is not None:
             raise Refused("A model is loading; try again when it has loaded.")
         self.abandon_reply()
@@ -240,17 +265,20 @@ class ChatController:
             return "The model is still loading."
         if self.model is None:
             return "No model is loaded: F4 picks one, ctrl+p → Open model…"
-        if self.tokenizer is None:
+        if self.tokenizer is None and not self.remote:
             return "The model's tokenizer is not loaded."
         return None
 
-    def prepare(self, text: str) -> Generate:
+    def prepare(self, text: str) -> Generate | ChatTurn:
         """The Generate for one user turn, recorded as in flight; `submit` sends it (the
         app shows the empty reply in between, so no token arrives before it). Refused
-        when it cannot go now."""
+        when it cannot go now. A server's engine gets the chat as messages (ChatTurn):
+        the server templates it on its own exact history."""
         if why := self.why_not_send():
             raise Refused(why)
         prompt = Message("user", text)
+        if self.remote:
+            return self._turn(prompt)
         ids = self._prompt_ids(self._with_system((*self.history, prompt)))
         self._prompt = prompt
         self.history.append(prompt)
@@ -263,6 +291,23 @@ class ChatController:
             temp=self.gen.temperature,
             top_p=self.gen.top_p,
             session_id=self.session_id,
+        )
+        self.inflight = request.request_id
+        return request
+
+    def _turn(self, prompt: Message) -> ChatTurn:
+        messages = self._with_system((*self.history, prompt))
+        self._prompt = prompt
+        self.history.append(prompt)
+        self.thinking_inside = False  # the server's reasoning arrives in its own block
+        self._requests += 1
+        request = ChatTurn(
+            request_id=f"r{self._requests}",
+            messages=messages,
+            max_tokens=self.gen.max_tokens,
+            temp=self.gen.temperature,
+            top_p=self.gen.top_p,
+            thinking=self.gen.thinking,
         )
         self.inflight = request.request_id
         return request
@@ -288,7 +333,7 @@ class ChatController:
         except Exception as e:  # noqa: BLE001 - a template or text error: one line, no turn
             raise Refused(user_message(e)) from None
 
-    def submit(self, request: Generate) -> None:
+    def submit(self, request: Generate | ChatTurn) -> None:
         assert self.engine is not None
         self.engine.submit(request)
 
@@ -403,7 +448,7 @@ class ChatController:
             except Exception as e:  # noqa: BLE001 - they still apply in this window
                 self._warn(f"settings not saved: {user_message(e)}")
 
-    def redo(self, text: str | None = None) -> Generate:
+    def redo(self, text: str | None = None) -> Generate | ChatTurn:
         """Regenerate the last reply (`text` None: the same prompt, a new sample or, with
         temperature 0, the same greedy reply at the K now set) or edit and resend the
         last prompt. The replaced exchange is kept by the store; the prompt up to it is

@@ -38,9 +38,10 @@ class ReplyStats:
         stats = done.stats or {}
         rate, kv = stats.get("decode_tok_s"), stats.get("kv_hit_rate")
         k_min, k_max = k_range(done.k_per_token)
+        counted = stats.get("generated_tokens")  # a server's reply carries no ids
         return cls(
             model=model,
-            tokens=len(done.token_ids),
+            tokens=len(done.token_ids) or (counted if isinstance(counted, int) else 0),
             decode_tok_s=float(rate) if isinstance(rate, (int, float)) else None,
             k_min=k_min,
             k_max=k_max,

@@ -10,6 +10,7 @@ from ssdmoe_tui.commands.common import (
     add_k_argument,
     add_max_tokens_argument,
     add_model_argument,
+    arg_type,
 )
 from ssdmoe_tui.config import (
     ChatSettings,
@@ -39,6 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="resume a saved conversation (the latest without ID)",
     )
     parser.add_argument(
+        "--attach",
+        type=arg_type(attach_url),
+        default=None,
+        metavar="URL",
+        help="chat through a running `ssdmoe serve` (http://127.0.0.1:8080) instead of "
+        "loading a model here: both share its one loaded model (its API key from "
+        "$SSDMOE_API_KEY, else the app asks); F4 lists the servers on this machine",
+    )
+    parser.add_argument(
         "--config-path", action="store_true", help="print where config.toml lives and exit"
     )
     parser.add_argument(
@@ -47,6 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one rank of an expert-parallel launch: `ssdmoe launch -n 2 --backend ring "
         "ssdmoe --distributed --model DIR` (rank 0 draws the app; docs/distributed.md)",
     )
+
+
+def attach_url(text: str) -> str:
+    """`http://HOST:PORT` (the scheme may be left out); a path such as `/v1` is dropped."""
+    from urllib.parse import urlsplit
+
+    from ssdmoe_tui.errors import BadValueError
+
+    value = text.strip()
+    parts = urlsplit(value if "://" in value else "http://" + value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise BadValueError(f"attach: {text!r} is not a server URL (http://HOST:PORT)")
+    return f"http://{parts.netloc}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,6 +101,7 @@ def build_settings(args: argparse.Namespace, loaded: LoadedConfig | None = None)
     return ChatSettings(
         **values,
         resume=getattr(args, "resume", None),
+        attach=getattr(args, "attach", None),
         config=loaded,
         warnings=loaded.warnings,
     )

@@ -43,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--trace", default=None, help="record (token, layer, experts) routing to this file"
     )
     p.add_argument(
+        "--ignore-eos", action="store_true",
+        help="keep generating past end-of-sequence until --max-tokens (long --trace "
+        "recordings; the text after it is the model's continuation, not a reply)",
+    )  # fmt: skip
+    p.add_argument(
         "--batch", type=arg_type(_batch_size), default=None, metavar="N",
         help="decode N sequences together (the prompts given, repeated to N; sequence i "
         "samples with seed + i): each one's text and figures, and the batch's",
@@ -106,6 +111,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         lock = acquire_model_lock(str(plan.path), need_bytes=memory_need(plan))
     try:
         runner = load_engine(plan, notice=notice, distributed=dist)
+        if args.ignore_eos:
+            runner.sm.tokenizer.eos_token_ids = set()  # as the bench: exactly --max-tokens
         runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
         try:
             if batched:
@@ -127,7 +134,11 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
         mx.random.seed(args.seed)
     quiet = dist is not None and not dist.is_root
     # every rank sees the same routing: rank 0 records it
-    trace = _RouteTrace(args.trace, runner, path) if args.trace and not quiet else None
+    trace = (
+        _RouteTrace(args.trace, runner, path, ignore_eos=args.ignore_eos)
+        if args.trace and not quiet
+        else None
+    )
     meter = dist.meter(sm) if dist is not None else None
     try:
         result = _stream(args, runner, prompt, dist, meter, trace, quiet)
@@ -140,7 +151,7 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
         if quiet:
             return 0
     if args.json:
-        _print_json(runner, path, prompt, result, stats)
+        _print_json(runner, path, prompt, result, stats, args.ignore_eos)
     else:
         sys.stdout.write("\n")
         _print_summary(runner, result, stats, dist)
@@ -150,7 +161,7 @@ def _generate(args, runner, prompt_text: str, path, dist=None) -> int:
 class _RouteTrace:
     """`--trace`: every layer's routed experts, by token and phase (engine/policy/traces.py)."""
 
-    def __init__(self, trace_path, runner, path) -> None:  # noqa: ANN001
+    def __init__(self, trace_path, runner, path, *, ignore_eos: bool = False) -> None:  # noqa: ANN001
         from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceWriter
 
         sm = runner.sm
@@ -162,6 +173,7 @@ class _RouteTrace:
                 "k": runner.k,
                 "num_layers": sm.index.num_layers,
                 "num_experts": sm.index.num_experts,
+                "ignore_eos": ignore_eos,
             },
         )
         self.token, self.phase, self.decode = 0, PREFILL, DECODE
@@ -201,7 +213,7 @@ def _stream(args, runner, prompt: list[int], dist, meter, trace: _RouteTrace | N
     return result
 
 
-def _print_json(runner, path, prompt: list[int], result, stats: dict) -> None:  # noqa: ANN001
+def _print_json(runner, path, prompt: list[int], result, stats: dict, ignore_eos: bool) -> None:  # noqa: ANN001
     """`--json`: the ids, the text and the run's figures, one object on stdout."""
     print(
         json.dumps(
@@ -211,6 +223,7 @@ def _print_json(runner, path, prompt: list[int], result, stats: dict) -> None:  
                 "token_ids": result.tokens,
                 "text": result.text,
                 "finish_reason": result.finish_reason,
+                "ignore_eos": ignore_eos,
                 "k": runner.k,
                 "prefill_k": runner.prefill_k or runner.k,
                 "k_per_token": result.stats.k_per_token,

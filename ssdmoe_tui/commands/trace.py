@@ -49,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--warmup", type=int, default=0, help="decode tokens that warm the cache, uncounted"
     )
     r.add_argument(
+        "--decode-tokens", type=int, default=None, metavar="N",
+        help="replay only the first N decode tokens of the trace (prefill kept): run it at "
+        "several N to see whether more history helps a policy",
+    )  # fmt: skip
+    r.add_argument(
         "--prefetch",
         action="store_true",
         help="also replay the engine's co-occurrence prefetch (issued, used, wasted experts)",
@@ -78,11 +83,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.warmup < 0:
         raise BadValueError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.decode_tokens is not None and args.decode_tokens < 1:
+        raise BadValueError(f"--decode-tokens must be >= 1, got {args.decode_tokens}")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     for p in policies:
         if p != BELADY:
             make_policy(p, 1, 1)  # validates the name before any work
     trace = read_trace(args.trace)
+    if args.decode_tokens is not None:
+        trace = trace.head(args.decode_tokens)
     meta = trace.meta
     layers, k = max(1, meta.num_layers), meta.k
     if args.per_layer and args.budget_mib:
@@ -108,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefetch:
         _print_prefetch(meta, results)
     if args.json:
-        _write_json(args, meta, layers, results)
+        _write_json(args, trace, layers, results)
     return 0
 
 
@@ -173,8 +182,9 @@ def _print_prefetch(meta, results: list) -> None:  # noqa: ANN001
         )
 
 
-def _write_json(args: argparse.Namespace, meta, layers: int, results: list) -> None:  # noqa: ANN001
+def _write_json(args: argparse.Namespace, trace, layers: int, results: list) -> None:  # noqa: ANN001
     """--json: the results to stdout (`-`) or atomically to a file."""
+    meta = trace.meta
     doc = {
         "trace": str(args.trace),
         "meta": {
@@ -187,6 +197,7 @@ def _write_json(args: argparse.Namespace, meta, layers: int, results: list) -> N
         "per_layer": args.per_layer,
         "decode_only": args.decode_only,
         "warmup": args.warmup,
+        "decode_steps": trace.decode_steps(),
         "results": [{"budget": label, **res.to_json()} for label, res in results],
     }
     text = json.dumps(doc, indent=1)

@@ -11,7 +11,9 @@ however it exits, so a claim whose file is not locked is stale and is removed by
 process that looks. A claim is written in full under a temporary name and renamed into
 place while locked, so a reader never sees a half-made claim. The file's content is a
 label: pid, command (secrets hidden), model and the bytes it declared (resident weights +
-expert cache + KV budget); it is read with a size cap. Checking the others and claiming
+expert cache + KV budget), and for `ssdmoe serve` the URL it answers on and whether it
+wants an API key (never the key): the app lists those servers in F4 and attaches to
+them (`served_models`). It is read with a size cap. Checking the others and claiming
 happen under `claims.mutex` (a flock held for milliseconds), so two processes starting
 together cannot both take the last of the memory.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import shlex
 import stat
@@ -62,6 +65,10 @@ class LockHolder:
     command: str
     since: float | None = None
     need_bytes: int | None = None  # declared memory; None: the whole machine
+    # `ssdmoe serve`: where it answers (http://127.0.0.1:PORT) once it accepts requests,
+    # and whether it wants an API key (never the key itself); "" for other holders
+    url: str = ""
+    key_required: bool = False
 
 
 class ModelLockedError(SsdmoeError):
@@ -167,6 +174,15 @@ def _command() -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+# What a claim may advertise: a plain loopback-or-named http URL with a port, no path.
+_URL = re.compile(r"http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
+
+
+def _server_url(value: object) -> str:
+    """A label's `url` if it is one (a damaged or odd label advertises nothing)."""
+    return value if isinstance(value, str) and _URL.fullmatch(value) else ""
+
+
 def read_holder(path: Path) -> LockHolder | None:
     """The label a holder wrote (bounded read), or None if it cannot be read."""
     try:
@@ -182,17 +198,30 @@ def read_holder(path: Path) -> LockHolder | None:
         command=redact_command(str(data.get("command") or "")),
         since=data.get("since") if isinstance(data.get("since"), int | float) else None,
         need_bytes=need if isinstance(need, int) and not isinstance(need, bool) else None,
+        url=_server_url(data.get("url")),
+        key_required=data.get("key_required") is True,
     )
 
 
-def _label(model: str, need_bytes: int | None) -> bytes:
-    label = {
+@dataclass(frozen=True)
+class Served:
+    """What a serving holder advertises in its claim (`ModelLock.advertise`)."""
+
+    url: str
+    key_required: bool = False
+
+
+def _label(model: str, need_bytes: int | None, served: Served | None = None) -> bytes:
+    label: dict[str, object] = {
         "pid": os.getpid(),
         "model": model,
         "command": _command(),
         "since": time.time(),
         "need_bytes": need_bytes,
     }
+    if served is not None:
+        label["url"] = served.url
+        label["key_required"] = served.key_required
     return json.dumps(label).encode("utf-8")
 
 
@@ -323,6 +352,7 @@ class ModelLock:
         self.path = path
         self.model = model
         self.need_bytes = need_bytes
+        self.served: Served | None = None
         self._fd = fd
 
     @property
@@ -342,8 +372,21 @@ class ModelLock:
             raise SsdmoeError("model lock already released")
         with _Mutex(self.path.parent):
             _check_fits(self.path.parent, model, need_bytes, self.path, available)
-            _write_label(self._fd, _label(model, need_bytes), self.path)
+            _write_label(self._fd, _label(model, need_bytes, self.served), self.path)
         self.model, self.need_bytes = model, need_bytes
+
+    def advertise(self, url: str, *, key_required: bool = False) -> None:
+        """Say in the claim where this holder serves its model (`ssdmoe serve`, once it
+        accepts requests), so the app on this machine can attach to it (`served_models`).
+        Whether a key is needed is said; the key never is."""
+        if self._fd is None:
+            raise SsdmoeError("model lock already released")
+        if not _server_url(url):
+            raise SsdmoeError(f"not a server URL to advertise: {url!r}")
+        served = Served(url, key_required)
+        with _Mutex(self.path.parent):
+            _write_label(self._fd, _label(self.model, self.need_bytes, served), self.path)
+        self.served = served
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -394,3 +437,15 @@ def acquire_model_lock(
             os.close(fd)
             raise
     return ModelLock(path, fd, model_desc, need_bytes)
+
+
+def served_models(folder: Path | None = None) -> list[LockHolder]:
+    """The live holders that serve their model over HTTP on this machine (their claim
+    carries a URL), oldest first; stale claims are removed on the way."""
+    folder = Path(folder) if folder is not None else lock_dir()
+    if not folder.is_dir():
+        return []
+    with _Mutex(folder):
+        held = live_holders(folder)
+    found = [h for _, h in held if h is not None and h.url]
+    return sorted(found, key=lambda h: h.since or 0.0)

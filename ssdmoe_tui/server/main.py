@@ -177,6 +177,7 @@ class Server:
             while not self._uvicorn.started and not task.done():
                 await asyncio.sleep(0.01)
             if self._uvicorn.started:
+                self._advertise(sock)
                 self.ready.set()
                 if on_ready is not None:
                     on_ready(self)
@@ -186,6 +187,19 @@ class Server:
             if self.state is not None:
                 await asyncio.to_thread(self.state.builder.records.close)
             await asyncio.to_thread(self.engine.shutdown)
+
+    def _advertise(self, sock: socket.socket) -> None:
+        """The model's claim says where it is served (models/lock.py), so the app on this
+        machine lists this server in F4 and can attach to it; a failure only costs that."""
+        advertise = getattr(self.engine.service, "advertise", None)
+        if advertise is None:
+            return
+        try:
+            advertise(local_url(sock), key_required=bool(self.options.api_key))
+        except Exception as e:  # noqa: BLE001 - serving works without being listed
+            from ssdmoe_tui.errors import user_message
+
+            self.engine.on_notice(f"not listed for the app on this machine: {user_message(e)}")
 
     def stop(self) -> None:
         """Thread-safe: stop serving (the current generation is cancelled)."""
@@ -237,6 +251,16 @@ def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}"
+
+
+def local_url(sock: socket.socket) -> str:
+    """The URL a client on this machine uses: a wildcard bind is reached on loopback."""
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def print_ready(url: str, model_id: str, api_key: bool) -> None:

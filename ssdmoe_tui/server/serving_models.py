@@ -41,6 +41,8 @@ class ServingModels:
                 "trained_k": info.trained_k,
                 "default_k": engine.default_k,
                 "num_experts": info.num_experts,
+                "moe_layers": info.num_layers,
+                "expert_bytes": info.expert_bytes,
             },
         }
 

@@ -35,9 +35,9 @@ from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
 from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
-from ssdmoe_tui.engine.run.protocol import EngineError
+from ssdmoe_tui.engine.run.protocol import EngineError, ModelInfo
 from ssdmoe_tui.errors import user_message
-from ssdmoe_tui.ui.actions import conversations, gen_settings, model
+from ssdmoe_tui.ui.actions import attach, conversations, gen_settings, model
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
 from ssdmoe_tui.ui.actions.theme import ThemeChoice
 from ssdmoe_tui.ui.commands import SsdmoeCommands
@@ -96,6 +96,24 @@ def in_app_words(error: EngineError) -> EngineError:
     if text.startswith("--model "):
         text = "model " + text[len("--model ") :]
     return replace(error, message=text) if text != error.message else error
+
+
+def loaded_notice(info: ModelInfo, k: int) -> str:
+    """The transcript's line for a model now in use: loaded here, or a server's."""
+    if info.server:
+        return (
+            f"Attached to the server at {info.server.removeprefix('http://')}: {info.name} "
+            f"({info.model_type}), {info.num_experts} experts, trained K {info.trained_k}, "
+            f"K {k} (sent with each request), {info.device} {info.dtype}. Its prompt cache "
+            "and expert cache are its own; this conversation is saved here as text."
+        )
+    source = " from the repacked copy" if info.expert_source == "repacked" else ""
+    slots = f", {info.slot_placement} slots" if info.slot_placement != "none" else ""
+    return (
+        f"Loaded {info.name} ({info.model_type}): {info.num_experts} experts in "
+        f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {k}, "
+        f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
+    )
 
 
 def while_mounted(handler: Callable) -> Callable:
@@ -204,31 +222,45 @@ class SsdmoeApp(App[int]):
         pane = self.chat_pane
         pane.prompt.focus()
         await pane.open_session(self.settings.resume)
-        if self.engine_factory is not None and not self.settings.model and not self.chat.history:
+        demo = not self.settings.model and not self.settings.attach
+        if self.engine_factory is not None and demo and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
             pane.transcript.show_top()  # its top first, at any size
-        if self.engine_factory is not None:
+        if self.settings.attach:  # `ssdmoe --attach URL`: a server's model, none of ours
+            attach.attach(self, self.settings.attach)
+        elif self.engine_factory is not None:
             # Draw first: building the engine imports MLX, mlx-lm and transformers
             # (seconds on a busy machine), so it happens off the UI thread, after mount.
             self.status_bar.phase = "starting the engine"
-            self.run_worker(self._start_engine(), group="engine-start", exit_on_error=False)
+            self.run_worker(
+                self.start_local_engine(self.settings.model),
+                group="engine-start",
+                exit_on_error=False,
+            )
 
-    async def _start_engine(self) -> None:
-        assert self.engine_factory is not None
+    async def start_local_engine(self, path: str) -> None:
+        """Build this app's own engine (off the UI thread) and open `path` on it."""
+        if self.engine_factory is None:
+            self.chat.use_engine(None, None)
+            self.status_bar.loading = ""
+            self.notify("This app has no engine of its own.", severity="error")
+            return
         self.chat.engine_starting = True
         try:
             engine = await asyncio.to_thread(self.engine_factory, self.feed)
             engine.start()
         except Exception as e:  # noqa: BLE001 - e.g. MLX missing: say so, keep the UI
             self.chat.engine_starting = False
+            self.chat.use_engine(None, None)
             self.status_bar.phase = "no engine"
             self.notify(f"the engine did not start: {user_message(e)}", severity="error")
             return
         if self._exit or not self.is_running:  # quit while it was being built
             await asyncio.to_thread(engine.shutdown, 5.0)
             return
-        self.chat.engine, self.chat.engine_starting = engine, False
-        model.open_model(self, self.settings.model, k=self.chat.gen.k)
+        self.chat.use_engine(engine, None)
+        self.chat.engine_starting = False
+        model.open_model(self, path, k=self.chat.gen.k)
 
     async def on_unmount(self) -> None:
         engine, self.chat.engine = self.chat.engine, None
@@ -344,13 +376,7 @@ class SsdmoeApp(App[int]):
         self.status_bar.loading = ""
         self.status_bar.k = loaded.k
         self.status_bar.info = info
-        source = " from the repacked copy" if info.expert_source == "repacked" else ""
-        slots = f", {info.slot_placement} slots" if info.slot_placement != "none" else ""
-        await self.chat_pane.transcript.add_notice(
-            f"Loaded {info.name} ({info.model_type}): {info.num_experts} experts in "
-            f"{info.num_layers} MoE layers, trained K {info.trained_k}, K {loaded.k}, "
-            f"{info.device} {info.dtype}, {info.reader} reader{source}{slots}."
-        )
+        await self.chat_pane.transcript.add_notice(loaded_notice(info, loaded.k))
         if self.chat_pane.welcome is not None and not self.chat.history:
             # The card's top says what the demo is: the notice must not scroll it away
             # (at 80x24 they do not both fit). Sending pins the transcript again.

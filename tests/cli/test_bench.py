@@ -340,3 +340,50 @@ def test_batch_reports_aggregate_per_stream_and_bytes_per_sequence(tiny, tmp_pat
     assert one["token_ids"][0] == res["configs"][0]["token_ids"]  # B=1 row 0: the bench prompt
     printed = capsys.readouterr().out
     assert "batched decode" in printed and "| 4 | 64K | 3 |" in printed
+
+
+def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny):
+    """Issue 24 item 5: the drive, file system, file-cache state before the run and the
+    thermal state are conditions; prefill, decode and total response time come apart."""
+    from ssdmoe_tui.bench.report import summary
+
+    _, res = bench_json
+    c = res["conditions"]
+    fs = c["storage"]["file_system"]
+    assert fs["type"] != "unknown" and str(tiny.resolve()).startswith(fs["mount_point"])
+    assert set(c["storage"]["drive"]) >= {"device", "model", "interface", "rotational"}
+    before = c["page_cache_before"]
+    assert before["method"] == "mincore" and before["files"] >= 1
+    assert 0.0 <= before["resident_share"] <= 1.0
+    for when in ("thermal_before", "thermal_after"):
+        assert c[when]["state"]  # "unknown" with a note where the OS tells nothing
+    for r in res["configs"]:
+        # warm mode read the shards once: the file cache holds them when each config starts
+        assert r["page_cache_resident_share"] == pytest.approx(1.0, abs=0.01)
+        assert 0 < r["first_token_s"] == pytest.approx(r["prefill_s"], abs=0.05)
+        assert r["response_s"] == pytest.approx(r["first_token_s"] + r["decode_s"], abs=0.05)
+    text = summary(res, wide=True)
+    assert f"| {fs['type']} on {fs['mount_point']} |" in text
+    assert "response time (prefill to the first token + decode = total)" in text
+
+
+def test_batch_check_follows_each_rows_trace_offset(tiny, tmp_path, capsys):
+    """Trace-driven `--batch-check`: each row is rerun alone from its own offset of the
+    trace (the position the batch gave it), so on CPU every row equals its batched run;
+    before, the rerun continued the trace where the batch had left it (0/B equal)."""
+    trace = tmp_path / "own.jsonl"
+    assert main(["generate", "--model", str(tiny), "--prompt", "one two three four five",
+                 "--raw", "--max-tokens", "12", "--trace", str(trace)]) == 0  # fmt: skip
+    out = tmp_path / "batch.json"
+    rc = main(
+        [
+            "bench", "--model", str(tiny), "--expert-cache", "64K", "--routing-trace",
+            str(trace), "--prompt-tokens", "16", "--decode-tokens", "8", "--disk-mib", "1",
+            "--baseline", "skip", "--no-warmup", "--batch", "1,2", "--batch-check",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    for r in json.loads(out.read_text())["batch"]:
+        assert r["rows_equal_alone"] == r["batch"] and r["token_mismatch_rate"] == 0
+    capsys.readouterr()

@@ -190,41 +190,14 @@ def test_serve_on_rank_0_and_a_killed_rank(checkpoints, tmp_path):
     openai client gets one process's greedy text, JSON and SSE), rank 1 follows. Then rank
     1 is killed (SIGKILL) while a reply streams: rank 0, blocked in a collective, ends the
     launch with one line naming rank 1, well within the heartbeat timeout."""
-    import shlex
-
     import openai
 
     from tests.server.test_server import HELLO, generate_json
 
     path = checkpoints("qwen3_moe")
     want = generate_json(path, HELLO[0]["content"], max_tokens=12)
-    port = _free_port()
-    serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
-    serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
-    pids = shlex.quote(str(tmp_path))
-    cmd = ["/bin/sh", "-c", f"echo $$ > {pids}/rank$MLX_RANK.pid; exec {shlex.join(serve)}"]
-    p = subprocess.Popen(
-        _launch_cmd(cmd, avoid=(port,)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "SSDMOE_DIST_TIMEOUT": "30"},
-        start_new_session=True,
-    )
+    p, client, model = _start_serve(path, tmp_path, {"SSDMOE_DIST_TIMEOUT": "30"})
     try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
-        )
-        end = time.monotonic() + 60
-        model = None
-        while model is None and time.monotonic() < end and p.poll() is None:
-            try:
-                model = client.models.list().data[0].id
-            except openai.APIConnectionError:
-                time.sleep(0.2)
-        if model is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            pytest.fail(f"the server on rank 0 did not come up:\n{p.communicate()[1][-3000:]}")
         r = client.chat.completions.create(
             model=model, messages=HELLO, max_tokens=12, temperature=0
         )

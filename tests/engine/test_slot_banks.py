@@ -53,3 +53,23 @@ def test_bad_bank_size_is_one_line(checkpoints, monkeypatch) -> None:
     monkeypatch.setenv(BANK_BYTES_ENV, "lots")
     with pytest.raises(ModelError, match=BANK_BYTES_ENV):
         load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+
+
+def test_auto_budget_counts_every_expert_in_slots_so_layers_freeze(checkpoints) -> None:
+    """`auto` capped at "every expert" counts slots, not file bytes: float32-widened
+    scales make a slot larger than its expert on disk, and a budget of the file bytes
+    held ~99 % of the experts, so no layer ever froze and every layer kept its host sync."""
+    from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
+    from ssdmoe_tui.engine.model.loader import load_streamed
+    from ssdmoe_tui.engine.run.runner import Runner
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="auto")
+    index = sm.index
+    assert slot_memory_bytes(index, mx.float32) > index.expert_bytes  # widened here
+    assert sm.cache.holds_everything
+    runner = Runner(sm)
+    runner.generate(list(range(3, 19)), max_tokens=4)
+    assert sm.cache.all_frozen
+    synced = sm.times.router_sync_s
+    runner.generate(list(range(3, 19)), max_tokens=4)
+    assert sm.times.router_sync_s == synced  # a later turn: no layer syncs

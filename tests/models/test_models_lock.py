@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.models.lock import (
     ModelLockedError,
     acquire_model_lock,
     live_holders,
     lock_dir,
     read_holder,
+    served_models,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,3 +242,50 @@ def test_ssdmoe_generate_loads_beside_a_holder_only_when_it_fits(demo_model) -> 
         assert f"held by pid {proc.pid} (/models/held)" in line, line
     finally:
         _end(proc)
+
+
+SERVING_HOLDER = textwrap.dedent(
+    """
+    import sys
+    from ssdmoe_tui.models.lock import acquire_model_lock
+    lock = acquire_model_lock(sys.argv[1], need_bytes=1)
+    lock.advertise(sys.argv[2], key_required=True)
+    print("locked", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_a_serving_holder_advertises_its_url_and_goes_with_its_process(tmp_path) -> None:
+    """Issue 22 item 8: `ssdmoe serve` puts its URL in its claim (and whether it wants a
+    key, never the key); `served_models` lists it while it lives, and a relabel keeps it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVING_HOLDER, "/models/served", "http://127.0.0.1:8123"],
+        cwd=ROOT,
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        (served,) = served_models()
+        assert served.url == "http://127.0.0.1:8123" and served.key_required
+        assert served.pid == proc.pid and served.model == "/models/served"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert served_models() == []  # killed: its claim is stale, and removed
+    with acquire_model_lock("plain", need_bytes=1, folder=tmp_path) as lock:
+        assert served_models(tmp_path) == []  # a holder that serves nothing is not listed
+        with pytest.raises(SsdmoeError, match="not a server URL"):
+            lock.advertise("http://127.0.0.1:8123/v1; rm -rf /")
+        lock.advertise("http://[::1]:9000")
+        lock.relabel("other", 2, available=lambda: 100)
+        holder = read_holder(lock.path)
+        assert holder.url == "http://[::1]:9000" and not holder.key_required
+        assert holder.model == "other"
+    # A label with an odd URL (a damaged or foreign file) advertises nothing.
+    odd = tmp_path / "odd.lock"
+    odd.write_text('{"pid": 1, "model": "m", "url": "file:///etc/passwd"}')
+    assert read_holder(odd).url == ""

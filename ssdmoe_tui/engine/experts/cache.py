@@ -661,10 +661,22 @@ def available_memory_bytes() -> int:
         return 8 << 30
 
 
-def auto_budget(index: ExpertIndex, resident_bytes: int, min_bytes: int, sharers: int = 1) -> int:
+def auto_budget(
+    index: ExpertIndex,
+    resident_bytes: int,
+    min_bytes: int,
+    sharers: int = 1,
+    slot_bytes: int | None = None,
+) -> int:
     """The one `auto` rule: half of what is left after the resident weights (the rest is
     the page cache's), split over `sharers` processes on this machine (the ranks of a
-    distributed launch), never below `min_bytes` nor above every expert."""
+    distributed launch), never below `min_bytes` nor above every expert.
+
+    `slot_bytes`: one expert's memory in the cache (`slot_memory_bytes`; default its bytes
+    on disk). "Every expert" is counted in slots: counted in file bytes, a model whose
+    slots widen their scales (float32 activations) got 99 % of its experts, so no layer
+    ever froze and every layer kept its host sync."""
     avail = available_memory_bytes() - resident_bytes
-    all_experts = index.expert_bytes * index.num_experts * index.num_layers
+    per_expert = index.expert_bytes if slot_bytes is None else max(slot_bytes, 1)
+    all_experts = per_expert * index.num_experts * index.num_layers
     return int(min(all_experts, max(min_bytes, avail // (2 * max(1, sharers)))))

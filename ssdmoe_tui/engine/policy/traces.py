@@ -75,6 +75,19 @@ class Trace:
     def decode_steps(self) -> int:
         return sum(1 for s in self.steps if s.phase == DECODE)
 
+    def head(self, decode_steps: int) -> Trace:
+        """The trace up to its first `decode_steps` decode steps (prefill kept): the
+        same recording, shorter, to see what more history buys a policy."""
+        out: list[TraceStep] = []
+        seen = 0
+        for s in self.steps:
+            if s.phase == DECODE:
+                if seen >= decode_steps:
+                    break
+                seen += 1
+            out.append(s)
+        return Trace(self.meta, out)
+
 
 # --------------------------------------------------------------------------- writer
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError, user_message
-from ssdmoe_tui.options import SamplingOptions, check_k
+from ssdmoe_tui.options import check_k
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.run.batch import SeqSpec
@@ -97,17 +97,7 @@ class BatchLoop:
         svc, runner = self.svc, self.runner
         rid = cmd.request_id
         try:
-            sampling = SamplingOptions(
-                max_tokens=cmd.max_tokens,
-                temp=cmd.temp,
-                top_p=cmd.top_p,
-                seed=cmd.seed,
-                top_k=cmd.top_k,
-                min_p=cmd.min_p,
-                repetition_penalty=cmd.repetition_penalty,
-                presence_penalty=cmd.presence_penalty,
-                frequency_penalty=cmd.frequency_penalty,
-            )
+            sampling = cmd.sampling()
             if not cmd.prompt_tokens:
                 raise BadValueError("empty prompt")
             prompt = list(cmd.prompt_tokens)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ssdmoe_tui.options import SamplingOptions
+
 Phase = Literal["idle", "loading", "indexing", "prefill", "decoding", "saving"]
 
 
@@ -55,6 +57,21 @@ class Generate:
     repetition_penalty: float | None = None  # None: off (mlx-lm's logits processors)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+
+    def sampling(self) -> SamplingOptions:
+        """This request's sampling settings, checked once (`options.SamplingOptions` raises
+        `BadValueError` naming the value): the single and the batched path both use it."""
+        return SamplingOptions(
+            max_tokens=self.max_tokens,
+            temp=self.temp,
+            top_p=self.top_p,
+            seed=self.seed,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,9 @@ class ModelInfo:
     expert_source: str = "shards"  # or "repacked" (`ssdmoe repack`'s aligned copy)
     expert_source_note: str = ""  # why a repacked copy present was not used
     slot_placement: str = "none"  # MLX-CUDA only: "host" or "managed"
+    # The URL of the `ssdmoe serve` that holds the model, for a client attached to one
+    # (chat/remote.py); "" when this process's engine holds it.
+    server: str = ""
 
 
 @dataclass(frozen=True)

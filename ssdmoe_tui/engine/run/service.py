@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,21 @@ def _wait_os_thread_gone(thread: threading.Thread, timeout: float) -> None:
             time.sleep(0.001)
     else:
         time.sleep(0.05)
+
+
+def _release_thread_streams() -> None:
+    """Destroy the MLX streams this thread made, while the runtime is whole: MLX asks
+    every thread that used it to call `clear_streams()` before it ends (ml-explore/mlx
+    #3395, #4327); left to the thread-local destructors, the cleanup can run during
+    interpreter teardown and abort ("terminate called without an active exception")."""
+    mx = sys.modules.get("mlx.core")  # a thread that never loaded MLX has none to clear
+    clear = getattr(mx, "clear_streams", None) if mx is not None else None  # MLX >= 0.31
+    if clear is not None:
+        try:
+            mx.synchronize()
+            clear()
+        except Exception:  # noqa: BLE001 - the thread ends either way
+            pass
 
 
 @dataclass
@@ -213,6 +229,12 @@ class EngineService:
         self._emit(P.Notice(message))
 
     def _main(self) -> None:
+        try:
+            self._serve_commands()
+        finally:
+            _release_thread_streams()
+
+    def _serve_commands(self) -> None:
         if self._hooks_source is not None and not isinstance(self._hooks_source, KVHooks):
             try:
                 self.kv_hooks = self._hooks_source(self._notice)
@@ -316,6 +338,16 @@ class EngineService:
                 f.error,
             )
         )
+
+    def advertise(self, url: str, *, key_required: bool = False) -> bool:
+        """Put the URL this model is served on in its machine-wide claim (models/lock.py),
+        so another ssdmoe on this machine can attach instead of loading its own copy.
+        False when this service holds no claim (no model, or the lock is off)."""
+        lock = self._lock
+        if lock is None:
+            return False
+        lock.advertise(url, key_required=key_required)
+        return True
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -461,7 +493,7 @@ class EngineService:
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
-        sampling = _sampling_options(cmd)
+        sampling = cmd.sampling()
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
         prompt = list(cmd.prompt_tokens)
@@ -650,21 +682,6 @@ class EngineService:
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )
-
-
-def _sampling_options(cmd: P.Generate) -> SamplingOptions:
-    """The request's sampling settings, checked once (`options.SamplingOptions`)."""
-    return SamplingOptions(
-        max_tokens=cmd.max_tokens,
-        temp=cmd.temp,
-        top_p=cmd.top_p,
-        seed=cmd.seed,
-        top_k=cmd.top_k,
-        min_p=cmd.min_p,
-        repetition_penalty=cmd.repetition_penalty,
-        presence_penalty=cmd.presence_penalty,
-        frequency_penalty=cmd.frequency_penalty,
-    )
 
 
 def _samplers(sampling: SamplingOptions) -> tuple[Callable, list]:

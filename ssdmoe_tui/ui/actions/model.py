@@ -15,8 +15,9 @@ from typing import Any
 from ssdmoe_tui.chat.controller import Refused
 from ssdmoe_tui.chat.progress import LoadProgress
 from ssdmoe_tui.config import config_path
+from ssdmoe_tui.ui.actions import attach
 from ssdmoe_tui.ui.screens.dialogs import AskScreen
-from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen
+from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen, served_url
 
 
 def request_k(app: Any, k: int) -> None:
@@ -105,7 +106,11 @@ def ask_expert_cache(app: Any) -> None:
 
 def open_model(app: Any, path: str, k: int | None = None) -> None:
     """Load (or switch to) a model; progress and errors arrive as events. The loaded
-    model stays loaded if this one fails."""
+    model stays loaded if this one fails. Attached to a server, this app's own engine
+    is built again first."""
+    if app.chat.remote:
+        attach.detach(app, path)
+        return
     try:
         app.chat.open_model(path, k)
     except Refused as e:
@@ -127,7 +132,13 @@ def choose_model(app: Any) -> None:
         if path is None:
             return
         loaded = app.chat.model
-        if path == OTHER:
+        server = served_url(path)
+        if server is not None:
+            if loaded is not None and loaded.server == server.url:
+                app.notify(f"Already attached to {server.url}.", markup=False)
+            else:
+                attach.attach(app, server.url, key_required=server.key_required)
+        elif path == OTHER:
             ask_model(app)
         elif loaded is not None and path and Path(path) == Path(loaded.path):
             app.notify(f"{loaded.name} is already loaded.", markup=False)
@@ -135,7 +146,8 @@ def choose_model(app: Any) -> None:
             open_model(app, path)
 
     # The loaded model's own folder is listed even when no scanned folder holds it.
-    app.push_screen(ModelsScreen(current, [info.path] if info else []), chosen)
+    extra = [info.path] if info and not info.server else []
+    app.push_screen(ModelsScreen(current, extra), chosen)
 
 
 def ask_model(app: Any) -> None:

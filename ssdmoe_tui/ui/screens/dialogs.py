@@ -44,8 +44,17 @@ class AskScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="ask.cancel")]
 
-    def __init__(self, title: str, value: str = "", placeholder: str = "", hint: str = "") -> None:
+    def __init__(
+        self,
+        title: str,
+        value: str = "",
+        placeholder: str = "",
+        hint: str = "",
+        *,
+        password: bool = False,
+    ) -> None:
         super().__init__(classes="dialog-screen")
+        self.password = password  # a secret: shown as dots
         self.title_text = title
         self.value = value
         self.placeholder = placeholder
@@ -54,7 +63,9 @@ class AskScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
-            yield Input(self.value, placeholder=self.placeholder, id="ask-input")
+            yield Input(
+                self.value, placeholder=self.placeholder, password=self.password, id="ask-input"
+            )
             if self.hint:
                 yield Label(self.hint, classes="dialog-hint")
 

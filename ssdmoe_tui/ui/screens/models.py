@@ -1,7 +1,9 @@
 """F4: the model picker. Lists `scan_models()` (hub cache, SSDMOE_MODEL_DIRS, the demo
 model) with what matters for streaming; unsupported checkpoints are shown, disabled,
 with the reason. Choosing one returns its path: the app sends LoadModel, and the
-engine unloads the current model first (progress in the engine panel).
+engine unloads the current model first (progress in the engine panel). A running
+`ssdmoe serve` on this machine is listed first ("server on 127.0.0.1:8080 (MODEL)", from
+its lock claim, models/lock.served_models): choosing it attaches the app to it.
 
 Only safetensors *headers* are read (ssdmoe_tui.models.scan, no safetensors import),
 in a worker thread so a large hub cache never freezes the screen.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.text import Text
 from textual import on, work
@@ -23,6 +26,7 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.models.lock import LockHolder, Served, served_models
 from ssdmoe_tui.models.scan import ModelEntry, scan_models
 from ssdmoe_tui.paths import demo_model_dir
 from ssdmoe_tui.ui.fmt import fmt_bytes
@@ -30,6 +34,34 @@ from ssdmoe_tui.ui.messages import AskModelPath
 
 OTHER = "__other__"  # option id: type a path or repo id
 DEMO = "__demo__"  # option id: the built-in demo model, not written yet
+SERVER, SERVER_WITH_KEY = "server:", "server+key:"  # option ids: a running `ssdmoe serve`
+
+
+def served_url(option_id: str) -> Served | None:
+    """The server an option id names (None: a model folder, the demo, Other)."""
+    for prefix, key in ((SERVER, False), (SERVER_WITH_KEY, True)):
+        if option_id.startswith(prefix):
+            return Served(option_id[len(prefix) :], key)
+    return None
+
+
+def server_title(holder: LockHolder) -> str:
+    """ "server on 127.0.0.1:8080 (Qwen3-30B-A3B-4bit)": where, and its model's folder name."""
+    name = Path(holder.model).name if holder.model else "a model"
+    return f"server on {holder.url.removeprefix('http://')} ({name})"
+
+
+def server_id(holder: LockHolder) -> str:
+    return (SERVER_WITH_KEY if holder.key_required else SERVER) + holder.url
+
+
+def list_all(extra_dirs: Sequence[str]) -> tuple[list[ModelEntry], list[LockHolder]]:
+    """The models on this machine and the servers running here (their lock claims)."""
+    try:
+        servers = served_models()
+    except Exception:  # noqa: BLE001 - a lock folder we cannot read lists no server
+        servers = []
+    return scan_models(extra_dirs), servers
 
 
 def _real(path: str) -> str:
@@ -57,9 +89,11 @@ class ModelsScreen(ModalScreen[str | None]):
 
     def __init__(self, current_path: str | None = None, extra_dirs: Sequence[str] = ()) -> None:
         super().__init__(classes="dialog-screen")
+        self.attached = current_path or ""  # a server's URL, when the app is attached
         self.current = _real(current_path or "")
         self.extra_dirs = tuple(extra_dirs)
         self.entries: list[ModelEntry] | None = None  # None while scanning
+        self.servers: list[LockHolder] = []
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="models"):
@@ -86,10 +120,11 @@ class ModelsScreen(ModalScreen[str | None]):
     async def action_rescan(self) -> None:
         self.entries = None
         try:
-            entries = await asyncio.to_thread(scan_models, self.extra_dirs)
+            entries, servers = await asyncio.to_thread(list_all, self.extra_dirs)
         except Exception as e:  # noqa: BLE001 - an odd cache must not break the picker
             self.app.notify(f"model scan: {user_message(e)}", severity="error", markup=False)
-            entries = []
+            entries, servers = [], []
+        self.servers = servers
         self._show(entries)
 
     def _show(self, entries: list[ModelEntry]) -> None:
@@ -102,6 +137,16 @@ class ModelsScreen(ModalScreen[str | None]):
             options.add_option(option)
 
         highlight: int | None = None
+        for holder in self.servers:
+            text = Text(server_title(holder), style="bold")
+            if holder.url == self.attached:
+                highlight = options.option_count
+                text.append("  (attached)", style="italic")
+            key = " · API key" if holder.key_required else ""
+            text.append(
+                f"\npid {holder.pid} · chat through its API, sharing its model{key}", style="dim"
+            )
+            add(Option(text, id=server_id(holder)))
         demo = _real(str(demo_model_dir()))
         has_demo = False
         for entry in entries:

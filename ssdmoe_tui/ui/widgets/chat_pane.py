@@ -23,6 +23,7 @@ from ssdmoe_tui.chat.attachments import (
     with_attachments,
 )
 from ssdmoe_tui.chat.controller import ChatController, Refused
+from ssdmoe_tui.chat.remote import ChatTurn
 from ssdmoe_tui.chat.replies import ShownTurn
 from ssdmoe_tui.engine.run.protocol import EngineError, Generate, GenerationDone, Tokens
 from ssdmoe_tui.errors import user_message
@@ -159,7 +160,7 @@ class ChatPane(Vertical):
         self.prompt.focus()
         self.notify("Editing the last prompt: Enter resends it, Esc cancels.")
 
-    async def _start_reply(self, request: Generate) -> None:
+    async def _start_reply(self, request: Generate | ChatTurn) -> None:
         assert self.chat.model is not None
         self.current = await self.transcript.add_assistant(
             request.request_id, self.chat.model.name, self.chat.thinking_inside
