@@ -7,6 +7,9 @@ live writer's file (its pid runs) from an orphan, and start-up removes the orpha
 A full disk is reported as `DiskFullError` ("disk full: ... needs N bytes"), and the
 temp file is removed, so the previous file stays as it was.
 
+`atomic_folder` does the same for a whole folder (a checkpoint): built as
+`.<target>.p<pid>.partial` beside it, renamed when complete.
+
 Every file written here is 0600 and every folder it creates 0700: what goes through it
 (conversations, KV checkpoints, the server's prompt history, exports, indexes, the
 config) is derived from a user's prompts or private to them, whatever the umask.
@@ -14,12 +17,13 @@ config) is derived from a user's prompts or private to them, whatever the umask.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ssdmoe_tui.errors import SsdmoeError
@@ -246,3 +250,56 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(Path(path), text.encode("utf-8"))
+
+
+def _partial_name(target: Path, pid: int) -> str:
+    return f".{target.name}.p{pid}.partial"
+
+
+def sweep_partial_folders(target: Path) -> list[Path]:
+    """Remove the half-written folders killed writers of `target` left beside it
+    (`.<name>.p<pid>.partial` whose pid no longer runs); a live writer's stays."""
+    target = Path(target)
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.p(\d{{1,10}})\.partial$")
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        import shutil
+
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_folder(target: Path, *, replace: bool = False) -> Iterator[Path]:
+    """Build a folder under a temporary name beside `target` and rename it to `target`
+    once the block succeeds: a crash or an error leaves no half-made `target` (the
+    next writer sweeps a killed one's `.partial`). `replace`: an existing `target` is
+    removed just before the rename (the caller decided it may be); otherwise an
+    existing `target` is an error before anything is written."""
+    import shutil
+
+    target = Path(target)
+    if target.exists() and not replace:
+        raise FileExistsError(errno.EEXIST, "already exists", str(target))
+    private_dirs(target.parent)
+    sweep_partial_folders(target)
+    tmp = target.with_name(_partial_name(target, os.getpid()))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(DIR_MODE)
+    try:
+        yield tmp
+        if replace:
+            shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

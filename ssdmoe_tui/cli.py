@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "index",
     "repack",
     "demo_model",
+    "requant",
     "models",
     "bench",
     "eval",
@@ -68,6 +69,26 @@ def build_parser() -> argparse.ArgumentParser:
 NEEDS_MLX = {"generate", "serve", "bench", "eval"}
 
 
+_exit_hook: list[bool] = []
+
+
+def _clear_streams_at_exit() -> None:
+    """These commands run MLX on the main thread: its streams are destroyed at exit while
+    the runtime is whole (`mx.clear_streams()`, which MLX asks of every thread that used
+    it), not by thread-local destructors during the interpreter's teardown. Once per
+    process (tests call `main` many times)."""
+    if _exit_hook:
+        return
+    import atexit
+
+    import mlx.core as mx
+
+    clear = getattr(mx, "clear_streams", None)  # MLX >= 0.31
+    if clear is not None:
+        atexit.register(clear)
+        _exit_hook.append(True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
 
@@ -80,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "command", None) in NEEDS_MLX:
             import mlx.core  # noqa: F401 - first: no work before the one line saying it is missing
+
+            _clear_streams_at_exit()
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

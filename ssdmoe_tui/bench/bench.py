@@ -77,6 +77,7 @@ class BenchOptions:
     quality_tokens: int = 512
     batch: list[int] = field(default_factory=list)  # also B sequences together (bench/batch.py)
     batch_check: bool = False  # with batch: run each row alone again and compare tokens
+    fit: Path | None = None  # also B, a lower-bit copy, resident in mlx-lm (bench/fit.py)
 
     def __post_init__(self) -> None:
         # Programmatic callers get the checks the CLI's argument types make.
@@ -544,11 +545,13 @@ def run_bench(
     opts: BenchOptions,
     log: Log = lambda _: None,
     on_partial: Callable[[dict], None] = lambda _: None,
+    after: Callable[[_BenchSetup, dict], None] | None = None,
 ) -> dict:
     """Run every measurement; returns the JSON-ready result.
 
     `on_partial` gets the result so far after each measurement, so a run cut short
-    (a time limit, an out-of-memory kill) still leaves what it measured.
+    (a time limit, an out-of-memory kill) still leaves what it measured. `after` adds
+    a measurement of its own once the rest is done (`bench --fit`: bench/fit.py).
     """
     from ssdmoe_tui.engine.run import runner as _runner  # noqa: F401 - imported before the digest
 
@@ -591,6 +594,9 @@ def run_bench(
     }
     if "configs" in result:
         _derive(result, base["by_k"], s.index)
+    if after is not None:
+        on_partial(result)
+        after(s, result)
     conditions["thermal_after"] = thermal.thermal_state()
     result["complete"] = True
     return result
@@ -639,7 +645,8 @@ def _bench_setup(opts: BenchOptions) -> _BenchSetup:
     from ssdmoe_tui.checkpoint.arch import trained_k as config_trained_k
 
     trained_k = min(max(config_trained_k(config), 1), index.num_experts)
-    ks = opts.ks or default_ks(trained_k, index.num_experts)
+    # --fit compares at the trained K unless told otherwise (bench/fit.py).
+    ks = opts.ks or ([trained_k] if opts.fit else default_ks(trained_k, index.num_experts))
     routing_label = "model"
     if eng.routing_trace:
         from ssdmoe_tui.engine.policy.trace_routing import check_trace_k
@@ -711,6 +718,7 @@ def _bench_conditions(opts: BenchOptions, s: _BenchSetup) -> dict:
         "routing": s.routing_label,
         "policy": eng.policy,
         "prefill_step": eng.prefill_step,
+        "fit": str(opts.fit) if opts.fit is not None else None,
         "memory": s.mem.as_dict(),
         "storage": storage.storage_conditions(s.path),
         "thermal_before": thermal.thermal_state(),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ssdmoe_tui.errors import BadValueError
@@ -44,6 +45,81 @@ def text_tokens(tokenizer, path: Path, max_tokens: int) -> list[int]:
     return ids
 
 
+@dataclass
+class _Scored:
+    """One model under teacher forcing: `forward(x, cache)` gives its logits; `meter`
+    (the engine's routing-mass meter) is read after each chunk when set."""
+
+    key: object
+    forward: Callable
+    cache: list
+    meter: object = None
+    sums: dict = field(
+        default_factory=lambda: {
+            "nll": 0.0,
+            "agree": 0,
+            "kl": 0.0,
+            "mass": 0.0,
+            "mass_min": math.inf,
+        }
+    )
+
+
+def _teacher_force(
+    scored: list[_Scored], tokens: list[int], chunk: int, log: Callable[[str], None]
+) -> int:
+    """Every model over the same chunks, each with its own KV cache; the first is the
+    reference of agreement and KL. Only one chunk of logits per model is alive at a time.
+    Returns the number of positions scored."""
+    import mlx.core as mx
+
+    if chunk < 1:
+        raise BadValueError(f"--chunk must be >= 1, got {chunk}")
+    inputs, targets = tokens[:-1], tokens[1:]
+    n = len(inputs)
+    for start in range(0, n, chunk):
+        x = mx.array(inputs[start : start + chunk], dtype=mx.uint32)[None]
+        y = mx.array(targets[start : start + chunk], dtype=mx.uint32)
+        ref_lp = ref_arg = None
+        for m in scored:
+            if m.meter is not None:
+                m.meter.clear()
+            logits = m.forward(x, m.cache)[0].astype(mx.float32)
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            nll = -mx.take_along_axis(lp, y[:, None], axis=-1).sum()
+            arg = mx.argmax(lp, axis=-1)
+            mass = m.meter.take() if m.meter is not None else None
+            if ref_lp is None:
+                ref_lp, ref_arg = lp, arg
+                agree, kl = mx.array(y.size), mx.array(0.0)
+            else:
+                agree = (arg == ref_arg).sum()
+                kl = (mx.exp(ref_lp) * (ref_lp - lp)).sum()
+            out = [nll, agree, kl] + ([mass.sum(), mass.min()] if mass is not None else [])
+            mx.eval(out, [c.state for c in m.cache])
+            s = m.sums
+            s["nll"] += out[0].item()
+            s["agree"] += int(out[1].item())
+            s["kl"] += out[2].item()
+            if mass is not None:
+                s["mass"] += out[3].item()
+                s["mass_min"] = min(s["mass_min"], out[4].item())
+        mx.clear_cache()
+        log(f"  {min(start + chunk, n)}/{n} positions")
+    return n
+
+
+def _scores(s: dict, n: int) -> dict:
+    """Perplexity, agreement with and KL from the reference, of one model's sums."""
+    return {
+        "positions": n,
+        "perplexity": round(math.exp(s["nll"] / n), 4),
+        "mean_nll": round(s["nll"] / n, 5),
+        "agreement": round(s["agree"] / n, 4),
+        "kl": round(max(s["kl"], 0.0) / n, 6),
+    }
+
+
 def measure_quality(
     sm,
     tokens: list[int],
@@ -52,7 +128,6 @@ def measure_quality(
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[int, dict]:
     """{K: scores} for the trained K and every K in `ks` (see the module docstring)."""
-    import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     trained = sm.trained_k
@@ -60,68 +135,77 @@ def measure_quality(
     for k in order:
         if not 1 <= k <= sm.index.num_experts:
             raise BadValueError(f"K={k} is outside 1..{sm.index.num_experts}")
-    if chunk < 1:
-        raise BadValueError(f"--chunk must be >= 1, got {chunk}")
     meter = sm.measure_routing_mass()
-    caches = {k: make_prompt_cache(sm.model) for k in order}
-    sums = {
-        k: {"nll": 0.0, "agree": 0, "kl": 0.0, "mass": 0.0, "mass_min": math.inf} for k in order
-    }
-    inputs, targets = tokens[:-1], tokens[1:]
-    n = len(inputs)
+
+    def at_k(k: int) -> Callable:
+        def forward(x, cache):
+            sm.set_k(k)
+            return sm.model(x, cache=cache)
+
+        return forward
+
+    scored = [_Scored(k, at_k(k), make_prompt_cache(sm.model), meter) for k in order]
     previous_all_tokens = meter.all_tokens if meter else False
     if meter is not None:
         meter.all_tokens = True
     try:
-        for start in range(0, n, chunk):
-            x = mx.array(inputs[start : start + chunk], dtype=mx.uint32)[None]
-            y = mx.array(targets[start : start + chunk], dtype=mx.uint32)
-            ref_lp = ref_arg = None
-            for k in order:
-                sm.set_k(k)
-                if meter is not None:
-                    meter.clear()
-                logits = sm.model(x, cache=caches[k])[0].astype(mx.float32)
-                lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-                nll = -mx.take_along_axis(lp, y[:, None], axis=-1).sum()
-                arg = mx.argmax(lp, axis=-1)
-                mass = meter.take() if meter is not None else None
-                if ref_lp is None:
-                    ref_lp, ref_arg = lp, arg
-                    agree, kl = mx.array(y.size), mx.array(0.0)
-                else:
-                    agree = (arg == ref_arg).sum()
-                    kl = (mx.exp(ref_lp) * (ref_lp - lp)).sum()
-                out = [nll, agree, kl] + ([mass.sum(), mass.min()] if mass is not None else [])
-                mx.eval(out, [c.state for c in caches[k]])
-                s = sums[k]
-                s["nll"] += out[0].item()
-                s["agree"] += int(out[1].item())
-                s["kl"] += out[2].item()
-                if mass is not None:
-                    s["mass"] += out[3].item()
-                    s["mass_min"] = min(s["mass_min"], out[4].item())
-            mx.clear_cache()
-            log(f"  {min(start + chunk, n)}/{n} positions")
+        n = _teacher_force(scored, tokens, chunk, log)
     finally:
         if meter is not None:
             meter.all_tokens = previous_all_tokens
             meter.clear()
         sm.set_k(trained)
     result: dict[int, dict] = {}
-    for k in order:
-        s = sums[k]
-        result[k] = {
-            "k": k,
+    for m in scored:
+        q = _scores(m.sums, n)
+        result[m.key] = {
+            "k": m.key,
             "positions": n,
-            "perplexity": round(math.exp(s["nll"] / n), 4),
-            "mean_nll": round(s["nll"] / n, 5),
-            "agreement_with_trained_k": round(s["agree"] / n, 4),
-            "kl_from_trained_k": round(max(s["kl"], 0.0) / n, 6),
-            "routing_mass": round(s["mass"] / n, 4) if meter is not None else None,
-            "routing_mass_min": round(s["mass_min"], 4) if meter is not None else None,
+            "perplexity": q["perplexity"],
+            "mean_nll": q["mean_nll"],
+            "agreement_with_trained_k": q["agreement"],
+            "kl_from_trained_k": q["kl"],
+            "routing_mass": round(m.sums["mass"] / n, 4) if meter is not None else None,
+            "routing_mass_min": round(m.sums["mass_min"], 4) if meter is not None else None,
         }
     return result
+
+
+def measure_against(
+    sm,
+    k: int,
+    other,
+    tokens: list[int],
+    chunk: int = 128,
+    log: Callable[[str], None] = lambda _: None,
+) -> dict:
+    """The streamed model at K (the reference) and `other`, a resident mlx-lm model of
+    the same architecture (a lower-bit copy), on the same text: each one's perplexity,
+    and the other's agreement with and KL from the streamed one's next tokens."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def streamed(x, cache):
+        sm.set_k(k)
+        return sm.model(x, cache=cache)
+
+    ref = _Scored("streamed", streamed, make_prompt_cache(sm.model))
+    alt = _Scored("resident", lambda x, cache: other(x, cache=cache), make_prompt_cache(other))
+    try:
+        n = _teacher_force([ref, alt], tokens, chunk, log)
+    finally:
+        sm.set_k(sm.trained_k)
+    a, b = _scores(ref.sums, n), _scores(alt.sums, n)
+    return {
+        "k": k,
+        "positions": n,
+        "streamed": {"perplexity": a["perplexity"], "mean_nll": a["mean_nll"]},
+        "resident": {
+            "perplexity": b["perplexity"],
+            "mean_nll": b["mean_nll"],
+            "agreement_with_streamed": b["agreement"],
+            "kl_from_streamed": b["kl"],
+        },
+    }
 
 
 def quality_table(by_k: dict, trained_k: int) -> str:

@@ -279,6 +279,10 @@ def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
             + "\n"
             + quality_legend(trained, WIDTH if not (markdown or wide) else 10_000)
         )
+    if result.get("fit"):
+        from ssdmoe_tui.bench.fit import fit_table
+
+        text += sep * 2 + fit_table(result["fit"], markdown)
     return text
 
 

@@ -27,6 +27,7 @@ from ssdmoe_tui.engine.run.protocol import (
     ModelInfo,
     SetExpertCache,
     SetK,
+    WarmExperts,
 )
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.options import CacheBudget, check_k
@@ -87,6 +88,10 @@ class SessionStore(Protocol):
         """Keep the first `keep` stored turns; the rest stays reachable as replaced."""
         ...
 
+    def working_set(self, session_id: str, info: ModelInfo) -> Any:
+        """The experts to warm on resume: `.working_set` (None: none) and `.warning`."""
+        ...
+
 
 @dataclass(frozen=True)
 class Loaded:
@@ -125,6 +130,7 @@ class ChatController:
     gen: GenSettings = field(init=False)  # the open conversation's generation settings
     thinking_inside: bool = False  # the reply in flight starts in an open <think> block
     engine_starting: bool = False  # the app builds the engine (after its first frame)
+    _warm_for: str | None = None  # a resumed conversation whose experts are not warmed yet
 
     def __post_init__(self) -> None:
         self.gen = self.defaults()
@@ -213,6 +219,7 @@ class ChatController:
         if self._pending_cache is not None:
             self.settings.expert_cache = self._pending_cache  # stored once it worked
             self._pending_cache = None
+        self.warm()
         wanted, self._wanted_k = self._wanted_k, None
         if wanted is None or wanted == info.k:
             return Loaded(info.k)
@@ -405,7 +412,30 @@ class ChatController:
         chat = [t for t in turns if t.role in ("user", "assistant")]
         self.history = [Message(t.role, t.content) for t in chat]  # type: ignore[arg-type]
         self.gen = GenSettings.from_saved(saved, self.defaults())
+        self._warm_for = session_id if resume is not None else None
+        self.warm()
         return turns
+
+    def warm(self) -> None:
+        """Warm resume: once a resumed conversation and a loaded model are both here, ask
+        the engine to read the conversation's saved expert working set back in the
+        background (its first reply then starts on a warm cache). Once per opening."""
+        conv_id = self._warm_for
+        find = getattr(self.sessions, "working_set", None)  # a store may keep none
+        if conv_id is None or conv_id != self.session_id or find is None:
+            return
+        if self.engine is None or self.model is None or self.loading is not None:
+            return  # model_loaded calls again
+        self._warm_for = None
+        try:
+            got = find(conv_id, self.model)
+        except Exception as e:  # noqa: BLE001 - a colder resume, nothing worse
+            self._warn(f"expert working set not read: {user_message(e)}")
+            return
+        if got.warning:
+            self._warn(got.warning)
+        if got.working_set:
+            self.engine.submit(WarmExperts(got.working_set))
 
     def set_gen(self, gen: GenSettings) -> None:
         """New settings for this conversation (already checked); K applies at once."""

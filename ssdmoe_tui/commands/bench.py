@@ -129,6 +129,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--batch-check", action="store_true",
         help="with --batch: run every row alone afterwards and count tokens that differ",
     )  # fmt: skip
+    p.add_argument(
+        "--fit", default=None, metavar="MODEL",
+        help="also B, a lower-bit copy of --model (`ssdmoe requant`), resident in plain "
+        "mlx-lm beside the streamed row: speed, memory, size and with --quality agreement "
+        "(default K: the trained K only)",
+    )  # fmt: skip
     add_distributed_argument(p)
     p.set_defaults(func=distributed_run(_run))
 
@@ -146,6 +152,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
+    fit = resolve_model_path(args.fit) if args.fit else None
     # The engine settings every configuration shares, parsed once by the shared argument
     # types; K, the budgets and the prefetch mode are the lists the bench walks.
     engine = engine_options(
@@ -169,6 +176,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         quality_tokens=args.quality_tokens,
         batch=args.batch,
         batch_check=args.batch_check,
+        fit=Path(fit) if fit is not None else None,
     )
     quiet = not opts.root  # only rank 0 reports
 
@@ -180,7 +188,12 @@ def _run(args: argparse.Namespace, dist) -> int:
         if args.json_out and not quiet:
             atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
 
-    result = run_bench(opts, log, on_partial=save)
+    if opts.fit is not None:
+        from ssdmoe_tui.bench.fit import run_bench_fit
+
+        result = run_bench_fit(opts, log, on_partial=save)
+    else:
+        result = run_bench(opts, log, on_partial=save)
     if quiet:
         return 0
     save(result)

@@ -214,8 +214,8 @@ def write_checkpoint(
     exactness tests meaningful and the demo livelier.
     """
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_map_with_path
-    from mlx_lm.utils import _get_classes, quantize_model, save_config
+    from mlx.utils import tree_map_with_path
+    from mlx_lm.utils import _get_classes, quantize_model
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,13 +223,7 @@ def write_checkpoint(
     mx.random.seed(seed)
 
     if tokenizer_from is not None:
-        for f in Path(tokenizer_from).iterdir():
-            if (
-                f.suffix in (".json", ".txt", ".jinja", ".model")
-                and f.name != "config.json"
-                and not f.name.startswith("model")
-            ):
-                shutil.copy(f, out / f.name)
+        copy_tokenizer(Path(tokenizer_from), out)
     else:
         write_tokenizer(out, vocab_size=min(int(_text_config(config)["vocab_size"]), 1024))
 
@@ -251,7 +245,42 @@ def write_checkpoint(
     config.pop("quantization_config", None)
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints "[INFO] Quantized model ..."
         model, qconfig = quantize_model(model, config, group_size, bits, mode=mode)
+    save_quantized(model, qconfig, out, max_shard_bytes=max_shard_bytes, progress=progress)
+    if readme:
+        (out / "README.md").write_text(readme)
+    return out
+
+
+def copy_tokenizer(source: Path, out: Path) -> None:
+    """Copy a checkpoint's tokenizer and template files (not its config or weights)."""
+    for f in Path(source).iterdir():
+        if (
+            f.is_file()
+            and f.suffix in (".json", ".txt", ".jinja", ".model")
+            and f.name != "config.json"
+            and not f.name.startswith("model")
+        ):
+            shutil.copy(f, out / f.name)
+
+
+def save_quantized(
+    model, qconfig: dict, out: Path, *, max_shard_bytes: int, progress: ProgressFn = _noop
+) -> int:
+    """Write a quantized mlx-lm model into `out` in the mlx-community layout: sharded
+    safetensors, their index and config.json (with its "quantization" block). Shard by
+    shard: lazy arrays are materialised one shard at a time, so memory stays bounded.
+    Returns the weights' bytes."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_config
+
+    from ssdmoe_tui.atomic import DiskFullError, free_bytes, is_disk_full
+
     weights = dict(tree_flatten(model.parameters()))
+    needed = sum(a.nbytes for a in weights.values())  # shapes are known before any eval
+    free = free_bytes(out)
+    if free is not None and free < needed:
+        raise DiskFullError(out / "model.safetensors", needed)
     plan = _shard_plan(weights, max_shard_bytes)
     n = len(plan)
     fmt = "model-{:05d}-of-{:05d}.safetensors" if n > 1 else "model.safetensors"
@@ -261,7 +290,12 @@ def write_checkpoint(
     for i, names in enumerate(plan):
         shard = {k: weights.pop(k) for k in names}
         fname = fmt.format(i + 1, n)
-        mx.save_safetensors(str(out / fname), shard, metadata={"format": "mlx"})
+        try:
+            mx.save_safetensors(str(out / fname), shard, metadata={"format": "mlx"})
+        except Exception as e:  # MLX hides ENOSPC in a RuntimeError
+            if is_disk_full(e, out, needed - total):
+                raise DiskFullError(out / fname, needed - total) from None
+            raise
         for k in names:
             weight_map[k] = fname
             total += shard[k].nbytes
@@ -273,9 +307,7 @@ def write_checkpoint(
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
     save_config(qconfig, out / "config.json")
-    if readme:
-        (out / "README.md").write_text(readme)
-    return out
+    return total
 
 
 def _quiet_rows(model, token_ids: list[int]) -> None:
@@ -396,16 +428,14 @@ def ensure_demo_model(
     if not (TRAINED_DIR / "model.safetensors").is_file():
         raise ModelError(f"the packaged demo model is missing ({TRAINED_DIR}): reinstall ssdmoe")
     progress(f"creating the demo model in {out} (first run only)")
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    from ssdmoe_tui.atomic import atomic_folder
+
     files = sorted(f for f in TRAINED_DIR.iterdir() if f.is_file() and f.suffix != ".py")
-    for i, f in enumerate(files):
-        shutil.copyfile(f, tmp / f.name)
-        progress(f"wrote {f.name} ({i + 1}/{len(files)}, {human_bytes(f.stat().st_size)})")
-    (tmp / "README.md").write_text(_demo_readme())
-    (tmp / ".ssdmoe-demo").write_text(str(DEMO_VERSION))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_folder(out, replace=True) as tmp:
+        for i, f in enumerate(files):
+            shutil.copyfile(f, tmp / f.name)
+            progress(f"wrote {f.name} ({i + 1}/{len(files)}, {human_bytes(f.stat().st_size)})")
+        (tmp / "README.md").write_text(_demo_readme())
+        (tmp / ".ssdmoe-demo").write_text(str(DEMO_VERSION))
     progress(f"demo model ready: {out}")
     return out

@@ -197,6 +197,22 @@ def _tokenizer_size(tokenizer: Any) -> int | None:
         return None
 
 
+def _max_token_bytes(tokenizer: Any) -> int | None:
+    """UTF-8 bytes of the vocabulary's longest token (added tokens included). A token's
+    string is never shorter than the text it stands for (byte-level BPE writes a byte as
+    one or two UTF-8 bytes, SentencePiece a space as three), so no token covers more."""
+    try:
+        vocab = getattr(tokenizer, "_tokenizer", tokenizer).get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: no text bound
+        return None
+    return max((len(t.encode()) for t in vocab if isinstance(t, str)), default=0) or None
+
+
+# A normalizer may shrink text before it is split (NFC composes, NFKC folds): the text
+# bound counts half the bytes, so it never exceeds the true count.
+_SHRINK = 2
+
+
 class PromptBuilder:
     """Request -> prompt tokens (runs off the event loop: templating and tokenizing)."""
 
@@ -210,6 +226,27 @@ class PromptBuilder:
         # embedding: the process dies (SIGSEGV) instead of answering.
         limits = [n for n in (_tokenizer_size(tokenizer), vocab_size) if n]
         self.vocab_size = min(limits) if limits else None
+        self.max_token_bytes = _max_token_bytes(tokenizer)
+
+    def floor(self, req: ChatRequest | CompletionRequest) -> int:
+        """At most the request's prompt tokens, from sizes alone: what refuses a request far
+        past the context before any template runs (100k messages took 43 s to render and
+        refuse). Each user or tool message is at least one token (every template renders
+        them); the text of the user, system and tool messages is at least its bytes over
+        the longest token's (halved: `_SHRINK`). Assistant text is not counted (templates
+        drop earlier think blocks), nor are tools."""
+        if isinstance(req, CompletionRequest):
+            if isinstance(req.prompt, tuple):
+                return len(req.prompt)
+            return self._text_floor(len(req.prompt.encode()))
+        counted = [m for m in req.messages if m.role in ("user", "tool", "system")]
+        n_text = sum(len(m.content.strip().encode()) for m in counted)
+        return max(sum(m.role != "system" for m in counted), self._text_floor(n_text))
+
+    def _text_floor(self, n_bytes: int) -> int:
+        if not self.max_token_bytes:
+            return 0
+        return n_bytes // (self.max_token_bytes * _SHRINK)
 
     @staticmethod
     def _options(req: ChatRequest) -> list:

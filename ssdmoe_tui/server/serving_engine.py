@@ -39,6 +39,7 @@ from ssdmoe_tui.server.output import (
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
 from ssdmoe_tui.server.schema import Sampling
+from ssdmoe_tui.server.schema_messages import MessagesRequest
 
 STATS_HEADER = "x-ssdmoe-stats"
 K_HEADER = "x-ssdmoe-k"
@@ -55,6 +56,14 @@ class ApiSettings:
     hosts: HostPolicy = field(default_factory=HostPolicy)  # the Host check (hosts.py)
     keepalive_s: float = 1.0  # a streaming reply is never silent longer (SSE comments)
     allowed_origins: tuple[str, ...] = ()  # CORS (routes.middleware); none: no CORS headers
+
+
+def _too_long(tokens: str, ctx: int) -> ApiError:
+    return bad_request(
+        f"the prompt is {tokens} tokens, the model's context is {ctx}",
+        "messages",
+        "context_length_exceeded",
+    )
 
 
 def _log(line: str) -> None:
@@ -136,17 +145,21 @@ class Serving:
             raise bad_request(str(e), "ssdmoe.k") from None
         return k
 
+    def check_size(self, req: Any) -> None:
+        """Refuse a request far past the context from its size alone, before its template
+        runs (`PromptBuilder.floor`); `max_tokens` checks the exact count after."""
+        ctx = self.engine.info.max_context
+        floor = self.state.builder.floor(req.chat if isinstance(req, MessagesRequest) else req)
+        if ctx and floor >= ctx:
+            raise _too_long(f"at least {floor}", ctx)
+
     def max_tokens(self, prompt: Prompt, sampling: Sampling) -> int:
         ctx = self.engine.info.max_context
         n = len(prompt.tokens)
         if not n:
             raise bad_request("the prompt is empty", "messages")
         if ctx and n >= ctx:
-            raise bad_request(
-                f"the prompt is {n} tokens, the model's context is {ctx}",
-                "messages",
-                "context_length_exceeded",
-            )
+            raise _too_long(str(n), ctx)
         want = sampling.max_tokens
         if want is None:
             want = self.settings.max_tokens
@@ -162,6 +175,7 @@ class Serving:
         refusal (4xx, a full queue's 429) happens here, while a status can still be sent."""
         req = parse(await self.body(request), self.settings.model_id)
         k = self.check_k(req.k)
+        self.check_size(req)
         prompt = await asyncio.to_thread(build, req)
         max_tokens = self.max_tokens(prompt, req.sampling)
         ticket = self.engine.reserve()

@@ -16,6 +16,7 @@ from typing import Any
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn, k_range
 from ssdmoe_tui.engine.run.protocol import GenerationDone
 from ssdmoe_tui.prompting.chat_format import ChatFormatError
+from ssdmoe_tui.sessions.expert_set import Loaded, load_working_set
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
     FINISH_REASONS,
@@ -44,6 +45,11 @@ class AppSessions:
         conv = self.store.get(conv_id)
         self.store.mark_opened(conv.id)
         return conv.id, [shown(t) for t in conv.turns]
+
+    def working_set(self, session_id: str, info: Any) -> Loaded:
+        """The experts to warm on resuming `session_id` with the model `info` (saved with
+        its KV checkpoint), or none, with one line when the saved one is not usable."""
+        return load_working_set(self.store.folder(session_id), info)
 
     def _stored(self, session_id: str) -> Conversation | None:
         folder = self.store.folder(session_id)

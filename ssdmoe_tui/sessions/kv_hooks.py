@@ -22,6 +22,7 @@ from typing import Any
 from ssdmoe_tui.engine.run.service import KVHooks
 from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
 from ssdmoe_tui.sessions.checkpoints import CacheShape, NoCheckpoint, load_checkpoint
+from ssdmoe_tui.sessions.expert_set import save_working_set
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
 
 
@@ -59,8 +60,14 @@ class SessionKV(CheckpointHooks):
             self._tell(f"checkpoint ignored: {reason}")
         return cache, n
 
+    def save_experts(self, session_id: str, working_set: Any, info: Any) -> None:
+        """The expert cache's working set beside the checkpoints (`expert_set.py`)."""
+        folder = self.folder_for(session_id, ())
+        if folder is not None:
+            save_working_set(folder, working_set, info)
+
 
 def session_hooks(notice: Callable[[str], None]) -> KVHooks:
     """KV hooks over the default session store (`EngineService(kv_hooks=session_hooks)`)."""
     kv = SessionKV(SessionStore(), notice=notice)
-    return KVHooks(save=kv.save, load=kv.load)
+    return KVHooks(save=kv.save, load=kv.load, save_experts=kv.save_experts)

@@ -46,6 +46,7 @@ from ssdmoe_tui.ui.messages import (
     ConversationDeleted,
     EngineFailed,
     EngineNotice,
+    ExpertsReady,
     ModelReady,
     PhaseEntered,
     ReplyDone,
@@ -62,6 +63,7 @@ from ssdmoe_tui.ui.widgets.k_slider import KSlider
 from ssdmoe_tui.ui.widgets.status_bar import StatusBar
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
 from ssdmoe_tui.ui.widgets.welcome import Welcome
+from ssdmoe_tui.units import human_bytes
 
 __all__ = ["ChatSettings", "SsdmoeApp"]
 
@@ -413,6 +415,19 @@ class SsdmoeApp(App[int]):
     @on(EngineNotice)
     def _engine_notice(self, message: EngineNotice) -> None:
         self.notify(message.event.message, timeout=8, markup=False)
+
+    @on(ExpertsReady)
+    def _experts_warmed(self, message: ExpertsReady) -> None:
+        """Warm resume: how much of the conversation's expert working set is in memory."""
+        w = message.event
+        if w.read or w.cancelled:
+            how = f"stopped by the next request after {w.read}" if w.cancelled else f"{w.read}"
+            self.notify(
+                f"expert cache warmed: {how} of {w.requested} experts read "
+                f"({human_bytes(w.bytes_read)}, {w.seconds:.1f} s)",
+                timeout=5,
+                markup=False,
+            )
 
     # ------------------------------------------------------------------ requests from widgets and screens
 

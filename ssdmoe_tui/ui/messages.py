@@ -53,6 +53,10 @@ class EngineNotice(EngineMessage[P.Notice]):
     pass
 
 
+class ExpertsReady(EngineMessage[P.ExpertsWarmed]):
+    pass
+
+
 MESSAGE_FOR: dict[type, type[EngineMessage]] = {
     P.Tokens: TokensArrived,
     P.StatsSample: SampleArrived,
@@ -61,6 +65,7 @@ MESSAGE_FOR: dict[type, type[EngineMessage]] = {
     P.ModelLoaded: ModelReady,
     P.EngineError: EngineFailed,
     P.Notice: EngineNotice,
+    P.ExpertsWarmed: ExpertsReady,
 }
 
 

@@ -91,6 +91,9 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         await wait_until(pilot, lambda: second.chat.session_id == conv_id, 5, "the resume")
         assert not isinstance(second.screen, ConversationsScreen)
         assert texts(second) == shown  # the transcript at once, from the stored turns
+        # Warm resume: the experts saved with the checkpoint are read back in the background.
+        await wait_until(pilot, lambda: second.events_seen.get("ExpertsWarmed"), 30, "warm-up")
+        assert_warmed(second, folder)
         notice = second.chat_pane.transcript.query("Notice").last()
         assert str(notice.render()).startswith("Resumed “the quick brown fox")
         samples: list[StatsSample] = []
@@ -108,6 +111,27 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         conv = SessionStore().get(conv_id)
         assert conv.n_turns == 3 and conv.turns[-2].text == "ok"
         assert conv.turns[-1].text == done.text
+        await wait_until(pilot, lambda: not second.chat.engine.busy, 20, "the saves")
+
+    # `ssdmoe --resume`: the conversation opens before the model has loaded; the warm-up
+    # goes once it has.
+    third = SsdmoeApp(
+        ChatSettings(model=str(demo_model), resume=""),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+    async with third.run_test(size=SIZE) as pilot:
+        await loaded(pilot, third)
+        assert third.chat.session_id == conv_id
+        await wait_until(pilot, lambda: third.events_seen.get("ExpertsWarmed"), 30, "warm-up")
+        assert_warmed(third, folder)
+
+
+def assert_warmed(app: SsdmoeApp, folder) -> None:
+    """The cache holds every expert of the working set saved in `folder`."""
+    saved = json.loads((folder / "experts.json").read_text())["layers"]
+    cache = app.chat.engine._runner.sm.cache
+    assert saved and all(cache.resident(layer, e) for layer, ids in saved for e in ids)
 
 
 async def test_list_search_rename_export_delete(tmp_path):

@@ -216,3 +216,22 @@ def test_k_999_at_start_fails_before_loading_and_holds_no_lock(checkpoints):
         svc.shutdown()
         if other is not None:
             other.shutdown()
+
+
+def test_engine_thread_clears_its_mlx_streams_before_it_ends(checkpoints, monkeypatch):
+    """MLX wants every thread that used it to call `clear_streams()` before it ends (else
+    the thread-local cleanup may run in interpreter teardown and abort the process):
+    the engine thread does, after the model was used, once, and on its own thread."""
+    import mlx.core as mx
+
+    calls: list[str] = []
+    real = mx.clear_streams
+    monkeypatch.setattr(
+        mx, "clear_streams", lambda: (calls.append(threading.current_thread().name), real())
+    )
+    svc, ev = start(checkpoints("qwen3_moe"))
+    svc.submit(P.Generate("r1", prompt_tokens=chat_ids(ev.tokenizer, "hi"), max_tokens=4))
+    ev.until(P.GenerationDone)
+    assert calls == []  # not while it serves
+    svc.shutdown()
+    assert calls == ["ssdmoe-engine"]

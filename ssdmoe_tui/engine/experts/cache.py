@@ -468,6 +468,20 @@ class ExpertCache:
             self.counters.prefetch_wait_s += time.perf_counter() - t0
 
     def _read(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        try:
+            nbytes = self.read_into(layer, experts, slots)
+        except ReadError:
+            self.forget(slots)  # the slots now hold garbage: nothing may read them as valid
+            raise
+        self.counters.read_s += time.perf_counter() - t0
+        self.counters.read_calls += 1
+        self.counters.bytes_read += int(nbytes)
+
+    def read_into(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> int:
+        """Read `layer`'s `experts` into `slots` (one batched reader call, scales widened
+        where the slots hold float32); returns the bytes read. No bookkeeping and no MLX
+        call, so the warm-up's thread may run it while the engine thread is idle."""
         lay = self._layout
         ncomp = len(lay.names)
         n = len(experts)
@@ -491,20 +505,7 @@ class ExpertCache:
             fds, offsets, lengths, dests = split_requests(
                 fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min
             )
-        t0 = time.perf_counter()
-        try:
-            nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
-        except ReadError:
-            # The slots now hold garbage: forget them so nothing reads them as valid.
-            for sl in slots:
-                key = self._key_of[int(sl)]
-                if key is not None and self._slot_of.get(key) == int(sl):
-                    del self._slot_of[key]
-                    self.policy.remove(key)
-                    self._layer_count[key[0]] -= 1
-                self._key_of[int(sl)] = None
-                self._free.append(int(sl))
-            raise
+        nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
         bank, row = np.divmod(slots.astype(np.int64), self.bank_slots)
         for (_, dtype, views), buf in zip(self._widen, staging, strict=True):
             if dtype == "BF16":  # bf16 is the top half of a float32: exact
@@ -514,9 +515,69 @@ class ExpertCache:
             for b in np.unique(bank):
                 sel = bank == b
                 views[b][row[sel]] = wide[sel]
-        self.counters.read_s += time.perf_counter() - t0
-        self.counters.read_calls += 1
-        self.counters.bytes_read += int(nbytes)
+        return int(nbytes)
+
+    def forget(self, slots: np.ndarray) -> None:
+        """Give `slots` back as free, forgetting the experts mapped to them (a failed read,
+        or a warm-up stopped before it read them)."""
+        for sl in slots:
+            key = self._key_of[int(sl)]
+            if key is not None and self._slot_of.get(key) == int(sl):
+                del self._slot_of[key]
+                self.policy.remove(key)
+                self._layer_count[key[0]] -= 1
+            self._key_of[int(sl)] = None
+            self._free.append(int(sl))
+
+    # ------------------------------------------------------------------ warm resume
+    # Off the hot path: called between turns on the engine thread (engine/experts/warm.py).
+
+    def working_set(self) -> list[tuple[int, list[int]]]:
+        """The resident experts per layer, most recently used first (the eviction
+        policy's recency where it keeps one, else the most recently read first); experts
+        read ahead by prefetch and never used are left out. At most `capacity` ids."""
+        from ssdmoe_tui.engine.policy.policies import recent_first
+
+        keys = [k for k in reversed(self._slot_of) if k not in self._prefetched]
+        by_layer: dict[int, list[int]] = {}
+        for layer, expert in recent_first(self.policy, keys):
+            by_layer.setdefault(layer, []).append(expert)
+        return sorted(by_layer.items())
+
+    def claim(self, keys: list[tuple[int, int]], spare: list[tuple[int, int]]) -> np.ndarray:
+        """Slots for `keys` (none resident), engine thread: free slots first, then the
+        slots of `spare` (resident keys not wanted, least wanted first, consumed from its
+        end), never a policy victim. Returns the slots of the first keys that got one
+        (fewer than `keys` when neither is left)."""
+        self.wait_prefetch()
+        slots: list[int] = []
+        for key in keys:
+            if self._free:
+                s = self._free.pop()
+            elif spare:
+                s = self._evict(spare.pop())
+            else:
+                break
+            self._layer_count[key[0]] += 1
+            self._slot_of[key] = s
+            self._key_of[s] = key
+            self.policy.insert(key)
+            slots.append(s)
+        return np.array(slots, dtype=np.int64)
+
+    def _evict(self, key: tuple[int, int]) -> int:
+        self.policy.remove(key)
+        self._prefetched.discard(key)
+        s = self._slot_of.pop(key)
+        self._layer_count[key[0]] -= 1
+        self._key_of[s] = None
+        return s
+
+    def freeze_full_layers(self) -> None:
+        """A budget holding every expert: layers the warm-up filled run without host syncs."""
+        if self.holds_everything:
+            for layer in range(self.index.num_layers):
+                self._maybe_freeze_layer(layer)
 
     def step(self) -> None:
         """Called once per generated token (policy aging)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,7 +31,13 @@ from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.engine.model import routing_mass as _routing_mass
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
-from ssdmoe_tui.engine.model.streamed import ProjQuant, StepTimes, StreamedSwitch, routing_predictor
+from ssdmoe_tui.engine.model.streamed import (
+    PrefillGate,
+    ProjQuant,
+    StepTimes,
+    StreamedSwitch,
+    routing_predictor,
+)
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 from ssdmoe_tui.options import check_k, parse_bytes
 
@@ -55,6 +61,8 @@ class StreamedModel:
     # router mass kept at the running K (per token); None until a consumer asks for it
     routing_mass: RoutingMass | None = None
     distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
+    # asked by every MoE layer during a prefill chunk that may be stopped (streamed.py)
+    prefill_gate: PrefillGate = field(default_factory=PrefillGate)
 
     @property
     def model_type(self) -> str:
@@ -252,7 +260,8 @@ def load_streamed(
     partition = distributed.partition(index) if distributed is not None else None
     capacity = _cache_capacity(index, trained_k, expert_cache, act_dtype, distributed, partition)
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
-    blocks = _install_switches(specs, cache, partition, times, prefetch)
+    gate = PrefillGate()
+    blocks = _install_switches(specs, cache, partition, times, prefetch, gate)
 
     progress("loading resident weights")
     weights = _resident_weights(path, index, model)
@@ -277,6 +286,7 @@ def load_streamed(
         expert_source=source,
         expert_source_note=source_note,
         distributed=distributed,
+        prefill_gate=gate,
     )
     if k is not None:
         sm.set_k(k)
@@ -348,14 +358,21 @@ def _cache_capacity(
 
 
 def _install_switches(
-    specs: list[_SwitchSpec], cache: ExpertCache, partition, times: StepTimes, prefetch: bool
+    specs: list[_SwitchSpec],
+    cache: ExpertCache,
+    partition,
+    times: StepTimes,
+    prefetch: bool,
+    gate: PrefillGate,
 ) -> list[nn.Module]:
     """Swap every block's `switch_mlp` for a streamed one (this rank's share in a
-    distributed launch) and chain the routing predictors when prefetching; the blocks."""
+    distributed launch), sharing the model's prefill gate, and chain the routing
+    predictors when prefetching; the blocks."""
     make_switch = StreamedSwitch if partition is None else partition.make_switch
     blocks: list[nn.Module] = []
     for s in specs:
         s.block.switch_mlp = make_switch(s.layer, cache, s.kind, s.orig.activation, s.quant, times)
+        s.block.switch_mlp.set_gate(gate)
         blocks.append(s.block)
     if prefetch:
         for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):

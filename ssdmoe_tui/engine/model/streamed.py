@@ -11,6 +11,7 @@ tells us which experts to read.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -39,6 +40,26 @@ class StepTimes:
     # (the union over the batch's rows), summed, and how many such layer calls
     union_experts: int = 0
     union_calls: int = 0
+
+
+class PrefillStopped(Exception):
+    """A prefill chunk stopped between two MoE layers because its request was stopped
+    (`PrefillGate`). The layers before have written the chunk into their caches: the
+    runner undoes that (engine/run/prefill_stop.py)."""
+
+
+@dataclass
+class PrefillGate:
+    """The stop test every MoE layer asks during a prefill chunk, so a client that leaves
+    during a long chunk frees the engine after one layer instead of the whole chunk.
+
+    `check` is set by the runner around one chunk's forward pass only (None otherwise:
+    decode and a batch's other rows never see it). A layer that syncs anyway asks after
+    its host sync; a frozen layer (no sync of its own) first evaluates its router, which
+    adds one sync per MoE layer per chunk and no kernel. One gate per model, shared by
+    its switches; a distributed switch never asks (the ranks must stop in step)."""
+
+    check: Callable[[], bool] | None = None
 
 
 def _gather_sort(x, indices):
@@ -81,6 +102,11 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
         object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
+        object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
+
+    def set_gate(self, gate: PrefillGate) -> None:
+        """Ask `gate` at this layer during prefill chunks (the loader shares one per model)."""
+        object.__setattr__(self, "_gate", gate)
 
     def set_routing(self, routing) -> None:
         """Look up the trace's ids for this layer (engine/policy/trace_routing.py)."""
@@ -177,9 +203,14 @@ class StreamedSwitch(nn.Module):
         routing = self._routing
         if self._mass is not None:
             self._mass.kept(self._layer, indices)  # a reference only: no kernel, no sync
+        stop = self._gate.check  # None outside a prefill chunk that may be stopped
         if frozen is not None and predict is None and cache.on_route is None:
             # Every expert of this layer is resident for good: no host sync, no reads (a
             # trace-routed run too: the masked router picks the trace's ids on the device).
+            if stop is not None:
+                mx.eval(indices)  # the chunk up to here, so the stop is asked as it computes
+                if stop():
+                    raise PrefillStopped
             times.calls += 1
             times.last_k = int(indices.shape[-1])
             cell = routing.cell(self._layer) if routing is not None else None
@@ -200,6 +231,8 @@ class StreamedSwitch(nn.Module):
             mx.eval(indices, pred)  # still one host sync: both come back together
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
+        if stop is not None and stop():
+            raise PrefillStopped
         times.calls += 1
         times.last_k = int(host.shape[-1])
         x = mx.expand_dims(x, (-2, -3))

@@ -93,6 +93,10 @@ class LRUPolicy:
     def step(self) -> None:
         pass
 
+    def recent_first(self, keys: Collection[Key]) -> list[Key]:
+        wanted = set(keys)
+        return [k for k in reversed(self._order) if k in wanted]
+
 
 # --------------------------------------------------------------------------- LFU with decay
 
@@ -195,6 +199,10 @@ class LFUDecayPolicy:
     def remove(self, key: Key) -> None:
         self._seq.pop(key, None)  # its heap entry goes stale; its score is kept
 
+    def recent_first(self, keys: Collection[Key]) -> list[Key]:
+        seq = self._seq
+        return sorted((k for k in keys if k in seq), key=lambda k: -seq[k])
+
     def step(self) -> None:
         if self._own_clock and self._clock.decay < 1.0 and self._clock.tick():
             self.rescale(self._clock.weight)
@@ -285,6 +293,12 @@ class ARCPolicy:
 
     def step(self) -> None:
         pass
+
+    def recent_first(self, keys: Collection[Key]) -> list[Key]:
+        """Seen twice or more (T2), then once (T1), each most recent first: ARC keeps no
+        order across its two lists."""
+        wanted = set(keys)
+        return [k for lst in (self._t2, self._t1) for k in reversed(lst) if k in wanted]
 
 
 # --------------------------------------------------------------------------- per-layer partition
@@ -416,6 +430,17 @@ class LayerPartitioned:
                 part.rescale(clock.weight)  # type: ignore[union-attr]
             clock.weight = 1.0
             self._dirty.update(self._parts)
+
+    def recent_first(self, keys: Collection[Key]) -> list[Key]:
+        """Most recent first within each layer (the parts keep no order across layers)."""
+        by_layer: dict[int, list[Key]] = {}
+        for k in keys:
+            by_layer.setdefault(k[0], []).append(k)
+        return [
+            k
+            for layer, ks in sorted(by_layer.items())
+            for k in (self._parts[layer].recent_first(ks) if layer in self._parts else ks)
+        ]
 
     def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
         layer = incoming[0] if incoming is not None else None
@@ -823,6 +848,9 @@ class PredictivePolicy:
     def remove(self, key: Key) -> None:
         self._base.remove(key)
 
+    def recent_first(self, keys: Collection[Key]) -> list[Key]:
+        return recent_first(self._base, keys)
+
     def step(self) -> None:
         self._flush()
         self._layer = None
@@ -848,6 +876,22 @@ class PredictivePolicy:
             except NoVictimError:
                 pass
         return self._base.victim(pinned, incoming)
+
+
+# --------------------------------------------------------------------------- recency
+
+
+def recent_first(policy: EvictionPolicy, keys: Sequence[Key]) -> list[Key]:
+    """`keys` (resident), most recently used first as far as `policy` knows; a policy
+    that keeps no recency (reuse, belady) leaves them in the order given. Off the hot
+    path: the cache calls it between turns (warm resume, `ExpertCache.working_set`).
+    Keys the policy does not hold keep their place after those it orders."""
+    order = getattr(policy, "recent_first", None)
+    if order is None:
+        return list(keys)
+    ranked = order(keys)
+    seen = set(ranked)
+    return ranked + [k for k in keys if k not in seen]
 
 
 # --------------------------------------------------------------------------- factory

@@ -69,7 +69,7 @@ class BatchLoop:
                         break
                     if isinstance(cmd, P.Generate):
                         self._add(cmd)
-                    else:
+                    elif not svc.spent_marker(cmd):
                         held = cmd
                 if self.batch.idle:
                     return held

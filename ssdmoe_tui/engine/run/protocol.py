@@ -90,11 +90,22 @@ class SetK:
 
 
 @dataclass(frozen=True)
+class WarmExperts:
+    """Read these experts into the expert cache in the background while the engine is
+    idle (warm resume): per MoE layer, expert ids, most recent first, as a KV
+    checkpoint's saved working set holds them. Any later command stops it (the chunk
+    being read finishes first); a new WarmExperts replaces it. Ids out of range for the
+    loaded model are dropped with one Notice. Answered by ExpertsWarmed."""
+
+    working_set: tuple[tuple[int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-Command = LoadModel | Generate | SetExpertCache | SetK | Shutdown
+Command = LoadModel | Generate | SetExpertCache | SetK | WarmExperts | Shutdown
 
 
 # --------------------------------------------------------------------------- events
@@ -207,4 +218,28 @@ class Notice:
     message: str
 
 
-Event = ModelLoaded | PhaseChanged | StatsSample | Tokens | GenerationDone | EngineError | Notice
+@dataclass(frozen=True)
+class ExpertsWarmed:
+    """A WarmExperts has ended: experts asked for, already resident, read from disk,
+    left out for want of room; `cancelled`: another command stopped it first."""
+
+    requested: int
+    resident: int
+    read: int
+    no_room: int
+    bytes_read: int
+    seconds: float
+    cancelled: bool = False
+    error: str = ""
+
+
+Event = (
+    ModelLoaded
+    | PhaseChanged
+    | StatsSample
+    | Tokens
+    | GenerationDone
+    | EngineError
+    | Notice
+    | ExpertsWarmed
+)

@@ -20,6 +20,8 @@ from ssdmoe_tui.engine.experts import iostats
 from ssdmoe_tui.engine.model.context import check_context, max_context
 from ssdmoe_tui.engine.model.loader import StreamedModel
 from ssdmoe_tui.engine.model.routing_mass import MassLog
+from ssdmoe_tui.engine.model.streamed import PrefillStopped
+from ssdmoe_tui.engine.run.prefill_stop import ChunkSizer, ChunkUndo
 from ssdmoe_tui.options import check_k
 
 
@@ -295,6 +297,8 @@ class Runner:
         self._prefill_k: int | None = None  # None: same as k
         self._applied: int | None = None  # K the blocks hold
         self._masses: deque = deque()  # routing mass of each built step, read with its token
+        # chunk sizes of prefills that may be stopped (prefill_stop.py): the speed is kept
+        self._sizer = ChunkSizer(len(sm.blocks))
         if k is not None:
             self.set_k(k)
         self.prefill_k = prefill_k
@@ -353,11 +357,13 @@ class Runner:
         sampler: Callable[[mx.array], mx.array] | None = None,
         cache: list | None = None,
         reused_tokens: int = 0,
-        should_stop: Callable[[], bool] = lambda: False,
+        should_stop: Callable[[], bool] | None = None,
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
     ) -> Iterator[RunnerEvent]:
         """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
         `logits_processors`: mlx-lm's (tokens so far, logits) -> logits (penalties).
+        `should_stop` (None: nothing stops this turn) is asked between tokens and, during
+        prefill, at every MoE layer (`begin`).
 
         Yields PrefillProgress while prefilling, a TokenEvent per token, and Done last
         (also when `should_stop` cut the turn short)."""
@@ -379,7 +385,12 @@ class Runner:
             finish, fed_generated = "cancelled", 0
         else:
             finish, fed_generated = yield from self._decode_loop(
-                begun, self._decode_step(begun, sampler), tokens, detok, max_tokens, should_stop
+                begun,
+                self._decode_step(begun, sampler),
+                tokens,
+                detok,
+                max_tokens,
+                should_stop or _never,
             )
         yield Done(self.finish(begun, tokens, detok, finish, fed_generated))
 
@@ -469,7 +480,7 @@ class Runner:
         sampler: Callable[[mx.array], mx.array],
         cache: list | None = None,
         reused_tokens: int = 0,
-        should_stop: Callable[[], bool] = lambda: False,
+        should_stop: Callable[[], bool] | None = None,
         k: int | None = None,
         reset_peaks: bool = True,
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
@@ -478,7 +489,10 @@ class Runner:
         processes the last prompt token: what every sequence does before decoding, alone
         (`stream`) or in a batch (`engine/run/batch.py`). Yields PrefillProgress after each
         chunk, so a batch can run its decode steps between them; returns `Begun`.
-        `k`: this sequence's K (None: the live `self.k`), used when no prefill K is set."""
+        `k`: this sequence's K (None: the live `self.k`), used when no prefill K is set.
+        A `should_stop` makes the prefill stoppable within about a second: its chunks are
+        sized by measured speed and asked at every MoE layer (prefill_stop.py); without
+        one the chunks are the configured prefill step, as mlx-lm's."""
         sm = self.sm
         check_context(len(prompt), max_context(sm.config))  # before any prefill
         if cache is None:
@@ -504,7 +518,7 @@ class Runner:
         begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
         if logits_processors:
             begun.window = LogitsWindow(logits_processors, prompt[: len(prompt) - int(last.size)])
-        if should_stop() or max_tokens <= 0:
+        if (should_stop is not None and should_stop()) or max_tokens <= 0:
             stats.prefill_s = time.perf_counter() - start.t
             return begun
         self._first_token(begun, last, sampler, prefill_k)
@@ -518,34 +532,63 @@ class Runner:
         prefill_k: int,
         reused: int,
         prompt_len: int,
-        should_stop: Callable[[], bool],
+        should_stop: Callable[[], bool] | None,
     ) -> Generator[PrefillProgress, None, int]:
-        """Prefill `todo` at prefill K with mlx-lm's chunking, leaving the last token for
-        the first step; a PrefillProgress before and after each chunk. Returns the tokens
-        prefilled (fewer when `should_stop` cut it short)."""
-        model = self.sm.model
+        """Prefill `todo` at prefill K with mlx-lm's chunking (sized by speed and stopped
+        between layers when `should_stop` is given), leaving the last token for the first
+        step; a PrefillProgress before and after each chunk. Returns the tokens prefilled
+        (fewer when `should_stop` cut it short: whole chunks, a part-done one undone)."""
+        sm = self.sm
         self._use_k(prefill_k)
         total = int(todo.size)
         done = 0
         yield PrefillProgress(reused, prompt_len)
-        routing = self.sm.cache.routing  # trace-driven: a one-token chunk is still prefill
+        # a distributed launch keeps fixed chunks: its ranks must run the same ones
+        stoppable = should_stop is not None and sm.distributed is None
+        sizer = self._sizer if stoppable else None
+        gate_stop = should_stop if stoppable else None
         while total - done > 1:
-            n = min(self.prefill_step_size, total - done - 1)
+            step = self.prefill_step_size if sizer is None else sizer.size(self.prefill_step_size)
+            n = min(step, total - done - 1)
             self._use_k(prefill_k)  # a batch may have run another K since the last chunk
-            if routing is not None:
-                routing.prefill_chunk = True
-            try:
-                model(todo[done : done + n][None], cache=cache)
-            finally:
-                if routing is not None:
-                    routing.prefill_chunk = False
-            mx.eval([c.state for c in cache])
+            t0, ensure0 = time.perf_counter(), sm.cache.counters.ensure_s
+            if not self._prefill_chunk(todo[done : done + n], cache, gate_stop):
+                break
+            if sizer is not None:
+                ensure_s = sm.cache.counters.ensure_s - ensure0
+                sizer.measure(n, time.perf_counter() - t0 - ensure_s)
             done += n
             yield PrefillProgress(reused + done, prompt_len)
             mx.clear_cache()
-            if should_stop():
+            if should_stop is not None and should_stop():
                 break
         return done
+
+    def _prefill_chunk(
+        self, chunk: mx.array, cache: list, should_stop: Callable[[], bool] | None
+    ) -> bool:
+        """One chunk's forward pass into `cache`; with `should_stop`, asked at every MoE
+        layer (`PrefillGate`). False: it stopped part-way and the cache is as before."""
+        sm = self.sm
+        routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
+        undo = None
+        if should_stop is not None and ChunkUndo.possible(cache, int(chunk.size)):
+            undo = ChunkUndo(cache)
+            sm.prefill_gate.check = should_stop
+        if routing is not None:
+            routing.prefill_chunk = True
+        try:
+            sm.model(chunk[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        except PrefillStopped:
+            undo.restore()
+            mx.clear_cache()
+            return False
+        finally:
+            sm.prefill_gate.check = None
+            if routing is not None:
+                routing.prefill_chunk = False
+        return True
 
     def _first_token(
         self, begun: Begun, last: mx.array, sampler: Callable[[mx.array], mx.array], prefill_k: int
@@ -653,6 +696,10 @@ class Runner:
                 )
             )
         return out
+
+
+def _never() -> bool:
+    return False
 
 
 PROCESSOR_WINDOW = 256  # tokens the logits processors see (mlx-lm's penalties look at 20)

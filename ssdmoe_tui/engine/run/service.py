@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,21 @@ def _wait_os_thread_gone(thread: threading.Thread, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _release_thread_streams() -> None:
+    """Destroy the MLX streams this thread made, while the runtime is whole: MLX asks
+    every thread that used it to call `clear_streams()` before it ends (ml-explore/mlx
+    #3395, #4327); left to the thread-local destructors, the cleanup can run during
+    interpreter teardown and abort ("terminate called without an active exception")."""
+    mx = sys.modules.get("mlx.core")  # a thread that never loaded MLX has none to clear
+    clear = getattr(mx, "clear_streams", None) if mx is not None else None  # MLX >= 0.31
+    if clear is not None:
+        try:
+            mx.synchronize()
+            clear()
+        except Exception:  # noqa: BLE001 - the thread ends either way
+            pass
+
+
 @dataclass
 class KVHooks:
     """Persistence hooks, called on the engine thread. The engine knows nothing of
@@ -52,10 +68,21 @@ class KVHooks:
     save(session_id, tokens, cache, info): after a reply has been shown.
     load(session_id, tokens, info) -> (cache, n_tokens) | None: when no in-memory
     cache serves a session's prompt (e.g. after a restart).
+    save_experts(session_id, working_set, info): after `save`, the expert cache's
+    working set (`ExpertCache.working_set`: per layer, ids most recent first), which a
+    resume hands back as `WarmExperts`.
     """
 
     save: Callable | None = None
     load: Callable | None = None
+    save_experts: Callable | None = None
+
+
+@dataclass(frozen=True)
+class _WarmFinished:
+    """Internal: the warm-up `job` has read everything (posted by its thread)."""
+
+    job: object
 
 
 # Builds the hooks on the engine thread (so a store that imports MLX is imported
@@ -109,6 +136,7 @@ class EngineService:
         self._outstanding = 0  # Generates submitted and not yet done
         self._count_lock = threading.Lock()
         self.batch_figures: dict | None = None  # the running batch's (BatchFigures.as_dict)
+        self._warm = None  # engine.experts.warm.WarmUp while a warm-up reads
 
     # ------------------------------------------------------------------ client API
     def start(self) -> None:
@@ -201,6 +229,12 @@ class EngineService:
         self._emit(P.Notice(message))
 
     def _main(self) -> None:
+        try:
+            self._serve_commands()
+        finally:
+            _release_thread_streams()
+
+    def _serve_commands(self) -> None:
         if self._hooks_source is not None and not isinstance(self._hooks_source, KVHooks):
             try:
                 self.kv_hooks = self._hooks_source(self._notice)
@@ -209,6 +243,11 @@ class EngineService:
         held: P.Command | None = None  # a command that ended a batch's admissions
         while True:
             cmd, held = held if held is not None else self._next_command(), None
+            if isinstance(cmd, _WarmFinished):
+                if cmd.job is self._warm:
+                    self._end_warm()
+                continue
+            self._end_warm()  # any command first: the warm-up yields (one chunk at most)
             if isinstance(cmd, P.Generate) and self.batching and self._runner is not None:
                 from ssdmoe_tui.engine.run.batch_loop import BatchLoop
 
@@ -225,6 +264,8 @@ class EngineService:
                     self._generate(cmd)
                 elif isinstance(cmd, P.SetExpertCache):
                     self._set_cache(cmd)
+                elif isinstance(cmd, P.WarmExperts):
+                    self._start_warm(cmd)
             except Exception as e:  # noqa: BLE001 - every failure becomes one line for the user
                 if self.link is not None and not isinstance(e, BadValueError):
                     self.link.fatal(e)  # the ranks are out of step: end them all
@@ -250,6 +291,53 @@ class EngineService:
         if k is not None and self._runner is not None:
             self._runner.set_k(k)
         return cmd
+
+    def _start_warm(self, cmd: P.WarmExperts) -> None:
+        """Start reading `cmd`'s experts in the background (engine/experts/warm.py)."""
+        from ssdmoe_tui.engine.experts.warm import WarmUp, check_working_set
+
+        runner = self._runner
+        if runner is None or self.link is not None:
+            return  # nothing to warm; under --distributed each rank holds its own share
+        sm = runner.sm
+        ws, dropped = check_working_set(cmd.working_set, sm.index.num_layers, sm.index.num_experts)
+        if dropped:
+            self._notice(f"expert warm-up: {dropped} ids out of range for {sm.path.name} ignored")
+        job = WarmUp(sm.cache)
+        job.on_finished = lambda: self._queue.put(_WarmFinished(job))
+        self._warm = job
+        try:
+            job.start(ws, per_round=runner.k)
+        except BaseException:
+            self._end_warm()  # gives back the slots claimed and not read
+            raise
+        if not job.running:
+            self._end_warm()
+
+    def spent_marker(self, cmd: object) -> bool:
+        """A warm-up's end marker for a job already ended (a batch skips it)."""
+        return isinstance(cmd, _WarmFinished) and cmd.job is not self._warm
+
+    def _end_warm(self) -> None:
+        """Stop (or settle a finished) warm-up and say what it did."""
+        job, self._warm = self._warm, None
+        if job is None:
+            return
+        f = job.stop()
+        if f.error:
+            self._notice(f"expert warm-up stopped: {f.error}")
+        self._emit(
+            P.ExpertsWarmed(
+                f.requested,
+                f.resident,
+                f.read,
+                f.no_room,
+                f.bytes_read,
+                f.seconds,
+                f.cancelled,
+                f.error,
+            )
+        )
 
     def advertise(self, url: str, *, key_required: bool = False) -> bool:
         """Put the URL this model is served on in its machine-wide claim (models/lock.py),
@@ -533,6 +621,16 @@ class EngineService:
                     return cache, n
         return None, 0
 
+    def _save_experts(self, session_id: str) -> None:
+        """The expert cache's working set, for a warm resume of this session."""
+        if self.kv_hooks.save_experts is None or self._runner is None:
+            return
+        try:
+            ws = self._runner.sm.cache.working_set()
+            self.kv_hooks.save_experts(session_id, ws, self._info)
+        except Exception as e:  # noqa: BLE001 - a resume is only colder without it
+            self._emit(P.Notice(f"could not save the expert working set: {user_message(e)}"))
+
     def _store_cache(self, session_id: str | None, tokens: list[int], cache) -> None:
         key = session_id or "_default"
         if session_id and self.kv_hooks.save is not None:
@@ -541,6 +639,7 @@ class EngineService:
                 self.kv_hooks.save(session_id, tokens, cache, self._info)
             except Exception as e:  # noqa: BLE001 - saving must never break chatting
                 self._emit(P.Notice(f"could not save the KV checkpoint: {user_message(e)}"))
+            self._save_experts(session_id)
             self._emit(P.PhaseChanged("idle"))
         if self.kv_pool is not None:
             self.kv_pool.put(key, tokens, cache)
