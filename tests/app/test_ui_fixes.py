@@ -27,7 +27,6 @@ from tests.app.test_ui_app import (
     record_notifications,
     type_and_send,
     wait_until,
-    warnings,
 )
 from tests.app.test_ui_snapshot import INFO, REPLY, setup
 
@@ -98,6 +97,14 @@ async def test_resume_keeps_model_stats_and_k_range_and_a_bad_theme_only_warns(s
 
     settings = chat.build_settings(parse("--resume"), load_config())
     app = SsdmoeApp(settings, engine_factory=None, session_store=sessions)
+    # Every notification as posted: a toast expires after its 10 s, which a loaded
+    # machine can pass before the assertions below run.
+    posted: list[tuple[str, str]] = []
+    notify = app.notify
+    app.notify = lambda message, **kw: (  # type: ignore[method-assign]
+        posted.append((kw.get("severity", "information"), str(message))),
+        notify(message, **kw),
+    )[1]
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         (reply,) = app.query(AssistantMessage)
@@ -106,7 +113,7 @@ async def test_resume_keeps_model_stats_and_k_range_and_a_bad_theme_only_warns(s
             assert part in header, (part, header)
         assert app.chat.history == chat_so_far
         assert app.theme == DEFAULT_THEME
-        (warning,) = [w for w in warnings(app) if "no-such-theme" in w]
+        (warning,) = [m for sev, m in posted if sev == "warning" and "no-such-theme" in m]
         assert "\n" not in warning
     assert path.read_text() == mine  # the user's config is never rewritten
 
