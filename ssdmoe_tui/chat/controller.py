@@ -427,6 +427,8 @@ class ChatController:
         if self.engine is None or self.model is None or self.loading is not None:
             return  # model_loaded calls again
         self._warm_for = None
+        if self.remote:
+            return  # a server's cache is its own (and its model card has no fingerprint)
         try:
             got = find(conv_id, self.model)
         except Exception as e:  # noqa: BLE001 - a colder resume, nothing worse

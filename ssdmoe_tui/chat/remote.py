@@ -304,11 +304,13 @@ class RemoteEngine:
             models = self._get("/v1/models")
             cards = models.get("data") or [{}]
             stats = self._get("/v1/stats")
+            # a card that is not one (not a dict, a K that is no number): the same line
+            info = model_info(self.url, cards[0], stats)
         except Exception as e:  # noqa: BLE001 - one line: the server cannot be used
             self._emit(P.EngineError(f"cannot attach: {self._why(e)}", fatal=True))
             self._emit(P.PhaseChanged("idle"))
             return False
-        self.info = model_info(self.url, cards[0], stats)
+        self.info = info
         self.k = self.info.k
         self._emit(P.ModelLoaded(self.info))
         self._emit(P.PhaseChanged("idle"))
@@ -356,10 +358,11 @@ class RemoteEngine:
                     if choice.get("finish_reason"):
                         final["finish"] = choice["finish_reason"]
                         final["ext"] = event.get("ssdmoe") or {}
+            done = self._done(turn, reply.text, final, usage)  # a malformed usage: one line
         except Exception as e:  # noqa: BLE001 - every failure is one line
             self._failed(turn, reply, e)
             return
-        self._emit(self._done(turn, reply.text, final, usage))
+        self._emit(done)
 
     def _progress(self, comment: str) -> None:
         """`prefill 12/345` comments move the app's prefill progress."""

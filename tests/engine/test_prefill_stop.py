@@ -7,6 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from ssdmoe_tui.engine.run import prefill_stop
 from ssdmoe_tui.engine.run.open import open_engine
 from ssdmoe_tui.engine.run.prefill_stop import FIRST_CHUNK, MIN_CHUNK, ChunkSizer
 from ssdmoe_tui.engine.run.runner import Done, PrefillProgress
@@ -32,7 +33,10 @@ def _states(cache: list) -> list[mx.array]:
     [("qwen3_moe", "32K"), ("qwen3_moe", "64M"), ("qwen3_5_moe", "32K")],
     ids=["attention", "attention-frozen", "hybrid"],
 )
-def test_a_stop_inside_a_chunk_undoes_it_exactly(checkpoints, arch, budget):
+def test_a_stop_inside_a_chunk_undoes_it_exactly(checkpoints, arch, budget, monkeypatch):
+    # frozen layers ask (with their own sync) only when a chunk is expected to be long;
+    # these tiny chunks are not: ask always, so the frozen path's undo is what is tested
+    monkeypatch.setattr(prefill_stop, "FROZEN_ASK_ABOVE_S", -1.0)
     runner = open_engine(
         EngineOptions(
             model=str(checkpoints(arch)), prefill_step=STEP, expert_cache=CacheBudget.parse(budget)
@@ -86,3 +90,33 @@ def test_chunk_sizes_follow_the_measured_speed():
     assert sizer.size(2048) == 2048 and sizer.size(512) == 512
     sizer.measure(32, 30.0)  # very slow: never below the floor
     assert sizer.size(2048) == MIN_CHUNK
+
+
+def test_frozen_layers_add_no_sync_when_a_chunk_is_expected_short(checkpoints):
+    """Every expert resident, a chunk the sizer expects within FROZEN_ASK_ABOVE_S: the
+    frozen layers do not sync to ask (a GPU's chunks; the stop is asked at each chunk's
+    end), so a stoppable prefill asks exactly once per chunk."""
+    runner = open_engine(
+        EngineOptions(
+            model=str(checkpoints("qwen3_moe")),
+            prefill_step=STEP,
+            expert_cache=CacheBudget.parse("64M"),
+        )
+    )
+    try:
+        prompt = [(7 * i) % 900 + 20 for i in range(5 * STEP + 3)]
+        runner.generate(prompt[:9], max_tokens=2)
+        assert runner.sm.cache.all_frozen
+        runner._sizer.rate = 1e9  # measured fast: every chunk well within the bound
+        assert not runner._sizer.frozen_must_ask(STEP)
+        calls = [0]
+
+        def never() -> bool:
+            calls[0] += 1
+            return False
+
+        events = list(runner.stream(prompt, max_tokens=1, should_stop=never))
+        progress = [e.done for e in events if isinstance(e, PrefillProgress)]
+        assert calls[0] <= len(progress) + 1, (calls, progress)  # not once per MoE layer
+    finally:
+        runner.close()

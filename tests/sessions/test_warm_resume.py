@@ -113,6 +113,10 @@ def test_working_set_saved_then_warmed_after_a_restart(demo_model):
     assert (warmed.requested, warmed.read, warmed.no_room, warmed.cancelled) == (n, n, 0, False)
     assert warmed.bytes_read >= n * b.info.expert_bytes
     assert all(b.cache.resident(layer, e) for layer, ids in saved for e in ids)
+    # ranked as saved: the most recently used are the last the policy would evict
+    assert [(la, list(ids)) for la, ids in b.cache.working_set()] == [
+        (la, list(ids)) for la, ids in saved
+    ]
     warm = b.reply(sessions, conv_id, turn2)
     b.close()
 

@@ -561,8 +561,11 @@ class ExpertCache:
             self._layer_count[key[0]] += 1
             self._slot_of[key] = s
             self._key_of[s] = key
-            self.policy.insert(key)
             slots.append(s)
+        # `keys` come most wanted first; an insert is the policy's most recent use, so
+        # they go in least wanted first: the most wanted end up the last to be evicted.
+        for key in reversed(keys[: len(slots)]):
+            self.policy.insert(key)
         return np.array(slots, dtype=np.int64)
 
     def _evict(self, key: tuple[int, int]) -> int:

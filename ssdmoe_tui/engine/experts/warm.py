@@ -149,8 +149,8 @@ class WarmUp:
                 self._next += 1
                 try:
                     self.figures.bytes_read += self.cache.read_into(c.layer, c.experts, c.slots)
-                except ReadError as e:
-                    self.figures.error = str(e)
+                except Exception as e:  # noqa: BLE001 - a ReadError, or anything else
+                    self.figures.error = str(e) if isinstance(e, ReadError) else repr(e)
                     self._next -= 1  # its slots hold garbage: given back with the rest
                     return
                 self.figures.read += len(c.experts)

@@ -60,6 +60,10 @@ class PrefillGate:
     its switches; a distributed switch never asks (the ranks must stop in step)."""
 
     check: Callable[[], bool] | None = None
+    # Frozen layers sync only to ask: worth it when the chunk is long. False when the
+    # runner expects the chunk within `prefill_stop.FROZEN_ASK_ABOVE_S` (a GPU's chunks):
+    # the stop is then asked at the chunk's end, with no sync added per layer.
+    frozen_too: bool = True
 
 
 def _gather_sort(x, indices):
@@ -207,7 +211,7 @@ class StreamedSwitch(nn.Module):
         if frozen is not None and predict is None and cache.on_route is None:
             # Every expert of this layer is resident for good: no host sync, no reads (a
             # trace-routed run too: the masked router picks the trace's ids on the device).
-            if stop is not None:
+            if stop is not None and self._gate.frozen_too:
                 mx.eval(indices)  # the chunk up to here, so the stop is asked as it computes
                 if stop():
                     raise PrefillStopped

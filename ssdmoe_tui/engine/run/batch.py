@@ -102,7 +102,9 @@ class SeqSpec:
     cache: list | None = None  # holds prompt[:reused_tokens]
     reused_tokens: int = 0
     k: int | None = None  # None: the runner's live K
-    should_stop: Callable[[], bool] = lambda: False
+    # None: the row is never stopped from outside (bench, `generate --batch`), and its
+    # prefill keeps the fixed chunks of `generate` (a stop test sizes them by speed)
+    should_stop: Callable[[], bool] | None = None
     trace_offset: int = 0  # trace-driven runs: the decode step of the trace this row starts at
     logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = ()  # penalties
 
@@ -258,7 +260,7 @@ class BatchRunner:
         sequence runs (while there is room), then one decode step per K group."""
         events: list[RowEvent] = []
         for group in list(self._groups.values()):
-            for row in [r for r in group.rows if r.spec.should_stop()]:
+            for row in [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]:
                 events.append((row.uid, Done(self._leave(group, row, "cancelled"))))
         self._follow_live_k()
         t0 = time.perf_counter()

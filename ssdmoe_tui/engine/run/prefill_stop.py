@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LAYER_TARGET_S = 0.25  # compute per MoE layer between two stop checks
+# A chunk expected to compute within this needs no extra sync in frozen layers to be
+# stopped in time: its end comes soon enough (GPU chunks: milliseconds).
+FROZEN_ASK_ABOVE_S = 0.5
 FIRST_CHUNK = 128  # tokens, before anything is measured (the first stoppable prefill)
 MIN_CHUNK = 32
 
@@ -46,6 +49,17 @@ class ChunkSizer:
         n = 1 << (n.bit_length() - 1)  # the power of two at or below
         return min(step, max(n, MIN_CHUNK))
 
+    def expected_s(self, tokens: int) -> float | None:
+        """The compute a chunk of `tokens` is expected to take (None: nothing measured)."""
+        if self.rate is None:
+            return None
+        return tokens * max(self.layers, 1) / self.rate
+
+    def frozen_must_ask(self, tokens: int) -> bool:
+        """Whether frozen layers should sync to ask the stop during this chunk."""
+        t = self.expected_s(tokens)
+        return t is None or t > FROZEN_ASK_ABOVE_S
+
     def measure(self, tokens: int, compute_s: float) -> None:
         """A whole chunk of `tokens` took `compute_s` seconds beyond its expert reads."""
         if tokens > 0 and compute_s > 0:
@@ -65,19 +79,15 @@ class ChunkUndo:
     @staticmethod
     def possible(cache: list, tokens: int) -> bool:
         """Whether a chunk of `tokens` stopped part-way can be undone exactly."""
-        from mlx_lm.models.cache import (
-            ArraysCache,
-            ConcatenateKVCache,
-            KVCache,
-            QuantizedKVCache,
-            RotatingKVCache,
-        )
+        from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
         for c in cache:
             if isinstance(c, RotatingKVCache):
                 if c.offset + tokens >= c.max_size:  # the window would evict: no way back
                     return False
-            elif not isinstance(c, ArraysCache | KVCache | QuantizedKVCache | ConcatenateKVCache):
+            elif not isinstance(c, ArraysCache | KVCache | QuantizedKVCache):
+                # e.g. ConcatenateKVCache: its trim lowers the offset, but the next update
+                # concatenates onto the arrays, undone tokens included
                 return False
         return True
 

@@ -552,7 +552,8 @@ class Runner:
             n = min(step, total - done - 1)
             self._use_k(prefill_k)  # a batch may have run another K since the last chunk
             t0, ensure0 = time.perf_counter(), sm.cache.counters.ensure_s
-            if not self._prefill_chunk(todo[done : done + n], cache, gate_stop):
+            frozen_too = sizer is None or sizer.frozen_must_ask(n)
+            if not self._prefill_chunk(todo[done : done + n], cache, gate_stop, frozen_too):
                 break
             if sizer is not None:
                 ensure_s = sm.cache.counters.ensure_s - ensure0
@@ -565,7 +566,11 @@ class Runner:
         return done
 
     def _prefill_chunk(
-        self, chunk: mx.array, cache: list, should_stop: Callable[[], bool] | None
+        self,
+        chunk: mx.array,
+        cache: list,
+        should_stop: Callable[[], bool] | None,
+        frozen_too: bool = True,
     ) -> bool:
         """One chunk's forward pass into `cache`; with `should_stop`, asked at every MoE
         layer (`PrefillGate`). False: it stopped part-way and the cache is as before."""
@@ -575,6 +580,7 @@ class Runner:
         if should_stop is not None and ChunkUndo.possible(cache, int(chunk.size)):
             undo = ChunkUndo(cache)
             sm.prefill_gate.check = should_stop
+            sm.prefill_gate.frozen_too = frozen_too
         if routing is not None:
             routing.prefill_chunk = True
         try:

@@ -232,6 +232,8 @@ class EngineService:
         try:
             self._serve_commands()
         finally:
+            if self._warm is not None:  # left by an exception: no read may outlive us
+                self._end_warm()
             _release_thread_streams()
 
     def _serve_commands(self) -> None:

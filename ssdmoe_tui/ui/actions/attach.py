@@ -24,8 +24,10 @@ def attach(app: Any, url: str, *, key_required: bool = False) -> None:
     if app.inflight is not None:
         app.notify("A reply is streaming: Esc stops it, then attach again.", severity="warning")
         return
-    if app.chat.engine_starting:
-        app.notify("The engine is starting; attach again in a moment.", severity="warning")
+    if app.chat.engine_starting or app.chat.loading is not None:
+        # The old engine's late events (ModelLoaded, errors) would land on the server's
+        # session, and a load cut short by the swap could keep its memory and claim.
+        app.notify("A model is loading; attach again once it is ready.", severity="warning")
         return
     key = os.environ.get(API_KEY_ENV) or None
     if key_required and key is None:
