@@ -19,8 +19,11 @@ from ssdmoe_tui.ui.screens.dialogs import AskScreen
 API_KEY_ENV = "SSDMOE_API_KEY"
 
 
-def attach(app: Any, url: str, *, key_required: bool = False) -> None:
-    """Use the server at `url` as the chat's engine (asks for its key if it needs one)."""
+def attach(app: Any, url: str, *, key_required: bool | None = None) -> None:
+    """Use the server at `url` as the chat's engine (asks for its key if it needs one).
+
+    `key_required`: what the server's claim says (F4); None: not known (`--attach URL`),
+    then `$SSDMOE_API_KEY` goes along if set. A server that wants no key gets none."""
     if app.inflight is not None:
         app.notify("A reply is streaming: Esc stops it, then attach again.", severity="warning")
         return
@@ -29,7 +32,7 @@ def attach(app: Any, url: str, *, key_required: bool = False) -> None:
         # session, and a load cut short by the swap could keep its memory and claim.
         app.notify("A model is loading; attach again once it is ready.", severity="warning")
         return
-    key = os.environ.get(API_KEY_ENV) or None
+    key = (os.environ.get(API_KEY_ENV) or None) if key_required is not False else None
     if key_required and key is None:
 
         def given(value: str | None) -> None:
