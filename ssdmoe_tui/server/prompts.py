@@ -208,9 +208,16 @@ def _max_token_bytes(tokenizer: Any) -> int | None:
     return max((len(t.encode()) for t in vocab if isinstance(t, str)), default=0) or None
 
 
-# A normalizer may shrink text before it is split (NFC composes, NFKC folds): the text
-# bound counts half the bytes, so it never exceeds the true count.
-_SHRINK = 2
+# A normalizer may shrink text before it is split: NFC composes, NFKC folds (a fullwidth
+# letter, 3 bytes, becomes 1), and some collapse runs of whitespace. So the text bound
+# counts the bytes that are not whitespace, over the longest token's bytes times
+# `_SHRINK`: below the true count whatever the normalizer does, short of an exotic one.
+_SHRINK = 4
+
+
+def _dense_bytes(text: str) -> int:
+    """UTF-8 bytes of `text` without its whitespace (which a normalizer may collapse)."""
+    return len("".join(text.split()).encode())
 
 
 class PromptBuilder:
@@ -232,15 +239,15 @@ class PromptBuilder:
         """At most the request's prompt tokens, from sizes alone: what refuses a request far
         past the context before any template runs (100k messages took 43 s to render and
         refuse). Each user or tool message is at least one token (every template renders
-        them); the text of the user, system and tool messages is at least its bytes over
-        the longest token's (halved: `_SHRINK`). Assistant text is not counted (templates
-        drop earlier think blocks), nor are tools."""
+        them); the text of the user, system and tool messages is at least its bytes
+        (whitespace left out) over the longest token's times `_SHRINK`. Assistant text is
+        not counted (templates drop earlier think blocks), nor are tools."""
         if isinstance(req, CompletionRequest):
             if isinstance(req.prompt, tuple):
                 return len(req.prompt)
-            return self._text_floor(len(req.prompt.encode()))
+            return self._text_floor(_dense_bytes(req.prompt))
         counted = [m for m in req.messages if m.role in ("user", "tool", "system")]
-        n_text = sum(len(m.content.strip().encode()) for m in counted)
+        n_text = sum(_dense_bytes(m.content) for m in counted)
         return max(sum(m.role != "system" for m in counted), self._text_floor(n_text))
 
     def _text_floor(self, n_bytes: int) -> int:
