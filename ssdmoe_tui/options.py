@@ -26,6 +26,24 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]?)(?:I?B
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+def server_url(text: str, what: str = "attach") -> str:
+    """`http://HOST:PORT` of an `ssdmoe serve` (the scheme may be left out; a path such as
+    `/v1` and any user info are dropped). The one parser of a server's address: the
+    `--attach` flag, the app's remote engine and a lock claim's advertised URL."""
+    from urllib.parse import urlsplit
+
+    value = str(text).strip()
+    parts = urlsplit(value if "://" in value else "http://" + value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise BadValueError(f"{what}: {text!r} is not a server URL (http://HOST:PORT)")
+    host = parts.hostname
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def parse_bytes(text: str | int, what: str = "size") -> int:
     """'512M', '4G', '1.5GiB', '123456', '1e-30' -> bytes (>= 0, finite). One line on error."""
     if isinstance(text, bool):

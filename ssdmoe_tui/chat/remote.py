@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.options import server_url
 from ssdmoe_tui.prompting.message import Message
 
 POLL_S = 0.25  # /v1/stats while a reply runs
@@ -147,10 +148,8 @@ class RemoteEngine:
     def __init__(
         self, url: str, post: Callable[[object], None], *, api_key: str | None = None
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or not parts.port:
-            raise ValueError(f"not a server URL (http://HOST:PORT): {url!r}")
-        self.url = f"http://{parts.netloc}"
+        self.url = server_url(url, "server")  # a BadValueError (a ValueError) if not one
+        parts = urlsplit(self.url)
         self.where = parts.netloc  # "127.0.0.1:8080", for messages
         self._host, self._port = parts.hostname, parts.port
         self._post = post

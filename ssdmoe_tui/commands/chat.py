@@ -60,20 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def attach_url(text: str) -> str:
-    """`http://HOST:PORT` (the scheme may be left out); a path such as `/v1` is dropped."""
-    from urllib.parse import urlsplit
+    """`--attach`: `http://HOST:PORT` (`options.server_url`)."""
+    from ssdmoe_tui.options import server_url
 
-    from ssdmoe_tui.errors import BadValueError
-
-    value = text.strip()
-    parts = urlsplit(value if "://" in value else "http://" + value)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "http" or not parts.hostname or port is None:
-        raise BadValueError(f"attach: {text!r} is not a server URL (http://HOST:PORT)")
-    return f"http://{parts.netloc}"
+    return server_url(text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import secrets
 import shlex
 import stat
@@ -174,13 +173,18 @@ def _command() -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-# What a claim may advertise: a plain loopback-or-named http URL with a port, no path.
-_URL = re.compile(r"http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
-
-
 def _server_url(value: object) -> str:
-    """A label's `url` if it is one (a damaged or odd label advertises nothing)."""
-    return value if isinstance(value, str) and _URL.fullmatch(value) else ""
+    """A label's `url` if it is one, exactly as `options.server_url` writes it (a plain
+    http URL with a port, no path): a damaged or odd label advertises nothing."""
+    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import server_url
+
+    if not isinstance(value, str) or len(value) > 300:
+        return ""
+    try:
+        return value if server_url(value, "lock claim") == value else ""
+    except BadValueError:
+        return ""
 
 
 def read_holder(path: Path) -> LockHolder | None:
