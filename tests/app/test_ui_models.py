@@ -3,10 +3,12 @@ switching with the real engine, and the lock error of a second instance."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,10 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         events: list[ModelInfo] = []
         phases: list[PhaseChanged] = []
         model_loaded, show_phase = app.chat.model_loaded, app.panel.show_phase
-        app.chat.model_loaded = lambda info, tok=None: (events.append(info), model_loaded(info, tok))[1]
+        app.chat.model_loaded = lambda info, tok=None: (
+            events.append(info),
+            model_loaded(info, tok),
+        )[1]
         app.panel.show_phase = lambda event: (phases.append(event), show_phase(event))[1]
         screen.option_list.highlighted = screen.option_list.get_option_index(str(qwen))
         await pilot.press("enter")
@@ -116,10 +121,12 @@ sys.stdin.read()
 """
 
 
-async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, demo_model):
-    qwen, _ = model_dirs
+@contextlib.contextmanager
+def lock_holder(script: str, *args: str) -> Iterator[subprocess.Popen]:
+    """Another process holding a model claim (`script` prints "held", then waits on its
+    stdin); killed on the way out."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER],
+        [sys.executable, "-c", script, *args],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -127,6 +134,15 @@ async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, 
     )
     try:
         assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, demo_model):
+    qwen, _ = model_dirs
+    with lock_holder(HOLDER) as holder:
         app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=20))
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: errors(app), 60, "the lock error")
@@ -151,9 +167,6 @@ async def test_second_instance_gets_the_lock_error_and_stays_usable(model_dirs, 
                 pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply"
             )
             assert app.chat.last_done.finish_reason in ("stop", "length")
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 MEMORY_HOLDER = """
@@ -169,15 +182,7 @@ async def test_a_model_that_does_not_fit_beside_another_gets_the_numbers(demo_mo
     """Issue 22 item 8: a holder declared 600 MiB on a (fake) 700 MiB machine; the app's
     demo load does not fit beside it: one line with the numbers, and the app stays up."""
     monkeypatch.setenv("SSDMOE_TEST_AVAILABLE_MEMORY", str(700 << 20))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", MEMORY_HOLDER, str(600 << 20)],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_holder(MEMORY_HOLDER, str(600 << 20)) as holder:
         app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=20))
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: errors(app), 60, "the memory error")
@@ -186,6 +191,3 @@ async def test_a_model_that_does_not_fit_beside_another_gets_the_numbers(demo_mo
             assert f"600.0 MiB held by pid {holder.pid} (/models/held-elsewhere)" in message
             assert "700.0 MiB available" in message and "\n" not in message
             assert app.chat.model is None
-    finally:
-        holder.kill()
-        holder.wait()
