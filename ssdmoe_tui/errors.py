@@ -53,3 +53,10 @@ def user_message(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     text = " ".join(text.split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def printable(value: str, limit: int = 200) -> str:
+    """`value` as a message may quote it: control characters (an ANSI escape in a file
+    name, a newline) shown as escapes, never sent raw to a terminal; cut at `limit`."""
+    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in value)
+    return out if len(out) <= limit else out[: limit - 3] + "..."

@@ -75,8 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=(),
         metavar="ORIGINS",
         help="comma-separated web origins (https://chat.example.com) whose pages may call "
-        "the API from a browser (CORS), or * for any; default none: a keyless loopback "
-        "server must not be drivable by any web page",
+        "the API from a browser (CORS), or * for any; default none: a request with any "
+        "other Origin header, or a body that is not application/json, is refused",
     )
     p.add_argument(
         "--api-key",

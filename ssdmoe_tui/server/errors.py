@@ -39,3 +39,22 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param, code)
+
+
+async def send_error(send, err: ApiError) -> None:  # noqa: ANN001 - an ASGI `send`
+    """Answer with `err` in the envelope from an ASGI middleware (before any route: the
+    Host and origin checks), so no request they refuse reaches a handler or the engine."""
+    import json
+
+    body = json.dumps(err.body()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

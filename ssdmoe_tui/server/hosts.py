@@ -20,10 +20,11 @@ Anything else is a 403 in OpenAI's error envelope naming the Host and the option
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from ssdmoe_tui.server.errors import ApiError, send_error
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -112,28 +113,9 @@ class HostCheck:
             await send({"type": "websocket.close", "code": 1008})
             return
         shown = raw if len(raw) <= 100 else raw[:97] + "..."
-        body = json.dumps(
-            {
-                "error": {
-                    "message": (
-                        f"Host {shown!r} is not allowed: this server answers loopback names "
-                        "and its own addresses (against DNS rebinding); start it with "
-                        f"--allowed-hosts {host_name(raw) or 'NAME'} to allow that name"
-                    ),
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "host_not_allowed",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+        message = (
+            f"Host {shown!r} is not allowed: this server answers loopback names "
+            "and its own addresses (against DNS rebinding); start it with "
+            f"--allowed-hosts {host_name(raw) or 'NAME'} to allow that name"
         )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, ApiError(403, message, code="host_not_allowed"))

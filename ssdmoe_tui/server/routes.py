@@ -21,6 +21,7 @@ from starlette.routing import Route
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.hosts import HostCheck
 from ssdmoe_tui.server.http import Disconnected
+from ssdmoe_tui.server.origins import OriginCheck, OriginPolicy
 from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_completion import ServingCompletion
 from ssdmoe_tui.server.serving_engine import K_HEADER, STATS_HEADER, ServerState
@@ -88,12 +89,16 @@ def endpoint(
 
 def middleware(state: ServerState) -> list[Middleware]:
     """Every middleware the app runs, outermost first: the Host check against DNS
-    rebinding (before the routes, the API key and the engine), then CORS, only for the
-    origins `--allowed-origins` names (none by default: a browser page on another
-    origin can then send a simple request but never read the answer, and a preflighted
-    one, JSON with a key, is not sent at all)."""
-    out = [Middleware(HostCheck, policy=state.settings.hosts)]
+    rebinding (before the routes, the API key and the engine); the origin check (an
+    `Origin` not allowed, or a body that is not JSON, is refused: a web page's simple
+    request never runs, origins.py); then CORS, only for the origins `--allowed-origins`
+    names (none by default: no page can read an answer, and a preflighted request,
+    JSON with a key, is not sent at all)."""
     origins = state.settings.allowed_origins
+    out = [
+        Middleware(HostCheck, policy=state.settings.hosts),
+        Middleware(OriginCheck, policy=OriginPolicy.of(origins)),
+    ]
     if origins:
         out.append(
             Middleware(

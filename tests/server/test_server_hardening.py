@@ -4,6 +4,7 @@ one 400 naming the template file, and the engine answers the next request at onc
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -191,3 +192,61 @@ def test_a_read_only_data_folder_is_a_notice_without_a_bare_type(checkpoints, is
     assert lines, err  # something was said about the cache
     assert any("Read-only file system" in ln for ln in lines), lines
     assert not any(re.search(r"\b[A-Z][A-Za-z]*Error\b", ln) for ln in lines), lines
+
+
+ROUTES = [("GET", "/health"), ("GET", "/v1/models"), ("GET", "/v1/stats"),
+          ("POST", "/v1/chat/completions"), ("POST", "/chat/completions"),
+          ("POST", "/v1/completions"), ("POST", "/v1/responses"), ("POST", "/v1/messages"),
+          ("POST", "/v1/messages/count_tokens"), ("OPTIONS", "/v1/chat/completions"),
+          ("POST", "/no/such/route")]  # fmt: skip
+
+
+def test_a_web_page_cannot_drive_a_keyless_loopback_server(checkpoints, isolated):
+    """Issue 34 (1): a browser's simple request (Origin of another site, a text/plain
+    body, no preflight) was answered 200 with a completion. Now every route of every API
+    refuses a foreign Origin (403) and a body that is not JSON (415) before any handler
+    runs: nothing is generated, no checkpoint written; the SDKs still work."""
+    import anthropic
+
+    root = isolated / "sc"
+    srv = Running(ServeOptions(EngineOptions(model=str(checkpoints("qwen3_moe"))),
+                               cache_root=root))  # fmt: skip
+    body = {"model": srv.model, "max_tokens": 2, "prompt": "hi", "input": "hi",
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    try:
+        for method, path in ROUTES:
+            for origin in ("https://evil.example", "null", "http://localhost:3000"):
+                r = httpx.request(method, srv.url + path, timeout=30,
+                                  content=json.dumps(body), headers={
+                                      "origin": origin, "content-type": "text/plain"})  # fmt: skip
+                assert r.status_code == 403, (method, path, origin, r.text)
+                err = r.json()["error"]
+                assert err["code"] == "origin_not_allowed" and "--allowed-origins" in err["message"]
+            if method != "POST":
+                continue
+            for headers in (
+                {"content-type": "text/plain"},
+                {},
+                {"content-type": "application/x-www-form-urlencoded"},
+                {"content-type": "multipart/form-data; boundary=x"},
+            ):
+                r = httpx.post(srv.url + path, content=json.dumps(body), headers=headers,
+                               timeout=30)  # fmt: skip
+                assert r.status_code == 415, (path, headers, r.text)
+                assert r.json()["error"]["code"] == "unsupported_media_type"
+                assert "application/json" in r.json()["error"]["message"]
+        assert not list(root.rglob("*.safetensors"))  # nothing ran
+        # what clients send is answered: both SDKs, JSON with a charset
+        c = srv.client()
+        assert c.chat.completions.create(model=srv.model, max_tokens=1,
+                                         messages=body["messages"]).choices  # fmt: skip
+        a = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+        assert (
+            a.messages.create(model=srv.model, max_tokens=1, messages=body["messages"]).content
+            is not None
+        )
+        r = httpx.post(srv.url + "/v1/completions", content=json.dumps(body), timeout=30,
+                       headers={"content-type": "Application/JSON; charset=utf-8"})  # fmt: skip
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
