@@ -115,7 +115,7 @@ class Server:
 
             # The folder depends on the model's fingerprint, known once it is loaded:
             # the hooks look it up lazily through `self.kv`.
-            hooks = KVHooks(save=self._kv_save, load=self._kv_load)
+            hooks = KVHooks(save=self._kv_save, load=self._kv_load, covers=self._kv_covers)
             if opts.distributed is not None:
                 from ssdmoe_tui.server.replicated_kv import ReplicatedKV
 
@@ -154,6 +154,9 @@ class Server:
         if self.kv is not None:
             return self.kv.load(*args)
         return None
+
+    def _kv_covers(self, *args) -> int:  # noqa: ANN002
+        return self.kv.covers(*args) if self.kv is not None else 0
 
     async def run(
         self, sock: socket.socket, on_ready: Callable[[Server], None] | None = None

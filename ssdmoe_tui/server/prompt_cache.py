@@ -10,8 +10,9 @@ seen from a checkpoint instead of a prefill:
   continues (`prompts.Prompt.chain`); the app's budgets apply (2 checkpoints per chain,
   4 GiB per chain, 16 GiB over all chains of the model), and at most `max_chains`
   chains are kept (least recently used go).
-- `load` (engine thread, when no in-memory cache serves a prompt): the checkpoint, over
-  all chains, that covers the longest exact prefix of the prompt (header and token
+- `covers` / `load` (engine thread, before each prompt: the engine loads when the disk
+  serves more of it than its memory does): the checkpoint, over all chains, that covers
+  the longest prefix of the prompt (header and token
   hash checked first, tensors' checksum on load; a bad file is skipped with a notice).
 
 The engine only sees `KVHooks`; it imports nothing from here.
@@ -121,6 +122,11 @@ class ServerKV(CheckpointHooks):
         if choice is None:
             return None
         return self.load_chosen(*choice, info)
+
+    def covers(self, session_id: str, tokens: Sequence[int], info: Any) -> int:
+        """How many tokens `load` would serve (headers only: no tensors read)."""
+        choice = self.choose(tokens, info)
+        return choice[2] if choice is not None else 0
 
     def choose(self, tokens: Sequence[int], info: Any) -> tuple[str, tuple[int, ...], int] | None:
         """Which checkpoint `load` reads: (chain, the tokens it covers, tokens to reuse)."""

@@ -55,7 +55,7 @@ class ReplicatedKV:
     def hooks(self):
         from ssdmoe_tui.engine.run.service import KVHooks
 
-        return KVHooks(save=self.save, load=self.load)
+        return KVHooks(save=self.save, load=self.load, covers=self.covers)
 
     # ------------------------------------------------------------------ hooks
     def save(self, session_id: str, tokens: Sequence[int], cache: list, info: Any) -> None:
@@ -74,6 +74,17 @@ class ReplicatedKV:
             raise error
         if chain and self.writes and not self.dist.is_root:
             self.kv_of(info).save_to_chain(chain, tokens, cache, info)
+
+    def covers(self, session_id: str, tokens: Sequence[int], info: Any) -> int:
+        """Rank 0's answer (its checkpoints decide), the same on every rank."""
+        n = 0
+        if self.dist.is_root:
+            try:
+                kv = self.kv_of(info)
+                n = kv.covers(session_id, tokens, info) if kv is not None else 0
+            except Exception:  # noqa: BLE001 - nothing on disk: every rank uses memory
+                n = 0
+        return int(self.dist.broadcast_json(n) or 0)
 
     def load(self, session_id: str, tokens: Sequence[int], info: Any) -> tuple[list, int] | None:
         choice = None

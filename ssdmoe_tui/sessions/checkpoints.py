@@ -439,6 +439,17 @@ def load_checkpoint(
     raise CheckpointInvalid(reasons[0])
 
 
+def checkpoint_covers(session_dir: Path, tokens: Sequence[int], fingerprint: str) -> int:
+    """How many tokens `load_checkpoint` would most likely serve, from the headers alone
+    (a checkpoint whose tensors turn out corrupt is skipped by the load); 0: none."""
+    for info in list_checkpoints(Path(session_dir)):
+        try:
+            return check_checkpoint(info.path, tokens, fingerprint)
+        except (CheckpointInvalid, OSError):
+            continue
+    return 0
+
+
 def _load_verified(path: Path, n_tokens: int) -> tuple[list[Any], dict[str, str]]:
     name = path.name
     try:

@@ -21,7 +21,12 @@ from typing import Any
 
 from ssdmoe_tui.engine.run.service import KVHooks
 from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
-from ssdmoe_tui.sessions.checkpoints import CacheShape, NoCheckpoint, load_checkpoint
+from ssdmoe_tui.sessions.checkpoints import (
+    CacheShape,
+    NoCheckpoint,
+    checkpoint_covers,
+    load_checkpoint,
+)
 from ssdmoe_tui.sessions.expert_set import save_working_set
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore
 
@@ -60,6 +65,10 @@ class SessionKV(CheckpointHooks):
             self._tell(f"checkpoint ignored: {reason}")
         return cache, n
 
+    def covers(self, session_id: str, tokens: Sequence[int], info: Any) -> int:
+        """How many tokens `load` would serve (headers only: no tensors read)."""
+        return checkpoint_covers(self.store.folder(session_id), tokens, info.fingerprint)
+
     def save_experts(self, session_id: str, working_set: Any, info: Any) -> None:
         """The expert cache's working set beside the checkpoints (`expert_set.py`)."""
         folder = self.folder_for(session_id, ())
@@ -70,4 +79,4 @@ class SessionKV(CheckpointHooks):
 def session_hooks(notice: Callable[[str], None]) -> KVHooks:
     """KV hooks over the default session store (`EngineService(kv_hooks=session_hooks)`)."""
     kv = SessionKV(SessionStore(), notice=notice)
-    return KVHooks(save=kv.save, load=kv.load, save_experts=kv.save_experts)
+    return KVHooks(save=kv.save, load=kv.load, save_experts=kv.save_experts, covers=kv.covers)

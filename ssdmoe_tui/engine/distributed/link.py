@@ -165,4 +165,12 @@ def agreed_kv_hooks(dist, hooks, saves: bool):
             return got
         return None
 
-    return KVHooks(save=hooks.save if saves else None, load=load)
+    def covers(session_id, tokens, info):
+        try:
+            n = int(hooks.covers(session_id, tokens, info))
+        except Exception:  # noqa: BLE001 - nothing on disk here: memory serves
+            n = 0
+        return min(dist.gather_json(n))  # the same answer on every rank
+
+    return KVHooks(save=hooks.save if saves else None, load=load,
+                   covers=covers if hooks.covers is not None else None)  # fmt: skip

@@ -126,6 +126,12 @@ class KVPool:
             return None, 0
         return cache, n
 
+    def covers(self, key: str, tokens: Sequence[int]) -> int:
+        """How many tokens of `tokens` `take` would serve (0: none), without taking."""
+        with self._lock:
+            found = self._best(key, tokens)
+        return found[1] if found is not None else 0
+
     def put(self, key: str, tokens: Sequence[int], cache: PromptCache) -> bool:
         """Keep `cache`, which covers exactly `tokens`. Returns False if it alone is over
         the budget (then it is dropped). Evicts least recently used caches to fit."""

@@ -66,8 +66,12 @@ class KVHooks:
     (`commands/chat.py` with `sessions.kv_hooks.session_hooks`).
 
     save(session_id, tokens, cache, info): after a reply has been shown.
-    load(session_id, tokens, info) -> (cache, n_tokens) | None: when no in-memory
-    cache serves a session's prompt (e.g. after a restart).
+    load(session_id, tokens, info) -> (cache, n_tokens) | None: when the disk serves a
+    longer prefix of a session's prompt than memory (e.g. after a restart).
+    covers(session_id, tokens, info) -> int: how many tokens `load` would serve, from
+    headers only (no tensors read); asked before every prompt, so a checkpoint on disk
+    that is longer than what memory holds is never passed over. Without it, `load` is
+    asked only when memory serves nothing.
     save_experts(session_id, working_set, info): after `save`, the expert cache's
     working set (`ExpertCache.working_set`: per layer, ids most recent first), which a
     resume hands back as `WarmExperts`.
@@ -76,6 +80,7 @@ class KVHooks:
     save: Callable | None = None
     load: Callable | None = None
     save_experts: Callable | None = None
+    covers: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -604,12 +609,12 @@ class EngineService:
             self.kv_pool.put(session_id or "_default", covered, result.cache)
 
     def _take_cache(self, session_id: str | None, prompt: list[int]):
+        """The KV cache serving the longest prefix of `prompt`, from memory or disk,
+        whichever holds more (a restart leaves memory a short common prefix of many
+        conversations while each has its own checkpoint on disk), and its length."""
         key = session_id or "_default"
-        if self.kv_pool is not None:
-            cache, n = self.kv_pool.take(key, prompt)
-            if cache is not None and n > 0:
-                return cache, n
-        if session_id and self.kv_hooks.load is not None:
+        in_memory = self.kv_pool.covers(key, prompt) if self.kv_pool is not None else 0
+        if session_id and self._disk_serves_more(session_id, prompt, in_memory):
             try:
                 got = self.kv_hooks.load(session_id, prompt, self._info)
             except Exception as e:  # noqa: BLE001 - a bad checkpoint only costs a re-prefill
@@ -619,9 +624,25 @@ class EngineService:
                 got = None
             if got is not None:
                 cache, n = got
-                if 0 < n < len(prompt):
+                if in_memory < n < len(prompt):
                     return cache, n
+        if in_memory > 0:
+            cache, n = self.kv_pool.take(key, prompt)
+            if cache is not None and n > 0:
+                return cache, n
         return None, 0
+
+    def _disk_serves_more(self, session_id: str, prompt: list[int], in_memory: int) -> bool:
+        """Whether the KV hooks can serve more of `prompt` than the `in_memory` tokens."""
+        hooks = self.kv_hooks
+        if hooks.load is None:
+            return False
+        if hooks.covers is None:
+            return in_memory == 0
+        try:
+            return int(hooks.covers(session_id, prompt, self._info)) > in_memory
+        except Exception:  # noqa: BLE001 - a store that cannot say only costs a prefill
+            return False
 
     def _save_experts(self, session_id: str) -> None:
         """The expert cache's working set, for a warm resume of this session."""
