@@ -17,6 +17,7 @@ from typing import Any
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.mcp_config import McpServer, check_mcp_servers
 from ssdmoe_tui.options import CacheBudget, parse_temp, parse_top_p
 from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
 
@@ -114,13 +115,19 @@ class Config:
     )
     theme: str = setting(DEFAULT_THEME, _text, f'"{DEFAULT_THEME}"', "or ssdmoe-light, ...")
     keymap: dict[str, str] = setting({}, _keymap, "", "binding id = keys; F1 lists the ids")
+    max_tool_rounds: int = setting(
+        8, lambda v: _positive_int(v, 100), "8", "tool calls the model may chain in one reply"
+    )
+    mcp_servers: dict[str, McpServer] = setting(
+        {}, check_mcp_servers, "", "MCP servers whose tools the model may call (F7 lists them)"
+    )
 
 
 def template() -> str:
     """The commented config.toml written on first run: every key, none set."""
     lines = ["# ssdmoe settings. Command-line flags override these. Uncomment to change."]
     for f in fields(Config):
-        if f.name == "keymap":
+        if f.name in ("keymap", "mcp_servers"):
             continue
         line = f"# {f.name} = {f.metadata['example']}"
         doc = f.metadata["doc"]
@@ -130,6 +137,11 @@ def template() -> str:
         "# [keymap]                                         # " + fields_doc("keymap"),
         '# "app.stop" = "escape"',
         '# "app.k_up" = "ctrl+up,f9"',
+        "",
+        "# [mcp_servers.files]                              # " + fields_doc("mcp_servers"),
+        '# command = "npx"                                  # stdio; or url = "http://host/mcp"',
+        '# args = ["-y", "@modelcontextprotocol/server-filesystem", "/home/me/notes"]',
+        '# enabled_tools = ["read_file"]                    # optional allow-list; timeout = 60',
     ]
     return "\n".join(lines) + "\n"
 
@@ -165,6 +177,7 @@ class GenSettings:
     max_tokens: int = 1024
     k: int | None = None  # None: the model's trained K
     thinking: bool = True  # the template's enable_thinking (templates that think)
+    max_tool_rounds: int = 8  # tool calls answered in one reply before the loop stops
 
     @classmethod
     def from_config(cls, config: Config) -> GenSettings:

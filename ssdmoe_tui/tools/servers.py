@@ -1,0 +1,367 @@
+"""The configured MCP servers, held open by the official `mcp` SDK on one background
+event loop (a daemon thread), so the UI thread and the engine thread only ever block on
+a call with a deadline.
+
+    servers = ToolServers(config.mcp_servers)
+    servers.start()                 # every enabled server; blocks up to the startup timeouts
+    servers.tools()                 # [ToolSpec]: what the model is offered
+    servers.call("read_file", {"path": "a.txt"})  # -> ToolResult (never raises)
+    servers.close()                 # stops every server; also at interpreter exit
+
+Each server runs in its own task, inside `async with mcp.Client(...)` (stdio: the SDK
+starts the command in its own process group and, on close, closes its stdin, then
+terminates the group; streamable HTTP: the SDK ends the session). `close` is idempotent
+and registered with `atexit`, so ctrl+q, a SIGTERM the app turns into a normal exit and
+an uncaught exception all stop the servers; a process killed outright leaves a stdio
+server its stdin's end of file, which ends an MCP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ssdmoe_tui.mcp_config import McpServer
+
+CLOSE_TIMEOUT = 8.0  # the SDK gives a stdio server 2 s after stdin closes, then kills it
+RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
+_OPEN: weakref.WeakSet[ToolServers] = weakref.WeakSet()
+
+
+class ToolsUnavailable(Exception):
+    """The `mcp` package is not installed: one line saying how to get it."""
+
+
+def require_sdk() -> None:
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise ToolsUnavailable(
+            "MCP servers need the mcp package: pip install 'ssdmoe-tui[tools]'"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool the model may call: its server and the schema the template shows."""
+
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def for_template(self) -> dict[str, Any]:
+        """The OpenAI-style function entry chat templates take as `tools`."""
+        schema = self.input_schema or {"type": "object", "properties": {}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": schema},
+        }
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    text: str  # what goes back to the model
+    is_error: bool = False
+    note: str = ""  # one line for the user when it failed
+
+
+@dataclass
+class ServerState:
+    config: McpServer
+    state: str = "stopped"  # stopped, starting, running, failed, disabled
+    error: str = ""
+    tools: list[ToolSpec] = field(default_factory=list)
+    hidden: int = 0  # tools the server lists that the allow-list leaves out
+    _client: Any = None
+    _stop: asyncio.Event | None = None
+    _task: asyncio.Future | None = None
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception (or an exception group of the SDK's task groups) as one line."""
+    while getattr(e, "exceptions", None):  # an ExceptionGroup (3.11+; anyio's backport)
+        e = e.exceptions[0]  # type: ignore[attr-defined]
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, FileNotFoundError) and e.filename:
+        text = f"command not found: {e.filename}"
+    elif isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+        text = "timed out"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def result_text(result: Any) -> str:
+    """A CallToolResult's content as text for the model: text blocks as they are, other
+    blocks (images, resources) named; structured content as JSON when there is no text."""
+    parts = []
+    for block in getattr(result, "content", None) or []:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource":
+            res = block.resource
+            parts.append(getattr(res, "text", None) or f"[resource {res.uri}]")
+        else:
+            parts.append(f"[{kind or 'content'} block not shown to the model]")
+    if not parts and getattr(result, "structured_content", None) is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    text = "\n".join(parts)
+    if len(text) > RESULT_CHARS_MAX:
+        text = text[:RESULT_CHARS_MAX] + f"\n[... cut at {RESULT_CHARS_MAX:,} characters]"
+    return text
+
+
+class ToolServers:
+    """Every configured server's state, and the calls to their tools."""
+
+    def __init__(
+        self,
+        config: Mapping[str, McpServer],
+        on_change: Callable[[], None] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.servers = {
+            name: ServerState(c, "stopped" if c.enabled else "disabled")
+            for name, c in config.items()
+        }
+        self.on_change = on_change  # called (any thread) when a server's state changes
+        self.log_dir = log_dir  # stdio servers' stderr goes to NAME.log here (else dropped)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def configured(self) -> bool:
+        return any(s.config.enabled for s in self.servers.values())
+
+    def tools(self) -> list[ToolSpec]:
+        """The running servers' allowed tools; a name two servers share goes to the first."""
+        seen: dict[str, ToolSpec] = {}
+        for s in self.servers.values():
+            if s.state == "running":
+                for t in s.tools:
+                    seen.setdefault(t.name, t)
+        return list(seen.values())
+
+    def pending(self) -> list[str]:
+        """Enabled servers not started yet (nor failed)."""
+        return [n for n, s in self.servers.items() if s.state == "stopped"]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the tool servers are closed")
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="ssdmoe-mcp", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+                _OPEN.add(self)
+            return self._loop
+
+    def start(self, names: list[str] | None = None) -> list[str]:
+        """Start the enabled servers not running yet (`names`: only those) and wait, each
+        up to its startup timeout; returns one line per server that failed. Blocking:
+        call it off the UI thread."""
+        require_sdk()
+        loop = self._ensure_loop()
+        todo = [
+            s for n, s in self.servers.items()
+            if s.state in ("stopped", "failed") and (names is None or n in names)
+        ]  # fmt: skip
+        futures = []
+        for s in todo:
+            s.state, s.error = "starting", ""
+            self._changed()
+            futures.append((s, asyncio.run_coroutine_threadsafe(self._start_one(s), loop)))
+        failed = []
+        for s, fut in futures:
+            try:
+                fut.result(timeout=s.config.startup_timeout + 2.0)
+            except Exception as e:  # noqa: BLE001 - one server's failure is one line
+                if s.state != "failed":
+                    s.state, s.error = "failed", _one_line(e)
+            if s.state == "failed":
+                failed.append(f"MCP server {s.config.name}: {s.error}")
+            self._changed()
+        return failed
+
+    async def _start_one(self, s: ServerState) -> None:
+        """Start the server's task and wait until it is running (or failed)."""
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future = loop.create_future()
+        s._stop = asyncio.Event()
+        s._task = asyncio.ensure_future(self._hold(s, ready))
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), s.config.startup_timeout)
+        except (TimeoutError, asyncio.TimeoutError):
+            s.state, s.error = "failed", f"did not start in {s.config.startup_timeout:g} s"
+            s._stop.set()
+            s._task.cancel()
+
+    async def _hold(self, s: ServerState, ready: asyncio.Future) -> None:
+        """The server's task: open the client, list its tools, hold it until stopped."""
+        from mcp import Client, StdioServerParameters
+
+        c = s.config
+        errlog = None
+        try:
+            if c.url:
+                target: Any = c.url
+            else:
+                target = StdioServerParameters(
+                    command=c.command, args=list(c.args), env=dict(c.env) or None, cwd=c.cwd or None
+                )
+            errlog = self._errlog(c)
+            kwargs: dict[str, Any] = {"read_timeout_seconds": c.startup_timeout}
+            if errlog is not None and not c.url:
+                target = _with_errlog(target, errlog)
+            async with Client(target, **kwargs) as client:
+                listed = await client.list_tools()
+                tools = [
+                    ToolSpec(c.name, t.name, t.description or "", dict(t.input_schema or {}))
+                    for t in listed.tools
+                ]
+                s.tools = [t for t in tools if c.allows(t.name)]
+                s.hidden = len(tools) - len(s.tools)
+                s._client = client
+                s.state = "running"
+                self._changed()
+                if not ready.done():
+                    ready.set_result(None)
+                assert s._stop is not None
+                await s._stop.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the SDK's task groups raise groups
+            s.state, s.error = "failed", _one_line(e)
+            if not ready.done():
+                ready.set_result(None)
+        else:
+            if s.state == "running":
+                s.state = "stopped"
+        finally:
+            s._client = None
+            if errlog is not None:
+                errlog.close()
+            self._changed()
+
+    def _errlog(self, c: McpServer):  # noqa: ANN202 - a text file or None
+        if c.url:
+            return None
+        import os
+
+        if self.log_dir is None:
+            return open(os.devnull, "w")  # noqa: SIM115 - closed by _hold
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self.log_dir / f"mcp-{c.name}.log", "a", encoding="utf-8")  # noqa: SIM115
+
+    def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Call a tool with its server's timeout. Never raises: an unknown tool, a server
+        that is gone, a timeout or an error the server reports is an error result for the
+        model and one line for the user."""
+        server = next(
+            (s for s in self.servers.values() if s.state == "running" and any(t.name == name for t in s.tools)),
+            None,
+        )  # fmt: skip
+        if server is None or self._loop is None:
+            known = ", ".join(t.name for t in self.tools()) or "none"
+            msg = f"unknown tool {name!r} (available: {known})"
+            return ToolResult(f"Error: {msg}", True, msg)
+        timeout = server.config.timeout
+        fut = asyncio.run_coroutine_threadsafe(self._call(server, name, arguments), self._loop)
+        try:
+            result = fut.result(timeout=timeout + 2.0)
+        except Exception as e:  # noqa: BLE001 - any failure is the model's error result
+            fut.cancel()
+            why = _one_line(e)
+            if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+                why = f"timed out after {timeout:g} s"
+            msg = f"{name} ({server.config.name}): {why}"
+            return ToolResult(f"Error: {why}", True, msg)
+        text = result_text(result)
+        if getattr(result, "is_error", False):
+            first = (text.strip().splitlines() or ["error"])[0]
+            return ToolResult(
+                text or "Error", True, f"{name} ({server.config.name}): {first[:120]}"
+            )
+        return ToolResult(text)
+
+    async def _call(self, s: ServerState, name: str, arguments: dict[str, Any]) -> Any:
+        client = s._client
+        if client is None:
+            raise RuntimeError("the server has stopped")
+        return await asyncio.wait_for(
+            client.call_tool(name, arguments, read_timeout_seconds=s.config.timeout),
+            s.config.timeout,
+        )
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Stop every server and the loop (idempotent; waits up to `timeout`)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._stop_all(), loop).result(timeout)
+        except Exception:  # noqa: BLE001, S110 - closing: nothing left to tell
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=2.0)
+        for s in self.servers.values():
+            if s.state in ("running", "starting"):
+                s.state = "stopped"
+
+    async def _stop_all(self) -> None:
+        tasks = []
+        for s in self.servers.values():
+            if s._stop is not None:
+                s._stop.set()
+            if s._task is not None:
+                tasks.append(s._task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT - 1.0)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # noqa: BLE001, S110 - a UI gone away must not stop a server
+                pass
+
+
+def _with_errlog(params: Any, errlog: Any) -> Any:
+    """StdioServerParameters whose server's stderr goes to `errlog` (not the terminal the
+    TUI draws on): the SDK's `stdio_client` as a transport with that errlog."""
+    from contextlib import asynccontextmanager
+
+    from mcp.client.stdio import stdio_client
+
+    @asynccontextmanager
+    async def transport():  # noqa: ANN202 - the SDK's Transport shape
+        async with stdio_client(params, errlog=errlog) as streams:
+            yield streams
+
+    return transport()
+
+
+@atexit.register
+def _close_all() -> None:
+    for servers in list(_OPEN):
+        servers.close(timeout=4.0)

@@ -1,0 +1,60 @@
+"""A real MCP server for the tests, written with the official SDK (`MCPServer`).
+
+    python -m tests.tools.mcp_test_server stdio
+    python -m tests.tools.mcp_test_server http PORT
+
+Tools: `get_weather(city)` (a fixed forecast), `slow(seconds)` (sleeps: timeouts),
+`fail()` (raises: an error result), `secret()` (left out by allow-lists in tests).
+With PID_FILE set, the server writes its process id there (orphan checks).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+
+FORECAST = "Paris: 21 C, sunny"
+
+server = MCPServer("ssdmoe-test-tools")
+
+
+@server.tool()
+def get_weather(city: str) -> str:
+    """The weather for a city."""
+    return FORECAST if city == "Paris" else f"{city}: no data"
+
+
+@server.tool()
+def slow(seconds: float) -> str:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return "done"
+
+
+@server.tool()
+def fail() -> str:
+    """Always fails."""
+    raise RuntimeError("the disk is on fire")
+
+
+@server.tool()
+def secret() -> str:
+    """Not for the model."""
+    return "hidden"
+
+
+def main() -> None:
+    if pid_file := os.environ.get("PID_FILE"):
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+    if sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

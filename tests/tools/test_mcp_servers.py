@@ -1,0 +1,188 @@
+"""MCP servers from config.toml, on the official SDK: a real server (the SDK's own
+`MCPServer`, tests/tools/mcp_test_server.py) over stdio and streamable HTTP; the
+config's checks; allow-lists; timeouts and failures as error results; no server left
+running after close, an uncaught exception or a kill of the app's process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ssdmoe_tui.config import load_config
+from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.tools.servers import ToolServers
+from tests.tools.conftest import ROOT, alive, gone_within, stdio_server
+
+
+def test_config_reads_codex_shaped_tables(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            max_tool_rounds = 3
+            [mcp_servers.files]
+            command = "npx"
+            args = ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]
+            env = { "LOG_LEVEL" = "warn" }
+            enabled_tools = ["read_file"]
+            tool_timeout_sec = 30
+
+            [mcp_servers.web]
+            url = "http://127.0.0.1:8931/mcp"
+            enabled = false
+            timeout = 5
+            """
+        )
+    )
+    loaded = load_config(path)
+    assert loaded.warnings == ()
+    servers = loaded.config.mcp_servers
+    assert loaded.config.max_tool_rounds == 3
+    files, web = servers["files"], servers["web"]
+    assert (
+        files.transport == "stdio" and files.args[0] == "-y" and files.env == {"LOG_LEVEL": "warn"}
+    )
+    assert files.timeout == 30 and files.allows("read_file") and not files.allows("write_file")
+    assert web.transport == "http" and not web.enabled and web.timeout == 5
+
+
+@pytest.mark.parametrize(
+    "table, says",
+    [
+        ({"x": {}}, "needs either command"),
+        ({"x": {"command": "a", "url": "http://h/mcp"}}, "needs either command"),
+        ({"x": {"url": "ftp://h"}}, "http:// or https://"),
+        ({"x": {"command": "a", "args": "b"}}, "x.args must be a list"),
+        ({"x": {"command": "a", "timeout": 0}}, "x.timeout must be in"),
+        ({"x": {"command": "a", "comand": "b"}}, "unknown key 'comand'"),
+        ({"bad name": {"command": "a"}}, "server name"),
+        ({"x": {"command": "a", "env": {"A": 1}}}, "x.env must be"),
+    ],
+)
+def test_a_bad_table_is_one_line_naming_the_file_and_server(tmp_path, table, says):
+    import json
+
+    with pytest.raises(ValueError, match=says):
+        check_mcp_servers(table)
+    if any(isinstance(v, dict) for raw in table.values() for v in raw.values()):
+        return  # the file form below writes plain keys only
+    path = tmp_path / "config.toml"
+    body = "\n".join(
+        f"[mcp_servers.{json.dumps(name)}]\n"
+        + "\n".join(f"{k} = {json.dumps(v)}" for k, v in raw.items() if not isinstance(v, dict))
+        for name, raw in table.items()
+    )
+    path.write_text(body)
+    loaded = load_config(path)
+    assert len(loaded.warnings) == 1 and str(path) in loaded.warnings[0]
+    assert "\n" not in loaded.warnings[0]
+    assert loaded.config.mcp_servers == {}
+
+
+def test_stdio_server_lists_and_calls_tools_with_the_allow_list():
+    servers = ToolServers(check_mcp_servers({"t": stdio_server(disabled_tools=["secret"])}))
+    try:
+        assert servers.start() == []
+        assert servers.servers["t"].state == "running"
+        names = sorted(t.name for t in servers.tools())
+        assert names == ["fail", "get_weather", "slow"] and servers.servers["t"].hidden == 1
+        spec = next(t for t in servers.tools() if t.name == "get_weather")
+        fn = spec.for_template()["function"]
+        assert fn["parameters"]["properties"]["city"]["type"] == "string"
+        assert servers.call("get_weather", {"city": "Paris"}).text == "Paris: 21 C, sunny"
+        failed = servers.call("fail", {})
+        assert failed.is_error and failed.note.startswith("fail (t):")
+        hidden = servers.call("secret", {})
+        assert hidden.is_error and "unknown tool 'secret'" in hidden.text
+    finally:
+        servers.close()
+    assert servers.servers["t"].state == "stopped"
+
+
+def test_a_tool_past_its_timeout_is_an_error_result_and_the_server_goes_on():
+    servers = ToolServers(check_mcp_servers({"t": stdio_server(timeout=1)}))
+    try:
+        assert servers.start() == []
+        t0 = time.monotonic()
+        slow = servers.call("slow", {"seconds": 20})
+        assert time.monotonic() - t0 < 6
+        assert slow.is_error and "timed out after 1 s" in slow.text and "\n" not in slow.note
+        assert servers.call("get_weather", {"city": "Paris"}).text == "Paris: 21 C, sunny"
+    finally:
+        servers.close()
+
+
+def test_streamable_http_server(http_server):
+    servers = ToolServers(
+        check_mcp_servers({"web": {"url": http_server, "enabled_tools": ["get_weather"]}})
+    )
+    try:
+        assert servers.start() == []
+        assert [t.name for t in servers.tools()] == ["get_weather"]
+        assert servers.call("get_weather", {"city": "Paris"}).text == "Paris: 21 C, sunny"
+    finally:
+        servers.close()
+
+
+def test_a_server_that_cannot_start_is_one_line_and_the_others_run(tmp_path):
+    servers = ToolServers(
+        check_mcp_servers(
+            {
+                "gone": {"command": str(tmp_path / "no-such-command")},
+                "ok": stdio_server(),
+                "off": stdio_server(enabled=False),
+            }
+        )
+    )
+    try:
+        failed = servers.start()
+        assert len(failed) == 1 and failed[0].startswith("MCP server gone:")
+        assert "\n" not in failed[0]
+        states = {n: s.state for n, s in servers.servers.items()}
+        assert states == {"gone": "failed", "ok": "running", "off": "disabled"}
+    finally:
+        servers.close()
+
+
+_APP = """
+import os, sys, time
+from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.tools.servers import ToolServers
+servers = ToolServers(check_mcp_servers({"t": {
+    "command": sys.executable, "args": ["-m", "tests.tools.mcp_test_server", "stdio"],
+    "env": {"PID_FILE": sys.argv[1]}}}))
+assert servers.start() == []
+print("started", flush=True)
+if sys.argv[2] == "crash":
+    raise RuntimeError("the app crashed")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["crash", "kill"])
+def test_no_server_outlives_the_app(tmp_path, how):
+    """An uncaught exception closes the servers (atexit); a process killed outright
+    leaves its stdio server end of file on stdin, which ends it."""
+    pid_file = tmp_path / "pid"
+    app = subprocess.Popen(
+        [sys.executable, "-c", _APP, str(pid_file), how],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert app.stdout.readline().strip() == "started", app.stderr.read()
+        server_pid = int(pid_file.read_text())
+        assert alive(server_pid)
+        if how == "kill":
+            os.kill(app.pid, signal.SIGKILL)
+        app.wait(30)
+        assert gone_within(server_pid, 15)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait(5)
