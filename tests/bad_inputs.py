@@ -390,6 +390,49 @@ def special_case(
     return Bad(id, what, bounded_run)
 
 
+def attached(base: Path, typed: str, named: str) -> Outcome:
+    """What the app says about a prompt's `@file`s (`chat.attachments`, the one reader)."""
+    from ssdmoe_tui.chat.attachments import AttachmentError, attachments_of
+
+    try:
+        files = attachments_of(typed, base)
+    except AttachmentError as e:
+        return Outcome(None, str(e), named, "SsdmoeError")
+    return Outcome(None, f"accepted: {[a.name for a in files]}", named, "Accepted")
+
+
+@dataclass(frozen=True)
+class _Info:
+    """The loaded model, as the warm-resume loader sees it."""
+
+    fingerprint: str = "fp"
+    num_layers: int = 2
+    num_experts: int = 8
+
+
+def working_set(folder: Path) -> Outcome:
+    """What the warm-resume loader says about `experts.json` in `folder`."""
+    from ssdmoe_tui.sessions.expert_set import load_working_set
+
+    got = load_working_set(folder, _Info())
+    if got.warning:
+        return Outcome(None, got.warning, "experts.json", "WarningOk")
+    return Outcome(None, f"accepted: {got.working_set}", "experts.json", "Accepted")
+
+
+def experts_case(id: str, what: str, doc: Any, reason: str = "") -> Bad:
+    def run(tmp: Path, model: Callable[[], Path]) -> Outcome:
+        data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        (tmp / "experts.json").write_bytes(data)
+        return dataclasses.replace(working_set(tmp), reason=reason)
+
+    return Bad(id, what, run)
+
+
+EXPERTS = {"format": "ssdmoe-experts", "version": 1, "fingerprint": "fp", "num_layers": 2,
+           "num_experts": 8, "layers": [[0, [1, 2]]]}  # fmt: skip
+
+
 def _special_cases() -> list[Bad]:
     out: list[Bad] = []
     for kind, make, reason in SPECIAL:
@@ -445,8 +488,18 @@ def _special_cases() -> list[Bad]:
             special(make, path)
             return load(lambda: check_checkpoint(path, [3, 4, 5, 6], "fp"), path.name)
 
+        def attachment(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            special(make, tmp / "notes.txt")
+            return attached(tmp, "@notes.txt", "@notes.txt")
+
+        def experts(tmp: Path, model: Callable[[], Path], make=make) -> Outcome:
+            special(make, tmp / "experts.json")
+            return working_set(tmp)
+
         for where, run in [
             ("conv", conv),
+            ("attachment", attachment),
+            ("experts", experts),
             ("config", config),
             ("shard", shard),
             ("model-config", model_config),
@@ -803,9 +856,31 @@ CASES: list[Bad] = [
     config_key_case("config-hidden-huge", "hidden_size", 10**12, "config.json"),
     config_key_case("config-layers-word", "num_hidden_layers", "3", "config.json"),
     config_key_case("config-k-over-experts", "num_experts_per_tok", 64, "not about --k"),
+    # ---- warm resume (experts.json) and @file attachments (issue 34)
+    experts_case(
+        "experts-version-true", '"version": true', EXPERTS | {"version": True}, "version True"
+    ),  # fmt: skip
+    experts_case(
+        "experts-layer-word", 'a layer "0"', EXPERTS | {"layers": [["0", [1]]]}, "out of range"
+    ),  # fmt: skip
+    Bad(
+        "attachment-ansi-name",
+        "@ a folder whose name holds an ANSI escape",
+        lambda tmp, model: _ansi_attachment(tmp),
+    ),  # fmt: skip
     Bad("conv-huge", "conversation.json of 300 MiB (sparse)", _huge_conv),
     Bad("config-huge", "config.toml of 2 MiB (sparse)", _huge_config),
 ]
+
+
+def _ansi_attachment(tmp: Path) -> Outcome:
+    (tmp / "x\x1b[2Jy").mkdir()
+    out = attached(tmp, "@x\x1b[2Jy", "@x\\x1b[2Jy")
+    if "\x1b" in out.message:
+        return dataclasses.replace(
+            out, message="raw escape in: " + out.message.replace("\x1b", "ESC")
+        )
+    return out
 
 
 def _config_json(

@@ -18,12 +18,15 @@ be a mention); a file too large, not UTF-8 text, or a folder is refused in one l
 
 from __future__ import annotations
 
+import html
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmoe_tui.errors import SsdmoeError, printable
 from ssdmoe_tui.units import human_bytes
+from ssdmoe_tui.user_files import RefusedFile, read_regular
 
 FILE_LIMIT = 256 << 10  # bytes per attached file
 TOTAL_LIMIT = 1 << 20  # bytes for all the files of one message
@@ -34,7 +37,7 @@ _BLOCK = re.compile(
 )
 
 
-class AttachmentError(ValueError):
+class AttachmentError(SsdmoeError, ValueError):
     """One line naming the file and what is wrong with it."""
 
 
@@ -51,11 +54,16 @@ class Attachment:
         return f"📎 {self.name} ({human_bytes(self.size)})"
 
 
+def at_words(text: str) -> tuple[str, ...]:
+    """The `@word`s of a prompt as typed (no disk touched: the UI thread may call it)."""
+    return tuple(_TOKEN.findall(text))
+
+
 def mentioned(text: str, base: Path | None = None) -> list[str]:
     """The `@path` tokens of a prompt, in order, each once; punctuation after a path
     ("see @a.txt, then") is not part of it unless a file has that name."""
     seen: list[str] = []
-    for name in _TOKEN.findall(text):
+    for name in at_words(text):
         bare = name.rstrip(",.;:!?)]}'\"")
         if bare != name and bare and not resolve(name, base).exists():
             name = bare
@@ -70,28 +78,38 @@ def resolve(name: str, base: Path | None = None) -> Path:
 
 
 def read_attachment(name: str, base: Path | None = None) -> Attachment | None:
-    """The file `@name` names, read; None when it names no file (plain text)."""
+    """The file `@name` names, read; None when it names no file (plain text). Read
+    through the one reader of user files (`user_files.read_regular`: regular files
+    only, opened without blocking, the cap checked while reading), so a FIFO, a device
+    or a link to /dev/zero is one line, never a hang or a MemoryError. Call it off the
+    UI thread (it touches the disk)."""
     path = resolve(name, base)
-    if not path.exists():
-        return None
-    if path.is_dir():
-        raise AttachmentError(f"@{name} is a folder: attach its files one by one")
-    size = path.stat().st_size
-    if size > FILE_LIMIT:
-        raise AttachmentError(
-            f"@{name} is {human_bytes(size)}: an attachment can be up to {human_bytes(FILE_LIMIT)}"
-        )
+    shown = printable(name)
     try:
-        data = path.read_bytes()
+        data = read_regular(path, FILE_LIMIT)
+    except FileNotFoundError:
+        return None
+    except RefusedFile as e:
+        if e.reason == "a folder, not a file":
+            raise AttachmentError(f"@{shown} is a folder: attach its files one by one") from None
+        if "-byte limit" in e.reason:
+            raise AttachmentError(
+                f"@{shown} is too large: an attachment can be up to {human_bytes(FILE_LIMIT)}"
+            ) from None
+        _refused(shown, e.reason)
     except OSError as e:
-        raise AttachmentError(f"@{name}: cannot read it ({e.strerror or e})") from None
+        _refused(shown, f"cannot read it ({e.strerror or e})")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise AttachmentError(f"@{name} is not a text file (UTF-8)") from None
+        raise AttachmentError(f"@{shown} is not a text file (UTF-8)") from None
     if "\x00" in text:
-        raise AttachmentError(f"@{name} is not a text file (it holds NUL bytes)")
+        raise AttachmentError(f"@{shown} is not a text file (it holds NUL bytes)")
     return Attachment(name, text)
+
+
+def _refused(shown: str, reason: str) -> None:
+    raise AttachmentError(f"@{shown}: {printable(reason)}")
 
 
 def attachments_of(text: str, base: Path | None = None) -> list[Attachment]:
@@ -108,8 +126,14 @@ def attachments_of(text: str, base: Path | None = None) -> list[Attachment]:
 
 
 def with_attachments(text: str, files: list[Attachment]) -> str:
-    """The message for the model: the typed text, then each file's block."""
-    blocks = "".join(f'\n\n<attached file="{a.name}">\n{a.text}\n</attached>' for a in files)
+    """The message for the model: the typed text, then each file's block. The markers
+    are escaped inside a block (`_escape_name`, `_escape_text`), so neither a quote in a
+    name nor an `</attached>` in a file's text changes where the blocks are when the
+    stored message is shown again (`split_attached`)."""
+    blocks = "".join(
+        f'\n\n<attached file="{_escape_name(a.name)}">\n{_escape_text(a.text)}\n</attached>'
+        for a in files
+    )
     return text + blocks
 
 
@@ -119,10 +143,32 @@ def split_attached(content: str) -> tuple[str, list[Attachment]]:
     if first is None:
         return content, []
     tail = content[first.start() :]
-    files = [Attachment(m.group(1), m.group(2)) for m in _BLOCK.finditer(tail)]
+    files = [
+        Attachment(html.unescape(m.group(1)), _unescape_text(m.group(2)))
+        for m in _BLOCK.finditer(tail)
+    ]
     if "".join(m.group(0) for m in _BLOCK.finditer(tail)) != tail:
         return content, []  # not only blocks after the text: typed as it is
     return content[: first.start()], files
+
+
+# Inside a block, `</attached>` gains one backslash (`<\/attached>`, `<\\/attached>`...) and
+# loses it again on the way back: reversible, and no closing marker is left in a text.
+_CLOSE = re.compile(r"<(\\*)/attached>")
+_CLOSE_ESCAPED = re.compile(r"<(\\+)/attached>")
+
+
+def _escape_text(text: str) -> str:
+    return _CLOSE.sub(lambda m: "<\\" + m.group(1) + "/attached>", text)
+
+
+def _unescape_text(text: str) -> str:
+    return _CLOSE_ESCAPED.sub(lambda m: "<" + m.group(1)[1:] + "/attached>", text)
+
+
+def _escape_name(name: str) -> str:
+    """A name in the `file="..."` attribute: `&`, quotes and angle brackets as entities."""
+    return html.escape(name, quote=True)
 
 
 def complete(word: str, base: Path | None = None) -> tuple[str, list[str]]:

@@ -9,7 +9,9 @@ shape. On resume the app reads it back and asks the engine to warm those experts
 Written atomically and 0600 (`ssdmoe_tui.atomic`), at most `MAX_IDS` ids. Read back
 only when it is whole and for this model: a file that is too big, not JSON, of another
 format, model or shape, or with an id out of range is ignored with one line naming
-it (the resume is then only colder). No MLX here: the app reads it on the UI thread.
+it (the resume is then only colder). Read through `user_files.read_regular` (a FIFO, a
+device or a link to /dev/zero is refused without blocking or reading past the cap).
+No MLX here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.user_files import RefusedFile, read_regular
 
 FILE = "experts.json"
 FORMAT = "ssdmoe-experts"
@@ -72,20 +75,19 @@ def load_working_set(folder: Path, info: Any) -> Loaded:
     model's ModelInfo); no file: nothing, silently."""
     path = Path(folder) / FILE
     try:
-        size = path.stat().st_size
+        doc = json.loads(read_regular(path, MAX_FILE_BYTES))
     except FileNotFoundError:
         return Loaded(None)
+    except RefusedFile as e:
+        return _ignored(e.reason)
     except OSError as e:
         return _ignored(f"unreadable ({e.strerror or e})")
-    if size > MAX_FILE_BYTES:
-        return _ignored(f"{size:,} bytes, over the limit of {MAX_FILE_BYTES:,}")
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+    except (ValueError, RecursionError):
         return _ignored("corrupt (not JSON)")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return _ignored("not an ssdmoe expert working set")
-    if doc.get("version") != VERSION:
+    version = doc.get("version")
+    if type(version) is not int or version != VERSION:  # `true == 1` is no version
         return _ignored(f"version {doc.get('version')!r}, this version reads {VERSION}")
     if doc.get("fingerprint") != info.fingerprint:
         return _ignored("made with another model (fingerprint differs)")

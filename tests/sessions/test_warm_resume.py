@@ -150,6 +150,8 @@ def test_bad_working_sets_are_ignored_with_one_line(demo_model, tmp_path):
             "an expert twice": {**doc, "layers": [[0, [1, 1]]]},
             "not an ssdmoe": {"format": "x"},
             "corrupt (a layer": {**doc, "layers": [[0, 1]]},
+            "version True": {**doc, "version": True},  # issue 34: was taken as 1
+            "version 1.0": {**doc, "version": 1.0},
         }
         for why, content in cases.items():
             data = content if isinstance(content, bytes) else json.dumps(content).encode()
@@ -159,8 +161,19 @@ def test_bad_working_sets_are_ignored_with_one_line(demo_model, tmp_path):
             assert got.warning.startswith("expert working set ignored: experts.json: "), why
             assert why in got.warning and "\n" not in got.warning, got.warning
         os.truncate(tmp_path / FILE, 17 << 20)
-        assert "over the limit" in load_working_set(tmp_path, info).warning
+        assert "-byte limit" in load_working_set(tmp_path, info).warning
         (tmp_path / FILE).unlink()
+        # Issue 34 (4): a FIFO blocked the loader, a link to /dev/zero ran out of memory.
+        for why, make in {
+            "FIFO": lambda p: os.mkfifo(p),
+            "character device": lambda p: os.symlink("/dev/zero", p),
+            "symbolic link loop": lambda p: os.symlink(p.name, p),
+        }.items():
+            make(tmp_path / FILE)
+            got = load_working_set(tmp_path, info)
+            assert got.working_set is None and why in got.warning, got.warning
+            assert got.warning.startswith("expert working set ignored: experts.json: ")
+            (tmp_path / FILE).unlink()
         assert load_working_set(tmp_path, info).warning == ""  # none saved: silent
 
         # The engine checks again: ids out of range cost one notice, the rest is warmed.

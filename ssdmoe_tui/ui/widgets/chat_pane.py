@@ -8,6 +8,7 @@ in the order they arrived."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from textual import on
@@ -16,9 +17,10 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ssdmoe_tui.chat.attachments import (
+    Attachment,
     AttachmentError,
+    at_words,
     attachments_of,
-    mentioned,
     split_attached,
     with_attachments,
 )
@@ -53,23 +55,39 @@ class ChatPane(Vertical):
 
     @on(PromptInput.Changed)
     def _prompt_changed(self, event: PromptInput.Changed) -> None:
-        """The chips above the prompt follow its `@path`s (read when they change)."""
-        names = tuple(mentioned(self.prompt.text))
+        """The chips above the prompt follow its `@path`s: read when they change, on a
+        worker thread (a file is never read on the UI thread: a slow disk or a special
+        file would freeze the app), shown when the read ends if they still apply."""
+        text = self.prompt.text
+        names = at_words(text)
         if names == self._chips_for:
             return
         self._chips_for = names
-        chips = self.query_one("#attachments", Static)
-        try:
-            files = attachments_of(self.prompt.text)
-        except AttachmentError as e:
-            chips.update(f"✗ {e}")
-            chips.add_class("error")
-        else:
-            chips.update("  ".join(a.chip() for a in files))
-            chips.remove_class("error")
-            chips.display = bool(files)
+        if not names:
+            self._show_chips(names, [])
             return
-        chips.display = True
+
+        def read() -> None:
+            try:
+                found: list[Attachment] | str = attachments_of(text)
+            except AttachmentError as e:
+                found = str(e)
+            self.app.call_from_thread(self._show_chips, names, found)
+
+        self.run_worker(read, thread=True, group="attachment-chips", exit_on_error=False)
+
+    def _show_chips(self, names: tuple[str, ...], found: list[Attachment] | str) -> None:
+        if names != self._chips_for:
+            return  # the prompt changed meanwhile: a newer read shows its own
+        chips = self.query_one("#attachments", Static)
+        if isinstance(found, str):
+            chips.update(f"✗ {found}")
+            chips.add_class("error")
+            chips.display = True
+            return
+        chips.update("  ".join(a.chip() for a in found))
+        chips.remove_class("error")
+        chips.display = bool(found)
 
     @property
     def transcript(self) -> Transcript:
@@ -94,11 +112,11 @@ class ChatPane(Vertical):
         else:
             await self.send(event.text)
 
-    def _with_files(self, text: str) -> str | None:
-        """The message with its `@path` files, or None (said in one line) when one of
-        them cannot be attached."""
+    async def _with_files(self, text: str) -> str | None:
+        """The message with its `@path` files (read on a worker thread), or None (said in
+        one line) when one of them cannot be attached."""
         try:
-            return with_attachments(text, attachments_of(text))
+            return with_attachments(text, await asyncio.to_thread(attachments_of, text))
         except AttachmentError as e:
             self.notify(str(e), severity="error", markup=False)
             return None
@@ -108,7 +126,7 @@ class ChatPane(Vertical):
         if why := self.chat.why_not_send():
             self.notify(why, severity="warning")
             return False
-        message = self._with_files(text)
+        message = await self._with_files(text)
         if message is None:
             return False
         try:
@@ -124,7 +142,7 @@ class ChatPane(Vertical):
     async def redo(self, text: str | None = None) -> bool:
         """Regenerate the last reply (`text` None) or resend the edited last prompt; the
         replaced turns stay on screen, marked, and in the conversation file."""
-        if text is not None and (text := self._with_files(text)) is None:
+        if text is not None and (text := await self._with_files(text)) is None:
             return False
         try:
             request = self.chat.redo(text)
