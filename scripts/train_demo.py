@@ -67,7 +67,9 @@ CONFIG: dict = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
     "bos_token_id": None,
-    "eos_token_id": 2,
+    # Both end a reply, as in Qwen3's own generation_config: <|im_end|> ends a turn,
+    # <|endoftext|> a document (a raw continuation, `/v1/completions`, reaches it).
+    "eos_token_id": [2, 0],
 }
 
 INFO_DIR = Path("/usr/share/info")

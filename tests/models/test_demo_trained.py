@@ -45,6 +45,7 @@ def _lru_hit_rate(model, tmp_path, name: str, k: int) -> tuple[float, int]:
     trace = tmp_path / f"{name}.trace.json"
     argv = ["generate", "--model", str(model), "--raw", "--prompt", PROMPT]
     argv += ["--max-tokens", "160", "--temp", "0.7", "--seed", "1", "--trace", str(trace)]
+    argv += ["--ignore-eos"]  # 160 steps of routing, past the end tokens it may sample
     assert main(argv) == 0
     t = read_trace(trace)
     res = replay(t, "lru", 2 * k, per_layer=True, decode_only=True)
@@ -69,3 +70,22 @@ def test_the_demo_routes_with_locality_a_random_twin_lacks(pair, tmp_path, capsy
     capsys.readouterr()
     assert steps >= 64, steps  # enough decode steps to mean something
     assert trained >= random + 0.10, (trained, random)
+
+
+def test_the_demo_stops_on_every_end_token_its_tokenizer_marks(pair, tmp_path, capsys):
+    """Issue 33 N9/D3: the demo learned `<|endoftext|>` between documents; a raw
+    continuation reached it and ran on into a fake `<|im_start|>user` turn, shown as
+    text. Both of its end tokens now end a reply (as Qwen3's generation_config has it)."""
+    from tokenizers import Tokenizer
+
+    demo, _, config = pair
+    tok = Tokenizer.from_file(str(demo / "tokenizer.json"))
+    ends = {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")}
+    assert set(config["eos_token_id"]) == ends
+    capsys.readouterr()
+    argv = ["generate", "--model", str(demo), "--raw", "--prompt", "Copyright"]
+    assert main([*argv, "--max-tokens", "60", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["finish_reason"] == "stop", got["text"]
+    assert got["token_ids"][-1] == tok.token_to_id("<|endoftext|>")  # where it stopped
+    assert "<|" not in got["text"] and "user" not in got["text"], got["text"]
