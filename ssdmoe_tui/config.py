@@ -136,7 +136,7 @@ def template() -> str:
         "",
         "# [keymap]                                         # " + fields_doc("keymap"),
         '# "app.stop" = "escape"',
-        '# "app.k_up" = "ctrl+up,f9"',
+        '# "app.k_up" = "ctrl+up,alt+up"',
         "",
         "# [mcp_servers.files]                              # " + fields_doc("mcp_servers"),
         '# command = "npx"                                  # stdio; or url = "http://host/mcp"',
@@ -277,6 +277,33 @@ def _toml_value(value: str | int) -> str:
     return '"' + "".join(_TOML_ESCAPES.get(c, c) for c in value) + '"'
 
 
+_TABLE = re.compile(r"^\s*\[")
+# A table header the template (or the user) left commented out: uncommented later, it
+# would take every key below it, so a top-level key must never be written under it.
+_COMMENTED_TABLE = re.compile(r"^\s*#\s*\[\[?[\w.\"' -]+\]\]?(\s|$)")
+
+
+def place_top_level(lines: list[str], key: str, line: str) -> list[str]:
+    """`lines` with `line` as the top-level `key`: in place where the key already sits
+    above every table, commented-out ones included; else above the first of them (a
+    line an older version appended under the commented `# [keymap]` moves up)."""
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    first_table = next((i for i, s in enumerate(lines) if _TABLE.match(s)), len(lines))
+    first_any = next(
+        (i for i, s in enumerate(lines[:first_table]) if _COMMENTED_TABLE.match(s)), first_table
+    )
+    found = [i for i in range(first_table) if pattern.match(lines[i])]
+    if found and found[0] < first_any:
+        lines = [s for i, s in enumerate(lines) if i not in found[1:]]
+        lines[found[0]] = line
+        return lines
+    lines = [s for i, s in enumerate(lines) if i not in found]
+    at = first_any
+    while at > 0 and not lines[at - 1].strip():  # above the blank line before the table
+        at -= 1
+    return [*lines[:at], line, *lines[at:]]
+
+
 def set_config_value(loaded: LoadedConfig, key: str, value: str | int) -> str | None:
     """Write one top-level `key = value`, keeping the rest of the file as it is.
 
@@ -293,15 +320,7 @@ def set_config_value(loaded: LoadedConfig, key: str, value: str | int) -> str | 
         text = template()
     except (OSError, UnicodeDecodeError) as e:
         return f"not saved: {path}: {e.strerror or e}"
-    lines = text.splitlines()
-    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")
-    first_table = next((i for i, s in enumerate(lines) if s.lstrip().startswith("[")), len(lines))
-    for i in range(first_table):
-        if pattern.match(lines[i]):
-            lines[i] = line
-            break
-    else:
-        lines.insert(first_table, line)
+    lines = place_top_level(text.splitlines(), key, line)
     new_text = "\n".join(lines) + "\n"
     try:
         if tomllib.loads(new_text).get(key) != value:
