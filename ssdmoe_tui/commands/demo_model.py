@@ -29,12 +29,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tokenizer", default=None, help="with --config: copy tokenizer files from this folder"
     )
-    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
-    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8))
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        choices=(32, 64, 128),
+        help="with --config: quantization group size (default: the config's, else 64)",
+    )
+    p.add_argument(
+        "--bits",
+        type=int,
+        default=None,
+        choices=(2, 3, 4, 5, 6, 8),
+        help="with --config: bits per weight (default: the config's, else 4)",
+    )
     p.add_argument("--shard-size", default="5G", help="maximum shard size")
     p.add_argument("--seed", type=arg_type(O.parse_seed), default=0)
     p.add_argument("--force", action="store_true", help="rewrite the demo model even if present")
     p.set_defaults(func=run)
+
+
+def quantization_of(config: dict, group_size: int | None, bits: int | None) -> dict:
+    """The quantization to write: the flags', else the config's own (a model of this
+    shape may only quantize at its group size: the demo's 96-wide experts fail at 64),
+    else 4-bit, group size 64. Per-layer overrides (8-bit routers) come from the model's
+    own predicate, as mlx-lm's quantize_model applies it."""
+    own = config.get("quantization") or config.get("quantization_config") or {}
+    own = own if isinstance(own, dict) else {}
+
+    def pick(flag: int | None, key: str, default: int) -> int:
+        value = own.get(key)
+        if flag is not None:
+            return flag
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    mode = own.get("mode") if isinstance(own.get("mode"), str) else "affine"
+    return {
+        "group_size": pick(group_size, "group_size", 64),
+        "bits": pick(bits, "bits", 4),
+        "mode": mode if group_size is None and bits is None else "affine",
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if not cfg_path.is_file():
         raise ModelError(f"config not found: {cfg_path}")
     config = read_json_object(cfg_path)
-    quant = {"group_size": args.group_size, "bits": args.bits}  # what will be written
+    quant = quantization_of(config, args.group_size, args.bits)  # what will be written
     try:
         check_supported({**config, "quantization": quant})  # dense, unknown, incomplete
     except ModelError as e:
@@ -80,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
             config,
             out,
             seed=args.seed,
-            group_size=args.group_size,
-            bits=args.bits,
+            group_size=quant["group_size"],
+            bits=quant["bits"],
+            mode=quant["mode"],
             max_shard_bytes=shard,
             tokenizer_from=Path(args.tokenizer) if args.tokenizer else None,
             progress=say,

@@ -192,3 +192,28 @@ def test_generate_batch_json_each_sequence_equal_alone(tmp_path, capsys):
     assert [s["text"] for s in seqs] == [a["text"] for a in (*alone, alone[0])]
     assert got["batch"]["max_rows"] == 3 and got["batch"]["steps"] >= 1
     assert all(s["stats"]["generated_tokens"] == 8 for s in seqs)
+
+
+def test_demo_model_takes_the_quantization_of_its_config(tmp_path, capsys):
+    """Issue 33: `demo-model --config` on the demo's own config failed ("input size 96 is
+    not a multiple of group size 64"): the config's group size and bits are used now,
+    and flags still override them (a size that cannot fit is one line naming the file)."""
+    from ssdmoe_tui.models.demo import TRAINED_DIR
+
+    cfg = TRAINED_DIR / "config.json"
+    out = tmp_path / "m"
+    assert main(["demo-model", "--config", str(cfg), "--out", str(out)]) == 0
+    q = json.loads((out / "config.json").read_text())["quantization"]
+    assert (q["group_size"], q["bits"], q["mode"]) == (32, 4, "affine")
+    assert q["model.layers.0.mlp.gate"] == {"group_size": 64, "bits": 8}  # the router's
+    argv = ["generate", "--model", str(out), "--prompt", "hi", "--max-tokens", "3"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    argv = ["demo-model", "--config", str(cfg), "--out", str(tmp_path / "b"), "--bits", "8"]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["quantization"]["bits"] == 8
+    capsys.readouterr()
+    argv = ["demo-model", "--config", str(cfg), "--out", str(tmp_path / "c"), "--group-size", "64"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(cfg) in err[0] and "64" in err[0], err
