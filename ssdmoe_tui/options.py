@@ -44,6 +44,22 @@ def server_url(text: str, what: str = "attach") -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether a server URL (as `server_url` writes it) names this machine's loopback:
+    `localhost`, 127.0.0.0/8 or ::1. A lock claim may only advertise such a URL, and the
+    app sends `$SSDMOE_API_KEY` on its own only there."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_bytes(text: str | int, what: str = "size") -> int:
     """'512M', '4G', '1.5GiB', '123456', '1e-30' -> bytes (>= 0, finite). One line on error."""
     if isinstance(text, bool):

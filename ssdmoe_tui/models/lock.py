@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import secrets
 import shlex
@@ -175,16 +176,36 @@ def _command() -> str:
 
 def _server_url(value: object) -> str:
     """A label's `url` if it is one, exactly as `options.server_url` writes it (a plain
-    http URL with a port, no path): a damaged or odd label advertises nothing."""
+    http URL with a port, no path) and on this machine's loopback (`is_loopback_url`):
+    a damaged, odd or foreign label advertises nothing, so F4 never lists it and the
+    app's API key never goes there."""
     from ssdmoe_tui.errors import BadValueError
-    from ssdmoe_tui.options import server_url
+    from ssdmoe_tui.options import is_loopback_url, server_url
 
     if not isinstance(value, str) or len(value) > 300:
         return ""
     try:
-        return value if server_url(value, "lock claim") == value else ""
+        ok = server_url(value, "lock claim") == value and is_loopback_url(value)
     except BadValueError:
         return ""
+    return value if ok else ""
+
+
+# A declared need above this is no claim's (a machine of 1 PiB): the claim is damaged.
+MAX_NEED_BYTES = 1 << 50
+
+
+def _need_bytes(value: object) -> int | None:
+    """A label's `need_bytes` if it is a sound one (an int in [0, MAX_NEED_BYTES]); else
+    None, which counts as "the whole machine": a negative number must not cancel the
+    other claims, and a damaged one must not let a second model in."""
+    if type(value) is int and 0 <= value <= MAX_NEED_BYTES:
+        return value
+    return None
+
+
+def _text(value: object, limit: int = 300) -> str:
+    return value[:limit] if isinstance(value, str) else ""
 
 
 def read_holder(path: Path) -> LockHolder | None:
@@ -195,13 +216,13 @@ def read_holder(path: Path) -> LockHolder | None:
         return None
     if not isinstance(data, dict):
         return None
-    pid, need = data.get("pid"), data.get("need_bytes")
+    pid, since = data.get("pid"), data.get("since")
     return LockHolder(
-        pid=pid if isinstance(pid, int) else None,
-        model=str(data.get("model") or ""),
-        command=redact_command(str(data.get("command") or "")),
-        since=data.get("since") if isinstance(data.get("since"), int | float) else None,
-        need_bytes=need if isinstance(need, int) and not isinstance(need, bool) else None,
+        pid=pid if type(pid) is int and pid > 0 else None,
+        model=_text(data.get("model")),
+        command=redact_command(_text(data.get("command"))),
+        since=since if type(since) in (int, float) and math.isfinite(since) else None,
+        need_bytes=_need_bytes(data.get("need_bytes")),
         url=_server_url(data.get("url")),
         key_required=data.get("key_required") is True,
     )
@@ -306,6 +327,8 @@ def live_holders(
         except OSError:
             continue
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # a folder or a device named like a claim is none: left alone
             if fcntl is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -386,7 +409,10 @@ class ModelLock:
         if self._fd is None:
             raise SsdmoeError("model lock already released")
         if not _server_url(url):
-            raise SsdmoeError(f"not a server URL to advertise: {url!r}")
+            raise SsdmoeError(
+                f"{url!r} is not a loopback server URL (http://127.0.0.1:PORT): the app "
+                "lists only servers it reaches on this machine's loopback"
+            )
         served = Served(url, key_required)
         with _Mutex(self.path.parent):
             _write_label(self._fd, _label(self.model, self.need_bytes, served), self.path)

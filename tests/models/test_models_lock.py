@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -278,7 +279,7 @@ def test_a_serving_holder_advertises_its_url_and_goes_with_its_process(tmp_path)
     assert served_models() == []  # killed: its claim is stale, and removed
     with acquire_model_lock("plain", need_bytes=1, folder=tmp_path) as lock:
         assert served_models(tmp_path) == []  # a holder that serves nothing is not listed
-        with pytest.raises(SsdmoeError, match="not a server URL"):
+        with pytest.raises(SsdmoeError, match="not a loopback server URL"):
             lock.advertise("http://127.0.0.1:8123/v1; rm -rf /")
         lock.advertise("http://[::1]:9000")
         lock.relabel("other", 2, available=lambda: 100)
@@ -289,3 +290,69 @@ def test_a_serving_holder_advertises_its_url_and_goes_with_its_process(tmp_path)
     odd = tmp_path / "odd.lock"
     odd.write_text('{"pid": 1, "model": "m", "url": "file:///etc/passwd"}')
     assert read_holder(odd).url == ""
+
+
+# A process holding a claim file whose label it wrote itself (a damaged or hostile one).
+FORGED_HOLDER = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    os.makedirs(os.environ["SSDMOE_LOCK_DIR"], mode=0o700, exist_ok=True)
+    path = os.path.join(os.environ["SSDMOE_LOCK_DIR"], "model-forged.lock")
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, sys.argv[1].encode())
+    print("locked", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _forged(label: str, env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", FORGED_HOLDER, label], cwd=ROOT,
+                            env=env or _env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_claims_are_validated_a_negative_need_cancels_nothing(tmp_path) -> None:
+    """Issue 34 (6): a live claim with a negative `need_bytes` cancelled the others, so a
+    model that must be refused loaded; it now counts as undeclared (the whole machine).
+    A stray folder named like a claim refused every load; what is not a claim file is
+    ignored (and left alone)."""
+    memory = 1000 * MiB
+    for need in (-(10**12), 10**30, True, 1.5, "1"):
+        forged = _forged(json.dumps({"pid": 1, "model": "forged", "need_bytes": need}))
+        try:
+            (holder,) = [h for _, h in live_holders()]
+            assert holder.need_bytes is None, need
+            r = _claim("big", 500 * MiB, memory)
+            assert r.returncode == 1 and "forged" in r.stderr, (need, r.stderr)
+        finally:
+            _end(forged)
+    stray = lock_dir() / "model-stray.lock"
+    stray.mkdir(parents=True)
+    try:
+        assert live_holders() == []
+        r = _claim("small", 300 * MiB, memory)
+        assert r.returncode == 0, r.stderr
+        assert stray.is_dir()  # not ours to remove
+    finally:
+        stray.rmdir()
+
+
+def test_only_loopback_claims_are_listed(tmp_path) -> None:
+    """Issue 34 (2): a claim advertising a foreign URL was listed in F4, and the app
+    would have sent it $SSDMOE_API_KEY; only this machine's loopback is listed now."""
+    for url, listed in (("http://evil.example:8080", False), ("http://10.0.0.5:8080", False),
+                        ("http://127.0.0.2:8080", True), ("http://localhost:8080", True),
+                        ("http://[::1]:8080", True)):  # fmt: skip
+        forged = _forged(json.dumps({"pid": 1, "model": "m", "need_bytes": 1, "url": url,
+                                     "key_required": True}))  # fmt: skip
+        try:
+            assert [h.url for h in served_models()] == ([url] if listed else []), url
+        finally:
+            _end(forged)
+    with acquire_model_lock("plain", need_bytes=1, folder=tmp_path) as lock:
+        with pytest.raises(SsdmoeError, match="not a loopback server URL"):
+            lock.advertise("http://192.168.1.5:8080")

@@ -14,6 +14,7 @@ from typing import Any
 
 from ssdmoe_tui.chat.remote import RemoteEngine
 from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.options import is_loopback_url
 from ssdmoe_tui.ui.screens.dialogs import AskScreen
 
 API_KEY_ENV = "SSDMOE_API_KEY"
@@ -23,7 +24,8 @@ def attach(app: Any, url: str, *, key_required: bool | None = None) -> None:
     """Use the server at `url` as the chat's engine (asks for its key if it needs one).
 
     `key_required`: what the server's claim says (F4); None: not known (`--attach URL`),
-    then `$SSDMOE_API_KEY` goes along if set. A server that wants no key gets none."""
+    then `$SSDMOE_API_KEY` goes along if set and the server is on loopback. A server
+    that wants no key gets none."""
     if app.inflight is not None:
         app.notify("A reply is streaming: Esc stops it, then attach again.", severity="warning")
         return
@@ -32,7 +34,11 @@ def attach(app: Any, url: str, *, key_required: bool | None = None) -> None:
         # session, and a load cut short by the swap could keep its memory and claim.
         app.notify("A model is loading; attach again once it is ready.", severity="warning")
         return
-    key = (os.environ.get(API_KEY_ENV) or None) if key_required is not False else None
+    # $SSDMOE_API_KEY goes on its own only to a server on this machine's loopback
+    # (a lock claim can advertise no other); elsewhere the key is asked for.
+    key = None
+    if key_required is not False and is_loopback_url(url):
+        key = os.environ.get(API_KEY_ENV) or None
     if key_required and key is None:
 
         def given(value: str | None) -> None:
