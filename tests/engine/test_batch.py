@@ -42,12 +42,15 @@ def run_batch(runner, specs, max_batch):
     return batch, results, events
 
 
+@pytest.mark.parametrize("budget", ["1", "1G"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_batch_tokens_equal_alone(checkpoints, arch):
-    """Min cache (every layer syncs, reads the union of the rows' experts, evicts);
-    max_batch 3 of 5 sequences: two wait, join as others leave, and rows leave at
-    different steps, so batch caches are merged, extended, filtered and split."""
-    sm = load_streamed(checkpoints(arch), expert_cache="1")
+def test_batch_tokens_equal_alone(checkpoints, arch, budget):
+    """Min cache (every layer syncs, reads the union of the rows' experts, evicts) and a
+    cache holding every expert (no layer syncs: the step pipelines, rows join beside a
+    queued step and leave from it); max_batch 3 of 5 sequences: two wait, join as others
+    leave, and rows leave at different steps, so batch caches are merged, extended,
+    filtered and split."""
+    sm = load_streamed(checkpoints(arch), expert_cache=budget)
     runner = Runner(sm)
     ps = prompts(sm)
     alone = [runner.generate(p, max_tokens=n) for p, n in zip(ps, MAX_TOKENS, strict=True)]
@@ -70,12 +73,34 @@ def test_batch_tokens_equal_alone(checkpoints, arch):
     assert fig.max_rows == 3
     assert fig.row_tokens == sum(len(a.tokens) for a in alone) - len(alone)  # first tokens: prefill
     assert fig.row_tokens > fig.steps  # rows really shared steps
+    assert fig.rounds == fig.steps  # one K group: one pass a step
+    if budget == "1G":  # every layer frozen: no union looked up on the host
+        assert sm.cache.all_frozen and fig.union_calls == 0
+        return
     assert fig.union_calls > 0 and fig.union_experts / fig.union_calls >= sm.trained_k
     if arch != "nemotron_h":  # its random router picks the same experts for every token
         assert fig.union_experts / fig.union_calls > sm.trained_k  # rows' unions looked up
     # Per-sequence shares add up to the batch's decode bytes.
     share = sum(r.stats.decode_requested_bytes for r in results.values())
     assert abs(share - fig.requested_bytes) <= len(results)
+
+
+@pytest.mark.parametrize("budget", ["1", "1G"])
+def test_batch_invariant_mode_rows_equal_alone(checkpoints, budget):
+    """`invariant=True`: each row its own pass in the B = 1 shapes (its tokens equal alone
+    on any device), sharing the step's sync and the expert cache."""
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
+    runner = Runner(sm)
+    ps = prompts(sm)[:3]
+    alone = [runner.generate(p, max_tokens=n).tokens for p, n in zip(ps, MAX_TOKENS, strict=False)]
+    batch = BatchRunner(runner, max_batch=3, invariant=True)
+    for i, p in enumerate(ps):
+        batch.add(SeqSpec(i, p, max_tokens=MAX_TOKENS[i]))
+    results = {uid: ev.result for uid, ev in batch.drain() if isinstance(ev, Done)}
+    assert [results[i].tokens for i in range(3)] == alone
+    fig = batch.figures
+    assert fig.max_rows == 3 and fig.steps > fig.rounds  # a pass per row, a sync per step
+    assert fig.row_tokens == sum(len(a) for a in alone) - len(alone)
 
 
 def test_batch_all_resident_and_k_groups(checkpoints):
@@ -100,8 +125,9 @@ def test_batch_all_resident_and_k_groups(checkpoints):
         assert set(results[i].stats.k_per_token) == {ks[i] or sm.trained_k}
 
 
-def test_cancel_frees_the_row_and_others_go_on(checkpoints):
-    sm = load_streamed(checkpoints("qwen3_5_moe"), expert_cache="1")
+@pytest.mark.parametrize("budget", ["1", "1G"])
+def test_cancel_frees_the_row_and_others_go_on(checkpoints, budget):
+    sm = load_streamed(checkpoints("qwen3_5_moe"), expert_cache=budget)
     runner = Runner(sm)
     ps = prompts(sm)[:3]
     alone = [runner.generate(p, max_tokens=16).tokens for p in ps]
@@ -124,7 +150,12 @@ def test_cancel_frees_the_row_and_others_go_on(checkpoints):
                 assert batch.rows == 2  # its row is gone before the next decode step
     assert results[1].finish_reason == "cancelled"
     assert results[1].tokens == alone[1][:5]
-    assert results[1].covered_tokens == ps[1] + alone[1][:4]  # the last token was never fed
+    if budget == "1":
+        assert results[1].covered_tokens == ps[1] + alone[1][:4]  # the last token was never fed
+    else:  # pipelined: the step queued on its last token fed it (its output is dropped)
+        assert results[1].covered_tokens == ps[1] + alone[1][:5]
+    offsets = [c.offset for c in results[1].cache if hasattr(c, "keys")]
+    assert offsets and all(o == len(results[1].covered_tokens) for o in offsets)
     assert results[0].tokens == alone[0] and results[2].tokens == alone[2]
 
 

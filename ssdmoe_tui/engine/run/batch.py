@@ -22,13 +22,29 @@ the groups still share the expert cache, so the second group hits what the first
 A row whose K is None follows the runner's live K (`Runner.set_k`), as one sequence does.
 
 A group of one row runs on the row's own cache, so one sequence alone in the batch runs
-exactly the single-sequence step. Sampling is per row, on the row's own log-probs; a
-seeded row draws from its own key (`SeededSampler`), so its draws do not depend on which
-sequences run beside it. No pipelining across steps (each step syncs its tokens).
+exactly the single-sequence step. Rows that share one sampler object (greedy rows share
+mlx-lm's `greedy_sampler`; unseeded rows with equal settings share one from
+`make_row_sampler`) sample in one call on the batch's log-probs, as mlx-lm's
+`BatchGenerator` does; a seeded row draws from its own key (`SeededSampler`), so its draws
+do not depend on which sequences run beside it.
+
+A step syncs to the host once: every group's tokens (and routing masses) come back in one
+`mx.eval`. When every layer's experts are resident for good (no layer syncs its router)
+the step pipelines as `BatchGenerator` and the single-sequence loop do: the next step is
+built on this step's lazy tokens and queued before this step's tokens are read, so the
+device never waits for the host's Python. A row then leaves with one more token fed to its
+KV cache (counted in `covered_generated`), and a joining row enters the next step beside
+the queued one (its input is its first token, already known).
+
+`invariant=True` (the batch-invariant mode): every row is a group of its own, so each
+row's matmuls run in the B = 1 shapes and its tokens equal its run alone on any device;
+rows still share the expert cache (a step's second row hits what the first read) and
+the step's one sync, not a forward pass.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
@@ -80,14 +96,22 @@ class SeededSampler:
         return mx.random.categorical(logprobs * (1.0 / self.temp), key=sub)
 
 
+@functools.lru_cache(maxsize=64)
+def _shared_sampler(temp: float, top_p: float, min_p: float, top_k: int) -> Callable:
+    """One mlx-lm sampler object per setting: rows holding the same object sample in one
+    call (greedy is mlx-lm's one `greedy_sampler` whatever the settings)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(temp, top_p=top_p, min_p=min_p, top_k=top_k)
+
+
 def make_row_sampler(
     temp: float, top_p: float, seed: int | None, min_p: float = 0.0, top_k: int = 0
 ) -> Callable:
-    """The sampler of one sequence: greedy, mlx-lm's (global key), or seeded (own key)."""
-    from mlx_lm.sample_utils import make_sampler
-
+    """The sampler of one sequence: greedy, mlx-lm's (global key; shared by the rows with
+    the same settings, so they sample in one call), or seeded (own key)."""
     if temp == 0 or seed is None:
-        return make_sampler(temp, top_p=top_p, min_p=min_p, top_k=top_k)
+        return _shared_sampler(float(temp), float(top_p), float(min_p), int(top_k))
     return SeededSampler(temp, top_p, seed, min_p=min_p, top_k=top_k)
 
 
@@ -158,19 +182,47 @@ class _Row:
 
 
 @dataclass
+class _Pass:
+    """One forward pass built (maybe still computing): the next token of each of its rows."""
+
+    tokens: mx.array  # [rows], lazy until the step's sync
+    mass: mx.array | None  # [rows] routing mass (None: not measured)
+    k: int  # the K it ran at (`StepTimes.last_k`)
+
+
+@dataclass
 class _Group:
-    """Rows decoding at one K; `cache` is their batch cache once there are two or more."""
+    """Rows decoding at one K; `cache` is their batch cache once there are two or more.
+    `pending`: a pass already queued (pipelined) for `rows[:n]`, n = its length; rows
+    after those joined since and have no token in it."""
 
     k: int
     rows: list[_Row] = field(default_factory=list)
     cache: list | None = None
+    pending: _Pass | None = None
+    _plan: list[tuple[Callable, list[int] | None]] | None = None  # samplers -> rows
+
+    def sample_plan(self) -> list[tuple[Callable, list[int] | None]]:
+        """Rows grouped by sampler object (None: all rows, in order); made once per
+        change of the rows, so a step's Python does not grow with them."""
+        if self._plan is None:
+            by: dict[int, tuple[Callable, list[int]]] = {}
+            for i, row in enumerate(self.rows):
+                by.setdefault(id(row.sampler), (row.sampler, []))[1].append(i)
+            plan = list(by.values())
+            self._plan = [(plan[0][0], None)] if len(plan) == 1 else plan
+        return self._plan
+
+    def changed(self) -> None:
+        self._plan = None
 
 
 @dataclass
 class BatchFigures:
     """What the batch did since it was made (the server's /v1/stats `batch`)."""
 
-    steps: int = 0  # forward passes of decode rows
+    steps: int = 0  # forward passes of decode rows (one per K group and step)
+    rounds: int = 0  # decode steps (each syncs once, whatever its groups)
     row_tokens: int = 0  # tokens they produced (sum of the rows of each step)
     max_rows: int = 0
     decode_s: float = 0.0  # wall time in decode steps
@@ -211,13 +263,15 @@ def merge_caches(caches: list[list]) -> list:
 class BatchRunner:
     """Sequences that decode together on one Runner (see the module docstring)."""
 
-    def __init__(self, runner: Runner, max_batch: int = 4) -> None:
+    def __init__(self, runner: Runner, max_batch: int = 4, *, invariant: bool = False) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.runner = runner
         self.max_batch = max_batch
+        self.invariant = invariant  # every row its own pass (B = 1 shapes)
         self._waiting: deque[_Row] = deque()  # FIFO; the first prefills, one at a time
-        self._groups: dict[int, _Group] = {}
+        # K -> its rows' group; invariant: (K, row) -> a group of that row alone
+        self._groups: dict[Hashable, _Group] = {}
         self.figures = BatchFigures()
         self._eos = runner.eos_ids()
         # Called before a sequence leaves the queue to prefill: False keeps it waiting
@@ -262,7 +316,7 @@ class BatchRunner:
         for group in list(self._groups.values()):
             for row in [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]:
                 events.append((row.uid, Done(self._leave(group, row, "cancelled"))))
-        self._follow_live_k()
+        self._follow_live_k(events)
         t0 = time.perf_counter()
         decoding = self.rows > 0  # a chunk stalls only the rows already decoding
         if self._prefill_one(events):
@@ -270,10 +324,8 @@ class BatchRunner:
             self.figures.prefill_chunk_s += stall
             if decoding:
                 self.figures.max_stall_s = max(self.figures.max_stall_s, stall)
-        for k in sorted(self._groups):
-            group = self._groups.get(k)
-            if group is not None and group.rows:
-                self._decode(group, events)
+        if self._groups:
+            self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
         return events
 
     def drain(self) -> Generator[RowEvent, None, None]:
@@ -346,22 +398,29 @@ class BatchRunner:
         if finish is not None:
             events.append((row.uid, Done(self._result(row, finish))))
             return
-        k = self._k(row)
-        group = self._groups.setdefault(k, _Group(k))
-        self._attach(group, row)
+        self._attach(self._group_for(row, self._k(row)), row)
 
-    def _follow_live_k(self) -> None:
-        """Rows without a K of their own move to the runner's live K when it changes."""
+    def _group_for(self, row: _Row, k: int) -> _Group:
+        key: Hashable = (k, id(row)) if self.invariant else k
+        return self._groups.setdefault(key, _Group(k))
+
+    def _follow_live_k(self, events: list[RowEvent]) -> None:
+        """Rows without a K of their own move to the runner's live K when it changes
+        (a group's queued pass is read first: its tokens are out before the move)."""
         live = self.runner.k
         for group in [g for g in self._groups.values() if g.k != live]:
-            for row in [r for r in group.rows if r.spec.k is None]:
+            movers = [r for r in group.rows if r.spec.k is None]
+            if movers and group.pending is not None:
+                self._settle(group, events)
+            for row in [r for r in movers if r in group.rows]:  # settling may end some
                 row.cache = self._detach(group, row)
-                self._attach(self._groups.setdefault(live, _Group(live)), row)
+                self._attach(self._group_for(row, live), row)
 
     def _k(self, row: _Row) -> int:
         return self.runner.k if row.spec.k is None else row.spec.k
 
     def _attach(self, group: _Group, row: _Row) -> None:
+        group.changed()
         if not group.rows:
             group.rows.append(row)
             return
@@ -380,6 +439,17 @@ class BatchRunner:
         """Take `row` out of its group; returns its own KV cache."""
         i = group.rows.index(row)
         group.rows.pop(i)
+        group.changed()
+        pend = group.pending
+        if pend is not None:
+            n = int(pend.tokens.shape[0])
+            if i < n:  # its token in the queued pass is dropped (its cache holds the input)
+                keep = mx.array([j for j in range(n) if j != i], dtype=mx.uint32)
+                group.pending = _Pass(
+                    pend.tokens[keep], None if pend.mass is None else pend.mass[keep], pend.k
+                )
+                if n == 1:
+                    group.pending = None
         if group.cache is None:
             cache = row.cache
         else:
@@ -395,60 +465,132 @@ class BatchRunner:
                     c.filter(keep)
         row.cache = None
         if not group.rows:
-            self._groups.pop(group.k, None)
+            for key, g in list(self._groups.items()):
+                if g is group:
+                    del self._groups[key]
         return cache
 
     # ------------------------------------------------------------------ decode
-    def _decode(self, group: _Group, events: list[RowEvent]) -> None:
-        """One forward pass of the group's rows, one token each."""
+    def _decode(self, groups: list[_Group], events: list[RowEvent]) -> None:
+        """One decode step: a forward pass per group, one token per row, one host sync."""
+        sm = self.runner.sm
+        times = sm.times
+        u0, c0 = times.union_experts, times.union_calls
+        before = Snapshot.take(sm)
+        pipeline = self.runner._can_pipeline()
+        ready: list[tuple[_Group, list[_Row], _Pass]] = []
+        for group in groups:
+            rows = list(group.rows)
+            cur, group.pending = group.pending, None
+            if cur is None:
+                cur = self._build(group, rows, None)
+                if not pipeline:
+                    # A streamed layer may reuse these slots in the next group's pass:
+                    # its reads of them must be done first.
+                    mx.eval(cur.tokens)
+            n = int(cur.tokens.shape[0])
+            if pipeline and any(len(r.tokens) + 1 < r.spec.max_tokens for r in rows):
+                # Nothing syncs a layer: queue the next pass on these lazy tokens (and the
+                # first tokens of rows that joined since) before reading them.
+                nxt = (
+                    cur.tokens
+                    if n == len(rows)
+                    else mx.concatenate(
+                        [cur.tokens, mx.array([r.tokens[-1] for r in rows[n:]], dtype=mx.uint32)]
+                    )
+                )
+                group.pending = self._build(group, rows, nxt)
+                mx.async_eval(group.pending.tokens)
+            ready.append((group, rows[:n], cur))
+        self._deliver(ready, before, times.union_experts - u0, times.union_calls - c0, events)
+
+    def _build(self, group: _Group, rows: list[_Row], inputs: mx.array | None) -> _Pass:
+        """Build one forward pass of `rows` (inputs: their last tokens) and its sampling;
+        lazy where no layer syncs."""
         runner, sm = self.runner, self.runner.sm
-        rows = list(group.rows)
+        if inputs is None:
+            inputs = mx.array([r.tokens[-1] for r in rows], dtype=mx.uint32)
         runner._use_k(group.k)
         sm.cache.step()
         routing = sm.cache.routing
         if routing is not None:
             routing.rows = [r.trace_pos for r in rows]
-        times = sm.times
-        u0, c0 = times.union_experts, times.union_calls
-        before = Snapshot.take(sm)
-        inputs = mx.array([r.tokens[-1] for r in rows], dtype=mx.uint32)[:, None]
         cache = group.cache if group.cache is not None else rows[0].cache
         try:
-            logits = sm.model(inputs, cache=cache)[:, -1, :]
+            logits = sm.model(inputs[:, None], cache=cache)[:, -1, :]
         finally:
             if routing is not None:
                 routing.rows = None
+        for row in rows:
+            row.fed += 1
+            row.trace_pos += 1
         meter = sm.routing_mass
         mass = meter.take() if meter is not None else None
-        picks = []
-        for i, row in enumerate(rows):
-            lg = logits[i : i + 1]
-            if row.begun.window is not None:
-                lg = row.begun.window(inputs[i], lg)
-            picks.append(row.sampler(lg - mx.logsumexp(lg, keepdims=True)).reshape(-1))
-        toks = mx.concatenate(picks).tolist()
-        masses = mass.tolist() if mass is not None else None
-        d = Snapshot.take(sm) - before
+        windows = [(i, r.begun.window) for i, r in enumerate(rows) if r.begun.window is not None]
+        if windows:  # penalties: each row's own processors over its own tokens
+            parts = [logits[i : i + 1] for i in range(len(rows))]
+            for i, window in windows:
+                parts[i] = window(inputs[i : i + 1], parts[i])
+            logits = mx.concatenate(parts)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        plan = group.sample_plan()
+        if len(plan) == 1:
+            toks = plan[0][0](logprobs).reshape(-1)
+        else:
+            parts, order = [], []
+            for sampler, idx in plan:
+                assert idx is not None
+                sel = logprobs[idx[0] : idx[0] + 1] if len(idx) == 1 else logprobs[mx.array(idx)]
+                parts.append(sampler(sel).reshape(-1))
+                order.extend(idx)
+            inverse = [0] * len(order)
+            for pos, i in enumerate(order):
+                inverse[i] = pos
+            toks = mx.concatenate(parts)[mx.array(inverse)]
+        return _Pass(toks.astype(mx.uint32), mass, sm.times.last_k)
+
+    def _settle(self, group: _Group, events: list[RowEvent]) -> None:
+        """Read a group's queued pass now (its tokens go out; nothing new is queued)."""
+        cur, group.pending = group.pending, None
+        if cur is not None:
+            rows = group.rows[: int(cur.tokens.shape[0])]
+            self._deliver([(group, rows, cur)], Snapshot.take(self.runner.sm), 0, 0, events)
+
+    def _deliver(
+        self,
+        ready: list[tuple[_Group, list[_Row], _Pass]],
+        before: Snapshot,
+        union: int,
+        union_calls: int,
+        events: list[RowEvent],
+    ) -> None:
+        """The step's one host sync, then each row's token out (and the rows that end)."""
+        mx.eval(
+            [p.tokens for _, _, p in ready] + [p.mass for _, _, p in ready if p.mass is not None]
+        )
+        d = Snapshot.take(self.runner.sm) - before
+        rows_now = sum(len(rows) for _, rows, _ in ready)
         fig = self.figures
-        fig.steps += 1
-        fig.row_tokens += len(rows)
+        fig.rounds += 1
+        fig.steps += len(ready)
+        fig.row_tokens += rows_now
         fig.max_rows = max(fig.max_rows, self.rows)
         fig.decode_s += d.t
         fig.requested_bytes += d.bytes_read
-        fig.union_experts += times.union_experts - u0
-        fig.union_calls += times.union_calls - c0
-        k_tok = times.last_k
-        for i, row in enumerate(rows):
-            row.fed += 1
-            row.trace_pos += 1
-            stats = row.begun.stats
-            stats.k_per_token.append(k_tok)
-            if stats.mass_log is not None:
-                stats.mass_log.append_value(None if masses is None else float(masses[i]))
-            row.begun.decode_share.add(d, len(rows))
-            finish = self._emit(row, int(toks[i]), events)
-            if finish is not None:
-                events.append((row.uid, Done(self._leave(group, row, finish))))
+        fig.union_experts += union
+        fig.union_calls += union_calls
+        for group, rows, p in ready:
+            toks = p.tokens.tolist()
+            masses = p.mass.tolist() if p.mass is not None else None
+            for i, row in enumerate(rows):
+                stats = row.begun.stats
+                stats.k_per_token.append(p.k)
+                if stats.mass_log is not None:
+                    stats.mass_log.append_value(None if masses is None else float(masses[i]))
+                row.begun.decode_share.add(d, rows_now)
+                finish = self._emit(row, int(toks[i]), events)
+                if finish is not None:
+                    events.append((row.uid, Done(self._leave(group, row, finish))))
 
     def _emit(self, row: _Row, tok: int, events: list[RowEvent]) -> str | None:
         """Record a generated token, yield its event; the finish reason if it was the last."""

@@ -1,0 +1,224 @@
+"""The engine's batched decode beside mlx-lm's resident `BatchGenerator`, in one process.
+
+Two things are measured on the same prompts (B of one length, so no row is padded
+differently from another):
+
+- **speed**: aggregate decode tok/s over the steady window (every step decodes all B
+  rows: from the step after the last row joined to the step before the first leaves),
+  the engine's `BatchRunner` against `BatchGenerator` on the model loaded whole
+  (`mlx_lm.load`, cast to the engine's dtype, K set on its MoE blocks). The caller
+  alternates the two and takes medians, so a shared machine's load falls on both alike;
+- **invariance**: each batched row's greedy tokens against the same prompt alone (ours:
+  `Runner.generate`; mlx-lm's: `stream_generate`), and at the first token that differs
+  the top-2 log-probability margin of both runs there. A flip at a margin of the size of
+  the last layer's rounding is a near-tie that any change of kernel can tip; a large one
+  would be a defect.
+
+`scripts/batch_vs_mlx.py` runs this on CPU and on the H200 (`scripts/gpu_batch.sh`);
+`bench --batch` reports the resident `BatchGenerator` beside its rows when the model fits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+
+class MarginSampler:
+    """Greedy, recording each call's top-2 log-probs per row (lazy until `margins`).
+    Its own object per sequence, so a batch samples its rows one by one: the tokens are
+    the greedy ones all the same (argmax of the same log-probs)."""
+
+    def __init__(self) -> None:
+        self._top: list[mx.array] = []
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self._top.append(top2(logprobs))
+        return mx.argmax(logprobs, axis=-1)
+
+    def margins(self) -> list[tuple[float, float]]:
+        """(top-1, top-2) log-prob per generated token."""
+        return [tuple(x) for x in mx.concatenate(self._top).tolist()] if self._top else []
+
+
+def top2(logprobs: mx.array) -> mx.array:
+    """[rows, 2]: the two largest log-probs of each row, largest first (float32)."""
+    lp = logprobs.reshape(-1, logprobs.shape[-1]).astype(mx.float32)
+    return mx.sort(mx.topk(lp, 2, axis=-1), axis=-1)[:, ::-1]
+
+
+@dataclass
+class BatchRun:
+    """One batched run: every row's tokens and the steady window's figures."""
+
+    tokens: list[list[int]]
+    window_tokens: int = 0
+    window_s: float = 0.0
+    margins: list[list[tuple[float, float]]] = field(default_factory=list)  # when recorded
+
+    @property
+    def aggregate_tok_s(self) -> float | None:
+        return self.window_tokens / self.window_s if self.window_s > 0 else None
+
+
+def steady_window(steps: Sequence[tuple[float, int]], b: int) -> tuple[int, float]:
+    """(tokens, seconds) between the ends of the first and the last step that gave all B
+    rows a token: the steps after the first full one, each timed from the one before."""
+    full = [t for t, rows in steps if rows == b]
+    if len(full) < 2:
+        return 0, 0.0
+    return b * (len(full) - 1), full[-1] - full[0]
+
+
+def first_flip(
+    alone: Sequence[int],
+    alone_top: Sequence[tuple[float, float]],
+    batched: Sequence[int],
+    batched_top: Sequence[tuple[float, float]],
+) -> dict | None:
+    """Where a batched row first differs from its run alone: the token index and the
+    top-2 margin of each run there (alone's top-1 is the token it took); None if equal."""
+    for i, (a, b) in enumerate(zip(alone, batched, strict=False)):
+        if a != b:
+            ma = alone_top[i][0] - alone_top[i][1] if i < len(alone_top) else None
+            mb = batched_top[i][0] - batched_top[i][1] if i < len(batched_top) else None
+            return {
+                "token": i,
+                "alone_margin": None if ma is None else round(ma, 6),
+                "batched_margin": None if mb is None else round(mb, 6),
+                "differing_after": sum(
+                    x != y for x, y in zip(alone[i:], batched[i:], strict=False)
+                ),
+                "compared_after": min(len(alone), len(batched)) - i,
+            }
+    return None
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def engine_batch(
+    runner, prompts: list[list[int]], n: int, *, invariant: bool = False, record: bool = False
+) -> BatchRun:  # noqa: ANN001 - a Runner
+    """`prompts` through one `BatchRunner` (max_batch = B), greedy, `n` tokens each, EOS
+    off (the caller clears the tokenizer's); the window: steps that decoded all B rows."""
+    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
+    from ssdmoe_tui.engine.run.runner import Done
+
+    b = len(prompts)
+    batch = BatchRunner(runner, max_batch=b, invariant=invariant)
+    samplers = [MarginSampler() if record else None for _ in prompts]
+    for i, p in enumerate(prompts):
+        batch.add(SeqSpec(i, p, max_tokens=n, sampler=samplers[i]))
+    out: dict[int, list[int]] = {}
+    steps: list[tuple[float, int]] = []
+    bound = 4 * b * (n + max(len(p) for p in prompts)) + 64
+    for _ in range(bound):
+        if batch.idle:
+            break
+        before = batch.figures.row_tokens
+        events = batch.step()
+        steps.append((time.perf_counter(), batch.figures.row_tokens - before))
+        for uid, ev in events:
+            if isinstance(ev, Done):
+                out[uid] = ev.result.tokens
+    else:
+        raise RuntimeError(f"batch of {b} did not finish in {bound} steps")
+    run = BatchRun([out[i] for i in range(b)])
+    run.window_tokens, run.window_s = steady_window(steps, b)
+    if record:
+        run.margins = [s.margins() for s in samplers]
+    return run
+
+
+def engine_alone(runner, prompt: list[int], n: int) -> tuple[list[int], list]:  # noqa: ANN001
+    """One sequence through `Runner.generate` (greedy): its tokens and top-2 per token."""
+    s = MarginSampler()
+    r = runner.generate(prompt, max_tokens=n, sampler=s)
+    return r.tokens, s.margins()
+
+
+# --------------------------------------------------------------------------- mlx-lm
+
+
+class ResidentBatch:
+    """The model loaded whole by mlx-lm (cast to `dtype`, K set on its MoE blocks)."""
+
+    def __init__(self, path: Path, dtype, k: int | None = None) -> None:  # noqa: ANN001
+        import mlx_lm
+
+        from ssdmoe_tui.bench.bench import _moe_blocks
+        from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
+
+        self.model, self.tokenizer = mlx_lm.load(str(path))
+        cast_model(self.model, dtype)
+        mx.eval(self.model.parameters())
+        if k is not None:
+            for blk in _moe_blocks(self.model):
+                set_block_k(blk, k)
+
+    def batch(self, prompts: list[list[int]], n: int, *, record: bool = False) -> BatchRun:
+        """`BatchGenerator` with every prompt inserted at once (it prefills them together),
+        greedy, no stop tokens; the window: steps that returned all B rows' tokens."""
+        from mlx_lm.generate import BatchGenerator
+
+        b = len(prompts)
+        gen = BatchGenerator(self.model, max_tokens=n, completion_batch_size=max(b, 1),
+                             prefill_batch_size=max(b, 1))  # fmt: skip
+        try:
+            uids = gen.insert([list(p) for p in prompts], max_tokens=[n] * b)
+            index = {u: i for i, u in enumerate(uids)}
+            tokens: list[list[int]] = [[] for _ in prompts]
+            tops: list[list] = [[] for _ in prompts]
+            steps: list[tuple[float, int]] = []
+            for _ in range(4 * (n + max(len(p) for p in prompts)) + 64):
+                resps = gen.next_generated()
+                if not resps:
+                    break
+                steps.append((time.perf_counter(), len(resps)))
+                for r in resps:
+                    i = index[r.uid]
+                    tokens[i].append(int(r.token))
+                    if record:
+                        tops[i].append(top2(r.logprobs))
+                if all(len(t) >= n for t in tokens):
+                    break
+        finally:
+            gen.close()
+        run = BatchRun(tokens)
+        run.window_tokens, run.window_s = steady_window(steps, b)
+        if record:
+            run.margins = [
+                [tuple(x) for x in mx.concatenate(t).tolist()] if t else [] for t in tops
+            ]
+        return run
+
+    def alone(self, prompt: list[int], n: int) -> tuple[list[int], list]:
+        """`stream_generate` (greedy): its tokens and top-2 per token."""
+        import mlx_lm
+        from mlx_lm.sample_utils import make_sampler
+
+        toks, tops = [], []
+        for r in mlx_lm.stream_generate(
+            self.model, self.tokenizer, mx.array(prompt), max_tokens=n, sampler=make_sampler(0.0)
+        ):
+            toks.append(int(r.token))
+            tops.append(top2(r.logprobs))
+        return toks, [tuple(x) for x in mx.concatenate(tops).tolist()] if tops else []
+
+
+def invariance_rows(alone: list[tuple[list[int], list]], batched: BatchRun) -> dict:
+    """Rows equal alone, and each differing row's first flip (`first_flip`)."""
+    flips = []
+    equal = 0
+    for i, (toks, top) in enumerate(alone):
+        f = first_flip(toks, top, batched.tokens[i], batched.margins[i] if batched.margins else [])
+        if f is None:
+            equal += 1
+        else:
+            flips.append({"row": i, **f})
+    return {"rows": len(alone), "rows_equal_alone": equal, "first_flips": flips}
