@@ -5,7 +5,7 @@ after a restart every rank must start a turn from the same checkpoint or prefill
 same tokens (the ranks compute each token together). Rank 0 alone knows the
 conversations (the prompt's chain, the history records), so rank 0 decides and the
 other ranks follow, at the points where every rank's engine thread calls the hooks
-(`EngineService._store_cache` and `_take_cache`, in step):
+(`EngineService._keep_cache` and `_take_cache`, in step):
 
 - save: rank 0 saves as one process does and sends the chain it saved into; a rank that
   is the first on its machine saves its own copy there (ranks on rank 0's machine read

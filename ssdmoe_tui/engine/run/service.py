@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.engine.run.turn import Turn, fail
 from ssdmoe_tui.errors import BadValueError, user_message
 from ssdmoe_tui.options import CacheBudget, EngineOptions, SamplingOptions, check_k
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.run.runner import Runner
-
-TOKEN_BATCH_S = 0.025
-STATS_EVERY_S = 0.2
 
 
 def _wait_os_thread_gone(thread: threading.Thread, timeout: float) -> None:
@@ -258,7 +256,7 @@ class EngineService:
             if isinstance(cmd, P.Generate) and self.batching and self._runner is not None:
                 from ssdmoe_tui.engine.run.batch_loop import BatchLoop
 
-                held = BatchLoop(self).run(cmd)
+                held = BatchLoop(self._context()).run(cmd)
                 continue
             try:
                 if isinstance(cmd, P.Shutdown):
@@ -276,20 +274,24 @@ class EngineService:
             except Exception as e:  # noqa: BLE001 - every failure becomes one line for the user
                 if self.link is not None and not isinstance(e, BadValueError):
                     self.link.fatal(e)  # the ranks are out of step: end them all
-                rid = getattr(cmd, "request_id", None)
-                # fatal: no model is loaded now (a failed open that kept the previous
-                # model, or a bad value, is not fatal: that model stays usable).
-                fatal = isinstance(cmd, (P.LoadModel, P.SetExpertCache)) and self._runner is None
-                self._emit(P.EngineError(user_message(e), request_id=rid, fatal=fatal))
                 if isinstance(cmd, P.Generate):
-                    self._emit(
-                        P.GenerationDone(rid, "", (), (), "error", (), {"error": user_message(e)})
+                    fail(self._context(), cmd.request_id, e)
+                else:
+                    # fatal: no model is loaded now (a failed open that kept the previous
+                    # model, or a bad value, is not fatal: that model stays usable).
+                    fatal = (
+                        isinstance(cmd, (P.LoadModel, P.SetExpertCache)) and self._runner is None
                     )
+                    self._emit(P.EngineError(user_message(e), fatal=fatal))
                 self._emit(P.PhaseChanged("idle"))
             finally:
                 if isinstance(cmd, P.Generate):
                     self._cancel.clear()  # its stop is spent, also when it failed
                     self._generation_ended(cmd.request_id)
+
+    def _context(self) -> _Context:
+        """What a scheduler (`_generate`, the batch loop) may use of this service."""
+        return _Context(self, self._runner, self.max_batch, self.kv_budget_bytes)
 
     def _next_command(self) -> P.Command:
         if self.link is None:
@@ -320,10 +322,6 @@ class EngineService:
             raise
         if not job.running:
             self._end_warm()
-
-    def spent_marker(self, cmd: object) -> bool:
-        """A warm-up's end marker for a job already ended (a batch skips it)."""
-        return isinstance(cmd, _WarmFinished) and cmd.job is not self._warm
 
     def _end_warm(self) -> None:
         """Stop (or settle a finished) warm-up and say what it did."""
@@ -495,35 +493,31 @@ class EngineService:
         )
 
     def _generate(self, cmd: P.Generate) -> None:
+        """One Generate alone, over `Runner.stream` (the batch loop runs the others)."""
         import mlx.core as mx
 
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
-        sampling = cmd.sampling()
-        if not cmd.prompt_tokens:
-            raise BadValueError("empty prompt")
-        prompt = list(cmd.prompt_tokens)
+        turn = Turn(self._context(), cmd)
+        sampling = turn.sampling
         if cmd.k is not None:  # every rank of a distributed launch gets the same command
-            runner.set_k(cmd.k)  # checked like a SetK; a bad K refuses this request only
+            runner.set_k(cmd.k)
         if sampling.seed is not None:
             mx.random.seed(sampling.seed)
-        cache, reused = self._take_cache(cmd.session_id, prompt)
+        cache, reused = turn.take_cache()
         if cache is None:  # made here so live samples can report its size
             cache, reused = runner.make_cache(), 0
+        turn.live_cache = cache
 
         sampler, processors = _samplers(sampling)
-        rid = cmd.request_id
-
-        def should_stop() -> bool:
-            return self._cancel.is_set() or rid in self._cancel_ids
-
-        link, meter = self.link, None
+        should_stop = turn.should_stop
+        link = self.link
         if link is not None:
-            sampler, meter = link.sampler(sampler), link.meter(runner.sm)
+            sampler, turn.meter = link.sampler(sampler), link.meter(runner.sm)
             should_stop = link.should_stop(should_stop, runner)
         events = runner.stream(
-            prompt,
+            turn.prompt,
             max_tokens=sampling.max_tokens,
             sampler=sampler,
             cache=cache,
@@ -531,87 +525,20 @@ class EngineService:
             should_stop=should_stop,
             logits_processors=processors,
         )
-        result = self._relay(rid, events, cache, meter)
-        self._report(cmd, prompt, result, link, meter)
-        self._keep_cache(cmd.session_id, result)
-
-    def _relay(self, rid: str, events, cache, meter):  # noqa: ANN001
-        """Turn the runner's events into protocol events: tokens batched (every
-        TOKEN_BATCH_S), stats sampled (every STATS_EVERY_S), prefill progress at most
-        every 0.1 s; the run's GenerationResult."""
-        from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
-
-        pending: list[int] = []
-        pending_text: list[str] = []
-        last_flush = last_stats = last_prefill = 0.0
-
-        def flush() -> None:
-            nonlocal last_flush
-            if pending or pending_text:
-                self._emit(P.Tokens(rid, "".join(pending_text), tuple(pending)))
-                pending.clear()
-                pending_text.clear()
-            last_flush = time.monotonic()
-
-        result = None
-        for ev in events:
-            now = time.monotonic()
-            if isinstance(ev, TokenEvent):
-                if meter is not None:
-                    meter.on_token(ev.stats.generated_tokens)
-                pending.append(ev.token)
-                if ev.text:
-                    pending_text.append(ev.text)
-                if now - last_flush >= TOKEN_BATCH_S:
-                    flush()
-                if now - last_stats >= STATS_EVERY_S:
-                    last_stats = now
-                    self._emit(self._sample(ev.stats, cache))
-            elif isinstance(ev, PrefillProgress):
-                if ev.done in (0, ev.total) or now - last_prefill >= 0.1:
-                    last_prefill = now
-                    phase = "prefill" if ev.done < ev.total else "decoding"
-                    self._emit(P.PhaseChanged(phase, ev.done, ev.total))
-            elif isinstance(ev, Done):
-                result = ev.result
-        flush()
-        return result
-
-    def _report(self, cmd: P.Generate, prompt: list[int], result, link, meter) -> None:  # noqa: ANN001
-        """The turn's GenerationDone (with its figures), its last stats sample, idle."""
-        runner = self._runner
-        stats = runner.stats_dict(result.stats)
+        result = turn.relay(events)
+        extra = {}
         if link is not None:
-            stats["distributed"] = link.turn_stats(runner.sm, meter, len(result.tokens) - 1)
-        self._emit(
-            P.GenerationDone(
-                cmd.request_id,
-                result.text,
-                tuple(prompt),
-                tuple(result.tokens),
-                result.finish_reason,
-                tuple(result.stats.k_per_token),
-                stats,
-            )
-        )
-        self.last_stats = self._sample(result.stats, result.cache)
-        self._emit(self.last_stats)
+            extra["distributed"] = link.turn_stats(runner.sm, turn.meter, len(result.tokens) - 1)
+        turn.report(result, extra)
         self._emit(P.PhaseChanged("idle"))
         self._cancel.clear()
-
-    def _keep_cache(self, session_id: str | None, result) -> None:  # noqa: ANN001
-        """Keep the KV cache a turn leaves for the session's next turn."""
-        covered = result.covered_tokens
-        if result.tokens:
-            self._store_cache(session_id, covered, result.cache)
-        elif covered and self.kv_pool is not None:
-            # Cancelled during prefill: not a turn boundary, so memory only, no checkpoint.
-            self.kv_pool.put(session_id or "_default", covered, result.cache)
+        turn.keep_cache(result)
 
     def _take_cache(self, session_id: str | None, prompt: list[int]):
-        """The KV cache serving the longest prefix of `prompt`, from memory or disk,
-        whichever holds more (a restart leaves memory a short common prefix of many
-        conversations while each has its own checkpoint on disk), and its length."""
+        """`EngineContext.take_cache`: the KV cache serving the longest prefix of `prompt`,
+        from memory or disk, whichever holds more (a restart leaves memory a short common
+        prefix of many conversations while each has its own checkpoint on disk), and its
+        length."""
         key = session_id or "_default"
         in_memory = self.kv_pool.covers(key, prompt) if self.kv_pool is not None else 0
         if session_id and self._disk_serves_more(session_id, prompt, in_memory):
@@ -654,9 +581,12 @@ class EngineService:
         except Exception as e:  # noqa: BLE001 - a resume is only colder without it
             self._emit(P.Notice(f"could not save the expert working set: {user_message(e)}"))
 
-    def _store_cache(self, session_id: str | None, tokens: list[int], cache) -> None:
+    def _keep_cache(
+        self, session_id: str | None, tokens: list[int], cache: list, *, checkpoint: bool
+    ) -> None:
+        """`EngineContext.keep_cache`: the pool, and at a turn boundary the KV hooks."""
         key = session_id or "_default"
-        if session_id and self.kv_hooks.save is not None:
+        if checkpoint and session_id and self.kv_hooks.save is not None:
             self._emit(P.PhaseChanged("saving"))
             try:
                 self.kv_hooks.save(session_id, tokens, cache, self._info)
@@ -705,6 +635,62 @@ class EngineService:
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
         )
+
+
+@dataclass
+class _Context:
+    """The service as its schedulers see it (`turn.EngineContext`): a Turn and the batch
+    loop use this and nothing else of the service, on the engine thread. Made per
+    Generate (or per batch), with the runner loaded then."""
+
+    _svc: EngineService
+    runner: Runner
+    max_batch: int
+    kv_budget_bytes: int
+
+    def emit(self, event: P.Event) -> None:
+        self._svc._emit(event)
+
+    def sample(self, stats, cache) -> P.StatsSample:  # noqa: ANN001
+        return self._svc._sample(stats, cache)
+
+    def close_sample(self, stats, cache) -> None:  # noqa: ANN001
+        svc = self._svc
+        svc.last_stats = svc._sample(stats, cache)
+        svc._emit(svc.last_stats)
+
+    def take_cache(self, session_id: str | None, prompt: list[int]):
+        return self._svc._take_cache(session_id, prompt)
+
+    def keep_cache(self, session_id, tokens, cache, *, checkpoint: bool) -> None:  # noqa: ANN001
+        self._svc._keep_cache(session_id, tokens, cache, checkpoint=checkpoint)
+
+    def cancelled(self, request_id: str) -> bool:
+        svc = self._svc
+        return svc._cancel.is_set() or request_id in svc._cancel_ids
+
+    def ended(self, request_id: str) -> None:
+        self._svc._generation_ended(request_id)
+
+    def next_command(self) -> P.Command | None:
+        svc = self._svc
+        while True:
+            try:
+                cmd = svc._queue.get_nowait()
+            except queue.Empty:
+                return None
+            if not (isinstance(cmd, _WarmFinished) and cmd.job is not svc._warm):
+                return cmd  # a warm-up's marker for a job already ended is skipped
+
+    def set_pool_budget(self, nbytes: int) -> None:
+        if self._svc.kv_pool is not None:
+            self._svc.kv_pool.set_budget(nbytes)
+
+    def show_batch(self, figures: dict) -> None:
+        self._svc.batch_figures = figures
+
+    def stop_spent(self) -> None:
+        self._svc._cancel.clear()
 
 
 def _samplers(sampling: SamplingOptions) -> tuple[Callable, list]:
