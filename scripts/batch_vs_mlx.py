@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -69,6 +70,9 @@ def main() -> int:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--invariance", action="store_true", help="rows alone: first-flip margins")
     ap.add_argument("--invariant-mode", action="store_true", help="also BatchRunner(invariant)")
+    ap.add_argument(
+        "--invariant-batch", default=None, help="B's of the invariant mode (default: all > 1)"
+    )
     ap.add_argument("--no-speed", action="store_true", help="invariance only")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting rounds after")
     ap.add_argument("--tag", default="", help="a label in the JSON (e.g. the routing)")
@@ -96,6 +100,11 @@ def main() -> int:
     else:
         model = args.model or build(args.out / "model", args.hidden, args.layers)
     bs = [int(x) for x in args.batch.split(",")]
+    inv_bs = (
+        [b for b in bs if b > 1]
+        if args.invariant_batch is None
+        else [int(x) for x in args.invariant_batch.split(",")]
+    )
     sm = load_streamed(model, expert_cache=args.expert_cache, dtype=args.dtype)
     sm.tokenizer.eos_token_ids = set()  # exactly N tokens a row
     runner = Runner(sm, k=args.k)
@@ -107,7 +116,7 @@ def main() -> int:
     # warm-up (kernels compiled, every layer's experts read, frozen), not timed
     for b in bs:
         engine_batch(runner, row_prompts(base, b), min(n, 8))
-        if args.invariant_mode and b > 1:
+        if args.invariant_mode and b in inv_bs:
             engine_batch(runner, row_prompts(base, b), min(n, 8), invariant=True)
         resident.batch(row_prompts(base, b), min(n, 8))
     print(sm.cache.all_frozen, flush=True)
@@ -141,7 +150,7 @@ def main() -> int:
         for b in order:
             ps = row_prompts(base, b)
             for kind in kinds if (rnd + b) % 2 == 0 else kinds[::-1]:
-                if kind == "invariant" and b == 1:
+                if kind == "invariant" and b not in inv_bs:
                     continue
                 if kind == "mlx":
                     r = resident.batch(ps, n)
@@ -197,16 +206,19 @@ def main() -> int:
                   f"{s['tokens_equal_mlx']} |")  # fmt: skip
 
     if args.invariance:
+        # one set of rows for every B (B's rows: the first B), so each runs alone once
         inv: dict = {}
         ps_max = row_prompts(base, max(bs))
         alone_ours = [engine_alone(runner, p, n) for p in ps_max]
         alone_mlx = [resident.alone(p, n) for p in ps_max]
         for b in bs:
-            ps = row_prompts(base, b)
+            if time.perf_counter() - t_begin > args.deadline_s + 120:
+                print(f"deadline: invariance stops before B={b}", flush=True)
+                break
+            ps = ps_max[:b]
             ours = engine_batch(runner, ps, n, record=True)
             theirs = resident.batch(ps, n, record=True)
-            alone_b = [engine_alone(runner, p, n) for p in ps] if b != max(bs) else alone_ours
-            mlx_b = [resident.alone(p, n) for p in ps] if b != max(bs) else alone_mlx
+            alone_b, mlx_b = alone_ours[:b], alone_mlx[:b]
             inv[str(b)] = {
                 "engine": invariance_rows(alone_b, ours),
                 "mlx_batch_generator": invariance_rows(mlx_b, theirs),
@@ -214,7 +226,7 @@ def main() -> int:
                     a[0] == m[0] for a, m in zip(alone_b, mlx_b, strict=True)
                 ),
             }
-            if args.invariant_mode and b > 1:
+            if args.invariant_mode and b in inv_bs:
                 mode = engine_batch(runner, ps, n, invariant=True, record=True)
                 inv[str(b)]["engine_invariant_mode"] = invariance_rows(alone_b, mode)
             e, m = inv[str(b)]["engine"], inv[str(b)]["mlx_batch_generator"]
@@ -226,6 +238,14 @@ def main() -> int:
                   + "".join(f"; BG row {f['row']} flips at {f['token']} (margin alone "
                             f"{f['alone_margin']}, batched {f['batched_margin']})"
                             for f in m["first_flips"]), flush=True)  # fmt: skip
+        # the scale of a flip's margin: bf16's spacing at the size of the logits
+        top = [
+            float(mx.abs(resident.model(mx.array(p)[None])[0, -1].astype(mx.float32)).max())
+            for p in ps_max
+        ]
+        scale = max(top)
+        inv["logit_max_abs"] = round(scale, 4)
+        inv["bf16_spacing_at_logit_max"] = 2.0 ** (math.floor(math.log2(scale)) - 7)
         result["invariance"] = inv
         save()
     result["wall_s"] = round(time.perf_counter() - t_begin, 1)

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Issue 32 on the H200 in one device call (~6 min on a warm machine whose /root/q30 exists
+# and whose MLX-CUDA kernels for it are compiled; add ~40 s to build q30 and ~3 min of
+# kernel compilation on a fresh one):
+#
+#   scripts/gpu_batch.sh OUTDIR
+#
+# Steps (STEPS picks them; each writes into OUTDIR as it finishes, so a timeout keeps what
+# ran; a step that cannot finish before DEADLINE_S is skipped and says so):
+#   q30    build the random Qwen3-30B-A3B-shaped checkpoint (48 layers) at Q30 if missing
+#   vs     every expert held (64G: all 6144 slots, managed), uncapped: the engine's batch
+#          against mlx-lm's resident BatchGenerator in one process, B = 1,2,4,8, rounds
+#          alternating (order of B and of the two flips each round) until VS_ROUNDS or
+#          VS_S seconds, medians; the batch-invariant mode at B = INV_BATCH beside them;
+#          then invariance: each row alone (ours: Runner.generate; mlx-lm's:
+#          stream_generate), rows equal alone and the top-2 margin at each first flip
+#          (scripts/batch_vs_mlx.py -> OUTDIR/batch_vs_mlx-held.json, vs.txt)
+#   trace  the real Qwen3-30B-A3B trace (K = 6, row i at offset len(trace) i / B), a 4 GiB
+#          expert cache, under a CAP_GIB (12) host-memory cap, B = 1,4: `bench --batch`
+#          (aggregate and per-stream tok/s, MiB/token per sequence, join stall) after a
+#          short uncapped compile pass (OUTDIR/batch-trace.json, trace.txt)
+# Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), VS_ROUNDS (12), VS_S (150),
+# DECODE_TOKENS (48), PROMPT_TOKENS (64), INV_BATCH (4), TRACE_BATCH (1,4), WARMUP (1),
+# PYTHON (python3), STEPS (q30,vs,trace).
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_batch.sh OUTDIR}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+Q30=${Q30:-/root/q30}
+CAP_GIB=${CAP_GIB:-12}
+DEADLINE_S=${DEADLINE_S:-360}
+STEPS=${STEPS:-q30,vs,trace}
+CONFIG=tests/fixtures/models/qwen3-30b-a3b/config.json
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
+export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
+start=$(date +%s)
+left() { echo $(( DEADLINE_S - ($(date +%s) - start) )); }
+log() { echo "[gpu_batch +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/steps.log" >&2; }
+
+{
+  echo "date: $(date -u +%FT%TZ)"; uname -a
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  nproc; free -g
+  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device()); print("mlx-lm", mlx_lm.__version__)'
+  git log --oneline -1 2>/dev/null
+} > "$OUT/env.txt" 2>&1
+
+if want q30 && [ ! -f "$Q30/config.json" ]; then
+  log "building $Q30 from $CONFIG"
+  timeout "$(( $(left) - 200 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
+    --config "$CONFIG" --build-only > "$OUT/build.log" 2>&1
+  log "build exit $?; $(du -sh "$Q30" 2>/dev/null | cut -f1)"
+fi
+
+if want vs; then
+  if [ "$(left)" -gt 150 ]; then
+    log "vs: every expert held vs resident BatchGenerator, B 1,2,4,8, invariant mode at B ${INV_BATCH:-4}"
+    timeout "$(( $(left) - 100 ))" "$PY" scripts/batch_vs_mlx.py --out "$OUT" --model "$Q30" \
+      --tag held --expert-cache 64G --batch 1,2,4,8 --rounds "${VS_ROUNDS:-12}" \
+      --deadline-s "${VS_S:-150}" --decode-tokens "${DECODE_TOKENS:-48}" \
+      --prompt-tokens "${PROMPT_TOKENS:-64}" --invariance --invariant-mode \
+      --invariant-batch "${INV_BATCH:-4}" > "$OUT/vs.txt" 2> "$OUT/vs.err"
+    log "vs exit $?"
+  else log "vs skipped: deadline"; fi
+fi
+
+if want trace; then
+  if [ "$(left)" -gt 80 ]; then
+    if [ "${WARMUP:-1}" = 1 ]; then
+      # the first process meeting these kernel shapes compiles them with ~3 GiB more
+      # anonymous memory (docs/benchmarks.md): uncapped and short, so the capped one doesn't
+      timeout "$(( $(left) - 70 ))" "$PY" scripts/batch_bench.py --out "$OUT/compile" \
+        --model "$Q30" --cache 4G --batch "${TRACE_BATCH:-1,4}" --decode-tokens 8 \
+        --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace > "$OUT/trace-compile.txt" 2>&1
+      log "trace compile pass exit $?"
+    fi
+    cg=""
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+      grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
+      cg=/sys/fs/cgroup/ssdmoe-gpu-batch; mkdir -p "$cg"
+      echo $(( CAP_GIB << 30 )) > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+    fi
+    log "trace: 4G cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED)), B ${TRACE_BATCH:-1,4}"
+    args=(scripts/batch_bench.py --out "$OUT" --model "$Q30" --cache 4G
+      --batch "${TRACE_BATCH:-1,4}" --decode-tokens "${DECODE_TOKENS:-48}"
+      --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace)
+    if [ -n "$cg" ]; then
+      timeout "$(( $(left) - 5 ))" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" \
+        "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
+    else
+      timeout "$(( $(left) - 5 ))" "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
+    fi
+    log "trace exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
+  else log "trace skipped: deadline"; fi
+fi
+log "done"
