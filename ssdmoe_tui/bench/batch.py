@@ -14,7 +14,9 @@ the expert cache's hit rate, and the longest stall of a join (one prefill chunk 
 first token, run between two decode steps). With `check_alone`, every row is run again
 alone (a batch of one, from its own trace offset) on the same engine and the tokens
 compared (`rows_equal_alone`, `token_mismatch_rate`): the measurement of exactness on a
-GPU, where a kernel may change with the number of rows.
+GPU, where a kernel may change with the number of rows. When the model fits, bench.py
+runs mlx-lm's resident `BatchGenerator` on the same rows beside each B
+(`bench/batch_compare.py`).
 """
 
 from __future__ import annotations
@@ -178,15 +180,23 @@ def table(batch_results: list[dict], markdown: bool = True) -> str:
     """The batch measurements as a Markdown table."""
     head = (
         "| K | expert cache | B | aggregate tok/s | vs B=1 | per stream tok/s | "
-        "MiB/tok/seq asked | vs B=1 | union experts/layer | cache hit | join stall |"
+        "MiB/tok/seq asked | vs B=1 | union experts/layer | cache hit | join stall | "
+        "rows equal alone | resident BatchGenerator tok/s | engine / BatchGenerator |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 14]
     for r in batch_results:
+        bg = r.get("resident_batch_generator") or {}
+        ran = bg.get("status") == "ran"
+        equal = r.get("rows_equal_alone")
+        equal_txt = "-" if equal is None else f"{equal}/{r['batch']}"
         lines.append(
             f"| {r['k']} | {r['expert_cache']} | {r['batch']} | "
             f"{r['aggregate_decode_tok_s']} | {r.get('aggregate_vs_b1', '-')} | "
             f"{r['per_stream_decode_tok_s']} | {r['requested_mib_per_token_per_sequence']} | "
             f"{r.get('mib_per_token_vs_b1', '-')} | {r['union_experts_per_layer']} | "
-            f"{r['hit_rate']:.1%} | {r['max_join_stall_s'] * 1e3:.0f} ms |"
+            f"{r['hit_rate']:.1%} | {r['max_join_stall_s'] * 1e3:.0f} ms | "
+            f"{equal_txt} | "
+            f"{bg.get('aggregate_decode_tok_s') if ran else '-'} | "
+            f"{bg.get('engine_vs_resident') if ran else '-'} |"
         )
     return "\n".join(lines)

@@ -620,6 +620,8 @@ class _BenchSetup:
     read_index: object  # the index the cache reads through (shards or repacked copy)
     source: str
     source_note: str
+    # (K, B) -> resident BatchGenerator figures (`--batch`), measured once per run
+    resident_batch: dict = field(default_factory=dict)
 
 
 def _bench_setup(opts: BenchOptions) -> _BenchSetup:
@@ -820,7 +822,7 @@ def _run_configs(
                 _derive(result, {}, s.index)
                 on_partial(result)
                 if not pf and opts.batch:
-                    _run_batches(opts, k, budget, s.prompt, result, prepare, log)
+                    _run_batches(opts, s, k, budget, result, prepare, log)
                     on_partial(result)
 
 
@@ -849,26 +851,74 @@ def _baseline(opts: BenchOptions, s: _BenchSetup, conditions: dict, log: Log) ->
     }
 
 
-def _run_batches(opts, k, budget, prompt, result, prepare, log) -> None:
-    """`--batch`: each B on a fresh engine for this (K, budget); `result["batch"]`."""
+def _run_batches(opts, s, k, budget, result, prepare, log) -> None:  # noqa: ANN001
+    """`--batch`: each B on a fresh engine for this (K, budget); `result["batch"]`; then,
+    when the model fits, mlx-lm's resident `BatchGenerator` on the same rows beside each."""
     from ssdmoe_tui.bench.batch import derive, run_batch_config
 
     if opts.distributed is not None:
         raise BadValueError("--batch is not supported with --distributed")
     out = result.setdefault("batch", [])
+    rows = []
     for b in opts.batch:
         state = prepare()
         log(f"config K={k} expert cache {budget} batch {b} [{state}]")
         runner = _open(opts, budget, k, False, log)
         try:
             r = run_batch_config(
-                runner, opts.decode_tokens, budget, prompt, b, log, check_alone=opts.batch_check
+                runner, opts.decode_tokens, budget, s.prompt, b, log, check_alone=opts.batch_check
             )
         finally:
             _close(runner)
         r["page_cache"] = state
         out.append(r)
+        rows.append(r)
         derive(out)
+    _resident_batches(opts, s, k, rows, log)
+
+
+def _resident_batches(opts, s, k: int, rows: list[dict], log: Log) -> None:  # noqa: ANN001
+    """mlx-lm's `BatchGenerator` on the whole model (the resident baseline's rule decides
+    whether it fits), the same rows and tokens, beside each `--batch` row; measured once
+    per (K, B) and reused for the other budgets. Not with trace routing (mlx-lm would
+    route by its own router)."""
+    from ssdmoe_tui.bench.batch import row_prompts
+    from ssdmoe_tui.bench.batch_compare import ResidentBatch
+
+    why = _baseline_decision(opts, s.ckpt_bytes, s.mem)
+    if opts.engine.routing_trace is not None:
+        why = "not with --routing-trace"
+    memo = s.resident_batch
+    if why is not None:
+        for r in rows:
+            r["resident_batch_generator"] = {"status": why}
+        return
+    todo = [r["batch"] for r in rows if (k, r["batch"]) not in memo]
+    if todo:
+        log(f"resident BatchGenerator (mlx_lm.load, K={k}): B {', '.join(map(str, todo))}")
+        res = ResidentBatch(s.path, s.act_dtype, k)
+        try:
+            res.batch(row_prompts(s.prompt, max(todo)), min(opts.decode_tokens, 4))  # compile
+            for b in todo:
+                run = res.batch(row_prompts(s.prompt, b), opts.decode_tokens)
+                memo[(k, b)] = {
+                    "status": "ran",
+                    "aggregate_decode_tok_s": None
+                    if run.aggregate_tok_s is None
+                    else round(run.aggregate_tok_s, 3),
+                    "token_ids": run.tokens,
+                }
+        finally:
+            del res
+            gc.collect()
+    for r in rows:
+        m = dict(memo[(k, r["batch"])])
+        mine, theirs = r["aggregate_decode_tok_s"], m["aggregate_decode_tok_s"]
+        m["engine_vs_resident"] = round(mine / theirs, 3) if mine and theirs else None
+        m["tokens_equal_engine"] = sum(
+            a == b for a, b in zip(m.pop("token_ids"), r["token_ids"], strict=True)
+        )
+        r["resident_batch_generator"] = m
 
 
 def run_quality(opts: BenchOptions, ks: list[int], result: dict, log: Log) -> None:

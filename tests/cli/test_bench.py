@@ -310,13 +310,14 @@ def test_bench_options_typed_once(tiny):
 
 def test_batch_reports_aggregate_per_stream_and_bytes_per_sequence(tiny, tmp_path, capsys):
     """`--batch 1,3`: each B on a fresh engine; the steady-state window decodes B rows per
-    step; `--batch-check` reruns every row alone: greedy tokens equal on CPU."""
+    step; `--batch-check` reruns every row alone: greedy tokens equal on CPU; the model
+    fits, so mlx-lm's resident `BatchGenerator` runs the same rows beside each."""
     out = tmp_path / "batch.json"
     rc = main(
         [
             "bench", "--model", str(tiny), "--k", "4", "--expert-cache", "64K",
             "--prompt-tokens", "16", "--decode-tokens", "10", "--disk-mib", "1",
-            "--baseline", "skip", "--no-warmup", "--batch", "1,3", "--batch-check",
+            "--baseline", "force", "--no-warmup", "--batch", "1,3", "--batch-check",
             "--json", str(out),
         ]
     )  # fmt: skip
@@ -332,6 +333,9 @@ def test_batch_reports_aggregate_per_stream_and_bytes_per_sequence(tiny, tmp_pat
         )
         assert r["rows_equal_alone"] == b and r["token_mismatch_rate"] == 0
         assert len(r["token_ids"]) == b and all(len(t) == 10 for t in r["token_ids"])
+        bg = r["resident_batch_generator"]
+        assert bg["status"] == "ran" and bg["tokens_equal_engine"] == b
+        assert bg["aggregate_decode_tok_s"] > 0 and bg["engine_vs_resident"] > 0
     assert three["union_experts_per_layer"] > one["union_experts_per_layer"] == 4
     assert len({tuple(t) for t in three["token_ids"]}) == 3  # three different prompts
     assert three["aggregate_vs_b1"] == pytest.approx(
@@ -340,6 +344,7 @@ def test_batch_reports_aggregate_per_stream_and_bytes_per_sequence(tiny, tmp_pat
     assert one["token_ids"][0] == res["configs"][0]["token_ids"]  # B=1 row 0: the bench prompt
     printed = capsys.readouterr().out
     assert "batched decode" in printed and "| 4 | 64K | 3 |" in printed
+    assert "| 3/3 |" in printed and "resident BatchGenerator tok/s" in printed
 
 
 def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny):
