@@ -11,7 +11,10 @@ and for a second after, `/v1/stats` is polled 4 times a second (5 s per request 
 most) for the engine panel. K travels with each request (`"ssdmoe": {"k": K}`). The server's reasoning
 (`reasoning_content`) is put back in a `<think>` block, as the in-process engine
 generates it, so the transcript shows it apart. Only the standard library is used (no
-HTTP client is a dependency of the app); every read has a timeout.
+HTTP client is a dependency of the app). What the server sends is checked field by field
+in `chat/wire.py` before use; every request has a total deadline (`_Watchdog`: the
+stats and attach requests 5 s, a reply's head and each of its lines 30 s, the whole
+reply 600 s + 1 s per token asked), and a reply is cut at the `max_tokens` asked.
 """
 
 from __future__ import annotations
@@ -23,20 +26,26 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ssdmoe_tui.chat import wire
+from ssdmoe_tui.chat.wire import BadReply, error_message
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.options import server_url
 from ssdmoe_tui.prompting.message import Message
 
 POLL_S = 0.25  # /v1/stats while a reply runs
 TAIL_S = 1.0  # and for this long after it
-REQUEST_TIMEOUT_S = 5.0  # attach and stats requests
-STREAM_TIMEOUT_S = 30.0  # the server speaks at least every second while a request lives
+REQUEST_TIMEOUT_S = 5.0  # attach and stats requests: the whole request, not one read
+STREAM_TIMEOUT_S = 30.0  # the server speaks at least every second while a request lives:
+# the answer's head and then every SSE line must come whole within this
+STREAM_BASE_S = 600.0  # a whole streamed reply: this (a long prefill) ...
+STREAM_PER_TOKEN_S = 1.0  # ... plus this per token asked
 MAX_LINE = 1 << 20  # one SSE line
 MAX_BODY = 1 << 20  # a JSON answer (model card, stats, an error)
+MAX_TOKEN_CHARS = 256  # a reply longer than max_tokens x this was not max_tokens tokens
 
 
 @dataclass(frozen=True)
@@ -61,55 +70,56 @@ class ServerError(Exception):
         self.status = status
 
 
-def error_message(body: bytes) -> str:
-    """The `message` of an OpenAI (or Anthropic) error envelope, else the body's start."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body[:200].decode("utf-8", "replace").strip() or "no reason given"
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict) and err.get("message"):
-        return str(err["message"])
-    return str(data)[:200]
+class DeadlinePassed(TimeoutError):
+    """A request did not finish within its total deadline (`_Watchdog`)."""
 
 
-def sample_of(live: dict[str, Any]) -> P.StatsSample | None:
-    """`/v1/stats`' `live` (the server's last StatsSample) as one; None if it is not one."""
-    try:
-        return P.StatsSample(
-            **{f.name: live[f.name] for f in fields(P.StatsSample) if f.name in live}
-        )
-    except TypeError:  # a field missing: not a sample this app knows
-        return None
+class _Watchdog:
+    """A request's total deadline: past it, the connection's socket is shut, which wakes
+    the read blocked on it. A per-read timeout alone lets a server that sends a byte
+    every 2 s hold a request for ever; this one cannot be stretched. One thread per
+    request, checking a few times a second."""
 
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float, what: str) -> None:
+        self.conn = conn
+        self.what = what  # "the answer", for the message
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.expired = False
+        self.sock: socket.socket | None = None  # once connected (see `connect`)
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="ssdmoe-remote-deadline", daemon=True).start()
 
-def model_info(url: str, card: dict[str, Any], stats: dict[str, Any]) -> P.ModelInfo:
-    """The served model as the app's panels know a model (`/v1/models`' card and
-    `/v1/stats`' engine); what the server does not say is 0 or ""."""
-    ext = card.get("ssdmoe") or {}
-    engine = stats.get("engine") or {}
-    k = int(ext.get("default_k") or ext.get("trained_k") or 1)
-    return P.ModelInfo(
-        name=str(card.get("id") or "?"),
-        path=url,
-        model_type=str(ext.get("model_type") or "?"),
-        num_layers=int(ext.get("moe_layers") or 0),
-        num_experts=int(ext.get("num_experts") or 0),
-        trained_k=int(ext.get("trained_k") or k),
-        k=k,
-        prefill_k=k,
-        max_context=int(ext.get("max_context") or 0),
-        device=str(engine.get("device") or "?"),
-        dtype=str(engine.get("dtype") or "?"),
-        expert_bytes=int(ext.get("expert_bytes") or 0),
-        resident_bytes=int(engine.get("resident_bytes") or 0),
-        expert_cache_budget=int(engine.get("expert_cache_budget_bytes") or 0),
-        reader=str(engine.get("reader") or "?"),
-        fingerprint="",
-        hybrid=False,
-        expert_source=str(engine.get("expert_source") or "shards"),
-        server=url,
-    )
+    def connect(self) -> None:
+        """Connect now and keep the socket: http.client hands it to a response that
+        reads until the connection closes and forgets it (`conn.sock` is None then)."""
+        self.conn.connect()
+        self.sock = self.conn.sock
+
+    def extend(self, seconds: float, limit: float, what: str) -> None:
+        """The next part (an SSE line) must come within `seconds`, never past `limit`."""
+        self.seconds, self.what = seconds, what
+        self.deadline = min(time.monotonic() + seconds, limit)
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.1):
+            if time.monotonic() >= self.deadline:
+                self.expired = True
+                sock = self.sock or self.conn.sock
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+
+    def check(self, e: BaseException | None = None) -> None:
+        """Raise DeadlinePassed if the deadline is why a read failed."""
+        if self.expired:
+            raise DeadlinePassed(f"{self.what} did not come within {self.seconds:.0f} s") from e
+
+    def close(self) -> None:
+        self._done.set()
 
 
 class _Reply:
@@ -119,9 +129,8 @@ class _Reply:
         self.parts: list[str] = []
         self.thinking = False  # inside the block now
 
-    def piece(self, delta: dict[str, Any]) -> str:
+    def piece(self, reasoning: str, content: str) -> str:
         out = ""
-        reasoning, content = delta.get("reasoning_content"), delta.get("content")
         if reasoning:
             if not self.thinking:
                 out += "<think>\n"
@@ -134,6 +143,14 @@ class _Reply:
             out += str(content)
         self.parts.append(out)
         return out
+
+    def cut(self, cap: int, pieces: int) -> str:
+        """Keep of the last piece only what fits `cap` tokens' text (none of it if it is
+        past the `cap`-th piece); returns what is left of it."""
+        last = self.parts.pop()
+        room = max(0, cap * MAX_TOKEN_CHARS - len(self.text))
+        self.parts.append(last[:room] if pieces <= cap else "")
+        return self.parts[-1]
 
     @property
     def text(self) -> str:
@@ -160,6 +177,7 @@ class RemoteEngine:
         self._replying = threading.Event()  # the poller runs while set
         self._closed = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
+        self._watchdog: _Watchdog | None = None  # the reply's (it keeps its socket)
         self._tail_until = 0.0  # poll until then after a reply
         self.info: P.ModelInfo | None = None
         self.k: int | None = None
@@ -206,32 +224,44 @@ class RemoteEngine:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    def _get(self, path: str) -> dict[str, Any]:
+    def _get(self, path: str) -> Any:
+        """The JSON answer to GET `path` (unchecked: `wire` checks it), whole within
+        REQUEST_TIMEOUT_S."""
         conn = http.client.HTTPConnection(self._host, self._port, timeout=REQUEST_TIMEOUT_S)
+        watchdog = _Watchdog(conn, REQUEST_TIMEOUT_S, f"the answer to {path}")
         try:
-            conn.request("GET", path, headers=self._headers())
-            resp = conn.getresponse()
-            body = resp.read(MAX_BODY)
+            try:
+                watchdog.connect()
+                conn.request("GET", path, headers=self._headers())
+                resp = conn.getresponse()
+                body = resp.read(MAX_BODY)
+            except (OSError, http.client.HTTPException) as e:
+                watchdog.check(e)
+                raise
+            watchdog.check()
             if resp.status != 200:
                 raise ServerError(resp.status, error_message(body))
-            data = json.loads(body)
-            return data if isinstance(data, dict) else {}
+            return wire.parse_json(body, f"an answer to {path}")
         finally:
+            watchdog.close()
             conn.close()
 
     def _drop_connection(self) -> None:
-        conn = self._conn
-        sock = conn.sock if conn is not None else None
+        conn, watchdog = self._conn, self._watchdog
+        sock = watchdog.sock if watchdog is not None else None
+        sock = sock or (conn.sock if conn is not None else None)
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes the reader blocked on it
             except OSError:
                 pass
 
-    def _events(self, turn: ChatTurn) -> Iterator[dict[str, Any] | str]:
-        """The reply's SSE events: parsed `data:` chunks, or the text of a progress
-        comment. Raises ServerError (an error status), OSError / HTTPException (the
-        connection broke) or EOFError (the stream ended before `[DONE]`)."""
+    def _events(self, turn: ChatTurn) -> Iterator[wire.Chunk | str]:
+        """The reply's SSE events: checked `data:` chunks (`wire.chunk`), or the text of a
+        progress comment. Raises ServerError (an error status), BadReply (a chunk this
+        app cannot use), DeadlinePassed (the head or a line did not come whole within
+        STREAM_TIMEOUT_S, or the whole reply within its total), OSError / HTTPException
+        (the connection broke) or EOFError (the stream ended before `[DONE]`)."""
         body: dict[str, Any] = {
             "model": self.info.name if self.info else "",
             "messages": [{"role": m.role, "content": m.content} for m in turn.messages],
@@ -248,30 +278,45 @@ class RemoteEngine:
             body["ssdmoe"] = {"k": k}
         conn = http.client.HTTPConnection(self._host, self._port, timeout=STREAM_TIMEOUT_S)
         self._conn = conn
+        total = STREAM_BASE_S + STREAM_PER_TOKEN_S * max(turn.max_tokens, 0)
+        limit = time.monotonic() + total
+        watchdog = _Watchdog(conn, STREAM_TIMEOUT_S, "the answer's head")
+        self._watchdog = watchdog
         try:
-            headers = {**self._headers(), "Content-Type": "application/json"}
-            conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise ServerError(resp.status, error_message(resp.read(MAX_BODY)))
-            while True:
-                if self._cancel.is_set():  # stopped before the socket could be shut
-                    raise EOFError("stopped")
-                line = resp.readline(MAX_LINE)
-                if not line:
-                    raise EOFError("the stream ended before the reply did")
-                text = line.decode("utf-8", "replace").strip()
-                if text.startswith(":"):
-                    yield text[1:].strip()
-                elif text.startswith("data:"):
-                    payload = text[5:].strip()
-                    if payload == "[DONE]":
-                        return
-                    chunk = json.loads(payload)
-                    if isinstance(chunk, dict):
-                        yield chunk
+            try:
+                watchdog.connect()
+                headers = {**self._headers(), "Content-Type": "application/json"}
+                conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    raise ServerError(resp.status, error_message(resp.read(MAX_BODY)))
+                while True:
+                    if self._cancel.is_set():  # stopped before the socket could be shut
+                        raise EOFError("stopped")
+                    watchdog.extend(STREAM_TIMEOUT_S, limit, "a line of the stream")
+                    if time.monotonic() >= limit:
+                        watchdog.seconds, watchdog.what = total, "the whole reply"
+                        watchdog.expired = True
+                        watchdog.check()
+                    line = resp.readline(MAX_LINE)
+                    watchdog.check()
+                    if not line:
+                        raise EOFError("the stream ended before the reply did")
+                    text = line.decode("utf-8", "replace").strip()
+                    if text.startswith(":"):
+                        yield text[1:].strip()
+                    elif text.startswith("data:"):
+                        payload = text[5:].strip()
+                        if payload == "[DONE]":
+                            return
+                        yield wire.chunk(payload)
+            except (OSError, EOFError, http.client.HTTPException) as e:
+                if not isinstance(e, DeadlinePassed):
+                    watchdog.check(e)
+                raise
         finally:
-            self._conn = None
+            watchdog.close()
+            self._conn = self._watchdog = None
             conn.close()
 
     # ------------------------------------------------------------------ worker threads
@@ -300,11 +345,7 @@ class RemoteEngine:
     def _attach(self) -> bool:
         self._emit(P.PhaseChanged("loading", detail=f"attaching to the server at {self.where}"))
         try:
-            models = self._get("/v1/models")
-            cards = models.get("data") or [{}]
-            stats = self._get("/v1/stats")
-            # a card that is not one (not a dict, a K that is no number): the same line
-            info = model_info(self.url, cards[0], stats)
+            info = wire.model_info(self.url, self._get("/v1/models"), self._get("/v1/stats"))
         except Exception as e:  # noqa: BLE001 - one line: the server cannot be used
             self._emit(P.EngineError(f"cannot attach: {self._why(e)}", fatal=True))
             self._emit(P.PhaseChanged("idle"))
@@ -319,6 +360,10 @@ class RemoteEngine:
         """One line for a failed request: the server's refusal, or how it went away."""
         if isinstance(e, ServerError):
             return f"the server at {self.where} refused ({e.status}): {e}"
+        if isinstance(e, BadReply):
+            return f"the server at {self.where} sent {e}"
+        if isinstance(e, DeadlinePassed):
+            return f"the server at {self.where} is too slow{when}: {e}"
         if isinstance(e, (ConnectionRefusedError, socket.gaierror)):
             return f"nothing answers at {self.where} (has the server stopped?)"
         if isinstance(e, TimeoutError):
@@ -336,32 +381,54 @@ class RemoteEngine:
     def _reply(self, turn: ChatTurn) -> None:
         reply = _Reply()
         final: dict[str, Any] = {}
-        usage: dict[str, Any] = {}
+        pieces = 0  # chunks that carried text: each is at least one token
         try:
             for event in self._events(turn):
                 if isinstance(event, str):
                     self._progress(event)
                     continue
-                if "error" in event:
-                    message = error_message(json.dumps(event).encode())
-                    raise ServerError(500, message)
-                if event.get("usage"):
-                    usage = event["usage"]
-                for choice in event.get("choices") or ():
-                    text = reply.piece(choice.get("delta") or {})
+                if event.error is not None:
+                    raise ServerError(500, event.error)
+                if event.completion_tokens is not None:
+                    final["tokens"] = event.completion_tokens
+                text = reply.piece(event.reasoning, event.content)
+                if text:
+                    pieces += 1
+                    over = self._over_cap(turn, pieces, reply)
+                    if over:  # what fits the cap is kept, nothing past it
+                        text = reply.cut(max(turn.max_tokens, 1), pieces)
+                    if text and not final.get("decoding"):
+                        final["decoding"] = True
+                        self._emit(P.PhaseChanged("decoding"))
                     if text:
-                        if not final.get("decoding"):
-                            final["decoding"] = True
-                            self._emit(P.PhaseChanged("decoding"))
                         self._emit(P.Tokens(turn.request_id, text, ()))
-                    if choice.get("finish_reason"):
-                        final["finish"] = choice["finish_reason"]
-                        final["ext"] = event.get("ssdmoe") or {}
-            done = self._done(turn, reply.text, final, usage)  # a malformed usage: one line
+                    if over:
+                        final["finish"] = "length"
+                        break
+                if event.finish:
+                    final["finish"], final["k"], final["stats"] = event.finish, event.k, event.stats
+            done = self._done(turn, reply.text, final)
         except Exception as e:  # noqa: BLE001 - every failure is one line
             self._failed(turn, reply, e)
             return
         self._emit(done)
+
+    def _over_cap(self, turn: ChatTurn, pieces: int, reply: _Reply) -> bool:
+        """Whether the reply has gone past the `max_tokens` asked (more text chunks than
+        tokens, or more text than that many tokens can hold): then it is cut there, the
+        connection closed, and one notice says so; a server that ignores max_tokens
+        cannot grow a reply without bound."""
+        cap = max(turn.max_tokens, 1)
+        if pieces <= cap and len(reply.text) <= cap * MAX_TOKEN_CHARS:
+            return False
+        self._drop_connection()
+        self._emit(
+            P.Notice(
+                f"the server at {self.where} sent more than the {turn.max_tokens} tokens "
+                "asked: the reply is cut there"
+            )
+        )
+        return True
 
     def _progress(self, comment: str) -> None:
         """`prefill 12/345` comments move the app's prefill progress."""
@@ -371,22 +438,22 @@ class RemoteEngine:
             if done.isdigit() and total.isdigit():
                 self._emit(P.PhaseChanged("prefill", int(done), int(total)))
 
-    def _done(
-        self, turn: ChatTurn, text: str, final: dict[str, Any], usage: dict[str, Any]
-    ) -> P.GenerationDone:
-        ext = final.get("ext") or {}
-        stats = dict(ext.get("stats") or {})
-        n = int(usage.get("completion_tokens") or stats.get("generated_tokens") or 0)
+    def _done(self, turn: ChatTurn, text: str, final: dict[str, Any]) -> P.GenerationDone:
+        stats: dict[str, Any] = dict(final.get("stats") or {})
+        n = final.get("tokens")
+        if n is None:
+            counted = stats.get("generated_tokens")
+            n = counted if type(counted) is int and counted >= 0 else 0
+        n = min(n, max(turn.max_tokens, 0))
         stats["generated_tokens"] = n
-        k = ext.get("k")
-        reason = final.get("finish")
+        k = final.get("k")
         return P.GenerationDone(
             turn.request_id,
             text,
             (),
             (),
-            "length" if reason == "length" else "stop",
-            (int(k),) * n if isinstance(k, int) else (),
+            "length" if final.get("finish") == "length" else "stop",
+            (k,) * n if k is not None else (),
             stats,
         )
 
@@ -397,7 +464,7 @@ class RemoteEngine:
         if self._cancel.is_set():
             self._emit(P.GenerationDone(turn.request_id, reply.text, (), (), "cancelled", ()))
             return
-        if isinstance(e, ServerError):
+        if isinstance(e, (ServerError, BadReply)):  # it answers, but not with a reply
             self._emit(P.EngineError(self._why(e), request_id=turn.request_id))
             return
         if reply.text:
@@ -420,9 +487,8 @@ class RemoteEngine:
 
     def _poll_once(self) -> None:
         try:
-            live = self._get("/v1/stats").get("live")
-        except Exception:  # noqa: BLE001 - the reply's own request says what went wrong
+            sample = wire.stats_sample(self._get("/v1/stats"))
+        except Exception:  # noqa: BLE001 - a bad answer is skipped; the reply says what broke
             return
-        sample = sample_of(live) if isinstance(live, dict) else None
         if sample is not None:
             self._emit(sample)

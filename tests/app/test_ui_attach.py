@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from ssdmoe_tui.chat.remote import sample_of
+from ssdmoe_tui.chat.wire import stats_sample
 from ssdmoe_tui.models.lock import served_models
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_rate
@@ -139,8 +139,7 @@ async def test_the_app_attaches_from_f4_and_chats_through_the_server(server, mon
         # The panel shows the server's own figures (its /v1/stats), not this process's
         # (before the direct request below changes them).
         def server_sample():
-            live = httpx.get(server.url + "/v1/stats", timeout=5).json()["live"]
-            return sample_of(live)
+            return stats_sample(httpx.get(server.url + "/v1/stats", timeout=5).json())
 
         await wait_until(
             pilot, lambda: app.panel.last_sample == server_sample(), 10, "the server's stats"

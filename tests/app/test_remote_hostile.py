@@ -1,0 +1,311 @@
+"""Issue 34 (5): the attached-server client against a hostile server on loopback.
+
+A real HTTP server (the standard library's, on a port of its own) answers the paths
+`RemoteEngine` asks with what a broken or hostile server could send: strings where
+numbers belong in /v1/stats (was a TypeError in the engine panel), a byte every half
+second (was "attaching" for ever: a per-read timeout never fires), an endless stream
+that ignores max_tokens (grew without bound until Esc), malformed model cards and
+chunks (was Python's own "'str' object has no attribute 'get'"). Each is now one line
+that says what the server sent, within a deadline, and a reply is cut at the
+max_tokens asked. The real RemoteEngine, its threads and sockets; no mocks.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ssdmoe_tui.chat import remote
+from ssdmoe_tui.chat.remote import ChatTurn, RemoteEngine
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.prompting.message import Message
+
+CARD = {"object": "list", "data": [{"id": "hostile", "object": "model",
+        "ssdmoe": {"trained_k": 2, "default_k": 2, "moe_layers": 2, "num_experts": 8}}]}  # fmt: skip
+LIVE = {"decode_tok_s": 1.0, "prefill_tok_s": 1.0, "ssd_mib_per_token": 0.0,
+        "requested_mib_per_token": 0.0, "expert_cache_hit_rate": 0.5,
+        "expert_cache_used_bytes": 1, "expert_cache_budget_bytes": 2, "resident_bytes": 3,
+        "kv_cache_bytes": 4, "rss_bytes": 5, "peak_rss_bytes": 6, "peak_memory_bytes": 7,
+        "kv_hit_rate": 0.0, "context_tokens": 8, "max_context": 9, "k": 2,
+        "generated_tokens": 1}  # fmt: skip
+STATS = {"model": "hostile", "engine": {"device": "cpu"}, "live": LIVE}
+
+
+def chunk(content: str = "", finish: str | None = None, **extra) -> bytes:
+    c = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}],
+         **extra}  # fmt: skip
+    return b"data: " + json.dumps(c).encode() + b"\n\n"
+
+
+Behaviour = Callable[[BaseHTTPRequestHandler], None]
+
+
+def answer(body: object, status: int = 200) -> Behaviour:
+    def send(h: BaseHTTPRequestHandler) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        h.send_response(status)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    return send
+
+
+def trickle(every: float) -> Behaviour:
+    """A byte at a time, every `every` seconds, for ever (until the client goes)."""
+
+    def send(h: BaseHTTPRequestHandler) -> None:
+        h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        h.wfile.flush()
+        try:
+            while True:
+                h.wfile.write(b"x")
+                h.wfile.flush()
+                time.sleep(every)
+        except OSError:
+            return
+
+    return send
+
+
+def stream(*parts: bytes, endless: bytes | None = None) -> Behaviour:
+    def send(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.end_headers()
+        try:
+            for p in parts:
+                h.wfile.write(p)
+                h.wfile.flush()
+            t_end = time.monotonic() + 60  # bounded: the test never waits this long
+            while endless is not None and time.monotonic() < t_end:
+                h.wfile.write(endless)
+                h.wfile.flush()
+        except OSError:
+            return
+
+    return send
+
+
+class Hostile:
+    """A loopback HTTP server answering each path as `routes` says."""
+
+    def __init__(self, routes: dict[str, Behaviour]) -> None:
+        routes = {"/v1/models": answer(CARD), "/v1/stats": answer(STATS), **routes}
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                routes.get(self.path, answer({"error": {"message": "no"}}, 404))(self)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.do_GET()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Client:
+    """A RemoteEngine whose events land in a queue."""
+
+    def __init__(self, url: str) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.engine = RemoteEngine(url, self.events.put)
+        self.engine.start()
+
+    def wait(self, kind: type, timeout: float) -> object:
+        end = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < end:
+            try:
+                ev = self.events.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                break
+            seen.append(ev)
+            if isinstance(ev, kind):
+                return ev
+        raise AssertionError(f"no {kind.__name__} within {timeout} s; saw {seen}")
+
+    def ask(self, max_tokens: int = 8) -> None:
+        self.engine.submit(ChatTurn("r1", (Message("user", "hi"),), max_tokens=max_tokens))
+
+
+@pytest.fixture
+def hostile():
+    made: list[Hostile] = []
+
+    def make(**routes: Behaviour) -> Hostile:
+        made.append(Hostile({k.replace("_", "/"): v for k, v in routes.items()}))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def one_line(message: str, *needles: str) -> None:
+    assert "\n" not in message and "Traceback" not in message, message
+    assert "object has no attribute" not in message and "NoneType" not in message, message
+    for needle in needles:
+        assert needle in message, message
+
+
+ATTACH_CASES = {
+    "card not an object": ({"data": ["x"]}, "a model card that is not a JSON object: 'x'"),
+    "no models": ({"data": []}, "a model list without models"),
+    "a K in words": (
+        {"data": [{"id": "m", "ssdmoe": {"default_k": "four"}}]},
+        "'default_k' is 'four' (not a whole number >= 0)",
+    ),  # fmt: skip
+    "a bool as a count": (
+        {"data": [{"id": "m", "ssdmoe": {"num_experts": True}}]},
+        "'num_experts' is True",
+    ),  # fmt: skip
+    "not JSON": (b"<html>", "not JSON"),
+    "ssdmoe a list": ({"data": [{"id": "m", "ssdmoe": [1]}]}, "'ssdmoe' is [1]"),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTACH_CASES), ids=list(ATTACH_CASES))
+def test_a_malformed_model_card_is_one_line_saying_what_was_sent(hostile, case):
+    body, needle = ATTACH_CASES[case]
+    srv = hostile(_v1_models=answer(body))
+    c = Client(srv.url)
+    err = c.wait(P.EngineError, 10)
+    one_line(err.message, "cannot attach: the server at 127.0.0.1:", " sent ", needle)
+    assert err.fatal
+    c.engine.shutdown(2)
+
+
+def test_a_server_that_trickles_a_byte_every_half_second_is_given_up_on(hostile):
+    srv = hostile(_v1_models=trickle(0.5))
+    c = Client(srv.url)
+    t0 = time.monotonic()
+    err = c.wait(P.EngineError, 20)
+    assert time.monotonic() - t0 < remote.REQUEST_TIMEOUT_S + 3
+    one_line(err.message, "too slow", f"within {remote.REQUEST_TIMEOUT_S:.0f} s")
+    c.engine.shutdown(2)
+
+
+def test_stats_with_strings_where_numbers_belong_are_skipped(hostile):
+    """Was: a TypeError in the engine panel 0.25 s into a reply. A sample that is not
+    one is not posted; the reply goes on."""
+    bad = {**STATS, "live": {**LIVE, "decode_tok_s": "fast", "rss_bytes": "lots"}}
+    srv = hostile(_v1_stats=answer(bad),
+                  _v1_chat_completions=stream(chunk("Hello"), b": keepalive\n\n",
+                                              chunk(" there", "stop", ssdmoe={"k": "x"}),
+                                              b"data: [DONE]\n\n"))  # fmt: skip
+    # ("k": "x" on the last chunk: a bad extension is a refusal in words, not a crash)
+    c = Client(srv.url)
+    c.wait(P.ModelLoaded, 10)
+    c.ask()
+    err = c.wait(P.EngineError, 10)
+    one_line(err.message, "sent a chunk ('ssdmoe') whose 'k' is 'x'")
+    time.sleep(0.6)  # the poller ran meanwhile
+    seen = []
+    while not c.events.empty():
+        seen.append(c.events.get())
+    assert not [e for e in seen if isinstance(e, P.StatsSample)]
+    c.engine.shutdown(2)
+
+
+def test_an_endless_stream_is_cut_at_the_max_tokens_asked(hostile):
+    srv = hostile(_v1_chat_completions=stream(chunk("a"), endless=chunk("word ")))
+    c = Client(srv.url)
+    c.wait(P.ModelLoaded, 10)
+    c.ask(max_tokens=20)
+    done = c.wait(P.GenerationDone, 20)
+    assert done.finish_reason == "length" and done.text.count("word") <= 20, done
+    assert done.stats["generated_tokens"] <= 20
+    c.engine.shutdown(2)
+
+
+def test_a_huge_piece_is_cut_too(hostile):
+    srv = hostile(_v1_chat_completions=stream(chunk("x" * 100_000), endless=chunk("y")))
+    c = Client(srv.url)
+    c.wait(P.ModelLoaded, 10)
+    c.ask(max_tokens=4)
+    done = c.wait(P.GenerationDone, 20)
+    assert done.finish_reason == "length" and done.text == "x" * 4 * remote.MAX_TOKEN_CHARS
+    c.engine.shutdown(2)
+
+
+CHUNK_CASES = {
+    "choices a string": (
+        b'data: {"choices": "x"}\n\n',
+        "a chunk whose 'choices' is 'x' (not a list)",
+    ),
+    "a choice a string": (b'data: {"choices": ["x"]}\n\n', "a chunk whose choice is"),
+    "delta a number": (b'data: {"choices": [{"delta": 3}]}\n\n', "'delta' is 3"),
+    "content a list": (
+        b'data: {"choices": [{"delta": {"content": [1]}}]}\n\n',
+        "'content' is [1] (not a text)",
+    ),  # fmt: skip
+    "not JSON": (b"data: {oops\n\n", "a chunk that is not JSON"),
+    "a list": (b"data: [1, 2]\n\n", "a chunk that is not a JSON object"),
+    "usage in words": (
+        b'data: {"choices": [], "usage": {"completion_tokens": "9"}}\n\n',
+        "'completion_tokens' is '9'",
+    ),  # fmt: skip
+    "an error event": (b'data: {"error": {"message": "boom \\u001b[2J"}}\n\n', "boom"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHUNK_CASES), ids=list(CHUNK_CASES))
+def test_a_malformed_chunk_is_one_line_saying_what_was_sent(hostile, case):
+    data, needle = CHUNK_CASES[case]
+    srv = hostile(_v1_chat_completions=stream(chunk("ok "), data, b"data: [DONE]\n\n"))
+    c = Client(srv.url)
+    c.wait(P.ModelLoaded, 10)
+    c.ask()
+    err = c.wait(P.EngineError, 10)
+    one_line(err.message, "the server at 127.0.0.1:", needle)
+    assert "\x1b" not in err.message
+    c.engine.shutdown(2)
+
+
+def test_a_stream_that_trickles_is_given_up_on(hostile, monkeypatch):
+    """A line that never ends (a byte every half second) passes a per-read timeout for
+    ever; the per-line deadline ends it."""
+    monkeypatch.setattr(remote, "STREAM_TIMEOUT_S", 2.0)
+
+    def slow(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.end_headers()
+        h.wfile.write(chunk("ok "))
+        h.wfile.flush()
+        try:
+            for _ in range(200):
+                h.wfile.write(b"x")
+                h.wfile.flush()
+                time.sleep(0.5)
+        except OSError:
+            return
+
+    srv = hostile(_v1_chat_completions=slow)
+    c = Client(srv.url)
+    c.wait(P.ModelLoaded, 10)
+    t0 = time.monotonic()
+    c.ask()
+    err = c.wait(P.EngineError, 15)
+    assert time.monotonic() - t0 < 6
+    one_line(err.message, "too slow", "a line of the stream did not come within 2 s")
+    c.engine.shutdown(2)
