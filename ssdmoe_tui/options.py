@@ -286,3 +286,88 @@ class EngineOptions:
 
     def with_(self, **changes) -> EngineOptions:
         return replace(self, **changes)
+
+
+SPECULATE_MODES = ("off", "auto", "ngram", "mtp")  # what users pick; the bench adds oracle
+MAX_DRAFT_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding of one turn (engine/spec): where drafts come from, and the
+    draft depth (None: the governor prices each round; a number: that many drafts every
+    round they are on offer). `p`: the oracle's acceptance (bench only)."""
+
+    mode: str = "off"  # off | auto | ngram | mtp | oracle
+    depth: int | None = None
+    p: float = 1.0
+
+    def __post_init__(self) -> None:
+        parse_choice(self.mode, (*SPECULATE_MODES, "oracle"), "--speculate")
+        if self.depth is not None:
+            check_draft_depth(self.depth)
+        if not 0.0 <= self.p <= 1.0:
+            raise BadValueError(f"--speculate oracle:{self.p:g}: the acceptance must be within 0..1")
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    def __str__(self) -> str:
+        mode = f"oracle:{self.p:g}" if self.mode == "oracle" else self.mode
+        return mode if self.depth is None or not self.on else f"{mode} (depth {self.depth})"
+
+
+def check_draft_depth(depth: int) -> int:
+    if not 1 <= depth <= MAX_DRAFT_DEPTH:
+        raise BadValueError(f"--draft-depth {depth} is out of range 1..{MAX_DRAFT_DEPTH}")
+    return depth
+
+
+def parse_draft_depth(text: str | int | None) -> int | None:
+    """`auto` (or nothing): the governor chooses; else a fixed depth 1..MAX_DRAFT_DEPTH."""
+    if text is None or text == "auto":
+        return None
+    return check_draft_depth(_whole(text, "--draft-depth"))
+
+
+def parse_speculate(text: str, *, oracle: bool = False, depth: int | None = None) -> Speculation:
+    """`off`, `auto`, `ngram`, `mtp`; with `oracle` (the bench) also `oracle[:P]`, P the
+    acceptance as 0..1 or a percentage (`oracle:70%`). One line for anything else."""
+    text = str(text).strip().lower()
+    if oracle and (text == "oracle" or text.startswith("oracle:")):
+        raw = text.partition(":")[2] or "1"
+        try:
+            p = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            raise BadValueError(f"--speculate {text}: P must be a number (oracle:0.7 or oracle:70%)") from None
+        if not math.isfinite(p) or not 0.0 <= p <= 1.0:
+            raise BadValueError(f"--speculate {text}: the acceptance P must be within 0..1 (or 0..100%)")
+        return Speculation("oracle", depth, p)
+    choices = (*SPECULATE_MODES, "oracle[:P]") if oracle else SPECULATE_MODES
+    if text not in SPECULATE_MODES:
+        raise BadValueError(f"--speculate {text!r}: use one of {', '.join(choices)}")
+    return Speculation(text, depth)
+
+
+def parse_speculate_list(text: str) -> list[Speculation]:
+    """The bench's `--speculate`: comma-separated modes, where a bare number continues an
+    oracle list (`oracle:0.3,0.5,70%` is three oracles); `off` rows are always measured."""
+    out: list[Speculation] = []
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item:
+            raise BadValueError(f"--speculate {text!r}: an empty item")
+        if out and out[-1].mode == "oracle" and (item[0].isdigit() or item[0] == "."):
+            item = f"oracle:{item}"
+        spec = parse_speculate(item, oracle=True)
+        if spec.on:
+            out.append(spec)
+    if not out:
+        raise BadValueError(f"--speculate {text!r}: nothing to compare with off")
+    return out
+
+
+def parse_depth_list(text: str) -> list[int | None]:
+    """`--draft-depth` of the bench: `auto` and/or depths, comma-separated."""
+    return [parse_draft_depth(t.strip()) for t in str(text).split(",")]

@@ -25,7 +25,7 @@ from ssdmoe_tui.commands.common import (
     engine_options,
     list_type,
 )
-from ssdmoe_tui.options import parse_positive
+from ssdmoe_tui.options import parse_depth_list, parse_positive, parse_speculate_list
 
 
 def _count(what: str):
@@ -52,8 +52,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "checkpoint unless --model is given",
     )  # fmt: skip
     p.add_argument(
-        "--rounds", type=_count("--rounds"), default=9,
-        help="with --quick: alternations (>= 3; medians over them)",
+        "--rounds", type=_count("--rounds"), default=None,
+        help="with --quick: alternations (>= 3, default 9; medians over them); with "
+        "--speculate: rounds of plain + every configuration (default 3)",
+    )  # fmt: skip
+    p.add_argument(
+        "--speculate", type=arg_type(parse_speculate_list), default=None, metavar="MODE[,...]",
+        help="decode with and without speculation side by side on one engine: ngram, auto, "
+        "oracle[:P[,P...]] (drafts from a previous greedy run, each wrong with probability "
+        "1-P; P as 0..1 or 70%%)",
+    )  # fmt: skip
+    p.add_argument(
+        "--draft-depth", type=arg_type(parse_depth_list), default=[None], metavar="D[,...]",
+        help="with --speculate: draft depths, auto (the governor) and/or 1..8",
+    )  # fmt: skip
+    p.add_argument(
+        "--prompt-file", default=None, metavar="FILE",
+        help="with --speculate: this text as a chat-templated user turn instead of the fixed "
+        "prompt",
     )  # fmt: skip
     add_k_argument(p, many=True)
     add_expert_cache_argument(p, many=True)
@@ -149,6 +165,8 @@ def _run(args: argparse.Namespace, dist) -> int:
 
     if args.quick:
         return _run_quick(args)
+    if args.speculate:
+        return _run_speculate(args)
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
@@ -223,7 +241,7 @@ def _run_quick(args: argparse.Namespace) -> int:
     result = run_quick(
         path,
         small_cache=small.bytes if small is not None else None,
-        rounds=args.rounds,
+        rounds=args.rounds or 9,
         prompt_tokens=args.prompt_tokens or 16,
         decode_tokens=args.decode_tokens or 16,
         dtype=args.dtype,
@@ -234,3 +252,60 @@ def _run_quick(args: argparse.Namespace) -> int:
         log(f"JSON written to {args.json_out}")
     print(quick_table(result))
     return 0
+
+
+def _run_speculate(args: argparse.Namespace) -> int:
+    """`--speculate`: plain and speculative decode side by side (bench/speculate.py)."""
+    from ssdmoe_tui.atomic import atomic_write_text
+    from ssdmoe_tui.bench.bench import fixed_prompt
+    from ssdmoe_tui.bench.speculate import run_speculate, table
+    from ssdmoe_tui.commands.common import resolve_model_path
+    from ssdmoe_tui.engine.run.open import open_engine
+    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import CacheBudget, decode_text
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    path = resolve_model_path(args.model)
+    k = args.k[0] if args.k else None
+    budget = args.expert_cache[0] if args.expert_cache else CacheBudget()
+    opts = engine_options(args, model=str(path), k=k, expert_cache=budget, prefetch=False)
+    runner = open_engine(opts, notice=lambda m: log(f"note: {m}"))
+    try:
+        sm = runner.sm
+        if args.prompt_file:
+            from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+            if not Path(args.prompt_file).is_file():
+                raise BadValueError(f"--prompt-file: not a file: {args.prompt_file}")
+            text = decode_text(Path(args.prompt_file).read_bytes(), f"--prompt-file {args.prompt_file}")
+            prompt = prompt_tokens(sm.tokenizer, [{"role": "user", "content": text}])
+        else:
+            prompt = fixed_prompt(sm.tokenizer, args.prompt_tokens or 128)
+        def save(partial: dict) -> None:
+            if args.json_out:
+                partial["load"] = _load_average()
+                atomic_write_text(Path(args.json_out), json.dumps(partial, indent=1) + "\n")
+
+        result = run_speculate(
+            runner, prompt, args.decode_tokens or 64, args.speculate, args.draft_depth,
+            args.rounds or 3, log, on_round=save,
+        )  # fmt: skip
+    finally:
+        runner.close()
+    result["load"] = _load_average()
+    if args.json_out:
+        atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
+        log(f"JSON written to {args.json_out}")
+    print(table(result))
+    return 0
+
+
+def _load_average() -> list[float] | None:
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None

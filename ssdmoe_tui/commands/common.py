@@ -290,3 +290,24 @@ def resolve_model_path(spec: str, quiet: bool = False):
         say=(lambda _: None) if quiet else say,
         download=None if quiet else cli_progress(),
     )
+
+
+def add_speculate_arguments(p: argparse.ArgumentParser, *, oracle: bool = False) -> None:
+    """--speculate and --draft-depth (generate, serve; the bench adds oracle[:P] lists)."""
+    modes = "off, auto, ngram, mtp" + (", oracle[:P]" if oracle else "")
+    p.add_argument(
+        "--speculate", default="off", metavar="MODE",
+        help=f"speculative decoding ({modes}): draft tokens from the conversation (ngram) "
+        "and verify them in one pass, greedy output unchanged; auto: the best drafter the "
+        "checkpoint has (docs/engine.md, 'Speculative decoding')",
+    )  # fmt: skip
+    p.add_argument(
+        "--draft-depth", type=arg_type(O.parse_draft_depth), default=None, metavar="D",
+        help=f"draft tokens per round, 1..{O.MAX_DRAFT_DEPTH} (default auto: the governor "
+        "prices each round and drafts only where it pays)",
+    )  # fmt: skip
+
+
+def speculation(args: argparse.Namespace) -> O.Speculation:
+    """The --speculate / --draft-depth pair as one value (one line when bad)."""
+    return O.parse_speculate(args.speculate, depth=args.draft_depth)

@@ -12,6 +12,7 @@ from ssdmoe_tui.commands.common import (
     add_model_arguments,
     add_prefill_step_argument,
     add_sampling_arguments,
+    add_speculate_arguments,
     arg_type,
     distributed_run,
     engine_options,
@@ -52,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="decode N sequences together (the prompts given, repeated to N; sequence i "
         "samples with seed + i): each one's text and figures, and the batch's",
     )  # fmt: skip
+    add_speculate_arguments(p)
     add_distributed_argument(p)
     p.set_defaults(func=distributed_run(_run))
 
@@ -83,13 +85,17 @@ def prompt_argument(args: argparse.Namespace) -> list[str]:
 
 def _run(args: argparse.Namespace, dist) -> int:
     """`dist`: this rank of an expert-parallel launch (only rank 0 talks to the user)."""
+    from ssdmoe_tui.commands.common import speculation
     from ssdmoe_tui.engine.run.open import load_engine, memory_need, plan_engine
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.models.lock import acquire_model_lock
     from ssdmoe_tui.models.resolve import cli_progress
 
+    spec = speculation(args)  # a bad value is one line before anything loads
     texts = [read_prompt(t) for t in prompt_argument(args)]
     batched = args.batch is not None or len(texts) > 1
+    if spec.on and (batched or dist is not None):
+        raise BadValueError("--speculate: not with --batch, several --prompt or --distributed")
     if batched and (dist is not None or args.trace):
         raise BadValueError("--batch / several --prompt: not with --distributed or --trace")
 
@@ -114,6 +120,10 @@ def _run(args: argparse.Namespace, dist) -> int:
         if args.ignore_eos:
             runner.sm.tokenizer.eos_token_ids = set()  # as the bench: exactly --max-tokens
         runner.sm.measure_routing_mass()  # the stats it prints carry the router mass
+        if spec.mode == "mtp":
+            from ssdmoe_tui.engine.spec.mtp import check_mtp
+
+            check_mtp(runner.sm.config, runner.sm.path)
         try:
             if batched:
                 return _generate_batch(args, runner, texts, plan.path)
@@ -186,6 +196,7 @@ def _stream(args, runner, prompt: list[int], dist, meter, trace: _RouteTrace | N
     """Run the prompt, writing the text as it comes (unless --json); the GenerationResult."""
     from mlx_lm.sample_utils import make_sampler
 
+    from ssdmoe_tui.commands.common import speculation
     from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
 
     result = None
@@ -194,6 +205,7 @@ def _stream(args, runner, prompt: list[int], dist, meter, trace: _RouteTrace | N
         prompt,
         max_tokens=args.max_tokens,
         sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
+        speculate=speculation(args),
     ):
         if isinstance(ev, PrefillProgress) and trace is not None and ev.done >= ev.total - 1:
             # The last prompt token runs alone, as the first decode step: record it
@@ -242,6 +254,15 @@ def _print_summary(runner, result, stats: dict, dist) -> None:  # noqa: ANN001
         f"expert cache hit {s.hit_rate:.1%} | K={runner.k}{_routed(stats)}]",
         file=sys.stderr,
     )
+    sp = stats.get("speculation")
+    if sp:
+        acc = "-" if sp["acceptance"] is None else f"{sp['acceptance']:.0%}"
+        print(
+            f"[speculation {sp['mode']}: {sp['accepted']}/{sp['drafted']} drafts accepted ({acc}) "
+            f"| {sp['tokens_per_pass']} tok/pass | {sp['bytes_per_token'] / 2**20:.2f} MiB and "
+            f"{sp['ms_per_token']:.1f} ms per token]",
+            file=sys.stderr,
+        )
     if dist is not None:
         from ssdmoe_tui.engine.distributed.stats import summary_line
 

@@ -108,6 +108,10 @@ class TraceRouting:
         # one token per row: every sequence follows the trace from its own offset.
         self.rows: list[int] | None = None
         self._rows: list[int] | None = None  # the rows of the pass being built
+        # A speculative verify chunk (engine/spec/verify.py): the next pass of this many
+        # tokens routes them to the decode steps after `position`, one step per token.
+        self.chunk: int | None = None
+        self._chunk: list[int] | None = None  # the steps of the chunk being built
         self._masks: dict[int, mx.array] = {}
 
     # ---------------------------------------------------------------- position
@@ -115,6 +119,14 @@ class TraceRouting:
         """Called once per forward pass (by the first MoE layer's gate)."""
         self._masks = {}
         self._rows = None
+        self._chunk = None
+        if self.chunk is not None and tokens == self.chunk and not self.prefill_chunk:
+            if self.phase == PREFILL and self.position < 0 and self.on_decode_start is not None:
+                self.on_decode_start()
+            self.phase = DECODE
+            self._chunk = [self.position + 1 + i for i in range(tokens)]
+            self.chunk = None
+            return
         if self.prefill_chunk or (tokens > 1 and (self.rows is None or tokens != len(self.rows))):
             self.phase = PREFILL
             return
@@ -134,13 +146,21 @@ class TraceRouting:
         if first and self.on_decode_start is not None:
             self.on_decode_start()
 
+    def advance(self, steps: int) -> None:
+        """A verified chunk kept `steps` tokens: the next decode pass follows them."""
+        before = self.position
+        self.position += steps
+        n = len(self.decode)
+        self.wraps += (self.position // n) - (max(before, 0) // n)
+
     def cell(self, layer: int) -> np.ndarray | None:
         """The ids this pass routes `layer` to (trace order); None: the trace has no row
         (then the router's own choice stands)."""
         if self.phase == PREFILL:
             return self.prefill.get(layer)
-        if self._rows is not None:
-            cells = [self.decode[p % len(self.decode)].get(layer) for p in self._rows]
+        steps = self._rows if self._rows is not None else self._chunk
+        if steps is not None:
+            cells = [self.decode[p % len(self.decode)].get(layer) for p in steps]
             if any(c is None for c in cells):
                 return None
             return np.array(list(dict.fromkeys(np.concatenate(cells).tolist())), dtype=np.int64)
@@ -148,13 +168,16 @@ class TraceRouting:
 
     def mask(self, layer: int) -> mx.array | None:
         m = self._masks.get(layer)
-        if m is None and self._rows is not None and self.phase == DECODE:
-            host = np.zeros((len(self._rows), 1, self.num_experts), dtype=bool)
-            for i, p in enumerate(self._rows):
+        steps = self._rows if self._rows is not None else self._chunk
+        if m is None and steps is not None and self.phase == DECODE:
+            # a batch: one row per sequence (rows, 1, E); a chunk: one per token (1, n, E)
+            shape = (len(steps), 1) if self._rows is not None else (1, len(steps))
+            host = np.zeros((*shape, self.num_experts), dtype=bool)
+            for i, p in enumerate(steps):
                 ids = self.decode[p % len(self.decode)].get(layer)
                 if ids is None:
                     return None
-                host[i, 0, ids] = True
+                host[(i, 0) if self._rows is not None else (0, i)][ids] = True
             m = self._masks[layer] = mx.array(host)
         if m is None:
             ids = self.cell(layer)

@@ -22,7 +22,8 @@ from ssdmoe_tui.engine.model.loader import StreamedModel
 from ssdmoe_tui.engine.model.routing_mass import MassLog
 from ssdmoe_tui.engine.model.streamed import PrefillStopped
 from ssdmoe_tui.engine.run.prefill_stop import ChunkSizer, ChunkUndo
-from ssdmoe_tui.options import check_k
+from ssdmoe_tui.engine.spec.verify import SpecStats
+from ssdmoe_tui.options import Speculation, check_k
 
 
 @dataclass
@@ -48,6 +49,8 @@ class TurnStats:
     # router mass kept at the running K vs the trained K, per generated token
     # (routing_mass.py): None when no consumer asked for it; resolved only when read
     mass_log: MassLog | None = field(default=None, repr=False, compare=False)
+    # speculative decoding's figures (engine/spec); None: the turn did not speculate
+    spec: SpecStats | None = None
 
     @property
     def mass_per_token(self) -> list[float]:
@@ -124,6 +127,9 @@ class TurnStats:
             "peak_rss_bytes": self.peak_rss_bytes,
             "routing_mass": None if self.routing_mass is None else round(self.routing_mass, 4),
             "routing_mass_min": round(min(self.mass_per_token), 4) if self.mass_per_token else None,
+            "speculation": None
+            if self.spec is None
+            else self.spec.as_dict(self.decode_requested_bytes, self.decode_s),
         }
 
 
@@ -244,6 +250,7 @@ class TokenEvent:
     token: int
     text: str  # detokenized piece ('' for end-of-sequence)
     stats: TurnStats
+    stop: bool = False  # the end-of-sequence token
 
 
 @dataclass(frozen=True)
@@ -277,11 +284,28 @@ def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> 
     return step
 
 
+def token_event(tok: int, tokens: list[int], eos: set[int], detok, stats: TurnStats,
+                since: float) -> TokenEvent:  # noqa: ANN001  # fmt: skip
+    """Append `tok` to the turn and make its event (its detokenized piece; '' for the end
+    of sequence, which `TokenEvent.stop` tells apart)."""
+    tokens.append(tok)
+    if tok in eos:
+        piece, stop = "", True
+    else:
+        detok.add_token(tok)
+        piece, stop = detok.last_segment, False
+    stats.generated_tokens = len(tokens)
+    stats.decode_s = time.perf_counter() - since
+    return TokenEvent(tok, piece, stats, stop)
+
+
 class Runner:
     """Prefill + decode over one streamed model, and the one owner of K.
 
     K is set with `set_k` (thread-safe: one attribute store, read once per token) and
     reaches the MoE blocks only when it differs from what they hold."""
+
+    token_event = staticmethod(token_event)  # for engine/spec/loop.py (no import cycle)
 
     def __init__(
         self,
@@ -299,6 +323,9 @@ class Runner:
         self._masses: deque = deque()  # routing mass of each built step, read with its token
         # chunk sizes of prefills that may be stopped (prefill_stop.py): the speed is kept
         self._sizer = ChunkSizer(len(sm.blocks))
+        # speculation's measured costs and running acceptance, kept across turns
+        # (engine/spec/loop.py: `SpecMemory`)
+        self.spec_memory = None
         if k is not None:
             self.set_k(k)
         self.prefill_k = prefill_k
@@ -359,9 +386,13 @@ class Runner:
         reused_tokens: int = 0,
         should_stop: Callable[[], bool] | None = None,
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
+        speculate: Speculation | None = None,
+        draft_reference: Sequence[int] = (),
     ) -> Iterator[RunnerEvent]:
         """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
         `logits_processors`: mlx-lm's (tokens so far, logits) -> logits (penalties).
+        `speculate`: draft and verify several tokens per pass (engine/spec; greedy output
+        unchanged); `draft_reference`: the oracle's tokens (a previous greedy run).
         `should_stop` (None: nothing stops this turn) is asked between tokens and, during
         prefill, at every MoE layer (`begin`).
 
@@ -383,6 +414,13 @@ class Runner:
         tokens: list[int] = []
         if begun.token is None:
             finish, fed_generated = "cancelled", 0
+        elif speculate is not None and speculate.on:
+            from ssdmoe_tui.engine.spec.loop import spec_loop
+
+            finish, fed_generated = yield from spec_loop(
+                self, begun, sampler, tokens, detok, max_tokens, should_stop or _never,
+                speculate, draft_reference,
+            )  # fmt: skip
         else:
             finish, fed_generated = yield from self._decode_loop(
                 begun,
@@ -429,16 +467,10 @@ class Runner:
         dstart = Snapshot.take(sm)
         pending: tuple[mx.array, int] | None = None  # a step already scheduled
         while True:
-            tokens.append(tok)
-            if tok in eos:
+            event = token_event(tok, tokens, eos, detok, stats, dstart.t)
+            yield event
+            if event.stop:
                 finish = "stop"
-                piece = ""
-            else:
-                detok.add_token(tok)
-                piece = detok.last_segment
-            stats.generated_tokens = len(tokens)
-            stats.decode_s = time.perf_counter() - dstart.t
-            yield TokenEvent(tok, piece, stats)
             if finish == "stop" or len(tokens) >= max_tokens:
                 break
             if should_stop():
@@ -468,6 +500,12 @@ class Runner:
         _decode(stats, Snapshot.take(sm) - dstart)
         self._masses.clear()
         return finish, fed_generated
+
+    def window_figures(self, stats: TurnStats, decode_start: Snapshot, turn_start: Snapshot) -> None:
+        """The decode window's and the turn's live figures, as of now."""
+        now = Snapshot.take(self.sm)
+        _decode(stats, now - decode_start)
+        _totals(stats, now - turn_start)
 
     def eos_ids(self) -> set[int]:
         return set(getattr(self.sm.tokenizer, "eos_token_ids", []) or [])
@@ -714,6 +752,8 @@ PROCESSOR_WINDOW = 256  # tokens the logits processors see (mlx-lm's penalties l
 class LogitsWindow:
     """mlx-lm's logits processors (penalties) and the tokens they see: the prompt, then
     each fed token, lazily as mlx-lm does. One per sequence (alone or a batch row)."""
+
+    size = PROCESSOR_WINDOW
 
     def __init__(self, processors, before: Sequence[int]) -> None:  # noqa: ANN001
         self.processors = list(processors)

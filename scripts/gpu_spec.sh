@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Issue 31 (speculative decoding) on the H200 in one device call: ~5 min on a warm machine
+# whose /root/q30 exists and whose MLX-CUDA kernels for it are compiled (add ~40 s to
+# build q30 and ~3 min of kernel compilation on a fresh one):
+#
+#   scripts/gpu_spec.sh OUTDIR
+#
+# Steps (STEPS picks them; each writes into OUTDIR as it goes, JSON after every round, so
+# a timeout keeps what ran; a step that cannot finish before DEADLINE_S is skipped):
+#   q30    build the random Qwen3-30B-A3B-shaped checkpoint (48 layers) at Q30 if missing
+#   held   every expert held (64G, managed slots), uncapped: `bench --speculate` plain vs
+#          oracle drafts at 70 % (governor, and depths 1-4) and 100 % (governor), rounds
+#          alternating, medians; `same` = greedy tokens equal without speculation
+#          (OUTDIR/spec-held.json, held.txt)
+#   trace  the real Qwen3-30B-A3B trace (K = 6), a 4 GiB expert cache, under a CAP_GIB (12)
+#          host-memory cap, after a short uncapped compile pass: plain vs the oracle at
+#          0/30/50/70/90/100 % x (governor, depth 1-4); the depth the governor used most is
+#          marked '*' (OUTDIR/spec-trace.json, trace.txt)
+# Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), HELD_ROUNDS (3),
+# TRACE_ROUNDS (1), DECODE_TOKENS (64), TRACE_TOKENS (40), PROMPT_TOKENS (64),
+# PYTHON (python3), STEPS (q30,held,trace).
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+Q30=${Q30:-/root/q30}
+CAP_GIB=${CAP_GIB:-12}
+DEADLINE_S=${DEADLINE_S:-360}
+STEPS=${STEPS:-q30,held,trace}
+CONFIG=tests/fixtures/models/qwen3-30b-a3b/config.json
+TRACE=tests/fixtures/traces/bigmoeonedge-route-trace/2026-07-15-route-trace/qwen.route.csv
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
+export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
+start=$(date +%s)
+left() { echo $(( DEADLINE_S - ($(date +%s) - start) )); }
+log() { echo "[gpu_spec +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/steps.log" >&2; }
+
+{
+  echo "date: $(date -u +%FT%TZ)"; uname -a
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  nproc; free -g
+  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device()); print("mlx-lm", mlx_lm.__version__)'
+  git log --oneline -1 2>/dev/null
+} > "$OUT/env.txt" 2>&1
+
+if want q30 && [ ! -f "$Q30/config.json" ]; then
+  log "building $Q30 from $CONFIG"
+  timeout "$(( $(left) - 200 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
+    --config "$CONFIG" --build-only > "$OUT/build.log" 2>&1
+  log "build exit $?; $(du -sh "$Q30" 2>/dev/null | cut -f1)"
+fi
+
+bench() {  # bench SECONDS NAME ARGS...: one `bench --speculate` run into OUTDIR
+  local secs=$1 name=$2; shift 2
+  timeout "$secs" "$PY" -m ssdmoe_tui.cli bench --model "$Q30" --json "$OUT/spec-$name.json" \
+    --prompt-tokens "${PROMPT_TOKENS:-64}" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+}
+
+if want held; then
+  if [ "$(left)" -gt 150 ]; then
+    log "held: every expert held, oracle 70 % (auto, depth 1-4) and 100 % (auto)"
+    bench "$(( $(left) - 130 ))" held --expert-cache 64G --speculate oracle:0.7 \
+      --draft-depth auto,1,2,3,4 --rounds "${HELD_ROUNDS:-3}" \
+      --decode-tokens "${DECODE_TOKENS:-64}"
+    log "held (70 %) exit $?"
+    bench "$(( $(left) - 110 ))" held-100 --expert-cache 64G --speculate oracle:1 \
+      --rounds "${HELD_ROUNDS:-3}" --decode-tokens "${DECODE_TOKENS:-64}"
+    log "held (100 %) exit $?"
+  else log "held skipped: deadline"; fi
+fi
+
+if want trace; then
+  if [ "$(left)" -gt 90 ]; then
+    # the first process meeting these kernel shapes compiles them with ~3 GiB more
+    # anonymous memory (docs/benchmarks.md): a short uncapped pass with every chunk size
+    timeout "$(( $(left) - 80 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q30" \
+      --routing-trace "$TRACE" --k 6 --expert-cache 4G --prompt-tokens "${PROMPT_TOKENS:-64}" \
+      --decode-tokens 12 --speculate oracle:1 --draft-depth 1,2,3,4 --rounds 1 \
+      > "$OUT/trace-compile.txt" 2>&1
+    log "trace compile pass exit $?"
+    cg=""
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+      grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
+      cg=/sys/fs/cgroup/ssdmoe-gpu-spec; mkdir -p "$cg"
+      echo $(( CAP_GIB << 30 )) > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+    fi
+    log "trace: 4G cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED))"
+    args=(-m ssdmoe_tui.cli bench --model "$Q30" --routing-trace "$TRACE" --k 6
+      --expert-cache 4G --prompt-tokens "${PROMPT_TOKENS:-64}"
+      --decode-tokens "${TRACE_TOKENS:-40}" --speculate oracle:0,0.3,0.5,0.7,0.9,1
+      --draft-depth auto,1,2,3,4 --rounds "${TRACE_ROUNDS:-1}" --json "$OUT/spec-trace.json")
+    if [ -n "$cg" ]; then
+      timeout "$(( $(left) - 5 ))" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" \
+        "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
+    else
+      timeout "$(( $(left) - 5 ))" "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
+    fi
+    log "trace exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
+  else log "trace skipped: deadline"; fi
+fi
+log "done"

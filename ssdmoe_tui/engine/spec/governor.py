@@ -1,0 +1,218 @@
+"""The draft depth of each speculative round, priced before the round reads anything.
+
+A round verifies d drafted tokens in one forward pass of d + 1 tokens (the last
+fixed token and the drafts). With a running acceptance a (the chance a draft token is
+right, given the ones before it were), the round yields
+
+    A(d) = 1 + a + a^2 + ... + a^d            tokens (accepted drafts + one of its own)
+
+and costs
+
+    T(d) = C(d + 1) + M(d + 1) * B / R  [+ (1 - a^d) * C(d)  where the KV cache cannot be
+                                          trimmed and a partly accepted chunk is re-run]
+
+where C(n) is the measured compute of a pass of n tokens (wall time less expert reads;
+the fixed per-pass cost is C(1)), M(n) the expected expert misses of a pass of n tokens
+(0 when every expert is held; else the measured misses per pass of n tokens, or, before
+one was measured, those of one token scaled by the per-layer union growth U(n) / U(1),
+U measured per chunk size from the cache's lookups, prior E * (1 - (1 - K/E)^n)), B the
+bytes of one expert and R the disk's measured rate. The governor picks the d in 0..D
+(D: the drafts on offer, at most MAX_DEPTH) that maximizes A(d) / T(d); d > 0 only when
+it beats d = 0 by MARGIN, so estimation noise does not turn into a loss. Acceptance is
+measured on every round, d = 0 included: the drafter's first proposal is checked
+against the token the step produced (a shadow trial that costs nothing), so a governor
+that stopped drafting sees when drafts would pay again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+
+MAX_DEPTH = 8  # drafts per round at most (`--draft-depth` range)
+AUTO_DEPTH = 4  # the governor's own ceiling
+MARGIN = 0.03  # d > 0 must beat d = 0 by this share of expected tokens/s
+DECAY = 0.95  # weight of the past per acceptance trial (an effective window of ~20)
+EMA = 0.3  # weight of a new disk-rate measurement
+WINDOW = 15  # passes of one size whose median prices the next
+PRIOR_SLOPE = 0.15  # C(n) / C(1) - 1 per extra token before any n > 1 was measured
+
+
+def geometric_tokens(a: float, d: int) -> float:
+    """A(d): expected tokens from a round of depth d at per-token acceptance a."""
+    return float(sum(a**i for i in range(d + 1)))
+
+
+@dataclass
+class Acceptance:
+    """A running estimate of a: decayed successes over decayed trials, from a 50 % prior
+    worth two trials."""
+
+    hits: float = 1.0
+    trials: float = 2.0
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.trials if self.trials > 0 else 0.0
+
+    def observe(self, accepted: int, trials: int) -> None:
+        """`trials` draft tokens were judged, the first `accepted` of them were right."""
+        for i in range(trials):
+            self.hits = self.hits * DECAY + (1.0 if i < accepted else 0.0)
+            self.trials = self.trials * DECAY + 1.0
+
+
+class PassFigures:
+    """What one pass of n tokens cost, over the last WINDOW passes of that size: compute
+    seconds (their lower quartile), lookups (the per-layer union, summed over layers)
+    and misses (medians). Not a mean: on a shared machine a pass that waits for a core
+    takes up to ten times the others, in streaks; the lower quartile is the pass's own
+    cost, which is what the sizes compare."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
+        self.compute_s = self.lookups = self.misses = 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self._samples)
+
+    def update(self, compute_s: float, lookups: float, misses: float) -> None:
+        self._samples.append((compute_s, lookups, misses))
+        compute, lookups, misses = (sorted(c) for c in zip(*self._samples, strict=True))
+        self.compute_s = compute[(len(compute) - 1) // 4]
+        self.lookups, self.misses = float(median(lookups)), float(median(misses))
+
+
+@dataclass
+class CostModel:
+    """The engine's own figures, measured on every decode pass of this engine."""
+
+    num_experts: int
+    k: int
+    expert_bytes: int
+    all_held: bool = False  # every expert resident for good: no pass reads
+    passes: dict[int, PassFigures] = field(default_factory=dict)
+    disk_bytes_s: float | None = None  # measured read rate (EMA)
+
+    def measure(self, n: int, wall_s: float, read_s: float, lookups: int, misses: int,
+                bytes_read: int) -> None:  # fmt: skip
+        """One pass of `n` tokens took `wall_s`, of which `read_s` reading `bytes_read`."""
+        compute = max(wall_s - read_s, 0.0)
+        self.passes.setdefault(n, PassFigures()).update(compute, float(lookups), float(misses))
+        if bytes_read > 0 and read_s > 0:
+            rate = bytes_read / read_s
+            self.disk_bytes_s = (
+                rate if self.disk_bytes_s is None
+                else self.disk_bytes_s + EMA * (rate - self.disk_bytes_s)
+            )  # fmt: skip
+
+    def compute(self, n: int) -> float | None:
+        """C(n): measured, interpolated between measured sizes, or C(1) scaled by the prior;
+        never below the compute of a smaller pass (more tokens never cost less)."""
+        c = self._compute(n)
+        if c is None:
+            return None
+        smaller = [self.passes[m].compute_s for m in self.passes if m < n]
+        return max([c, *smaller])
+
+    def _compute(self, n: int) -> float | None:
+        if not self.passes:
+            return None
+        one = self.passes.get(1)
+        if len(self.passes) == 1 or (n not in self.passes and one is None):
+            m = next(iter(self.passes))
+            c = self.passes[m].compute_s
+            return c * (1 + PRIOR_SLOPE * (n - 1)) / (1 + PRIOR_SLOPE * (m - 1))
+        return self._between(n, "compute_s")
+
+    def _between(self, n: int, attr: str) -> float:
+        """A figure at size n: measured, or linear between (beyond: along) the two nearest
+        measured sizes (at least two are)."""
+        if n in self.passes:
+            return getattr(self.passes[n], attr)
+        known = sorted(self.passes)
+        lo = max((m for m in known if m < n), default=None)
+        hi = min((m for m in known if m > n), default=None)
+        if lo is None:
+            lo, hi = known[0], known[1]
+        elif hi is None:
+            lo, hi = known[-2], known[-1]
+        vlo, vhi = getattr(self.passes[lo], attr), getattr(self.passes[hi], attr)
+        return max(vlo + (vhi - vlo) * (n - lo) / (hi - lo), 0.0)
+
+    def union_growth(self, n: int) -> float:
+        """U(n) / U(1): measured lookups per pass where both sizes were seen, else the
+        prior of independent routing."""
+        one = self.passes.get(1)
+        if one is not None and n in self.passes and one.lookups > 0:
+            return self.passes[n].lookups / one.lookups
+        e, k = max(self.num_experts, 1), min(self.k, self.num_experts)
+        return (e * (1 - (1 - k / e) ** n)) / k if k > 0 else float(n)
+
+    def misses(self, n: int) -> float:
+        """M(n): expected misses of a pass of n tokens."""
+        if self.all_held:
+            return 0.0
+        if n in self.passes:
+            return self.passes[n].misses
+        if len(self.passes) >= 2:
+            return self._between(n, "misses")
+        one = self.passes.get(1)
+        return 0.0 if one is None else one.misses * self.union_growth(n)
+
+    def read_s(self, n: int) -> float:
+        m = self.misses(n)
+        if m <= 0:
+            return 0.0
+        rate = self.disk_bytes_s or 1e9  # before any read: 1 GB/s
+        return m * self.expert_bytes / rate
+
+    def pass_s(self, n: int) -> float | None:
+        c = self.compute(n)
+        return None if c is None else c + self.read_s(n)
+
+
+@dataclass(frozen=True)
+class Choice:
+    depth: int
+    expected_tokens: float
+    expected_s: float | None  # None: nothing measured yet
+
+
+class Governor:
+    """Chooses each round's depth from the cost model and the running acceptance.
+
+    `fixed`: a depth set by the user (`--draft-depth`): used whenever that many drafts
+    are on offer (fewer: as many as there are), the price is not asked."""
+
+    def __init__(self, costs: CostModel, acceptance: Acceptance, fixed: int | None = None,
+                 rerun: bool = False) -> None:  # fmt: skip
+        self.costs = costs
+        self.acceptance = acceptance
+        self.fixed = fixed
+        self.rerun = rerun  # a partly accepted chunk is re-run (non-trimmable KV cache)
+
+    def choose(self, offered: int) -> Choice:
+        if offered <= 0:
+            return Choice(0, 1.0, self.costs.pass_s(1))
+        if self.fixed is not None:
+            d = min(self.fixed, offered)
+            return Choice(d, geometric_tokens(self.acceptance.rate, d), self.costs.pass_s(d + 1))
+        a = self.acceptance.rate
+        base = self.costs.pass_s(1)
+        if base is None or base <= 0:
+            return Choice(0, 1.0, base)  # the first decode pass is measured before drafting
+        best = Choice(0, 1.0, base)
+        best_rate = (1.0 / base) * (1 + MARGIN)
+        for d in range(1, min(offered, AUTO_DEPTH) + 1):
+            t = self.costs.pass_s(d + 1)
+            if t is None:
+                continue
+            if self.rerun:
+                t += (1 - a**d) * (self.costs.compute(d) or 0.0)
+            tokens = geometric_tokens(a, d)
+            if t > 0 and tokens / t > best_rate:
+                best, best_rate = Choice(d, tokens, t), tokens / t
+        return best

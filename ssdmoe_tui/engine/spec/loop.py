@@ -1,0 +1,206 @@
+"""The decode loop of a speculating turn: each round either steps one token (d = 0, the
+plain decode step) or verifies d drafts in one pass (verify.py), as the governor prices
+it (governor.py). Token events, K records, counters and the KV cache's coverage are
+what `Runner._decode_loop` gives: the cache always holds the prompt and every generated
+token but the last.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
+from ssdmoe_tui.engine.spec.drafts import Drafter, NgramDrafter, OracleDrafter
+from ssdmoe_tui.engine.spec.governor import (
+    AUTO_DEPTH,
+    Acceptance,
+    CostModel,
+    Governor,
+)
+from ssdmoe_tui.engine.spec.verify import TRIM, UNDO, SpecStats, rewind_mode, verify_chunk
+from ssdmoe_tui.options import Speculation
+
+
+@dataclass
+class SpecMemory:
+    """What a Runner keeps between turns: the cost model and each drafter's acceptance."""
+
+    costs: CostModel
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)
+
+
+def make_drafter(sm, spec: Speculation, reference: Sequence[int]) -> Drafter:  # noqa: ANN001
+    if spec.mode == "mtp":
+        from ssdmoe_tui.engine.spec.mtp import check_mtp
+
+        check_mtp(sm.config, sm.path)  # raises: one line saying why not
+    if spec.mode == "oracle":
+        if not reference:
+            raise ValueError("the oracle drafts from a previous greedy run: none was given")
+        from ssdmoe_tui.checkpoint.arch import text_config
+
+        vocab = int(text_config(sm.config).get("vocab_size") or 2)
+        return OracleDrafter(reference, spec.p, vocab)
+    return NgramDrafter()  # auto: no MTP drafter is built (mtp.py), so prompt lookup
+
+
+def acceptance_key(spec: Speculation) -> str:
+    """Drafts of one source share a running acceptance (each oracle P its own)."""
+    return f"oracle:{spec.p:g}" if spec.mode == "oracle" else spec.mode
+
+
+def memory(runner) -> SpecMemory:  # noqa: ANN001
+    if runner.spec_memory is None:
+        sm = runner.sm
+        runner.spec_memory = SpecMemory(
+            CostModel(sm.index.num_experts, runner.k, sm.index.expert_bytes)
+        )
+    return runner.spec_memory
+
+
+def spec_loop(
+    runner,  # noqa: ANN001 - engine.run.runner.Runner
+    begun,  # noqa: ANN001 - runner.Begun
+    sampler: Callable[[mx.array], mx.array],
+    tokens: list[int],
+    detok,  # noqa: ANN001
+    max_tokens: int,
+    should_stop: Callable[[], bool],
+    spec: Speculation,
+    reference: Sequence[int],
+) -> Generator:
+    """Runner._decode_loop with speculative rounds; returns (finish, generated tokens the
+    KV cache holds).
+
+    A d = 0 round where every expert is resident is pipelined as in `_decode_loop`: the
+    next step is built on this one's lazy token while it computes. That next step is
+    the following round's unless that round prices drafts higher: then it is given back
+    (one token: trimmed, or the recurrent state put back) and the round verifies."""
+    sm, stats, start = runner.sm, begun.stats, begun.start
+    cache, counters, routing = begun.cache, sm.cache.counters, sm.cache.routing
+    drafter = make_drafter(sm, spec, reference)
+    mem = memory(runner)
+    costs = mem.costs
+    costs.k = runner.k
+    acceptance = mem.acceptance.setdefault(acceptance_key(spec), Acceptance())
+    governor = Governor(costs, acceptance, spec.depth)
+    figures = stats.spec = SpecStats(str(spec))
+    step = runner._decode_step(begun, sampler)
+    eos = runner.eos_ids()
+    meter = sm.routing_mass
+    drafter.extend(begun.prompt)
+    finish = "length"
+    emit = [begun.token]
+    snapshot = type(start)  # runner.Snapshot (imported there: no cycle)
+    dstart = snapshot.take(sm)
+    depth_cap = spec.depth or AUTO_DEPTH
+    pending: tuple[mx.array, int] | None = None  # the next d = 0 step, already scheduled
+    give_back = None  # how to undo `pending`: a ChunkUndo, TRIM, or None (it cannot be)
+    while True:
+        for t in emit:
+            event = runner.token_event(t, tokens, eos, detok, stats, dstart.t)
+            yield event
+            if event.stop:
+                finish = "stop"
+            if finish == "stop" or len(tokens) >= max_tokens:
+                break
+        drafter.extend(emit)
+        if finish == "stop" or len(tokens) >= max_tokens:
+            break
+        if should_stop():
+            finish = "cancelled"
+            break
+        t0 = time.perf_counter()
+        h0, m0, b0, r0 = counters.hits, counters.misses, counters.bytes_read, counters.read_s
+        tok = tokens[-1]
+        room = max_tokens - len(tokens)  # tokens this turn may still produce
+        drafts = drafter.propose(min(depth_cap, room))
+        costs.all_held = sm.cache.all_frozen
+        mode = rewind_mode(cache, len(drafts) + 1) if drafts else None
+        if mode is None or (pending is not None and give_back is None):
+            offered = 0
+        else:
+            offered = len(drafts)
+        governor.rerun = mode == UNDO
+        d = governor.choose(offered).depth
+        if d and pending is not None:  # drafts pay: give the pipelined step back
+            if give_back == TRIM:
+                for c in cache:
+                    c.trim(1)
+            else:
+                give_back.restore()
+            if routing is not None:
+                routing.position -= 1
+            runner._masses.pop()
+            pending = None
+        figures.depths[d] = figures.depths.get(d, 0) + 1
+        if d == 0:
+            if pending is None:
+                y_arr, k_tok = runner._schedule(step, mx.array([tok], dtype=mx.uint32))
+            else:
+                (y_arr, k_tok), pending = pending, None
+            if room > 1 and runner._can_pipeline():
+                one = rewind_mode(cache, 1)
+                give_back = ChunkUndo(cache) if one == UNDO else one
+                pending = runner._schedule(step, y_arr)
+                mx.async_eval(pending[0])
+            y = int(y_arr.item())
+            emit = [y]
+            stats.k_per_token.append(k_tok)
+            runner._record_mass(stats)
+            if drafts:  # a shadow trial: would the first draft have been right?
+                acceptance.observe(int(drafts[0] == y), 1)
+            n_pass, rerun_s = 1, 0.0
+        else:
+            v = _verify(runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing)
+            if meter is not None:
+                meter.clear()  # a chunk's mass is not measured
+            emit = v.tokens
+            for _ in emit:
+                stats.k_per_token.append(sm.times.last_k)
+                if stats.mass_log is not None:
+                    stats.mass_log.append(None)
+            acceptance.observe(v.accepted, min(v.accepted + 1, d))
+            figures.verify_passes += 1
+            figures.rerun_passes += int(v.reran)
+            figures.passes += int(v.reran)
+            figures.drafted += d
+            figures.accepted += min(v.accepted, len(emit))
+            n_pass, rerun_s = d + 1, v.rerun_s
+        wall = time.perf_counter() - t0 - rerun_s  # a re-run is priced apart (governor)
+        lookups, misses = counters.hits + counters.misses - h0 - m0, counters.misses - m0
+        costs.measure(n_pass, wall, counters.read_s - r0, lookups, misses,
+                      counters.bytes_read - b0)  # fmt: skip
+        figures.passes += 1
+        figures.tokens += len(emit)
+        runner.window_figures(stats, dstart, start)
+    stats.decode_s = time.perf_counter() - dstart.t
+    runner.window_figures(stats, dstart, start)
+    runner._masses.clear()
+    # a step scheduled on the last token: the cache holds it too
+    return finish, len(tokens) - 1 + (pending is not None)
+
+
+def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing):  # noqa: ANN001, ANN202
+    """One verify round (verify.py) at the live K, the trace (if any) following it."""
+    sm = runner.sm
+    runner._use_k(runner.k)
+    sm.cache.step()
+    p0 = routing.position if routing is not None else 0
+
+    def on_chunk(_start: int, n: int) -> None:
+        routing.position = p0
+        routing.chunk = n
+
+    v = verify_chunk(
+        sm.model, cache, tok, drafts, sampler, begun.window, keep_most=room, stop_ids=eos,
+        on_chunk=on_chunk if routing is not None else None,
+    )  # fmt: skip
+    if routing is not None:
+        routing.position = p0
+        routing.advance(v.kept)
+    return v

@@ -1,0 +1,154 @@
+"""One speculative round: the last fixed token and d drafts go through the engine as one
+chunk (each MoE layer looks up the union of the chunk's experts and reads its misses
+once), the longest prefix the target model agrees with is kept, and the KV cache gives
+back the rest.
+
+Giving back: attention caches (`KVCache`, `QuantizedKVCache`, a `RotatingKVCache` with
+room left) move their offset back (`trim`, as mlx-lm's `speculative_generate_step`).
+Recurrent state (the Mamba and gated-delta layers of nemotron_h and qwen3_5_moe:
+`ArraysCache`) holds no per-token entries to drop: the state before the chunk is kept
+(`prefill_stop.ChunkUndo`, which rebinds what the layers replaced, never copies), put
+back, and the kept prefix is run again as one chunk (its experts were just read: a
+compute-only pass). A cache that can do neither (a window that would evict, a nested
+`CacheList`) gets no drafts: every round is d = 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
+
+TRIM, UNDO = "trim", "undo"
+
+
+def rewind_mode(cache: list, tokens: int) -> str | None:
+    """How a chunk of `tokens` can be partly given back: TRIM, UNDO, or None (it cannot)."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    def trims(c) -> bool:  # noqa: ANN001
+        if isinstance(c, RotatingKVCache):
+            return c.offset + tokens < c.max_size
+        return type(c) in (KVCache, QuantizedKVCache)
+
+    if all(trims(c) for c in cache):
+        return TRIM
+    if ChunkUndo.possible(cache, tokens):
+        return UNDO
+    return None
+
+
+@dataclass
+class SpecStats:
+    """A turn's speculation figures (decode only)."""
+
+    mode: str
+    passes: int = 0  # decode forward passes: single steps, verify chunks and re-runs
+    verify_passes: int = 0
+    rerun_passes: int = 0
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # of them, kept
+    tokens: int = 0  # tokens the decode passes produced
+    depths: dict[int, int] = field(default_factory=dict)  # rounds per chosen depth
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        return self.tokens / self.passes if self.passes else None
+
+    def as_dict(self, decode_bytes: int, decode_s: float) -> dict:
+        n = max(self.tokens, 1)
+        acc = self.acceptance
+        tpp = self.tokens_per_pass
+        return {
+            "mode": self.mode,
+            "passes": self.passes,
+            "verify_passes": self.verify_passes,
+            "rerun_passes": self.rerun_passes,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": None if acc is None else round(acc, 4),
+            "tokens_per_pass": None if tpp is None else round(tpp, 4),
+            "bytes_per_token": round(decode_bytes / n),
+            "ms_per_token": round(decode_s * 1e3 / n, 3),
+            "depths": {str(d): c for d, c in sorted(self.depths.items())},
+        }
+
+
+@dataclass
+class Verified:
+    """A round's outcome: `tokens` are the target's samples at each chunk position
+    (accepted drafts, then its own); the cache holds the chunk's first `kept` positions."""
+
+    tokens: list[int]
+    accepted: int
+    kept: int
+    reran: bool
+    rerun_s: float = 0.0  # the re-run's seconds (a non-trimmable cache)
+
+
+def verify_chunk(
+    model,  # noqa: ANN001 - the streamed mlx-lm model
+    cache: list,
+    tok: int,
+    drafts: list[int],
+    sampler: Callable[[mx.array], mx.array],
+    window=None,  # noqa: ANN001 - runner.LogitsWindow: its processors see the fed tokens
+    keep_most: int | None = None,
+    stop_ids: set[int] | frozenset = frozenset(),
+    on_chunk: Callable[[int, int], None] | None = None,
+) -> Verified:
+    """Run `[tok] + drafts` as one chunk into `cache`, sample every position, keep the
+    longest agreeing prefix. `keep_most`: positions the caller can still use (the turn's
+    token budget); an end-of-sequence sample ends what is kept too. `on_chunk(start, n)`
+    is told each pass's chunk (trace-driven routing follows it)."""
+    d = len(drafts)
+    mode = rewind_mode(cache, d + 1)
+    undo = ChunkUndo(cache) if mode == UNDO else None
+    x = mx.array([tok, *drafts], dtype=mx.uint32)
+    if on_chunk is not None:
+        on_chunk(0, d + 1)
+    logits = model(x[None], cache=cache)[0]  # (d + 1, vocab)
+    if window is not None:
+        seen = window.seen
+        rows = [window(x[i : i + 1], logits[i : i + 1]) for i in range(d + 1)]
+        logprobs = [r - mx.logsumexp(r, axis=-1, keepdims=True) for r in rows]
+        ys = [int(sampler(lp).item()) for lp in logprobs]
+    else:
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        ys = sampler(logprobs).tolist()
+    n = 0
+    while n < d and ys[n] == drafts[n]:
+        n += 1
+    out = ys[: n + 1]
+    for i, t in enumerate(out):  # stop at the end of sequence or of the budget
+        if t in stop_ids:
+            out = out[: i + 1]
+            break
+    if keep_most is not None:
+        out = out[: max(keep_most, 1)]
+    kept = len(out)  # chunk positions the cache keeps: tok and the drafts before the last
+    reran, rerun_s = False, 0.0
+    if kept < d + 1:
+        if mode == TRIM:
+            for c in cache:
+                c.trim(d + 1 - kept)
+        else:
+            assert undo is not None
+            t0 = time.perf_counter()
+            undo.restore()
+            if on_chunk is not None:
+                on_chunk(0, kept)
+            model(x[None, :kept], cache=cache)
+            mx.eval([c.state for c in cache])
+            reran, rerun_s = True, time.perf_counter() - t0
+    if window is not None:
+        window.seen = mx.concatenate([seen, x[:kept]])[-window.size :]
+    return Verified(out, n, kept, reran, rerun_s)

@@ -1,0 +1,265 @@
+"""Speculative decoding (engine/spec): greedy tokens with prompt-lookup and oracle drafts
+equal those without (and mlx-lm's), for every architecture, with the KV cache holding
+exactly the tokens it says; sampling keeps the standard acceptance rule; the governor
+prices rounds; bad values are one line."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm import load, stream_generate
+
+from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
+from ssdmoe_tui.engine.policy import trace_routing
+from ssdmoe_tui.engine.run.runner import Runner
+from ssdmoe_tui.engine.spec.drafts import NgramDrafter, OracleDrafter
+from ssdmoe_tui.engine.spec.governor import Acceptance, CostModel, Governor
+from ssdmoe_tui.engine.spec.mtp import check_mtp
+from ssdmoe_tui.engine.spec.verify import verify_chunk
+from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.options import (
+    Speculation,
+    parse_depth_list,
+    parse_draft_depth,
+    parse_speculate,
+    parse_speculate_list,
+)
+
+ARCHS = ["qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral"]
+# a prompt that repeats itself: prompt lookup finds matches and drafts from them
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12] * 6
+N = 24
+
+
+def _mlx_lm(path, prompt):
+    model, tok = load(str(path))
+    cast_model(model, mx.float32)
+    return [r.token for r in stream_generate(model, tok, mx.array(prompt), max_tokens=N)]
+
+
+def _kv_offset(cache) -> int | None:
+    offsets = [c.offset for c in cache if hasattr(c, "offset") and not hasattr(c, "cache")]
+    return offsets[0] if offsets else None
+
+
+@pytest.mark.parametrize("budget", ["1G", "1"])  # every expert, and the minimum cache
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_tokens_equal_without_speculation(checkpoints, arch, budget):
+    path = checkpoints(arch)
+    sm = load_streamed(path, expert_cache=budget)
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm)
+    plain = runner.generate(PROMPT, max_tokens=N)
+    assert len(set(plain.tokens)) > 3, "random checkpoint should not be degenerate"
+    hybrid = arch in ("qwen3_5_moe", "nemotron_h")
+    for spec in [
+        Speculation("oracle", None, 1.0),
+        Speculation("oracle", 3, 0.5),
+        Speculation("ngram"),
+    ]:
+        res = runner.generate(PROMPT, max_tokens=N, speculate=spec, draft_reference=plain.tokens)
+        assert res.tokens == plain.tokens, (spec, res.tokens, plain.tokens)
+        sp = res.stats.spec
+        assert sp.tokens == N - 1 and len(res.stats.k_per_token) == N
+        # The cache holds the prompt and every generated token but the last: no more.
+        assert res.covered_generated == N - 1
+        off = _kv_offset(res.cache)
+        assert off is None or off == len(PROMPT) + N - 1
+        if spec.mode == "oracle":
+            assert sp.verify_passes > 0, spec
+        if spec.mode == "oracle" and spec.p == 0.5:
+            assert 0 < sp.accepted < sp.drafted
+            assert (sp.rerun_passes > 0) == hybrid  # recurrent state: restored and re-run
+    # Prompt lookup with drafts on offer: the prompt holds the model's own continuation
+    # (these two checkpoints then repeat parts of it: drafts are made and verified).
+    echo = PROMPT + plain.tokens + PROMPT
+    again = runner.generate(echo, max_tokens=N)
+    res = runner.generate(echo, max_tokens=N, speculate=Speculation("ngram", 3))
+    assert res.tokens == again.tokens
+    if arch in ("qwen3_moe", "nemotron_h"):
+        assert res.stats.spec.drafted > 0 and res.stats.spec.accepted > 0
+    if budget == "1G" and arch in ("qwen3_moe", "nemotron_h"):
+        assert plain.tokens == _mlx_lm(path, PROMPT)
+    sm.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "nemotron_h"])
+def test_cache_after_a_speculative_turn_continues_exactly(checkpoints, arch):
+    """The next turn reuses the cache a speculative turn left (trimmed, or state put back
+    and re-run): its tokens equal a fresh run over the whole history."""
+    path = checkpoints(arch)
+    sm = load_streamed(path, expert_cache="1G")
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm)
+    plain = runner.generate(PROMPT, max_tokens=N)
+    res = runner.generate(
+        PROMPT, max_tokens=N, speculate=Speculation("oracle", 3, 0.5),
+        draft_reference=plain.tokens,
+    )  # fmt: skip
+    history = res.covered_tokens + [res.tokens[-1], 40, 41, 42]
+    resumed = runner.generate(history, max_tokens=8, cache=res.cache,
+                              reused_tokens=len(res.covered_tokens))  # fmt: skip
+    fresh = runner.generate(history, max_tokens=8)
+    assert resumed.tokens == fresh.tokens
+    sm.close()
+
+
+def test_trace_routed_chunks_follow_the_trace(checkpoints, tmp_path):
+    """Under --routing-trace a verify chunk routes its tokens to consecutive decode steps
+    and the kept ones advance the trace: tokens equal the plain trace-routed run's."""
+    from tests.engine.test_trace_routing import QWEN, _cut, _shaped
+
+    class _F:
+        def mktemp(self, name):
+            d = tmp_path / name
+            d.mkdir()
+            return d
+
+    path = _shaped(_F(), "q", 12, 6)
+    trace = _cut(QWEN, tmp_path / "cut.jsonl", steps=40)
+    sm = load_streamed(path, expert_cache="1G")
+    routing = trace_routing.attach(sm, trace)
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm, prefill_step_size=64)
+    prompt = list(range(3, 19))
+
+    def run(**kw):
+        routing.position, routing.phase, routing.wraps = -1, "prefill", 0
+        return runner.generate(prompt, max_tokens=30, **kw)
+
+    plain = run()
+    pos = routing.position
+    res = run(speculate=Speculation("oracle", 3, 0.6), draft_reference=plain.tokens)
+    assert res.tokens == plain.tokens
+    assert res.stats.spec.verify_passes > 0 and routing.position == pos
+    sm.close()
+
+
+def test_sampling_keeps_the_standard_acceptance_rule(checkpoints):
+    """A point-mass draft d is accepted with probability p(d), and a rejection samples from
+    p without d: the emitted token's distribution is the model's own."""
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    runner = Runner(sm)
+    cache = runner.make_cache()
+    ctx = mx.array([PROMPT[:-1]], dtype=mx.uint32)
+    sm.model(ctx, cache=cache)
+    temp = 1.5
+    logits = sm.model(mx.array([[PROMPT[-1]]], dtype=mx.uint32), cache=cache)[0, -1]
+    for c in cache:
+        c.trim(1)
+    p = np.array(mx.softmax(logits / temp, axis=-1))
+    draft = int(np.argmax(p))
+    mx.random.seed(7)
+
+    def sampler(logprobs):
+        return mx.random.categorical(logprobs * (1 / temp))
+
+    n, counts = 600, np.zeros(p.size)
+    accepted = 0
+    for _ in range(n):
+        v = verify_chunk(sm.model, cache, PROMPT[-1], [draft, 3], sampler)
+        first = v.tokens[0]
+        counts[first] += 1
+        accepted += v.accepted > 0
+        for c in cache:
+            c.trim(v.kept)  # back to the context, for the next trial
+    sd = math.sqrt(p[draft] * (1 - p[draft]) / n)
+    assert abs(accepted / n - p[draft]) < 4 * sd + 1e-3
+    top = np.argsort(p)[::-1][:3]
+    for t in top:  # the emitted token follows p
+        sd = math.sqrt(p[t] * (1 - p[t]) / n)
+        assert abs(counts[t] / n - p[t]) < 4 * sd + 1e-3
+    sm.close()
+
+
+def test_ngram_drafter_proposes_the_latest_continuation():
+    d = NgramDrafter()
+    d.extend([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8])
+    assert d.propose(3) == []  # suffix (4, 7, 8)/(7, 8) never seen before
+    d.extend([2, 3, 4])
+    assert d.propose(2) == [7, 8]  # the latest occurrence of (2, 3, 4) wins
+    d.extend([1])
+    assert d.propose(4) == []
+
+
+def test_oracle_drafts_are_wrong_at_rate_one_minus_p():
+    ref = list(range(2000))
+    o = OracleDrafter(ref, 0.7, vocab=5000, seed=1)
+    o.extend([0])  # the prompt
+    o.extend([ref[0]])
+    drafts = o.propose(1999)
+    right = sum(a == b for a, b in zip(drafts, ref[1:], strict=False))
+    assert abs(right / len(drafts) - 0.7) < 0.05
+    assert all(0 <= t < 5000 for t in drafts)
+    assert o.propose(2) == drafts[:2]  # a position is drafted alike every time
+
+
+def test_governor_prices_rounds_and_falls_back_to_zero():
+    costs = CostModel(num_experts=128, k=8, expert_bytes=1 << 20)
+    costs.measure(1, 0.010, 0.0, 48 * 8, 0, 0)
+    costs.measure(3, 0.012, 0.0, 48 * 20, 0, 0)
+    costs.measure(5, 0.014, 0.0, 48 * 30, 0, 0)
+    good = Governor(costs, Acceptance(hits=9, trials=10))
+    assert good.choose(4).depth >= 2
+    assert good.choose(0).depth == 0
+    bad = Governor(costs, Acceptance(hits=0, trials=10))
+    assert bad.choose(4).depth == 0
+    # the same acceptance, but every extra expert is a disk read: drafting loses
+    disk = CostModel(num_experts=128, k=8, expert_bytes=1 << 20, disk_bytes_s=1e9)
+    disk.measure(1, 0.010, 0.004, 48 * 8, 4, 4 << 20)
+    disk.measure(3, 0.030, 0.025, 48 * 20, 25, 25 << 20)
+    assert Governor(disk, Acceptance(hits=6, trials=10)).choose(4).depth == 0
+    assert Governor(disk, Acceptance(hits=6, trials=10), fixed=2).choose(4).depth == 2
+
+
+def test_acceptance_falls_with_rejections():
+    a = Acceptance()
+    for _ in range(40):
+        a.observe(0, 1)
+    assert a.rate < 0.1
+    for _ in range(40):
+        a.observe(3, 3)
+    assert a.rate > 0.9
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("7", "--speculate '7': use one of off, auto, ngram, mtp"),
+        ("oracle", "--speculate 'oracle': use one of"),  # the bench's only
+    ],
+)
+def test_bad_speculate_is_one_line(text, msg):
+    with pytest.raises(BadValueError, match=msg.replace("(", r"\(")):
+        parse_speculate(text)
+
+
+def test_bench_lists_and_depths():
+    specs = parse_speculate_list("oracle:0.3,0.5,70%,ngram")
+    assert [(s.mode, s.p) for s in specs] == [
+        ("oracle", 0.3), ("oracle", 0.5), ("oracle", 0.7), ("ngram", 1.0)
+    ]  # fmt: skip
+    assert parse_depth_list("auto,1,4") == [None, 1, 4]
+    for bad in ("oracle:1.5", "oracle:x", "off"):
+        with pytest.raises(BadValueError, match="--speculate"):
+            parse_speculate_list(bad)
+    with pytest.raises(BadValueError, match=r"--draft-depth 9 is out of range 1\.\.8"):
+        parse_draft_depth("9")
+    with pytest.raises(BadValueError, match="--draft-depth"):
+        parse_draft_depth("0")
+
+
+def test_mtp_names_why_not(checkpoints, tmp_path):
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    with pytest.raises(BadValueError, match="qwen3_moe has no MTP head"):
+        check_mtp(sm.config, sm.path)
+    cfg = dict(sm.config, model_type="qwen3_5_moe", mtp_num_hidden_layers=1)
+    with pytest.raises(BadValueError, match="carries none of its weights"):
+        check_mtp(cfg, sm.path)
+    runner = Runner(sm)
+    with pytest.raises(BadValueError, match="no MTP head"):
+        runner.generate(PROMPT, max_tokens=4, speculate=Speculation("mtp"))
+    sm.close()
