@@ -58,20 +58,26 @@ class BatchRun:
     tokens: list[list[int]]
     window_tokens: int = 0
     window_s: float = 0.0
+    window_cpu_s: float = 0.0  # the process's CPU time (all threads) in the window
     margins: list[list[tuple[float, float]]] = field(default_factory=list)  # when recorded
 
     @property
     def aggregate_tok_s(self) -> float | None:
         return self.window_tokens / self.window_s if self.window_s > 0 else None
 
+    @property
+    def cpu_ms_per_token(self) -> float | None:
+        """CPU time a token costs (steadier than wall time on a loaded machine)."""
+        return 1e3 * self.window_cpu_s / self.window_tokens if self.window_tokens else None
 
-def steady_window(steps: Sequence[tuple[float, int]], b: int) -> tuple[int, float]:
-    """(tokens, seconds) between the ends of the first and the last step that gave all B
-    rows a token: the steps after the first full one, each timed from the one before."""
-    full = [t for t, rows in steps if rows == b]
+
+def steady_window(steps: Sequence[tuple[float, float, int]], b: int) -> tuple[int, float, float]:
+    """(tokens, seconds, CPU seconds of the process) between the ends of the first and the
+    last step that gave all B rows a token (each step: wall, CPU time, rows)."""
+    full = [(t, c) for t, c, rows in steps if rows == b]
     if len(full) < 2:
-        return 0, 0.0
-    return b * (len(full) - 1), full[-1] - full[0]
+        return 0, 0.0, 0.0
+    return b * (len(full) - 1), full[-1][0] - full[0][0], full[-1][1] - full[0][1]
 
 
 def first_flip(
@@ -115,21 +121,21 @@ def engine_batch(
     for i, p in enumerate(prompts):
         batch.add(SeqSpec(i, p, max_tokens=n, sampler=samplers[i]))
     out: dict[int, list[int]] = {}
-    steps: list[tuple[float, int]] = []
+    steps: list[tuple[float, float, int]] = []
     bound = 4 * b * (n + max(len(p) for p in prompts)) + 64
     for _ in range(bound):
         if batch.idle:
             break
         before = batch.figures.row_tokens
         events = batch.step()
-        steps.append((time.perf_counter(), batch.figures.row_tokens - before))
+        steps.append((time.perf_counter(), time.process_time(), batch.figures.row_tokens - before))
         for uid, ev in events:
             if isinstance(ev, Done):
                 out[uid] = ev.result.tokens
     else:
         raise RuntimeError(f"batch of {b} did not finish in {bound} steps")
     run = BatchRun([out[i] for i in range(b)])
-    run.window_tokens, run.window_s = steady_window(steps, b)
+    run.window_tokens, run.window_s, run.window_cpu_s = steady_window(steps, b)
     if record:
         run.margins = [s.margins() for s in samplers]
     return run
@@ -174,12 +180,12 @@ class ResidentBatch:
             index = {u: i for i, u in enumerate(uids)}
             tokens: list[list[int]] = [[] for _ in prompts]
             tops: list[list] = [[] for _ in prompts]
-            steps: list[tuple[float, int]] = []
+            steps: list[tuple[float, float, int]] = []
             for _ in range(4 * (n + max(len(p) for p in prompts)) + 64):
                 resps = gen.next_generated()
                 if not resps:
                     break
-                steps.append((time.perf_counter(), len(resps)))
+                steps.append((time.perf_counter(), time.process_time(), len(resps)))
                 for r in resps:
                     i = index[r.uid]
                     tokens[i].append(int(r.token))
@@ -190,7 +196,7 @@ class ResidentBatch:
         finally:
             gen.close()
         run = BatchRun(tokens)
-        run.window_tokens, run.window_s = steady_window(steps, b)
+        run.window_tokens, run.window_s, run.window_cpu_s = steady_window(steps, b)
         if record:
             run.margins = [
                 [tuple(x) for x in mx.concatenate(t).tolist()] if t else [] for t in tops
