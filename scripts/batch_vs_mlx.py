@@ -222,7 +222,7 @@ def main() -> int:
             inv[str(b)] = {
                 "engine": invariance_rows(alone_b, ours),
                 "mlx_batch_generator": invariance_rows(mlx_b, theirs),
-                "engine_alone_equals_stream_generate": sum(
+                "engine_alone_equals_stream_generate": sum(  # (exactness: every row)
                     a[0] == m[0] for a, m in zip(alone_b, mlx_b, strict=True)
                 ),
             }

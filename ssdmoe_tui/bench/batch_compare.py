@@ -88,7 +88,9 @@ def first_flip(
 ) -> dict | None:
     """Where a batched row first differs from its run alone: the token index and the
     top-2 margin of each run there (alone's top-1 is the token it took); None if equal."""
-    for i, (a, b) in enumerate(zip(alone, batched, strict=False)):
+    if len(alone) != len(batched):
+        raise ValueError(f"runs of {len(alone)} and {len(batched)} tokens: EOS not off?")
+    for i, (a, b) in enumerate(zip(alone, batched, strict=True)):
         if a != b:
             ma = alone_top[i][0] - alone_top[i][1] if i < len(alone_top) else None
             mb = batched_top[i][0] - batched_top[i][1] if i < len(batched_top) else None
@@ -161,6 +163,7 @@ class ResidentBatch:
         from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
 
         self.model, self.tokenizer = mlx_lm.load(str(path))
+        self.tokenizer.eos_token_ids = set()  # `alone` decodes exactly N tokens, as the batch
         cast_model(self.model, dtype)
         mx.eval(self.model.parameters())
         if k is not None:
