@@ -240,3 +240,36 @@ def test_service_batches_and_the_kv_budget_counts_every_sequence(checkpoints):
     for rid in roomy:
         assert tight[rid].token_ids == roomy[rid].token_ids and len(roomy[rid].token_ids) == 10
         assert roomy[rid].stats["batch"]["max_rows"] >= 1
+
+
+@pytest.mark.parametrize("budget", ["1", "1G"])
+def test_a_join_stalls_the_decoding_rows_one_bounded_chunk(checkpoints, budget):
+    """A long prompt joining rows that decode prefills in chunks of at most `join_chunk`
+    tokens, a decode step of the others between two (the stall is bounded); alone (no
+    row decoding) it is one chunk. Its tokens and the others' equal their runs alone."""
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
+    runner = Runner(sm)
+    ps = prompts(sm)[:2]
+    long = ps[1] + ps[0] * 4  # ~100 tokens
+    alone = [
+        runner.generate(ps[0], max_tokens=24).tokens,
+        runner.generate(long, max_tokens=6).tokens,
+    ]
+    batch = BatchRunner(runner, max_batch=2, join_chunk=16)
+    batch.add(SeqSpec(0, ps[0], max_tokens=24))
+    batch.add(SeqSpec(1, long, max_tokens=6))
+    done_at, results, tokens_0_between = [], {}, []
+    for uid, ev in batch.drain():
+        if uid == 1 and isinstance(ev, PrefillProgress):
+            done_at.append(ev.done)
+            tokens_0_between.append(len(results.get("t0", [])))
+        if uid == 0 and isinstance(ev, TokenEvent):
+            results.setdefault("t0", []).append(ev.token)
+        if isinstance(ev, Done):
+            results[uid] = ev.result
+    chunks = [b - a for a, b in zip(done_at, done_at[1:], strict=False) if b > a]
+    assert len(long) > 64 and chunks and max(chunks[:-1]) <= 16  # the last: the first token
+    assert len(chunks) >= (len(long) - 1) // 16
+    assert tokens_0_between[-1] > tokens_0_between[1]  # row 0 decoded between the chunks
+    assert [results[0].tokens, results[1].tokens] == alone
+    assert batch.figures.max_stall_s > 0

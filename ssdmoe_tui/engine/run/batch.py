@@ -13,7 +13,8 @@ Continuous: `add` queues a sequence; each `step` runs one prefill chunk of the f
 waiting sequence (alone, `Runner.begin`: the same code and arithmetic as one sequence),
 then one decode step of the running ones. A sequence joins at the token boundary after
 its prefill (and its first token, which the prefill's last step samples), so the
-running ones stall for at most one prefill chunk per step; it leaves when it ends
+running ones stall for at most one prefill chunk per step, and while rows decode those
+chunks hold at most `join_chunk` tokens (`JOIN_CHUNK`); it leaves when it ends
 (end of sequence, max tokens, `should_stop`), and its KV cache is extracted for reuse.
 
 K per sequence: rows are grouped by K and each group runs its own forward pass per
@@ -253,6 +254,11 @@ class BatchFigures:
 
 RowEvent = tuple[Hashable, RunnerEvent]
 
+# Tokens in one prefill chunk of a sequence joining rows that decode: each chunk runs
+# between two of their steps, so this bounds a join's stall (a chunk's compute grows
+# with it; its expert reads, the union of its tokens' experts, grow more slowly).
+JOIN_CHUNK = 128
+
 
 def merge_caches(caches: list[list]) -> list:
     """Per-layer batch caches from per-sequence ones (mlx-lm's `merge` of each layer's
@@ -263,12 +269,23 @@ def merge_caches(caches: list[list]) -> list:
 class BatchRunner:
     """Sequences that decode together on one Runner (see the module docstring)."""
 
-    def __init__(self, runner: Runner, max_batch: int = 4, *, invariant: bool = False) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        max_batch: int = 4,
+        *,
+        invariant: bool = False,
+        join_chunk: int | None = JOIN_CHUNK,
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if join_chunk is not None and join_chunk < 1:
+            raise ValueError("join_chunk must be at least 1 token")
         self.runner = runner
         self.max_batch = max_batch
         self.invariant = invariant  # every row its own pass (B = 1 shapes)
+        # a joining sequence's prefill chunks while rows decode (None: the prefill step)
+        self.join_chunk = join_chunk
         self._waiting: deque[_Row] = deque()  # FIFO; the first prefills, one at a time
         # K -> its rows' group; invariant: (K, row) -> a group of that row alone
         self._groups: dict[Hashable, _Group] = {}
@@ -353,6 +370,7 @@ class BatchRunner:
                 k=spec.k,
                 reset_peaks=self.idle_decoding,
                 logits_processors=spec.logits_processors,
+                chunk_cap=self._join_cap,
             )
             row.trace_pos = spec.trace_offset
         routing = self.runner.sm.cache.routing
@@ -377,6 +395,11 @@ class BatchRunner:
             if routing is not None:
                 routing.rows = None
         return True
+
+    def _join_cap(self) -> int | None:
+        """A joining sequence's chunk bound: `join_chunk` while rows decode (each chunk
+        stalls them), none while nothing does."""
+        return self.join_chunk if self.rows else None
 
     @property
     def idle_decoding(self) -> bool:

@@ -501,7 +501,9 @@ class Runner:
         self._masses.clear()
         return finish, fed_generated
 
-    def window_figures(self, stats: TurnStats, decode_start: Snapshot, turn_start: Snapshot) -> None:
+    def window_figures(
+        self, stats: TurnStats, decode_start: Snapshot, turn_start: Snapshot
+    ) -> None:
         """The decode window's and the turn's live figures, as of now."""
         now = Snapshot.take(self.sm)
         _decode(stats, now - decode_start)
@@ -522,6 +524,7 @@ class Runner:
         k: int | None = None,
         reset_peaks: bool = True,
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
+        chunk_cap: Callable[[], int | None] | None = None,
     ) -> Generator[PrefillProgress, None, Begun]:
         """Prefill (prefill K, mlx-lm's chunking) and sample the first token, which
         processes the last prompt token: what every sequence does before decoding, alone
@@ -530,7 +533,9 @@ class Runner:
         `k`: this sequence's K (None: the live `self.k`), used when no prefill K is set.
         A `should_stop` makes the prefill stoppable within about a second: its chunks are
         sized by measured speed and asked at every MoE layer (prefill_stop.py); without
-        one the chunks are the configured prefill step, as mlx-lm's."""
+        one the chunks are the configured prefill step, as mlx-lm's. `chunk_cap` (asked
+        before each chunk; None: no cap) bounds a chunk further: a batch caps a joining
+        sequence's chunks while other rows decode, so each stalls them a bounded time."""
         sm = self.sm
         check_context(len(prompt), max_context(sm.config))  # before any prefill
         if cache is None:
@@ -550,7 +555,7 @@ class Runner:
         prefill_k = self.prefill_k or (self.k if k is None else k)
 
         done = yield from self._prefill_chunks(
-            todo, cache, prefill_k, reused_tokens, len(prompt), should_stop
+            todo, cache, prefill_k, reused_tokens, len(prompt), should_stop, chunk_cap
         )
         last = todo[done:]
         begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
@@ -571,6 +576,7 @@ class Runner:
         reused: int,
         prompt_len: int,
         should_stop: Callable[[], bool] | None,
+        chunk_cap: Callable[[], int | None] | None = None,
     ) -> Generator[PrefillProgress, None, int]:
         """Prefill `todo` at prefill K with mlx-lm's chunking (sized by speed and stopped
         between layers when `should_stop` is given), leaving the last token for the first
@@ -587,7 +593,8 @@ class Runner:
         gate_stop = should_stop if stoppable else None
         while total - done > 1:
             step = self.prefill_step_size if sizer is None else sizer.size(self.prefill_step_size)
-            n = min(step, total - done - 1)
+            cap = chunk_cap() if chunk_cap is not None else None
+            n = min(step, total - done - 1, cap or step)
             self._use_k(prefill_k)  # a batch may have run another K since the last chunk
             t0, ensure0 = time.perf_counter(), sm.cache.counters.ensure_s
             frozen_too = sizer is None or sizer.frozen_must_ask(n)
