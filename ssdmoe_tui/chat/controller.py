@@ -131,6 +131,8 @@ class ChatController:
     thinking_inside: bool = False  # the reply in flight starts in an open <think> block
     engine_starting: bool = False  # the app builds the engine (after its first frame)
     _warm_for: str | None = None  # a resumed conversation whose experts are not warmed yet
+    tools: Any = None  # tools.loop.ToolLoop when MCP servers are configured
+    _sent: int = 0  # messages the request in flight appended to the history
 
     def __post_init__(self) -> None:
         self.gen = self.defaults()
@@ -241,7 +243,7 @@ class ChatController:
             self.inflight = None
             prompt, self._prompt = self._prompt, None
             if self._prompt_is_last(prompt):  # not when its conversation has gone
-                self.history.pop()
+                del self.history[-self._sent :]
         elif error.request_id is None:
             self.loading = None
             self._pending_cache = None
@@ -276,12 +278,40 @@ class ChatController:
         the server templates it on its own exact history."""
         if why := self.why_not_send():
             raise Refused(why)
-        prompt = Message("user", text)
+        if self.tools is not None:
+            self.tools.begin()
+        return self._request((Message("user", text),))
+
+    def prepare_results(self, results: Sequence[Message]) -> Generate | ChatTurn:
+        """The request that feeds a reply's tool results (`role="tool"` messages) back to
+        the model, which then continues. Refused like `prepare`."""
+        if why := self.why_not_send():
+            raise Refused(why)
+        return self._request(tuple(results))
+
+    def tool_specs(self) -> list[dict]:
+        """The tools offered to the model now, as the chat template takes them."""
+        if self.tools is None:
+            return []
+        return [t.for_template() for t in self.tools.servers.tools()]
+
+    def split_reply(self, text: str) -> Any:
+        """A reply's text and the tool calls in it (`tools.calls.SplitReply`): none when
+        no MCP server is configured."""
+        from ssdmoe_tui.tools.calls import SplitReply, split_reply
+
+        if self.tools is None or self.remote:
+            return SplitReply(text, ())
+        return split_reply(text, self.tokenizer, self.tool_specs())
+
+    def _request(self, new: tuple[Message, ...]) -> Generate | ChatTurn:
+        prompt = new[-1]
         if self.remote:
-            return self._turn(prompt)
-        ids = self._prompt_ids(self._with_system((*self.history, prompt)))
+            return self._turn(new)
+        ids = self._prompt_ids(self._with_system((*self.history, *new)))
         self._prompt = prompt
-        self.history.append(prompt)
+        self._sent = len(new)
+        self.history.extend(new)
         self.thinking_inside = prompt_opens_thinking(ids, self.tokenizer)
         self._requests += 1
         request = Generate(
@@ -295,10 +325,11 @@ class ChatController:
         self.inflight = request.request_id
         return request
 
-    def _turn(self, prompt: Message) -> ChatTurn:
-        messages = self._with_system((*self.history, prompt))
-        self._prompt = prompt
-        self.history.append(prompt)
+    def _turn(self, new: tuple[Message, ...]) -> ChatTurn:
+        messages = self._with_system((*self.history, *new))
+        self._prompt = new[-1]
+        self._sent = len(new)
+        self.history.extend(new)
         self.thinking_inside = False  # the server's reasoning arrives in its own block
         self._requests += 1
         request = ChatTurn(
@@ -308,6 +339,7 @@ class ChatController:
             temp=self.gen.temperature,
             top_p=self.gen.top_p,
             thinking=self.gen.thinking,
+            tools=tuple(self.tool_specs()),
         )
         self.inflight = request.request_id
         return request
@@ -320,6 +352,8 @@ class ChatController:
 
         assert self.model is not None
         kw = template_kwargs(self.gen.thinking)
+        if tools := self.tool_specs():
+            kw["tools"] = tools
         try:
             if self.sessions is not None and self.session_id is not None:
                 ids = self.sessions.prompt(
@@ -327,9 +361,7 @@ class ChatController:
                 )
                 if ids:
                     return ids
-            return prompt_tokens(
-                self.tokenizer, [{"role": m.role, "content": m.content} for m in messages], **kw
-            )
+            return prompt_tokens(self.tokenizer, [m.for_template() for m in messages], **kw)
         except Exception as e:  # noqa: BLE001 - a template or text error: one line, no turn
             raise Refused(user_message(e)) from None
 
@@ -409,8 +441,11 @@ class ChatController:
         session_id, turns = self.sessions.open(resume)
         saved = self.sessions.settings_of(session_id) if resume is not None else {}
         self.session_id = session_id
-        chat = [t for t in turns if t.role in ("user", "assistant")]
-        self.history = [Message(t.role, t.content) for t in chat]  # type: ignore[arg-type]
+        chat = [t for t in turns if t.role in ("user", "assistant", "tool")]
+        self.history = [
+            Message(t.role, t.content, name=t.name, tool_call_id=t.call_id)  # type: ignore[arg-type]
+            for t in chat
+        ]
         self.gen = GenSettings.from_saved(saved, self.defaults())
         self._warm_for = session_id if resume is not None else None
         self.warm()

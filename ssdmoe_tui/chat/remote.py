@@ -60,6 +60,7 @@ class ChatTurn:
     top_p: float = 0.0
     k: int | None = None
     thinking: bool = True
+    tools: tuple[dict, ...] = ()  # the MCP tools offered, as OpenAI's `tools`
 
 
 class ServerError(Exception):

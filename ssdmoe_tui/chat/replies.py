@@ -66,8 +66,10 @@ class ReplyStats:
 class ShownTurn:
     """One message of a conversation as the transcript shows it."""
 
-    role: str  # "user" or "assistant"
+    role: str  # "user", "assistant" or "tool" (a tool's result)
     content: str
     reply: ReplyStats | None = None  # assistant turns
     stopped: bool = False
     finish: str = ""  # "stop", "length" (shown "[hit max tokens]"), "cancelled"
+    name: str = ""  # a tool result: the tool's name
+    call_id: str = ""  # a tool result: the call it answers

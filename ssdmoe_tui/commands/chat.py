@@ -127,7 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "distributed", False):
         return _run_distributed(settings)
     app = SsdmoeApp(settings, engine_factory=engine_factory, session_store=session_store(settings))
-    code = app.run()
+    try:
+        code = app.run()
+    finally:  # the app closes them on unmount; _exit_now skips atexit: close them here too
+        if app.chat.tools is not None:
+            app.chat.tools.servers.close()
     return _exit_now(int(code or app.return_code or 0))
 
 

@@ -283,7 +283,7 @@ def prompt_tokens(
     `template_kwargs` go to the template (e.g. `enable_thinking`)."""
     from ssdmoe_tui.options import check_text
 
-    msgs = [{"role": m["role"], "content": check_text(m["content"])} for m in messages]
+    msgs = [{**m, "content": check_text(m["content"])} for m in messages]
     if not raw and getattr(tokenizer, "chat_template", None):
         return list(
             guarded(

@@ -20,6 +20,7 @@ from ssdmoe_tui.sessions.expert_set import Loaded, load_working_set
 from ssdmoe_tui.sessions.store import (
     CONVERSATION_FILE,
     FINISH_REASONS,
+    ROLES,
     Conversation,
     SessionNotFound,
     SessionStore,
@@ -79,24 +80,26 @@ class AppSessions:
         info: Any,
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int] | None:
-        """The exact-history prompt for `messages` (the chat as the app shows it, new user
-        message last): the stored conversation's token history plus the templated new
-        turn. Creates the conversation on its first turn. Returns None (the caller then
-        templates `messages` whole: correct, fewer cache hits) when the stored history is
-        not this chat (edited, or an exchange not recorded)."""
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
+        """The exact-history prompt for `messages` (the chat as the app shows it, ending
+        with the new user message or a reply's tool results): the stored conversation's
+        token history plus the templated new messages. Creates the conversation on its
+        first turn. Returns None (the caller then templates `messages` whole: correct,
+        fewer cache hits) when the stored history is not this chat (edited, or an
+        exchange not recorded)."""
+        msgs = [as_message(m) for m in messages]
         system = msgs[0]["content"] if msgs and msgs[0]["role"] == "system" else ""
-        chat = [m for m in msgs if m["role"] in ("user", "assistant")]
-        if not chat or chat[-1]["role"] != "user":
+        chat = [m for m in msgs if m["role"] in ROLES]
+        start = new_start(chat)
+        if start is None:
             return None
         try:
             conv = self.store.get(session_id)
         except SessionNotFound:
-            if len(chat) > 1:
+            if start > 0:
                 return None  # a history we never stored: the caller templates it
             conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
         stored = [(t.role, t.text) for t in conv.turns]
-        if stored != [(m["role"], m["content"]) for m in chat[:-1]]:
+        if stored != [(m["role"], m["content"]) for m in chat[:start]]:
             return None
         before = (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt)
         if conv.system_prompt != system:
@@ -106,9 +109,7 @@ class AppSessions:
             conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         try:
-            prompt, _ = build_prompt(
-                tokenizer, conv, chat[-1]["content"], **(template_kwargs or {})
-            )
+            prompt, _ = build_prompt(tokenizer, conv, chat[start:], **(template_kwargs or {}))
         except ChatFormatError:
             return None
         if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
@@ -141,9 +142,10 @@ class AppSessions:
         the conversation is re-based on this prompt so its ids stay exact."""
         if done.finish_reason == "error":
             return
-        chat = [m for m in messages if m.role in ("user", "assistant")]
-        last_user = max((i for i, m in enumerate(chat) if m.role == "user"), default=None)
-        if last_user is None:
+        chat = [m for m in messages if m.role in ROLES]
+        reply = len(chat) if not chat or chat[-1].role != "assistant" else len(chat) - 1
+        start = new_start(chat[:reply])
+        if start is None:
             return
         conv = self._stored(session_id)
         if settings is not None and "system_prompt" in settings:
@@ -156,23 +158,24 @@ class AppSessions:
             conv.settings = dict(settings)
         prompt = list(done.prompt_token_ids)
         history = conv.history_tokens()
-        prior = [(m.role, m.content) for m in chat[:last_user]]
+        prior = [(m.role, m.content) for m in chat[:start]]
         same = [(t.role, t.text) for t in conv.turns] == prior and conv.system_prompt == system
         conv.system_prompt = system
         if same and prompt[: len(history)] == history:
             delta = prompt[len(history) :]
         else:  # the prompt was not built on the stored ids: re-base on it
-            conv.turns = rebased(conv.turns, prior)
+            conv.turns = rebased(conv.turns, chat[:start])
             delta = prompt
-        conv.turns.append(Turn("user", chat[last_user].content, delta))
-        if last_user + 1 < len(chat):  # the app kept the reply
+        for i, m in enumerate(chat[start:reply]):  # the run's ids go on its first turn
+            conv.turns.append(new_turn(m, delta if i == 0 else []))
+        if reply < len(chat):  # the app kept the reply
             k = max(set(done.k_per_token), key=list(done.k_per_token).count, default=None)
             k_min, k_max = k_range(done.k_per_token)
             stats = ReplyStats.from_done(done, model)
             conv.turns.append(
                 Turn(
                     "assistant",
-                    chat[last_user + 1].content,
+                    chat[reply].content,
                     list(done.token_ids),
                     k=k,
                     stopped=done.finish_reason == "cancelled",
@@ -189,23 +192,50 @@ class AppSessions:
         self.store.mark_opened(conv.id)
 
 
-def rebased(turns: Sequence[Turn], prior: Sequence[tuple[str, str]]) -> list[Turn]:
+def as_message(m: Any) -> dict[str, Any]:
+    """A chat message (`prompting.Message`, or anything with role and content) as a dict."""
+    if hasattr(m, "for_template"):
+        return m.for_template()
+    return {"role": m.role, "content": m.content}
+
+
+def new_turn(m: Any, ids: list[int]) -> Turn:
+    """A user or tool message as a stored turn with these ids."""
+    name, call_id = getattr(m, "name", ""), getattr(m, "tool_call_id", "")
+    return Turn(m.role, m.content, ids, tool_name=name, tool_call_id=call_id)
+
+
+def new_start(chat: Sequence[Any]) -> int | None:
+    """Where the messages after the last reply start (a user message, or tool results);
+    None when the chat does not end with such messages."""
+    role = (lambda m: m["role"]) if chat and isinstance(chat[0], dict) else (lambda m: m.role)
+    if not chat or role(chat[-1]) == "assistant":
+        return None
+    start = len(chat)
+    while start > 0 and role(chat[start - 1]) != "assistant":
+        start -= 1
+    return start
+
+
+def rebased(turns: Sequence[Turn], prior: Sequence[Any]) -> list[Turn]:
     """The turns `prior` names, for a conversation re-based on one prompt: the new user
     turn then carries the whole prompt's ids, the earlier turns none (the next prompt
     rebuilds them per turn: `turns.build_prompt`). A stored turn with the same role and
     text keeps its metadata (time, K, model, speed, stopped)."""
     out = []
-    for i, (role, text) in enumerate(prior):
+    for i, m in enumerate(prior):
         old = turns[i] if i < len(turns) else None
-        if old is not None and (old.role, old.text) == (role, text):
+        if old is not None and (old.role, old.text) == (m.role, m.content):
             out.append(replace(old, token_ids=[]))
         else:
-            out.append(Turn(role, text, []))
+            out.append(new_turn(m, []))
     return out
 
 
 def shown(turn: Turn) -> ShownTurn:
     """A stored turn as the transcript shows it: a reply keeps its model and stats line."""
+    if turn.role == "tool":
+        return ShownTurn(turn.role, turn.text, name=turn.tool_name, call_id=turn.tool_call_id)
     if turn.role != "assistant":
         return ShownTurn(turn.role, turn.text)
     k_min = turn.k_min if turn.k_min is not None else turn.k

@@ -129,9 +129,12 @@ def _timestamp(value: Any, name: str) -> float:
 FINISH_REASONS = ("", "stop", "length", "cancelled")  # "": saved before it was kept
 
 
+ROLES = ("user", "assistant", "tool")
+
+
 @dataclass
 class Turn:
-    role: str  # "user" or "assistant"
+    role: str  # "user", "assistant" or "tool" (a tool's result, fed back to the model)
     text: str
     token_ids: list[int] = field(default_factory=list)
     k: int | None = None  # experts per token used (assistant turns; the most common)
@@ -144,13 +147,15 @@ class Turn:
     finish: str = ""  # why the reply ended: "stop", "length" (max tokens), "cancelled"
     kv_hit_rate: float | None = None  # share of its prompt served from the KV cache
     thinking_tokens: int = 0  # of its tokens, the reasoning's (<think> ... </think>)
+    tool_name: str = ""  # a tool turn: the tool that gave the result
+    tool_call_id: str = ""  # a tool turn: the call it answers
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
         if not isinstance(d, dict):
             raise ValueError("a turn is not a JSON object")
         role = d["role"]
-        if role not in ("user", "assistant"):
+        if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
         ids = d.get("token_ids") or []
         if not isinstance(ids, list) or not all(_is_int(i, 0, TOKEN_ID_MAX) for i in ids):
@@ -194,7 +199,19 @@ class Turn:
             finish=finish,
             kv_hit_rate=float(hit) if hit is not None else None,
             thinking_tokens=opt_count("thinking_tokens"),
+            tool_name=_str(d, "tool_name")[:200],
+            tool_call_id=_str(d, "tool_call_id")[:200],
         )
+
+
+def turn_message(t: Turn) -> dict[str, str]:
+    """A stored turn as a chat message for the template (a tool result names its tool)."""
+    msg = {"role": t.role, "content": t.text}
+    if t.role == "tool" and t.tool_name:
+        msg["name"] = t.tool_name
+    if t.role == "tool" and t.tool_call_id:
+        msg["tool_call_id"] = t.tool_call_id
+    return msg
 
 
 @dataclass
@@ -236,7 +253,7 @@ class Conversation:
     def messages(self) -> list[dict[str, str]]:
         """Chat messages (system prompt first, if any) for templating."""
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        msgs.extend({"role": t.role, "content": t.text} for t in self.turns)
+        msgs.extend(turn_message(t) for t in self.turns)
         return msgs
 
     def to_dict(self) -> dict[str, Any]:
@@ -399,7 +416,7 @@ class SessionStore:
 
     def add_turn(self, conv: Conversation, turn: Turn) -> None:
         """Append a turn and save (the first user message becomes the default title)."""
-        if turn.role not in ("user", "assistant"):
+        if turn.role not in ROLES:
             raise BadValueError(f"unknown role: {turn.role!r}")
         conv.turns.append(turn)
         try:
@@ -585,6 +602,9 @@ def to_markdown(conv: Conversation) -> str:
     if conv.system_prompt:
         lines += ["## System", "", conv.system_prompt, ""]
     for t in conv.turns:
+        if t.role == "tool":
+            lines += [f"## Tool result ({t.tool_name or 'tool'})", "", "```", t.text, "```", ""]
+            continue
         heading = "## User" if t.role == "user" else "## Assistant"
         notes = []
         if t.role == "assistant" and t.k_min is not None and t.k_max != t.k_min:
@@ -601,7 +621,7 @@ def to_markdown(conv: Conversation) -> str:
     for n, group in enumerate(conv.replaced, 1):
         lines += [f"## Replaced exchange {n} (regenerated or edited)", ""]
         for t in group:
-            lines += [f"**{'User' if t.role == 'user' else 'Assistant'}:**", "", t.text, ""]
+            lines += [f"**{t.role.capitalize()}:**", "", t.text, ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

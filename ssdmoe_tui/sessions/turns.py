@@ -17,9 +17,9 @@ from ssdmoe_tui.prompting.chat_format import (
     encode,
     first_turn_tokens,
     hf_tokenizer,
-    user_turn_delta,
+    turn_delta,
 )
-from ssdmoe_tui.sessions.store import Conversation
+from ssdmoe_tui.sessions.store import Conversation, Turn, turn_message
 
 _IDS: dict[int, tuple[Any, str]] = {}
 
@@ -40,47 +40,62 @@ def tokenizer_id(tokenizer: Any) -> str:
     return value
 
 
+def runs(turns: list[Turn]) -> list[list[Turn]]:
+    """The turns in groups the template renders together: each assistant turn alone, and
+    each run of messages between replies (a user message; a reply's tool results)."""
+    out: list[list[Turn]] = []
+    for t in turns:
+        if t.role != "assistant" and out and out[-1][-1].role != "assistant":
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return out
+
+
+def ids_complete(conv: Conversation) -> bool:
+    """Every group carries its ids (on its first turn: a run's delta is one piece)."""
+    return all(group[0].token_ids for group in runs(conv.turns))
+
+
+def _delta(tokenizer: Any, conv: Conversation, new: list[dict], **kw: Any) -> list[int]:
+    """The ids the new messages add after the conversation's turns (all of it, first)."""
+    if not conv.turns:
+        return first_turn_tokens(tokenizer, conv.messages() + new, **kw)
+    return turn_delta(tokenizer, conv.history_tokens(), conv.messages(), new, **kw)
+
+
 def retokenize(tokenizer: Any, conv: Conversation, **template_kwargs: Any) -> None:
     """Rebuild every turn's token ids with `tokenizer` (after a switch to a model with
     another tokenizer), as the template renders the history. Replies lose nothing but
     their original token boundaries; the caller saves the conversation."""
-    turns = conv.turns
+    groups = runs(conv.turns)
     conv.turns = []
-    history: list[int] = []
-    for turn in turns:
-        if turn.role == "user":
-            if not conv.turns:
-                msgs = conv.messages() + [{"role": "user", "content": turn.text}]
-                ids = first_turn_tokens(tokenizer, msgs, **template_kwargs)
-            else:
-                ids = user_turn_delta(
-                    tokenizer, history, conv.messages(), turn.text, **template_kwargs
-                )
-        else:  # no stop token: the next user turn's delta closes the reply as the template does
-            ids = encode(tokenizer, turn.text)
-        turn.token_ids = ids
-        history.extend(ids)
-        conv.turns.append(turn)
+    for group in groups:
+        if group[0].role == "assistant":
+            # no stop token: the next turn's delta closes the reply as the template does
+            ids = encode(tokenizer, group[0].text)
+        else:
+            ids = _delta(tokenizer, conv, [turn_message(t) for t in group], **template_kwargs)
+        for i, turn in enumerate(group):
+            turn.token_ids = ids if i == 0 else []
+        conv.turns.extend(group)
     conv.tokenizer_id = tokenizer_id(tokenizer)
 
 
 def build_prompt(
-    tokenizer: Any, conv: Conversation, user_text: str, **template_kwargs: Any
+    tokenizer: Any, conv: Conversation, new: str | list[dict], **template_kwargs: Any
 ) -> tuple[list[int], list[int]]:
     """(prompt tokens, delta): the conversation's exact token history plus the templated
-    new user turn (`delta`, what the user turn records); the whole template on turn one.
-    If the conversation's ids came from another tokenizer (or under another system
-    prompt: `tokenizer_id` cleared), they are rebuilt first."""
+    new messages (`new`: a user's text, or messages such as a reply's tool results;
+    `delta`, what the first of them records); the whole template on turn one. If the
+    conversation's ids came from another tokenizer (or under another system prompt:
+    `tokenizer_id` cleared), they are rebuilt first."""
+    msgs = [{"role": "user", "content": new}] if isinstance(new, str) else list(new)
     current = tokenizer_id(tokenizer)
     # A turn without ids: its ids were never split per turn (a conversation re-based on
     # one prompt by an older `AppSessions.record`); rebuilt, the history stays whole.
-    if conv.turns and (conv.tokenizer_id != current or not all(t.token_ids for t in conv.turns)):
+    if conv.turns and (conv.tokenizer_id != current or not ids_complete(conv)):
         retokenize(tokenizer, conv, **template_kwargs)
     conv.tokenizer_id = current
-    history = conv.history_tokens()
-    if not conv.turns:
-        msgs = conv.messages() + [{"role": "user", "content": user_text}]
-        prompt = first_turn_tokens(tokenizer, msgs, **template_kwargs)
-        return prompt, list(prompt)
-    delta = user_turn_delta(tokenizer, history, conv.messages(), user_text, **template_kwargs)
-    return history + delta, delta
+    delta = _delta(tokenizer, conv, msgs, **template_kwargs)
+    return conv.history_tokens() + delta, delta

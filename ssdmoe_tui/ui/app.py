@@ -37,7 +37,7 @@ from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.engine.run.protocol import EngineError, ModelInfo
 from ssdmoe_tui.errors import user_message
-from ssdmoe_tui.ui.actions import attach, conversations, gen_settings, model
+from ssdmoe_tui.ui.actions import attach, conversations, gen_settings, model, tools
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
 from ssdmoe_tui.ui.actions.theme import ThemeChoice
 from ssdmoe_tui.ui.commands import SsdmoeCommands
@@ -130,6 +130,16 @@ def while_mounted(handler: Callable) -> Callable:
     return run
 
 
+def tool_loop(settings: ChatSettings) -> Any:
+    """The tool loop over the config's MCP servers (None when none is configured)."""
+    if not settings.mcp_servers:
+        return None
+    from ssdmoe_tui.tools.loop import ToolLoop
+    from ssdmoe_tui.tools.servers import ToolServers
+
+    return ToolLoop(ToolServers(settings.mcp_servers, log_dir=paths.cache_dir() / "mcp-logs"))
+
+
 class SsdmoeApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "ssdmoe"
@@ -158,6 +168,7 @@ class SsdmoeApp(App[int]):
         Binding("ctrl+l", "edit_last", "Edit last prompt", show=False, id="app.edit_last"),
         Binding("f9", "gen_settings", "Settings", show=False, id="app.settings"),
         Binding("ctrl+t", "toggle_thinking", "Thinking", show=False, id="app.thinking"),
+        Binding("f10", "tools", "Tools", show=False, id="app.tools"),
     ]
 
     def __init__(
@@ -178,6 +189,7 @@ class SsdmoeApp(App[int]):
             sessions=session_store,
             on_warning=lambda text: self.notify(text, severity="warning", markup=False),
         )
+        self.chat.tools = tool_loop(self.settings)
         self.load_progress = LoadProgress()
         self.prefill_clock = PrefillClock()
         self._prefill_timer: Timer | None = None
@@ -221,6 +233,7 @@ class SsdmoeApp(App[int]):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane
         pane.prompt.focus()
+        tools.start_at_launch(self)
         await pane.open_session(self.settings.resume)
         demo = not self.settings.model and not self.settings.attach
         if self.engine_factory is not None and demo and not self.chat.history:
@@ -267,6 +280,8 @@ class SsdmoeApp(App[int]):
         if engine is not None:
             engine.cancel()
             await asyncio.to_thread(engine.shutdown, 5.0)
+        if self.chat.tools is not None:  # no MCP server outlives the app
+            await asyncio.to_thread(self.chat.tools.servers.close)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for command in super().get_system_commands(screen):
@@ -470,8 +485,15 @@ class SsdmoeApp(App[int]):
         )
 
     def action_stop(self) -> None:
-        """Stop the streaming reply; what arrived stays, marked as stopped."""
+        """Stop the streaming reply (what arrived stays, marked as stopped) and the
+        tool loop."""
         self.chat.stop()
+        tools.stop(self.chat_pane)
+
+    def action_tools(self) -> None:
+        from ssdmoe_tui.ui.screens.tools import ToolsScreen
+
+        self.push_screen(ToolsScreen(self.chat.tools.servers if self.chat.tools else None))
 
     async def action_new_chat(self) -> None:
         pane = self.chat_pane

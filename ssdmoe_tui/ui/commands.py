@@ -62,6 +62,11 @@ class SsdmoeCommands(Provider):
                 "Memory for cached experts: auto, 512M, 4G (or type: cache 2G)",
                 run(model.ask_expert_cache),
             ),
+            (
+                "Tools (MCP servers)",
+                "The MCP servers from config.toml, their state and tools (F10)",
+                act("tools"),
+            ),
             ("Toggle engine panel", "Show or hide the engine side column", act("toggle_panel")),
             (
                 "Switch model",

@@ -10,6 +10,8 @@ from ssdmoe_tui.ui.screens.conversations import ConversationsScreen
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.screens.models import ModelsScreen
+from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
+from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
 from ssdmoe_tui.ui.widgets.transcript import ChatMessage, Transcript
@@ -28,6 +30,8 @@ def binding_groups(app_class: type) -> list[tuple[str, list[Binding]]]:
         ("dialogs", of(ConfirmScreen) + of(AskScreen) + of(GenSettingsScreen)),
         ("conversations", of(ConversationsScreen)),
         ("models", of(ModelsScreen)),
+        ("tool call", of(ToolApprovalScreen)),
+        ("tools (F10)", of(ToolsScreen)),
     ]
 
 
@@ -35,7 +39,8 @@ def _scopes(app_class: type) -> list[list[Binding]]:
     """Bindings that answer in the same place (one screen or widget): two of them on one
     key shadow each other; the same key in two scopes is ordinary (focus decides)."""
     classes = [app_class, PromptInput, Transcript, ChatMessage, KSlider, ConfirmScreen,
-               AskScreen, GenSettingsScreen, ConversationsScreen, ModelsScreen]  # fmt: skip
+               AskScreen, GenSettingsScreen, ConversationsScreen, ModelsScreen,
+               ToolApprovalScreen, ToolsScreen]  # fmt: skip
     return [[b for b in cls.BINDINGS if isinstance(b, Binding)] for cls in classes]
 
 

@@ -29,9 +29,11 @@ from ssdmoe_tui.chat.remote import ChatTurn
 from ssdmoe_tui.chat.replies import ShownTurn
 from ssdmoe_tui.engine.run.protocol import EngineError, Generate, GenerationDone, Tokens
 from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.ui.actions import tools
 from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
 from ssdmoe_tui.ui.widgets.engine_panel import EnginePanel
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
+from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Transcript
 from ssdmoe_tui.ui.widgets.welcome import Welcome
 
@@ -129,6 +131,7 @@ class ChatPane(Vertical):
         message = await self._with_files(text)
         if message is None:
             return False
+        await tools.ensure_servers(self)
         try:
             request = self.chat.prepare(message)
         except Refused as e:
@@ -199,14 +202,18 @@ class ChatPane(Vertical):
             return
         message, self.current = self.current, None
         self.finishing = done.request_id
+        split = self.chat.split_reply(done.text)
+        stats = None
         try:
             stats = self.chat.reply_done(done)
             if stats is not None and message is not None and message.is_attached:
                 await message.finish(
-                    done.text, done.finish_reason, stats.detail(), stats.thinking_tokens
+                    split.content, done.finish_reason, stats.detail(), stats.thinking_tokens
                 )
         finally:
             self.finishing = None
+        if stats is not None and split.calls and done.finish_reason == "stop":
+            tools.begin_round(self, split.calls)  # a stopped reply's calls never run
 
     async def reply_failed(self, error: EngineError) -> None:
         """The reply in flight ended with an engine error: what arrived stays, marked."""
@@ -220,16 +227,21 @@ class ChatPane(Vertical):
         for turn in turns:
             if turn.role == "user":
                 await self.transcript.add_user(turn.content)
+            elif turn.role == "tool":
+                await self.transcript.mount(ToolResultBlock(turn.name, turn.content))
             elif turn.role == "assistant":
                 stats = turn.reply
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
                 reason = turn.finish or ("cancelled" if turn.stopped else "stop")
+                split = self.chat.split_reply(turn.content)
                 await message.finish(
-                    turn.content,
+                    split.content,
                     reason,
                     stats.detail() if stats else "",
                     stats.thinking_tokens if stats else 0,
                 )
+                for call in split.calls:
+                    await self.transcript.mount(ToolCallBlock(call))
 
     async def open_session(self, resume: str | None) -> None:
         """Start (`resume` None) or resume a conversation and show its turns; a bad

@@ -28,6 +28,8 @@ def real_model_help() -> str:
         f"  • ssdmoe --model {EXAMPLE_REPO}\n"
         f"  • ssdmoe models fetch {EXAMPLE_REPO}   (download it first)\n"
         "  • F4: the models found on this machine\n"
+        "Tools: MCP servers under [mcp_servers.NAME] in config.toml (Codex's shape); the "
+        "model's calls wait for your approval; F10 lists the servers.\n"
         f"Supported architectures: {archs} (MLX-quantized checkpoints)."
     )
 

@@ -1,0 +1,67 @@
+"""The tool calls in a finished reply, found by the server's own parser.
+
+The model writes a call in its template's format (Qwen3's JSON inside `<tool_call>`,
+the XML `<function=..>` form of Qwen3.5 and Nemotron 3); mlx-lm infers which from the
+chat template when the tokenizer loads, and `server.output.OutputFilter` pulls the
+blocks out of the text. The app uses the same filter on the whole reply, so a call the
+server would return to an agent is the call the app shows and runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ssdmoe_tui.server.output import Call, Content, OutputFilter, tool_format_for
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it (normalized by the parser)
+
+    def args(self) -> dict[str, Any]:
+        """The arguments as an object ({} for none); ValueError when they are not one."""
+        value = json.loads(self.arguments) if self.arguments.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError("the arguments are not a JSON object")
+        return value
+
+    def as_dict(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    def shown_arguments(self, width: int = 80) -> str:
+        """One line of the arguments (the block's title)."""
+        text = " ".join(self.arguments.split())
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dataclass(frozen=True)
+class SplitReply:
+    content: str  # the reply without its call blocks (a think block stays)
+    calls: tuple[ToolCall, ...]
+
+
+def split_reply(text: str, tokenizer: Any, tools: Sequence[dict]) -> SplitReply:
+    """The reply's text and its tool calls (none when the tokenizer has no tool format:
+    then nothing is taken out of the text). `tools` may be empty (a saved conversation
+    shown before its servers run): the blocks are still found."""
+    fmt = tool_format_for(tokenizer) if tokenizer is not None else None
+    if fmt is None or fmt.start not in text:
+        return SplitReply(text, ())
+    filt = OutputFilter((), fmt, list(tools) or [{"type": "function", "function": {"name": ""}}])
+    pieces = filt.feed(text) + filt.finish()
+    content = "".join(p.text for p in pieces if isinstance(p, Content))
+    calls = tuple(
+        ToolCall(p.call.id, p.call.name, p.call.arguments) for p in pieces if isinstance(p, Call)
+    )
+    return SplitReply(content.strip() if calls else text, calls)
+
+
+def calls_of(message: Any) -> tuple[ToolCall, ...]:
+    """A server's reply's calls, as the remote engine put them on the message."""
+    return tuple(
+        ToolCall(c["id"], c["name"], c["arguments"]) for c in getattr(message, "tool_calls", ())
+    )

@@ -1,0 +1,61 @@
+"""The tool loop's decisions, without Textual: which calls need the user's approval,
+what a denied or failed call tells the model, and when the loop stops.
+
+    loop.begin()                          # a new user turn: the round count restarts
+    for call in calls:                    # the model's calls in one reply
+        if loop.needs_approval(conv, call.name): ... ask: once / always / deny
+        result = loop.run(call)           # or loop.denied(call)
+    why = loop.next_round(max_rounds)     # None: run them; else one line, stop
+
+Approvals are remembered per conversation ("always" for one tool in one conversation),
+for as long as the app runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ssdmoe_tui.tools.calls import ToolCall
+from ssdmoe_tui.tools.servers import ToolResult, ToolServers
+
+ONCE, ALWAYS, DENY = "once", "always", "deny"
+DENIED_TEXT = "The user denied this tool call; it was not run."
+
+
+@dataclass
+class ToolLoop:
+    servers: ToolServers
+    rounds: int = 0  # tool rounds answered since the user's last message
+    always: dict[str, set[str]] = field(default_factory=dict)  # conversation -> tool names
+
+    def begin(self) -> None:
+        self.rounds = 0
+
+    def needs_approval(self, conversation: str | None, tool: str) -> bool:
+        return tool not in self.always.get(conversation or "", set())
+
+    def remember(self, conversation: str | None, tool: str, choice: str) -> None:
+        if choice == ALWAYS:
+            self.always.setdefault(conversation or "", set()).add(tool)
+
+    def run(self, call: ToolCall) -> ToolResult:
+        """Run one call (blocking, bounded by its server's timeout)."""
+        try:
+            args = call.args()
+        except (ValueError, RecursionError) as e:
+            msg = f"{call.name}: arguments are not a JSON object ({e})"
+            return ToolResult(f"Error: {msg}", True, msg)
+        return self.servers.call(call.name, args)
+
+    @staticmethod
+    def denied(call: ToolCall) -> ToolResult:
+        return ToolResult(DENIED_TEXT, True, f"{call.name}: denied")
+
+    def next_round(self, max_rounds: int) -> str | None:
+        """Count a round of calls; None if they may run, else why not (one line)."""
+        if self.rounds >= max_rounds:
+            return (
+                f"Tool loop stopped after {max_rounds} rounds "
+                "(max tool rounds, F9); send a message to go on."
+            )
+        self.rounds += 1
+        return None

@@ -1,0 +1,130 @@
+"""The tool loop in the app: the UI side of `tools.loop.ToolLoop`. After a reply whose
+text holds tool calls, each call is shown as a collapsed block and, unless the user said
+"always" for that tool in this conversation, asked about (`ToolApprovalScreen`); the
+approved ones run off the UI thread, their results are shown and fed back, and the model
+continues. Esc stops it at any point (`stop`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ssdmoe_tui.chat.controller import Refused
+from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.prompting.message import Message
+from ssdmoe_tui.tools.calls import ToolCall
+from ssdmoe_tui.tools.loop import DENY, ONCE
+from ssdmoe_tui.tools.servers import ToolsUnavailable
+from ssdmoe_tui.ui.screens.tool_approval import STOP, ToolApprovalScreen
+from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
+
+GROUP = "tool-loop"
+
+
+async def ensure_servers(pane: Any) -> None:
+    """Start the configured MCP servers a conversation needs, the first time (their
+    failures are one line each; the chat goes on without them)."""
+    loop = pane.chat.tools
+    if loop is None or not loop.servers.pending():
+        return
+    pane.notify("Starting MCP servers…", timeout=3)
+    try:
+        failed = await asyncio.to_thread(loop.servers.start)
+    except ToolsUnavailable as e:
+        failed = [str(e)]
+    for line in failed:
+        pane.notify(line, severity="error", markup=False, timeout=10)
+
+
+def start_at_launch(app: Any) -> None:
+    """Servers the config starts with the app (`start_at_launch = true`)."""
+    loop = app.chat.tools
+    if loop is None:
+        return
+    names = [n for n, s in loop.servers.servers.items() if s.config.start_at_launch]
+    if not names:
+        return
+
+    def start() -> None:
+        try:
+            failed = loop.servers.start(names)
+        except ToolsUnavailable as e:
+            failed = [str(e)]
+        for line in failed:
+            app.call_from_thread(app.notify, line, severity="error", markup=False, timeout=10)
+
+    app.run_worker(start, thread=True, group="mcp-start", exit_on_error=False)
+
+
+def begin_round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
+    pane.run_worker(run_round(pane, calls), group=GROUP, exclusive=True, exit_on_error=False)
+
+
+def running(pane: Any) -> bool:
+    return any(w.group == GROUP and w.is_running for w in pane.workers)
+
+
+def stop(pane: Any) -> bool:
+    """Esc: end the tool loop (a call being run is left to its timeout, its result
+    dropped). True if one was running."""
+    if not running(pane):
+        return False
+    pane.workers.cancel_group(pane, GROUP)
+    pane.notify("Tool loop stopped.", timeout=3)
+    return True
+
+
+def _server_of(loop: Any, name: str) -> str:
+    return next((t.server for t in loop.servers.tools() if t.name == name), "")
+
+
+async def run_round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
+    try:
+        await _round(pane, calls)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a UI failure: one line, the chat goes on
+        pane.notify(f"tool loop failed: {user_message(e)}", severity="error", markup=False)
+
+
+async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
+    chat, transcript = pane.chat, pane.transcript
+    loop = chat.tools
+    if loop is None:
+        return
+    if why := loop.next_round(chat.gen.max_tool_rounds):
+        await transcript.add_notice(why)
+        return
+    results: list[Message] = []
+    for call in calls:
+        block = ToolCallBlock(call, "waiting for approval")
+        await transcript.mount(block)
+        transcript.scroll_end(animate=False)
+        choice = ONCE
+        if loop.needs_approval(chat.session_id, call.name):
+            choice = await pane.app.push_screen_wait(
+                ToolApprovalScreen(call, _server_of(loop, call.name))
+            )
+        if choice == STOP:
+            block.set_state("denied")
+            await transcript.add_notice("Tool loop stopped: the call was not run.")
+            return
+        loop.remember(chat.session_id, call.name, choice)
+        if choice == DENY:
+            result = loop.denied(call)
+            block.set_state("denied")
+        else:
+            block.set_state("running")
+            result = await asyncio.to_thread(loop.run, call)
+            block.set_state("failed" if result.is_error else "done")
+            if result.is_error:
+                pane.notify(result.note, severity="warning", markup=False)
+        await transcript.mount(ToolResultBlock(call.name, result.text, result.is_error))
+        transcript.scroll_end(animate=False)
+        results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
+    try:
+        request = chat.prepare_results(results)
+    except Refused as e:
+        pane.notify(str(e), severity="warning", markup=False)
+        return
+    await pane._start_reply(request)

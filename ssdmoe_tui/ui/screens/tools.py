@@ -1,0 +1,79 @@
+"""F7: the MCP servers from config.toml, their state and their tools; `s` starts the
+ones not running."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+from ssdmoe_tui.tools.servers import ToolServers
+
+EMPTY = (
+    "No MCP servers configured. Add one to config.toml:\n\n"
+    "  [mcp_servers.files]\n"
+    '  command = "npx"\n'
+    '  args = ["-y", "@modelcontextprotocol/server-filesystem", "/home/me/notes"]\n\n'
+    "(docs/app.md, Tools)"
+)
+
+
+def servers_table(servers: ToolServers) -> Table:
+    table = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, expand=True)
+    table.add_column("server", style="bold", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("tools")
+    for name, s in servers.servers.items():
+        state = s.state + (f": {s.error}" if s.error else "")
+        tools = ", ".join(t.name for t in s.tools) if s.state == "running" else ""
+        if s.hidden:
+            tools += f"  (+{s.hidden} not allowed)"
+        where = f"{s.config.transport}: {s.config.describe()}"
+        table.add_row(name, state, tools or where)
+    return table
+
+
+class ToolsScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,f7,q", "dismiss", "Close", id="tools.close"),
+        Binding("s", "start", "Start servers", id="tools.start"),
+    ]
+
+    def __init__(self, servers: ToolServers | None) -> None:
+        super().__init__(classes="dialog-screen")
+        self.servers = servers
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="tools-dialog"):
+            yield Label("Tools: MCP servers  (s starts them, Esc closes)", classes="dialog-title")
+            with VerticalScroll():
+                yield Static(id="tools-table")
+
+    def on_mount(self) -> None:
+        self.refresh_table()
+        self.set_interval(0.5, self.refresh_table)
+
+    def refresh_table(self) -> None:
+        table = self.query_one("#tools-table", Static)
+        if self.servers is None or not self.servers.servers:
+            table.update(EMPTY)
+        else:
+            table.update(servers_table(self.servers))
+
+    def action_start(self) -> None:
+        if self.servers is not None and self.servers.pending() + self._failed():
+            self._start()
+
+    def _failed(self) -> list[str]:
+        assert self.servers is not None
+        return [n for n, s in self.servers.servers.items() if s.state == "failed"]
+
+    @work(thread=True, exclusive=True)
+    def _start(self) -> None:
+        assert self.servers is not None
+        for line in self.servers.start():
+            self.app.call_from_thread(self.notify, line, severity="error", markup=False)

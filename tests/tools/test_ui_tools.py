@@ -1,0 +1,154 @@
+"""The chat app as a tool-using chat, end to end: a real MCP server (the SDK's own,
+over stdio), a real checkpoint whose greedy decoding calls `get_weather` and, given the
+result, answers with it (tests/scripted_model.py), the real engine, the app driven by
+Textual's pilot: approve, deny, Esc, quit and --resume with the prefix reused."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssdmoe_tui.commands.chat import engine_factory
+from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.tools.loop import DENIED_TEXT
+from ssdmoe_tui.ui.actions import tools as tool_actions
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
+from ssdmoe_tui.ui.screens.tools import ToolsScreen
+from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
+from tests.app.test_ui_app import SIZE, errors, loaded, type_and_send, wait_until
+from tests.app.test_ui_newuser import screen_text
+from tests.scripted_model import ANSWER, write_tool_model
+from tests.tools.conftest import gone_within, stdio_server
+from tests.tools.mcp_test_server import FORECAST
+
+QUESTION = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    return write_tool_model(tmp_path_factory.mktemp("scripted") / "qwen3-tool-script")
+
+
+def make_app(model, pid_file=None, **settings) -> SsdmoeApp:
+    env = {"PID_FILE": str(pid_file)} if pid_file else {}
+    servers = check_mcp_servers({"weather": stdio_server(env=env)})
+    return SsdmoeApp(
+        ChatSettings(model=str(model), max_tokens=60, mcp_servers=servers, **settings),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+
+
+def settled(app: SsdmoeApp) -> bool:
+    return app.inflight is None and not tool_actions.running(app.chat_pane)
+
+
+async def ask_and_answer(pilot, app: SsdmoeApp, key: str) -> ToolApprovalScreen:
+    await type_and_send(pilot, QUESTION)
+    await wait_until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), 90, "approval")
+    screen = app.screen
+    assert screen.call.name == "get_weather" and screen.server == "weather"
+    assert screen.call.args() == {"city": "Paris"}
+    await pilot.press(key)
+    return screen
+
+
+async def answered(pilot, app: SsdmoeApp, key: str) -> None:
+    """Ask, answer the approval with `key`, wait for the model's next reply."""
+    await ask_and_answer(pilot, app, key)
+    await wait_until(pilot, lambda: len(replies(app)) == 2 and settled(app), 90, "answer")
+
+
+def replies(app: SsdmoeApp) -> list[str]:
+    return [m.text for m in app.query(AssistantMessage)]
+
+
+async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model, tmp_path):
+    pid_file = tmp_path / "server.pid"
+    app = make_app(tool_model, pid_file)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert app.chat.tools.servers.pending() == ["weather"]  # not before it is needed
+        await answered(pilot, app, "y")
+        (call,) = app.query(ToolCallBlock)
+        assert call.call.name == "get_weather" and call.state == "done" and call.collapsed
+        (result,) = app.query(ToolResultBlock)
+        assert result.text == FORECAST and not result.collapsed  # short: shown open
+        assert replies(app) == ["", ANSWER]  # the call's reply has no other text
+        done = app.chat.last_done
+        tok = app.chat.tokenizer
+        prompt = tok.decode(list(done.prompt_token_ids))
+        assert f"<tool_response>\n{FORECAST}\n</tool_response>" in prompt
+        assert '"name": "get_weather"' in prompt  # the tool's schema, in the template's place
+        assert not errors(app)
+        conv_id = app.chat.session_id
+        await wait_until(pilot, lambda: not app.chat.engine.busy, 20, "the KV checkpoint")
+        server_pid = int(pid_file.read_text())
+        await pilot.press("ctrl+q")
+    assert gone_within(server_pid, 15), "the MCP server outlived the app"
+    conv = SessionStore().get(conv_id)
+    assert [t.role for t in conv.turns] == ["user", "assistant", "tool", "assistant"]
+    assert conv.turns[2].text == FORECAST and conv.turns[2].tool_name == "get_weather"
+    assert "<tool_call>" in conv.turns[1].text and conv.turns[3].text == ANSWER
+    md = SessionStore().export_markdown(conv_id)
+    assert "## Tool result (get_weather)" in md and FORECAST in md and "get_weather" in md
+    assert '"role": "tool"' in SessionStore().export_json(conv_id)
+
+    again = make_app(tool_model, resume="")
+    async with again.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: again.chat.session_id == conv_id, 10, "the resume")
+        await loaded(pilot, again)
+        assert [b.text for b in again.query(ToolResultBlock)] == [FORECAST]
+        await type_and_send(pilot, "Thanks!")
+        await wait_until(
+            pilot, lambda: len(replies(again)) == 3 and settled(again), 90, "the next reply"
+        )
+        done = again.chat.last_done
+        assert done.finish_reason == "stop"
+        assert done.stats["kv_hit_rate"] >= 0.97, done.stats  # the checkpoint of the first app
+        await wait_until(pilot, lambda: not again.chat.engine.busy, 20, "the saves")
+    conv = SessionStore().get(conv_id)
+    assert [t.role for t in conv.turns][-2:] == ["user", "assistant"] and conv.n_turns == 2
+
+
+async def test_deny_tells_the_model_and_esc_stops_the_loop(tool_model):
+    app = make_app(tool_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await answered(pilot, app, "n")
+        (call,) = app.query(ToolCallBlock)
+        assert call.state == "denied" and call.has_class("denied")
+        (result,) = app.query(ToolResultBlock)
+        assert result.text == DENIED_TEXT
+        prompt = app.chat.tokenizer.decode(list(app.chat.last_done.prompt_token_ids))
+        assert DENIED_TEXT in prompt and FORECAST not in prompt
+        conv_turns = [m.role for m in app.chat.history]
+        assert conv_turns == ["user", "assistant", "tool", "assistant"]
+
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app.query(ToolCallBlock), 10, "the new chat")
+        await ask_and_answer(pilot, app, "escape")  # a new conversation asks again
+        await wait_until(pilot, lambda: settled(app), 30, "the stop")
+        assert len(replies(app)) == 1  # no result was fed back: no second reply
+        assert app.query(ToolCallBlock).last().state == "denied"
+
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), 5, "F10")
+        await pilot.pause(0.3)
+        shown = screen_text(app)
+        assert "weather" in shown and "running" in shown and "get_weather, slow" in shown
+        await pilot.press("escape")
+
+
+async def test_always_is_remembered_for_the_conversation(tool_model):
+    app = make_app(tool_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await answered(pilot, app, "a")
+        loop = app.chat.tools
+        assert not loop.needs_approval(app.chat.session_id, "get_weather")
+        assert loop.needs_approval("another-conversation", "get_weather")
+        assert replies(app)[-1] == ANSWER
