@@ -315,7 +315,10 @@ def test_disconnect_cancels_and_frees_the_engine(srv):
 
 
 def test_health_answers_during_a_long_prefill_and_disconnect_cancels_it(srv):
-    long_text = " ".join(["streaming experts from the disk"] * 300)  # ~1,500 tokens
+    # ~1,500 tokens that share no prefix with the earlier tests' prompts: since the disk
+    # is consulted whenever it serves more than memory (issue 34), a checkpoint of a
+    # longer prompt with the same start would serve nearly all of it, and no prefill runs.
+    long_text = "prefill " + " ".join(["streaming experts from the disk"] * 300)
     body = {"model": srv.model, "messages": [{"role": "user", "content": long_text}],
             "max_tokens": 1, "stream": True}  # fmt: skip
     slowest = 0.0
