@@ -17,6 +17,7 @@ from typing import Any
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
+from ssdmoe_tui.errors import printable
 from ssdmoe_tui.mcp_config import McpServer, check_mcp_servers
 from ssdmoe_tui.options import CacheBudget, parse_temp, parse_top_p
 from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
@@ -79,12 +80,28 @@ def _number(parse: Callable[[float], float]) -> Callable[[object], float]:
     return check
 
 
+# One key as Textual names it: modifiers, then a key name (`ctrl+shift+f5`, `escape`,
+# `question_mark`) or one printable character (`?`).
+_KEY = re.compile(r"(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z][a-z0-9_]{0,30}|[0-9]|[^\s,])")
+MAX_KEYMAP = 200  # entries: there are fewer bindings than this
+
+
 def _keymap(value: object) -> dict[str, str]:
     ok = isinstance(value, dict) and all(
         isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
     )
     if not ok:
         raise ValueError('expected id = "keys" pairs')
+    if len(value) > MAX_KEYMAP:  # type: ignore[arg-type]
+        raise ValueError(f"{len(value):,} entries, more than {MAX_KEYMAP}")  # type: ignore[arg-type]
+    for k, v in value.items():  # type: ignore[union-attr]
+        keys = [p.strip() for p in v.split(",")]
+        bad = next((p for p in keys if not _KEY.fullmatch(p)), None) if len(v) <= 200 else v
+        if len(k) > 100 or bad is not None:
+            shown = printable(bad if bad is not None else k, 40)
+            raise ValueError(
+                f"{printable(k, 40)!r} = {shown!r} is not a key list (e.g. \"ctrl+s\", \"f5,escape\")"
+            )
     return dict(value)  # type: ignore[arg-type]
     # Which ids exist and which keys clash is the app's to say (ui.actions.keys), with
     # the file named: this layer does not know the bindings.

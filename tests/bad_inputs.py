@@ -856,6 +856,12 @@ CASES: list[Bad] = [
     config_key_case("config-hidden-huge", "hidden_size", 10**12, "config.json"),
     config_key_case("config-layers-word", "num_hidden_layers", "3", "config.json"),
     config_key_case("config-k-over-experts", "num_experts_per_tok", 64, "not about --k"),
+    config_case("config-keymap-garbage", "a keymap entry of garbage", b'[keymap]\n"app.stop" = "!!!@@##"\n',
+                "keymap"),  # fmt: skip
+    config_case("config-keymap-long", "a keymap entry of 900 kB",
+                b'[keymap]\n"app.stop" = "' + b"x" * 900_000 + b'"\n', "keymap"),  # fmt: skip
+    option_case("bench-quick-fit", ["bench", "--quick", "--fit", "/no/such/fit"], "--fit"),
+    model_option_case("bench-fit-missing", ["bench", "--fit", "/no/such/fit"], "--fit /no/such/fit"),
     # ---- warm resume (experts.json) and @file attachments (issue 34)
     experts_case(
         "experts-version-true", '"version": true', EXPERTS | {"version": True}, "version True"

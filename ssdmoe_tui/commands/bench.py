@@ -153,6 +153,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     add_distributed_argument(p)
     p.set_defaults(func=distributed_run(_run))
+    # What --quick does not use, with each option's default: given, it is refused.
+    p.set_defaults(
+        quick_ignores=tuple(
+            (a.dest, a.option_strings[0], a.default)
+            for a in p._actions
+            if a.option_strings and a.dest not in QUICK_USES
+        )
+    )
+
+
+# The options `bench --quick` reads (its fixed configurations take nothing else).
+QUICK_USES = frozenset(
+    {"help", "model", "quick", "rounds", "expert_cache", "prompt_tokens", "decode_tokens",
+     "dtype", "json_out"}
+)  # fmt: skip
+
+
+def _check_quick(args: argparse.Namespace) -> None:
+    """`--quick` with an option it does not use is one line, not a silent run without it
+    (`bench --quick --fit DIR` ran no fit row)."""
+    from ssdmoe_tui.errors import BadValueError
+
+    given = [opt for dest, opt, default in args.quick_ignores
+             if getattr(args, dest, default) != default]  # fmt: skip
+    if given:
+        raise BadValueError(
+            f"--quick runs its own fixed configurations and does not take {', '.join(given)}: "
+            "drop " + ("it" if len(given) == 1 else "them") + " or drop --quick"
+        )
 
 
 def _run(args: argparse.Namespace, dist) -> int:
@@ -164,13 +193,14 @@ def _run(args: argparse.Namespace, dist) -> int:
     from ssdmoe_tui.options import CacheBudget
 
     if args.quick:
+        _check_quick(args)
         return _run_quick(args)
     if args.speculate:
         return _run_speculate(args)
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
-    fit = resolve_model_path(args.fit) if args.fit else None
+    fit = resolve_model_path(args.fit, option="--fit") if args.fit else None
     # The engine settings every configuration shares, parsed once by the shared argument
     # types; K, the budgets and the prefetch mode are the lists the bench walks.
     engine = engine_options(

@@ -275,21 +275,30 @@ def distributed_run(body: Callable[[argparse.Namespace, object], int]):
     return run
 
 
-def resolve_model_path(spec: str, quiet: bool = False):
-    """'' -> the demo model (created on first use, with a visible message)."""
+def resolve_model_path(spec: str, quiet: bool = False, option: str = "--model"):
+    """'' -> the demo model (created on first use, with a visible message). `option`:
+    the flag that gave `spec`, named in an error (`bench --fit DIR`: '--fit DIR: no such
+    file or folder', not '--model')."""
     import sys
 
     from ssdmoe_tui.engine.run.open import resolve_model_spec
+    from ssdmoe_tui.errors import SsdmoeError
     from ssdmoe_tui.models.resolve import cli_progress
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr)
 
-    return resolve_model_spec(
-        spec,
-        say=(lambda _: None) if quiet else say,
-        download=None if quiet else cli_progress(),
-    )
+    try:
+        return resolve_model_spec(
+            spec,
+            say=(lambda _: None) if quiet else say,
+            download=None if quiet else cli_progress(),
+        )
+    except SsdmoeError as e:
+        text = str(e)
+        if option == "--model" or not text.startswith("--model "):
+            raise
+        raise type(e)(option + text[len("--model") :]) from None
 
 
 def add_speculate_arguments(p: argparse.ArgumentParser, *, oracle: bool = False) -> None:

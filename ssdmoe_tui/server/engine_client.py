@@ -52,6 +52,7 @@ class Job:
     cancel_requested: bool = False
     keep_slot: bool = False  # its end does not free the engine (a step of a longer request)
     cached_before: int | None = None  # prompt tokens cached before the request, if a step ran first
+    warnings: tuple[str, ...] = ()  # what the request asked that did not apply (Pending)
     _client: EngineClient | None = None
 
     def cancel(self) -> None:

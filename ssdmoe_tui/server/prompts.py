@@ -234,6 +234,7 @@ class PromptBuilder:
         limits = [n for n in (_tokenizer_size(tokenizer), vocab_size) if n]
         self.vocab_size = min(limits) if limits else None
         self.max_token_bytes = _max_token_bytes(tokenizer)
+        self._reads: dict[tuple[str, str], bool] = {}  # _template_reads' answers
 
     def floor(self, req: ChatRequest | CompletionRequest) -> int:
         """At most the request's prompt tokens, from sizes alone: what refuses a request far
@@ -264,6 +265,49 @@ class PromptBuilder:
         if req.tools:
             kw["tools"] = [dict(t) for t in req.tools]
         return kw
+
+    def unused_options(self, req: ChatRequest) -> list[str]:
+        """What the request asks of the template that the model's template ignores: its
+        tools, a template switch (`enable_thinking`, `reasoning_effort`, ...). One line
+        each, for the reply's warnings; a template that cannot be probed says nothing."""
+        out = []
+        if req.tools and not self._template_reads("tools", None):
+            out.append(
+                f"the model's chat template cannot show tools: the {len(req.tools)} tools "
+                "sent were not given to the model"
+            )
+        for key, value in sorted(req.template_kwargs.items()):
+            if not self._template_reads(key, value):
+                out.append(
+                    f"the model's chat template does not use {key!r}: "
+                    f"{key}={json.dumps(value)[:40]} had no effect"
+                )
+        return out
+
+    def _template_reads(self, key: str, value: Any) -> bool:
+        """Whether rendering a probe chat changes with template variable `key` (tools:
+        one probe tool; a bool: both values; else the value against none). Cached."""
+        try:
+            cache_key = (key, json.dumps(value, sort_keys=True))
+        except (TypeError, ValueError):
+            return True
+        known = self._reads.get(cache_key)
+        if known is not None:
+            return known
+        probe = [{"role": "user", "content": "probe"}]
+        if key == "tools":
+            tool = {"type": "function", "function": {"name": "ssdmoe_probe_tool",
+                    "description": "probe", "parameters": {"type": "object"}}}  # fmt: skip
+            variants = [{}, {"tools": [tool]}]
+        else:
+            variants = [{}, {key: value}] + ([{key: not value}] if isinstance(value, bool) else [])
+        try:
+            texts = {render(self.tokenizer, probe, add_generation_prompt=True, **v)
+                     for v in variants}  # fmt: skip
+        except Exception:  # noqa: BLE001 - a template that fails the probe: assume it reads it
+            texts = {"", "x"}
+        self._reads[cache_key] = reads = len(texts) > 1
+        return reads
 
     def chat(self, req: ChatRequest) -> Prompt:
         """The request's prompt. A chat template that refuses the messages (Qwen3.5's

@@ -24,7 +24,7 @@ from ssdmoe_tui.server.http import Disconnected
 from ssdmoe_tui.server.origins import OriginCheck, OriginPolicy
 from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_completion import ServingCompletion
-from ssdmoe_tui.server.serving_engine import K_HEADER, STATS_HEADER, ServerState
+from ssdmoe_tui.server.serving_engine import K_HEADER, STATS_HEADER, WARNING_HEADER, ServerState
 from ssdmoe_tui.server.serving_messages import ServingMessages
 from ssdmoe_tui.server.serving_messages import error_body as anthropic_error
 from ssdmoe_tui.server.serving_models import ServingModels
@@ -106,7 +106,7 @@ def middleware(state: ServerState) -> list[Middleware]:
                 allow_origins=list(origins),
                 allow_methods=["GET", "POST", "OPTIONS"],
                 allow_headers=["*"],  # authorization, x-api-key, the SDKs' x-stainless-*, ...
-                expose_headers=[STATS_HEADER, K_HEADER],
+                expose_headers=[STATS_HEADER, K_HEADER, WARNING_HEADER],
                 max_age=600,
             )
         )

@@ -410,17 +410,34 @@ def check_nesting(value: Any, where: str, param: str) -> None:
         raise bad_request(f"{where} nests more than {MAX_NESTING} levels deep", param)
 
 
+# Tools one request may list: far above any agent's (Codex CLI, Claude Code with MCP
+# servers: a few dozen; OpenAI's own limit is 128), far below what would make the
+# template's rendering the cost of a request (10,000 were accepted).
+MAX_TOOLS = 512
+
+
+def tool_list(body: dict) -> list:
+    """The request's `tools` as a list (none: []), at most MAX_TOOLS: every API's one
+    check of the list itself (each dialect then checks its items)."""
+    raw = body.get("tools")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad_request("'tools' must be a list", "tools")
+    if len(raw) > MAX_TOOLS:
+        raise bad_request(f"'tools' lists {len(raw):,} tools, more than {MAX_TOOLS}", "tools")
+    return raw
+
+
 def _tools(body: dict) -> tuple[dict, ...]:
-    tools = body.get("tools")
+    tools = tool_list(body)
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
         raise bad_request(
             "'tool_choice' other than 'auto' or 'none' is not supported", "tool_choice"
         )
-    if tools is None or choice == "none":
+    if not tools or choice == "none":
         return ()
-    if not isinstance(tools, list):
-        raise bad_request("'tools' must be a list", "tools")
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):

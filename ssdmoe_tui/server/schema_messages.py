@@ -31,6 +31,7 @@ from ssdmoe_tui.server.schema import (
     check_nesting,
     merge_leading_system,
     split_model,
+    tool_list,
 )
 
 MAX_STOP_SEQUENCES = 16
@@ -136,9 +137,7 @@ def _tools(body: dict) -> tuple[dict, ...]:
     kind = choice.get("type") if isinstance(choice, dict) else choice
     if kind not in (None, "auto", "none"):
         raise bad_request(f"'tool_choice' {kind!r} is not supported (auto or none)", "tool_choice")
-    raw = body.get("tools") or []
-    if not isinstance(raw, list):
-        raise bad_request("'tools' must be a list", "tools")
+    raw = tool_list(body)
     out = []
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or t.get("type") not in (None, "custom"):

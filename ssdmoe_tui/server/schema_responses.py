@@ -33,6 +33,7 @@ from ssdmoe_tui.server.schema import (
     reasoning_kwargs,
     sampling_extras,
     split_model,
+    tool_list,
 )
 
 
@@ -167,9 +168,7 @@ def _tools(body: dict) -> Tools:
     if choice not in (None, "auto", "none"):
         raise bad_request("'tool_choice' other than 'auto' or 'none' is not supported",
                           "tool_choice")  # fmt: skip
-    raw = body.get("tools") or []
-    if not isinstance(raw, list):
-        raise bad_request("'tools' must be a list", "tools")
+    raw = tool_list(body)
     out, namespaces, skipped = [], {}, []
     for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else type(t).__name__

@@ -38,11 +38,16 @@ from ssdmoe_tui.server.output import (
 )
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
-from ssdmoe_tui.server.schema import Sampling
+from ssdmoe_tui.server.schema import ChatRequest, Sampling
 from ssdmoe_tui.server.schema_messages import MessagesRequest
 
 STATS_HEADER = "x-ssdmoe-stats"
 K_HEADER = "x-ssdmoe-k"
+# What a request asked that the server did not do as asked (a max_tokens past the
+# context, tools or a thinking switch the model's template cannot use, hosted tools):
+# said in this header ("; "-separated) and in the reply's `ssdmoe.warnings`, never
+# silently dropped.
+WARNING_HEADER = "x-ssdmoe-warning"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,14 @@ def _too_long(tokens: str, ctx: int) -> ApiError:
         "messages",
         "context_length_exceeded",
     )
+
+
+def warning_header(warnings: Any) -> dict[str, str]:
+    """WARNING_HEADER for `warnings` (none: no header); ASCII, as headers must be."""
+    if not warnings:
+        return {}
+    text = "; ".join(warnings)
+    return {WARNING_HEADER: text.encode("ascii", "replace").decode("ascii")[:2000]}
 
 
 def _log(line: str) -> None:
@@ -102,6 +115,7 @@ class Pending:
     rid: str
     ticket: Ticket
     job: Job | None = None
+    warnings: list[str] = field(default_factory=list)  # WARNING_HEADER's lines
 
     def close(self) -> None:
         """However a streaming reply ends: give back the place in the queue, or stop the
@@ -178,9 +192,20 @@ class Serving:
         self.check_size(req)
         prompt = await asyncio.to_thread(build, req)
         max_tokens = self.max_tokens(prompt, req.sampling)
+        warnings = []
+        chat = getattr(req, "chat", req)
+        if isinstance(chat, ChatRequest):
+            warnings += await asyncio.to_thread(self.state.builder.unused_options, chat)
+        asked = req.sampling.max_tokens
+        if asked is not None and asked > max_tokens:
+            shown = f"{asked:,}" if asked < 10**15 else f"{asked:.3g}"
+            warnings.append(
+                f"max_tokens {shown} is past the model's context: the reply gets the "
+                f"{max_tokens:,} tokens left"
+            )
         ticket = self.engine.reserve()
         k = k if k is not None else self.engine.default_k
-        return Pending(req, prompt, k, max_tokens, new_request_id(kind), ticket)
+        return Pending(req, prompt, k, max_tokens, new_request_id(kind), ticket, warnings=warnings)
 
     async def start(self, request: Request, p: Pending) -> Job:
         """Wait for the engine and start `p` (a JSON reply's path: a disconnect cancels)."""
@@ -193,7 +218,7 @@ class Serving:
         """A streaming reply: SSE comments with progress while queued and in prefill."""
         return sse(
             stream,
-            {K_HEADER: str(p.k)},
+            {K_HEADER: str(p.k), **warning_header(p.warnings)},
             progress=lambda: p.progress(self.engine),
             every=self.settings.keepalive_s,
             on_close=p.close,
@@ -228,6 +253,7 @@ class Serving:
                 frequency_penalty=sampling.frequency_penalty,
             )
             job = self.engine.submit(cmd)
+            job.warnings = tuple(p.warnings)
             if step is not None and step.result is not None:
                 job.cached_before = step.result.stats.get("reused_prompt_tokens", 0)
             p.job = job
@@ -317,6 +343,8 @@ class Serving:
         """The job's result as the client should see it: after a system-prompt step, the
         prompt tokens cached are those that were cached before the request, not the step's."""
         done = job.result
+        if job.warnings:
+            done = replace(done, stats={**done.stats, "warnings": list(job.warnings)})
         if job.cached_before is None:
             return done
         stats = dict(done.stats)
@@ -349,6 +377,8 @@ class Serving:
             ext["system_prompt_checkpoint"] = True  # this request wrote one for its system part
         if "distributed" in s:  # serve --distributed: per-rank bytes, hit rate, all_sum
             ext["distributed"] = s["distributed"]
+        if s.get("warnings"):
+            ext["warnings"] = list(s["warnings"])
         self.state.last_response_stats = ext
         st = ext["stats"]
         self.state.log(
@@ -364,6 +394,10 @@ class Serving:
         keys = ("decode_tok_s", "prefill_tok_s", "ssd_mib_per_token", "requested_mib_per_token",
                 "expert_cache_hit_rate", "kv_cached_tokens")  # fmt: skip
         return "; ".join([f"k={ext['k']}"] + [f"{key}={s[key]}" for key in keys])
+
+    def headers(self, ext: dict) -> dict[str, str]:
+        """A JSON reply's headers: the stats, and the warnings if any."""
+        return {STATS_HEADER: self.stats_header(ext), **warning_header(ext.get("warnings", ()))}
 
     def k_header(self, k: int | None) -> dict[str, str]:
         return {K_HEADER: str(k or self.engine.default_k)}

@@ -26,7 +26,7 @@ from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ToolCall
 from ssdmoe_tui.server.schema_messages import MessagesRequest, parse_messages
 from ssdmoe_tui.server.serving_chat import record_reply
-from ssdmoe_tui.server.serving_engine import STATS_HEADER, Serving
+from ssdmoe_tui.server.serving_engine import Serving
 
 
 def error_type(status: int) -> str:
@@ -105,7 +105,7 @@ class ServingMessages(Serving):
         )
         content += [tool_use(c) for c in filt.calls]
         body = self._message(job.request_id, req, content, done, filt, ext)
-        return JSONResponse(body, headers={STATS_HEADER: self.stats_header(ext)})
+        return JSONResponse(body, headers=self.headers(ext))
 
     @staticmethod
     def _message(rid: str, req: MessagesRequest, content: list, done, filt, ext=None) -> dict:  # noqa: ANN001

@@ -16,7 +16,7 @@ from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.output import OutputFilter, Piece
-from ssdmoe_tui.server.serving_engine import STATS_HEADER, Serving
+from ssdmoe_tui.server.serving_engine import Serving
 
 
 def usage(done: P.GenerationDone) -> dict:
@@ -56,7 +56,7 @@ class OpenAIServing(Serving):
         payload = {"id": job.request_id, "object": obj, "created": int(time.time()),
                    "model": model, "choices": [choice], "usage": usage(done),
                    "ssdmoe": ext}  # fmt: skip
-        return JSONResponse(payload, headers={STATS_HEADER: self.stats_header(ext)})
+        return JSONResponse(payload, headers=self.headers(ext))
 
     async def stream(
         self,

@@ -29,7 +29,7 @@ from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall
 from ssdmoe_tui.server.schema_responses import ResponsesRequest, parse_responses
 from ssdmoe_tui.server.serving_chat import record_reply
-from ssdmoe_tui.server.serving_engine import STATS_HEADER, ServerState, Serving
+from ssdmoe_tui.server.serving_engine import ServerState, Serving
 
 MAX_STORED = 256
 
@@ -159,6 +159,11 @@ class ServingResponses(Serving):
 
         p = await self.prepare(request, parse, self.state.builder.chat, "resp")
         chat, prompt, r = p.req, p.prompt, run[0]
+        if r.req.skipped_tools:  # hosted tools: none runs here (docs/server.md, one rule)
+            p.warnings.append(
+                "hosted tools are not run by this server and were left out: "
+                + ", ".join(r.req.skipped_tools)
+            )
         filt = self.output_filter(prompt, (), chat.tools)
         if chat.stream:
             return self.sse(p, self._events(r, prompt, lambda: self.run(p), filt))
@@ -172,7 +177,7 @@ class ServingResponses(Serving):
         r.output.extend(call_item(_id("fc"), c, namespaces=r.req.namespaces) for c in filt.calls)
         ext = self._finish(r, prompt, done, filt)
         body = r.response(self._status(done, filt), done, ssdmoe=ext)
-        return JSONResponse(body, headers={STATS_HEADER: self.stats_header(ext)})
+        return JSONResponse(body, headers=self.headers(ext))
 
     @staticmethod
     def _status(done: P.GenerationDone, filt: OutputFilter) -> str:

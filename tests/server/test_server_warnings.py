@@ -1,0 +1,105 @@
+"""Issue 34 (7, 8): what a request asks that the server does not do as asked is said,
+never silently dropped: a max_tokens / max_output_tokens past the context (10^30),
+tools or a thinking switch the model's chat template cannot use, hosted tools in the
+Responses API (one rule: left out, named in `ssdmoe.skipped_tools` and the warning).
+Each in the `x-ssdmoe-warning` header and the reply's `ssdmoe.warnings`. 10,000 tools
+are a 400 on every API. A real server on a loopback port, raw httpx and the SDKs."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from ssdmoe_tui.options import EngineOptions
+from ssdmoe_tui.server.main import ServeOptions
+from ssdmoe_tui.server.schema import MAX_TOOLS
+from tests.server.test_server import Running
+
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSDMOE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(tmp_path / "locks"))
+    return tmp_path
+
+
+def start(model, root) -> Running:
+    return Running(ServeOptions(EngineOptions(model=str(model)), cache_root=root / "sc"))
+
+
+def post(srv: Running, path: str, body: dict, **kw) -> httpx.Response:
+    return httpx.post(srv.url + path, json={"model": srv.model, **body}, timeout=60, **kw)
+
+
+def test_max_tokens_past_the_context_tools_and_hosted_tools(checkpoints, tool_model, isolated):
+    srv = start(tool_model, isolated)
+    try:
+        ctx = srv.server.engine.info.max_context
+        for path, body in (
+            ("/v1/chat/completions", {"messages": USER, "max_tokens": 10**30}),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 10**30}),
+            ("/v1/responses", {"input": "hi", "max_output_tokens": 10**30}),
+            ("/v1/messages", {"messages": USER, "max_tokens": 10**30}),
+        ):
+            r = post(srv, path, {**body, "temperature": 0.0})
+            assert r.status_code == 200, (path, r.text)
+            warning = r.headers["x-ssdmoe-warning"]
+            assert "max_tokens 1e+30 is past the model's context" in warning, (path, warning)
+            assert f"{ctx - 1:,}"[:2] in warning
+            assert r.json()["ssdmoe"]["warnings"] == [warning], path
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=60, json={
+                "model": srv.model, "messages": USER, "max_tokens": 10**30, "stream": True,
+                "max_completion_tokens": None}) as r:  # fmt: skip
+            assert "past the model's context" in r.headers["x-ssdmoe-warning"]
+            r.read()
+        ok = post(srv, "/v1/chat/completions", {"messages": USER, "max_tokens": 2})
+        assert "x-ssdmoe-warning" not in ok.headers and "warnings" not in ok.json()["ssdmoe"]
+        # a template that reads tools and enable_thinking: nothing to say
+        quiet = post(srv, "/v1/chat/completions", {"messages": USER, "max_tokens": 2,
+                     "tools": [TOOL], "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+        assert quiet.status_code == 200 and "x-ssdmoe-warning" not in quiet.headers, quiet.text
+        # 10,000 tools: a 400 naming tools on every API
+        many = [TOOL] * 10_000
+        for path, body in (("/v1/chat/completions", {"messages": USER, "tools": many}),
+                           ("/v1/responses", {"input": "hi", "tools": [
+                               {"type": "function", "name": "f"}] * 10_000}),
+                           ("/v1/messages", {"messages": USER, "max_tokens": 2, "tools": [
+                               {"name": "f", "input_schema": {}}] * 10_000})):  # fmt: skip
+            r = post(srv, path, body)
+            assert r.status_code == 400, (path, r.text)
+            assert "10,000 tools" in r.text and str(MAX_TOOLS) in r.text, r.text
+        # hosted tools in the Responses API: left out, named, said (one rule)
+        r = post(srv, "/v1/responses", {"input": "hi", "max_output_tokens": 2,
+                 "tools": [{"type": "web_search"}, {"type": "function", "name": "f"}]})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["ssdmoe"]["skipped_tools"] == ["web_search"]
+        assert "hosted tools are not run by this server" in r.headers["x-ssdmoe-warning"]
+        r = post(srv, "/v1/responses", {"input": "hi", "tools": [{"type": "shell_magic"}]})
+        assert r.status_code == 400 and "shell_magic" in r.text  # not hosted: refused
+    finally:
+        srv.stop()
+
+
+def test_tools_and_thinking_a_template_cannot_use_are_said(checkpoints, isolated):
+    """The small checkpoint's own template shows neither tools nor a thinking switch."""
+    srv = start(checkpoints("qwen3_moe"), isolated)
+    try:
+        r = post(srv, "/v1/chat/completions", {"messages": USER, "max_tokens": 2,
+                 "tools": [TOOL], "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+        assert r.status_code == 200, r.text
+        warnings = r.json()["ssdmoe"]["warnings"]
+        assert any("cannot show tools: the 1 tools sent" in w for w in warnings), warnings
+        assert any("does not use 'enable_thinking'" in w for w in warnings), warnings
+        assert r.headers["x-ssdmoe-warning"] == "; ".join(warnings)
+        import anthropic
+
+        a = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+        raw = a.messages.with_raw_response.create(
+            model=srv.model, max_tokens=2, messages=USER,
+            tools=[{"name": "f", "input_schema": {"type": "object"}}])  # fmt: skip
+        assert "cannot show tools" in raw.headers["x-ssdmoe-warning"]
+    finally:
+        srv.stop()
