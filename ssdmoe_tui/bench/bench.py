@@ -17,9 +17,11 @@ all per decode step (the same definition for the resident baseline).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +50,8 @@ Log = Callable[[str], None]
 
 PREFILL_STEP = 512  # the bench's prefill chunk unless given: the resident baseline uses it too
 PREFETCH_MODES = ("off", "on", "both")  # each configuration without / with / both
+# the pipelined layer (engine/model/streamed.py): as the engine has it / off / off then on
+PIPELINE_MODES = ("auto", "off", "both")
 BASELINES = ("auto", "skip", "force")
 
 
@@ -72,6 +76,7 @@ class BenchOptions:
     warmup: bool = True
     seed: int = 0
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
+    pipeline: str = "auto"  # auto | off | both (each configuration serial, then pipelined)
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
     quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
     quality_tokens: int = 512
@@ -88,6 +93,7 @@ class BenchOptions:
             raise BadValueError(f"--decode-tokens must be >= 2, got {self.decode_tokens}")
         parse_choice(self.baseline, BASELINES, "--baseline")
         parse_choice(self.prefetch, PREFETCH_MODES, "--prefetch")
+        parse_choice(self.pipeline, PIPELINE_MODES, "--pipeline")
 
     @property
     def root(self) -> bool:
@@ -319,6 +325,10 @@ def _config_figures(
         "budget_over_expert_set": round(cache.capacity / (index.num_experts * index.num_layers), 4),
         "prefetch": prefetch,
         **(_prefetch_stats(dec, steps) if prefetch else {}),
+        # the pipelined layer: on unless $SSDMOE_PIPELINE=off; the layer calls it ran
+        "pipeline": bool(sm.blocks and getattr(sm.blocks[0].switch_mlp, "_pipe", False)),
+        "pipelined_calls": sm.times.pipelined_calls,
+        "staged_calls": sm.times.staged_calls,
         "slot_placement_note": cache.placement.note,
         "direct_io": cache.reader.direct_active,
         "load_s": round(load_s, 3),
@@ -808,14 +818,16 @@ def _run_configs(
     result["complete"] = False
     on_partial(result)
     modes = {"off": [False], "on": [True], "both": [False, True]}[opts.prefetch]
+    pipes = {"auto": [None], "off": ["off"], "both": ["off", None]}[opts.pipeline]
     for budget in opts.budgets:
         for k in s.ks:
-            for pf in modes:
+            for pf, pipe in [(pf, pipe) for pf in modes for pipe in pipes]:
                 state = prepare()
-                tag = " +prefetch" if pf else ""
+                tag = (" +prefetch" if pf else "") + (" pipeline off" if pipe else "")
                 log(f"config K={k} expert cache {budget}{tag} [{state}]")
                 resident = storage.residency(s.shards)
-                r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
+                with _pipeline_env(pipe):
+                    r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
                 r["page_cache"] = state
                 r["page_cache_resident_share"] = resident.as_dict()["resident_share"]
                 configs.append(r)
@@ -824,6 +836,23 @@ def _run_configs(
                 if not pf and opts.batch:
                     _run_batches(opts, s, k, budget, result, prepare, log)
                     on_partial(result)
+
+
+@contextlib.contextmanager
+def _pipeline_env(mode: str | None):
+    """$SSDMOE_PIPELINE set to `mode` while an engine loads (None: as it is)."""
+    from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
+
+    old = os.environ.get(PIPELINE_ENV)
+    if mode is not None:
+        os.environ[PIPELINE_ENV] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PIPELINE_ENV, None)
+        else:
+            os.environ[PIPELINE_ENV] = old
 
 
 def _baseline(opts: BenchOptions, s: _BenchSetup, conditions: dict, log: Log) -> dict:
@@ -965,6 +994,20 @@ def _derive_prefill(r: dict, bw: float | None, index, step: int) -> None:
     )
 
 
+def _prefill_bound(r: dict, bw: float | None, resident_tok_s: float | None) -> None:
+    """The prefill's bound (issue 29): the bytes it read at the disk's rate plus resident
+    mlx-lm's compute of the same prompt, as if the two did not overlap at all; the
+    engine's prefill time over it (1.0: as fast as reading and computing in series;
+    below 1: the reads overlapped the compute)."""
+    p, need = r["prompt_tokens"], r.get("prefill_requested_bytes")
+    if not (bw and resident_tok_s and need is not None and r.get("prefill_tok_s")):
+        r["prefill_bound_tok_s"] = r["prefill_time_over_bound"] = None
+        return
+    bound_s = need / bw + p / resident_tok_s
+    r["prefill_bound_tok_s"] = round(p / bound_s, 4)
+    r["prefill_time_over_bound"] = round((p / r["prefill_tok_s"]) / bound_s, 4)
+
+
 def _derive(result: dict, base_by_k: dict, index) -> None:
     """I/O ceilings, achieved/ceiling, resident ratios and output agreement."""
     disk = {int(k): v for k, v in result.get("disk", {}).get("by_k", {}).items()}
@@ -995,6 +1038,7 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
                     o
                     for o in result["configs"]
                     if not o.get("prefetch")
+                    and o.get("pipeline") == r.get("pipeline")
                     and o["k"] == k
                     and o["expert_cache"] == r["expert_cache"]
                 ),
@@ -1013,6 +1057,7 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
             r["ratio_prefill_vs_resident"] = (
                 round(r["prefill_tok_s"] / b["prefill_tok_s"], 4) if b["prefill_tok_s"] else None
             )
+            _prefill_bound(r, bw, b["prefill_tok_s"])
             bt = b.get("token_ids") or []
             # Trace-routed tokens are not the model's own: no exactness claim (None: "-").
             routed = r.get("routing", "model") != "model"

@@ -39,14 +39,30 @@ Log = Callable[[str], None]
 QUICK_CONFIG: dict = dict(DEMO_CONFIG, num_hidden_layers=12)  # the demo, twice as deep
 SMALL_CACHE = "16M"  # ~35 % of this checkpoint's expert slots on the CPU
 ALL_CACHE = "64G"  # clamped to the expert set: every expert held
+# The trace row: real routing (Qwen3-30B-A3B's recorded trace, K = 6, its first 8 layers)
+# on a checkpoint of that trace's expert count at the demo's width, with a quarter of its
+# experts cached, pipelined and serial (issue 29: an overlap regression shows on the CPU).
+TRACE_CONFIG: dict = dict(
+    DEMO_CONFIG, num_hidden_layers=8, num_experts=128, num_experts_per_tok=8,
+    moe_intermediate_size=128,
+)  # fmt: skip
+TRACE_FILE = "bigmoeonedge-route-trace/2026-07-15-route-trace/qwen.route.csv"
+TRACE_SHARE = 0.25  # of the trace checkpoint's expert slots
 
 
-def quick_model(log: Log = lambda _: None) -> Path:
+def trace_path() -> Path | None:
+    """The shipped trace in a source checkout (tests/fixtures/traces); None in a wheel."""
+    p = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces" / TRACE_FILE
+    return p if p.is_file() else None
+
+
+def quick_model(log: Log = lambda _: None, config: dict | None = None) -> Path:
     """The bench's checkpoint, written once (keyed by its config) into the cache folder."""
     from ssdmoe_tui.models.demo import write_checkpoint
     from ssdmoe_tui.paths import cache_dir
 
-    key = hashlib.sha256(json.dumps(QUICK_CONFIG, sort_keys=True).encode()).hexdigest()[:12]
+    config = QUICK_CONFIG if config is None else config
+    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     out = cache_dir() / "bench-quick" / key
     if (out / ".complete").is_file():
         return out
@@ -55,7 +71,7 @@ def quick_model(log: Log = lambda _: None) -> Path:
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
-    write_checkpoint(QUICK_CONFIG, tmp, seed=11, group_size=64, max_shard_bytes=256 << 20)
+    write_checkpoint(config, tmp, seed=11, group_size=64, max_shard_bytes=256 << 20)
     (tmp / ".complete").write_text("1\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -87,16 +103,19 @@ def _rates(t0: float, stamps: list[float], cpu: list[float], prompt: int) -> dic
 
 
 class _Resident:
-    name = "resident"
-
-    def __init__(self, path: Path, dtype) -> None:
+    def __init__(self, path: Path, dtype, name: str = "resident", k: int | None = None) -> None:
         import mlx.core as mx
         import mlx_lm
 
-        from ssdmoe_tui.engine.model.loader import cast_model
+        from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
 
+        self.name = name
         self.model, self.tokenizer = mlx_lm.load(str(path))
         cast_model(self.model, dtype)
+        if k is not None:  # the trace's K, for the trace row's baseline
+            for _, m in self.model.named_modules():
+                if hasattr(m, "switch_mlp"):
+                    set_block_k(m, k)
         mx.eval(self.model.parameters())
         self.tokenizer.eos_token_ids = set()
 
@@ -117,14 +136,32 @@ class _Resident:
 
 
 class _Streamed:
-    def __init__(self, name: str, path: Path, budget: str, dtype: str | None) -> None:
+    base = "resident"  # the engine its ratios are taken against
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        budget: str | int,
+        dtype: str | None,
+        trace=None,  # noqa: ANN001 - a traces.Trace: route by it (the trace row)
+        pipeline: str | None = None,
+    ) -> None:
+        from ssdmoe_tui.bench.bench import _pipeline_env
         from ssdmoe_tui.engine.model.loader import load_streamed
         from ssdmoe_tui.engine.run.runner import Runner
 
         self.name = name
-        self.sm = load_streamed(path, expert_cache=budget, dtype=dtype)
+        with _pipeline_env(pipeline):
+            self.sm = load_streamed(path, expert_cache=budget, dtype=dtype)
         self.sm.tokenizer.eos_token_ids = set()
-        self.runner = Runner(self.sm)
+        k = None
+        if trace is not None:
+            from ssdmoe_tui.engine.policy.trace_routing import attach
+
+            self.base = "trace_resident"
+            k = attach(self.sm, TRACE_FILE, trace=trace).k
+        self.runner = Runner(self.sm, k=k)
 
     def run(self, prompt: list[int], n: int) -> dict:
         from ssdmoe_tui.engine.run.runner import Snapshot, TokenEvent
@@ -237,6 +274,44 @@ def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: 
     }
 
 
+def _trace_engines(act, dtype: str | None, log: Log) -> list:
+    """The trace row's engines: resident mlx-lm at the trace's K, and the trace-routed
+    engine with TRACE_SHARE of the experts cached, pipelined and serial; none (and a
+    line saying why) without the shipped trace."""
+    from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
+    from ssdmoe_tui.engine.experts.index import build_index
+    from ssdmoe_tui.engine.model.loader import parse_dtype
+    from ssdmoe_tui.engine.policy.traces import read_trace
+
+    src = trace_path()
+    if src is None:
+        log("trace row skipped: the shipped trace is not here (a source checkout has it)")
+        return []
+    path = quick_model(log, TRACE_CONFIG)
+    index = build_index(path)
+    trace = read_trace(src).first_layers(index.num_layers)
+    slots = int(index.num_experts * index.num_layers * TRACE_SHARE)
+    budget = slots * slot_memory_bytes(index, parse_dtype(dtype))
+    return [
+        _Resident(path, act, "trace_resident", trace.meta.k),
+        _Streamed("trace", path, budget, dtype, trace),
+        _Streamed("trace_serial", path, budget, dtype, trace, pipeline="off"),
+    ]
+
+
+def _trace_conditions(engines: list) -> dict | None:
+    if not engines:
+        return None
+    sm = engines[1].sm
+    return {
+        "trace": TRACE_FILE,
+        "moe_layers": sm.index.num_layers,
+        "experts": sm.index.num_experts,
+        "k": sm.cache.routing.k,
+        "slots": sm.cache.capacity,
+    }
+
+
 def run_quick(
     path: Path | None = None,
     *,
@@ -268,7 +343,9 @@ def run_quick(
     resident = _Resident(path, act)
     small = _Streamed("small", path, SMALL_CACHE if small_cache is None else small_cache, dtype)
     every = _Streamed("every", path, ALL_CACHE, dtype)
-    engines = [resident, small, every]
+    engines: list = [resident, small, every]
+    traced = _trace_engines(act, dtype, log)
+    engines += traced
     try:
         cfg = small.sm.config.get("text_config", small.sm.config)
         vocab = min(int(cfg["vocab_size"]), 1024)
@@ -277,32 +354,35 @@ def run_quick(
             e.run(prompt[:8], 4)
         rows: list[dict] = []
         for r in range(rounds):
-            order = engines[r % 3 :] + engines[: r % 3]
+            order = engines[r % len(engines) :] + engines[: r % len(engines)]
             got = {e.name: e.run(prompt, decode_tokens) for e in order}
             gc.collect()
             rows.append(got)
-            res = got["resident"]
             log(
-                f"  round {r + 1}/{rounds}: decode resident {res['decode_tok_s']:.1f}, "
-                f"{small_label} {got['small']['decode_tok_s']:.1f}, every expert "
-                f"{got['every']['decode_tok_s']:.1f} tok/s"
+                f"  round {r + 1}/{rounds}: decode tok/s "
+                + ", ".join(f"{e.name} {got[e.name]['decode_tok_s']:.1f}" for e in engines)
             )
         costs = layer_costs(resident, small, every)
-        layers = len(small.sm.blocks)
         out_configs = {}
-        for e in (small, every):
-            dec = [x[e.name]["decode_tok_s"] / x["resident"]["decode_tok_s"] for x in rows]
-            cpu = [x["resident"]["decode_cpu_ms"] / x[e.name]["decode_cpu_ms"] for x in rows]
-            pre = [x[e.name]["prefill_tok_s"] / x["resident"]["prefill_tok_s"] for x in rows]
+        for e in [x for x in engines if isinstance(x, _Streamed)]:
+            b = e.base
+            dec = [x[e.name]["decode_tok_s"] / x[b]["decode_tok_s"] for x in rows]
+            cpu = [x[b]["decode_cpu_ms"] / x[e.name]["decode_cpu_ms"] for x in rows]
+            pre = [x[e.name]["prefill_tok_s"] / x[b]["prefill_tok_s"] for x in rows]
             med = {
                 key: statistics.median(x[e.name][key] for x in rows)
                 for key in ("decode_tok_s", "prefill_tok_s", "hit_rate", "sync_ms", "read_ms",
                             "cache_ms", "mib_per_token")
             }  # fmt: skip
-            res_ms = 1e3 / statistics.median(x["resident"]["decode_tok_s"] for x in rows)
+            res_ms = 1e3 / statistics.median(x[b]["decode_tok_s"] for x in rows)
             ms = 1e3 / med["decode_tok_s"]
+            layers = len(e.sm.blocks)
+            routed = e.base != "resident"
             out_configs[e.name] = {
-                "expert_cache": small_label if e is small else "all",
+                "expert_cache": "all" if e is every else small_label if e is small else "trace",
+                "routing": e.sm.cache.routing.label if routed else "model",
+                "pipeline": bool(getattr(e.sm.blocks[0].switch_mlp, "_pipe", False)),
+                "against": b,
                 "expert_cache_slots": e.sm.cache.capacity,
                 "share_of_experts": round(
                     e.sm.cache.capacity / (e.sm.index.num_experts * e.sm.index.num_layers), 4
@@ -326,10 +406,15 @@ def run_quick(
                 },
                 "requested_mib_per_token": round(med["mib_per_token"], 3),
                 "overhead_us_per_moe_layer": round((ms - res_ms) * 1e3 / layers, 1),
-                "tokens_match_resident": all(
-                    x[e.name]["tokens"] == x["resident"]["tokens"] for x in rows
-                ),  # fmt: skip
+                # trace-routed tokens are not the model's own: no claim (None)
+                "tokens_match_resident": None
+                if routed
+                else all(x[e.name]["tokens"] == x[b]["tokens"] for x in rows),  # fmt: skip
             }
+        if traced:  # the pipeline's own gain, round by round: pipelined / serial
+            pl = [x["trace"]["decode_tok_s"] / x["trace_serial"]["decode_tok_s"] for x in rows]
+            out_configs["trace"]["pipelined_over_serial_median"] = round(statistics.median(pl), 4)
+            out_configs["trace"]["pipelined_over_serial"] = [round(v, 4) for v in pl]
         resident_med = {
             key: round(statistics.median(x["resident"][key] for x in rows), 2)
             for key in ("decode_tok_s", "prefill_tok_s")
@@ -349,7 +434,8 @@ def run_quick(
                         "moe_intermediate_size",
                     )
                 },
-                "moe_layers": layers,
+                "moe_layers": len(small.sm.blocks),
+                "trace_row": _trace_conditions(traced),
                 "dtype": str(small.sm.dtype).removeprefix("mlx.core."),
                 "device": system.device_description(),
                 "versions": system.versions(),
@@ -366,8 +452,9 @@ def run_quick(
             "per_moe_layer": costs,
         }
     finally:
-        for e in (small, every):
-            e.close()
+        for e in engines:
+            if isinstance(e, _Streamed):
+                e.close()
         del resident
         gc.collect()
         mx.clear_cache()
@@ -387,7 +474,9 @@ def quick_table(r: dict) -> str:
     ]
     for c in r["configs"].values():
         m = c["ms_per_token"]
-        label = f"{c['expert_cache']} ({c['share_of_experts']:.0%})"
+        label = f"{c['expert_cache']} ({c['share_of_experts']:.0%})" + (
+            "" if c.get("pipeline", True) else " serial"
+        )
         split = (
             f"{m['total']:.2f} = {m['router_sync']:.2f} + {m['read_wait']:.2f} + "
             f"{m['cache_bookkeeping']:.2f} + {m['rest']:.2f}"
@@ -396,7 +485,15 @@ def quick_table(r: dict) -> str:
             f"{label:<14}{c['hit_rate']:>7.1%}{c['decode_tok_s_median']:>9.1f}"
             f"{c['decode_ratio_median']:>7.3f}{c['decode_cpu_ratio_median']:>7.3f}"
             f"{c['prefill_ratio_median']:>10.3f}{split:>38}"
-            f"{c['overhead_us_per_moe_layer']:>10.1f}{'yes' if c['tokens_match_resident'] else 'NO':>6}"
+            f"{c['overhead_us_per_moe_layer']:>10.1f}{_same(c['tokens_match_resident']):>6}"
+        )
+    t = r["configs"].get("trace")
+    if t is not None:
+        tc = r["conditions"]["trace_row"]
+        lines.append(
+            f"trace rows: {t['routing']}, first {tc['moe_layers']} layers x {tc['experts']} "
+            f"experts, K={tc['k']}, {tc['slots']} slots; against resident mlx-lm at that K; "
+            f"pipelined / serial {t['pipelined_over_serial_median']:.3f}"
         )
     p = r["per_moe_layer"]
     b, k = p["build_us"], p["kernels"]
@@ -407,3 +504,7 @@ def quick_table(r: dict) -> str:
         f"+{k['mass_meter_per_read']} per read); host round trip {p['sync_us']:.0f} us"
     )
     return "\n".join(lines)
+
+
+def _same(match: bool | None) -> str:
+    return "-" if match is None else "yes" if match else "NO"

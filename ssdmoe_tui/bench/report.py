@@ -28,7 +28,7 @@ COMPACT = [
 ]
 
 LEGEND = (
-    "K: experts per token. expert cache: budget (share of all experts; +pf: prefetch). "
+    "K: experts per token. expert cache: budget (share of all experts; +pf: prefetch; serial: the pipelined layer off). "
     "decode, prefill: tokens per second. cache hit: share of expert lookups served from "
     "memory. MiB/tok asked: expert bytes read per decoded token; disk: the part the device "
     "delivered (the rest came from the OS page cache). peak RSS: process memory. % of limit: "
@@ -89,7 +89,8 @@ def _row(r: dict) -> dict[str, str]:
     return {
         "k": str(r["k"]),
         "cache": f"{r['expert_cache']} ({r['budget_over_expert_set']:.0%})"
-        + (" +pf" if r.get("prefetch") else ""),
+        + (" +pf" if r.get("prefetch") else "")
+        + (" serial" if r.get("pipeline") is False else ""),
         "page_cache": str(r.get("page_cache", "?")).split(" ")[0],
         "prefill": _f(r["prefill_tok_s"], ".1f"),
         "decode": _f(r["decode_tok_s"], ".2f"),
@@ -110,7 +111,8 @@ def _row(r: dict) -> dict[str, str]:
         if match is None
         else ("yes" if match else f"first {r['tokens_common_prefix']}"),
         "cache_short": f"{r['expert_cache']} {r['budget_over_expert_set']:.0%}"
-        + (" +pf" if r.get("prefetch") else ""),
+        + (" +pf" if r.get("prefetch") else "")
+        + (" serial" if r.get("pipeline") is False else ""),
         "hit_short": f"{r['hit_rate']:.1%}" if r["hit_rate"] < 0.9995 else "100%",
         "ratio_short": _f(r.get("ratio_decode_vs_resident"), ".2f")
         + ("x" if r.get("ratio_decode_vs_resident") is not None else ""),

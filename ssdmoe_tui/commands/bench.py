@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ssdmoe_tui.bench.bench import BASELINES, PREFETCH_MODES, PREFILL_STEP
+from ssdmoe_tui.bench.bench import BASELINES, PIPELINE_MODES, PREFETCH_MODES, PREFILL_STEP
 from ssdmoe_tui.commands.common import (
     add_distributed_argument,
     add_dtype_argument,
@@ -117,6 +117,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or both (each configuration without, then with: precision, recall and net gain)",
     )  # fmt: skip
     p.add_argument(
+        "--pipeline", default="auto", choices=PIPELINE_MODES,
+        help="the pipelined layer (hits computed while the misses are read): as the engine "
+        "has it (auto), off, or both (each configuration serial, then pipelined)",
+    )  # fmt: skip
+    p.add_argument(
         "--disk-mib", type=_count("--disk-mib"), default=512, help="MiB read per K in the disk test"
     )
     add_prefill_step_argument(p, default=PREFILL_STEP)
@@ -219,6 +224,7 @@ def _run(args: argparse.Namespace, dist) -> int:
         disk_bytes=args.disk_mib << 20,
         warmup=not args.no_warmup,
         prefetch=args.prefetch,
+        pipeline=args.pipeline,
         distributed=dist,
         quality_text=Path(args.quality) if args.quality else None,
         quality_tokens=args.quality_tokens,

@@ -15,6 +15,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
+from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
 from ssdmoe_tui.engine.experts.index import build_index
 from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
@@ -88,3 +89,33 @@ def test_real_shape_index_and_exact_generation(real_checkpoints, arch):
     cast_model(model, mx.float32)
     ref = [r.token for r in stream_generate(model, tok, mx.array(prompt), max_tokens=6)]
     assert res.tokens == ref
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+@pytest.mark.parametrize("mode", ["full", "compact"])
+def test_real_shape_pipelined_layer_is_exact(
+    real_checkpoints, monkeypatch, tmp_path_factory, arch, mode
+):
+    """The pipelined layer (hits queued before the misses are read) at real expert
+    widths, with both partial-call shapes, on K + 4 slots: layers have hits and misses
+    together (nemotron_h's builder leaves its router zero: random here)."""
+    from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
+    from tests.engine.test_pipeline import _routed
+
+    monkeypatch.setenv(PIPELINE_ENV, mode)
+    path, _ = real_checkpoints(arch)
+    if arch == "nemotron_h":
+        path = _routed(path, tmp_path_factory.getbasetemp() / "real-nemotron_h-routed")
+    index = build_index(path)
+    # K + 4 slots: each token evicts some of the last ones' experts and keeps others
+    slots = CASES[arch][2] + 4
+    sm = load_streamed(path, expert_cache=str(slots * slot_memory_bytes(index, mx.float32)))
+    runner = Runner(sm)
+    prompt = list(range(5, 37))
+    res = runner.generate(prompt, max_tokens=8)
+    assert sm.times.pipelined_calls > 0, sm.cache.counters
+    model, tok = load(str(path))
+    cast_model(model, mx.float32)
+    ref = [r.token for r in stream_generate(model, tok, mx.array(prompt), max_tokens=8)]
+    assert res.tokens == ref
+    sm.close()

@@ -62,6 +62,19 @@ class CacheCounters:
         return self.hits / n if n else 0.0
 
 
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A lookup whose misses are not read yet (`ExpertCache.lookup` -> `complete`)."""
+
+    layer: int
+    slots: np.ndarray  # the slot of each expert asked for, in order
+    read_experts: np.ndarray  # experts still to read (with a budget holding every
+    read_slots: np.ndarray  # expert, the rest of the layer too), and their slots
+
+
 MAX_BANK_BYTES = (2 << 30) - 1  # every bank array stays under 2 GiB
 BANK_BYTES_ENV = "SSDMOE_SLOT_BANK_BYTES"
 
@@ -331,14 +344,38 @@ class ExpertCache:
 
         All misses of the call are read in one batched reader call. The time spent here
         is counted (`counters.ensure_s`): minus read time, it is the cache's bookkeeping.
+        `lookup` + `complete` are the same two halves, for a caller that computes the
+        hits between them (the pipelined layer, engine/model/streamed.py).
         """
+        pending = self.lookup(layer, experts, observe)
+        self.complete(pending)
+        return pending.slots
+
+    def lookup(self, layer: int, experts: np.ndarray, observe: bool = True) -> Pending:
+        """The first half of `ensure`: slots for `experts` (misses get theirs now, by
+        eviction), counted as hits and misses, but nothing read yet. Until `complete`
+        the missed slots hold stale bytes: only the hits' slots may be computed from,
+        and no other cache call may come between the two."""
         t0 = time.perf_counter()
         try:
-            return self._ensure(layer, experts, observe)
+            return self._lookup(layer, experts, observe)
         finally:
             self.counters.ensure_s += time.perf_counter() - t0
 
-    def _ensure(self, layer: int, experts: np.ndarray, observe: bool = True) -> np.ndarray:
+    def complete(self, pending: Pending) -> None:
+        """The second half of `ensure`: read the misses of `pending` (one batched reader
+        call) and freeze the layer where the budget holds every expert."""
+        if not len(pending.read_experts):
+            return
+        t0 = time.perf_counter()
+        try:
+            self._read(pending.layer, pending.read_experts, pending.read_slots)
+            if self.holds_everything:
+                self._maybe_freeze_layer(pending.layer)
+        finally:
+            self.counters.ensure_s += time.perf_counter() - t0
+
+    def _lookup(self, layer: int, experts: np.ndarray, observe: bool = True) -> Pending:
         n = len(experts)
         if n > self.capacity:
             raise ValueError(f"{n} experts requested, cache holds {self.capacity}")
@@ -374,7 +411,7 @@ class ExpertCache:
         self.counters.hits += n - len(miss_pos) - used_prefetch
         self.counters.misses += len(miss_pos) + used_prefetch
         if not miss_pos:
-            return slots
+            return Pending(layer, slots, _NONE, _NONE)
         to_read, read_slots = experts[miss_pos], slots[miss_pos]
         if self.holds_everything:
             # Nothing will ever be evicted: read the rest of the layer in the same batch,
@@ -385,12 +422,9 @@ class ExpertCache:
                 self._assign(rest, list(range(len(rest))), rest_slots, guard | set(rest))
                 to_read = np.concatenate([to_read, np.array([k[1] for k in rest], dtype=np.int64)])
                 read_slots = np.concatenate([read_slots, rest_slots])
-        self._read(layer, to_read, read_slots)
-        if self.holds_everything:
-            self._maybe_freeze_layer(layer)
-        return slots
+        return Pending(layer, slots, np.asarray(to_read, dtype=np.int64), read_slots)
 
-    def _first_visit(self, layer: int, experts: np.ndarray) -> np.ndarray:
+    def _first_visit(self, layer: int, experts: np.ndarray) -> Pending:
         """A budget holding every expert, a layer not seen yet: read the whole layer in
         one batch, slots in expert-id order (consecutive while layers arrive in order,
         so the frozen layer runs on its own rows of one bank: no lookup on the device).
@@ -400,9 +434,9 @@ class ExpertCache:
         slots = np.empty(e, dtype=np.int64)
         self._assign(keys, list(range(e)), slots, set(keys))
         self.counters.misses += len(experts)
-        self._read(layer, np.arange(e, dtype=np.int64), slots)
-        self._maybe_freeze_layer(layer)
-        return slots[np.asarray(experts, dtype=np.int64)]
+        return Pending(
+            layer, slots[np.asarray(experts, dtype=np.int64)], np.arange(e, dtype=np.int64), slots
+        )
 
     def _assign(self, keys: list, positions: list[int], slots: np.ndarray, pinned: set) -> None:
         slot_of = self._slot_of

@@ -374,9 +374,11 @@ def _install_switches(
         s.block.switch_mlp = make_switch(s.layer, cache, s.kind, s.orig.activation, s.quant, times)
         s.block.switch_mlp.set_gate(gate)
         blocks.append(s.block)
-    if prefetch:
-        for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
+    for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
+        if prefetch:
             b.switch_mlp.set_predictor(routing_predictor(nxt))
+        # prefill chunks read the next layer's predicted union while this one computes
+        b.switch_mlp.set_lookahead(routing_predictor(nxt))
     return blocks
 
 

@@ -10,6 +10,7 @@ tells us which experts to read.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ class StepTimes:
     # (the union over the batch's rows), summed, and how many such layer calls
     union_experts: int = 0
     union_calls: int = 0
+    # layer calls whose hits were queued before their misses were read (the pipeline)
+    pipelined_calls: int = 0
+    staged_calls: int = 0  # many-row calls computed from a device copy of their slots
+    readahead_calls: int = 0  # prefill chunks whose next layer's union was read ahead
 
 
 class PrefillStopped(Exception):
@@ -64,6 +69,83 @@ class PrefillGate:
     # runner expects the chunk within `prefill_stop.FROZEN_ASK_ABOVE_S` (a GPU's chunks):
     # the stop is then asked at the chunk's end, with no sync added per layer.
     frozen_too: bool = True
+
+
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+PIPELINE_ENV = "SSDMOE_PIPELINE"
+PIPELINE_MODES = ("auto", "off", "full", "compact")
+# Rows (tokens x K) below mlx-lm's sort threshold: matrix-vector work, where a second call
+# costs little. At and above it (prefill chunks, wide batches) a call's work grows with
+# its rows and the masked calls would double it, so those layers read, then compute.
+PIPELINE_MAX_ROWS = 63
+
+
+def pipeline_mode() -> str:
+    """$SSDMOE_PIPELINE: `auto` (default: on; full-shape calls on a GPU, compact on the
+    CPU), `off` (read the misses, then compute: the serial layer), `full` or `compact`
+    (the partial calls' shape, forced: tests run both on the CPU)."""
+    from ssdmoe_tui.errors import BadValueError
+
+    text = os.environ.get(PIPELINE_ENV, "").strip().lower() or "auto"
+    if text not in PIPELINE_MODES:
+        raise BadValueError(f"{PIPELINE_ENV}={text!r}: use one of {', '.join(PIPELINE_MODES)}")
+    return text
+
+
+STAGE_ENV = "SSDMOE_PREFILL_STAGE"
+STAGE_MODES = ("auto", "on", "off")
+
+
+def prefill_stage_mode() -> str:
+    """$SSDMOE_PREFILL_STAGE: `auto` (default), `on`, `off` (see `stages`)."""
+    from ssdmoe_tui.errors import BadValueError
+
+    text = os.environ.get(STAGE_ENV, "").strip().lower() or "auto"
+    if text not in STAGE_MODES:
+        raise BadValueError(f"{STAGE_ENV}={text!r}: use one of {', '.join(STAGE_MODES)}")
+    return text
+
+
+def stages(mode: str, placement: str) -> bool:
+    """Whether a layer call of many rows (a prefill chunk, a wide batch) copies the
+    slots it uses into an array of its own before computing. `auto`: where the slots sit
+    in host memory (MLX-CUDA `host` placement): a chunk's matmuls would otherwise read
+    every expert over the bus once per tile (20 tok/s against 1,298 resident for a
+    4096-token prompt on the H200, issue 29); the copy reads each over the bus once and
+    the matmuls then read device memory. Elsewhere the slots are already where the
+    compute reads (CPU, managed, Metal): nothing to gain. `on` forces it (tests on the
+    CPU: the same arithmetic, only the arrays differ)."""
+    if mode == "auto":
+        return placement == "host"
+    return mode == "on"
+
+
+READAHEAD_ENV = "SSDMOE_PREFILL_READAHEAD"
+# Chunks of at least this many rows (tokens x K) read the next layer's predicted union
+# ahead: a long chunk's union is most of the layer, so the prediction wastes few reads;
+# short ones (a chat turn's few tokens) would read guesses into the cache.
+READAHEAD_ROWS = 1024
+
+
+def _env_on(name: str) -> bool:
+    """An on/off switch that defaults to on: `off`, `0` or `no` turn it off."""
+    return os.environ.get(name, "").strip().lower() not in ("off", "0", "no")
+
+
+def _compact(mode: str) -> bool:
+    """Partial calls of their own rows only: exact on the CPU (a row's arithmetic there
+    does not depend on the call's shape); on MLX-CUDA the shape picks the kernel."""
+    if mode == "auto":
+        return mx.default_device().type == mx.cpu
+    return mode == "compact"
+
+
+def _combine(parts: list[tuple[mx.array, np.ndarray]], y: mx.array | None = None) -> mx.array:
+    """Each row from its own call: `parts` are (y, rows taken from it) in order."""
+    for yb, mine in parts:
+        y = yb if y is None else mx.where(mx.array(mine)[..., None], yb, y)
+    assert y is not None
+    return y
 
 
 def _gather_sort(x, indices):
@@ -104,9 +186,15 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_num_experts", cache.index.num_experts)
         object.__setattr__(self, "_lut", np.zeros(cache.index.num_experts, dtype=np.int64))
         object.__setattr__(self, "_predict", None)  # next MoE block's router, for prefetch
+        object.__setattr__(self, "_lookahead", None)  # the same, for prefill chunks
         object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
         object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
+        mode = pipeline_mode()  # read once: a bad value fails the load, in one line
+        object.__setattr__(self, "_pipe", mode != "off")
+        object.__setattr__(self, "_compact", _compact(mode))
+        placement = getattr(getattr(cache, "placement", None), "placement", "none")
+        object.__setattr__(self, "_stage", stages(prefill_stage_mode(), placement))
 
     def set_gate(self, gate: PrefillGate) -> None:
         """Ask `gate` at this layer during prefill chunks (the loader shares one per model)."""
@@ -119,6 +207,11 @@ class StreamedSwitch(nn.Module):
     def set_predictor(self, predict) -> None:
         """`predict(x) -> indices`: the next MoE layer's routing applied to this layer's input."""
         object.__setattr__(self, "_predict", predict)
+
+    def set_lookahead(self, predict) -> None:
+        """The next MoE layer's routing, for prefill chunks (read ahead), whether or not
+        decode prefetches; $SSDMOE_PREFILL_READAHEAD=off leaves it unused."""
+        object.__setattr__(self, "_lookahead", predict if _env_on(READAHEAD_ENV) else None)
 
     def set_mass_meter(self, meter) -> None:
         """`meter.kept(layer, indices)` notes the experts run (routing_mass.py); None: off."""
@@ -167,7 +260,9 @@ class StreamedSwitch(nn.Module):
             y = _scatter_unsort(y, inv_order, shape)
         return y.squeeze(-2)
 
-    def _run_slots(self, x: mx.array, slots: np.ndarray, do_sort: bool | None = None) -> mx.array:
+    def _run_slots(
+        self, x: mx.array, slots: np.ndarray, do_sort: bool | None = None, stage: bool = False
+    ) -> mx.array:
         """`slots`: global slot ids, shaped like the router's indices (..., K).
 
         One bank: mlx-lm's call as is. Several: one call per bank with mlx-lm's shapes and
@@ -176,28 +271,113 @@ class StreamedSwitch(nn.Module):
         smaller calls instead changes which MLX-CUDA kernel runs (measured: tokens differ
         from mlx-lm's on the H200); keeping the shapes keeps every row's arithmetic."""
         cache = self._cache
+        if stage:
+            return self._run_staged(x, slots, do_sort)
         if cache.num_banks == 1:  # the common case: slot ids are the rows
             return self._run(
                 x, mx.array(slots.astype(np.uint32)), slots.shape, cache.bank_arrays(0), do_sort
             )
-        bank, row = np.divmod(slots, cache.bank_slots)
+        return _combine(self._masked_calls(x, slots, None, _NO_SLOTS, do_sort))
+
+    def _run_staged(self, x: mx.array, slots: np.ndarray, do_sort: bool | None) -> mx.array:
+        """mlx-lm's one call over a copy of the slots the rows use (`stages`): the copy,
+        rows in slot order, is made by the device, so it lands in device memory, and
+        every row's arithmetic is the call's as on the slots (one call of mlx-lm's shape,
+        whatever the banks)."""
+        cache = self._cache
+        self._times.staged_calls += 1
+        used = np.unique(slots)
+        bank, row = np.divmod(used, cache.bank_slots)
         banks = np.unique(bank)
-        if len(banks) == 1:
-            b = int(banks[0])
-            return self._run(
-                x, mx.array(row.astype(np.uint32)), slots.shape, cache.bank_arrays(b), do_sort
-            )
-        y = None
-        for b in banks:
+        picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in banks]
+        arrays = {}
+        for proj in cache.bank_arrays(int(banks[0])):
+            parts = []
+            for i in range(3):
+                if cache.bank_arrays(int(banks[0]))[proj][i] is None:
+                    parts.append(None)
+                    continue
+                got = [cache.bank_arrays(b)[proj][i][r] for b, r in picks]
+                parts.append(got[0] if len(got) == 1 else mx.concatenate(got, axis=0))
+            arrays[proj] = tuple(parts)
+        idx = mx.array(np.searchsorted(used, slots).astype(np.uint32))
+        return self._run(x, idx, slots.shape, arrays, do_sort)
+
+    def _masked_calls(
+        self,
+        x: mx.array,
+        slots: np.ndarray,
+        member: np.ndarray | None,
+        avoid: np.ndarray,
+        do_sort: bool | None = None,
+    ) -> list[tuple[mx.array, np.ndarray]]:
+        """The rows of `slots` in `member` (bool, slots' shape; None: all), one call per
+        bank in mlx-lm's own shape and sort rule: every other row points at a row of that
+        bank that no member row uses and that is not in `avoid` (global slots being read
+        meanwhile), so each member row's group, and with it its kernel and arithmetic,
+        is the one of mlx-lm's call. Returns (y, rows taken from it) per call."""
+        cache = self._cache
+        bank, row = np.divmod(slots, cache.bank_slots)
+        if member is None:
+            member = np.ones(slots.shape, dtype=bool)
+        out = []
+        for b in np.unique(bank[member]):
+            mine = member & (bank == b)
+            if mine.all():
+                idx = row
+            else:
+                used = np.unique(row[mine])
+                ab, ar = np.divmod(avoid, cache.bank_slots)
+                taken = np.union1d(used, ar[ab == b])
+                size = next(iter(cache.banks[int(b)].values())).shape[0]
+                free = np.setdiff1d(np.arange(min(size, len(taken) + 1)), taken)
+                dummy = int(free[0]) if len(free) else int(used[0])
+                idx = np.where(mine, row, dummy)
+            y = self._run(x, mx.array(idx.astype(np.uint32)), slots.shape,
+                          cache.bank_arrays(int(b)), do_sort)  # fmt: skip
+            out.append((y, mine))
+        return out
+
+    def _compact_calls(
+        self, x: mx.array, slots: np.ndarray, member: np.ndarray
+    ) -> list[tuple[mx.array, np.ndarray]]:
+        """One token's rows in `member` as a call of their own (K' < K rows), one per bank:
+        on the CPU a row's arithmetic does not depend on the call's other rows (checked
+        by tests/engine/test_pipeline.py against mlx-lm), so no work is spent on rows
+        pointed elsewhere. Returns (y, positions along K) per call."""
+        cache = self._cache
+        flat = slots.reshape(-1)
+        pos = np.nonzero(member.reshape(-1))[0]
+        bank, row = np.divmod(flat[pos], cache.bank_slots)
+        lead = slots.shape[:-1]
+        out = []
+        for b in np.unique(bank):
             mine = bank == b
-            used = np.unique(row[mine])
-            size = next(iter(cache.banks[int(b)].values())).shape[0]
-            free = np.setdiff1d(np.arange(min(size, len(used) + 1)), used)
-            dummy = int(free[0]) if len(free) else int(used[0])
-            idx = mx.array(np.where(mine, row, dummy).astype(np.uint32))
-            yb = self._run(x, idx, slots.shape, cache.bank_arrays(int(b)), do_sort)
-            y = yb if y is None else mx.where(mx.array(mine)[..., None], yb, y)
-        return y
+            idx = mx.array(row[mine].astype(np.uint32).reshape(*lead, int(mine.sum())))
+            y = self._run(x, idx, idx.shape, cache.bank_arrays(int(b)), False)
+            out.append((y, pos[mine]))
+        return out
+
+    def _pipelined(self, x: mx.array, sl: np.ndarray, pending, missed: np.ndarray) -> mx.array:
+        """The layer's hits queued (and started) first, its misses read while they
+        compute, then the misses queued: the reads overlap the compute instead of
+        preceding it. Every row still comes from a call whose arithmetic for that row is
+        mlx-lm's (`_masked_calls`, or `_compact_calls` on the CPU for one token)."""
+        cache = self._cache
+        self._times.pipelined_calls += 1
+        reading = pending.read_slots
+        if self._compact and sl.size == sl.shape[-1]:
+            parts = self._compact_calls(x, sl, ~missed)
+            mx.async_eval([y for y, _ in parts])
+            cache.complete(pending)
+            parts += self._compact_calls(x, sl, missed)
+            y = mx.concatenate([y for y, _ in parts], axis=-2)
+            inv = np.argsort(np.concatenate([p for _, p in parts]))
+            return y[..., mx.array(inv.astype(np.uint32)), :]
+        y = _combine(self._masked_calls(x, sl, ~missed, reading))
+        mx.async_eval(y)
+        cache.complete(pending)
+        return _combine(self._masked_calls(x, sl, missed, _NO_SLOTS), y)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         times = self._times
@@ -228,11 +408,14 @@ class StreamedSwitch(nn.Module):
                 return self._run(x, indices, indices.shape, rows)
             bank, lut = frozen
             return self._run(x, lut[indices], indices.shape, cache.bank_arrays(bank))
-        pred = None
+        pred = chunk_pred = None
         t0 = time.perf_counter()
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
+        elif self._lookahead is not None and routing is None and indices.size >= READAHEAD_ROWS:
+            chunk_pred = self._lookahead(x)  # a prefill chunk: the next layer's union
+            mx.eval(indices, chunk_pred)
         host = np.array(indices, copy=False)  # the one host sync of this layer
         times.router_sync_s += time.perf_counter() - t0
         if stop is not None and stop():
@@ -259,18 +442,37 @@ class StreamedSwitch(nn.Module):
                 extra = np.setdiff1d(uniq, cell)
                 uniq = cell
         if len(uniq) <= cache.capacity:
-            slots = cache.ensure(self._layer, uniq)
+            pending = cache.lookup(self._layer, uniq)
+            slots = pending.slots
             lut = self._lut  # only the entries set here are read
             lut[uniq] = slots
             if extra is not None and len(extra):
                 lut[extra] = slots[0]
-            y = self._run_slots(x, lut[host])
+            sl = lut[host]
+            missed = np.isin(sl, pending.read_slots) if len(pending.read_slots) else None
+            if (
+                missed is not None
+                and self._pipe
+                and host.size <= PIPELINE_MAX_ROWS
+                and not missed.all()
+            ):
+                y = self._pipelined(x, sl, pending, missed)  # compute the hits while reading
+            else:
+                cache.complete(pending)
+                y = self._run_slots(x, sl, stage=self._stage and host.size > PIPELINE_MAX_ROWS)
             # Read the next layer's likely experts while this layer computes: predicted by
             # its router (lookahead) or, in decode (one token) of trace-driven runs, by
             # co-occurrence with this layer's ids.
             nxt = None
             if pred is not None:
                 nxt = np.unique(np.array(pred, copy=False))
+            elif chunk_pred is not None:
+                # Read the next layer's predicted union while this chunk's layer computes
+                # (started first), into free or evictable slots only: `prefetch` pins
+                # this layer's experts. The next layer then reads only what it missed.
+                mx.async_eval(y)
+                self._times.readahead_calls += 1
+                nxt = np.unique(np.array(chunk_pred, copy=False))
             elif cache.predictor is not None and host.size == host.shape[-1]:
                 ids = cache.predictor.predict(self._layer, uniq.tolist(), len(uniq))
                 nxt = np.array(ids, dtype=np.int64) if ids else None
@@ -305,7 +507,7 @@ class StreamedSwitch(nn.Module):
             lut = np.zeros(self._num_experts, dtype=np.int64)
             lut[group] = slots
             xr = xf[mx.array(rows // k)]
-            y = self._run_slots(xr, lut[flat[rows]][:, None], do_sort=False)  # (P, 1, D)
+            y = self._run_slots(xr, lut[flat[rows]][:, None], False, self._stage)  # (P, 1, D)
             mx.eval(y)
             outs.append(y)
             order.append(rows)

@@ -217,13 +217,14 @@ class TraceGate(nn.Module):
         return mx.where(mask, logits, mx.array(mx.finfo(logits.dtype).min, logits.dtype))
 
 
-def attach(sm, path: str | Path) -> TraceRouting:
-    """Route `sm` (a StreamedModel) by the trace at `path`; sets K to the trace's."""
+def attach(sm, path: str | Path, trace: Trace | None = None) -> TraceRouting:
+    """Route `sm` (a StreamedModel) by the trace at `path` (or `trace`, read already:
+    `path` then only names it); sets K to the trace's."""
     if sm.model_type not in SUPPORTED:
         raise BadValueError(
             f"--routing-trace supports {', '.join(SUPPORTED)} checkpoints, not {sm.model_type}"
         )
-    trace = read_trace(path)
+    trace = read_trace(path) if trace is None else trace
     routing = TraceRouting(trace, Path(path).name, sm.index.num_layers, sm.index.num_experts)
     if routing.k > sm.index.num_experts:
         raise BadValueError(f"routing trace K={routing.k} exceeds {sm.index.num_experts} experts")

@@ -31,7 +31,7 @@ import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,6 +87,18 @@ class Trace:
                 seen += 1
             out.append(s)
         return Trace(self.meta, out)
+
+    def first_layers(self, n: int) -> Trace:
+        """The trace of its first `n` MoE layers only: real routing for a shallower
+        checkpoint of the same experts (bench-quick's trace row: 8 of 48 layers)."""
+        if not 1 <= n <= self.meta.num_layers:
+            raise BadValueError(f"cannot keep {n} of the trace's {self.meta.num_layers} layers")
+        meta = replace(self.meta, num_layers=n)
+        steps = [
+            TraceStep(s.token, s.phase, [(la, ids) for la, ids in s.layers if la < n])
+            for s in self.steps
+        ]
+        return Trace(meta, steps)
 
 
 # --------------------------------------------------------------------------- writer

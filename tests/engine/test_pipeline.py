@@ -1,0 +1,151 @@
+"""The pipelined streamed layer (issue 29): a layer's hits are queued before its misses
+are read, and the misses computed after, in calls whose arithmetic for each row is
+mlx-lm's. Greedy tokens against resident mlx-lm, for every architecture, with both call
+shapes (`full`: mlx-lm's shape with the other rows pointed at an unused row, what a GPU
+runs; `compact`: a call of the rows alone, the CPU's default), over one bank and several."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from ssdmoe_tui.engine.experts.cache import BANK_BYTES_ENV, slot_memory_bytes
+from ssdmoe_tui.engine.experts.index import build_index
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
+from ssdmoe_tui.engine.run.runner import Runner
+from ssdmoe_tui.errors import SsdmoeError
+from tests.engine.test_engine_exact import MAX_TOKENS, PROMPT, reference_tokens
+
+ARCHS = ["qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral"]
+
+
+def _routed(path, out):
+    """`path` with random router weights where the builder left them zero (nemotron_h's
+    `mixer.gate.weight`: every token then routes to the same experts, and no layer ever
+    has hits and misses together). Both engines load the edited copy."""
+    import shutil
+
+    if out.exists():
+        return out
+    shutil.copytree(path, out)
+    for f in sorted(out.glob("*.safetensors")):
+        weights, meta = mx.load(str(f), return_metadata=True)
+        gates = [k for k in weights if k.endswith("mixer.gate.weight")]
+        for i, k in enumerate(gates):
+            w = weights[k]
+            weights[k] = (mx.random.normal(w.shape, key=mx.random.key(i)) * 0.5).astype(w.dtype)
+        if gates:
+            mx.save_safetensors(str(f), weights, metadata=meta)
+    return out
+
+
+def _half_budget(path) -> int:
+    index = build_index(path)
+    return slot_memory_bytes(index, mx.float32) * index.num_experts * index.num_layers // 2
+
+
+def _generate(path, budget, max_tokens=MAX_TOKENS):
+    sm = load_streamed(path, expert_cache=str(budget))
+    runner = Runner(sm)
+    prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+    return sm, prompt, runner.generate(prompt, max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["full", "compact"])
+def test_pipelined_layer_matches_mlx_lm(checkpoints, monkeypatch, tmp_path_factory, arch, mode):
+    monkeypatch.setenv(PIPELINE_ENV, mode)
+    path = checkpoints(arch)
+    if arch == "nemotron_h":
+        path = _routed(path, tmp_path_factory.getbasetemp() / "nemotron_h-routed")
+    sm, prompt, res = _generate(path, _half_budget(path))
+    c = sm.cache.counters
+    assert sm.times.pipelined_calls > 0, "no layer had both hits and misses"
+    assert c.hits > 0 and c.misses > 0
+    assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+    sm.close()
+
+
+@pytest.mark.parametrize("mode", ["full", "compact"])
+def test_pipelined_layer_over_several_banks(checkpoints, monkeypatch, mode) -> None:
+    """Hits and misses spread over banks: the calls are per bank and per phase, and the
+    hits' calls never point a row at a slot being read meanwhile."""
+    monkeypatch.setenv(PIPELINE_ENV, mode)
+    monkeypatch.setenv(BANK_BYTES_ENV, "20K")
+    path = checkpoints("qwen3_moe")
+    sm, prompt, res = _generate(path, _half_budget(path))
+    assert sm.cache.num_banks > 2
+    assert sm.times.pipelined_calls > 0
+    assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+    sm.close()
+
+
+def test_pipeline_off_is_the_serial_layer(checkpoints, monkeypatch) -> None:
+    monkeypatch.setenv(PIPELINE_ENV, "off")
+    path = checkpoints("qwen3_moe")
+    sm, prompt, res = _generate(path, _half_budget(path), max_tokens=8)
+    assert sm.times.pipelined_calls == 0
+    assert sm.cache.counters.misses > 0
+    sm.close()
+
+
+def test_bad_pipeline_mode_is_one_line(checkpoints, monkeypatch) -> None:
+    monkeypatch.setenv(PIPELINE_ENV, "sometimes")
+    with pytest.raises(SsdmoeError) as err:
+        load_streamed(checkpoints("qwen3_moe"), expert_cache="1")
+    assert str(err.value) == f"{PIPELINE_ENV}='sometimes': use one of auto, off, full, compact"
+
+
+@pytest.mark.parametrize(("budget", "banks"), [("half", None), ("1", None), ("half", "20K")])
+def test_staged_prefill_matches_mlx_lm(checkpoints, monkeypatch, budget, banks) -> None:
+    """A prefill chunk computed from a copy of the slots it uses (what MLX-CUDA's `host`
+    placement gets, forced here on the CPU): the same tokens, whether the chunk's union
+    fits (one staged call), exceeds the cache (groups) or spans banks."""
+    from ssdmoe_tui.engine.model.streamed import STAGE_ENV
+
+    monkeypatch.setenv(STAGE_ENV, "on")
+    if banks:
+        monkeypatch.setenv(BANK_BYTES_ENV, banks)
+    path = checkpoints("qwen3_moe")
+    sm, prompt, res = _generate(path, _half_budget(path) if budget == "half" else budget)
+    assert sm.times.staged_calls > 0
+    assert (sm.times.grouped_calls > 0) == (budget == "1")
+    assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+    sm.close()
+
+
+def test_staging_is_chosen_by_placement() -> None:
+    from ssdmoe_tui.engine.model.streamed import stages
+
+    assert stages("auto", "host")
+    assert not any(stages("auto", p) for p in ("managed", "none"))
+    assert stages("on", "none") and not stages("off", "host")
+
+
+@pytest.mark.parametrize("readahead", ["on", "off"])
+def test_prefill_reads_the_next_layers_union_ahead(checkpoints, monkeypatch, readahead) -> None:
+    """A long prefill chunk (>= READAHEAD_ROWS rows) reads the next layer's predicted
+    union while a layer computes: the next layer then misses less, and the tokens stay
+    mlx-lm's; $SSDMOE_PREFILL_READAHEAD=off leaves it out."""
+    from mlx_lm import load, stream_generate
+
+    from ssdmoe_tui.engine.model.loader import cast_model
+    from ssdmoe_tui.engine.model.streamed import READAHEAD_ENV, READAHEAD_ROWS
+
+    monkeypatch.setenv(READAHEAD_ENV, readahead)
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=str(_half_budget(path)))
+    prompt = [5 + (i * 7) % 500 for i in range(READAHEAD_ROWS // sm.trained_k + 8)]
+    res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
+    c = sm.cache.counters
+    if readahead == "on":
+        assert sm.times.readahead_calls == sm.index.num_layers - 1
+        assert c.prefetch_issued > 0 and c.prefetch_used > 0
+    else:
+        assert sm.times.readahead_calls == 0 and c.prefetch_issued == 0
+    model, tok = load(str(path))
+    cast_model(model, mx.float32)
+    ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
+    assert res.tokens == [r.token for r in ref]
+    sm.close()
