@@ -124,6 +124,7 @@ class ChatController:
     on_warning: Callable[[str], None] | None = None  # persistence problems, one line
     _abandoned: set[str] = field(default_factory=set)
     _prompt: Message | None = None  # the user turn of the reply in flight
+    _sent_request: Generate | ChatTurn | None = None  # the request of the reply in flight
     _pending_cache: str | None = None
     _wanted_k: int | None = None
     _requests: int = 0
@@ -244,6 +245,7 @@ class ChatController:
             prompt, self._prompt = self._prompt, None
             if self._prompt_is_last(prompt):  # not when its conversation has gone
                 del self.history[-self._sent :]
+                self._forget_if_empty()  # e.g. a first prompt longer than the context
         elif error.request_id is None:
             self.loading = None
             self._pending_cache = None
@@ -322,7 +324,7 @@ class ChatController:
             top_p=self.gen.top_p,
             session_id=self.session_id,
         )
-        self.inflight = request.request_id
+        self.inflight, self._sent_request = request.request_id, request
         return request
 
     def _turn(self, new: tuple[Message, ...]) -> ChatTurn:
@@ -341,7 +343,7 @@ class ChatController:
             thinking=self.gen.thinking,
             tools=tuple(self.tool_specs()),
         )
-        self.inflight = request.request_id
+        self.inflight, self._sent_request = request.request_id, request
         return request
 
     def _prompt_ids(self, messages: tuple[Message, ...]) -> list[int]:
@@ -410,11 +412,35 @@ class ChatController:
             return replace(ReplyStats.from_done(done, model), thinking_tokens=thinking)
         finally:
             self._abandoned.discard(done.request_id)
+            self._sent_request = None
             self.inflight = None  # last: a new prompt may go once this reply is settled
 
     def stop(self) -> None:
         if self.inflight is not None and self.engine is not None:
             self.engine.cancel()
+
+    def settle_unanswered(self, text: str = "") -> None:
+        """The app is closing and the engine has not answered the stop in time: the reply
+        in flight is settled as stopped with what arrived (`text`), so its prompt (and its
+        attachments) is saved with the conversation, as an exchange without a reply when
+        nothing arrived. The engine's own GenerationDone, if it comes, is then ignored."""
+        request = self._sent_request
+        if self.inflight is None or request is None:
+            return
+        prompt = request.prompt_tokens if isinstance(request, Generate) else ()
+        self.reply_done(
+            GenerationDone(self.inflight, text, tuple(prompt), (), "cancelled", ())
+        )
+
+    def _forget_if_empty(self) -> None:
+        """A conversation made for a first turn that never got recorded leaves no empty
+        "0 turns" entry in the conversations list."""
+        forget = getattr(self.sessions, "forget_if_empty", None)
+        if forget is not None and self.session_id is not None:
+            try:
+                forget(self.session_id)
+            except Exception as e:  # noqa: BLE001 - an extra list entry, nothing worse
+                self._warn(f"empty conversation not removed: {user_message(e)}")
 
     def _prompt_is_last(self, prompt: Message | None) -> bool:
         """The conversation still ends with this reply's user turn."""

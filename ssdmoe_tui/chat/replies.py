@@ -53,7 +53,7 @@ class ReplyStats:
         parts = [f"{self.tokens} tokens"] if self.tokens else []
         if parts and self.thinking_tokens:
             parts[0] += f" ({self.thinking_tokens} thinking)"
-        if self.decode_tok_s is not None:
+        if self.decode_tok_s is not None and self.tokens:  # no token: no rate (not 0.0)
             parts.append(f"{self.decode_tok_s:.1f} tok/s")
         if k := k_label(self.k_min, self.k_max):
             parts.append(k)

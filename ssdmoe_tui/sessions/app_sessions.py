@@ -116,6 +116,13 @@ class AppSessions:
             self.store.save(conv, touch=False)
         return prompt
 
+    def forget_if_empty(self, session_id: str) -> None:
+        """Delete the conversation if it has no turn: `prompt` made it for a first turn
+        that was never recorded (the prompt did not fit the context, the engine failed)."""
+        conv = self._stored(session_id)
+        if conv is not None and not conv.turns and not conv.replaced:
+            self.store.delete(session_id)
+
     def rewind(self, session_id: str, keep: int) -> None:
         """Before a regenerate or an edit: keep the first `keep` turns; the exchange after
         them moves to `replaced` (still in the file and the exports, never lost), so the
@@ -168,6 +175,10 @@ class AppSessions:
             delta = prompt
         for i, m in enumerate(chat[start:reply]):  # the run's ids go on its first turn
             conv.turns.append(new_turn(m, delta if i == 0 else []))
+        if reply == len(chat) and done.finish_reason == "cancelled":
+            # A reply stopped before its first token: the prompt is kept, marked, so the
+            # exports say what happened (a stored reply carries its own `stopped`).
+            conv.turns[-1].stopped = True
         if reply < len(chat):  # the app kept the reply
             k = max(set(done.k_per_token), key=list(done.k_per_token).count, default=None)
             k_min, k_max = k_range(done.k_per_token)

@@ -138,7 +138,9 @@ class Turn:
     text: str
     token_ids: list[int] = field(default_factory=list)
     k: int | None = None  # experts per token used (assistant turns; the most common)
-    stopped: bool = False  # generation was stopped before its end-of-turn token
+    # generation was stopped before its end-of-turn token (a user turn: its reply was
+    # stopped before its first token, so none is stored)
+    stopped: bool = False
     created: float = field(default_factory=time.time)
     k_min: int | None = None  # the range of K over the reply's tokens (K changed live)
     k_max: int | None = None
@@ -615,9 +617,11 @@ def to_markdown(conv: Conversation) -> str:
             notes.append("stopped")
         elif t.finish == "length":
             notes.append("hit max tokens")
-        if notes:
+        if notes and t.role == "assistant":
             heading += f" ({', '.join(notes)})"
         lines += [heading, "", t.text, ""]
+        if t.role == "user" and t.stopped:  # its reply was stopped before its first token
+            lines += ["## Assistant (stopped before its first token)", "", "_(no reply)_", ""]
     for n, group in enumerate(conv.replaced, 1):
         lines += [f"## Replaced exchange {n} (regenerated or edited)", ""]
         for t in group:

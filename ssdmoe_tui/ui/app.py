@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -68,6 +69,10 @@ from ssdmoe_tui.units import human_bytes
 __all__ = ["ChatSettings", "SsdmoeApp"]
 
 EngineFactory = Callable[[Callable[[object], None]], Engine]
+
+#: How long a quit waits for the engine to answer the stop of the reply in flight (a
+#: prefill stops within its chunk: well under this on the demo, on a busy machine too).
+QUIT_SETTLE_S = 5.0
 
 
 def default_engine(post: Callable[[object], None]) -> Engine:
@@ -194,6 +199,7 @@ class SsdmoeApp(App[int]):
         self.prefill_clock = PrefillClock()
         self._prefill_timer: Timer | None = None
         self.events_seen: dict[str, int] = {}
+        self._quitting = False
         self.themes = ThemeChoice(self)
         themes, self._theme_warnings = load_themes()
         for theme in themes:
@@ -226,6 +232,7 @@ class SsdmoeApp(App[int]):
         return self.query_one(StatusBar)
 
     async def on_mount(self) -> None:
+        self._catch_sigterm(True)
         self.themes.apply(self.settings.theme)
         cfg = self.settings.config
         apply_keymap(self, self.settings.keymap, str(cfg.path) if cfg else "config.toml")
@@ -275,7 +282,20 @@ class SsdmoeApp(App[int]):
         self.chat.engine_starting = False
         model.open_model(self, path, k=self.chat.gen.k)
 
+    def _catch_sigterm(self, on: bool) -> None:
+        """SIGTERM ends the app like ctrl+q; without this Python dies on it at once and
+        leaves the terminal in the alternate screen with mouse reporting on."""
+        try:
+            loop = asyncio.get_running_loop()
+            if on:
+                loop.add_signal_handler(signal.SIGTERM, self._terminated)
+            else:
+                loop.remove_signal_handler(signal.SIGTERM)
+        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread; Windows
+            pass
+
     async def on_unmount(self) -> None:
+        self._catch_sigterm(False)
         engine, self.chat.engine = self.chat.engine, None
         if engine is not None:
             engine.cancel()
@@ -476,13 +496,39 @@ class SsdmoeApp(App[int]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.action_stop()
-                self.exit(0)
+                self._quit_saving(0)
 
         self.push_screen(
             ConfirmScreen("A reply is streaming. Quit anyway?", yes="Quit", no="Keep going"),
             answered,
         )
+
+    async def quit_saving(self, code: int = 0) -> None:
+        """Exit with the reply in flight stopped and saved: the engine is asked to stop
+        and its answer (the conversation then keeps what arrived, or the prompt as an
+        exchange without a reply when it was still prefilling) is awaited a few seconds;
+        past that, the controller settles it with what is on screen."""
+        if self._quitting:
+            return
+        self._quitting = True
+        if self.chat.inflight is not None:
+            self.chat.stop()
+            end = time.monotonic() + QUIT_SETTLE_S
+            while self.chat.inflight is not None and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+            current = self.chat_pane.current
+            self.chat.settle_unanswered(current.text if current is not None else "")
+        self.exit(code)
+
+    def _terminated(self) -> None:
+        """SIGTERM (a closed session, `kill`): leave as ctrl+q does (the terminal
+        restored by Textual's driver, the reply in flight saved), status 143."""
+        self._quit_saving(128 + signal.SIGTERM)
+
+    def _quit_saving(self, code: int) -> None:
+        # A worker, not a callback: the app's own queue must go on meanwhile, since the
+        # engine's answer to the stop (ReplyDone) is handled on it.
+        self.run_worker(self.quit_saving(code), group="quit", exit_on_error=False)
 
     def action_stop(self) -> None:
         """Stop the streaming reply (what arrived stays, marked as stopped) and the

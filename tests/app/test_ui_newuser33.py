@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from ssdmoe_tui.commands.chat import add_arguments, build_settings
+from ssdmoe_tui import paths
+from ssdmoe_tui.commands.chat import add_arguments, build_settings, engine_factory
 from ssdmoe_tui.config import config_path, ensure_config_file, load_config
+from ssdmoe_tui.models.demo import ensure_demo_model
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions.keys import keymap_problems
-from ssdmoe_tui.ui.app import SsdmoeApp
-from tests.app.test_ui_app import wait_until
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
+from tests.app.test_ui_app import loaded, record_notifications, wait_until
 from tests.app.test_ui_snapshot import setup
 
 
@@ -61,3 +66,85 @@ def ensure_template_with(line: str) -> str:
     from ssdmoe_tui.config import template
 
     return template() + line + "\n"
+
+
+# ---------------------------------------------------------------- N4, N5, N12: the real demo
+
+LONG = " ".join(f"streaming expert {i} from the disk" for i in range(220))  # ~2,900 tokens
+
+
+def demo_app(store: SessionStore) -> SsdmoeApp:
+    demo = ensure_demo_model(paths.demo_model_dir())  # the trained demo
+    return SsdmoeApp(
+        ChatSettings(model=str(demo)),
+        engine_factory=engine_factory,
+        session_store=AppSessions(store),
+    )
+
+
+async def send_during_prefill(pilot, app: SsdmoeApp, text: str) -> None:
+    """Send `text` and return once its prefill has started (and is far from done)."""
+    await loaded(pilot, app)
+    app.chat_pane.prompt.load_text(text)
+    await pilot.press("enter")
+    panel = app.panel
+    await wait_until(pilot, lambda: panel.phase == "prefill", 30, "the prefill")
+
+
+async def test_n5_quitting_during_the_first_prefill_keeps_the_prompt_and_its_file(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text(LONG + "\n")
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send_during_prefill(pilot, app, f"summarise @{notes}")
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: not app.is_running, 30, "the app to exit")
+    assert app.return_code == 0
+    [summary] = store.list()  # N4: one conversation, not an empty one
+    conv = store.get(summary.id)
+    [turn] = conv.turns
+    assert turn.role == "user" and turn.stopped
+    assert turn.text.startswith("summarise") and "streaming expert 219" in turn.text
+    md = store.export_markdown(conv.id)
+    assert "streaming expert 219" in md and "stopped before its first token" in md
+    # Resumed, the prompt is there and the next one goes on from it.
+    app = SsdmoeApp(
+        ChatSettings(model=str(paths.demo_model_dir()), resume=""),
+        engine_factory=None,
+        session_store=AppSessions(store),
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert [m.text for m in app.chat_pane.transcript.messages()] == [turn.text]
+
+
+async def test_n12_a_reply_stopped_in_its_prefill_says_so_and_stays_in_the_export():
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send_during_prefill(pilot, app, LONG)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.inflight is None, 30, "the stop")
+        [reply] = [m for m in app.chat_pane.transcript.messages() if m.ROLE == "assistant"]
+        header = str(reply.header_text())
+        assert "stopped before its first token" in header and "tok/s" not in header, header
+        # N4: the conversation list has it once, with its prompt
+        [summary] = store.list()
+        md = store.export_markdown(summary.id)
+        assert LONG in md and "## Assistant (stopped before its first token)" in md
+
+
+async def test_n4_a_first_prompt_longer_than_the_context_leaves_no_empty_conversation():
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot, app)
+        said = record_notifications(app)
+        app.chat_pane.prompt.load_text(LONG * 2)  # over the demo's 4,096 tokens
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: said and app.inflight is None, 30, "the refusal")
+        assert any("context" in m or "long" in m for _, m in said), said
+    assert store.list() == [] and store.ids() == []

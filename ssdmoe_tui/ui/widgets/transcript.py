@@ -188,6 +188,8 @@ class AssistantMessage(ChatMessage):
             title.append("  …", style="italic")
         else:
             label = FINISH_LABELS.get(self.finish_reason, self.finish_reason)
+            if self.finish_reason == "cancelled" and not self.text:
+                label = "stopped before its first token"  # during its prompt's prefill
             if label:
                 title.append(f"  [{label}]", style="bold italic")
         if self.detail:
