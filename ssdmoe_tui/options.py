@@ -307,7 +307,9 @@ class Speculation:
         if self.depth is not None:
             check_draft_depth(self.depth)
         if not 0.0 <= self.p <= 1.0:
-            raise BadValueError(f"--speculate oracle:{self.p:g}: the acceptance must be within 0..1")
+            raise BadValueError(
+                f"--speculate oracle:{self.p:g}: the acceptance must be within 0..1"
+            )
 
     @property
     def on(self) -> bool:
@@ -340,9 +342,13 @@ def parse_speculate(text: str, *, oracle: bool = False, depth: int | None = None
         try:
             p = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
         except ValueError:
-            raise BadValueError(f"--speculate {text}: P must be a number (oracle:0.7 or oracle:70%)") from None
+            raise BadValueError(
+                f"--speculate {text}: P must be a number (oracle:0.7 or oracle:70%)"
+            ) from None
         if not math.isfinite(p) or not 0.0 <= p <= 1.0:
-            raise BadValueError(f"--speculate {text}: the acceptance P must be within 0..1 (or 0..100%)")
+            raise BadValueError(
+                f"--speculate {text}: the acceptance P must be within 0..1 (or 0..100%)"
+            )
         return Speculation("oracle", depth, p)
     choices = (*SPECULATE_MODES, "oracle[:P]") if oracle else SPECULATE_MODES
     if text not in SPECULATE_MODES:

@@ -180,7 +180,11 @@ def table(result: dict) -> str:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
         tpp = "-" if r["tokens_per_pass"] is None else f"{r['tokens_per_pass']:.2f}"
         mib = f"{r['plain_mib_per_token']:.1f}->{r['spec_mib_per_token']:.1f}"
-        depths = ",".join(f"{d}:{n}" for d, n in sorted(r["depths"].items())) if r["depth"] == "auto" else ""
+        depths = (
+            ",".join(f"{d}:{n}" for d, n in sorted(r["depths"].items()))
+            if r["depth"] == "auto"
+            else ""
+        )
         lines.append(
             f"{r['speculate']:<12} {str(r['depth']) + mark:>5} {r['plain_tok_s']:>11.1f} "
             f"{r['spec_tok_s']:>10.1f} {r['ratio'] or 0:>6.2f} {r['cpu_ratio'] or 0:>5.2f} {acc:>6} "

@@ -297,13 +297,16 @@ class ChatController:
             return []
         return [t.for_template() for t in self.tools.servers.tools()]
 
-    def split_reply(self, text: str) -> Any:
+    def split_reply(self, text: str, calls: tuple[dict[str, str], ...] = ()) -> Any:
         """A reply's text and the tool calls in it (`tools.calls.SplitReply`): none when
-        no MCP server is configured."""
-        from ssdmoe_tui.tools.calls import SplitReply, split_reply
+        no MCP server is configured. A server's reply (`calls`: what its API returned)
+        has its calls apart already."""
+        from ssdmoe_tui.tools.calls import SplitReply, from_dicts, split_reply
 
-        if self.tools is None or self.remote:
+        if self.tools is None:
             return SplitReply(text, ())
+        if calls or self.remote:
+            return SplitReply(text, from_dicts(calls))
         return split_reply(text, self.tokenizer, self.tool_specs())
 
     def _request(self, new: tuple[Message, ...]) -> Generate | ChatTurn:
@@ -389,8 +392,8 @@ class ChatController:
         try:
             if done.request_id in self._abandoned and not self._prompt_is_last(prompt):
                 return None
-            if done.finish_reason != "error" and done.text:
-                self.history.append(Message("assistant", done.text))
+            if done.finish_reason != "error" and (done.text or done.tool_calls):
+                self.history.append(Message("assistant", done.text, tool_calls=done.tool_calls))
             model = self.model.name if self.model else ""
             if done.k_per_token:
                 self.gen.k = done.k_per_token[-1]  # the K this conversation goes on with

@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -129,6 +129,16 @@ class _Reply:
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.thinking = False  # inside the block now
+        self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"}
+
+    def call_piece(self, index: int, call_id: str, name: str, arguments: str) -> None:
+        call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        call["id"] = call_id or call["id"]
+        call["name"] = name or call["name"]
+        call["arguments"] += arguments
+
+    def tool_calls(self) -> tuple[dict[str, str], ...]:
+        return tuple(c for _, c in sorted(self.calls.items()) if c["name"])
 
     def piece(self, reasoning: str, content: str) -> str:
         out = ""
@@ -265,7 +275,7 @@ class RemoteEngine:
         (the connection broke) or EOFError (the stream ended before `[DONE]`)."""
         body: dict[str, Any] = {
             "model": self.info.name if self.info else "",
-            "messages": [{"role": m.role, "content": m.content} for m in turn.messages],
+            "messages": [m.for_template() for m in turn.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": turn.max_tokens,
@@ -274,6 +284,8 @@ class RemoteEngine:
         }
         if 0 < turn.top_p < 1:
             body["top_p"] = turn.top_p
+        if turn.tools:
+            body["tools"] = list(turn.tools)
         k = turn.k if turn.k is not None else self.k
         if k is not None:
             body["ssdmoe"] = {"k": k}
@@ -392,6 +404,8 @@ class RemoteEngine:
                     raise ServerError(500, event.error)
                 if event.completion_tokens is not None:
                     final["tokens"] = event.completion_tokens
+                for piece in event.tool_calls:
+                    reply.call_piece(*piece)
                 text = reply.piece(event.reasoning, event.content)
                 if text:
                     pieces += 1
@@ -408,7 +422,7 @@ class RemoteEngine:
                         break
                 if event.finish:
                     final["finish"], final["k"], final["stats"] = event.finish, event.k, event.stats
-            done = self._done(turn, reply.text, final)
+            done = replace(self._done(turn, reply.text, final), tool_calls=reply.tool_calls())
         except Exception as e:  # noqa: BLE001 - every failure is one line
             self._failed(turn, reply, e)
             return

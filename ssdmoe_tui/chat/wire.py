@@ -174,6 +174,8 @@ class Chunk:
     stats: dict[str, float] | None = None  # the turn's figures (numbers only)
     completion_tokens: int | None = None  # from `usage`
     error: str | None = None  # an error event's message
+    # pieces of tool calls: (index, id, name, a piece of the arguments' JSON text)
+    tool_calls: tuple[tuple[int, str, str, str], ...] = ()
 
 
 def chunk(data: bytes | str) -> Chunk:
@@ -185,6 +187,7 @@ def chunk(data: bytes | str) -> Chunk:
         msg = err.get("message") if isinstance(err, dict) else err
         return Chunk(error=printable(msg, 300) if isinstance(msg, str) else shown(msg, 300))
     reasoning, content, finish = [], [], None
+    calls: list[tuple[int, str, str, str]] = []
     choices = event.get("choices")
     if choices is not None and not isinstance(choices, list):
         raise BadReply(f"a chunk whose 'choices' is {shown(choices)} (not a list)")
@@ -193,6 +196,7 @@ def chunk(data: bytes | str) -> Chunk:
         delta = sub(choice, "delta", what)
         reasoning.append(text(delta, "reasoning_content", what, limit=MAX_PIECE))
         content.append(text(delta, "content", what, limit=MAX_PIECE))
+        calls += tool_call_pieces(delta.get("tool_calls"))
         finish = text(choice, "finish_reason", what) or finish
     usage = sub(event, "usage", what)
     ext = sub(event, "ssdmoe", what) if finish else {}
@@ -205,7 +209,37 @@ def chunk(data: bytes | str) -> Chunk:
         completion_tokens=count(usage, "completion_tokens", "a chunk ('usage')")
         if "completion_tokens" in usage
         else None,
+        tool_calls=tuple(calls),
     )
+
+
+MAX_CALLS = 64  # tool calls in one reply
+
+
+def tool_call_pieces(raw: object) -> list[tuple[int, str, str, str]]:
+    """A delta's `tool_calls` (OpenAI's streamed shape: index, id and name once, the
+    arguments in pieces), checked."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadReply(f"a chunk whose 'tool_calls' is {shown(raw)} (not a list)")
+    out = []
+    what = "a chunk's tool call"
+    for item in raw:
+        item = obj(item, what)
+        index = count(item, "index", what)
+        if index >= MAX_CALLS:
+            raise BadReply(f"{what} with index {index} (at most {MAX_CALLS - 1})")
+        fn = sub(item, "function", what)
+        out.append(
+            (
+                index,
+                text(item, "id", what),
+                text(fn, "name", what),
+                text(fn, "arguments", what, limit=MAX_PIECE),
+            )
+        )
+    return out
 
 
 def turn_stats(stats: dict[str, Any]) -> dict[str, float]:

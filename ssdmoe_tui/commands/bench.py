@@ -315,10 +315,13 @@ def _run_speculate(args: argparse.Namespace) -> int:
 
             if not Path(args.prompt_file).is_file():
                 raise BadValueError(f"--prompt-file: not a file: {args.prompt_file}")
-            text = decode_text(Path(args.prompt_file).read_bytes(), f"--prompt-file {args.prompt_file}")
+            text = decode_text(
+                Path(args.prompt_file).read_bytes(), f"--prompt-file {args.prompt_file}"
+            )
             prompt = prompt_tokens(sm.tokenizer, [{"role": "user", "content": text}])
         else:
             prompt = fixed_prompt(sm.tokenizer, args.prompt_tokens or 128)
+
         def save(partial: dict) -> None:
             if args.json_out:
                 partial["load"] = _load_average()

@@ -60,8 +60,7 @@ def split_reply(text: str, tokenizer: Any, tools: Sequence[dict]) -> SplitReply:
     return SplitReply(content.strip() if calls else text, calls)
 
 
-def calls_of(message: Any) -> tuple[ToolCall, ...]:
-    """A server's reply's calls, as the remote engine put them on the message."""
-    return tuple(
-        ToolCall(c["id"], c["name"], c["arguments"]) for c in getattr(message, "tool_calls", ())
-    )
+def from_dicts(calls: Sequence[dict[str, str]]) -> tuple[ToolCall, ...]:
+    """A server's reply's calls ({"id", "name", "arguments"}, as the remote engine
+    collected them from the API's stream)."""
+    return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in calls)

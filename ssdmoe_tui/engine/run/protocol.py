@@ -200,6 +200,9 @@ class GenerationDone:
     finish_reason: Literal["stop", "length", "cancelled", "error"]
     k_per_token: tuple[int, ...]  # K actually used by each generated token
     stats: dict = field(default_factory=dict)
+    # A server's reply (the app's remote engine): the tool calls its API returned, each
+    # {"id", "name", "arguments"}. The local engine leaves it empty: its calls are text.
+    tool_calls: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

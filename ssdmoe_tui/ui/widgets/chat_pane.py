@@ -202,7 +202,7 @@ class ChatPane(Vertical):
             return
         message, self.current = self.current, None
         self.finishing = done.request_id
-        split = self.chat.split_reply(done.text)
+        split = self.chat.split_reply(done.text, done.tool_calls)
         stats = None
         try:
             stats = self.chat.reply_done(done)

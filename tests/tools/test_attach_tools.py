@@ -1,0 +1,56 @@
+"""The tool loop attached to a server (`--attach`): the app sends the MCP tools with
+each request of the server's tool-calling API (OpenAI's `tools`), the server's parser
+returns the scripted model's call as `tool_calls`, the user approves it in the app, the
+result goes back as a `tool` message and the server's model answers with it. A real
+`ssdmoe serve` subprocess, the real MCP server, the pilot."""
+
+from __future__ import annotations
+
+from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
+from tests.app.test_ui_app import SIZE, errors, wait_until
+from tests.app.test_ui_attach import start_server, stop
+from tests.scripted_model import ANSWER
+from tests.tools.conftest import stdio_server
+from tests.tools.mcp_test_server import FORECAST
+from tests.tools.test_ui_tools import answered, replies, tool_model  # noqa: F401
+
+
+async def test_the_loop_through_the_servers_tool_calling_api(tool_model, tmp_path, monkeypatch):  # noqa: F811
+    served = start_server(tool_model, tmp_path)
+    try:
+        monkeypatch.setenv("SSDMOE_LOCK_DIR", str(served.lock_dir))
+        app = SsdmoeApp(
+            ChatSettings(
+                attach=served.url,
+                max_tokens=60,
+                mcp_servers=check_mcp_servers({"weather": stdio_server()}),
+            ),
+            engine_factory=None,
+            session_store=AppSessions(SessionStore()),
+        )
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.chat.model is not None, 30, "the attach")
+            assert app.chat.remote
+            await answered(pilot, app, "y")
+            (call,) = app.query(ToolCallBlock)
+            assert call.call.name == "get_weather" and call.state == "done"
+            assert call.call.id.startswith("call_")  # the server's id
+            assert [b.text for b in app.query(ToolResultBlock)] == [FORECAST]
+            assert replies(app) == ["", ANSWER]
+            done = app.chat.last_done
+            # the server built the second prompt on its record of the first turn
+            assert done.stats.get("kv_hit_rate", 0) > 0.9, done.stats
+            roles = [m.role for m in app.chat.history]
+            assert roles == ["user", "assistant", "tool", "assistant"]
+            assert app.chat.history[1].tool_calls[0]["name"] == "get_weather"
+            assert not errors(app)
+            conv_id = app.chat.session_id
+            await pilot.press("ctrl+q")
+        conv = SessionStore().get(conv_id)
+        assert [t.role for t in conv.turns] == ["user", "assistant", "tool", "assistant"]
+    finally:
+        stop(served.proc)
