@@ -242,6 +242,8 @@ class SsdmoeApp(App[int]):
         pane.prompt.focus()
         tools.start_at_launch(self)
         await pane.open_session(self.settings.resume)
+        if self.settings.resume is not None and self.chat.history:
+            self.panel.new_conversation(resumed=True)
         demo = not self.settings.model and not self.settings.attach
         if self.engine_factory is not None and demo and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
@@ -544,7 +546,7 @@ class SsdmoeApp(App[int]):
     async def action_new_chat(self) -> None:
         pane = self.chat_pane
         await pane.start_over()
-        self.panel.clear_history()
+        self.panel.new_conversation()
         await pane.open_session(None)
         model.reset_k(self)
         await pane.transcript.add_notice("New chat.")

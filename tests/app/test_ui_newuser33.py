@@ -148,3 +148,56 @@ async def test_n4_a_first_prompt_longer_than_the_context_leaves_no_empty_convers
         await wait_until(pilot, lambda: said and app.inflight is None, 30, "the refusal")
         assert any("context" in m or "long" in m for _, m in said), said
     assert store.list() == [] and store.ids() == []
+
+
+# ---------------------------------------------------------------- N7, N14: the panel
+
+
+async def test_n14_n7_the_panel_shows_no_figure_before_it_is_measured_nor_a_previous_chats():
+    from ssdmoe_tui.ui.actions.conversations import open_conversation
+    from ssdmoe_tui.ui.actions.model import open_model
+
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot, app)
+        panel = app.panel
+        await wait_until(pilot, lambda: "mem_rss" in panel.shown and panel.shown["mem_rss"] != "—", 30)
+        shown = panel.shown
+        for key in ("prefill", "cache_hit", "kv_hit", "ssd", "page_cache", "decode", "mass"):
+            assert shown[key] == "—", (key, shown)  # N14: nothing ran yet
+        assert shown["context"] == "0 / 4,096"
+        app.chat_pane.prompt.load_text("Explain how a program reads a file.")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60)
+        await wait_until(pilot, lambda: shown["context"] != "0 / 4,096", 10)
+        assert shown["prefill"].endswith("tok/s") and shown["kv_hit"].endswith("%")
+        assert shown["mass"] == "100.0 %" and list(panel.decode_history)
+        first = app.chat.session_id
+        # N7: ctrl+n: the previous chat's context, KV hit, router mass and lines go.
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: shown["context"] == "0 / 4,096", 10, "ctrl+n")
+        assert shown["kv_hit"] == shown["mass"] == "—" and not panel.decode_history
+        # ctrl+o (the same call): the opened conversation's context is not the last one's.
+        app.panel.shown["context"] = "stale"
+        assert await open_conversation(app, first)
+        assert shown["context"] == "— / 4,096" and shown["kv_hit"] == "—"
+        # F4 to another model (here the same folder again): its sparklines start empty.
+        app.chat_pane.prompt.load_text("And then?")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.inflight is None and panel.decode_history, 60)
+        assert shown["context"] != "— / 4,096"  # measured by this turn
+        open_model(app, str(paths.demo_model_dir()))
+        await wait_until(pilot, lambda: app.chat.loading is None and not panel.decode_history, 60)
+        assert shown["mass"] == "—"
+    # --resume: the context is unknown until the next turn, not "0".
+    app = SsdmoeApp(
+        ChatSettings(model=str(paths.demo_model_dir()), resume=first),
+        engine_factory=engine_factory,
+        session_store=AppSessions(store),
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot, app)
+        await pilot.pause(0.5)
+        assert app.panel.shown["context"] == "— / 4,096"
+        assert app.panel.shown["kv_hit"] == "—"

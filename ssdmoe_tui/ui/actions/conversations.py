@@ -53,7 +53,7 @@ async def open_conversation(app: Any, conv_id: str) -> bool:
         return False
     pane = app.chat_pane
     await pane.transcript.clear()
-    app.panel.clear_history()
+    app.panel.new_conversation(resumed=bool(turns))
     await pane.show_turns(turns)
     pane.editing = False
     if chat.gen.k is not None and chat.model is not None:

@@ -105,6 +105,7 @@ class EnginePanel(VerticalScroll):
         self.info: ModelInfo | None = None
         self._last_generated = 0
         self.phase = "idle"
+        self._context_unknown = False  # a resumed conversation before its next turn
 
     def compose(self) -> ComposeResult:
         yield Static("phase", classes="section-title")
@@ -170,9 +171,31 @@ class EnginePanel(VerticalScroll):
             expert_bytes=info.expert_bytes,
             num_layers=info.num_layers,
         )
+        # Another model: nothing measured on the one before applies (F4's sparklines).
+        for key in ROWS:
+            self._set(key, "—")
+        self.last_sample = None
+        self.clear_history()
         self._set("mem_resident", fmt_bytes(info.resident_bytes))
         self._set("cache_used", f"— / {fmt_bytes(info.expert_cache_budget)}")
-        self._set("context", f"0 / {fmt_count(info.max_context)}")
+        self._show_context_unknown()
+
+    def new_conversation(self, resumed: bool = False) -> None:
+        """Another conversation in this window (ctrl+n, ctrl+o, --resume): the figures of
+        the one before (its context, KV hit, router mass, sparklines) go. A resumed one's
+        context is shown once its next turn has run (its KV checkpoint loads then)."""
+        self.clear_history()
+        for key in ("kv_hit", "mass", "decode", "prefill", "ssd", "page_cache", "cache_hit"):
+            self._set(key, "—")
+        self._context_unknown = resumed
+        self._show_context_unknown()
+
+    def _show_context_unknown(self) -> None:
+        info = self.info
+        if info is None:
+            return
+        used = "—" if self._context_unknown else "0"
+        self._set("context", f"{used} / {fmt_count(info.max_context)}")
         meter = self.query_one("#context-meter", ProgressBar)
         meter.update(total=max(1, info.max_context), progress=0)
 
@@ -230,12 +253,17 @@ class EnginePanel(VerticalScroll):
             self.query_one("#spark-decode", Sparkline).data = list(self.decode_history)
             self.query_one("#spark-ssd", Sparkline).data = list(self.ssd_history)
             self.query_one("#spark-mass", Sparkline).data = list(self.mass_history)
+        # Before any prompt has run (the sample a load posts) a rate or a share is not
+        # zero, it is not measured yet.
+        ran = s.context_tokens > 0 or s.generated_tokens > 0
+        if ran:
+            self._context_unknown = False
         self._set("decode", fmt_rate(s.decode_tok_s) if settled else "—")
-        self._set("prefill", fmt_rate(s.prefill_tok_s))
-        self._set("ssd", fmt_mib(s.ssd_mib_per_token))
-        self._set("page_cache", fmt_mib(page_cache_mib(s)))
+        self._set("prefill", fmt_rate(s.prefill_tok_s) if s.prefill_tok_s > 0 else "—")
+        self._set("ssd", fmt_mib(s.ssd_mib_per_token) if ran else "—")
+        self._set("page_cache", fmt_mib(page_cache_mib(s)) if ran else "—")
         self._set("mass", fmt_pct(s.routing_mass))
-        self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate))
+        self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate) if ran else "—")
         self._set(
             "cache_used",
             f"{fmt_bytes(s.expert_cache_used_bytes)} / {fmt_bytes(s.expert_cache_budget_bytes)}",
@@ -244,7 +272,9 @@ class EnginePanel(VerticalScroll):
         self._set("mem_kv", fmt_bytes(s.kv_cache_bytes))
         self._set("mem_rss", fmt_bytes(s.rss_bytes))
         self._set("mem_peak", fmt_bytes(s.peak_rss_bytes))
-        self._set("kv_hit", fmt_pct(s.kv_hit_rate))
+        self._set("kv_hit", fmt_pct(s.kv_hit_rate) if ran else "—")
+        if self._context_unknown:
+            return
         self._set("context", f"{fmt_count(s.context_tokens)} / {fmt_count(s.max_context)}")
         meter = self.query_one("#context-meter", ProgressBar)
         meter.update(total=max(1, s.max_context), progress=min(s.context_tokens, s.max_context))
