@@ -15,10 +15,9 @@ import statistics as st
 import sys
 import time
 
-from mlx_lm.sample_utils import make_sampler
-
 from ssdmoe_tui.engine.run.open import open_engine
 from ssdmoe_tui.engine.run.runner import Snapshot, TokenEvent
+from ssdmoe_tui.engine.run.sampling import greedy
 from ssdmoe_tui.options import EngineOptions
 
 STEPS, ROUNDS = 300, 9  # the first round is not counted
@@ -27,7 +26,7 @@ STEPS, ROUNDS = 300, 9  # the first round is not counted
 def _one(runner, prompt: list[int]) -> tuple[float, float, float]:
     """(wall ms, CPU ms) per decode step and the decode hit rate of one run."""
     marks = {}
-    for ev in runner.stream(prompt, max_tokens=STEPS + 1, sampler=make_sampler(0.0)):
+    for ev in runner.stream(prompt, max_tokens=STEPS + 1, sampler=greedy()):
         if isinstance(ev, TokenEvent) and ev.stats.generated_tokens in (1, STEPS + 1):
             marks[ev.stats.generated_tokens] = (
                 time.perf_counter(), time.process_time(), Snapshot.take(runner.sm)

@@ -30,6 +30,7 @@ def main(mode: str, model: str, home: str, cache: str) -> None:
     os.environ["SSDMOE_HOME"] = home
     from ssdmoe_tui.engine.run import protocol as P
     from ssdmoe_tui.engine.run.service import EngineService
+    from ssdmoe_tui.options import SamplingOptions
     from ssdmoe_tui.prompting.message import Message
     from ssdmoe_tui.sessions.app_sessions import AppSessions
     from ssdmoe_tui.sessions.kv_hooks import session_hooks
@@ -69,7 +70,12 @@ def main(mode: str, model: str, home: str, cache: str) -> None:
         svc.submit(P.WarmExperts(got.working_set))
     if mode == "warm-now":  # the prompt stops the warm-up after its reader call in flight
         svc.submit(
-            P.Generate("r", prompt_tokens=tuple(prompt), max_tokens=TOKENS, session_id=conv_id)
+            P.Generate(
+                "r",
+                prompt_tokens=tuple(prompt),
+                sampling=SamplingOptions(max_tokens=TOKENS),
+                session_id=conv_id,
+            )
         )
     if mode.startswith("warm"):
         w = wait(P.ExpertsWarmed)
@@ -83,7 +89,12 @@ def main(mode: str, model: str, home: str, cache: str) -> None:
         }
     if mode != "warm-now":
         svc.submit(
-            P.Generate("r", prompt_tokens=tuple(prompt), max_tokens=TOKENS, session_id=conv_id)
+            P.Generate(
+                "r",
+                prompt_tokens=tuple(prompt),
+                sampling=SamplingOptions(max_tokens=TOKENS),
+                session_id=conv_id,
+            )
         )
     done = wait(P.GenerationDone)
     while svc.busy:

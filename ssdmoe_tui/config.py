@@ -19,7 +19,7 @@ from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.errors import printable
 from ssdmoe_tui.mcp_config import McpServer, check_mcp_servers
-from ssdmoe_tui.options import CacheBudget, parse_temp, parse_top_p
+from ssdmoe_tui.options import CacheBudget, SamplingOptions, parse_temp, parse_top_p
 from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
 
 if sys.version_info >= (3, 11):
@@ -215,6 +215,10 @@ class GenSettings:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def sampling(self) -> SamplingOptions:
+        """How a reply of this conversation is sampled (what its Generate carries)."""
+        return SamplingOptions(max_tokens=self.max_tokens, temp=self.temperature, top_p=self.top_p)
 
 
 @dataclass

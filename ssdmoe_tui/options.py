@@ -208,7 +208,12 @@ def decode_text(data: bytes, what: str = "the prompt") -> str:
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """How one reply is sampled (validated like the engine options)."""
+    """How one reply is sampled, built once at each edge (the server's request schema,
+    the app's generation settings, the CLI's flags), checked like the engine options,
+    and carried by `protocol.Generate`. `engine/run/sampling.py` turns it into mlx-lm's
+    sampler and logits processors: a new setting touches the edge, this and that
+    factory. `stop` strings are cut from the text by the caller that shows it (the
+    server's output filter); the engine stops at max tokens and end of sequence."""
 
     max_tokens: int = 256
     temp: float = 0.0
@@ -220,8 +225,10 @@ class SamplingOptions:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))  # a list from JSON (the link)
         parse_positive(self.max_tokens, "max tokens")
         parse_temp(self.temp)
         parse_top_p(self.top_p)
@@ -239,7 +246,7 @@ class SamplingOptions:
             if v is not None:
                 _finite(v, name.replace("_", " "))
 
-    def logits_processors(self) -> dict:
+    def penalties(self) -> dict:
         """The penalties as mlx-lm's `make_logits_processors` takes them (set ones only)."""
         names = ("repetition_penalty", "presence_penalty", "frequency_penalty")
         return {n: getattr(self, n) for n in names if getattr(self, n) not in (None, 0, 0.0)}

@@ -44,6 +44,7 @@ def drive_service(dist, model: str, prompt: tuple[int, ...], n: int, budget: str
     from ssdmoe_tui.engine.distributed.link import ServiceLink
     from ssdmoe_tui.engine.run import protocol as P
     from ssdmoe_tui.engine.run.service import EngineService
+    from ssdmoe_tui.options import SamplingOptions
 
     events: queue.Queue = queue.Queue()
     service = EngineService(events.put)
@@ -61,7 +62,7 @@ def drive_service(dist, model: str, prompt: tuple[int, ...], n: int, budget: str
                 return ev
 
     def run(rid: str, tokens: tuple[int, ...], max_tokens: int, session: str, on=None):
-        service.submit(P.Generate(rid, prompt_tokens=tokens, max_tokens=max_tokens, session_id=session))  # fmt: skip
+        service.submit(P.Generate(rid, prompt_tokens=tokens, sampling=SamplingOptions(max_tokens=max_tokens), session_id=session))  # fmt: skip
         return wait(P.GenerationDone, rid, on)
 
     service.submit(P.LoadModel(path=model, expert_cache=budget))

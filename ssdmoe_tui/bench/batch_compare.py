@@ -209,11 +209,12 @@ class ResidentBatch:
     def alone(self, prompt: list[int], n: int) -> tuple[list[int], list]:
         """`stream_generate` (greedy): its tokens and top-2 per token."""
         import mlx_lm
-        from mlx_lm.sample_utils import make_sampler
+
+        from ssdmoe_tui.engine.run.sampling import greedy
 
         toks, tops = [], []
         for r in mlx_lm.stream_generate(
-            self.model, self.tokenizer, mx.array(prompt), max_tokens=n, sampler=make_sampler(0.0)
+            self.model, self.tokenizer, mx.array(prompt), max_tokens=n, sampler=greedy()
         ):
             toks.append(int(r.token))
             tops.append(top2(r.logprobs))

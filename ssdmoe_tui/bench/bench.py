@@ -225,7 +225,7 @@ def run_config(
     prefetch: bool = False,
 ) -> dict:
     """One configuration on a fresh engine; returns its result dict."""
-    from mlx_lm.sample_utils import make_sampler
+    from ssdmoe_tui.engine.run.sampling import greedy
 
     t0 = time.perf_counter()
     runner = _open(opts, budget, k, prefetch, log)
@@ -236,7 +236,7 @@ def run_config(
         sm.measure_routing_mass()  # read once, after the run: costs the decode nothing
         dist = opts.distributed
         meter = dist.meter(sm) if dist is not None else None
-        sampler = make_sampler(0.0)
+        sampler = greedy()
         if dist is not None:
             sampler = dist.wrap_sampler(sampler)
         run = _measure_run(runner, opts, prompt, sampler, meter)
@@ -407,15 +407,13 @@ def _prefetch_stats(dec: Snapshot, steps: int) -> dict:
 
 def warmup(opts: BenchOptions, k: int, budget: CacheBudget, log: Log) -> None:
     """Compile kernels on a throwaway engine so no configuration times compilation."""
-    from mlx_lm.sample_utils import make_sampler
+    from ssdmoe_tui.engine.run.sampling import greedy
 
     log("warm-up (not timed): 16-token prefill + 4 decoded tokens on a separate engine")
     runner = _open(opts, budget, k)
     try:
         runner.sm.tokenizer.eos_token_ids = set()
-        runner.generate(
-            fixed_prompt(runner.sm.tokenizer, 16), max_tokens=4, sampler=make_sampler(0.0)
-        )
+        runner.generate(fixed_prompt(runner.sm.tokenizer, 16), max_tokens=4, sampler=greedy())
     finally:
         _close(runner)
 
@@ -441,9 +439,9 @@ def resident_baseline(
     """
     import mlx.core as mx
     import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
 
     from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
+    from ssdmoe_tui.engine.run.sampling import greedy
 
     t0 = time.perf_counter()
     model, tokenizer = mlx_lm.load(str(path))
@@ -458,7 +456,7 @@ def resident_baseline(
         for b in blocks:
             set_block_k(b, ks[0])
         for _ in mlx_lm.stream_generate(
-            model, tokenizer, mx.array(prompt[:16]), max_tokens=4, sampler=make_sampler(0.0)
+            model, tokenizer, mx.array(prompt[:16]), max_tokens=4, sampler=greedy()
         ):
             pass
         for k in ks:
@@ -474,7 +472,7 @@ def resident_baseline(
                 tokenizer,
                 mx.array(prompt),
                 max_tokens=decode_tokens,
-                sampler=make_sampler(0.0),
+                sampler=greedy(),
                 prefill_step_size=prefill_step,
             ):
                 times.append(time.perf_counter())

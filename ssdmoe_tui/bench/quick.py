@@ -122,13 +122,14 @@ class _Resident:
     def run(self, prompt: list[int], n: int) -> dict:
         import mlx.core as mx
         import mlx_lm
-        from mlx_lm.sample_utils import make_sampler
+
+        from ssdmoe_tui.engine.run.sampling import greedy
 
         t0 = time.perf_counter()
         tokens, stamps, cpu = _timed_stream(
             mlx_lm.stream_generate(
                 self.model, self.tokenizer, mx.array(prompt), max_tokens=n,
-                sampler=make_sampler(0.0),
+                sampler=greedy(),
             ),
             lambda r: int(r.token),
         )  # fmt: skip

@@ -322,9 +322,7 @@ class ChatController:
         request = Generate(
             request_id=f"r{self._requests}",
             prompt_tokens=tuple(ids),
-            max_tokens=self.gen.max_tokens,
-            temp=self.gen.temperature,
-            top_p=self.gen.top_p,
+            sampling=self.gen.sampling(),
             session_id=self.session_id,
         )
         self.inflight, self._sent_request = request.request_id, request
@@ -340,9 +338,7 @@ class ChatController:
         request = ChatTurn(
             request_id=f"r{self._requests}",
             messages=messages,
-            max_tokens=self.gen.max_tokens,
-            temp=self.gen.temperature,
-            top_p=self.gen.top_p,
+            sampling=self.gen.sampling(),
             thinking=self.gen.thinking,
             tools=tuple(self.tool_specs()),
         )

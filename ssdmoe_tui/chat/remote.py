@@ -26,14 +26,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from ssdmoe_tui.chat import wire
 from ssdmoe_tui.chat.wire import BadReply, error_message
 from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.options import server_url
+from ssdmoe_tui.options import SamplingOptions, server_url
 from ssdmoe_tui.prompting.message import Message
 
 POLL_S = 0.25  # /v1/stats while a reply runs
@@ -55,12 +55,29 @@ class ChatTurn:
 
     request_id: str
     messages: tuple[Message, ...]
-    max_tokens: int = 512
-    temp: float = 0.0
-    top_p: float = 0.0
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     k: int | None = None
     thinking: bool = True
     tools: tuple[dict, ...] = ()  # the MCP tools offered, as OpenAI's `tools`
+
+
+def sampling_body(s: SamplingOptions) -> dict[str, Any]:
+    """`s` as the server's request schema takes it (server/schema.py `_sampling`): what is
+    off is left out, so the server's own defaults stay in force."""
+    body: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temp}
+    if 0 < s.top_p < 1:
+        body["top_p"] = s.top_p
+    optional = {
+        "seed": s.seed,
+        "top_k": s.top_k or None,
+        "min_p": s.min_p or None,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "stop": list(s.stop) or None,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
 
 
 class ServerError(Exception):
@@ -278,12 +295,9 @@ class RemoteEngine:
             "messages": [m.for_template() for m in turn.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": turn.max_tokens,
-            "temperature": turn.temp,
+            **sampling_body(turn.sampling),
             "chat_template_kwargs": {"enable_thinking": turn.thinking},
         }
-        if 0 < turn.top_p < 1:
-            body["top_p"] = turn.top_p
         if turn.tools:
             body["tools"] = list(turn.tools)
         k = turn.k if turn.k is not None else self.k
@@ -291,7 +305,7 @@ class RemoteEngine:
             body["ssdmoe"] = {"k": k}
         conn = http.client.HTTPConnection(self._host, self._port, timeout=STREAM_TIMEOUT_S)
         self._conn = conn
-        total = STREAM_BASE_S + STREAM_PER_TOKEN_S * max(turn.max_tokens, 0)
+        total = STREAM_BASE_S + STREAM_PER_TOKEN_S * max(turn.sampling.max_tokens, 0)
         limit = time.monotonic() + total
         watchdog = _Watchdog(conn, STREAM_TIMEOUT_S, "the answer's head")
         self._watchdog = watchdog
@@ -411,7 +425,7 @@ class RemoteEngine:
                     pieces += 1
                     over = self._over_cap(turn, pieces, reply)
                     if over:  # what fits the cap is kept, nothing past it
-                        text = reply.cut(max(turn.max_tokens, 1), pieces)
+                        text = reply.cut(max(turn.sampling.max_tokens, 1), pieces)
                     if text and not final.get("decoding"):
                         final["decoding"] = True
                         self._emit(P.PhaseChanged("decoding"))
@@ -433,13 +447,13 @@ class RemoteEngine:
         tokens, or more text than that many tokens can hold): then it is cut there, the
         connection closed, and one notice says so; a server that ignores max_tokens
         cannot grow a reply without bound."""
-        cap = max(turn.max_tokens, 1)
+        cap = max(turn.sampling.max_tokens, 1)
         if pieces <= cap and len(reply.text) <= cap * MAX_TOKEN_CHARS:
             return False
         self._drop_connection()
         self._emit(
             P.Notice(
-                f"the server at {self.where} sent more than the {turn.max_tokens} tokens "
+                f"the server at {self.where} sent more than the {turn.sampling.max_tokens} tokens "
                 "asked: the reply is cut there"
             )
         )
@@ -459,7 +473,7 @@ class RemoteEngine:
         if n is None:
             counted = stats.get("generated_tokens")
             n = counted if type(counted) is int and counted >= 0 else 0
-        n = min(n, max(turn.max_tokens, 0))
+        n = min(n, max(turn.sampling.max_tokens, 0))
         stats["generated_tokens"] = n
         k = final.get("k")
         return P.GenerationDone(

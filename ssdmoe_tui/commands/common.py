@@ -184,6 +184,13 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=arg_type(O.parse_seed), default=None, help="sampling seed")
 
 
+def sampling_options(args: argparse.Namespace) -> O.SamplingOptions:
+    """What `add_sampling_arguments` parsed, as the one sampling object."""
+    return O.SamplingOptions(
+        max_tokens=args.max_tokens, temp=args.temp, top_p=args.top_p, seed=args.seed
+    )
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Everything `EngineOptions` holds (generate, the server)."""
     add_model_argument(p)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 from ssdmoe_tui.commands.common import (
     add_distributed_argument,
@@ -17,6 +18,7 @@ from ssdmoe_tui.commands.common import (
     distributed_run,
     engine_options,
     read_prompt,
+    sampling_options,
 )
 
 
@@ -194,16 +196,16 @@ class _RouteTrace:
 
 def _stream(args, runner, prompt: list[int], dist, meter, trace: _RouteTrace | None, quiet: bool):  # noqa: ANN001, ANN202
     """Run the prompt, writing the text as it comes (unless --json); the GenerationResult."""
-    from mlx_lm.sample_utils import make_sampler
-
     from ssdmoe_tui.commands.common import speculation
     from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, TokenEvent
+    from ssdmoe_tui.engine.run.sampling import sampler_for
 
     result = None
-    sampler = make_sampler(args.temp, top_p=args.top_p)
+    sampling = sampling_options(args)
+    sampler = sampler_for(sampling)
     for ev in runner.stream(
         prompt,
-        max_tokens=args.max_tokens,
+        max_tokens=sampling.max_tokens,
         sampler=dist.wrap_sampler(sampler) if dist is not None else sampler,
         speculate=speculation(args),
     ):
@@ -283,17 +285,19 @@ def _prompt_ids(args, sm, text: str) -> list[int]:
 
 def _generate_batch(args, runner, texts: list[str], path) -> int:
     """N sequences through the batched decoder (engine/run/batch.py)."""
-    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec, make_row_sampler
+    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
     from ssdmoe_tui.engine.run.runner import Done
+    from ssdmoe_tui.engine.run.sampling import sampler_for
 
     sm = runner.sm
     n = max(args.batch or len(texts), len(texts))
     prompts = [_prompt_ids(args, sm, texts[i % len(texts)]) for i in range(n)]
     batch = BatchRunner(runner, max_batch=args.batch or n)
+    sampling = sampling_options(args)
     for i, prompt in enumerate(prompts):
-        seed = None if args.seed is None else args.seed + i
-        sampler = make_row_sampler(args.temp, args.top_p, seed)
-        batch.add(SeqSpec(i, prompt, max_tokens=args.max_tokens, sampler=sampler))
+        row = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i)
+        sampler = sampler_for(row, own_key=True)
+        batch.add(SeqSpec(i, prompt, max_tokens=row.max_tokens, sampler=sampler))
     t0 = time.perf_counter()
     results = {}
     for uid, ev in batch.drain():

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ssdmoe_tui.options import SEED_MAX
+from ssdmoe_tui.options import SEED_MAX, SamplingOptions
 from ssdmoe_tui.server.errors import ApiError, bad_request
 
 _K_SUFFIX = re.compile(r"^(?P<base>.+)@k(?P<k>\d{1,4})$")
@@ -90,6 +90,23 @@ class Sampling:
     repetition_penalty: float | None = None  # None: off
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+
+    def options(self, max_tokens: int, temperature: float) -> SamplingOptions:
+        """The engine's sampling for this request, built once (vLLM's
+        `to_sampling_params`): `max_tokens` is what the context leaves of what was asked,
+        `temperature` the server's default for a request that gives none."""
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            temp=temperature if self.temperature is None else self.temperature,
+            top_p=self.top_p if self.top_p is not None else 0.0,
+            seed=self.seed,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            stop=self.stop,
+        )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError
-from ssdmoe_tui.options import check_k
+from ssdmoe_tui.options import SamplingOptions, check_k
 from ssdmoe_tui.server.engine_client import EngineClient, Job, Ticket, new_request_id
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.hosts import HostPolicy
@@ -111,7 +111,7 @@ class Pending:
     req: Any
     prompt: Prompt
     k: int
-    max_tokens: int
+    sampling: SamplingOptions  # built from the request once (`Sampling.options`)
     rid: str
     ticket: Ticket
     job: Job | None = None
@@ -205,7 +205,8 @@ class Serving:
             )
         ticket = self.engine.reserve()
         k = k if k is not None else self.engine.default_k
-        return Pending(req, prompt, k, max_tokens, new_request_id(kind), ticket, warnings=warnings)
+        sampling = req.sampling.options(max_tokens, self.settings.temperature)
+        return Pending(req, prompt, k, sampling, new_request_id(kind), ticket, warnings=warnings)
 
     async def start(self, request: Request, p: Pending) -> Job:
         """Wait for the engine and start `p` (a JSON reply's path: a disconnect cancels)."""
@@ -227,7 +228,7 @@ class Serving:
     async def run(self, p: Pending) -> Job:
         """Wait for the engine, run the system part's step if it needs one, submit."""
         await p.ticket.wait()
-        prompt, sampling, k, rid = p.prompt, p.req.sampling, p.k, p.rid
+        prompt, k, rid = p.prompt, p.k, p.rid
         step = None
         kv = self.state.kv
         try:
@@ -236,21 +237,12 @@ class Serving:
                 await step.done.wait()
             if kv is not None:
                 kv.register(prompt.tokens, prompt.chain)
-            temp = sampling.temperature
             cmd = P.Generate(
                 request_id=rid,
                 prompt_tokens=tuple(prompt.tokens),
-                max_tokens=p.max_tokens,
-                temp=self.settings.temperature if temp is None else temp,
-                top_p=sampling.top_p if sampling.top_p is not None else 0.0,
-                seed=sampling.seed,
+                sampling=p.sampling,
                 session_id=SESSION_KEY,
                 k=k,
-                top_k=sampling.top_k,
-                min_p=sampling.min_p,
-                repetition_penalty=sampling.repetition_penalty,
-                presence_penalty=sampling.presence_penalty,
-                frequency_penalty=sampling.frequency_penalty,
             )
             job = self.engine.submit(cmd)
             job.warnings = tuple(p.warnings)
@@ -283,7 +275,8 @@ class Serving:
         cmd = P.Generate(
             request_id=rid + "-prefix",
             prompt_tokens=tuple(prefix),
-            max_tokens=1,  # one sampled token, never fed: the cache covers exactly the prefix
+            # one sampled token, never fed: the cache covers exactly the prefix
+            sampling=SamplingOptions(max_tokens=1),
             session_id=SESSION_KEY,
             k=k,
         )

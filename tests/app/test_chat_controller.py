@@ -47,7 +47,7 @@ def test_reply_cut_by_a_model_switch_stays_in_the_conversation(checkpoints) -> N
     ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
     try:
         request = ctrl.prepare("hello")
-        ctrl.submit(replace(request, max_tokens=4000))
+        ctrl.submit(replace(request, sampling=replace(request.sampling, max_tokens=4000)))
         ev.until(P.Tokens)
         ctrl.open_model(str(path))  # the reply in flight is abandoned
         done, _ = ev.until(P.GenerationDone)
@@ -75,7 +75,8 @@ def test_reply_of_a_closed_conversation_is_dropped(checkpoints) -> None:
     svc, ev = start(path)
     ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
     try:
-        ctrl.submit(replace(ctrl.prepare("hello"), max_tokens=4000))
+        request = ctrl.prepare("hello")
+        ctrl.submit(replace(request, sampling=replace(request.sampling, max_tokens=4000)))
         ev.until(P.Tokens)
         ctrl.new_chat()
         done, _ = ev.until(P.GenerationDone)

@@ -24,6 +24,7 @@ import pytest
 from ssdmoe_tui.chat import remote
 from ssdmoe_tui.chat.remote import ChatTurn, RemoteEngine
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.options import SamplingOptions
 from ssdmoe_tui.prompting.message import Message
 
 CARD = {"object": "list", "data": [{"id": "hostile", "object": "model",
@@ -145,7 +146,11 @@ class Client:
         raise AssertionError(f"no {kind.__name__} within {timeout} s; saw {seen}")
 
     def ask(self, max_tokens: int = 8) -> None:
-        self.engine.submit(ChatTurn("r1", (Message("user", "hi"),), max_tokens=max_tokens))
+        self.engine.submit(
+            ChatTurn(
+                "r1", (Message("user", "hi"),), sampling=SamplingOptions(max_tokens=max_tokens)
+            )
+        )
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from ssdmoe_tui.engine.model.loader import load_streamed
-from ssdmoe_tui.engine.run.batch import BatchRunner, SeededSampler, SeqSpec
+from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
 from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, Runner, TokenEvent
+from ssdmoe_tui.engine.run.sampling import SeededSampler
 
 ARCHS = ["qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral"]
 TEXTS = [
@@ -201,6 +202,7 @@ def _service_run(path, kv_budget: int):
 
     from ssdmoe_tui.engine.run import protocol as P
     from ssdmoe_tui.engine.run.service import EngineService
+    from ssdmoe_tui.options import SamplingOptions
     from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
     events: queue.Queue = queue.Queue()
@@ -217,7 +219,11 @@ def _service_run(path, kv_budget: int):
                 tok = ev.tokenizer
         for i, text in enumerate(TEXTS[:3]):
             ids = prompt_tokens(tok, [{"role": "user", "content": text}])
-            svc.submit(P.Generate(f"r{i}", prompt_tokens=tuple(ids), max_tokens=10))
+            svc.submit(
+                P.Generate(
+                    f"r{i}", prompt_tokens=tuple(ids), sampling=SamplingOptions(max_tokens=10)
+                )
+            )
         done = {}
         while len(done) < 3:
             ev = events.get(timeout=120)

@@ -8,6 +8,7 @@ import time
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.service import EngineService
+from ssdmoe_tui.options import SamplingOptions
 from ssdmoe_tui.prompting.chat_format import prompt_tokens
 
 
@@ -55,7 +56,13 @@ def chat_ids(tokenizer, text: str) -> tuple[int, ...]:
 def test_generate_streams_tokens_and_stats(checkpoints):
     svc, ev = start(checkpoints("qwen3_moe"))
     try:
-        svc.submit(P.Generate("r1", prompt_tokens=chat_ids(ev.tokenizer, "hello"), max_tokens=40))
+        svc.submit(
+            P.Generate(
+                "r1",
+                prompt_tokens=chat_ids(ev.tokenizer, "hello"),
+                sampling=SamplingOptions(max_tokens=40),
+            )
+        )
         done, seen = ev.until(P.GenerationDone)
         toks = [e for e in seen if isinstance(e, P.Tokens)]
         assert len(toks) >= 1
@@ -73,7 +80,11 @@ def test_generate_streams_tokens_and_stats(checkpoints):
 def test_k_change_applies_from_next_token_and_cancel(checkpoints):
     svc, ev = start(checkpoints("qwen3_moe"))
     try:
-        svc.submit(P.Generate("r2", prompt_tokens=tuple(range(3, 20)), max_tokens=400))
+        svc.submit(
+            P.Generate(
+                "r2", prompt_tokens=tuple(range(3, 20)), sampling=SamplingOptions(max_tokens=400)
+            )
+        )
         first, _ = ev.until(P.Tokens)
         svc.set_k(2)
         time.sleep(0.3)
@@ -98,7 +109,13 @@ def test_errors_are_events_and_engine_survives(checkpoints, tmp_path):
         assert "missing" in err.message and "\n" not in err.message
         svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1"))
         loaded, _ = ev.until(P.ModelLoaded)
-        svc.submit(P.Generate("r3", prompt_tokens=chat_ids(loaded.tokenizer, "hi"), max_tokens=5))
+        svc.submit(
+            P.Generate(
+                "r3",
+                prompt_tokens=chat_ids(loaded.tokenizer, "hi"),
+                sampling=SamplingOptions(max_tokens=5),
+            )
+        )
         done, _ = ev.until(P.GenerationDone)
         assert len(done.token_ids) >= 1
     finally:
@@ -114,13 +131,13 @@ def test_cancel_during_prefill_then_continue(checkpoints):
         svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1"))
         ev.until(P.ModelLoaded)
         prompt = tuple(3 + (i * 7) % 900 for i in range(400))
-        svc.submit(P.Generate("c1", prompt_tokens=prompt, max_tokens=4))
+        svc.submit(P.Generate("c1", prompt_tokens=prompt, sampling=SamplingOptions(max_tokens=4)))
         ev.until(P.PhaseChanged, pred=lambda e: e.phase == "prefill" and e.done > 0)
         svc.cancel()
         done, seen = ev.until(P.GenerationDone)
         assert done.finish_reason == "cancelled" and done.token_ids == ()
         assert not any(isinstance(e, P.EngineError) for e in seen)
-        svc.submit(P.Generate("c2", prompt_tokens=prompt, max_tokens=4))
+        svc.submit(P.Generate("c2", prompt_tokens=prompt, sampling=SamplingOptions(max_tokens=4)))
         done2, seen2 = ev.until(P.GenerationDone)
         assert done2.finish_reason in ("length", "stop") and len(done2.token_ids) >= 1
         assert not any(isinstance(e, P.EngineError) for e in seen2)
@@ -132,7 +149,9 @@ def test_cancel_during_prefill_then_continue(checkpoints):
 def _still_usable(svc, ev, rid: str) -> None:
     """The model loaded before is still loaded: info, a reply, no fatal error."""
     assert svc.model_info is not None
-    svc.submit(P.Generate(rid, prompt_tokens=tuple(range(3, 12)), max_tokens=3))
+    svc.submit(
+        P.Generate(rid, prompt_tokens=tuple(range(3, 12)), sampling=SamplingOptions(max_tokens=3))
+    )
     done, seen = ev.until(P.GenerationDone)
     assert done.finish_reason in ("stop", "length") and done.token_ids
     assert not any(isinstance(e, P.EngineError) for e in seen)
@@ -187,7 +206,11 @@ def test_set_k_command_is_checked_and_reported_live(checkpoints):
         assert f"{n + 1}" in err.message and not err.fatal
         svc.submit(P.SetK(2))
         assert svc.model_info.k == 2  # ModelInfo reports the live K, not the loaded one
-        svc.submit(P.Generate("k2", prompt_tokens=tuple(range(3, 12)), max_tokens=4))
+        svc.submit(
+            P.Generate(
+                "k2", prompt_tokens=tuple(range(3, 12)), sampling=SamplingOptions(max_tokens=4)
+            )
+        )
         done, _ = ev.until(P.GenerationDone)
         assert set(done.k_per_token) == {2} and done.stats["k"] == 2
         sample, _ = ev.until(P.StatsSample)
@@ -230,7 +253,11 @@ def test_engine_thread_clears_its_mlx_streams_before_it_ends(checkpoints, monkey
         mx, "clear_streams", lambda: (calls.append(threading.current_thread().name), real())
     )
     svc, ev = start(checkpoints("qwen3_moe"))
-    svc.submit(P.Generate("r1", prompt_tokens=chat_ids(ev.tokenizer, "hi"), max_tokens=4))
+    svc.submit(
+        P.Generate(
+            "r1", prompt_tokens=chat_ids(ev.tokenizer, "hi"), sampling=SamplingOptions(max_tokens=4)
+        )
+    )
     ev.until(P.GenerationDone)
     assert calls == []  # not while it serves
     svc.shutdown()

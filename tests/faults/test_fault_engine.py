@@ -11,6 +11,7 @@ import shutil
 from ssdmoe_tui.engine.experts.index import build_index
 from ssdmoe_tui.engine.model.context import ContextTooLong, check_context, max_context
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.options import SamplingOptions
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from tests.app.test_ui_app import SIZE, errors, loaded, type_and_send, wait_until
 from tests.engine.test_engine_service import start
@@ -37,7 +38,11 @@ def test_too_long_prompt_is_refused_before_prefill_and_truncated_shard_stops_dec
     shutil.copytree(checkpoints("qwen3_moe"), model)  # max_position_embeddings 2048
     svc, ev = start(model)
     try:
-        svc.submit(P.Generate("long", prompt_tokens=tuple([5] * 3000), max_tokens=5))
+        svc.submit(
+            P.Generate(
+                "long", prompt_tokens=tuple([5] * 3000), sampling=SamplingOptions(max_tokens=5)
+            )
+        )
         done, seen = ev.until(P.GenerationDone)
         assert done.finish_reason == "error"
         msg = next(e.message for e in seen if isinstance(e, P.EngineError))
@@ -47,7 +52,11 @@ def test_too_long_prompt_is_refused_before_prefill_and_truncated_shard_stops_dec
         # A shard truncated while decoding: the reply stops with one line naming it.
         shard = model / build_index(model).layers[0].components[0].shard
         saved = shard.read_bytes()
-        svc.submit(P.Generate("cut", prompt_tokens=tuple(range(3, 12)), max_tokens=2000))
+        svc.submit(
+            P.Generate(
+                "cut", prompt_tokens=tuple(range(3, 12)), sampling=SamplingOptions(max_tokens=2000)
+            )
+        )
         ev.until(P.Tokens)
         os.truncate(shard, 4096)
         done, seen = ev.until(P.GenerationDone, timeout=120)
@@ -56,7 +65,11 @@ def test_too_long_prompt_is_refused_before_prefill_and_truncated_shard_stops_dec
         assert "\n" not in msg and shard.name in msg, msg
         # Repaired: the same engine answers again.
         shard.write_bytes(saved)
-        svc.submit(P.Generate("again", prompt_tokens=tuple(range(3, 12)), max_tokens=5))
+        svc.submit(
+            P.Generate(
+                "again", prompt_tokens=tuple(range(3, 12)), sampling=SamplingOptions(max_tokens=5)
+            )
+        )
         done, _ = ev.until(P.GenerationDone)
         assert done.finish_reason in ("stop", "length") and done.token_ids
     finally:

@@ -17,6 +17,7 @@ from mlx_lm.utils import load_tokenizer
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.service import EngineService, KVHooks
+from ssdmoe_tui.options import SamplingOptions
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints
@@ -70,7 +71,12 @@ class Client:
             assert prompt[: len(conv.history_tokens())] == conv.history_tokens()
         rid = f"r{len(conv.turns)}"
         self.svc.submit(
-            P.Generate(rid, prompt_tokens=tuple(prompt), max_tokens=MAX_TOKENS, session_id=conv.id)
+            P.Generate(
+                rid,
+                prompt_tokens=tuple(prompt),
+                sampling=SamplingOptions(max_tokens=MAX_TOKENS),
+                session_id=conv.id,
+            )
         )
         done = self._wait(P.GenerationDone)
         self.settle()
@@ -224,7 +230,7 @@ def test_app_path_prompt_hook_and_record(models, ssdmoe_home):
             P.Generate(
                 f"r{len(messages)}",
                 prompt_tokens=tuple(prompt),
-                max_tokens=MAX_TOKENS,
+                sampling=SamplingOptions(max_tokens=MAX_TOKENS),
                 session_id=sid,
             )
         )

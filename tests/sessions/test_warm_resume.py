@@ -17,6 +17,7 @@ import numpy as np
 from ssdmoe_tui.engine.experts.warm import WarmUp
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.service import EngineService
+from ssdmoe_tui.options import SamplingOptions
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.expert_set import FILE, load_working_set, save_working_set
@@ -57,7 +58,12 @@ class Engine:
         prompt = sessions.prompt(conv_id, chat, self.tok, self.info)
         assert prompt
         self.svc.submit(
-            P.Generate("r", prompt_tokens=tuple(prompt), max_tokens=12, session_id=conv_id)
+            P.Generate(
+                "r",
+                prompt_tokens=tuple(prompt),
+                sampling=SamplingOptions(max_tokens=12),
+                session_id=conv_id,
+            )
         )
         done = self.wait(P.GenerationDone)
         deadline = time.monotonic() + TIMEOUT

@@ -29,7 +29,10 @@ def _decode_command(data: dict):
         raise DistributedError(f"rank 0 sent an unknown engine command {data['type']!r}")
     fields = dict(data["fields"])
     if cls is P.Generate:
+        from ssdmoe_tui.options import SamplingOptions
+
         fields["prompt_tokens"] = tuple(fields.get("prompt_tokens") or ())
+        fields["sampling"] = SamplingOptions(**fields.get("sampling", {}))
     return cls(**fields)
 
 

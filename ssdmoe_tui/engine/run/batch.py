@@ -25,7 +25,7 @@ A row whose K is None follows the runner's live K (`Runner.set_k`), as one seque
 A group of one row runs on the row's own cache, so one sequence alone in the batch runs
 exactly the single-sequence step. Rows that share one sampler object (greedy rows share
 mlx-lm's `greedy_sampler`; unseeded rows with equal settings share one from
-`make_row_sampler`) sample in one call on the batch's log-probs, as mlx-lm's
+`sampling.sampler_for`) sample in one call on the batch's log-probs, as mlx-lm's
 `BatchGenerator` does; a seeded row draws from its own key (`SeededSampler`), so its draws
 do not depend on which sequences run beside it.
 
@@ -45,7 +45,6 @@ the step's one sync, not a forward pass.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
@@ -64,56 +63,7 @@ from ssdmoe_tui.engine.run.runner import (
     TokenEvent,
     _totals,
 )
-
-
-class SeededSampler:
-    """mlx-lm's sampler (temperature, top-p, min-p, top-k: `make_sampler`'s chain, in its
-    order) drawing from its own key.
-
-    `mx.random.seed(s)` followed by mlx-lm's sampler splits the global key once per
-    draw; this does the same split on a key of its own, so a seeded sequence draws the
-    same tokens alone (the service seeds the global key) and in a batch (where other
-    sequences draw too). Checked draw for draw against mlx-lm's in the tests."""
-
-    def __init__(
-        self, temp: float, top_p: float, seed: int, min_p: float = 0.0, top_k: int = 0
-    ) -> None:
-        self.temp = float(temp)
-        self.top_p = float(top_p)
-        self.min_p = float(min_p)
-        self.top_k = int(top_k)
-        self.key = mx.random.key(seed)
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
-
-        self.key, sub = mx.random.split(self.key)
-        if 0 < self.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, self.top_p)
-        if self.min_p != 0.0:
-            logprobs = apply_min_p(logprobs, self.min_p, 1)
-        if self.top_k > 0:
-            logprobs = apply_top_k(logprobs, self.top_k)
-        return mx.random.categorical(logprobs * (1.0 / self.temp), key=sub)
-
-
-@functools.lru_cache(maxsize=64)
-def _shared_sampler(temp: float, top_p: float, min_p: float, top_k: int) -> Callable:
-    """One mlx-lm sampler object per setting: rows holding the same object sample in one
-    call (greedy is mlx-lm's one `greedy_sampler` whatever the settings)."""
-    from mlx_lm.sample_utils import make_sampler
-
-    return make_sampler(temp, top_p=top_p, min_p=min_p, top_k=top_k)
-
-
-def make_row_sampler(
-    temp: float, top_p: float, seed: int | None, min_p: float = 0.0, top_k: int = 0
-) -> Callable:
-    """The sampler of one sequence: greedy, mlx-lm's (global key; shared by the rows with
-    the same settings, so they sample in one call), or seeded (own key)."""
-    if temp == 0 or seed is None:
-        return _shared_sampler(float(temp), float(top_p), float(min_p), int(top_k))
-    return SeededSampler(temp, top_p, seed, min_p=min_p, top_k=top_k)
+from ssdmoe_tui.engine.run.sampling import greedy
 
 
 @dataclass
@@ -322,9 +272,7 @@ class BatchRunner:
     # ------------------------------------------------------------------ updates
     def add(self, spec: SeqSpec) -> None:
         """Queue a sequence; it prefills when the ones before it have joined."""
-        from mlx_lm.sample_utils import make_sampler
-
-        self._waiting.append(_Row(spec, spec.sampler or make_sampler(0.0)))
+        self._waiting.append(_Row(spec, spec.sampler or greedy()))
 
     def step(self) -> list[RowEvent]:
         """One scheduling step: stopped rows leave, one prefill chunk of the first waiting

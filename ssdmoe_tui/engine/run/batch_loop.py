@@ -75,28 +75,24 @@ class BatchLoop:
 
     # ------------------------------------------------------------------ admission
     def _add(self, cmd: P.Generate) -> None:
-        from mlx_lm.sample_utils import make_logits_processors
-
-        from ssdmoe_tui.engine.run.batch import SeqSpec, make_row_sampler
+        from ssdmoe_tui.engine.run.batch import SeqSpec
+        from ssdmoe_tui.engine.run.sampling import processors_for, sampler_for
 
         rid = cmd.request_id
         try:
             turn = Turn(self.ctx, cmd, stats=self.stats)
             sampling = turn.sampling
             cache, reused = turn.take_cache()
-            penalties = sampling.logits_processors()
             spec = SeqSpec(
                 rid,
                 turn.prompt,
                 max_tokens=sampling.max_tokens,
-                sampler=make_row_sampler(
-                    sampling.temp, sampling.top_p, sampling.seed, sampling.min_p, sampling.top_k
-                ),
+                sampler=sampler_for(sampling, own_key=True),
                 cache=cache,
                 reused_tokens=reused if cache is not None else 0,
                 k=cmd.k,
                 should_stop=turn.should_stop,
-                logits_processors=make_logits_processors(**penalties) if penalties else (),
+                logits_processors=processors_for(sampling),
             )
         except Exception as e:  # noqa: BLE001 - this request only
             self._fail(rid, e)

@@ -46,32 +46,11 @@ class Generate:
 
     request_id: str
     prompt_tokens: tuple[int, ...] = ()
-    max_tokens: int = 512
-    temp: float = 0.0
-    top_p: float = 0.0
-    seed: int | None = None
+    # How the reply is sampled (checked where it was built: the server's schema, the
+    # app's settings, the CLI); engine/run/sampling.py turns it into mlx-lm's sampler.
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     session_id: str | None = None  # lets the engine pick the right cached KV state
     k: int | None = None  # experts per token from this reply's first token on (None: as set)
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0  # 0: off
-    repetition_penalty: float | None = None  # None: off (mlx-lm's logits processors)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-
-    def sampling(self) -> SamplingOptions:
-        """This request's sampling settings, checked once (`options.SamplingOptions` raises
-        `BadValueError` naming the value): the single and the batched path both use it."""
-        return SamplingOptions(
-            max_tokens=self.max_tokens,
-            temp=self.temp,
-            top_p=self.top_p,
-            seed=self.seed,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
 
 
 @dataclass(frozen=True)

@@ -398,9 +398,9 @@ class Runner:
 
         Yields PrefillProgress while prefilling, a TokenEvent per token, and Done last
         (also when `should_stop` cut the turn short)."""
-        from mlx_lm.sample_utils import make_sampler
+        from ssdmoe_tui.engine.run.sampling import greedy
 
-        sampler = sampler or make_sampler(0.0)
+        sampler = sampler or greedy()
         begun = yield from self.begin(
             prompt,
             max_tokens=max_tokens,

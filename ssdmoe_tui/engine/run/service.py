@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.turn import Turn, fail
 from ssdmoe_tui.errors import BadValueError, user_message
-from ssdmoe_tui.options import CacheBudget, EngineOptions, SamplingOptions, check_k
+from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.run.runner import Runner
@@ -496,6 +496,8 @@ class EngineService:
         """One Generate alone, over `Runner.stream` (the batch loop runs the others)."""
         import mlx.core as mx
 
+        from ssdmoe_tui.engine.run.sampling import processors_for, sampler_for
+
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
@@ -510,7 +512,7 @@ class EngineService:
             cache, reused = runner.make_cache(), 0
         turn.live_cache = cache
 
-        sampler, processors = _samplers(sampling)
+        sampler, processors = sampler_for(sampling), processors_for(sampling)
         should_stop = turn.should_stop
         link = self.link
         if link is not None:
@@ -691,15 +693,3 @@ class _Context:
 
     def stop_spent(self) -> None:
         self._svc._cancel.clear()
-
-
-def _samplers(sampling: SamplingOptions) -> tuple[Callable, list]:
-    """mlx-lm's sampler and logits processors (penalties) for these settings."""
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
-    sampler = make_sampler(
-        sampling.temp, top_p=sampling.top_p, min_p=sampling.min_p, top_k=sampling.top_k
-    )
-    penalties = sampling.logits_processors()
-    processors = make_logits_processors(**penalties) if penalties else []
-    return sampler, processors

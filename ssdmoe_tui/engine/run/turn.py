@@ -105,7 +105,7 @@ class Turn:
     """One Generate from its checks to its kept cache.
 
     Built on the engine thread when the request starts; raises BadValueError (an empty
-    prompt, a bad sampling value or K) before anything is taken. `stats`: the clock of
+    prompt, a K out of range) before anything is taken. `stats`: the clock of
     the live samples (a batch shares one across its rows, so the rate stays one sample
     per STATS_EVERY_S whatever the number of requests). `live_cache`: the KV cache whose
     size the live samples report (the single path's; None in a batch)."""
@@ -114,7 +114,7 @@ class Turn:
         self.ctx = ctx
         self.cmd = cmd
         self.request_id = cmd.request_id
-        self.sampling = cmd.sampling()
+        self.sampling = cmd.sampling
         if not cmd.prompt_tokens:
             raise BadValueError("empty prompt")
         self.prompt = list(cmd.prompt_tokens)
