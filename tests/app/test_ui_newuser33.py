@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import add_arguments, build_settings, engine_factory
 from ssdmoe_tui.config import config_path, ensure_config_file, load_config
@@ -15,6 +17,7 @@ from ssdmoe_tui.ui.actions.keys import keymap_problems
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from tests.app.test_ui_app import loaded, record_notifications, wait_until
+from tests.app.test_ui_newuser import screen_text
 from tests.app.test_ui_snapshot import setup
 
 
@@ -201,3 +204,33 @@ async def test_n14_n7_the_panel_shows_no_figure_before_it_is_measured_nor_a_prev
         await pilot.pause(0.5)
         assert app.panel.shown["context"] == "— / 4,096"
         assert app.panel.shown["kv_hit"] == "—"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_n13_the_welcome_cards_commands_wrap_between_arguments_only(size):
+    from ssdmoe_tui.ui.widgets.welcome import COMMANDS, EXAMPLE_REPO
+
+    ensure_demo_model(paths.demo_model_dir())
+    app = SsdmoeApp(ChatSettings())
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        app.chat_pane.transcript.scroll_home(animate=False)
+        await pilot.pause(0.2)
+        card = [ln.split("│")[1] for ln in screen_text(app).splitlines() if ln.count("│") >= 2]
+        lines = [" ".join(line.split()) for line in card]  # the welcome card's column
+        text = "\n".join(lines)
+        assert "<folder-or-repo-id>" in text, text
+        for command in COMMANDS:
+            words = command.split()
+            # its lines, joined without the continuations, are the command
+            start = next(i for i, ln in enumerate(lines) if ln.startswith("• " + words[0])
+                         or ln.startswith(words[0] + " " + words[1]))  # fmt: skip
+            got, i = [], start
+            while True:
+                got.append(lines[i].removesuffix("\\").strip())
+                if not lines[i].endswith("\\"):
+                    break
+                i += 1
+            assert " ".join(got) == command, (got, text)
+        assert EXAMPLE_REPO in lines[start + len(got) - 1]
+        await loaded(pilot, app)

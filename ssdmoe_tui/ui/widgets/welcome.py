@@ -17,21 +17,60 @@ EXAMPLE_REPO = "mlx-community/Qwen3-30B-A3B-4bit"
 # chat column has about 18 rows and 40 columns), the details after them.
 TITLE = "ssdmoe · demo model: tiny, trained here"
 ABOUT = "It babbles, but it has learned: it is here to show the engine at work."
-REAL_MODEL = "A real model: F4 here, or ssdmoe --model <folder or Hugging Face repo id>."
+# One argument has no space, so a narrow card wraps the command between arguments.
+REAL_MODEL = "A real model: F4 here, or ssdmoe --model <folder-or-repo-id>."
+#: Commands shown whole: each wraps between its arguments, with a shell continuation.
+COMMANDS = (
+    f"ssdmoe models fetch {EXAMPLE_REPO}",
+    f"ssdmoe --model {EXAMPLE_REPO}",
+)
 
 
 def real_model_help() -> str:
-    archs = ", ".join(SUPPORTED_ARCHITECTURES)
     return (
         "The panel on the right shows the engine; K: ctrl+↑/↓; saved conversations: "
-        "ctrl+o (ssdmoe --resume reopens the last one).\n"
-        f"  • ssdmoe --model {EXAMPLE_REPO}\n"
-        f"  • ssdmoe models fetch {EXAMPLE_REPO}   (download it first)\n"
-        "  • F4: the models found on this machine\n"
+        "ctrl+o (ssdmoe --resume reopens the last one). A real model: F4 lists the "
+        "ones on this machine; or download one, then open it:"
+    )
+
+
+def more_help() -> str:
+    archs = ", ".join(SUPPORTED_ARCHITECTURES)
+    return (
         "Tools: MCP servers under [mcp_servers.NAME] in config.toml (Codex's shape); the "
         "model's calls wait for your approval; F10 lists the servers.\n"
         f"Supported architectures: {archs} (MLX-quantized checkpoints)."
     )
+
+
+def wrap_command(command: str, width: int, indent: str = "  ") -> str:
+    """`command` in lines of at most `width` columns, broken only between arguments (a
+    ` \\` ends each broken line, as a shell continues it), so what is copied runs; an
+    argument longer than a line keeps its own line whole."""
+    lines: list[str] = []
+    line = indent
+    for arg in command.split(" "):
+        head = line if line.strip() else ""
+        if head and len(head) + 1 + len(arg) + 2 > width:  # room for " \\"
+            lines.append(head + " \\")
+            line = indent * 3 + arg
+        else:
+            line = (head + " " + arg) if head else indent + arg
+    lines.append(line)
+    return "\n".join(lines)
+
+
+class CommandLine(Static):
+    """A command the user may copy: it wraps between arguments, never inside one."""
+
+    DEFAULT_CSS = "CommandLine { text-wrap: nowrap; text-overflow: clip; }"
+
+    def __init__(self, command: str) -> None:
+        super().__init__(wrap_command(command, 1 << 10), markup=False, classes="welcome-cmd")
+        self.command = command
+
+    def on_resize(self) -> None:
+        self.update(wrap_command(self.command, max(self.size.width, 20)))
 
 
 class Welcome(Vertical):
@@ -56,6 +95,9 @@ class Welcome(Vertical):
         yield ProgressBar(total=100, show_eta=False, id="welcome-bar")
         yield Static("starting the engine", id="welcome-status", markup=False)
         yield Static(real_model_help(), classes="welcome-more", markup=False)
+        for command in COMMANDS:
+            yield CommandLine(command)
+        yield Static(more_help(), classes="welcome-text", markup=False)
 
     def show_progress(self, phase: str, done: int, total: int, detail: str) -> None:
         self.progress.update(phase, done, total, detail)
