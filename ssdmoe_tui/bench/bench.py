@@ -418,11 +418,6 @@ def warmup(opts: BenchOptions, k: int, budget: CacheBudget, log: Log) -> None:
         _close(runner)
 
 
-def _moe_blocks(model) -> list:
-    """Modules holding a `switch_mlp` (mlx-lm's MoE blocks)."""
-    return [m for _, m in model.named_modules() if hasattr(m, "switch_mlp")]
-
-
 def resident_baseline(
     path: Path,
     ks: list[int],
@@ -440,7 +435,7 @@ def resident_baseline(
     import mlx.core as mx
     import mlx_lm
 
-    from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
+    from ssdmoe_tui.engine.model.loader import cast_model, moe_blocks, set_block_k
     from ssdmoe_tui.engine.run.sampling import greedy
 
     t0 = time.perf_counter()
@@ -449,7 +444,7 @@ def resident_baseline(
     mx.eval(model.parameters())
     load_s = time.perf_counter() - t0
     tokenizer.eos_token_ids = set()
-    blocks = _moe_blocks(model)
+    blocks = moe_blocks(model)
     out: dict[int, dict] = {}
     try:
         # Warm-up, not timed: the first call compiles kernels (minutes under MLX-CUDA's JIT).

@@ -229,9 +229,9 @@ def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: 
     import mlx.core as mx
     import numpy as np
 
-    from ssdmoe_tui.bench.bench import _moe_blocks
+    from ssdmoe_tui.engine.model.loader import moe_blocks
 
-    rblock = _moe_blocks(resident.model)[0]
+    rblock = moe_blocks(resident.model)[0]
     sblock = small.sm.blocks[0]
     eblock = every.sm.blocks[0]
     cfg = small.sm.config.get("text_config", small.sm.config)

@@ -93,6 +93,11 @@ class StreamedModel:
         self.cache.close()
 
 
+def moe_blocks(model: nn.Module) -> list:
+    """Modules holding a `switch_mlp` (mlx-lm's MoE blocks)."""
+    return [m for _, m in model.named_modules() if hasattr(m, "switch_mlp")]
+
+
 def set_block_k(block: nn.Module, k: int) -> None:
     """Top-k lives in different attributes per architecture; set every one present."""
     if "top_k" in block.__dict__ or hasattr(block, "top_k"):
