@@ -46,8 +46,14 @@ def _mib(x: float) -> str:
     return f"{x:,.1f}" if x >= 1 else f"{x:.3f}"
 
 
+def _home(path: str) -> str:
+    """A path as a user types it: their home folder as `~`."""
+    home = str(Path.home())
+    return "~" + path[len(home) :] if path == home or path.startswith(home + "/") else path
+
+
 def format_table(entries: list) -> str:
-    header = ("MODEL", "ARCH", "SIZE", "EXPERTS", "K", "EXPERT", "MiB/TOKEN", "SUPPORTED")
+    header = ("MODEL", "ARCH", "SIZE", "EXPERTS", "K", "EXPERT", "MiB/TOKEN", "SUPPORTED", "PATH")
     rows = [header]
     for e in entries:
         rows.append(
@@ -60,6 +66,7 @@ def format_table(entries: list) -> str:
                 human_bytes(e.bytes_per_expert, 2) if e.bytes_per_expert else "-",
                 _mib(e.mib_per_token) if e.mib_per_token else "-",
                 "yes" if e.supported else "no",
+                _home(e.path),  # last: a long path widens no other column
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

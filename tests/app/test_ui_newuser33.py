@@ -234,3 +234,21 @@ async def test_n13_the_welcome_cards_commands_wrap_between_arguments_only(size):
             assert " ".join(got) == command, (got, text)
         assert EXAMPLE_REPO in lines[start + len(got) - 1]
         await loaded(pilot, app)
+
+
+async def test_n15_a_bad_theme_names_where_it_came_from(ssdmoe_home):
+    from ssdmoe_tui.config import config_path
+
+    for argv, where in ((("--theme", "nope"), "--theme nope"), ((), "config.toml: theme")):
+        if not argv:
+            config_path().parent.mkdir(parents=True, exist_ok=True)
+            config_path().write_text('theme = "nope"\n')
+        app = SsdmoeApp(settings(*argv), engine_factory=None)
+        said = []
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            said = [n.message for n in app._notifications if n.severity == "warning"]
+        [line] = [m for m in said if "nope" in m]
+        assert where in line and "ssdmoe-light" in line and "\n" not in line, line
+        if argv:
+            assert "config.toml is not changed" in line

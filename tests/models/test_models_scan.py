@@ -143,8 +143,11 @@ def test_table_output(tmp_path: Path, capsys, monkeypatch) -> None:
         "EXPERT",
         "MiB/TOKEN",
         "SUPPORTED",
+        "PATH",
     ]
-    assert any(line.startswith("m ") and line.rstrip().endswith("yes") for line in out[1:])
+    # Issue 33 N18: each row says where the model is (the demo's folder too).
+    rows = [line.split() for line in out[1:] if line.startswith("m ")]
+    assert [row[-2:] for row in rows] == [["yes", str(folder)]], out
 
 
 def test_models_dir_typo_is_said(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -155,3 +158,16 @@ def test_models_dir_typo_is_said(tmp_path: Path, capsys, monkeypatch) -> None:
     assert main(["models", "--json", "--dir", str(tmp_path / "typo")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ssdmoe: note: --dir {tmp_path / 'typo'}: no such folder"]
+
+
+def test_models_lists_the_demo_with_its_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Issue 33 N18: `ssdmoe models` printed `demo` without saying where it is."""
+    from ssdmoe_tui import paths
+    from ssdmoe_tui.cli import main
+    from ssdmoe_tui.models.demo import ensure_demo_model
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    demo = ensure_demo_model(paths.demo_model_dir())
+    assert main(["models"]) == 0
+    [row] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("demo ")]
+    assert row.split()[-1] in (str(demo), "~" + str(demo)[len(str(Path.home())) :]), row

@@ -21,8 +21,15 @@ class ThemeChoice:
         if name in app.available_themes:
             app.theme = name
         else:
+            known = ", ".join(sorted(t for t in app.available_themes if t.startswith("ssdmoe")))
+            loaded = app.settings.config
+            if loaded is not None and loaded.config.theme == name:  # the file's value
+                where = f"{loaded.path}: theme = {name!r} is not a theme"
+                kept = f"{loaded.path.name} is left as it is"
+            else:  # the command line's (`--theme`), or a caller's
+                where, kept = f"--theme {name}: no such theme", "config.toml is not changed"
             app.notify(
-                f"unknown theme {name!r}; using {DEFAULT_THEME} (config.toml is left as it is)",
+                f"{where}; using {DEFAULT_THEME} ({kept}; themes: {known}, ...)",
                 severity="warning",
                 markup=False,
             )
