@@ -51,8 +51,7 @@ def user_message(exc: BaseException) -> str:
         text = "out of memory: lower the expert cache (--expert-cache) or K"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    text = " ".join(text.split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    return printable(" ".join(text.split()), 300)  # a name's ANSI escape is not sent raw
 
 
 def printable(value: str, limit: int = 200) -> str:

@@ -860,6 +860,8 @@ CASES: list[Bad] = [
                 "keymap"),  # fmt: skip
     config_case("config-keymap-long", "a keymap entry of 900 kB",
                 b'[keymap]\n"app.stop" = "' + b"x" * 900_000 + b'"\n', "keymap"),  # fmt: skip
+    option_case("model-ansi-name", ["generate", "--model", "/no/\x1b[31mred", "--prompt", "hi"],
+                "/no/\\x1b[31mred"),  # fmt: skip  (shown escaped, never raw)
     option_case("bench-quick-fit", ["bench", "--quick", "--fit", "/no/such/fit"], "--fit"),
     model_option_case("bench-fit-missing", ["bench", "--fit", "/no/such/fit"], "--fit /no/such/fit"),
     # ---- warm resume (experts.json) and @file attachments (issue 34)
