@@ -40,6 +40,9 @@ _MODULES = {
     "config": ["ssdmoe_tui.config"],
     "chat_template": ["ssdmoe_tui.prompting.chat_format", "transformers", "mlx_lm.tokenizer_utils"],
     "index_cache": ["ssdmoe_tui.engine.experts.index"],
+    "attachment": ["ssdmoe_tui.chat.attachments"],
+    "experts": ["ssdmoe_tui.sessions.expert_set"],
+    "server_json": ["ssdmoe_tui.chat.wire"],
 }
 
 

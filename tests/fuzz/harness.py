@@ -224,6 +224,95 @@ def _index_cache(data: bytes, work: Path) -> None:
     _expect_clean(lambda: load_index(_INDEX_MODEL["model"]), "index cache")
 
 
+def _attachment(data: bytes, work: Path) -> None:
+    """An `@file` attachment (the one reader of user files): attached or one line; an
+    attached file's block, stored and shown again, gives back exactly the typed text
+    and that file (no marker inside a file or a name forges or loses a chip)."""
+    from ssdmoe_tui.chat.attachments import (
+        Attachment,
+        AttachmentError,
+        attachments_of,
+        split_attached,
+        with_attachments,
+    )
+
+    (work / "notes.txt").write_bytes(data)
+    try:
+        files = attachments_of("look at @notes.txt", work)
+    except AttachmentError as e:
+        _check_message(str(e), "attachment reader")
+        return
+    text = data.decode("utf-8", "replace")
+    quoted = [Attachment('a "quoted" & <odd> name', text), *files]
+    # What is typed goes to the model as typed (markers typed by hand are the user's);
+    # what a file or a name holds must never change the chips.
+    typed = "look at @notes.txt" if "attached" in text else text.replace("\x00", "")
+    message = with_attachments(typed, quoted)
+    got = split_attached(message)
+    if got != (typed, quoted):
+        raise Finding(f"attachment markers: {message[:200]!r} shows as {got!r:.200}")
+
+
+@dataclass(frozen=True)
+class _Info:
+    fingerprint: str = "fp"
+    num_layers: int = 4
+    num_experts: int = 16
+
+
+def _experts(data: bytes, work: Path) -> None:
+    """A warm-resume `experts.json`: a working set within the model's shape, or nothing
+    and one line."""
+    from ssdmoe_tui.sessions.expert_set import load_working_set
+
+    (work / "experts.json").write_bytes(data)
+    got = load_working_set(work, _Info())
+    if got.warning:
+        _check_message(got.warning, "warm-resume loader")
+    if got.working_set is not None:
+        version = json.loads(data).get("version")
+        if type(version) is not int:  # `true == 1`: was taken as version 1
+            raise Finding(f"warm-resume loader took version {version!r}")
+    for layer, ids in got.working_set or ():
+        ok = type(layer) is int and 0 <= layer < _Info.num_layers
+        if not ok or not all(type(e) is int and 0 <= e < _Info.num_experts for e in ids):
+            raise Finding(f"warm-resume loader took layer {layer!r}: {ids!r:.100}")
+
+
+def _server_json(data: bytes, work: Path) -> None:
+    """What an attached server sends (chat/wire.py): the model card, /v1/stats, a chunk,
+    an error body. Each parser returns checked values or raises BadReply, one line."""
+    from ssdmoe_tui.chat import wire
+    from ssdmoe_tui.engine.run import protocol as P
+
+    def clean(call: Callable[[], object], what: str) -> object:
+        try:
+            return call()
+        except wire.BadReply as e:
+            _check_message(str(e), what)
+            return None
+
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        parsed = None
+    clean(lambda: wire.chunk(data), "chunk parser")
+    _check_message(wire.error_message(data), "error body")
+    if parsed is None:
+        return
+    info = clean(lambda: wire.model_info("http://127.0.0.1:1", parsed, parsed), "model card")
+    if info is not None and not all(
+        type(getattr(info, f)) is int and getattr(info, f) >= 0
+        for f in ("num_layers", "num_experts", "trained_k", "k", "max_context")
+    ):
+        raise Finding(f"model card: {info!r:.200}")
+    sample = clean(lambda: wire.stats_sample(parsed), "stats parser")
+    if isinstance(sample, P.StatsSample):
+        for name, v in vars(sample).items():
+            if v is not None and (type(v) not in (int, float) or v != v):
+                raise Finding(f"stats parser: {name} = {v!r}")
+
+
 _FRAMED = {"safetensors", "kv_checkpoint"}
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -235,6 +324,9 @@ TARGETS: dict[str, Target] = {
         Target("config", _config, "*.toml"),
         Target("chat_template", _chat_template, "*.jinja"),
         Target("index_cache", _index_cache, "*.json"),
+        Target("attachment", _attachment, "*"),
+        Target("experts", _experts, "*.json"),
+        Target("server_json", _server_json, "*.json"),
     )
 }
 
