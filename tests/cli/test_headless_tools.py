@@ -10,6 +10,7 @@ import pytest
 
 from ssdmoe_tui.bench.report import WIDTH, summary
 from ssdmoe_tui.cli import main
+from tests.fixture_paths import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -217,3 +218,16 @@ def test_demo_model_takes_the_quantization_of_its_config(tmp_path, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(cfg) in err[0] and "64" in err[0], err
+
+
+def test_eval_runs_with_no_argument_on_the_demo_and_its_held_out_text(capsys):
+    """Issue 33 N17: every command ran on the demo with no argument but `eval`, which
+    needed --text; it now takes the GPL v3 text it ships (held out of the demo's
+    training), and says so."""
+    from ssdmoe_tui.commands.eval import DEFAULT_TEXT
+
+    assert main(["eval", "--max-tokens", "64", "--k", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert "no --text: the GNU GPL v3 text" in err and str(DEFAULT_TEXT) in err
+    assert f"text: {DEFAULT_TEXT}, 64 tokens" in out
+    assert DEFAULT_TEXT.read_bytes() == (FIXTURES / "heldout" / "gpl3.txt").read_bytes()
