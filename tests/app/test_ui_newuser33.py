@@ -4,8 +4,10 @@ real files, the real demo where a model is needed)."""
 from __future__ import annotations
 
 import argparse
+import io
 
 import pytest
+from rich.console import Console
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import add_arguments, build_settings, engine_factory
@@ -252,3 +254,19 @@ async def test_n15_a_bad_theme_names_where_it_came_from(ssdmoe_home):
         assert where in line and "ssdmoe-light" in line and "\n" not in line, line
         if argv:
             assert "config.toml is not changed" in line
+
+
+async def test_n19_f1_lists_the_keys_the_prompt_handles_itself():
+    from ssdmoe_tui.ui.screens.keys import KeysScreen
+
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await setup(pilot)
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, KeysScreen), 5, "F1")
+        await pilot.pause(0.2)
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(app.screen.table)  # the whole table (the screen scrolls it)
+        text = console.export_text()
+        for part in ("pageup", "pagedown", "previous / next prompt", "tab", "@path", "(fixed)"):
+            assert part in text, (part, text)

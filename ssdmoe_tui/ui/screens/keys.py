@@ -14,6 +14,17 @@ def _pretty(app: App, keys: str) -> str:
     return "  ".join(app.get_key_display(Binding(k.strip(), "")) for k in keys.split(","))
 
 
+#: Keys handled by the widgets themselves (not bindings, so not remappable): F1 lists them
+#: too, or a user never learns them.
+FIXED_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("prompt", "enter", "send the prompt"),
+    ("prompt", "↑  ↓", "previous / next prompt sent (from the first / last line)"),
+    ("prompt", "tab", "complete the @path being typed (a file to attach)"),
+    ("prompt", "pageup  pagedown", "scroll the transcript a page"),
+    ("prompt", "ctrl+home  ctrl+end", "transcript top / follow the reply again"),
+)
+
+
 def bindings_table(
     app: App, groups: list[tuple[str, list[Binding]]], keymap: dict[str, str]
 ) -> Table:
@@ -27,6 +38,8 @@ def bindings_table(
             keys = keymap.get(binding.id or "", binding.key)
             does = binding.description or binding.action
             table.add_row(where, _pretty(app, keys), does, binding.id or "")
+    for where, keys, does in FIXED_KEYS:
+        table.add_row(where, keys, does, "(fixed)")
     return table
 
 
