@@ -57,6 +57,18 @@ def _bool(value: object) -> bool:
     return value
 
 
+def _speculate(value: object) -> str:
+    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import SPECULATE_MODES, parse_speculate
+
+    if not isinstance(value, str):
+        raise ValueError(f"expected one of {', '.join(SPECULATE_MODES)}")
+    try:
+        return parse_speculate(value).mode
+    except BadValueError:
+        raise ValueError(f"expected one of {', '.join(SPECULATE_MODES)}") from None
+
+
 def _optional_k(value: object) -> int | None:
     return None if value is None else _positive_int(value, K_MAX)
 
@@ -130,6 +142,9 @@ class Config:
     thinking: bool = setting(
         True, _bool, "false", "models that think (Qwen3...): false answers at once"
     )
+    speculate: str = setting(
+        "off", _speculate, '"auto"', "speculative decoding: off, auto, ngram, mtp (F9 per chat)"
+    )
     theme: str = setting(DEFAULT_THEME, _text, f'"{DEFAULT_THEME}"', "or ssdmoe-light, ...")
     keymap: dict[str, str] = setting({}, _keymap, "", "binding id = keys; F1 lists the ids")
     max_tool_rounds: int = setting(
@@ -195,6 +210,7 @@ class GenSettings:
     k: int | None = None  # None: the model's trained K
     thinking: bool = True  # the template's enable_thinking (templates that think)
     max_tool_rounds: int = 8  # tool calls answered in one reply before the loop stops
+    speculate: str = "off"  # speculative decoding (engine/spec): off, auto, ngram, mtp
 
     @classmethod
     def from_config(cls, config: Config) -> GenSettings:

@@ -324,6 +324,7 @@ class ChatController:
             prompt_tokens=tuple(ids),
             sampling=self.gen.sampling(),
             session_id=self.session_id,
+            speculate=self.gen.speculate,
         )
         self.inflight, self._sent_request = request.request_id, request
         return request
@@ -341,6 +342,7 @@ class ChatController:
             sampling=self.gen.sampling(),
             thinking=self.gen.thinking,
             tools=tuple(self.tool_specs()),
+            speculate=self.gen.speculate,
         )
         self.inflight, self._sent_request = request.request_id, request
         return request

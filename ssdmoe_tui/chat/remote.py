@@ -59,6 +59,7 @@ class ChatTurn:
     k: int | None = None
     thinking: bool = True
     tools: tuple[dict, ...] = ()  # the MCP tools offered, as OpenAI's `tools`
+    speculate: str = "off"  # the server's ssdmoe.speculate
 
 
 def sampling_body(s: SamplingOptions) -> dict[str, Any]:
@@ -301,8 +302,11 @@ class RemoteEngine:
         if turn.tools:
             body["tools"] = list(turn.tools)
         k = turn.k if turn.k is not None else self.k
-        if k is not None:
-            body["ssdmoe"] = {"k": k}
+        ext: dict = {"k": k} if k is not None else {}
+        if turn.speculate != "off":
+            ext["speculate"] = turn.speculate
+        if ext:
+            body["ssdmoe"] = ext
         conn = http.client.HTTPConnection(self._host, self._port, timeout=STREAM_TIMEOUT_S)
         self._conn = conn
         total = STREAM_BASE_S + STREAM_PER_TOKEN_S * max(turn.sampling.max_tokens, 0)

@@ -11,6 +11,7 @@ from ssdmoe_tui.commands.common import (
     add_max_tokens_argument,
     add_model_arguments,
     add_prefill_step_argument,
+    add_speculate_arguments,
     arg_type,
     engine_options,
 )
@@ -53,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(p)
     add_prefill_step_argument(p)
+    add_speculate_arguments(p)
     p.add_argument("--host", default=D.HOST, help=f"address to bind (default: {D.HOST})")
     p.add_argument(
         "--port",
@@ -187,6 +189,7 @@ def _serve(args: argparse.Namespace, link) -> int:
     import os
     import sys
 
+    from ssdmoe_tui.commands.common import speculation
     from ssdmoe_tui.server.engine_client import EngineFailed
     from ssdmoe_tui.server.main import (
         ServeOptions,
@@ -198,11 +201,15 @@ def _serve(args: argparse.Namespace, link) -> int:
     )
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("SSDMOE_API_KEY")
+    spec = speculation(args)
+    if spec.on and link is not None:
+        raise BadValueError("--speculate: not with --distributed (the ranks step one token)")
     options = ServeOptions(
         engine=engine_options(args),
         api_key=api_key or None,
         max_queue=args.max_queue,
         max_batch=args.max_batch,
+        speculate=spec,
         max_body_bytes=args.max_body,
         max_tokens=args.max_tokens,
         temperature=args.temp,

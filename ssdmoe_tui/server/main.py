@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
-from ssdmoe_tui.options import EngineOptions
+from ssdmoe_tui.options import EngineOptions, Speculation
 from ssdmoe_tui.server import defaults as D
 from ssdmoe_tui.server.engine_client import EngineClient, MakeService
 from ssdmoe_tui.server.hosts import HostPolicy
@@ -37,15 +37,18 @@ def default_cache_root() -> Path:
     return data_dir() / "server-cache"
 
 
-def engine_service_factory(options: EngineOptions, max_batch: int | None = None) -> MakeService:
+def engine_service_factory(
+    options: EngineOptions, max_batch: int | None = None, speculate: Speculation | None = None
+) -> MakeService:
     """The default seam: the in-process engine thread, opened with `options`, decoding up
-    to `max_batch` requests together (None: what its KV budget allows, at least 4); the
-    server injects its own KV hooks (not the app's sessions)."""
+    to `max_batch` requests together (None: what its KV budget allows, at least 4), with
+    `speculate` for requests that name none; the server injects its own KV hooks (not
+    the app's sessions)."""
 
     def make(post):  # noqa: ANN001, ANN202
         from ssdmoe_tui.engine.run.service import EngineService
 
-        return EngineService(post, options=options, max_batch=max_batch)
+        return EngineService(post, options=options, max_batch=max_batch, speculate=speculate)
 
     return make
 
@@ -68,6 +71,7 @@ class ServeOptions:
     # requests decoded together (engine/run/batch_loop.py); None: what the KV budget
     # allows at the model's context, at least 4; 1: one at a time
     max_batch: int | None = None
+    speculate: Speculation = field(default_factory=Speculation)  # requests that name none
     max_body_bytes: int = D.MAX_BODY_BYTES
     max_tokens: int = D.MAX_TOKENS
     temperature: float = D.TEMPERATURE
@@ -95,7 +99,9 @@ def host_policy(sock: socket.socket, allowed: tuple[str, ...]) -> HostPolicy:
 class Server:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        make = options.make_service or engine_service_factory(options.engine, options.max_batch)
+        make = options.make_service or engine_service_factory(
+            options.engine, options.max_batch, options.speculate
+        )
         self.engine = EngineClient(make, max_queue=options.max_queue, max_batch=None)
         self.state: ServerState | None = None  # the handlers' shared state, once loaded
         self.kv: ServerKV | None = None

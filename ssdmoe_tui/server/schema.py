@@ -119,6 +119,7 @@ class ChatRequest:
     tools: tuple[dict, ...] = ()
     template_kwargs: dict = field(default_factory=dict)
     k: int | None = None
+    speculate: str | None = None  # ssdmoe.speculate (None: the server's --speculate)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     k: int | None = None
+    speculate: str | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -269,16 +271,36 @@ def split_model(model: Any, served: str) -> tuple[str, int | None]:
     return base, k
 
 
-def _ext_k(body: dict) -> int | None:
+def _ext(body: dict) -> dict:
     ext = body.get("ssdmoe")
     if ext is None:
-        return None
+        return {}
     if not isinstance(ext, dict):
         raise bad_request("'ssdmoe' must be an object, e.g. {\"k\": 4}", "ssdmoe")
-    unknown = set(ext) - {"k"}
+    unknown = set(ext) - {"k", "speculate"}
     if unknown:
         raise bad_request(f"unknown 'ssdmoe' field(s): {', '.join(sorted(unknown))}", "ssdmoe")
-    return _int(ext, "k", 1, param="ssdmoe.k")
+    return ext
+
+
+def _ext_k(body: dict) -> int | None:
+    return _int(_ext(body), "k", 1, param="ssdmoe.k")
+
+
+def _ext_speculate(body: dict) -> str | None:
+    """`ssdmoe.speculate`: off | auto | ngram | mtp for this request (none: the server's)."""
+    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import parse_speculate
+
+    value = _ext(body).get("speculate")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request("ssdmoe.speculate must be one of off, auto, ngram, mtp", "ssdmoe.speculate")
+    try:
+        return parse_speculate(value).mode
+    except BadValueError as e:
+        raise bad_request(f"ssdmoe.speculate: {e}", "ssdmoe.speculate") from None
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -518,6 +540,7 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
             **_template_kwargs(body),
         },
         k=k if k is not None else k_suffix,
+        speculate=_ext_speculate(body),
     )
 
 
@@ -548,4 +571,5 @@ def parse_completion(body: Any, served_model: str) -> CompletionRequest:
         stream=stream,
         include_usage=include,
         k=k if k is not None else k_suffix,
+        speculate=_ext_speculate(body),
     )

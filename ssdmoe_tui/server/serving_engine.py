@@ -243,6 +243,7 @@ class Serving:
                 sampling=p.sampling,
                 session_id=SESSION_KEY,
                 k=k,
+                speculate=getattr(p.req, "speculate", None),
             )
             job = self.engine.submit(cmd)
             job.warnings = tuple(p.warnings)
@@ -372,6 +373,8 @@ class Serving:
             ext["distributed"] = s["distributed"]
         if s.get("warnings"):
             ext["warnings"] = list(s["warnings"])
+        if s.get("speculation"):  # acceptance, tokens per pass, bytes and ms per token
+            ext["stats"]["speculation"] = s["speculation"]
         self.state.last_response_stats = ext
         st = ext["stats"]
         self.state.log(

@@ -14,6 +14,12 @@ from ssdmoe_tui.ui.actions import conversations, gen_settings, model
 
 _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
 _SET_CACHE = re.compile(r"(?:set\s+)?(?:expert[-\s]?)?cache\s*=?\s*(\S+)", re.IGNORECASE)
+SPECULATE_HINTS = {
+    "off": "Decode one token per pass",
+    "auto": "Draft where it pays: the governor prices each round; greedy replies unchanged",
+    "ngram": "Draft from the conversation so far (repeated spans: code, quotes)",
+    "mtp": "Draft with the checkpoint's MTP head (where it has one)",
+}
 _OPEN = re.compile(r"open(?:\s+model)?\s+(\S.*)", re.IGNORECASE)
 
 
@@ -48,13 +54,22 @@ class SsdmoeCommands(Provider):
             ),
             (
                 "Generation settings…",
-                "System prompt, temperature, top-p, max tokens, K for this conversation (F9)",
+                "System prompt, temperature, top-p, max tokens, K, speculation for this "
+                "conversation (F9)",
                 act("gen_settings"),
             ),
             (
                 "Thinking on/off",
                 "Models that think (Qwen3...): reason first, or answer at once (this chat)",
                 run(gen_settings.toggle_thinking),
+            ),
+            *(
+                (
+                    f"Speculative decoding: {mode}",
+                    SPECULATE_HINTS[mode] + " (this chat; F9 has it too)",
+                    run(gen_settings.set_speculate, mode),
+                )
+                for mode in SPECULATE_HINTS
             ),
             ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", run(model.ask_k)),
             (

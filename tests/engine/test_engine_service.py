@@ -262,3 +262,34 @@ def test_engine_thread_clears_its_mlx_streams_before_it_ends(checkpoints, monkey
     assert calls == []  # not while it serves
     svc.shutdown()
     assert calls == ["ssdmoe-engine"]
+
+
+def test_speculation_per_request_and_the_service_default(checkpoints):
+    """A Generate's `speculate` (or the service's when it names none) runs the turn
+    speculating; its figures reach GenerationDone and the stats samples; a bad value
+    fails that request only, with one line."""
+    from ssdmoe_tui.options import Speculation
+
+    ev = Events()
+    svc = EngineService(ev.post, max_batch=4, speculate=Speculation("ngram"))
+    svc.start()
+    try:
+        svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1G"))
+        ev.until(P.ModelLoaded)
+        ids = tuple([5, 6, 7, 8] * 8)
+        svc.submit(P.Generate("off", prompt_tokens=ids, max_tokens=12, speculate="off"))
+        plain, _ = ev.until(P.GenerationDone)
+        assert plain.stats["speculation"] is None
+        svc.submit(P.Generate("dflt", prompt_tokens=ids, max_tokens=12))
+        done, seen = ev.until(P.GenerationDone)
+        assert done.token_ids == plain.token_ids
+        assert done.stats["speculation"]["mode"] == "ngram"
+        assert any(isinstance(e, P.StatsSample) and e.speculation for e in seen)
+        svc.submit(P.Generate("bad", prompt_tokens=ids, max_tokens=4, speculate="7"))
+        err, _ = ev.until(P.EngineError)
+        assert err.message.startswith("--speculate '7'") and "\n" not in err.message
+        svc.submit(P.Generate("mtp", prompt_tokens=ids, max_tokens=4, speculate="mtp"))
+        err, _ = ev.until(P.EngineError)
+        assert "no MTP head" in err.message
+    finally:
+        svc.shutdown()

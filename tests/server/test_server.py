@@ -525,6 +525,18 @@ def test_cors_only_for_the_allowed_origins(srv):
         sock.close()
 
 
+def test_speculation_per_request(srv, reference):
+    """`ssdmoe.speculate` speculates this request (the server's --speculate otherwise):
+    the greedy reply is the same; the reply's stats carry the speculation figures."""
+    r = srv.client().chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=16, temperature=0,
+        extra_body={"ssdmoe": {"speculate": "ngram"}},
+    )  # fmt: skip
+    assert r.choices[0].message.content == reference["text"]
+    sp = r.model_extra["ssdmoe"]["stats"]["speculation"]
+    assert sp["mode"] == "ngram" and sp["tokens_per_pass"] >= 1.0
+
+
 # --------------------------------------------------------------------------- 4xx
 
 
@@ -543,6 +555,8 @@ def test_cors_only_for_the_allowed_origins(srv):
         ({"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
         ({"seed": 2**64}, 400, "seed"),  # was a 500 from the engine
         ({"ssdmoe": {"k": "4"}}, 400, "ssdmoe.k"),
+        ({"ssdmoe": {"speculate": "7"}}, 400, "ssdmoe.speculate"),
+        ({"ssdmoe": {"speculate": 1}}, 400, "ssdmoe.speculate"),
     ],
 )
 def test_bad_requests_get_openai_errors(srv, patch, status, param):

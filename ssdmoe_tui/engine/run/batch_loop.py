@@ -49,9 +49,9 @@ class BatchLoop:
                     cmd = ctx.next_command()
                     if cmd is None:
                         break
-                    if isinstance(cmd, P.Generate):
+                    if isinstance(cmd, P.Generate) and not ctx.speculates(cmd):
                         self._add(cmd)
-                    else:
+                    else:  # another command, or a Generate that speculates: alone, after
                         held = cmd
                 if self.batch.idle:
                     return held

@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ssdmoe_tui.options import SamplingOptions
+from ssdmoe_tui.options import (
+    SamplingOptions,
+    Speculation,
+    parse_draft_depth,
+    parse_speculate,
+)
 
 Phase = Literal["idle", "loading", "indexing", "prefill", "decoding", "saving"]
 
@@ -51,6 +56,18 @@ class Generate:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     session_id: str | None = None  # lets the engine pick the right cached KV state
     k: int | None = None  # experts per token from this reply's first token on (None: as set)
+    # speculative decoding (engine/spec): off | auto | ngram | mtp; None: the service's
+    # setting (`serve --speculate`); `draft_depth` None: the governor chooses
+    speculate: str | None = None
+    draft_depth: int | None = None
+
+    def speculation(self, default: Speculation) -> Speculation:
+        """This request's speculation (checked: one line naming a bad value)."""
+        if self.speculate is None:
+            if self.draft_depth is None:
+                return default
+            return Speculation(default.mode, parse_draft_depth(self.draft_depth), default.p)
+        return parse_speculate(self.speculate, depth=parse_draft_depth(self.draft_depth))
 
 
 @dataclass(frozen=True)
@@ -159,6 +176,9 @@ class StatsSample:
     # the last token's. None before the first generated token.
     routing_mass: float | None = None
     routing_mass_last: float | None = None
+    # speculative decoding this turn (engine/spec/verify.SpecStats.as_dict: acceptance,
+    # tokens per pass, bytes and ms per token); None: the turn does not speculate
+    speculation: dict | None = None
 
 
 @dataclass(frozen=True)

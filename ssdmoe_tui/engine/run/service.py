@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.turn import Turn, fail
 from ssdmoe_tui.errors import BadValueError, user_message
-from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k
+from ssdmoe_tui.options import CacheBudget, EngineOptions, Speculation, check_k
 
 if TYPE_CHECKING:
     from ssdmoe_tui.engine.run.runner import Runner
@@ -102,13 +102,16 @@ class EngineService:
         prefill_step_size: int | None = None,
         kv_hooks: KVHooks | KVHooksFactory | None = None,
         max_batch: int | None = 1,
+        speculate: Speculation | None = None,
     ) -> None:
         """`options`: what every LoadModel starts from (reader, prefetch, ...); a
         LoadModel sets the model, K, prefill K, expert cache and dtype on top.
         `kv_hooks`: persistence (or a factory called on the engine thread).
         `max_batch`: Generates decoded together (engine/run/batch_loop.py); 1: one at a
         time (the app); None: what the KV budget allows at the model's context, at
-        least 4 (`auto_max_batch`, set at each load)."""
+        least 4 (`auto_max_batch`, set at each load).
+        `speculate`: speculative decoding for requests that name none (engine/spec); a
+        request that speculates runs alone when no batch is running."""
         self._post = post
         self.options = options or EngineOptions()
         if prefill_step_size is not None:
@@ -135,6 +138,7 @@ class EngineService:
         self.link = None
         self.max_batch_setting = max_batch
         self.max_batch = max_batch or 4
+        self.speculate = speculate or Speculation()
         self._cancel_ids: set[str] = set()  # requests stopped one by one (batched serving)
         self._outstanding = 0  # Generates submitted and not yet done
         self._count_lock = threading.Lock()
@@ -253,7 +257,12 @@ class EngineService:
                     self._end_warm()
                 continue
             self._end_warm()  # any command first: the warm-up yields (one chunk at most)
-            if isinstance(cmd, P.Generate) and self.batching and self._runner is not None:
+            if (
+                isinstance(cmd, P.Generate)
+                and self.batching
+                and self._runner is not None
+                and not self._speculates(cmd)
+            ):
                 from ssdmoe_tui.engine.run.batch_loop import BatchLoop
 
                 held = BatchLoop(self._context()).run(cmd)
@@ -288,6 +297,14 @@ class EngineService:
                 if isinstance(cmd, P.Generate):
                     self._cancel.clear()  # its stop is spent, also when it failed
                     self._generation_ended(cmd.request_id)
+
+    def _speculates(self, cmd: P.Generate) -> bool:
+        """Whether `cmd` asks for speculation (then it decodes alone: a batch amortizes
+        the reads its own way); a bad value fails in `_generate`, with one line."""
+        try:
+            return cmd.speculation(self.speculate).on
+        except BadValueError:
+            return True
 
     def _context(self) -> _Context:
         """What a scheduler (`_generate`, the batch loop) may use of this service."""
@@ -501,8 +518,12 @@ class EngineService:
         runner = self._runner
         if runner is None:
             raise BadValueError("no model loaded: open a model first")
+        link = self.link
         turn = Turn(self._context(), cmd)
         sampling = turn.sampling
+        spec = cmd.speculation(self.speculate)
+        if spec.on and link is not None:
+            raise BadValueError("speculative decoding is not available with --distributed")
         if cmd.k is not None:  # every rank of a distributed launch gets the same command
             runner.set_k(cmd.k)
         if sampling.seed is not None:
@@ -514,7 +535,6 @@ class EngineService:
 
         sampler, processors = sampler_for(sampling), processors_for(sampling)
         should_stop = turn.should_stop
-        link = self.link
         if link is not None:
             sampler, turn.meter = link.sampler(sampler), link.meter(runner.sm)
             should_stop = link.should_stop(should_stop, runner)
@@ -526,6 +546,7 @@ class EngineService:
             reused_tokens=reused,
             should_stop=should_stop,
             logits_processors=processors,
+            speculate=spec if spec.on else None,
         )
         result = turn.relay(events)
         extra = {}
@@ -636,6 +657,9 @@ class EngineService:
             generated_tokens=stats.generated_tokens if stats else 0,
             routing_mass=stats.routing_mass if stats else None,
             routing_mass_last=stats.mass_per_token[-1] if stats and stats.mass_per_token else None,
+            speculation=None
+            if stats is None or stats.spec is None
+            else stats.spec.as_dict(stats.decode_requested_bytes, stats.decode_s),
         )
 
 
@@ -670,6 +694,9 @@ class _Context:
     def cancelled(self, request_id: str) -> bool:
         svc = self._svc
         return svc._cancel.is_set() or request_id in svc._cancel_ids
+
+    def speculates(self, cmd: P.Generate) -> bool:
+        return self._svc._speculates(cmd)
 
     def ended(self, request_id: str) -> None:
         self._svc._generation_ended(request_id)

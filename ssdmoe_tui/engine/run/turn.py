@@ -64,6 +64,9 @@ class EngineContext(Protocol):
     def cancelled(self, request_id: str) -> bool:
         """Is this request (or every request) asked to stop?"""
 
+    def speculates(self, cmd: P.Generate) -> bool:
+        """Does this request speculate (engine/spec)? Then it runs alone, not in a batch."""
+
     def ended(self, request_id: str) -> None:
         """This request is over (done or failed): the service may go idle."""
 

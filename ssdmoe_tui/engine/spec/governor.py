@@ -11,17 +11,19 @@ and costs
     T(d) = C(d + 1) + M(d + 1) * B / R  [+ (1 - a^d) * C(d)  where the KV cache cannot be
                                           trimmed and a partly accepted chunk is re-run]
 
-where C(n) is the measured compute of a pass of n tokens (wall time less expert reads;
-the fixed per-pass cost is C(1)), M(n) the expected expert misses of a pass of n tokens
-(0 when every expert is held; else the measured misses per pass of n tokens, or, before
-one was measured, those of one token scaled by the per-layer union growth U(n) / U(1),
-U measured per chunk size from the cache's lookups, prior E * (1 - (1 - K/E)^n)), B the
-bytes of one expert and R the disk's measured rate. The governor picks the d in 0..D
-(D: the drafts on offer, at most MAX_DEPTH) that maximizes A(d) / T(d); d > 0 only when
-it beats d = 0 by MARGIN, so estimation noise does not turn into a loss. Acceptance is
-measured on every round, d = 0 included: the drafter's first proposal is checked
-against the token the step produced (a shadow trial that costs nothing), so a governor
-that stopped drafting sees when drafts would pay again.
+where C(n) is the measured compute of a pass of n tokens (wall time less expert reads,
+the median of the last WINDOW such passes; the fixed per-pass cost is C(1)), M(n) the
+expected expert misses of a pass of n tokens (0 when every expert is held; else
+measured, interpolated between measured sizes, or, before any was, those of one token
+scaled by the per-layer union growth U(n) / U(1), U measured per chunk size from the
+cache's lookups, prior E * (1 - (1 - K/E)^n)), B the bytes of one expert and R the
+disk's measured rate; T never falls below a smaller pass's. The governor picks the d in
+0..D (D: the drafts on offer, at most AUTO_DEPTH) that maximizes A(d) / T(d); d > 0 only
+when it beats d = 0 by MARGIN, so estimation noise does not turn into a loss (at a = 0
+no depth can). Acceptance is measured on every round, d = 0 included: the drafter's
+first proposal is checked against the token the step produced (a shadow trial that
+costs nothing), so a governor that stopped drafting sees when drafts would pay again.
+docs/engine.md, "The governor".
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from statistics import median
 
 MAX_DEPTH = 8  # drafts per round at most (`--draft-depth` range)
 AUTO_DEPTH = 4  # the governor's own ceiling
-MARGIN = 0.03  # d > 0 must beat d = 0 by this share of expected tokens/s
+MARGIN = 0.05  # d > 0 must beat d = 0 by this share of expected tokens/s
 DECAY = 0.95  # weight of the past per acceptance trial (an effective window of ~20)
 EMA = 0.3  # weight of a new disk-rate measurement
 WINDOW = 15  # passes of one size whose median prices the next
@@ -64,11 +66,10 @@ class Acceptance:
 
 
 class PassFigures:
-    """What one pass of n tokens cost, over the last WINDOW passes of that size: compute
-    seconds (their lower quartile), lookups (the per-layer union, summed over layers)
-    and misses (medians). Not a mean: on a shared machine a pass that waits for a core
-    takes up to ten times the others, in streaks; the lower quartile is the pass's own
-    cost, which is what the sizes compare."""
+    """What one pass of n tokens cost: medians over the last WINDOW passes of that size of
+    compute seconds, lookups (the per-layer union, summed over layers) and misses. Not
+    a mean: on a shared machine a pass that waits for a core takes up to ten times the
+    others, and one such pass would carry into the next prices."""
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
@@ -80,9 +81,8 @@ class PassFigures:
 
     def update(self, compute_s: float, lookups: float, misses: float) -> None:
         self._samples.append((compute_s, lookups, misses))
-        compute, lookups, misses = (sorted(c) for c in zip(*self._samples, strict=True))
-        self.compute_s = compute[(len(compute) - 1) // 4]
-        self.lookups, self.misses = float(median(lookups)), float(median(misses))
+        cols = list(zip(*self._samples, strict=True))
+        self.compute_s, self.lookups, self.misses = (float(median(c)) for c in cols)
 
 
 @dataclass
@@ -170,8 +170,14 @@ class CostModel:
         return m * self.expert_bytes / rate
 
     def pass_s(self, n: int) -> float | None:
+        """T(n): compute and reads; never below a smaller pass's (more tokens never cost less:
+        at acceptance 0 no depth can then beat d = 0)."""
         c = self.compute(n)
-        return None if c is None else c + self.read_s(n)
+        if c is None:
+            return None
+        t = c + self.read_s(n)
+        smaller = [self.passes[m].compute_s + self.read_s(m) for m in self.passes if m < n]
+        return max([t, *smaller])
 
 
 @dataclass(frozen=True)

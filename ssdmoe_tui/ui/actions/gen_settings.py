@@ -1,4 +1,5 @@
-"""F9: this conversation's generation settings (system prompt, sampling, max tokens, K)."""
+"""F9: this conversation's generation settings (system prompt, sampling, max tokens, K,
+speculative decoding)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,14 @@ def toggle_thinking(app: Any) -> None:
         return
     state = "on" if gen.thinking else "off"
     app.notify(f"Thinking {state} for this conversation (from the next reply).")
+
+
+def set_speculate(app: Any, mode: str) -> None:
+    """The palette's "Speculative decoding: MODE": this conversation's `speculate`."""
+    gen = replace(app.chat.gen, speculate=mode)
+    try:
+        app.chat.set_gen(gen)
+    except Refused as e:
+        app.notify(str(e), severity="error")
+        return
+    app.notify(f"Speculative decoding {mode} for this conversation (from the next reply).")

@@ -1,5 +1,5 @@
 """F9: this conversation's generation settings (system prompt, temperature, top-p, max
-tokens, K, max tool rounds, thinking). Starts from the conversation's own values (new chats: the config's); each
+tokens, K, max tool rounds, speculative decoding, thinking). Starts from the conversation's own values (new chats: the config's); each
 value is checked by the config schema's own check, a bad one is named on the screen and
 nothing is applied until all are good. Returns the new `GenSettings`, or None."""
 
@@ -21,6 +21,7 @@ FIELDS = (  # (key, label, hint): a hint fits its column of a 64-wide dialog
     ("max_tokens", "Max tokens", "the longest reply"),
     ("k", "K (experts per token)", "empty = trained K"),
     ("max_tool_rounds", "Max tool rounds", "per reply (tool calls)"),
+    ("speculate", "Speculate", "off, auto, ngram, mtp"),
 )
 OFF_WHEN_ZERO = {"top_p"}  # shown empty at 0: "Top-p 0" reads as "keep nothing"
 
@@ -39,6 +40,8 @@ def _typed(key: str, text: str) -> object:
         return None
     if key in OFF_WHEN_ZERO and not text:
         return 0.0
+    if key == "speculate":
+        return text.lower() or "off"
     try:
         return int(text) if key in ("max_tokens", "k", "max_tool_rounds") else float(text)
     except ValueError:

@@ -46,6 +46,9 @@ ROWS = {
     "mem_peak": "peak RSS",
     "kv_hit": "KV hit (turn)",
     "context": "context",
+    "spec_accept": "drafts accepted",
+    "spec_pass": "tokens per pass",
+    "spec_cost": "per token",
 }
 
 TOOLTIPS = {
@@ -59,6 +62,9 @@ TOOLTIPS = {
     "sparkline is per token.",
     "cache_hit": "Share of routed experts found in the engine's own expert cache this turn.",
     "kv_hit": "Share of this turn's prompt served from the saved KV cache.",
+    "spec_accept": "Speculative decoding (F9): drafted tokens the model agreed with this reply.",
+    "spec_pass": "Tokens each forward pass produced this reply (1 without speculation).",
+    "spec_cost": "Expert bytes read and milliseconds per token this reply.",
 }
 
 K_ECHO_GRACE_S = 1.0  # samples this soon after a K change may predate it: not reflected
@@ -138,12 +144,17 @@ class EnginePanel(VerticalScroll):
         yield Row("kv_hit", ROWS["kv_hit"])
         yield Row("context", ROWS["context"])
         yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="context-meter")
+        # speculative decoding (F9): shown while a reply speculates
+        yield Static("speculation", classes="section-title", id="spec-title")
+        for key in ("spec_accept", "spec_pass", "spec_cost"):
+            yield Row(key, ROWS[key])
 
     def on_mount(self) -> None:
         self.border_title = "engine"
         self.query_one("#phase-progress", ProgressBar).display = False
         self.query_one("#ranks-title").display = False
         self.query_one("#ranks").display = False
+        self._show_spec(None)
 
     # ------------------------------------------------------------------ updates
 
@@ -278,6 +289,26 @@ class EnginePanel(VerticalScroll):
         self._set("context", f"{fmt_count(s.context_tokens)} / {fmt_count(s.max_context)}")
         meter = self.query_one("#context-meter", ProgressBar)
         meter.update(total=max(1, s.max_context), progress=min(s.context_tokens, s.max_context))
+        self._show_spec(s.speculation)
+
+    def _show_spec(self, sp: dict | None) -> None:
+        """The speculation rows: acceptance, tokens per pass, bytes and ms per token
+        (hidden while replies do not speculate)."""
+        shown = sp is not None
+        self.query_one("#spec-title").display = shown
+        for key in ("spec_accept", "spec_pass", "spec_cost"):
+            self.query_one(f"#row-{key}").display = shown
+        if sp is None:
+            return
+        acc = sp.get("acceptance")
+        self._set("spec_accept", "—" if acc is None else
+                  f"{fmt_pct(acc)} ({sp.get('accepted', 0)}/{sp.get('drafted', 0)})")  # fmt: skip
+        tpp = sp.get("tokens_per_pass")
+        self._set("spec_pass", "—" if tpp is None else f"{tpp:.2f}")
+        self._set(
+            "spec_cost",
+            f"{fmt_mib(sp.get('bytes_per_token', 0) / 2**20)} · {sp.get('ms_per_token', 0):.1f} ms",
+        )
 
     def show_ranks(self, d: dict | None) -> None:
         """Per-rank figures of a distributed reply (its stats' `distributed`); None: hide."""

@@ -1,0 +1,57 @@
+"""Speculative decoding in the app: F9 sets it per conversation (a bad value named on
+the screen), the palette's entries set it too, a reply speculates and the engine panel
+shows its acceptance, tokens per pass and cost per token; greedy replies are unchanged."""
+
+from __future__ import annotations
+
+from textual.widgets import Input
+
+from ssdmoe_tui.commands.chat import engine_factory
+from ssdmoe_tui.ui.actions import gen_settings
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
+from tests.app.test_ui_app import SIZE, loaded, type_and_send, wait_until
+
+
+async def _reply(pilot, app, before):
+    await wait_until(
+        pilot, lambda: app.inflight is None and app.chat.last_done is not before, 60, "a reply"
+    )
+    return app.chat.last_done
+
+
+async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=24), engine_factory=engine_factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "say it again: one two three, one two three")
+        plain = await _reply(pilot, app, None)
+        assert plain.stats.get("speculation") is None
+        assert not app.panel.query_one("#spec-title").display
+
+        await pilot.press("f9")
+        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
+        screen = app.screen
+        screen.query_one("#set-speculate", Input).value = "7"
+        screen.action_save()
+        await pilot.pause()
+        assert app.screen is screen
+        assert "Speculate: '7'" in str(screen.query_one("#settings-error").render())
+        screen.query_one("#set-speculate", Input).value = "ngram"
+        screen.action_save()
+        await pilot.pause()
+        assert app.chat.gen.speculate == "ngram"
+
+        # The same prompt again, greedy: the same reply, now speculating.
+        await pilot.press("ctrl+g")
+        spec = await _reply(pilot, app, plain)
+        assert spec.token_ids == plain.token_ids
+        sp = spec.stats["speculation"]
+        assert sp["mode"] == "ngram" and sp["tokens_per_pass"] >= 1.0
+        panel = app.panel
+        await wait_until(pilot, lambda: panel.query_one("#spec-title").display, 10, "panel")
+        assert panel.shown.get("spec_pass") == f"{sp['tokens_per_pass']:.2f}"
+        assert "ms" in panel.shown.get("spec_cost", "")
+
+        gen_settings.set_speculate(app, "off")
+        assert app.chat.gen.speculate == "off"
