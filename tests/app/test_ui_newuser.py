@@ -78,13 +78,19 @@ async def test_the_first_screen_says_what_the_demo_is_and_how_to_open_a_real_mod
             assert part in after, (part, after)
 
 
+async def open_by_key(pilot, key: str, screen_type: type) -> None:
+    """Fixed events (`setup`), then `key`, until its screen is up and drawn."""
+    app = pilot.app
+    await setup(pilot)
+    await pilot.press(key)
+    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), 5, key)
+    await pilot.pause(0.2)
+
+
 async def test_f9_starts_on_the_system_prompt_and_every_line_fits():
     app = SsdmoeApp(ChatSettings(), engine_factory=None)
     async with app.run_test(size=(80, 24)) as pilot:
-        await setup(pilot)
-        await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
-        await pilot.pause(0.2)
+        await open_by_key(pilot, "f9", GenSettingsScreen)
         screen = app.screen
         box = screen.query_one("#set-system_prompt", TextArea)
         assert app.focused is box  # typing goes to the system prompt

@@ -19,7 +19,7 @@ from ssdmoe_tui.ui.actions.keys import keymap_problems
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from tests.app.test_ui_app import loaded, record_notifications, wait_until
-from tests.app.test_ui_newuser import screen_text
+from tests.app.test_ui_newuser import open_by_key, screen_text
 from tests.app.test_ui_snapshot import setup
 
 
@@ -261,10 +261,7 @@ async def test_n19_f1_lists_the_keys_the_prompt_handles_itself():
 
     app = SsdmoeApp(ChatSettings(), engine_factory=None)
     async with app.run_test(size=(120, 40)) as pilot:
-        await setup(pilot)
-        await pilot.press("f1")
-        await wait_until(pilot, lambda: isinstance(app.screen, KeysScreen), 5, "F1")
-        await pilot.pause(0.2)
+        await open_by_key(pilot, "f1", KeysScreen)
         console = Console(width=200, record=True, file=io.StringIO())
         console.print(app.screen.table)  # the whole table (the screen scrolls it)
         text = console.export_text()
