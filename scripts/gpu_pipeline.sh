@@ -19,16 +19,19 @@
 #            (host at 2 and 4 GiB); decode/ceiling in the JSON's achieved_over_ceiling
 #   prefill  4096-token prompt, chunk 4096, 4G cache, uncapped, resident mlx-lm in the
 #            same call: warm (page cache filled), then cold (--cold); `auto` everything
-#            (host slots, so prefill chunks are computed from a device copy: staged_calls)
+#            (host slots, so prefill chunks are computed from a device copy: staged_calls;
+#            the next layer's union read ahead), then cold with SSDMOE_PREFILL_READAHEAD=off
 #   exact    greedy tokens, resident mlx-lm vs the engine at 4G and 2G (pipelined layer,
 #            full-shape calls) and at 4G with the pipeline off (exact.jsonl)
 #   place    the same trace-driven runs as `pipe`, pipelined, with managed slots
 #            (SSDMOE_SLOT_PLACEMENT=managed), under both caps: against pipe's host runs
+#   prefetch trace-driven, 4G, cold, CAP12_GIB cap, pipelined, `--prefetch both`: the
+#            co-occurrence read-ahead's precision, recall and net tok/s against off
 #   q35      build the Qwen3.5-35B-A3B shape at Q35 (~45 s)
 #   sweep    uniform routing on Q35, K 8,4,2, 4G, cold, CAP12_GIB cap, pipelined
 #   exact35  greedy tokens on Q35 at 4G (pipelined) against resident mlx-lm
-# A second call for the rest: STEPS=q35,sweep,exact35 scripts/gpu_pipeline.sh OUTDIR2
-# (~4 minutes).
+# A second call for the rest: STEPS=prefetch,q35,sweep,exact35 scripts/gpu_pipeline.sh
+# OUTDIR2 (~5 minutes; the uniform K sweep and the Qwen3.5 tokens of "Done when").
 # Environment: Q30 (/root/q30), Q35 (/root/q35), CAP_GIB (8), CAP12_GIB (12),
 # DEADLINE_S (480), PYTHON (python3), STEPS, DECODE (40: decode tokens per trace config).
 set -uo pipefail
@@ -70,11 +73,13 @@ if want pipe; then
   traced pipe-cap8 "$CAP_GIB" 80 -- --pipeline both
 fi
 if want prefill; then
-  for mode in warm cold; do
+  for mode in warm cold cold-noreadahead; do
     [ "$(left)" -gt 60 ] || { log "prefill-$mode skipped: deadline"; continue; }
-    cold=(); [ "$mode" = cold ] && cold=(--cold)
+    cold=(); [ "$mode" != warm ] && cold=(--cold)
+    ra=auto; [ "$mode" = cold-noreadahead ] && ra=off
     log "prefill-$mode: 4096 tokens, chunk 4096, 4G, resident in the same call"
-    timeout "$(( $(left) - 5 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q30" --k 8 \
+    SSDMOE_PREFILL_READAHEAD=$ra timeout "$(( $(left) - 5 ))" "$PY" -m ssdmoe_tui.cli bench \
+      --model "$Q30" --k 8 \
       --expert-cache 4G --prompt-tokens 4096 --prefill-step 4096 --decode-tokens 4 \
       --disk-mib 256 --baseline force "${cold[@]}" --wide --json "$OUT/prefill-$mode.json" \
       > "$OUT/prefill-$mode.txt" 2> "$OUT/prefill-$mode.err"
@@ -98,6 +103,9 @@ fi
 if want place; then
   traced place-managed-cap12 "$CAP12_GIB" 70 SSDMOE_SLOT_PLACEMENT=managed --
   traced place-managed-cap8 "$CAP_GIB" 70 SSDMOE_SLOT_PLACEMENT=managed --
+fi
+if want prefetch; then
+  traced prefetch-cap12 "$CAP12_GIB" 100 -- --prefetch both
 fi
 if want q35; then build "$Q35" .benchcfg/q35/config.json "$(( $(left) - 60 ))"; fi
 if want sweep; then
@@ -135,7 +143,10 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
               f"ach {c.get('achieved_over_ceiling')}", f"prefill {c['prefill_tok_s']:.1f}",
               f"x res {c.get('ratio_prefill_vs_resident')}",
               f"over bound {c.get('prefill_time_over_bound')}",
-              f"staged {c.get('staged_calls')}", f"pipelined {c.get('pipelined_calls')}")
+              f"staged {c.get('staged_calls')}", f"pipelined {c.get('pipelined_calls')}",
+              *([f"prefetch precision {c.get('prefetch_precision')}",
+                 f"recall {c.get('prefetch_recall')}",
+                 f"x off {c.get('prefetch_decode_vs_off')}"] if c.get("prefetch") else []))
 EOF
 cat "$OUT/summary.txt" >&2
 log "done"

@@ -90,11 +90,19 @@ def test_pipeline_off_is_the_serial_layer(checkpoints, monkeypatch) -> None:
     sm.close()
 
 
-def test_bad_pipeline_mode_is_one_line(checkpoints, monkeypatch) -> None:
-    monkeypatch.setenv(PIPELINE_ENV, "sometimes")
+@pytest.mark.parametrize(
+    ("env", "choices"),
+    [
+        (PIPELINE_ENV, "auto, off, full, compact"),
+        ("SSDMOE_PREFILL_STAGE", "auto, on, off"),
+        ("SSDMOE_PREFILL_READAHEAD", "auto, on, off"),
+    ],
+)
+def test_bad_mode_is_one_line(checkpoints, monkeypatch, env, choices) -> None:
+    monkeypatch.setenv(env, "sometimes")
     with pytest.raises(SsdmoeError) as err:
         load_streamed(checkpoints("qwen3_moe"), expert_cache="1")
-    assert str(err.value) == f"{PIPELINE_ENV}='sometimes': use one of auto, off, full, compact"
+    assert str(err.value) == f"{env}='sometimes': use one of {choices}"
 
 
 @pytest.mark.parametrize(("budget", "banks"), [("half", None), ("1", None), ("half", "20K")])

@@ -127,9 +127,17 @@ READAHEAD_ENV = "SSDMOE_PREFILL_READAHEAD"
 READAHEAD_ROWS = 1024
 
 
-def _env_on(name: str) -> bool:
-    """An on/off switch that defaults to on: `off`, `0` or `no` turn it off."""
-    return os.environ.get(name, "").strip().lower() not in ("off", "0", "no")
+def readahead_on() -> bool:
+    """$SSDMOE_PREFILL_READAHEAD: `auto` (default: on under MLX-CUDA, where a cold
+    prefill waits on the disk between layers; off on the CPU, where it measured no gain:
+    docs/benchmarks.md), `on`, `off`."""
+    from ssdmoe_tui.engine.experts.device_memory import is_cuda
+    from ssdmoe_tui.errors import BadValueError
+
+    text = os.environ.get(READAHEAD_ENV, "").strip().lower() or "auto"
+    if text not in STAGE_MODES:
+        raise BadValueError(f"{READAHEAD_ENV}={text!r}: use one of {', '.join(STAGE_MODES)}")
+    return is_cuda() if text == "auto" else text == "on"
 
 
 def _compact(mode: str) -> bool:
@@ -210,8 +218,8 @@ class StreamedSwitch(nn.Module):
 
     def set_lookahead(self, predict) -> None:
         """The next MoE layer's routing, for prefill chunks (read ahead), whether or not
-        decode prefetches; $SSDMOE_PREFILL_READAHEAD=off leaves it unused."""
-        object.__setattr__(self, "_lookahead", predict if _env_on(READAHEAD_ENV) else None)
+        decode prefetches; unused where `readahead_on` says off."""
+        object.__setattr__(self, "_lookahead", predict if readahead_on() else None)
 
     def set_mass_meter(self, meter) -> None:
         """`meter.kept(layer, indices)` notes the experts run (routing_mass.py); None: off."""
