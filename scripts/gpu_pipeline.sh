@@ -9,7 +9,7 @@
 # repository root with the MLX-CUDA wheels installed and `.benchcfg` carried, as
 # scripts/gpu_speed.sh. A cold machine adds the q30 build (~45 s) and the kernel compile.
 #
-# Steps (STEPS picks them, in this order; default compile,pipe,prefill,exact,place):
+# Steps (STEPS picks them, in this order; default compile,pipe,prefill,exact: ~7-8 min):
 #   q30      build the Qwen3-30B-A3B-shaped checkpoint at Q30 if it is not there
 #   compile  uncapped short trace-driven run (2G, 8 tokens): kernels compiled before
 #            any capped run measures (or is OOM-killed by) the compilation
@@ -30,8 +30,9 @@
 #   q35      build the Qwen3.5-35B-A3B shape at Q35 (~45 s)
 #   sweep    uniform routing on Q35, K 8,4,2, 4G, cold, CAP12_GIB cap, pipelined
 #   exact35  greedy tokens on Q35 at 4G (pipelined) against resident mlx-lm
-# A second call for the rest: STEPS=prefetch,q35,sweep,exact35 scripts/gpu_pipeline.sh
-# OUTDIR2 (~5 minutes; the uniform K sweep and the Qwen3.5 tokens of "Done when").
+# A second call for the rest (~7 min; placement, read-ahead, the uniform K sweep and the
+# Qwen3.5 tokens of "Done when"):
+#   STEPS=place,prefetch,q35,sweep,exact35 scripts/gpu_pipeline.sh OUTDIR2
 # Environment: Q30 (/root/q30), Q35 (/root/q35), CAP_GIB (8), CAP12_GIB (12),
 # DEADLINE_S (480), PYTHON (python3), STEPS, DECODE (40: decode tokens per trace config).
 set -uo pipefail
@@ -39,7 +40,7 @@ OUT=${1:?usage: scripts/gpu_pipeline.sh OUTDIR}
 mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 DECODE=${DECODE:-40}
-STEPS=${STEPS:-compile,pipe,prefill,exact,place}
+STEPS=${STEPS:-compile,pipe,prefill,exact}
 TAG=gpu_pipeline
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
