@@ -186,7 +186,10 @@ async def test_restored_replies_keep_hit_max_tokens_and_kv_hit_on_one_header_lin
         for part in ("[hit max tokens]", "60 tokens", "12.5 tok/s", "K 4", "KV hit 97%"):
             assert part in header, (part, header)
         title = reply.query_one(".message-title")
-        assert title.region.height == 1  # on one line at 120 columns, the copy button beside it
+        # Every figure on screen, the copy button beside it: wrapped where it does not fit
+        # on one line (issue 33 N21: it was cut with "…").
+        assert 1 <= title.region.height <= 2
+        assert reply.query_one(".copy").region.y == title.region.y
 
 
 async def test_screenshot_says_where_it_saved_or_where_it_could_not(ssdmoe_home):

@@ -267,3 +267,19 @@ async def test_n19_f1_lists_the_keys_the_prompt_handles_itself():
         text = console.export_text()
         for part in ("pageup", "pagedown", "previous / next prompt", "tab", "@path", "(fixed)"):
             assert part in text, (part, text)
+
+
+@pytest.mark.parametrize("size", [(100, 30), (120, 40), (80, 24)])
+async def test_n21_a_reply_header_keeps_every_figure_at_any_width(size):
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=size) as pilot:
+        await setup(pilot)
+        reply = await app.chat_pane.transcript.add_assistant("r2", "Qwen3.5-35B-A3B-4bit-DWQ")
+        detail = "1,024 tokens (312 thinking) · 12.5 tok/s · K 4–6 · KV hit 97%"
+        await reply.finish("ok", "length", detail)
+        await pilot.pause(0.2)
+        title = reply.query_one(".message-title")
+        shown = " ".join(strip.text for strip in title.render_lines(title.region.reset_offset))
+        for part in ("Qwen3.5-35B-A3B-4bit-DWQ", "[hit max tokens]", "K 4–6", "KV hit 97%"):
+            assert part in " ".join(shown.split()), (part, shown)
+        assert "…" not in shown
