@@ -157,6 +157,7 @@ def main() -> int:
                 else:
                     r = engine_batch(runner, ps, n, invariant=kind == "invariant")
                 row[f"{kind}:{b}"] = r.aggregate_tok_s
+                row[f"cpu_ms/{kind}:{b}"] = r.cpu_ms_per_token
                 if kind == "engine":
                     eng_tokens = r.tokens
                 elif kind == "mlx" and rnd == 0:
@@ -165,13 +166,18 @@ def main() -> int:
             if rnd == 0:
                 tokens_equal[b] = eng_tokens == mlx_tokens
         result["rounds"].append(row)
-        line = "  ".join(f"{key} {v:.1f}" for key, v in sorted(row.items()) if v)
+        line = "  ".join(
+            f"{key} {v:.1f}" for key, v in sorted(row.items()) if v and not key.startswith("cpu")
+        )
         print(f"round {rnd}: {line}", flush=True)
         save()
 
     summary = []
     for b in bs:
         med = {kind: median([r.get(f"{kind}:{b}") for r in result["rounds"]]) for kind in kinds}
+        cpu = {
+            kind: median([r.get(f"cpu_ms/{kind}:{b}") for r in result["rounds"]]) for kind in kinds
+        }
         ratios = [
             r[f"engine:{b}"] / r[f"mlx:{b}"]
             for r in result["rounds"]
@@ -183,6 +189,7 @@ def main() -> int:
             "mlx_batch_generator_tok_s": med["mlx"],
             "engine_vs_mlx": median(ratios),
             "invariant_tok_s": med.get("invariant"),
+            "cpu_ms_per_token": cpu,  # the process's CPU time (steadier on a loaded CPU)
             "tokens_equal_mlx": tokens_equal.get(b),
         })  # fmt: skip
     one = {s["batch"]: s for s in summary}.get(1)
@@ -197,13 +204,15 @@ def main() -> int:
         print(f"\nmedians of {len(result['rounds'])} rounds, K={k}, {result['dtype']}, "
               f"{len(base)}-token prompts, {n} tokens a row, engine cache {args.expert_cache}")  # fmt: skip
         print("| B | engine tok/s | BatchGenerator tok/s | engine / BG | engine vs B=1 | "
-              "BG vs B=1 | invariant tok/s | invariant vs engine B=1 | tokens = BG |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+              "BG vs B=1 | invariant tok/s | invariant vs engine B=1 | tokens = BG | "
+              "CPU ms/token engine / BG |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for s in summary:
             print(f"| {s['batch']} | {s['engine_tok_s']} | {s['mlx_batch_generator_tok_s']} | "
                   f"{s['engine_vs_mlx']} | {s['engine_vs_b1']} | {s['mlx_vs_b1']} | "
                   f"{s['invariant_tok_s']} | {s['invariant_vs_b1']} | "
-                  f"{s['tokens_equal_mlx']} |")  # fmt: skip
+                  f"{s['tokens_equal_mlx']} | {s['cpu_ms_per_token']['engine']} / "
+                  f"{s['cpu_ms_per_token']['mlx']} |")  # fmt: skip
 
     if args.invariance:
         # one set of rows for every B (B's rows: the first B), so each runs alone once
