@@ -28,7 +28,7 @@ CAP_GIB=${CAP_GIB:-12}
 DEADLINE_S=${DEADLINE_S:-360}
 STEPS=${STEPS:-q30,held,trace}
 CONFIG=tests/fixtures/models/qwen3-30b-a3b/config.json
-TRACE=tests/fixtures/traces/bigmoeonedge-route-trace/2026-07-15-route-trace/qwen.route.csv
+TRACE=${TRACE:-tests/fixtures/traces/bigmoeonedge-route-trace/2026-07-15-route-trace/qwen.route.csv}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
 export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
