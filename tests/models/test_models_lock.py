@@ -356,3 +356,18 @@ def test_only_loopback_claims_are_listed(tmp_path) -> None:
     with acquire_model_lock("plain", need_bytes=1, folder=tmp_path) as lock:
         with pytest.raises(SsdmoeError, match="not a loopback server URL"):
             lock.advertise("http://192.168.1.5:8080")
+
+
+def test_the_api_key_goes_on_its_own_only_to_loopback(monkeypatch) -> None:
+    """Issue 34 (2): $SSDMOE_API_KEY is sent without asking only to a server on this
+    machine's loopback; a server that wants no key gets none."""
+    from ssdmoe_tui.ui.actions.attach import env_key_for
+
+    monkeypatch.setenv("SSDMOE_API_KEY", "k-123")
+    for url, required, sent in (("http://127.0.0.1:8080", True, "k-123"),
+                                ("http://localhost:8080", None, "k-123"),
+                                ("http://[::1]:8080", True, "k-123"),
+                                ("http://127.0.0.1:8080", False, None),
+                                ("http://evil.example:8080", True, None),
+                                ("http://192.168.1.5:8080", None, None)):  # fmt: skip
+        assert env_key_for(url, required) == sent, url

@@ -34,11 +34,7 @@ def attach(app: Any, url: str, *, key_required: bool | None = None) -> None:
         # session, and a load cut short by the swap could keep its memory and claim.
         app.notify("A model is loading; attach again once it is ready.", severity="warning")
         return
-    # $SSDMOE_API_KEY goes on its own only to a server on this machine's loopback
-    # (a lock claim can advertise no other); elsewhere the key is asked for.
-    key = None
-    if key_required is not False and is_loopback_url(url):
-        key = os.environ.get(API_KEY_ENV) or None
+    key = env_key_for(url, key_required)
     if key_required and key is None:
 
         def given(value: str | None) -> None:
@@ -56,6 +52,15 @@ def attach(app: Any, url: str, *, key_required: bool | None = None) -> None:
         )
         return
     _start(app, url, key)
+
+
+def env_key_for(url: str, key_required: bool | None) -> str | None:
+    """`$SSDMOE_API_KEY` if it goes to `url` on its own: only to a server on this
+    machine's loopback (a lock claim can advertise no other), and not to one that said
+    it wants no key; elsewhere the key is asked for."""
+    if key_required is False or not is_loopback_url(url):
+        return None
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def _start(app: Any, url: str, key: str | None) -> None:
