@@ -13,7 +13,9 @@ per file:
 then a chip per file). A path is an `@` at the start of the text or after a space,
 followed by anything up to the next space; relative paths are from the folder the app
 was started in, `~` is the home folder. `@name` that names no file stays text (it may
-be a mention); a file too large, not UTF-8 text, or a folder is refused in one line.
+be a mention; one with a `/` that names no file goes as text too, with one line saying
+so, in the chips and when sent); a file too large, not UTF-8 text, or a folder is refused
+in one line.
 """
 
 from __future__ import annotations
@@ -123,6 +125,20 @@ def attachments_of(text: str, base: Path | None = None) -> list[Attachment]:
             f"up to {human_bytes(TOTAL_LIMIT)}"
         )
     return found
+
+
+def unmatched_paths(text: str, base: Path | None = None) -> list[str]:
+    """The `@word`s written as paths (with a `/`) that name nothing on disk: they go as
+    plain text, and the user is told so (a typo in a path must not pass unseen; a
+    `@name` without `/` may be a mention and says nothing). Touches the disk."""
+    return [n for n in mentioned(text, base) if "/" in n and not resolve(n, base).exists()]
+
+
+def no_file_line(names: list[str]) -> str:
+    """One line for `unmatched_paths`."""
+    shown = ", ".join(f"@{printable(n)}" for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    verb = "names" if len(names) == 1 else "name"
+    return f"{shown} {verb} no file: sent as text, nothing attached"
 
 
 def with_attachments(text: str, files: list[Attachment]) -> str:

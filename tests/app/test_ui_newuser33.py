@@ -283,3 +283,21 @@ async def test_n21_a_reply_header_keeps_every_figure_at_any_width(size):
         for part in ("Qwen3.5-35B-A3B-4bit-DWQ", "[hit max tokens]", "K 4–6", "KV hit 97%"):
             assert part in " ".join(shown.split()), (part, shown)
         assert "…" not in shown
+
+
+async def test_n8_an_at_path_that_names_no_file_is_said_before_and_when_it_is_sent(tmp_path):
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot, app)
+        said = record_notifications(app)
+        chips = app.chat_pane.query_one("#attachments")
+        missing = tmp_path / "notes" / "todo.md"
+        app.chat_pane.prompt.load_text(f"what is in @{missing} and @alice")
+        await wait_until(pilot, lambda: chips.display and "no file" in str(chips.render()), 10)
+        assert f"@{missing} names no file: sent as text" in str(chips.render())
+        assert "alice" not in str(chips.render())  # no '/': a mention, nothing said
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any("names no file" in m for _, m in said), 10)
+        await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
+        assert app.chat.history[0].content == f"what is in @{missing} and @alice"  # as text

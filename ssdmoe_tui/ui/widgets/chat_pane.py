@@ -21,7 +21,9 @@ from ssdmoe_tui.chat.attachments import (
     AttachmentError,
     at_words,
     attachments_of,
+    no_file_line,
     split_attached,
+    unmatched_paths,
     with_attachments,
 )
 from ssdmoe_tui.chat.controller import ChatController, Refused
@@ -74,11 +76,14 @@ class ChatPane(Vertical):
                 found: list[Attachment] | str = attachments_of(text)
             except AttachmentError as e:
                 found = str(e)
-            self.app.call_from_thread(self._show_chips, names, found)
+            missing = unmatched_paths(text)
+            self.app.call_from_thread(self._show_chips, names, found, missing)
 
         self.run_worker(read, thread=True, group="attachment-chips", exit_on_error=False)
 
-    def _show_chips(self, names: tuple[str, ...], found: list[Attachment] | str) -> None:
+    def _show_chips(
+        self, names: tuple[str, ...], found: list[Attachment] | str, missing: Sequence[str] = ()
+    ) -> None:
         if names != self._chips_for:
             return  # the prompt changed meanwhile: a newer read shows its own
         chips = self.query_one("#attachments", Static)
@@ -87,9 +92,10 @@ class ChatPane(Vertical):
             chips.add_class("error")
             chips.display = True
             return
-        chips.update("  ".join(a.chip() for a in found))
+        shown = [a.chip() for a in found] + ([f"⚠ {no_file_line(list(missing))}"] if missing else [])
+        chips.update("  ".join(shown))
         chips.remove_class("error")
-        chips.display = bool(found)
+        chips.display = bool(shown)
 
     @property
     def transcript(self) -> Transcript:
@@ -118,10 +124,15 @@ class ChatPane(Vertical):
         """The message with its `@path` files (read on a worker thread), or None (said in
         one line) when one of them cannot be attached."""
         try:
-            return with_attachments(text, await asyncio.to_thread(attachments_of, text))
+            files, missing = await asyncio.to_thread(
+                lambda: (attachments_of(text), unmatched_paths(text))
+            )
         except AttachmentError as e:
             self.notify(str(e), severity="error", markup=False)
             return None
+        if missing:  # a path that names no file is said, never sent silently
+            self.notify(no_file_line(missing), severity="warning", markup=False)
+        return with_attachments(text, files)
 
     async def send(self, text: str) -> bool:
         """Send one user turn; False (with a notice) when it cannot go now."""
