@@ -301,3 +301,26 @@ async def test_n8_an_at_path_that_names_no_file_is_said_before_and_when_it_is_se
         await wait_until(pilot, lambda: any("names no file" in m for _, m in said), 10)
         await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
         assert app.chat.history[0].content == f"what is in @{missing} and @alice"  # as text
+
+
+async def test_n11_other_folder_prefilled_with_the_loaded_model_asks_before_reloading():
+    from ssdmoe_tui.ui.actions.model import ask_model
+    from ssdmoe_tui.ui.screens.dialogs import AskScreen
+
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot, app)
+        for answer in ("n", "y"):
+            loads = app.events_seen.get("ModelLoaded", 0)
+            ask_model(app)  # F4 -> "Other folder or Hugging Face repo id…" (and the palette)
+            await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), 5, "the dialog")
+            await pilot.press("enter")  # as prefilled: the loaded model's folder
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "asked")
+            assert "already loaded" in app.screen.question
+            await pilot.press(answer)
+            if answer == "y":  # reloaded: one more ModelLoaded
+                await wait_until(pilot, lambda: app.events_seen["ModelLoaded"] == loads + 1, 60)
+            else:
+                await pilot.pause(1.0)
+                assert app.chat.loading is None and app.events_seen["ModelLoaded"] == loads

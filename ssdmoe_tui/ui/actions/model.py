@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ssdmoe_tui import paths
 from ssdmoe_tui.chat.controller import Refused
 from ssdmoe_tui.chat.progress import LoadProgress
 from ssdmoe_tui.config import config_path
 from ssdmoe_tui.ui.actions import attach
-from ssdmoe_tui.ui.screens.dialogs import AskScreen
+from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen, served_url
 
 
@@ -150,10 +151,36 @@ def choose_model(app: Any) -> None:
     app.push_screen(ModelsScreen(current, extra), chosen)
 
 
+def same_model(path: str, info: Any) -> bool:
+    """Whether `path` (as typed; "" is the demo) names the loaded model's folder."""
+    if info is None or info.server:
+        return False
+    try:
+        wanted = Path(path).resolve() if path else paths.demo_model_dir().resolve()
+        return wanted == Path(info.path).resolve()
+    except (OSError, RuntimeError):  # a loop of links: not the same, the load says why
+        return False
+
+
 def ask_model(app: Any) -> None:
     def done(value: str | None) -> None:
-        if value is not None:
-            open_model(app, os.path.expanduser(value))
+        if value is None:
+            return
+        path = os.path.expanduser(value)
+        loaded = app.chat.model
+        if not same_model(path, loaded):
+            open_model(app, path)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                open_model(app, path)
+
+        app.push_screen(  # the dialog opens on the loaded model's folder: Enter alone
+            ConfirmScreen(f"{loaded.name} is already loaded. Load it again?", yes="Reload",
+                          no="Keep it"),
+            answered,
+        )  # fmt: skip
 
     info = app.chat.model
     app.push_screen(
