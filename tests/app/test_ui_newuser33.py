@@ -320,7 +320,8 @@ async def test_n11_other_folder_prefilled_with_the_loaded_model_asks_before_relo
             assert "already loaded" in app.screen.question
             await pilot.press(answer)
             if answer == "y":  # reloaded: one more ModelLoaded
-                await wait_until(pilot, lambda: app.events_seen["ModelLoaded"] == loads + 1, 60)
+                want = loads + 1
+                await wait_until(pilot, lambda: app.events_seen["ModelLoaded"] == want, 60)  # noqa: B023
             else:
                 await pilot.pause(1.0)
                 assert app.chat.loading is None and app.events_seen["ModelLoaded"] == loads
