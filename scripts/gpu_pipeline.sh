@@ -27,12 +27,15 @@
 #            (SSDMOE_SLOT_PLACEMENT=managed), under both caps: against pipe's host runs
 #   prefetch trace-driven, 4G, cold, CAP12_GIB cap, pipelined, `--prefetch both`: the
 #            co-occurrence read-ahead's precision, recall and net tok/s against off
+#   split    (runs last) the `pipe` runs under the 12 GiB cap, pipelined, with SSDMOE_READ_SPLIT=256K (a
+#            layer's 1-2 misses cut into more, smaller reads in flight): against pipe-cap12
 #   q35      build the Qwen3.5-35B-A3B shape at Q35 (~45 s)
 #   sweep    uniform routing on Q35, K 8,4,2, 4G, cold, CAP12_GIB cap, pipelined
 #   exact35  greedy tokens on Q35 at 4G (pipelined) against resident mlx-lm
 # A second call for the rest (~7 min; placement, read-ahead, the uniform K sweep and the
 # Qwen3.5 tokens of "Done when"):
-#   STEPS=place,prefetch,q35,sweep,exact35 scripts/gpu_pipeline.sh OUTDIR2
+#   STEPS=place,prefetch,q35,sweep,exact35,split scripts/gpu_pipeline.sh OUTDIR2
+# (split last: skipped if the deadline comes first).
 # Environment: Q30 (/root/q30), Q35 (/root/q35), CAP_GIB (8), CAP12_GIB (12),
 # DEADLINE_S (480), PYTHON (python3), STEPS, DECODE (40: decode tokens per trace config).
 set -uo pipefail
@@ -127,6 +130,9 @@ if want exact35; then
       --configs 4G --tokens 24 --out "$OUT/exact35.jsonl" > "$OUT/exact35.txt" 2>&1
     log "exact35 exit $?"
   else log "exact35 skipped: deadline"; fi
+fi
+if want split; then
+  traced split-cap12 "$CAP12_GIB" 80 SSDMOE_READ_SPLIT=256K --
 fi
 # One line per configuration: what the issue's "Done when" reads.
 "$PY" - "$OUT" <<'EOF' > "$OUT/summary.txt" 2>&1
