@@ -209,8 +209,8 @@ def test_governor_prices_rounds_and_falls_back_to_zero():
     assert bad.choose(4).depth == 0
     # the same acceptance, but every extra expert is a disk read: drafting loses
     disk = CostModel(num_experts=128, k=8, expert_bytes=1 << 20, disk_bytes_s=1e9)
-    disk.measure(1, 0.010, 0.004, 48 * 8, 4, 4 << 20)
-    disk.measure(3, 0.030, 0.025, 48 * 20, 25, 25 << 20)
+    disk.measure(1, 0.006, 0.004, 48 * 8, 4, 4 << 20)
+    disk.measure(3, 0.005, 0.025, 48 * 20, 25, 25 << 20)
     assert Governor(disk, Acceptance(hits=6, trials=10)).choose(4).depth == 0
     assert Governor(disk, Acceptance(hits=6, trials=10), fixed=2).choose(4).depth == 2
 

@@ -96,10 +96,10 @@ class CostModel:
     passes: dict[int, PassFigures] = field(default_factory=dict)
     disk_bytes_s: float | None = None  # measured read rate (EMA)
 
-    def measure(self, n: int, wall_s: float, read_s: float, lookups: int, misses: int,
+    def measure(self, n: int, compute_s: float, read_s: float, lookups: int, misses: int,
                 bytes_read: int) -> None:  # fmt: skip
-        """One pass of `n` tokens took `wall_s`, of which `read_s` reading `bytes_read`."""
-        compute = max(wall_s - read_s, 0.0)
+        """One pass of `n` tokens computed for `compute_s` and read `bytes_read` in `read_s`."""
+        compute = max(compute_s, 0.0)
         self.passes.setdefault(n, PassFigures()).update(compute, float(lookups), float(misses))
         if bytes_read > 0 and read_s > 0:
             rate = bytes_read / read_s

@@ -104,11 +104,12 @@ def verify_chunk(
     keep_most: int | None = None,
     stop_ids: set[int] | frozenset = frozenset(),
     on_chunk: Callable[[int, int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Verified:
     """Run `[tok] + drafts` as one chunk into `cache`, sample every position, keep the
     longest agreeing prefix. `keep_most`: positions the caller can still use (the turn's
     token budget); an end-of-sequence sample ends what is kept too. `on_chunk(start, n)`
-    is told each pass's chunk (trace-driven routing follows it)."""
+    is told each pass's chunk (trace-driven routing follows it); `clock` times a re-run."""
     d = len(drafts)
     mode = rewind_mode(cache, d + 1)
     undo = ChunkUndo(cache) if mode == UNDO else None
@@ -142,13 +143,13 @@ def verify_chunk(
                 c.trim(d + 1 - kept)
         else:
             assert undo is not None
-            t0 = time.perf_counter()
+            t0 = clock()
             undo.restore()
             if on_chunk is not None:
                 on_chunk(0, kept)
             model(x[None, :kept], cache=cache)
             mx.eval([c.state for c in cache])
-            reran, rerun_s = True, time.perf_counter() - t0
+            reran, rerun_s = True, clock() - t0
     if window is not None:
         window.seen = mx.concatenate([seen, x[:kept]])[-window.size :]
     return Verified(out, n, kept, reran, rerun_s)
