@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31 (speculative decoding) on the H200 in one device call: ~5 min on a warm machine
+# Issue 31 (speculative decoding) on the H200 in one device call: ~5-6 min on a warm machine
 # whose /root/q30 exists and whose MLX-CUDA kernels for it are compiled (add ~40 s to
 # build q30 and ~3 min of kernel compilation on a fresh one):
 #
@@ -9,15 +9,15 @@
 # a timeout keeps what ran; a step that cannot finish before DEADLINE_S is skipped):
 #   q30    build the random Qwen3-30B-A3B-shaped checkpoint (48 layers) at Q30 if missing
 #   held   every expert held (64G, managed slots), uncapped: `bench --speculate` plain vs
-#          oracle drafts at 70 % (governor, and depths 1-4) and 100 % (governor), rounds
+#          oracle drafts at 70 % and 100 % (governor, and depths 1-4), one process, rounds
 #          alternating, medians; `same` = greedy tokens equal without speculation
-#          (OUTDIR/spec-held.json, held.txt)
+#          (OUTDIR/spec-held.json, held.txt; ~1.5 min)
 #   trace  the real Qwen3-30B-A3B trace (K = 6), a 4 GiB expert cache, under a CAP_GIB (12)
 #          host-memory cap, after a short uncapped compile pass: plain vs the oracle at
 #          0/30/50/70/90/100 % x (governor, depth 1-4); the depth the governor used most is
-#          marked '*' (OUTDIR/spec-trace.json, trace.txt)
+#          marked '*' (OUTDIR/spec-trace.json, trace.txt; ~3 min at ~8 tok/s plain)
 # Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), HELD_ROUNDS (3),
-# TRACE_ROUNDS (1), DECODE_TOKENS (64), TRACE_TOKENS (40), PROMPT_TOKENS (64),
+# TRACE_ROUNDS (1), DECODE_TOKENS (64), TRACE_TOKENS (32), PROMPT_TOKENS (64),
 # PYTHON (python3), STEPS (q30,held,trace).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
@@ -59,14 +59,11 @@ bench() {  # bench SECONDS NAME ARGS...: one `bench --speculate` run into OUTDIR
 
 if want held; then
   if [ "$(left)" -gt 150 ]; then
-    log "held: every expert held, oracle 70 % (auto, depth 1-4) and 100 % (auto)"
-    bench "$(( $(left) - 130 ))" held --expert-cache 64G --speculate oracle:0.7 \
+    log "held: every expert held, oracle 70 % and 100 % (auto, depth 1-4)"
+    bench "$(( $(left) - 200 ))" held --expert-cache 64G --speculate oracle:0.7,1 \
       --draft-depth auto,1,2,3,4 --rounds "${HELD_ROUNDS:-3}" \
       --decode-tokens "${DECODE_TOKENS:-64}"
-    log "held (70 %) exit $?"
-    bench "$(( $(left) - 110 ))" held-100 --expert-cache 64G --speculate oracle:1 \
-      --rounds "${HELD_ROUNDS:-3}" --decode-tokens "${DECODE_TOKENS:-64}"
-    log "held (100 %) exit $?"
+    log "held exit $?"
   else log "held skipped: deadline"; fi
 fi
 
@@ -88,7 +85,7 @@ if want trace; then
     log "trace: 4G cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED))"
     args=(-m ssdmoe_tui.cli bench --model "$Q30" --routing-trace "$TRACE" --k 6
       --expert-cache 4G --prompt-tokens "${PROMPT_TOKENS:-64}"
-      --decode-tokens "${TRACE_TOKENS:-40}" --speculate oracle:0,0.3,0.5,0.7,0.9,1
+      --decode-tokens "${TRACE_TOKENS:-32}" --speculate oracle:0,0.3,0.5,0.7,0.9,1
       --draft-depth auto,1,2,3,4 --rounds "${TRACE_ROUNDS:-1}" --json "$OUT/spec-trace.json")
     if [ -n "$cg" ]; then
       timeout "$(( $(left) - 5 ))" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" \
