@@ -157,3 +157,13 @@ def test_prefill_reads_the_next_layers_union_ahead(checkpoints, monkeypatch, rea
     ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
     assert res.tokens == [r.token for r in ref]
     sm.close()
+
+
+def test_rows_outside_a_call_point_at_a_row_neither_used_nor_being_read() -> None:
+    import numpy as np
+
+    from ssdmoe_tui.engine.model.streamed import unused_row
+
+    assert unused_row(8, np.array([0, 1, 3]), np.array([2, 4])) == 5
+    assert unused_row(8, np.array([5, 6]), np.array([], dtype=np.int64)) == 0
+    assert unused_row(3, np.array([2, 1]), np.array([0])) == 1  # none free: a used row
