@@ -20,6 +20,7 @@ from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
 from ssdmoe_tui.chat.thinking import prompt_opens_thinking, template_kwargs, thinking_tokens
 from ssdmoe_tui.config import ChatSettings, GenSettings
 from ssdmoe_tui.engine.run.protocol import (
+    EngineClient,
     EngineError,
     Generate,
     GenerationDone,
@@ -36,15 +37,6 @@ from ssdmoe_tui.prompting.message import Message
 
 class Refused(Exception):
     """The request cannot go now; the message is one line for the user."""
-
-
-class Engine(Protocol):
-    """What the chat needs from `ssdmoe_tui.engine.run.service.EngineService`."""
-
-    def start(self) -> None: ...
-    def submit(self, command: Any) -> None: ...
-    def cancel(self) -> None: ...
-    def shutdown(self, timeout: float = 5.0) -> None: ...
 
 
 class SessionStore(Protocol):
@@ -112,7 +104,7 @@ class Failure:
 @dataclass
 class ChatController:
     settings: ChatSettings
-    engine: Engine | None = None
+    engine: EngineClient | None = None
     sessions: SessionStore | None = None
     model: ModelInfo | None = None  # the model the engine holds and serves
     tokenizer: Any = None  # the model's tokenizer: messages become prompt ids here
@@ -142,7 +134,7 @@ class ChatController:
     def remote(self) -> bool:
         """The engine is a server's (`chat.remote.RemoteEngine`): it takes the chat as
         messages, its model and expert cache are the server's own."""
-        return bool(getattr(self.engine, "takes_messages", False))
+        return self.engine is not None and self.engine.takes_messages
 
     def defaults(self) -> GenSettings:
         """A new conversation's settings: the config's (and the command line's)."""
@@ -161,7 +153,7 @@ class ChatController:
         self._pending_cache = None
         self.engine.submit(LoadModel(path=path, expert_cache=self.settings.expert_cache))
 
-    def use_engine(self, engine: Engine | None, loading: str | None) -> Engine | None:
+    def use_engine(self, engine: EngineClient | None, loading: str | None) -> EngineClient | None:
         """Another engine from now on (a server's, or this app's own again; None while
         it is built): the model the old one held goes with it, and `loading` says what
         comes next. Returns the old engine, for the caller to shut down. Not while a
@@ -429,9 +421,7 @@ class ChatController:
         if self.inflight is None or request is None:
             return
         prompt = request.prompt_tokens if isinstance(request, Generate) else ()
-        self.reply_done(
-            GenerationDone(self.inflight, text, tuple(prompt), (), "cancelled", ())
-        )
+        self.reply_done(GenerationDone(self.inflight, text, tuple(prompt), (), "cancelled", ()))
 
     def _forget_if_empty(self) -> None:
         """A conversation made for a first turn that never got recorded leaves no empty

@@ -187,7 +187,8 @@ class _Reply:
 
 
 class RemoteEngine:
-    """A `ssdmoe serve` at `url` as the chat's engine (see the module docstring)."""
+    """A `ssdmoe serve` at `url` as the chat's engine (`protocol.EngineClient`; see the
+    module docstring)."""
 
     takes_messages = True  # the controller sends ChatTurn, not token ids
 
@@ -233,8 +234,9 @@ class RemoteEngine:
                 )
             )
 
-    def cancel(self) -> None:
-        """Stop the reply in flight: its connection is closed (the server stops it)."""
+    def cancel(self, request_id: str | None = None) -> None:
+        """Stop the reply in flight: its connection is closed (the server stops it). One
+        reply runs at a time, so a request_id names that one."""
         self._cancel.set()
         self._drop_connection()
 

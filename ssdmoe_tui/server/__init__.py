@@ -2,8 +2,9 @@
 
 Layers, each one job:
 - `schema.py`: request bodies parsed and validated once, into typed dataclasses;
-- `engine_client.py`: the one seam to the engine (an `EngineService` or anything with
-  its client API), events bridged into asyncio, one generation at a time, a bounded queue;
+- `engine_client.py`: the one seam to the engine (`AsyncEngine` over an `EngineService`,
+  any `protocol.EngineClient`), events bridged into asyncio, up to `max_batch`
+  generations at once (decoded together), a bounded queue;
 - `prompts.py`: exact-history prompts (a record of each reply's tokens, keyed by the
   messages a client sends back) and `prompt_cache.py`: KV checkpoints on disk;
 - `output.py`: stop strings and tool calls cut out of the streamed text;

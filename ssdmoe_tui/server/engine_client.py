@@ -1,5 +1,5 @@
-"""The server's one seam to the engine: an `EngineService` (or anything with its client
-API: `start`, `submit`, `cancel`, `shutdown`, `kv_hooks`) driven from asyncio.
+"""The server's one seam to the engine: `AsyncEngine` drives an `EngineService` (any
+`protocol.EngineClient` whose KV hooks can be set) from asyncio.
 
 Events arrive on the engine thread through the service's `post` callback and are handed
 to the event loop with `call_soon_threadsafe`; each generation's events go to its `Job`.
@@ -27,13 +27,11 @@ from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.errors import ApiError
 
 
-class ServiceLike(Protocol):
-    kv_hooks: Any
+class ServiceLike(P.EngineClient, Protocol):
+    """The engine the server drives: an EngineClient that takes token ids and whose KV
+    hooks the server sets (its prompt cache, server/prompt_cache.py)."""
 
-    def start(self) -> None: ...
-    def submit(self, cmd: P.Command) -> None: ...
-    def cancel(self, request_id: str | None = None) -> None: ...
-    def shutdown(self, timeout: float = 5.0) -> None: ...
+    kv_hooks: Any
 
 
 MakeService = Callable[[Callable[[P.Event], None]], ServiceLike]
@@ -53,7 +51,7 @@ class Job:
     keep_slot: bool = False  # its end does not free the engine (a step of a longer request)
     cached_before: int | None = None  # prompt tokens cached before the request, if a step ran first
     warnings: tuple[str, ...] = ()  # what the request asked that did not apply (Pending)
-    _client: EngineClient | None = None
+    _client: AsyncEngine | None = None
 
     def cancel(self) -> None:
         """Stop this generation (between two tokens). Harmless once it has ended."""
@@ -68,7 +66,7 @@ class Ticket:
     `abandon` gives the place (or a slot handed over meanwhile) back. Both are safe to
     call in any order, as often as a cleanup path likes."""
 
-    def __init__(self, client: EngineClient, fut: asyncio.Future) -> None:
+    def __init__(self, client: AsyncEngine, fut: asyncio.Future) -> None:
         self._client = client
         self._fut = fut
         self.taken = False  # wait() returned: the caller holds the engine
@@ -99,7 +97,10 @@ class Ticket:
             self._client._release()  # the slot was ours (free, or handed over meanwhile)
 
 
-class EngineClient:
+class AsyncEngine:
+    """The engine seen from the event loop: requests get a slot (or wait in the queue),
+    each generation's events go to its Job."""
+
     def __init__(
         self, make_service: MakeService, *, max_queue: int = 8, max_batch: int | None = 1
     ) -> None:

@@ -23,7 +23,7 @@ from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.options import EngineOptions, Speculation
 from ssdmoe_tui.server import defaults as D
-from ssdmoe_tui.server.engine_client import EngineClient, MakeService
+from ssdmoe_tui.server.engine_client import AsyncEngine, MakeService
 from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.prompt_cache import ServerKV, model_folder
 from ssdmoe_tui.server.prompts import HISTORY_FILE, HistoryRecords, PromptBuilder
@@ -102,7 +102,7 @@ class Server:
         make = options.make_service or engine_service_factory(
             options.engine, options.max_batch, options.speculate
         )
-        self.engine = EngineClient(make, max_queue=options.max_queue, max_batch=None)
+        self.engine = AsyncEngine(make, max_queue=options.max_queue, max_batch=None)
         self.state: ServerState | None = None  # the handlers' shared state, once loaded
         self.kv: ServerKV | None = None
         self.model_id = ""

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.options import SamplingOptions, check_k
-from ssdmoe_tui.server.engine_client import EngineClient, Job, Ticket, new_request_id
+from ssdmoe_tui.server.engine_client import AsyncEngine, Job, Ticket, new_request_id
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.http import read_json, sse, until_disconnect
@@ -87,7 +87,7 @@ def _log(line: str) -> None:
 class ServerState:
     """What the handlers share: one per server. `settings` may be swapped whole (tests)."""
 
-    engine: EngineClient
+    engine: AsyncEngine
     builder: PromptBuilder
     settings: ApiSettings
     kv: ServerKV | None = None
@@ -124,7 +124,7 @@ class Pending:
         if self.job is not None:
             self.job.cancel()
 
-    def progress(self, engine: EngineClient) -> str:
+    def progress(self, engine: AsyncEngine) -> str:
         """What a keepalive comment says: the place in the queue, or the engine's phase."""
         if not self.ticket.taken:
             return f"queued, {self.ticket.ahead} ahead"
@@ -141,7 +141,7 @@ class Serving:
         self.state = state
 
     @property
-    def engine(self) -> EngineClient:
+    def engine(self) -> AsyncEngine:
         return self.state.engine
 
     @property

@@ -33,10 +33,10 @@ from textual.widgets import Footer
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
-from ssdmoe_tui.chat.controller import ChatController, Engine, Refused, SessionStore
+from ssdmoe_tui.chat.controller import ChatController, Refused, SessionStore
 from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
-from ssdmoe_tui.engine.run.protocol import EngineError, ModelInfo
+from ssdmoe_tui.engine.run.protocol import EngineClient, EngineError, ModelInfo
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import attach, conversations, gen_settings, model, tools
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
@@ -68,14 +68,14 @@ from ssdmoe_tui.units import human_bytes
 
 __all__ = ["ChatSettings", "SsdmoeApp"]
 
-EngineFactory = Callable[[Callable[[object], None]], Engine]
+EngineFactory = Callable[[Callable[[object], None]], EngineClient]
 
 #: How long a quit waits for the engine to answer the stop of the reply in flight (a
 #: prefill stops within its chunk: well under this on the demo, on a busy machine too).
 QUIT_SETTLE_S = 5.0
 
 
-def default_engine(post: Callable[[object], None]) -> Engine:
+def default_engine(post: Callable[[object], None]) -> EngineClient:
     # Imported here: the service module is light, but keeping the import lazy lets the
     # UI start (and tests build it) even where the engine cannot.
     from ssdmoe_tui.engine.run.service import EngineService

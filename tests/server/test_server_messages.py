@@ -22,7 +22,7 @@ from ssdmoe_tui.checkpoint.config import load_tokenizer
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens
-from ssdmoe_tui.server.engine_client import EngineClient, Job
+from ssdmoe_tui.server.engine_client import AsyncEngine, Job
 from ssdmoe_tui.server.main import ServeOptions
 from ssdmoe_tui.server.output import OutputFilter
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
@@ -211,7 +211,7 @@ def test_streamed_tool_use_accumulates_in_the_anthropic_package(tool_model):
     """Qwen3's recorded tool-call reply through the events generator: every event
     validates as the package's type, its accumulator builds both tool_use blocks."""
     tok = load_tokenizer(tool_model)
-    engine = EngineClient(lambda post: None)
+    engine = AsyncEngine(lambda post: None)
     engine.tokenizer = tok
     serving = ServingMessages(ServerState(engine, PromptBuilder(tok, HistoryRecords(None)),
                                           ApiSettings("m")))  # fmt: skip

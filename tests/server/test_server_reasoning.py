@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.prompting.chat_format import encode
-from ssdmoe_tui.server.engine_client import EngineClient, Job
+from ssdmoe_tui.server.engine_client import AsyncEngine, Job
 from ssdmoe_tui.server.main import ServeOptions
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning, think_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
@@ -44,7 +44,7 @@ ANSWER_AFTER_THINK = "I am thinking.\n</think>\n\nParis is sunny."  # Qwen3.5: p
 
 
 def states(tok) -> ServerState:
-    engine = EngineClient(lambda post: None)
+    engine = AsyncEngine(lambda post: None)
     engine.tokenizer = tok
     return ServerState(engine, PromptBuilder(tok, HistoryRecords(None)), ApiSettings("m"))
 

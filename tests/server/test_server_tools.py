@@ -27,7 +27,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, hf_tokenizer
-from ssdmoe_tui.server.engine_client import EngineClient, Job
+from ssdmoe_tui.server.engine_client import AsyncEngine, Job
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, named_format, tool_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
@@ -163,7 +163,7 @@ def test_stop_strings_cut_and_hold_back():
 
 
 def _api(tokenizer) -> ServingChat:
-    engine = EngineClient(lambda post: None)
+    engine = AsyncEngine(lambda post: None)
     engine.tokenizer = tokenizer
     builder = PromptBuilder(tokenizer, HistoryRecords(None))
     return ServingChat(ServerState(engine, builder, ApiSettings("m")))

@@ -10,7 +10,7 @@ Everything here is plain data: no MLX arrays, no Textual objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ssdmoe_tui.options import (
     SamplingOptions,
@@ -233,6 +233,38 @@ class ExpertsWarmed:
     seconds: float
     cancelled: bool = False
     error: str = ""
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """An engine as its clients drive it, declared once: the in-process
+    `engine.run.service.EngineService` and the chat's `chat.remote.RemoteEngine` (a
+    running `ssdmoe serve`, for `--attach`) implement it; the chat controller and the
+    server take any engine that does. tests/test_engine_contract.py runs one contract
+    over both.
+
+    Events come out through the `post` callback given to the engine when it is made, on
+    a thread of the engine's own, in order; `post` must not block. Every request that
+    starts ends with one GenerationDone carrying its request_id (a refused one: an
+    EngineError carrying it)."""
+
+    # True: a reply is asked as chat messages (`chat.remote.ChatTurn`), since the engine
+    # owns its tokenizer and templates; False: as token ids (`Generate`).
+    takes_messages: bool
+
+    def start(self) -> None:
+        """Start the engine's thread (idempotent); an engine that attaches posts
+        ModelLoaded once attached, one that loads waits for a LoadModel."""
+
+    def submit(self, command: Any) -> None:
+        """Queue a command (a `Command`, or a ChatTurn where `takes_messages`); never
+        blocks. A SetK applies from the next token (or the next request)."""
+
+    def cancel(self, request_id: str | None = None) -> None:
+        """Stop a reply between two tokens: this request's, or every one (None)."""
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop everything and end the engine's threads, waiting at most `timeout`."""
 
 
 Event = (

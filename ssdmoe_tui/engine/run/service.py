@@ -94,6 +94,11 @@ KVHooksFactory = Callable[[Callable[[str], None]], KVHooks]
 
 
 class EngineService:
+    """The in-process engine (`protocol.EngineClient`): one thread owns MLX and the
+    loaded model; commands go in through `submit`, events out through `post`."""
+
+    takes_messages = False  # a reply is asked as token ids (Generate)
+
     def __init__(
         self,
         post: Callable[[P.Event], None],
