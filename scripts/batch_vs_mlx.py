@@ -238,6 +238,8 @@ def main() -> int:
             if args.invariant_mode and b in inv_bs:
                 mode = engine_batch(runner, ps, n, invariant=True, record=True)
                 inv[str(b)]["engine_invariant_mode"] = invariance_rows(alone_b, mode)
+            result["invariance"] = inv  # kept as each B finishes (a timeout keeps what ran)
+            save()
             e, m = inv[str(b)]["engine"], inv[str(b)]["mlx_batch_generator"]
             print(f"B={b}: rows equal alone: engine {e['rows_equal_alone']}/{b}, "
                   f"BatchGenerator {m['rows_equal_alone']}/{b}"
