@@ -116,11 +116,32 @@ def test_staged_prefill_matches_mlx_lm(checkpoints, monkeypatch, budget, banks) 
     if banks:
         monkeypatch.setenv(BANK_BYTES_ENV, banks)
     path = checkpoints("qwen3_moe")
-    sm, prompt, res = _generate(path, _half_budget(path) if budget == "half" else budget)
+    sm = load_streamed(path, expert_cache=str(_half_budget(path) if budget == "half" else budget))
+    prompt = _long_prompt(sm)
+    res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
     assert sm.times.staged_calls > 0
     assert (sm.times.grouped_calls > 0) == (budget == "1")
-    assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
+    assert res.tokens == _reference_long(path, prompt)
     sm.close()
+
+
+def _long_prompt(sm) -> list[int]:
+    """A prompt whose one chunk is a long chunk (`LONG_CHUNK_ROWS` rows and more)."""
+    from ssdmoe_tui.engine.model.streamed import LONG_CHUNK_ROWS
+
+    return [5 + (i * 7) % 500 for i in range(LONG_CHUNK_ROWS // sm.trained_k + 8)]
+
+
+def _reference_long(path, prompt: list[int]) -> list[int]:
+    """Resident mlx-lm's greedy tokens with the whole prompt in one chunk, as the engine."""
+    from mlx_lm import load, stream_generate
+
+    from ssdmoe_tui.engine.model.loader import cast_model
+
+    model, tok = load(str(path))
+    cast_model(model, mx.float32)
+    ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
+    return [r.token for r in ref]
 
 
 def test_staging_is_chosen_by_placement() -> None:
@@ -133,18 +154,15 @@ def test_staging_is_chosen_by_placement() -> None:
 
 @pytest.mark.parametrize("readahead", ["on", "off"])
 def test_prefill_reads_the_next_layers_union_ahead(checkpoints, monkeypatch, readahead) -> None:
-    """A long prefill chunk (>= READAHEAD_ROWS rows) reads the next layer's predicted
+    """A long prefill chunk (`LONG_CHUNK_ROWS` rows and more) reads the next layer's predicted
     union while a layer computes: the next layer then misses less, and the tokens stay
     mlx-lm's; $SSDMOE_PREFILL_READAHEAD=off leaves it out."""
-    from mlx_lm import load, stream_generate
-
-    from ssdmoe_tui.engine.model.loader import cast_model
-    from ssdmoe_tui.engine.model.streamed import READAHEAD_ENV, READAHEAD_ROWS
+    from ssdmoe_tui.engine.model.streamed import READAHEAD_ENV
 
     monkeypatch.setenv(READAHEAD_ENV, readahead)
     path = checkpoints("qwen3_moe")
     sm = load_streamed(path, expert_cache=str(_half_budget(path)))
-    prompt = [5 + (i * 7) % 500 for i in range(READAHEAD_ROWS // sm.trained_k + 8)]
+    prompt = _long_prompt(sm)
     res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
     c = sm.cache.counters
     if readahead == "on":
@@ -152,10 +170,7 @@ def test_prefill_reads_the_next_layers_union_ahead(checkpoints, monkeypatch, rea
         assert c.prefetch_issued > 0 and c.prefetch_used > 0
     else:
         assert sm.times.readahead_calls == 0 and c.prefetch_issued == 0
-    model, tok = load(str(path))
-    cast_model(model, mx.float32)
-    ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
-    assert res.tokens == [r.token for r in ref]
+    assert res.tokens == _reference_long(path, prompt)
     sm.close()
 
 

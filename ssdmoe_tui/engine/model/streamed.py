@@ -107,7 +107,7 @@ def prefill_stage_mode() -> str:
 
 
 def stages(mode: str, placement: str) -> bool:
-    """Whether a layer call of many rows (a prefill chunk, a wide batch) copies the
+    """Whether a long chunk (`LONG_CHUNK_ROWS`, a long prompt's prefill) copies the
     slots it uses into an array of its own before computing. `auto`: where the slots sit
     in host memory (MLX-CUDA `host` placement): a chunk's matmuls would otherwise read
     every expert over the bus once per tile (20 tok/s against 1,298 resident for a
@@ -121,10 +121,12 @@ def stages(mode: str, placement: str) -> bool:
 
 
 READAHEAD_ENV = "SSDMOE_PREFILL_READAHEAD"
-# Chunks of at least this many rows (tokens x K) read the next layer's predicted union
-# ahead: a long chunk's union is most of the layer, so the prediction wastes few reads;
-# short ones (a chat turn's few tokens) would read guesses into the cache.
-READAHEAD_ROWS = 1024
+# A long chunk: at least this many rows (tokens x K). It reads the next layer's predicted
+# union ahead (its union is most of the layer, so the prediction wastes few reads; a
+# chat turn's few tokens would read guesses into the cache), and under `host` placement
+# it computes from a device copy of its slots (many rows per expert: a kernel would read
+# each expert over the bus many times; a batch's decode step reads each about once).
+LONG_CHUNK_ROWS = 1024
 
 
 def readahead_on() -> bool:
@@ -427,7 +429,7 @@ class StreamedSwitch(nn.Module):
         if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
             pred = predict(x)  # decode only: one token's routing for the next layer
             mx.eval(indices, pred)  # still one host sync: both come back together
-        elif self._lookahead is not None and routing is None and indices.size >= READAHEAD_ROWS:
+        elif self._lookahead is not None and routing is None and indices.size >= LONG_CHUNK_ROWS:
             chunk_pred = self._lookahead(x)  # a prefill chunk: the next layer's union
             mx.eval(indices, chunk_pred)
         host = np.array(indices, copy=False)  # the one host sync of this layer
@@ -473,7 +475,7 @@ class StreamedSwitch(nn.Module):
                 y = self._pipelined(x, sl, pending, missed)  # compute the hits while reading
             else:
                 cache.complete(pending)
-                y = self._run_slots(x, sl, stage=self._stage and host.size > PIPELINE_MAX_ROWS)
+                y = self._run_slots(x, sl, stage=self._stage and host.size >= LONG_CHUNK_ROWS)
             # Read the next layer's likely experts while this layer computes: predicted by
             # its router (lookahead) or, in decode (one token) of trace-driven runs, by
             # co-occurrence with this layer's ids.
