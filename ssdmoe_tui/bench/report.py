@@ -155,6 +155,15 @@ def _prefill_fragment(r: dict) -> str | None:
     return f"union {r['prefill_union_share']:.0%} of the experts, {r['prefill_over_read_all']:.2f}x"
 
 
+def _bound_fragment(r: dict) -> str | None:
+    if r.get("prefill_bound_tok_s") is None:
+        return None
+    return (
+        f"{r['prefill_tok_s']:.1f} tok/s, {r['prefill_requested_bytes'] / 2**20:.0f} MiB read, "
+        f"bound {r['prefill_bound_tok_s']:.1f} tok/s (time {r['prefill_time_over_bound']:.2f}x it)"
+    )
+
+
 def _response_fragment(r: dict) -> str | None:
     if r.get("response_s") is None:  # a result from before these were recorded
         return None
@@ -197,6 +206,11 @@ _FOOTERS = (
         _prefetch_fragment,
     ),
     ("prefill vs reading every expert once per chunk (disk-bound)", _prefill_fragment),
+    (
+        "prefill against its bound (the bytes it read at the disk's rate + resident mlx-lm's "
+        "compute of the prompt)",
+        _bound_fragment,
+    ),
     ("response time (prefill to the first token + decode = total)", _response_fragment),
 )
 
