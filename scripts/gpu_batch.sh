@@ -5,6 +5,12 @@
 #
 #   scripts/gpu_batch.sh OUTDIR
 #
+# e.g. one device call: `export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# SSDMOE_HOME=/root/ssdmoe-home && bash scripts/gpu_batch.sh /root/gb; cp -r /root/gb $OUT/`
+# (wheels installed at /tmp/site as for scripts/gpu_speed.sh). The streamed layer's
+# pipeline (SSDMOE_PIPELINE=auto) overlaps a step's reads with its hits' compute for
+# calls of <= 63 rows (B x K): the trace step's B = 4 x K = 6 is one.
+#
 # Steps (STEPS picks them; each writes into OUTDIR as it finishes, so a timeout keeps what
 # ran; a step that cannot finish before DEADLINE_S is skipped and says so):
 #   q30    build the random Qwen3-30B-A3B-shaped checkpoint (48 layers) at Q30 if missing
