@@ -33,13 +33,20 @@ EXTRAS := $(if $(filter Linux,$(shell uname -s)),cpu,)
 DEV_EXTRAS := $(if $(EXTRAS),$(EXTRAS)$(comma)dev,dev)
 
 .PHONY: setup run test lint
+# pip's own output (and setuptools' editable-install banner) goes to $(VENV)/install.log,
+# shown only when the install fails: the first thing `make run` prints is one line.
+INSTALL_LOG := $(VENV)/install.log
 $(VPY):
-	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
+	@echo "make: creating $(VENV) and installing ssdmoe into it (a minute or two; log: $(INSTALL_LOG))"
+	@$(PYTHON) -m venv $(VENV)
+	@$(VPY) -m pip install -q --upgrade pip > $(INSTALL_LOG) 2>&1 \
+		|| { cat $(INSTALL_LOG); echo "make: pip upgrade failed (log: $(INSTALL_LOG))"; exit 1; }
 
 $(VENV)/.installed: pyproject.toml setup.py $(NATIVE_SRC) | $(VPY)
-	$(VPY) -m pip install -q -e ".[$(DEV_EXTRAS)]"
-	touch $@
+	@echo "make: installing ssdmoe and its dependencies into $(VENV) (log: $(INSTALL_LOG))"
+	@$(VPY) -m pip install -q -e ".[$(DEV_EXTRAS)]" >> $(INSTALL_LOG) 2>&1 \
+		|| { cat $(INSTALL_LOG); echo "make: install failed (log: $(INSTALL_LOG))"; exit 1; }
+	@touch $@
 
 setup: $(VENV)/.installed
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ssdmoe_tui import cli, paths
 from ssdmoe_tui.models.demo import ensure_demo_model
 from ssdmoe_tui.models.resolve import ModelSpec, parse_spec
@@ -91,3 +93,23 @@ def test_the_package_license_is_a_spdx_string():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["license"] == "MIT"
+
+
+def test_make_run_says_one_line_before_pip_and_keeps_pip_in_a_log(tmp_path):
+    """Issue 33 N16: setuptools' editable-install banner was the first thing `make run`
+    printed. pip's output now goes to VENV/install.log (printed only when it fails);
+    what make prints first is one line saying what happens. (A dry run: the real
+    install was checked by hand, see the commit.)"""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    venv = tmp_path / "venv"
+    out = subprocess.run(
+        ["make", "-n", "run", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith('echo "make: creating') and "install.log" in lines[0]
+    pips = [ln for ln in lines if " -m pip install" in ln]
+    assert len(pips) == 2 and all(f"{venv}/install.log 2>&1" in ln for ln in pips), pips
