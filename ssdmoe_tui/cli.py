@@ -11,21 +11,7 @@ import importlib
 import os
 import sys
 
-# Order here is the order in `ssdmoe --help`.
-COMMAND_MODULES = [
-    "chat",
-    "generate",
-    "serve",
-    "launch",
-    "index",
-    "repack",
-    "demo_model",
-    "requant",
-    "models",
-    "bench",
-    "eval",
-    "trace",
-]
+from ssdmoe_tui.commands import COMMAND_MODULES  # their order is `ssdmoe --help`'s
 
 
 class CliError(Exception):

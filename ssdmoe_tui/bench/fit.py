@@ -93,7 +93,7 @@ def fit_k(ks: list[int], trained_k: int) -> int:
 def run_fit(opts, s, fit: FitModel, result: dict, log: Log) -> dict:  # noqa: ANN001
     """B's row (or why it cannot run), and A's figures beside it, into one dict."""
     from ssdmoe_tui.bench.bench import resident_baseline
-    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
+    from ssdmoe_tui.memory import available_memory_bytes
 
     k = fit_k(s.ks, s.trained_k)
     a = _streamed_row(result, k)

@@ -140,7 +140,7 @@ class MemoryLimit:
 
 
 def memory_limit() -> MemoryLimit:
-    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
+    from ssdmoe_tui.memory import available_memory_bytes
 
     limit = usage = None
     for d in _own_cgroup_dirs():

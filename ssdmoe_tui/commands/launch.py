@@ -66,7 +66,7 @@ def expected_ranks(argv: list[str]) -> int:
 def starts_the_app(argv: list[str]) -> bool:
     """Whether the launched command is the chat app (`ssdmoe [chat] ... --distributed`):
     then mlx.launch must not read this terminal (rank 0's app reads it)."""
-    from ssdmoe_tui.cli import COMMAND_MODULES
+    from ssdmoe_tui.commands import COMMAND_MODULES
 
     for i, word in enumerate(argv):
         if Path(word).name == "ssdmoe" or (word == "ssdmoe_tui.cli" and argv[i - 1 : i] == ["-m"]):

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ssdmoe_tui.errors import SsdmoeError
+from ssdmoe_tui.memory import available_memory_bytes
 from ssdmoe_tui.paths import cache_dir
 from ssdmoe_tui.units import human_bytes
 from ssdmoe_tui.user_files import SMALL_STATE_MAX, read_regular
@@ -359,17 +360,11 @@ def _check_fits(
     first = held[0]
     if need_bytes is None or len(holders) < len(held) or any(h.need_bytes is None for h in holders):
         raise ModelLockedError(first[1], first[0])
-    avail = available() if available is not None else _available_bytes()
+    avail = available() if available is not None else available_memory_bytes()
     if need_bytes + sum(h.need_bytes or 0 for h in holders) > avail:
         raise ModelLockedError(
             holders[0], first[0], need_bytes=need_bytes, holders=holders, available_bytes=avail
         )
-
-
-def _available_bytes() -> int:
-    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
-
-    return available_memory_bytes()
 
 
 class ModelLock:

@@ -33,6 +33,7 @@ from ssdmoe_tui.engine.experts.device_memory import place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
 from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address, split_requests
 from ssdmoe_tui.errors import ModelError
+from ssdmoe_tui.memory import available_memory_bytes
 
 _MX_DTYPES = {
     "U8": mx.uint8, "I8": mx.int8, "U16": mx.uint16, "I16": mx.int16,
@@ -673,29 +674,6 @@ def parse_size(text: str | int) -> int:
     from ssdmoe_tui.options import parse_bytes
 
     return parse_bytes(text)
-
-
-TEST_MEMORY_ENV = "SSDMOE_TEST_AVAILABLE_MEMORY"  # tests only: a fake figure, in bytes
-
-
-def available_memory_bytes() -> int:
-    """Memory the OS could give us now (Linux MemAvailable; elsewhere physical memory).
-    `$SSDMOE_TEST_AVAILABLE_MEMORY` (bytes) replaces it: for tests only (the model lock's
-    memory check on a fake small machine); never set it otherwise."""
-    fake = os.environ.get(TEST_MEMORY_ENV, "")
-    if fake.isdigit():
-        return int(fake)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
 
 
 def auto_budget(

@@ -268,7 +268,7 @@ def auto_prefill_step(sm: StreamedModel, available_bytes: int | None = None) -> 
     a tenth of free memory holds that chunk's activations, else the largest power of two
     that fits (min 32). Bigger chunks read each expert once for more tokens."""
     from ssdmoe_tui.checkpoint.arch import moe_geometry
-    from ssdmoe_tui.engine.experts.cache import available_memory_bytes
+    from ssdmoe_tui.memory import available_memory_bytes
 
     geometry = moe_geometry(sm.config)  # the one reading of the expert shape
     assert geometry is not None  # a loaded streamed model has MoE layers
