@@ -84,6 +84,7 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
             yield Label(
                 "ctrl+s or Enter saves · esc cancels · kept with the chat",
                 classes="dialog-hint",
+                id="settings-keys",  # hidden on short screens: the buttons say it
             )
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save")
