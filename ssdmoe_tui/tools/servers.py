@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import json
 import threading
 import weakref
@@ -137,6 +138,7 @@ class ToolServers:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._calls: set[concurrent.futures.Future] = set()  # tool calls in flight
 
     # ------------------------------------------------------------------ queries
 
@@ -282,8 +284,12 @@ class ToolServers:
             return ToolResult(f"Error: {msg}", True, msg)
         timeout = server.config.timeout
         fut = asyncio.run_coroutine_threadsafe(self._call(server, name, arguments), self._loop)
+        self._calls.add(fut)
         try:
             result = fut.result(timeout=timeout + 2.0)
+        except concurrent.futures.CancelledError:  # cancel_calls / close
+            msg = f"{name} ({server.config.name}): stopped"
+            return ToolResult("Error: the call was stopped by the user", True, msg)
         except Exception as e:  # noqa: BLE001 - any failure is the model's error result
             fut.cancel()
             why = _one_line(e)
@@ -291,6 +297,8 @@ class ToolServers:
                 why = f"timed out after {timeout:g} s"
             msg = f"{name} ({server.config.name}): {why}"
             return ToolResult(f"Error: {why}", True, msg)
+        finally:
+            self._calls.discard(fut)
         text = result_text(result)
         if getattr(result, "is_error", False):
             first = (text.strip().splitlines() or ["error"])[0]
@@ -308,8 +316,14 @@ class ToolServers:
             s.config.timeout,
         )
 
+    def cancel_calls(self) -> None:
+        """Stop the tool calls in flight (Esc): their callers get an error result now."""
+        for fut in list(self._calls):
+            fut.cancel()
+
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Stop every server and the loop (idempotent; waits up to `timeout`)."""
+        self.cancel_calls()
         with self._lock:
             if self._closed:
                 return

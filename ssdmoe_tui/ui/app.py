@@ -414,6 +414,7 @@ class SsdmoeApp(App[int]):
         self.status_bar.k = loaded.k
         self.status_bar.info = info
         await self.chat_pane.transcript.add_notice(loaded_notice(info, loaded.k))
+        await self.chat_pane.split_restored()
         if self.chat_pane.welcome is not None and not self.chat.history:
             # The card's top says what the demo is: the notice must not scroll it away
             # (at 80x24 they do not both fit). Sending pins the transcript again.

@@ -102,6 +102,10 @@ async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model,
         await wait_until(pilot, lambda: again.chat.session_id == conv_id, 10, "the resume")
         await loaded(pilot, again)
         assert [b.text for b in again.query(ToolResultBlock)] == [FORECAST]
+        # the restored call is a block again once the tokenizer has loaded
+        await wait_until(pilot, lambda: again.query(ToolCallBlock), 10, "the restored call")
+        assert [b.call.name for b in again.query(ToolCallBlock)] == ["get_weather"]
+        assert replies(again) == ["", ANSWER]
         await type_and_send(pilot, "Thanks!")
         await wait_until(
             pilot, lambda: len(replies(again)) == 3 and settled(again), 90, "the next reply"
@@ -152,3 +156,47 @@ async def test_always_is_remembered_for_the_conversation(tool_model):
         assert not loop.needs_approval(app.chat.session_id, "get_weather")
         assert loop.needs_approval("another-conversation", "get_weather")
         assert replies(app)[-1] == ANSWER
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_first_screen_and_f1_say_where_tools_are(size):
+    from ssdmoe_tui.ui.screens.keys import KeysScreen
+    from ssdmoe_tui.ui.widgets.welcome import TOOLS, Welcome
+
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=size) as pilot:
+        await app.chat_pane.transcript.mount(Welcome())  # what the demo's first frame shows
+        app.chat_pane.transcript.show_top()
+        await pilot.pause(0.3)
+        assert " ".join(TOOLS.split()[:4]) in " ".join(screen_text(app).split())
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, KeysScreen), 5, "F1")
+        table = app.screen.table
+        rows = [" ".join(str(c) for c in col._cells) for col in table.columns]
+        assert "app.tools" in rows[3] and "tool.always" in rows[3] and "tools.start" in rows[3]
+        await pilot.press("escape")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), 5, "F10")
+        await pilot.pause(0.3)
+        assert "No MCP servers configured" in screen_text(app)
+
+
+async def test_esc_while_a_tool_runs_stops_the_loop(tmp_path_factory):
+    slow_model = write_tool_model(
+        tmp_path_factory.mktemp("slow") / "qwen3-slow-script",
+        call='{"name":"slow","arguments":{"seconds":30}}',
+    )
+    app = make_app(slow_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "Take your time.")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), 90, "ask")
+        await pilot.press("y")
+        block = app.query(ToolCallBlock).last()
+        await wait_until(pilot, lambda: block.state == "running", 10, "the call to run")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: settled(app), 5, "the loop to stop")
+        assert block.state == "stopped" and not app.query(ToolResultBlock)
+        assert len(replies(app)) == 1  # nothing was fed back
+        assert any("Tool loop stopped" in n.message for n in app._notifications)
+        assert not app.chat.tools.servers._calls  # the MCP call was cancelled too

@@ -65,11 +65,12 @@ def running(pane: Any) -> bool:
 
 
 def stop(pane: Any) -> bool:
-    """Esc: end the tool loop (a call being run is left to its timeout, its result
-    dropped). True if one was running."""
+    """Esc: end the tool loop (a call being run is cancelled, its result dropped). True
+    if one was running."""
     if not running(pane):
         return False
     pane.workers.cancel_group(pane, GROUP)
+    pane.chat.tools.servers.cancel_calls()
     pane.notify("Tool loop stopped.", timeout=3)
     return True
 
@@ -115,7 +116,11 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
             block.set_state("denied")
         else:
             block.set_state("running")
-            result = await asyncio.to_thread(loop.run, call)
+            try:
+                result = await asyncio.to_thread(loop.run, call)
+            except asyncio.CancelledError:  # Esc: the result, when it comes, is dropped
+                block.set_state("stopped")
+                raise
             block.set_state("failed" if result.is_error else "done")
             if result.is_error:
                 pane.notify(result.note, severity="warning", markup=False)

@@ -47,6 +47,8 @@ class ChatPane(Vertical):
         self.current: AssistantMessage | None = None  # the reply streaming into the transcript
         self.editing = False  # the prompt holds the last prompt, to be edited and resent
         self.finishing: str | None = None  # a finished reply whose widget is settling
+        # Restored replies shown before the model's tokenizer could find their tool calls
+        self._unsplit: list[tuple[AssistantMessage, str, str, str, int]] = []
 
     def compose(self) -> ComposeResult:
         yield Transcript(id="transcript")
@@ -245,14 +247,27 @@ class ChatPane(Vertical):
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
                 reason = turn.finish or ("cancelled" if turn.stopped else "stop")
                 split = self.chat.split_reply(turn.content)
-                await message.finish(
-                    split.content,
-                    reason,
-                    stats.detail() if stats else "",
+                shown = (
+                    message, turn.content, reason, stats.detail() if stats else "",
                     stats.thinking_tokens if stats else 0,
-                )
+                )  # fmt: skip
+                await message.finish(split.content, *shown[2:])
                 for call in split.calls:
                     await self.transcript.mount(ToolCallBlock(call))
+                if self.chat.tools is not None and self.chat.tokenizer is None:
+                    self._unsplit.append(shown)
+
+    async def split_restored(self) -> None:
+        """Once the model's tokenizer is here: the restored replies' tool calls, shown as
+        blocks (a resumed conversation opens before its model has loaded)."""
+        pending, self._unsplit = self._unsplit, []
+        for message, text, reason, detail, thinking in pending:
+            split = self.chat.split_reply(text)
+            if not split.calls or not message.is_attached:
+                continue
+            await message.finish(split.content, reason, detail, thinking)
+            for call in reversed(split.calls):
+                await self.transcript.mount(ToolCallBlock(call), after=message)
 
     async def open_session(self, resume: str | None) -> None:
         """Start (`resume` None) or resume a conversation and show its turns; a bad
@@ -276,5 +291,6 @@ class ChatPane(Vertical):
         self.chat.abandon_reply()
         self.current = None
         self.editing = False
+        self._unsplit = []
         self.chat.new_chat()
         await self.transcript.clear()

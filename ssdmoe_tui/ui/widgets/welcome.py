@@ -19,6 +19,7 @@ TITLE = "ssdmoe · demo model: tiny, trained here"
 ABOUT = "It babbles, but it has learned: it is here to show the engine at work."
 # One argument has no space, so a narrow card wraps the command between arguments.
 REAL_MODEL = "A real model: F4 here, or ssdmoe --model <folder-or-repo-id>."
+TOOLS = "Tools: MCP servers from config.toml (F10)."
 #: Commands shown whole: each wraps between its arguments, with a shell continuation.
 COMMANDS = (
     f"ssdmoe models fetch {EXAMPLE_REPO}",
@@ -37,8 +38,8 @@ def real_model_help() -> str:
 def more_help() -> str:
     archs = ", ".join(SUPPORTED_ARCHITECTURES)
     return (
-        "Tools: MCP servers under [mcp_servers.NAME] in config.toml (Codex's shape); the "
-        "model's calls wait for your approval; F10 lists the servers.\n"
+        "Tools: list MCP servers under [mcp_servers.NAME] in config.toml (Codex CLI's "
+        "shape); the model's tool calls run once you approve them (docs/app.md, Tools).\n"
         f"Supported architectures: {archs} (MLX-quantized checkpoints)."
     )
 
@@ -92,6 +93,7 @@ class Welcome(Vertical):
         yield Static(TITLE, id="welcome-title", markup=False)
         yield Static(ABOUT, classes="welcome-text", markup=False)
         yield Static(REAL_MODEL, id="welcome-real", markup=False)
+        yield Static(TOOLS, id="welcome-tools", markup=False)
         yield ProgressBar(total=100, show_eta=False, id="welcome-bar")
         yield Static("starting the engine", id="welcome-status", markup=False)
         yield Static(real_model_help(), classes="welcome-more", markup=False)
