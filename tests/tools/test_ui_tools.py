@@ -155,6 +155,16 @@ async def test_always_is_remembered_for_the_conversation(tool_model):
         loop = app.chat.tools
         assert not loop.needs_approval(app.chat.session_id, "get_weather")
         assert loop.needs_approval("another-conversation", "get_weather")
+        # F9: max tool rounds is a setting of the conversation (a row only with tools)
+        from textual.widgets import Input
+
+        from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
+
+        await pilot.press("f9")
+        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
+        app.screen.query_one("#set-max_tool_rounds", Input).value = "3"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.chat.gen.max_tool_rounds == 3, 5, "the setting")
         assert replies(app)[-1] == ANSWER
 
 

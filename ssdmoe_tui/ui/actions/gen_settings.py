@@ -33,7 +33,10 @@ def edit(app: Any) -> None:
             app.status_bar.k = control.k
         app.notify("Settings saved for this conversation.")
 
-    app.push_screen(GenSettingsScreen(current, info.num_experts if info else 0), chosen)
+    screen = GenSettingsScreen(
+        current, info.num_experts if info else 0, tools=app.chat.tools is not None
+    )
+    app.push_screen(screen, chosen)
 
 
 def toggle_thinking(app: Any) -> None:

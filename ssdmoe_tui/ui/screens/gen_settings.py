@@ -5,6 +5,8 @@ nothing is applied until all are good. Returns the new `GenSettings`, or None.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -54,17 +56,19 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
         Binding("ctrl+s", "save", "Save", id="settings.save"),
     ]
 
-    def __init__(self, current: GenSettings, num_experts: int = 0) -> None:
+    def __init__(self, current: GenSettings, num_experts: int = 0, tools: bool = False) -> None:
+        """`tools`: MCP servers are configured (only then is max tool rounds a row)."""
         super().__init__(classes="dialog-screen")
         self.current = current
         self.num_experts = num_experts
+        self.fields = [f for f in FIELDS if tools or f[0] != "max_tool_rounds"]
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="gen-settings"):
             yield Label("Generation settings (this conversation)", classes="dialog-title")
             yield Label("System prompt (empty: none)", classes="setting-title")
             yield TextArea(self.current.system_prompt, id="set-system_prompt", soft_wrap=True)
-            for key, label, hint in FIELDS:
+            for key, label, hint in self.fields:
                 with Horizontal(classes="setting-row"):
                     yield Label(label, classes="setting-label")
                     yield Input(
@@ -101,7 +105,7 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
             "system_prompt": self.query_one("#set-system_prompt", TextArea).text,
             "thinking": self.query_one("#set-thinking", Checkbox).value,
         }
-        for key, label, _ in FIELDS:
+        for key, label, _ in self.fields:
             raw = self.query_one(f"#set-{key}", Input).value
             try:
                 values[key] = check_value(key, _typed(key, raw))
@@ -109,7 +113,7 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
                     check_k(values[key], self.num_experts)  # type: ignore[arg-type]
             except ValueError as e:
                 raise ValueError(f"{label}: {raw.strip()!r} is not valid ({e})") from None
-        return GenSettings(**values)  # type: ignore[arg-type]
+        return replace(self.current, **values)  # type: ignore[arg-type]
 
     def action_save(self) -> None:
         try:
