@@ -7,6 +7,7 @@ the real engine on the demo model once and tries every bad input on it.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from textual.widgets import Input, Label, Static
 
@@ -41,12 +42,26 @@ async def test_80x24_shows_every_figure_and_f8_copies_from_the_prompt():
         assert panel.max_scroll_y == 0, panel.virtual_size
         assert panel.region.bottom <= app.screen.region.bottom - 1
         for row in panel.query(Row):
+            if row.key.startswith("spec_"):  # shown only while a reply speculates: below
+                assert not row.display
+                continue
             label = row.query_one(".row-label", Label)
             value = row.query_one(f"#v-{row.key}", Static)
             assert row.region.height == 1 and row.region.bottom <= panel.region.bottom
             assert label.content_region.right < value.region.x, row.key
             assert str(value.render()) != "—", row.key
         assert {row.key for row in panel.query(Row)} == set(ROWS)
+        # A reply that speculates: its rows show (the panel may scroll to them).
+        sp = {"accepted": 33, "drafted": 46, "acceptance": 0.7174, "tokens_per_pass": 1.26,
+              "bytes_per_token": 0, "ms_per_token": 28.0}  # fmt: skip
+        panel.show_sample(replace(panel.last_sample, speculation=sp))
+        await pilot.pause()
+        assert "(33/46)" in panel.shown["spec_accept"]
+        assert panel.shown["spec_pass"] == "1.26" and "28.0 ms" in panel.shown["spec_cost"]
+        assert all(panel.query_one(f"#row-{k}").display for k in ("spec_accept", "spec_pass"))
+        panel.show_sample(replace(panel.last_sample, speculation=None))
+        await pilot.pause()
+        assert panel.max_scroll_y == 0
         meter = panel.query_one("#context-meter")
         assert meter.region.bottom <= panel.region.bottom and meter.region.height == 1
         # Device bytes and page-cache bytes are told apart (the sample read 486 MiB a
