@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate the bad-input table in docs/reliability.md from tests/bad_inputs.py.
+"""Regenerate the bad-input table in docs/reliability.md from tests/helpers/bad_inputs.py.
 
     python scripts/bad_inputs_table.py            # rewrite the table in place
     python scripts/bad_inputs_table.py --check    # exit 1 if a case breaks the contract
@@ -34,8 +34,8 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="ssdmoe-bad-inputs-"))
     os.environ["SSDMOE_HOME"] = str(scratch / "home")
     os.environ["SSDMOE_LOCK_DIR"] = str(scratch / "locks")
-    from tests.bad_inputs import CASES, PENDING, problems
-    from tests.checkpoints import build
+    from tests.helpers.bad_inputs import CASES, PENDING, problems
+    from tests.helpers.checkpoints import build
 
     built: dict[str, Path] = {}
 

@@ -51,7 +51,7 @@ def build(out: Path, args) -> Path:  # noqa: ANN001
         return out
     sys.path.insert(0, str(ROOT))
     from ssdmoe_tui.models.demo import write_checkpoint
-    from tests.checkpoints import QWEN3_MOE
+    from tests.helpers.checkpoints import QWEN3_MOE
 
     cfg = dict(QWEN3_MOE, num_hidden_layers=args.layers or 12, num_experts=128,
                num_experts_per_tok=8, hidden_size=args.hidden, head_dim=32,
@@ -63,23 +63,9 @@ def build(out: Path, args) -> Path:  # noqa: ANN001
 def cut_trace(dst: Path, layers: int) -> Path:
     """The trace's first `layers` MoE layers, every step (moe-routing-jsonl)."""
     sys.path.insert(0, str(ROOT))
-    from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
+    from tests.helpers.traces import cut_trace as cut
 
-    trace = read_trace(TRACE)
-    meta = trace.meta
-    if layers >= meta.num_layers:
-        return TRACE
-    lines = [{"format": "moe-routing-jsonl", "model": meta.model, "k": meta.k,
-              "num_layers": layers, "num_experts": meta.num_experts}]  # fmt: skip
-    for step in trace.steps:
-        for layer, ids in step.layers:
-            if layer < layers:
-                phase = "decode" if step.phase == DECODE else "prefill"
-                lines.append(
-                    {"token": step.token, "layer": layer, "experts": list(ids), "phase": phase}
-                )
-    dst.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return dst
+    return cut(TRACE, dst, layers)
 
 
 def main() -> int:

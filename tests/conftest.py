@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.checkpoints import build
+from tests.helpers import pace
+from tests.helpers.checkpoints import build
 
 
 @pytest.fixture(autouse=True)
@@ -14,6 +17,20 @@ def ssdmoe_home(tmp_path_factory, monkeypatch):
     # parallel test runs on one machine never see each other's lock.
     monkeypatch.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))
     return home
+
+
+@pytest.fixture(autouse=True)
+def engine_pace(monkeypatch):
+    """SSDMOE_TEST_PACE=slow|fast runs the suite on a slowed or a fast-reporting engine
+    (tests/helpers/pace.py): the app tests must pass both ways."""
+    pace.apply(monkeypatch, os.environ.get("SSDMOE_TEST_PACE", ""))
+
+
+@pytest.fixture
+def mid_stream(monkeypatch):
+    """For a test that acts while a reply streams: a stream that lasts, however fast the
+    machine (each token at least MID_STREAM_TOKEN_S after the previous one)."""
+    pace.floor(monkeypatch, pace.MID_STREAM_TOKEN_S)
 
 
 @pytest.fixture(scope="session")

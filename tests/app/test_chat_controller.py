@@ -8,7 +8,7 @@ from ssdmoe_tui.chat.controller import ChatController
 from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.engine.run.service import EngineService
-from tests.engine.test_engine_service import Events, start
+from tests.helpers.engine_events import Events, start
 
 
 def test_k_asked_while_a_model_loads_is_applied_once_it_has_loaded(checkpoints) -> None:

@@ -32,8 +32,15 @@ from ssdmoe_tui.ui.fmt import fmt_rate
 from ssdmoe_tui.ui.screens.dialogs import AskScreen
 from ssdmoe_tui.ui.screens.models import SERVER, SERVER_WITH_KEY
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Notice
-from tests.app.test_ui_app import SIZE, errors, tap, type_and_send, wait_until
-from tests.app.test_ui_models import open_picker, option_text
+from tests.helpers.pilot import (
+    SIZE,
+    errors,
+    open_picker,
+    option_text,
+    tap,
+    type_and_send,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 90.0  # MLX's import and the demo's load, on a busy 2-core machine

@@ -28,9 +28,9 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.transcript import UserMessage
-from tests.app.test_ui_app import SIZE, errors, loaded, tap, wait_until
-from tests.app.test_ui_snapshot import INFO
-from tests.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS
+from tests.helpers.pilot import SIZE, errors, loaded, next_reply, tap, wait_until
+from tests.helpers.ui_events import INFO
 
 NOTES = "The launch code is 1234.\nKeep it safe."
 
@@ -99,8 +99,9 @@ async def test_attach_with_tab_completion_a_chip_and_the_model_sees_it(
         chips = app.chat_pane.query_one("#attachments", Static)
         await wait_until(pilot, lambda: chips.display, 5, "the chip")
         assert "📎 notes.txt" in str(chips.render())
+        before = app.chat.last_done
         await tap(pilot, "enter")
-        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60, "reply")
+        await next_reply(pilot, app, before)
         context = demo_tok.decode(list(app.chat.last_done.prompt_token_ids))
         assert NOTES in context and "what says @notes.txt" in context
         (shown,) = app.query(UserMessage)

@@ -8,7 +8,7 @@ from pathlib import Path
 from ssdmoe_tui.commands import chat
 from ssdmoe_tui.config import Config, config_path, load_config, set_config_value
 from ssdmoe_tui.ui.theming import load_themes, theme_from_toml
-from tests.cli_runner import run_cli
+from tests.helpers.cli_runner import run_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -4,6 +4,8 @@ on the demo model, its real tokenizer decoding every prompt the engine was given
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from transformers import AutoTokenizer
 
 from ssdmoe_tui.commands.chat import engine_factory
@@ -12,7 +14,7 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, UserMessage
-from tests.app.test_ui_app import SIZE, loaded, tap, type_and_send, wait_until
+from tests.helpers.pilot import SIZE, loaded, next_reply, tap, type_and_send, wait_until
 
 SYSTEM = "Answer like a pirate"
 
@@ -38,8 +40,13 @@ def assert_context_holds_the_screen(app: SsdmoeApp, tokenizer, system: str) -> N
     assert reply == done.text
 
 
-async def finish(pilot, app: SsdmoeApp, what: str) -> None:
-    await wait_until(pilot, lambda: app.inflight is None, 60, what)
+async def reply(pilot, app: SsdmoeApp, step: Awaitable[object], what: str) -> None:
+    """Run `step` (a send, a regenerate, a resend) and wait for its reply and the KV
+    checkpoint saved after it: the reply's GenerationDone, not a look at `inflight`, which
+    a fast regenerate has already left again when the test first looks."""
+    before = app.chat.last_done
+    await step
+    await next_reply(pilot, app, before, 60, what)
     await wait_until(pilot, lambda: not app.chat.engine.busy, 20, "the KV checkpoint save")
 
 
@@ -62,32 +69,26 @@ async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model
     )
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, "first question")
-        await finish(pilot, app, "reply 1")
-        await type_and_send(pilot, "second question")
-        await finish(pilot, app, "reply 2")
+        await reply(pilot, app, type_and_send(pilot, "first question"), "reply 1")
+        await reply(pilot, app, type_and_send(pilot, "second question"), "reply 2")
         await pilot.press("f9")
         await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
         app.screen.query_one("#set-system_prompt").load_text(SYSTEM)
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen), 5, "save")
-        await type_and_send(pilot, "third question")
-        await finish(pilot, app, "reply 3")
+        await reply(pilot, app, type_and_send(pilot, "third question"), "reply 3")
         assert_context_holds_the_screen(app, tokenizer, SYSTEM)
         third = len(app.chat.last_done.prompt_token_ids)
 
-        await tap(pilot, "ctrl+g")  # regenerate: the same prompt, on the stored history
-        await wait_until(pilot, lambda: app.inflight is not None, 10, "the regenerate")
-        await finish(pilot, app, "the regenerated reply")
+        # regenerate: the same prompt, on the stored history
+        await reply(pilot, app, tap(pilot, "ctrl+g"), "the regenerated reply")
         assert_context_holds_the_screen(app, tokenizer, SYSTEM)
         assert len(app.chat.last_done.prompt_token_ids) == third
 
         await tap(pilot, "ctrl+l")  # edit the last prompt and resend it
         await wait_until(pilot, lambda: app.chat_pane.editing, 5, "the edit")
         app.chat_pane.prompt.load_text("third question, edited")
-        await tap(pilot, "enter")
-        await wait_until(pilot, lambda: app.inflight is not None, 10, "the resend")
-        await finish(pilot, app, "the edited reply")
+        await reply(pilot, app, tap(pilot, "enter"), "the edited reply")
         assert_context_holds_the_screen(app, tokenizer, SYSTEM)
         assert len(app.chat.last_done.prompt_token_ids) >= third
         conv_id = app.chat.session_id
@@ -105,12 +106,9 @@ async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model
         restored = [m for m in again.chat_pane.transcript.messages() if not m.has_class("replaced")]
         details = [m.detail for m in restored if isinstance(m, AssistantMessage)]
         assert details and all("tok/s" in d and "K " in d for d in details), details
-        await type_and_send(pilot, "fourth question")
-        await finish(pilot, again, "reply 4")
+        await reply(pilot, again, type_and_send(pilot, "fourth question"), "reply 4")
         assert_context_holds_the_screen(again, tokenizer, SYSTEM)
-        await tap(pilot, "ctrl+g")
-        await wait_until(pilot, lambda: again.inflight is not None, 10, "the regenerate")
-        await finish(pilot, again, "the regenerated reply 4")
+        await reply(pilot, again, tap(pilot, "ctrl+g"), "the regenerated reply 4")
         assert_context_holds_the_screen(again, tokenizer, SYSTEM)
         await pilot.press("ctrl+q")
     assert_metadata_kept(conv_id)

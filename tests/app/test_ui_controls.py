@@ -13,14 +13,15 @@ from ssdmoe_tui.ui.actions import model
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import Notice, UserMessage
-from tests.app.test_ui_app import SIZE, loaded, replies, tap, type_and_send, wait_until
-
-
-async def next_reply(pilot, app: SsdmoeApp, before):
-    await wait_until(
-        pilot, lambda: app.inflight is None and app.chat.last_done is not before, 60, "a reply"
-    )
-    return app.chat.last_done
+from tests.helpers.pilot import (
+    SIZE,
+    loaded,
+    next_reply,
+    replies,
+    tap,
+    type_and_send,
+    wait_until,
+)
 
 
 async def test_settings_regenerate_edit_and_resume(demo_model):

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tests.engine.test_distributed import _free_port
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
@@ -24,7 +24,7 @@ def test_app_on_two_ranks_in_tmux(checkpoints, tmp_path):
     app = [sys.executable, "-m", "ssdmoe_tui.cli", "--distributed", "--model", str(path)]
     app += ["--max-tokens", "8", "--expert-cache", "100K"]
     launch = [sys.executable, "-m", "ssdmoe_tui.cli", "launch", "-n", "2", "--backend", "ring"]
-    launch += ["--starting-port", str(_free_port()), *app]
+    launch += ["--starting-port", str(free_port()), *app]
     shell = (
         f"sleep 1; SSDMOE_HOME={tmp_path / 'home'} TERM=xterm-256color {subprocess.list2cmdline(launch)};"
         " echo SSDMOE-EXITED $?; sleep 60"

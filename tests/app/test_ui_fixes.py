@@ -22,14 +22,14 @@ from ssdmoe_tui.ui.screens.dialogs import AskScreen
 from ssdmoe_tui.ui.screens.models import OTHER, ModelsScreen
 from ssdmoe_tui.ui.widgets.engine_panel import ROWS, Row
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
-from tests.app.test_ui_app import (
+from tests.helpers.pilot import (
     SIZE,
     loaded,
     record_notifications,
-    type_and_send,
+    send,
     wait_until,
 )
-from tests.app.test_ui_snapshot import INFO, REPLY, setup
+from tests.helpers.ui_events import INFO, REPLY, setup
 
 
 async def test_80x24_shows_every_figure_and_f8_copies_from_the_prompt():
@@ -194,8 +194,7 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
         one_line(3, "typo-two")
         still_loaded()
 
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply")
+        await send(pilot, "hi")
         assert app.chat.last_done.finish_reason in ("stop", "length") and app.chat.last_done.text
         header = str(app.query(AssistantMessage).last().header_text())
         assert info.name in header and f"K {info.trained_k}" in header and "tok/s" in header

@@ -17,8 +17,17 @@ from huggingface_hub import constants
 from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_bytes
-from ssdmoe_tui.ui.screens.models import DEMO, ModelsScreen
-from tests.app.test_ui_app import SIZE, errors, loaded, type_and_send, wait_until
+from ssdmoe_tui.ui.screens.models import DEMO
+from tests.helpers.pilot import (
+    SIZE,
+    errors,
+    loaded,
+    open_picker,
+    option_text,
+    send,
+    type_and_send,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,19 +46,6 @@ def model_dirs(tmp_path, monkeypatch, checkpoints):
     monkeypatch.setenv("SSDMOE_MODEL_DIRS", dirs)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "no-hub"))
     return qwen, broken
-
-
-async def open_picker(pilot, app: SsdmoeApp) -> ModelsScreen:
-    await pilot.press("f4")
-    await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), 5, "the picker")
-    screen = app.screen
-    await wait_until(pilot, lambda: screen.entries is not None, 20, "the scan")
-    return screen
-
-
-def option_text(screen: ModelsScreen, option_id: str) -> str:
-    options = screen.option_list
-    return str(options.get_option_at_index(options.get_option_index(option_id)).prompt)
 
 
 async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_model):
@@ -102,8 +98,7 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         assert qwen.name in bar and fmt_bytes(info.expert_cache_budget) in bar
         assert app.panel.shown["mem_resident"] == fmt_bytes(info.resident_bytes)
         assert "K 4/16" in bar
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60, "a reply")
+        await send(pilot, "hi")
         assert app.chat.last_done.finish_reason in ("stop", "length") and app.chat.last_done.text
         # Picking the loaded model again does not reload it.
         screen = await open_picker(pilot, app)

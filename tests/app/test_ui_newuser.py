@@ -23,8 +23,8 @@ from ssdmoe_tui.ui.commands import SsdmoeCommands
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Notice
-from tests.app.test_ui_app import loaded, record_notifications, wait_until
-from tests.app.test_ui_snapshot import setup
+from tests.helpers.pilot import loaded, record_notifications, wait_until
+from tests.helpers.ui_events import setup
 
 
 async def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus():

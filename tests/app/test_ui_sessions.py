@@ -18,7 +18,16 @@ from ssdmoe_tui.ui.fmt import fmt_pct
 from ssdmoe_tui.ui.screens.conversations import ConversationsScreen, exports_dir
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, UserMessage
-from tests.app.test_ui_app import SIZE, errors, loaded, tap, type_and_send, wait_until
+from tests.helpers.pilot import (
+    SIZE,
+    errors,
+    loaded,
+    next_reply,
+    open_list,
+    send,
+    tap,
+    wait_until,
+)
 
 # A long first message makes the resumed turn's new tokens a small part of its prompt.
 FIRST = " ".join(["the quick brown fox jumps over the lazy dog near the river bank"] * 8)
@@ -29,14 +38,6 @@ def texts(app: SsdmoeApp) -> list[tuple[str, str]]:
         ("user" if isinstance(m, UserMessage) else "assistant", m.text)
         for m in app.chat_pane.transcript.messages()
     ]
-
-
-async def open_list(pilot, app: SsdmoeApp, key: str = "ctrl+o") -> ConversationsScreen:
-    await pilot.press(key)
-    await wait_until(pilot, lambda: isinstance(app.screen, ConversationsScreen), 5, "the list")
-    screen = app.screen
-    await wait_until(pilot, lambda: screen.shown_query is not None, 10, "the listing")
-    return screen
 
 
 async def search(pilot, screen: ConversationsScreen, text: str) -> list[str]:
@@ -62,9 +63,8 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
     async with first.run_test(size=SIZE) as pilot:
         await loaded(pilot, first)
         assert await first.chat_pane.send(FIRST)
-        await wait_until(pilot, lambda: first.inflight is None, 60, "reply 1")
-        await type_and_send(pilot, "and then")
-        await wait_until(pilot, lambda: first.inflight is None, 60, "reply 2")
+        await next_reply(pilot, first, None, 60, "reply 1")
+        await send(pilot, "and then")
         await wait_until(pilot, lambda: not first.chat.engine.busy, 20, "the KV checkpoint save")
         shown = texts(first)
         conv_id = first.chat.session_id
@@ -99,8 +99,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         samples: list[StatsSample] = []
         show = second.panel.show_sample
         second.panel.show_sample = lambda s: (samples.append(s), show(s))
-        await type_and_send(pilot, "ok")
-        await wait_until(pilot, lambda: second.inflight is None, 60, "reply 3")
+        await send(pilot, "ok")
         done = second.chat.last_done
         assert done.finish_reason in ("stop", "length"), done.finish_reason
         # The checkpoint of the first app served all but the new message.
@@ -231,8 +230,7 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
     )
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, "hello there")
-        await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
+        await send(pilot, "hello there")
         first = app.chat.session_id
         reply = app.chat.last_done.text
         await pilot.press("ctrl+p")
@@ -251,8 +249,7 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.chat.session_id != first, 5, "the clear")
         assert not app.chat_pane.transcript.messages() and app.chat.history == []
-        await type_and_send(pilot, "fresh start")
-        await wait_until(pilot, lambda: app.inflight is None, 60, "the next reply")
+        await send(pilot, "fresh start")
         assert app.chat.last_done.stats["kv_hit_rate"] == 0.0  # a new context
         assert [s.id for s in store.list()] == [app.chat.session_id, first]
         assert store.get(first).turns[0].text == "hello there"

@@ -25,9 +25,9 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
-from tests.app.test_ui_app import wait_until
-from tests.app.test_ui_snapshot import INFO
-from tests.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS
+from tests.helpers.pilot import wait_until
+from tests.helpers.ui_events import INFO
 
 QWEN3 = MODELS / "qwen3-30b-a3b"
 QWEN35_TEMPLATE = (MODELS / "qwen3.5-35b-a3b" / "chat_template.jinja").read_text()

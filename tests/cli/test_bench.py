@@ -18,7 +18,7 @@ DECODE = 6
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tests.checkpoints import build
+    from tests.helpers.checkpoints import build
 
     return build("qwen3_moe", tmp_path_factory.mktemp("bench") / "qwen3_moe")
 

@@ -102,7 +102,7 @@ def test_bench_table_fits_100_columns_with_a_legend_and_wide_has_every_column():
 
 
 def test_demo_model_does_not_print_mlx_lm_quantization_info(tmp_path, capfd):
-    from tests.checkpoints import MIXTRAL
+    from tests.helpers.checkpoints import MIXTRAL
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(MIXTRAL))
@@ -177,7 +177,7 @@ def test_trace_replay_help_names_the_recording_flag(capsys):
 def test_generate_batch_json_each_sequence_equal_alone(tmp_path, capsys):
     """`generate --batch 3` with two prompts: three sequences (the prompts repeated),
     decoded together; each equal to `generate` of its prompt alone (greedy)."""
-    from tests.checkpoints import build
+    from tests.helpers.checkpoints import build
 
     model = str(build("mixtral", tmp_path / "mixtral"))
     base = ["generate", "--model", model, "--max-tokens", "8", "--json"]

@@ -140,7 +140,7 @@ def test_requant_bad_inputs_one_line_each(copies, tmp_path, capsys, checkpoints)
 
 
 def test_requant_on_a_full_disk_leaves_nothing(tmp_path, capsys):
-    from tests.faults.test_fault_disk import small_disk
+    from tests.helpers.disk import small_disk
 
     with small_disk(tmp_path / "disk", 1024) as disk:  # 1 MiB: the copy needs 3 MiB
         out = disk / "demo-2bit"

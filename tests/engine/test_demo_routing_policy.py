@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ssdmoe_tui.bench.trace_replay import replay
 from ssdmoe_tui.engine.policy.traces import read_trace
-from tests.fixture_paths import TRACES
+from tests.helpers.fixture_paths import TRACES
 
 DEMO = TRACES / "ssdmoe-demo-trained" / "grep-4000.jsonl.gz"
 SLOTS = 32  # 2 x K per layer (K 4, 4 layers): a cache where the policy matters

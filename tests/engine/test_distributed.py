@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from ssdmoe_tui.engine.distributed.expert_map import ExpertMap
 from ssdmoe_tui.engine.distributed.group import Distributed
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
+from tests.helpers.ports import free_port
 
 BIN = Path(sys.executable).parent
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 3, 64, 128, 256, 511, 12, 13, 14, 15, 16, 700, 33, 2]
@@ -37,28 +37,11 @@ N_TOKENS = 12
 LAUNCH_TIMEOUT_S = 90
 
 
-def _free_port(avoid: tuple[int, ...] = ()) -> int:
-    """A port p with p and p+1 free (the ring backend takes one per rank), not near `avoid`."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p >= 65000 or any(abs(p - a) <= 1 for a in avoid):
-            continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", p + 1))
-            except OSError:
-                continue
-        return p
-    raise RuntimeError("no free port pair")
-
-
 def _launch_cmd(cmd: list[str], avoid: tuple[int, ...] = ()) -> list[str]:
     """`ssdmoe launch` (mlx.launch, exiting with the ranks' status) of two local ranks."""
     return [
         sys.executable, "-m", "ssdmoe_tui.cli", "launch", "-n", "2", "--backend", "ring",
-        "--starting-port", str(_free_port(avoid)), *cmd,
+        "--starting-port", str(free_port(avoid)), *cmd,
     ]  # fmt: skip
 
 
@@ -167,7 +150,7 @@ def test_two_ranks_match_one_process(checkpoints):
     want = {str(p): _single_tokens(p, PROMPT, N_TOKENS, "100K")[0] for p in paths}
     want_k = {k: _single_tokens(qwen, PROMPT, N_TOKENS, "100K", k=k)[0] for k in (2, 4)}
     ids = ",".join(map(str, PROMPT))
-    cmd = [sys.executable, "-m", "tests.distributed_worker", ids, str(N_TOKENS), "100K"]
+    cmd = [sys.executable, "-m", "tests.helpers.distributed_worker", ids, str(N_TOKENS), "100K"]
     r = _run([*cmd, str(qwen), *map(str, paths)])
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, r.stderr[-3000:]  # rank 0 alone reports
@@ -192,7 +175,8 @@ def test_serve_on_rank_0_and_a_killed_rank(checkpoints, tmp_path):
     launch with one line naming rank 1, well within the heartbeat timeout."""
     import openai
 
-    from tests.server.test_server import HELLO, generate_json
+    from tests.helpers.server import generate_json
+    from tests.helpers.texts import HELLO
 
     path = checkpoints("qwen3_moe")
     want = generate_json(path, HELLO[0]["content"], max_tokens=12)
@@ -241,7 +225,7 @@ def _start_serve(path: Path, tmp_path: Path, env: dict) -> tuple[subprocess.Pope
 
     import openai
 
-    port = _free_port()
+    port = free_port()
     serve = [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--distributed", "--model"]
     serve += [str(path), "--port", str(port), "--expert-cache", "100K"]
     pids = shlex.quote(str(tmp_path))
@@ -272,7 +256,7 @@ def test_serve_kv_checkpoints_survive_a_restart_on_every_rank(checkpoints, tmp_p
     to rank 0: a clean stop, status 0) the conversation's next turn reuses >= 97 % of its
     prompt from the checkpoint on disk, on both ranks alike (they would be out of step
     otherwise), and the second rank on the same machine reads rank 0's copy."""
-    from tests.server.test_server import conversation_turns
+    from tests.helpers.server import conversation_turns
 
     path = checkpoints("qwen3_moe")
     env = {"SSDMOE_HOME": str(tmp_path / "home"), "SSDMOE_DIST_TIMEOUT": "30"}

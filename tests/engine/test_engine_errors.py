@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ssdmoe_tui.engine.experts.index import build_index
-from tests import cli_runner
+from tests.helpers import cli_runner
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

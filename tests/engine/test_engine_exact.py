@@ -6,37 +6,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load, stream_generate
 
-from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_block_k
+from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
-
-PROMPT = [
-    {
-        "role": "user",
-        "content": "Tell me about mixtures of experts and streaming weights from disk, please.",
-    }
-]
-MAX_TOKENS = 24
-
-
-def reference_tokens(path, k: int | None, dtype, prompt):
-    model, tok = load(str(path))
-    if dtype != mx.bfloat16:
-        cast_model(model, dtype)
-    if k is not None:
-        for _name, m in model.named_modules():
-            if hasattr(m, "switch_mlp"):
-                set_block_k(m, k)
-    return [r.token for r in stream_generate(model, tok, prompt, max_tokens=MAX_TOKENS)]
-
-
-def engine_tokens(path, k, budget, dtype=None):
-    sm = load_streamed(path, expert_cache=budget, dtype=dtype)
-    runner = Runner(sm)
-    if k is not None:
-        runner.set_k(k)
-    prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
-    res = runner.generate(prompt, max_tokens=MAX_TOKENS)
-    return sm, prompt, res
+from tests.helpers.exact import MAX_TOKENS, PROMPT, engine_tokens, reference_tokens
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "nemotron_h"])

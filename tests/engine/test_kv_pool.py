@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from ssdmoe_tui.engine.run.kv_pool import KVPool, cache_nbytes
-from tests.sessions.test_sessions_tiny import ARCHS, HYBRID, feed, filled_cache, tiny_model
+from tests.helpers.tiny import ARCHS, HYBRID, feed, filled_cache, tiny_model
 
 A = list(range(10, 40))  # 30 shared tokens
 B = [500, 501, 502, 503]

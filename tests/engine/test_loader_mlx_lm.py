@@ -16,7 +16,7 @@ from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.model.streamed import StreamedSwitch
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.models.demo import write_checkpoint
-from tests.checkpoints import QWEN3_MOE
+from tests.helpers.checkpoints import QWEN3_MOE
 
 
 def quantization_of(model) -> dict[str, tuple]:

@@ -10,7 +10,7 @@ import pytest
 
 from ssdmoe_tui.engine.experts.cache import SPLIT_ENV
 from ssdmoe_tui.engine.experts.reader import open_reader, split_requests
-from tests.engine.test_engine_exact import engine_tokens, reference_tokens
+from tests.helpers.exact import engine_tokens, reference_tokens
 
 
 def test_split_reads_land_the_same_bytes(tmp_path) -> None:

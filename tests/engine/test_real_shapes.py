@@ -21,7 +21,7 @@ from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.models.demo import write_checkpoint
 from ssdmoe_tui.models.registry import expert_bytes_from_config
-from tests.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS
 
 CASES = {
     "qwen3_moe": ("qwen3-30b-a3b/config.json", 128, 8),

@@ -16,7 +16,7 @@ from ssdmoe_tui.engine.experts.index import load_index
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import ModelError, user_message
-from tests.cli_runner import run_cli
+from tests.helpers.cli_runner import run_cli
 
 from .test_engine_exact import PROMPT, reference_tokens
 
@@ -142,7 +142,7 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
     """The TUI reads the repacked copy and says so; a stale copy is reported, not used."""
     from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
     from ssdmoe_tui.ui.widgets.transcript import Notice
-    from tests.app.test_ui_app import SIZE, loaded, type_and_send, wait_until
+    from tests.helpers.pilot import SIZE, loaded, type_and_send, wait_until
 
     model = tmp_path / "demo"
     shutil.copytree(demo_model, model)

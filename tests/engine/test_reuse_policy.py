@@ -11,7 +11,7 @@ import pytest
 
 from ssdmoe_tui.bench.trace_replay import replay
 from ssdmoe_tui.engine.policy.traces import read_trace
-from tests.fixture_paths import TRACES
+from tests.helpers.fixture_paths import TRACES
 
 GPTOSS = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace" / "gptoss.route.csv"
 OLMOE = TRACES / "olmoe-1b-7b-vllm-layer0" / "moe_routes.jsonl"

@@ -134,7 +134,7 @@ async def test_panel_shows_the_mass_live_with_a_sparkline(checkpoints):
     from textual.widgets import Sparkline
 
     from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
-    from tests.app.test_ui_app import loaded, type_and_send, wait_until
+    from tests.helpers.pilot import loaded, type_and_send, wait_until
 
     app = SsdmoeApp(ChatSettings(model=str(checkpoints("qwen3_moe")), k=2, max_tokens=12))
     async with app.run_test(size=(120, 40)) as pilot:

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from ssdmoe_tui.engine.experts.cache import BANK_BYTES_ENV, bank_slot_count, parse_size
-from tests.engine.test_engine_exact import engine_tokens, reference_tokens
+from tests.helpers.exact import engine_tokens, reference_tokens
 
 
 def test_bank_size_stays_under_2_gib_and_rounds_to_whole_layers() -> None:

@@ -20,7 +20,7 @@ from ssdmoe_tui.engine.policy.traces import (
     read_trace,
 )
 from ssdmoe_tui.errors import BadValueError
-from tests.fixture_paths import TRACES
+from tests.helpers.fixture_paths import TRACES
 
 QWEN = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace" / "qwen.route.csv"
 HEAD = {"format": "ssdmoe-route-trace", "version": 1, "k": 2, "num_layers": 2, "num_experts": 4}

@@ -16,7 +16,7 @@ from ssdmoe_tui.cli import main
 from ssdmoe_tui.engine.policy.policies import DEFAULT_POLICY
 from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, TraceMeta, TraceWriter, read_trace
 from ssdmoe_tui.errors import BadValueError
-from tests.fixture_paths import TRACES
+from tests.helpers.fixture_paths import TRACES
 
 ROUTES = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace"
 QWEN, GPTOSS = ROUTES / "qwen.route.csv", ROUTES / "gptoss.route.csv"

@@ -11,12 +11,13 @@ from ssdmoe_tui.bench.trace_replay import replay
 from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.policy import trace_routing
-from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
+from ssdmoe_tui.engine.policy.traces import read_trace
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.models.demo import write_checkpoint
-from tests.checkpoints import QWEN3_MOE
-from tests.fixture_paths import TRACES
+from tests.helpers.checkpoints import QWEN3_MOE
+from tests.helpers.fixture_paths import TRACES
+from tests.helpers.traces import cut_trace
 
 ROUTES = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace"
 QWEN, GPTOSS = ROUTES / "qwen.route.csv", ROUTES / "gptoss.route.csv"
@@ -33,27 +34,9 @@ def _shaped(tmp_path_factory, name: str, layers: int, k: int):
 LAYERS, STEPS = 12, 64  # the traces cut to their first layers and decode steps (test time)
 
 
-def _cut(src, dst, layers: int = LAYERS, steps: int = STEPS):
-    """The trace's first `layers` layers and `steps` decode steps, written in the
-    documented moe-routing-jsonl layout (so that reader is exercised too)."""
-    trace = read_trace(src)
-    meta = trace.meta
-    lines = [{"format": "moe-routing-jsonl", "model": meta.model, "k": meta.k,
-              "num_layers": layers, "num_experts": meta.num_experts}]  # fmt: skip
-    decode = 0
-    for step in trace.steps:
-        if step.phase == DECODE:
-            if decode == steps:
-                break
-            decode += 1
-        for layer, ids in step.layers:
-            if layer < layers:
-                phase = "decode" if step.phase == DECODE else "prefill"
-                lines.append(
-                    {"token": step.token, "layer": layer, "experts": list(ids), "phase": phase}
-                )
-    dst.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return dst
+def _cut(src, dst):
+    """The trace's first LAYERS layers and STEPS decode steps."""
+    return cut_trace(src, dst, LAYERS, STEPS)
 
 
 @pytest.fixture(scope="module")

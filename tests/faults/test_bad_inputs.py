@@ -1,14 +1,14 @@
 """At least 60 bad inputs (issue 11: every damaged file and bad value answered in one
 line): real CLI invocations and loaders on real files; each must exit non-zero (or
 raise the project's error / warn), in one line naming the file or value, with no
-traceback and no bare exception type. The cases live in tests/bad_inputs.py;
+traceback and no bare exception type. The cases live in tests/helpers/bad_inputs.py;
 `python scripts/bad_inputs_table.py` regenerates the table in docs/reliability.md."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.bad_inputs import CASES, PENDING, problems
+from tests.helpers.bad_inputs import CASES, PENDING, problems
 
 ACTIVE = [c for c in CASES if c.id not in PENDING]
 

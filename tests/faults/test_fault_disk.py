@@ -5,11 +5,6 @@ text as they were (issue 11, item 8)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,33 +12,7 @@ import pytest
 from ssdmoe_tui.atomic import DiskFullError, atomic_write_text, free_bytes
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.sessions.store import SessionStore, Turn
-
-
-@contextlib.contextmanager
-def small_disk(where: Path, size_kib: int) -> Iterator[Path]:
-    """A tmpfs of `size_kib` at `where`; skipped (with why) when it cannot be mounted."""
-    if os.geteuid() != 0:
-        pytest.skip("a full disk is simulated with a small tmpfs mount, which needs root")
-    where.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(
-        [
-            "mount",
-            "-t",
-            "tmpfs",
-            "-o",
-            f"size={size_kib}k",
-            f"ssdmoe-{uuid.uuid4().hex[:6]}",
-            str(where),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()[:100]}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+from tests.helpers.disk import small_disk
 
 
 def fill(disk: Path, leave: int = 0) -> None:
@@ -91,7 +60,7 @@ def test_conversation_writes_on_a_full_disk(tmp_path):
 
 def test_checkpoint_save_on_a_full_disk(tmp_path):
     from ssdmoe_tui.sessions.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
-    from tests.sessions.test_sessions_tiny import filled_cache
+    from tests.helpers.tiny import filled_cache
 
     t1 = list(range(20, 60))
     t2 = t1 + list(range(300, 400))

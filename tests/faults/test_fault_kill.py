@@ -1,7 +1,7 @@
 """kill -9 at random moments during conversation and KV checkpoint saves: every
 conversation stays loadable, no committed turn or checkpoint is lost, and the next
 start leaves no temp file (issue 11, fault checks). The trials run in a fork server
-(tests/fault_kill_worker.py) so each costs a fork, not an interpreter start."""
+(tests/helpers/fault_kill_worker.py) so each costs a fork, not an interpreter start."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from pathlib import Path
 from ssdmoe_tui import paths
 from ssdmoe_tui.sessions.checkpoints import list_checkpoints, load_checkpoint
 from ssdmoe_tui.sessions.store import SessionStore, Turn
-from tests.cli_runner import run_cli
-from tests.fault_kill_worker import FP, turn_text, turn_tokens
+from tests.helpers.cli_runner import run_cli
+from tests.helpers.fault_kill_worker import FP, turn_text, turn_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "helpers" / "fault_kill_worker.py"
 TRIALS = 30
 
 
@@ -29,7 +30,7 @@ def test_kill_9_during_saves_loses_nothing(tmp_path):
     out = tmp_path / "kills.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "fault_kill_worker.py"), str(TRIALS), "5", str(out)],
+        [sys.executable, str(WORKER), str(TRIALS), "5", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,

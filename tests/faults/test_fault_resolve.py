@@ -10,7 +10,7 @@ import pytest
 
 from ssdmoe_tui.errors import BadValueError, ModelError, user_message
 from ssdmoe_tui.models.resolve import check_revision, parse_spec, resolve_model
-from tests.models.test_models_fakes import (
+from tests.helpers.fakes import (
     add_to_hub_cache,
     fake_config,
     hub_repo_dir,

@@ -68,8 +68,7 @@ async def test_conversation_list_in_the_app_survives_a_damaged_file():
     """F3 with a non-UTF-8, a deeply nested and an overflowing conversation present: the
     app does not crash, lists them as unreadable with their reason, and the good one
     opens."""
-    from tests.app.test_ui_app import SIZE, errors, wait_until
-    from tests.app.test_ui_sessions import open_list
+    from tests.helpers.pilot import SIZE, errors, open_list, wait_until
 
     store = SessionStore()
     good = seed(store, "still readable")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import STALE_TEMP_S, is_orphan_temp
-from tests.cli_runner import run_cli
+from tests.helpers.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 from ssdmoe_tui.engine.experts.index import load_index
 from ssdmoe_tui.paths import cache_dir
-from tests.bad_inputs import SPECIAL, bounded, special
+from tests.helpers.bad_inputs import SPECIAL, bounded, special
 
 
 def _entries() -> list:

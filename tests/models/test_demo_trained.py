@@ -17,7 +17,7 @@ from ssdmoe_tui.bench.trace_replay import replay
 from ssdmoe_tui.cli import main
 from ssdmoe_tui.engine.policy.traces import read_trace
 from ssdmoe_tui.models.demo import TRAINED_DIR, ensure_demo_model, write_checkpoint
-from tests.fixture_paths import FIXTURES
+from tests.helpers.fixture_paths import FIXTURES
 
 HELDOUT = FIXTURES / "heldout" / "gpl3.txt"
 PROMPT = "Explain how a program reads a file and writes the result to the screen."

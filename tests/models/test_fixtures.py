@@ -7,7 +7,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from tests.fixture_paths import FIXTURES
+from tests.helpers.fixture_paths import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 # The sibling folder by relative path (either separator), by the development machine's

@@ -25,8 +25,8 @@ import pytest
 
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.models.resolve import DownloadProgress, format_progress, resolve_model
-from tests.cli_runner import run_cli
-from tests.models.test_models_fakes import fake_config, write_checkpoint
+from tests.helpers.cli_runner import run_cli
+from tests.helpers.fakes import fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "test-org/Tiny-MoE-4bit"

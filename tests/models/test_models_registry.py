@@ -11,8 +11,8 @@ import pytest
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.scan import measure_experts
-from tests.fixture_paths import MODELS
-from tests.models.test_models_fakes import fake_config, write_checkpoint
+from tests.helpers.fakes import fake_config, write_checkpoint
+from tests.helpers.fixture_paths import MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = MODELS

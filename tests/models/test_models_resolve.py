@@ -11,8 +11,8 @@ import pytest
 
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 from ssdmoe_tui.models.resolve import parse_spec, resolve_model
-from tests.cli_runner import run_cli
-from tests.models.test_models_fakes import add_to_hub_cache, fake_config, write_checkpoint
+from tests.helpers.cli_runner import run_cli
+from tests.helpers.fakes import add_to_hub_cache, fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "test-org/Tiny-MoE-4bit"

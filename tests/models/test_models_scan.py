@@ -9,8 +9,8 @@ from pathlib import Path
 from ssdmoe_tui.models import registry
 from ssdmoe_tui.models.demo import ensure_demo_model
 from ssdmoe_tui.models.scan import measure_experts, read_config, scan_models
-from tests.cli_runner import run_cli
-from tests.models.test_models_fakes import add_to_hub_cache, fake_config, write_checkpoint
+from tests.helpers.cli_runner import run_cli
+from tests.helpers.fakes import add_to_hub_cache, fake_config, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

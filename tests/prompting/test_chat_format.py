@@ -19,16 +19,8 @@ from ssdmoe_tui.prompting.chat_format import (
     render,
     user_turn_delta,
 )
-from tests.fixture_paths import MODELS
-
-QWEN3 = MODELS / "qwen3-30b-a3b"
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-IM_END = 151645
+from tests.helpers.chat_templates import CHATML, IM_END, QWEN3
+from tests.helpers.fixture_paths import MODELS
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+from mlx_lm.utils import load_tokenizer
 
-from tests.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS
+from tests.helpers.tools import OUTPUTS
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +38,29 @@ def think_model(checkpoints, tmp_path_factory):
     template = (MODELS / "qwen3.5-35b-a3b" / "chat_template.jinja").read_text()
     write_tokenizer(dst, 1024, template, ("<think>", "</think>"))
     return dst
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A module's data folder and lock folder (the module's server outlives each test's own)."""
+    home = tmp_path_factory.mktemp("server-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SSDMOE_HOME", str(home))
+        mp.setenv("SSDMOE_LOCK_DIR", str(home / "locks"))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    """family -> mlx-lm TokenizerWrapper: the genuine Qwen3 vocabulary with the family's
+    own chat template (all three use <|im_start|>/<|im_end|>)."""
+    out = {}
+    for family in OUTPUTS:
+        folder = tmp_path_factory.mktemp(family)
+        for name in ("vocab.json", "merges.txt"):
+            shutil.copy(MODELS / "qwen3-30b-a3b" / name, folder / name)
+        config = json.loads((MODELS / "qwen3-30b-a3b" / "tokenizer_config.json").read_text())
+        config["chat_template"] = (MODELS / family / "chat_template.jinja").read_text()
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        out[family] = load_tokenizer(Path(folder))
+    return out

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.test_server import TIMEOUT, Running, home, options  # noqa: F401 - fixtures
+from tests.helpers.server import TIMEOUT, Running, options
 
 QUESTIONS = [
     "Hello there, how are you?",
@@ -22,12 +22,12 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def model(checkpoints, home):  # noqa: F811
+def model(checkpoints, home):
     return checkpoints("qwen3_5_moe")  # hybrid: KV and recurrent state per row
 
 
 @pytest.fixture(scope="module")
-def srv(model, home):  # noqa: F811
+def srv(model, home):
     opts = dataclasses.replace(options(model, home), max_batch=4, persist_cache=False)
     running = Running(opts)
     yield running

@@ -18,7 +18,7 @@ import pytest
 
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
-from tests.server.test_server import Running
+from tests.helpers.server import Running
 
 NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
 

@@ -9,7 +9,7 @@ import pytest
 
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
-from tests.server.test_server import (
+from tests.helpers.server import (
     Running,
     assert_new_chat_reuses_system_prompt,
     conversation_turns,

@@ -15,11 +15,11 @@ import pytest
 from ssdmoe_tui.models.demo import ensure_demo_model
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
-from tests.server.test_server import TIMEOUT, Running, home  # noqa: F401 - the fixture
+from tests.helpers.server import TIMEOUT, Running
 
 
 @pytest.fixture(scope="module")
-def demo_srv(home):  # noqa: F811 - the imported fixture
+def demo_srv(home):
     model = ensure_demo_model(home / "demo")
     running = Running(ServeOptions(EngineOptions(model=str(model)), cache_root=home / "sc"))
     yield running

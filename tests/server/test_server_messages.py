@@ -20,17 +20,16 @@ from pydantic import TypeAdapter
 
 from ssdmoe_tui.checkpoint.config import load_tokenizer
 from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens
 from ssdmoe_tui.server.engine_client import AsyncEngine, Job
-from ssdmoe_tui.server.main import ServeOptions
 from ssdmoe_tui.server.output import OutputFilter
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema_messages import parse_messages
 from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 from ssdmoe_tui.server.serving_messages import ServingMessages
-from tests.server.test_server import SYSTEM, Running
-from tests.server.test_server_tools import CALLS, OUTPUTS
+from tests.helpers.server import serving
+from tests.helpers.texts import SYSTEM
+from tests.helpers.tools import CALLS, OUTPUTS
 
 TOOLS = [
     {"name": "get_weather", "description": "Weather for a city",
@@ -49,12 +48,8 @@ EVENTS = TypeAdapter(RawMessageStreamEvent)
 
 @pytest.fixture(scope="module")
 def srv(tool_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("messages")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SSDMOE_LOCK_DIR", str(root / "locks"))
-        running = Running(ServeOptions(EngineOptions(model=str(tool_model)), cache_root=root))
+    with serving(tool_model, tmp_path_factory.mktemp("messages")) as running:
         yield running
-        running.stop()
 
 
 def client(srv, **kw) -> anthropic.Anthropic:

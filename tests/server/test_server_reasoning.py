@@ -22,10 +22,8 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.prompting.chat_format import encode
 from ssdmoe_tui.server.engine_client import AsyncEngine, Job
-from ssdmoe_tui.server.main import ServeOptions
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning, think_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import parse_chat
@@ -35,8 +33,9 @@ from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 from ssdmoe_tui.server.serving_messages import ServingMessages
 from ssdmoe_tui.server.serving_responses import ServingResponses, _Run
-from tests.server.test_server import SYSTEM, Running
-from tests.server.test_server_tools import CALLS, OUTPUTS, TOOLS, tokenizers  # noqa: F401
+from tests.helpers.server import serving
+from tests.helpers.texts import SYSTEM
+from tests.helpers.tools import CALLS, OUTPUTS, TOOLS
 
 QWEN3 = "qwen3-30b-a3b"
 THOUGHT = "The user wants the weather and the time.\n"
@@ -69,12 +68,12 @@ def collect(gen) -> list[str]:
 
 
 @pytest.mark.parametrize("size", [1, 2, 5, 64])
-def test_the_think_block_is_split_off_in_pieces_of_any_size(tokenizers, size):  # noqa: F811
+def test_the_think_block_is_split_off_in_pieces_of_any_size(tokenizers, size):
     tok = tokenizers[QWEN3]
     fmt = think_format_for(tok)
     assert (fmt.start, fmt.end) == ("<think>", "</think>")
     from ssdmoe_tui.server.output import tool_format_for
-    from tests.server.test_server_tools import run_filter
+    from tests.helpers.tools import run_filter
 
     filt = OutputFilter((), tool_format_for(tok), [t for t in TOOLS], fmt)
     pieces = run_filter(filt, OUTPUTS[QWEN3], size)
@@ -90,7 +89,7 @@ def test_the_think_block_is_split_off_in_pieces_of_any_size(tokenizers, size):  
     assert all(not isinstance(p, Content) or "think" not in p.text for p in pieces)
 
 
-def test_chat_completions_stream_reasoning_content(tokenizers):  # noqa: F811
+def test_chat_completions_stream_reasoning_content(tokenizers):
     tok = tokenizers[QWEN3]
     api = ServingChat(states(tok))
     req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "Paris?"}],
@@ -105,7 +104,7 @@ def test_chat_completions_stream_reasoning_content(tokenizers):  # noqa: F811
     assert sum(len(d.tool_calls or []) for d in deltas) == 2
 
 
-def test_responses_reasoning_item_and_messages_thinking_block(tokenizers):  # noqa: F811
+def test_responses_reasoning_item_and_messages_thinking_block(tokenizers):
     tok = tokenizers[QWEN3]
     flat = [{"type": "function", **t["function"]} for t in TOOLS]
     serving = ServingResponses(states(tok))
@@ -143,12 +142,8 @@ def test_responses_reasoning_item_and_messages_thinking_block(tokenizers):  # no
 
 @pytest.fixture(scope="module")
 def srv(think_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("reasoning")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SSDMOE_LOCK_DIR", str(root / "locks"))
-        running = Running(ServeOptions(EngineOptions(model=str(think_model)), cache_root=root))
+    with serving(think_model, tmp_path_factory.mktemp("reasoning")) as running:
         yield running
-        running.stop()
 
 
 def test_a_thinking_template_through_the_server(srv):

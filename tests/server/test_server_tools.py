@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 from mlx_lm.utils import load_tokenizer
@@ -34,70 +32,7 @@ from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import ChatMessage, ToolCall, parse_chat
 from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
-from tests.fixture_paths import MODELS
-
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "get_time", "description": "Local time",
-        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}},
-]  # fmt: skip
-CALLS = [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"tz": "Europe/Paris"})]
-
-# What each family generates after the generation prompt (end-of-turn token excluded).
-OUTPUTS = {
-    "qwen3-30b-a3b": (
-        "<think>\nThe user wants the weather and the time.\n</think>\n\n"
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
-        "</tool_call>\n"
-        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>'
-    ),
-    "qwen3.5-35b-a3b": (
-        "<think>\n\n</think>\n\nLet me look both up.\n\n"
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
-        "<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Paris\n</parameter>\n"
-        "</function>\n</tool_call>"
-    ),
-    "nemotron-3-nano-30b-a3b": (
-        "<think>Weather and time for Paris.</think>\n"
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
-        "<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Paris\n</parameter>\n"
-        "</function>\n</tool_call>\n"
-    ),
-}
-FORMATS = {
-    "qwen3-30b-a3b": "json_tools",
-    "qwen3.5-35b-a3b": "qwen3_coder",
-    "nemotron-3-nano-30b-a3b": "qwen3_coder",
-}
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    """family -> mlx-lm TokenizerWrapper: the genuine Qwen3 vocabulary with the family's
-    own chat template (all three use <|im_start|>/<|im_end|>)."""
-    out = {}
-    for family in OUTPUTS:
-        folder = tmp_path_factory.mktemp(family)
-        for name in ("vocab.json", "merges.txt"):
-            shutil.copy(MODELS / "qwen3-30b-a3b" / name, folder / name)
-        config = json.loads((MODELS / "qwen3-30b-a3b" / "tokenizer_config.json").read_text())
-        config["chat_template"] = (MODELS / family / "chat_template.jinja").read_text()
-        (folder / "tokenizer_config.json").write_text(json.dumps(config))
-        out[family] = load_tokenizer(Path(folder))
-    return out
-
-
-def run_filter(filt: OutputFilter, text: str, size: int) -> list:
-    pieces = []
-    for i in range(0, len(text), size):
-        pieces += filt.feed(text[i : i + size])
-    return pieces + filt.finish()
+from tests.helpers.tools import CALLS, FORMATS, OUTPUTS, TOOLS, run_filter
 
 
 def calls_of(pieces) -> list:
@@ -271,7 +206,8 @@ def test_tool_results_render_into_the_next_turn_on_the_exact_history(tokenizers,
 def test_server_renders_tools_and_tool_results_reuse_the_cache(tool_model, tmp_path, monkeypatch):
     from ssdmoe_tui.options import EngineOptions
     from ssdmoe_tui.server.main import ServeOptions
-    from tests.server.test_server import SYSTEM, Running
+    from tests.helpers.server import Running
+    from tests.helpers.texts import SYSTEM
 
     monkeypatch.setenv("SSDMOE_LOCK_DIR", str(tmp_path / "locks"))
     tok = load_tokenizer(tool_model)

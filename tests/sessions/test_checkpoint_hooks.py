@@ -16,7 +16,7 @@ from ssdmoe_tui.sessions.checkpoint_hooks import CheckpointHooks
 from ssdmoe_tui.sessions.checkpoints import CheckpointInvalid, list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionStore, new_id
-from tests.sessions.test_sessions_tiny import HYBRID, feed, filled_cache
+from tests.helpers.tiny import HYBRID, feed, filled_cache
 
 TOKENS = list(range(1, 25))
 

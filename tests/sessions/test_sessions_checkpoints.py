@@ -23,7 +23,7 @@ from ssdmoe_tui.sessions.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from tests.sessions.test_sessions_tiny import ARCHS, feed, filled_cache, tiny_model
+from tests.helpers.tiny import ARCHS, feed, filled_cache, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 T1 = list(range(20, 60))  # turn 1: 40 tokens
@@ -200,7 +200,7 @@ CHILD = """
 import os, signal, sys
 from pathlib import Path
 from ssdmoe_tui.sessions import checkpoints as ck
-from tests.sessions.test_sessions_tiny import filled_cache
+from tests.helpers.tiny import filled_cache
 d, n, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 tokens = list(range(20, 20 + n))
 def die(tmp):
@@ -269,7 +269,7 @@ def test_a_reshaped_checkpoint_is_refused_against_the_model(tmp_path, reshape, w
     """Issue 23: `[1, 2, T, 32]` saved, read back as `[1, 4, T/2, 32]` (checksum untouched):
     refused by the model's numbers, naming the file, and never fed to the model."""
     from ssdmoe_tui.sessions.checkpoints import CacheShape
-    from tests.sessions.test_sessions_tiny import TINY
+    from tests.helpers.tiny import TINY
 
     d = session(tmp_path)
     path = save_checkpoint(d, filled_cache("qwen3_moe", T1), T1, FP).path

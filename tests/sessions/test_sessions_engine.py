@@ -24,15 +24,10 @@ from ssdmoe_tui.sessions.checkpoints import list_checkpoints
 from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.sessions.turns import build_prompt
-from tests.checkpoints import build
-from tests.turn_records import record_exchange
+from tests.helpers.checkpoints import build
+from tests.helpers.texts import SYSTEM
+from tests.helpers.turn_records import record_exchange
 
-SYSTEM = (
-    "You are a patient assistant for people who run large mixture-of-experts language "
-    "models on small machines. Answer plainly, explain the trade-offs between memory, "
-    "disk bandwidth and speed, and say when a question needs measurements rather than "
-    "guesses. Prefer short paragraphs. "
-) * 6
 USERS = ["How do experts get streamed from disk?", "Go on.", "Why?", "Thanks, more."]
 MAX_TOKENS = 12
 TIMEOUT = 120

@@ -14,8 +14,8 @@ from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionNotFound, SessionStore
 from ssdmoe_tui.sessions.turns import build_prompt, tokenizer_id
-from tests.prompting.test_chat_format import CHATML, IM_END, QWEN3
-from tests.turn_records import record_exchange
+from tests.helpers.chat_templates import CHATML, IM_END, QWEN3
+from tests.helpers.turn_records import record_exchange
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Kill -9 trials for tests/faults/test_fault_kill.py, run as a script (a fork server).
 
-    python tests/fault_kill_worker.py TRIALS SEED OUT.json     (SSDMOE_HOME set by the caller)
+    python tests/helpers/fault_kill_worker.py TRIALS SEED OUT.json     (SSDMOE_HOME set by the caller)
 
 The modules are imported once; each trial forks a writer that does what the app does
 after a reply (add the user turn, add the reply, save a KV checkpoint of the whole

@@ -7,7 +7,7 @@
 
 Rank 0 prints one JSON object: {"engine": {model: tokens}, "service": {request: ...}}.
 
-usage: python -m tests.distributed_worker PROMPT_IDS N_TOKENS EXPERT_CACHE SERVICE_MODEL MODEL...
+usage: python -m tests.helpers.distributed_worker PROMPT_IDS N_TOKENS EXPERT_CACHE SERVICE_MODEL MODEL...
 """
 
 from __future__ import annotations

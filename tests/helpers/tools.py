@@ -1,0 +1,54 @@
+"""Tool calls as each model family writes them (recorded output, Qwen3 json_tools and
+Qwen3-Coder XML), the calls they stand for, and feeding a text to an output filter in
+pieces of any size."""
+
+from __future__ import annotations
+
+from ssdmoe_tui.server.output import OutputFilter
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Local time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}},
+]  # fmt: skip
+CALLS = [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"tz": "Europe/Paris"})]
+
+# What each family generates after the generation prompt (end-of-turn token excluded).
+OUTPUTS = {
+    "qwen3-30b-a3b": (
+        "<think>\nThe user wants the weather and the time.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+        "</tool_call>\n"
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>'
+    ),
+    "qwen3.5-35b-a3b": (
+        "<think>\n\n</think>\n\nLet me look both up.\n\n"
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Paris\n</parameter>\n"
+        "</function>\n</tool_call>"
+    ),
+    "nemotron-3-nano-30b-a3b": (
+        "<think>Weather and time for Paris.</think>\n"
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Paris\n</parameter>\n"
+        "</function>\n</tool_call>\n"
+    ),
+}
+FORMATS = {
+    "qwen3-30b-a3b": "json_tools",
+    "qwen3.5-35b-a3b": "qwen3_coder",
+    "nemotron-3-nano-30b-a3b": "qwen3_coder",
+}
+
+
+def run_filter(filt: OutputFilter, text: str, size: int) -> list:
+    pieces = []
+    for i in range(0, len(text), size):
+        pieces += filt.feed(text[i : i + size])
+    return pieces + filt.finish()

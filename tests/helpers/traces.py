@@ -1,0 +1,35 @@
+"""Real routing traces cut to a small model's layers (and, for tests, to a few decode
+steps), written in the documented moe-routing-jsonl layout so that reader runs too.
+Used by the trace-routing tests and by scripts/batch_bench.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
+
+
+def cut_trace(src: Path, dst: Path, layers: int, decode_steps: int | None = None) -> Path:
+    """`src`'s first `layers` MoE layers and first `decode_steps` decode steps (every step
+    when None) in `dst`; `src` itself when that would keep all of it."""
+    trace = read_trace(src)
+    meta = trace.meta
+    if layers >= meta.num_layers and decode_steps is None:
+        return src
+    lines = [{"format": "moe-routing-jsonl", "model": meta.model, "k": meta.k,
+              "num_layers": layers, "num_experts": meta.num_experts}]  # fmt: skip
+    decode = 0
+    for step in trace.steps:
+        if step.phase == DECODE:
+            if decode == decode_steps:
+                break
+            decode += 1
+        for layer, ids in step.layers:
+            if layer < layers:
+                phase = "decode" if step.phase == DECODE else "prefill"
+                lines.append(
+                    {"token": step.token, "layer": layer, "experts": list(ids), "phase": phase}
+                )
+    dst.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return dst
