@@ -90,12 +90,6 @@ def prompt_opens_thinking(prompt_ids: Sequence[int], tokenizer: Any) -> bool:
     return tail.rstrip().endswith(OPEN)
 
 
-def supports_thinking(tokenizer: Any) -> bool:
-    """The chat template has a thinking switch (`enable_thinking`)."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    return "enable_thinking" in str(getattr(hf, "chat_template", "") or "")
-
-
 def template_kwargs(thinking: bool) -> dict[str, Any]:
     """The chat template's switch, as `apply_chat_template` takes it."""
     return {"enable_thinking": thinking}

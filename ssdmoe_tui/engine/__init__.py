@@ -1,5 +1,5 @@
 """The engine: token ids in, tokens and figures out. It imports nothing from sessions,
-ui, server, chat or Textual (tests/app/test_ui_layering.py holds it to that).
+ui, server, chat or Textual (tests/test_layering.py holds it to that).
 
 - run/: the engine thread, its protocol, open_engine, the Runner, the KV pool
 - model/: loading a model with streamed MoE blocks, the blocks, routing mass, context

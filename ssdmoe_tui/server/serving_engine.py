@@ -395,9 +395,6 @@ class Serving:
         """A JSON reply's headers: the stats, and the warnings if any."""
         return {STATS_HEADER: self.stats_header(ext), **warning_header(ext.get("warnings", ()))}
 
-    def k_header(self, k: int | None) -> dict[str, str]:
-        return {K_HEADER: str(k or self.engine.default_k)}
-
     @staticmethod
     def cached_tokens(done: P.GenerationDone) -> int:
         return done.stats.get("reused_prompt_tokens", 0)

@@ -8,7 +8,7 @@ shows samples and follows the engine's K, and what the keys and palette do is in
 event as its own typed message (`ui.messages`), handled here with `@on`, in arrival
 order; screens post request messages instead of calling the app, and the palette
 calls `ui/actions`.
-Nothing here imports mlx or safetensors (tests/app/test_ui_layering.py checks).
+Nothing here imports mlx or safetensors (tests/test_layering.py checks).
 """
 
 from __future__ import annotations

@@ -1,12 +1,28 @@
 """The tiny mlx-lm models (tests/helpers/tiny.py) build each cache kind, and the sizing
-formula matches their real caches."""
+formula behind docs/sessions.md's "Sizes" (scripts/kv_sizes.py) matches their real caches."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from tests.helpers.tiny import ARCHS, HYBRID, TINY, filled_cache
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kv_footprint(config: dict, dtype_bytes: int):  # noqa: ANN201 - the script's KVFootprint
+    """scripts/kv_sizes.py's formula, loaded from the file `python scripts/...` runs."""
+    spec = importlib.util.spec_from_file_location("kv_sizes", ROOT / "scripts" / "kv_sizes.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module.kv_footprint(config, dtype_bytes=dtype_bytes)
+
 
 def test_tiny_models_build_their_cache_kinds():
     for arch in ARCHS:
@@ -30,8 +46,6 @@ def _state_bytes(cache: list) -> int:
 
 
 def test_sizing_formula_matches_real_caches():
-    from ssdmoe_tui.sessions.sizing import kv_footprint
-
     for arch in ARCHS:
         fp = kv_footprint(TINY[arch], dtype_bytes=4)
         assert fp.hybrid == HYBRID[arch]
@@ -43,8 +57,6 @@ def test_sizing_formula_bfloat16_recurrent_state_stays_float32():
     """Dense qwen3_5 and nemotron_h (no MoE: CPU GatherMM is float32-only) in bfloat16:
     conv windows and KV follow the activation dtype, SSM states stay float32."""
     from mlx_lm.models import nemotron_h, qwen3_5
-
-    from ssdmoe_tui.sessions.sizing import kv_footprint
 
     dense = {k: v for k, v in TINY["qwen3_5_moe"].items() if "expert" not in k}
     dense.update(model_type="qwen3_5", intermediate_size=128)

@@ -1,17 +1,28 @@
-"""How big a KV checkpoint is, from a model's config.json (no weights needed).
+#!/usr/bin/env python3
+"""How big a KV checkpoint is, from a model's config.json (no weights needed): the
+figures of docs/sessions.md "Sizes".
+
+    python scripts/kv_sizes.py                    # the real configs in tests/fixtures/models
+    python scripts/kv_sizes.py CONFIG.json ...
 
 Attention layers store K and V for every token: 2 x kv_heads x head_dim x dtype bytes
 per layer per token. Recurrent layers (Qwen3.5 gated-delta linear attention, Mamba-2)
 hold a fixed state whatever the context length: a convolution window in the
 activation dtype plus an SSM state that mlx-lm keeps in float32. Sliding-window
 layers (gpt-oss) hold at most `sliding_window` tokens. The shapes follow mlx-lm's
-cache code; tests check the formula against real caches of tiny models.
+cache code; tests/sessions/test_sessions_tiny.py checks the formula against real caches
+of tiny models. (The program itself never needs it: a checkpoint's size is its file's.)
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
 
 F32 = 4
 
@@ -86,3 +97,30 @@ def kv_footprint(config: dict[str, Any], dtype_bytes: int = 2) -> KVFootprint:
         return KVFootprint(mtype, full, 0, windowed, full * kv, 0, window, windowed * kv)
 
     return KVFootprint(mtype, layers, 0, 0, layers * kv, 0, 0, 0)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def main(argv: list[str]) -> int:
+    """One row per config: layers, bytes per token, fixed state, a checkpoint at 1k/8k/32k
+    tokens (1,000, 8,192, 32,768), in bfloat16 (the GPU's dtype; float32 on the CPU doubles the per-token part)."""
+    configs = [Path(a) for a in argv] or sorted(
+        (ROOT / "tests/fixtures/models").glob("*/config*.json")
+    )
+    print(
+        "| config | type | attention | recurrent | windowed | per token | fixed | 1k | 8k | 32k |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for path in configs:
+        fp = kv_footprint(json.loads(path.read_text()), dtype_bytes=2)
+        sizes = " | ".join(_mib(fp.bytes_for(n)) for n in (1000, 8192, 32768))
+        print(f"| {path.parent.name} | {fp.model_type} | {fp.attention_layers} | "
+              f"{fp.recurrent_layers} | {fp.windowed_layers} | {fp.per_token_bytes / 1024:.0f} KiB | "
+              f"{_mib(fp.fixed_bytes)} | {sizes} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
