@@ -40,7 +40,7 @@ def build(out: Path, hidden: int, layers: int) -> Path:
     if (out / "config.json").exists():
         return out
     from ssdmoe_tui.models.demo import write_checkpoint
-    from tests.checkpoints import QWEN3_MOE
+    from tests.helpers.checkpoints import QWEN3_MOE
 
     cfg = dict(QWEN3_MOE, num_hidden_layers=layers, num_experts=32, num_experts_per_tok=4,
                hidden_size=hidden, head_dim=32, num_attention_heads=max(hidden // 64, 2),

@@ -24,7 +24,7 @@ from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Notice
 from tests.helpers.pilot import loaded, record_notifications, wait_until
-from tests.helpers.ui_events import setup
+from tests.helpers.ui_events import open_by_key, setup
 
 
 async def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus():
@@ -76,15 +76,6 @@ async def test_the_first_screen_says_what_the_demo_is_and_how_to_open_a_real_mod
         after = screen_text(app)
         for part in (*FIRST_SCREEN, "demo-model is ready"):
             assert part in after, (part, after)
-
-
-async def open_by_key(pilot, key: str, screen_type: type) -> None:
-    """Fixed events (`setup`), then `key`, until its screen is up and drawn."""
-    app = pilot.app
-    await setup(pilot)
-    await pilot.press(key)
-    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), 5, key)
-    await pilot.pause(0.2)
 
 
 async def test_f9_starts_on_the_system_prompt_and_every_line_fits():

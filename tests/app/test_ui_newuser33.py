@@ -18,9 +18,8 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions.keys import keymap_problems
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
-from tests.app.test_ui_app import loaded, record_notifications, wait_until
-from tests.app.test_ui_newuser import open_by_key, screen_text
-from tests.app.test_ui_snapshot import setup
+from tests.helpers.pilot import loaded, record_notifications, screen_text, wait_until
+from tests.helpers.ui_events import open_by_key, setup
 
 
 def settings(*argv: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ssdmoe_tui.engine.run.protocol import ModelInfo, ModelLoaded, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.app import SsdmoeApp
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
+from tests.helpers.pilot import wait_until
 
 INFO = ModelInfo(
     name="Qwen3-30B-A3B-4bit",
@@ -71,3 +72,12 @@ async def setup(pilot) -> None:
     reply = await app.chat_pane.transcript.add_assistant("r1", INFO.name)
     await reply.finish(REPLY, "stop", "60 tokens · 12.5 tok/s")
     await pilot.pause()
+
+
+async def open_by_key(pilot, key: str, screen_type: type) -> None:
+    """Fixed events (`setup`), then `key`, until its screen is up and drawn."""
+    app = pilot.app
+    await setup(pilot)
+    await pilot.press(key)
+    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), 5, key)
+    await pilot.pause(0.2)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
-from tests.server.test_server import Running, conversation_turns
-from tests.sessions.test_sessions_engine import SYSTEM
+from tests.helpers.server import Running, conversation_turns
+from tests.helpers.texts import SYSTEM
 
 TOPICS = ["the tides of the North Sea", "baking sourdough bread at home",
           "the history of the printing press", "how bees choose a new nest"]  # fmt: skip
