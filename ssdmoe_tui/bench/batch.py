@@ -73,10 +73,8 @@ def run_batch_config(
 ) -> dict:
     """B rows on `runner`; the steady-state window's figures."""
     from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
-    from ssdmoe_tui.engine.run.runner import Done, Snapshot
 
-    k = runner.k
-    sm = runner.sm
+    k, sm = runner.k, runner.sm
     eos = sm.tokenizer.eos_token_ids
     try:
         sm.tokenizer.eos_token_ids = set()  # decode exactly N tokens
@@ -87,30 +85,9 @@ def run_batch_config(
         offsets = [(span * i) // b for i in range(b)]
         for i, p in enumerate(prompts):
             batch.add(SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=offsets[i]))
-        results = {}
-        start = end = None
-        u0 = c0 = 0
-        full_steps = 0
         t_all = time.perf_counter()
-        while not batch.idle:
-            events = batch.step()
-            for uid, ev in events:
-                if isinstance(ev, Done):
-                    results[uid] = ev.result
-            if start is None and batch.rows == b and not batch.waiting:
-                start = Snapshot.take(sm)
-                u0, c0 = sm.times.union_experts, sm.times.union_calls
-                steps0 = batch.figures.steps
-            elif start is not None and end is None and batch.rows < b:
-                end = Snapshot.take(sm)
-                u1, c1 = sm.times.union_experts, sm.times.union_calls
-                full_steps = batch.figures.steps - steps0  # each decoded all B rows
+        results, w, full_steps, union = _steady_window(batch, sm, b)
         total_s = time.perf_counter() - t_all
-        if start is None or end is None or full_steps < 1:
-            raise ValueError(
-                f"--batch {b}: no step decoded all {b} rows together; raise --decode-tokens"
-            )
-        w = end - start
         row_tokens = full_steps * b
         fig = batch.figures
         out = {
@@ -125,7 +102,7 @@ def run_batch_config(
             "device_mib_per_token_per_sequence": None
             if w.device_bytes is None
             else _round(w.device_bytes / row_tokens / 2**20),
-            "union_experts_per_layer": _round((u1 - u0) / (c1 - c0), 3) if c1 > c0 else None,
+            "union_experts_per_layer": union,
             "hit_rate": round(w.hit_rate, 6),
             "max_join_stall_s": round(fig.max_stall_s, 4),
             "mean_step_s": round(fig.decode_s / fig.steps, 5) if fig.steps else None,
@@ -133,31 +110,70 @@ def run_batch_config(
             "token_ids": [results[i].tokens for i in range(b)],
         }
         if check_alone:
-            alone = [
-                _alone(runner, SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=spec_off))
-                for i, (p, spec_off) in enumerate(zip(prompts, offsets, strict=True))
+            specs = [
+                SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=off)
+                for i, (p, off) in enumerate(zip(prompts, offsets, strict=True))
             ]
-            diff = sum(
-                sum(x != y for x, y in zip(a, results[i].tokens, strict=False))
-                for i, a in enumerate(alone)
-            )
-            out["rows_equal_alone"] = sum(alone[i] == results[i].tokens for i in range(b))
-            out["token_mismatch_rate"] = round(diff / (b * decode_tokens), 6)
-        log(
-            f"  K={k} budget={budget} batch={b}: aggregate {out['aggregate_decode_tok_s'] or 0:.2f} "
-            f"tok/s, per stream {out['per_stream_decode_tok_s'] or 0:.2f}, "
-            f"{out['requested_mib_per_token_per_sequence'] or 0:.2f} MiB/token/sequence, "
-            f"union {out['union_experts_per_layer']} experts/layer, hit {w.hit_rate:.1%}, "
-            f"join stall <= {fig.max_stall_s * 1e3:.0f} ms"
-            + (
-                f", {out['rows_equal_alone']}/{b} rows equal alone"
-                if "rows_equal_alone" in out
-                else ""
-            )
-        )
+            out |= _against_alone(runner, specs, [results[i].tokens for i in range(b)])
+        log(_row_line(out, k, budget, b, w.hit_rate, fig.max_stall_s))
         return out
     finally:
         sm.tokenizer.eos_token_ids = eos
+
+
+def _steady_window(batch, sm, b: int):  # noqa: ANN001, ANN202 - BatchRunner, StreamedModel
+    """Run `batch` to the end; (results by row, the Snapshot difference over the steps
+    that decoded all `b` rows, how many steps that was, union experts per layer call)."""
+    from ssdmoe_tui.engine.run.runner import Done, Snapshot
+
+    results = {}
+    start = end = None
+    u0 = c0 = u1 = c1 = 0
+    full_steps = steps0 = 0
+    while not batch.idle:
+        for uid, ev in batch.step():
+            if isinstance(ev, Done):
+                results[uid] = ev.result
+        if start is None and batch.rows == b and not batch.waiting:
+            start = Snapshot.take(sm)
+            u0, c0 = sm.times.union_experts, sm.times.union_calls
+            steps0 = batch.figures.steps
+        elif start is not None and end is None and batch.rows < b:
+            end = Snapshot.take(sm)
+            u1, c1 = sm.times.union_experts, sm.times.union_calls
+            full_steps = batch.figures.steps - steps0  # each decoded all B rows
+    if start is None or end is None or full_steps < 1:
+        raise ValueError(
+            f"--batch {b}: no step decoded all {b} rows together; raise --decode-tokens"
+        )
+    union = _round((u1 - u0) / (c1 - c0), 3) if c1 > c0 else None
+    return results, end - start, full_steps, union
+
+
+def _against_alone(runner, specs: list, batched: list[list[int]]) -> dict:  # noqa: ANN001
+    """Each row run alone: how many rows equal their batched tokens, and the share of
+    tokens that differ."""
+    alone = [_alone(runner, spec) for spec in specs]
+    diff = sum(
+        sum(x != y for x, y in zip(a, got, strict=False))
+        for a, got in zip(alone, batched, strict=True)
+    )
+    decoded = sum(spec.max_tokens for spec in specs)
+    return {
+        "rows_equal_alone": sum(a == got for a, got in zip(alone, batched, strict=True)),
+        "token_mismatch_rate": round(diff / decoded, 6),
+    }
+
+
+def _row_line(out: dict, k: int, budget: CacheBudget, b: int, hit: float, stall: float) -> str:
+    equal = f", {out['rows_equal_alone']}/{b} rows equal alone" if "rows_equal_alone" in out else ""
+    return (
+        f"  K={k} budget={budget} batch={b}: aggregate {out['aggregate_decode_tok_s'] or 0:.2f} "
+        f"tok/s, per stream {out['per_stream_decode_tok_s'] or 0:.2f}, "
+        f"{out['requested_mib_per_token_per_sequence'] or 0:.2f} MiB/token/sequence, "
+        f"union {out['union_experts_per_layer']} experts/layer, hit {hit:.1%}, "
+        f"join stall <= {stall * 1e3:.0f} ms{equal}"
+    )
 
 
 def derive(batch_results: list[dict]) -> None:

@@ -82,65 +82,79 @@ def random_read_bandwidth(
     The experts of all measurements are disjoint; if the model has fewer experts than
     asked for, each measurement gets an equal share of them.
     """
-    import mlx.core as mx
-
     model_dir = Path(model_dir)
-    comps = index.layers[0].components
-    piece_bytes = [c.stride for c in comps]
     rd = open_reader(queue_depth=queue_depth, direct=direct, prefer=reader)
     results: dict[int, DiskResult] = {}
     try:
-        fds: dict[str, int] = {}
-        for layer in index.layers:
-            for c in layer.components:
-                if c.shard not in fds:
-                    fds[c.shard] = fd = rd.open(model_dir / c.shard)
-                    _advise_random(fd)  # as the engine does: no readahead
+        fds = _open_shards(rd, model_dir, index)
         picker = _Picker(index.num_layers, index.num_experts, seed)
         share = picker.remaining // max(len(ks), 1)
         for k in ks:
             k = max(1, min(k, index.num_experts))
             n_batches = max(1, min(target_bytes // (k * index.expert_bytes), share // k))
-            buf = mx.zeros((k * index.expert_bytes,), dtype=mx.uint8)
-            mx.eval(buf)
-            base = buffer_address(memoryview(buf))
-            # Destinations: expert j's components packed one after the other.
-            dests = (
-                base
-                + (np.arange(k, dtype=np.int64) * index.expert_bytes)[:, None]
-                + np.concatenate([[0], np.cumsum(piece_bytes)[:-1]]).astype(np.int64)[None, :]
-            ).ravel()
-            lengths = np.tile(np.array(piece_bytes, dtype=np.int64), k)
-            total = 0
-            seconds = 0.0
-            done = 0
-            dev0 = iostats.device_read_bytes()
-            for _ in range(n_batches):
-                pick = picker.take(k)
-                if pick is None:
-                    break
-                layer, experts = pick
-                lay = index.layers[layer]
-                offsets = lay.file_offsets(experts)
-                fd_arr = np.tile(np.array([fds[c.shard] for c in lay.components]), k)
-                t0 = time.perf_counter()
-                total += rd.read_batch(fd_arr, offsets, lengths, dests)
-                seconds += time.perf_counter() - t0
-                done += 1
-            dev1 = iostats.device_read_bytes()
-            results[k] = DiskResult(
-                batch_experts=k,
-                pieces_per_batch=k * len(comps),
-                piece_bytes=piece_bytes,
-                batches=done,
-                bytes=total,
-                seconds=seconds,
-                device_bytes=(dev1 - dev0) if (dev0 is not None and dev1 is not None) else None,
-                reader=rd.name,
-                queue_depth=rd.queue_depth,
-                direct=rd.direct_active,
-            )
-            del buf
+            results[k] = _measure(rd, index, fds, picker, k, n_batches)
     finally:
         rd.close()
     return results
+
+
+def _open_shards(rd, model_dir: Path, index: ExpertIndex) -> dict[str, int]:  # noqa: ANN001 - a reader
+    """Every shard holding experts, opened in the reader as the engine opens it."""
+    fds: dict[str, int] = {}
+    for layer in index.layers:
+        for c in layer.components:
+            if c.shard not in fds:
+                fds[c.shard] = fd = rd.open(model_dir / c.shard)
+                _advise_random(fd)  # as the engine does: no readahead
+    return fds
+
+
+def _measure(
+    rd, index: ExpertIndex, fds: dict[str, int], picker: _Picker, k: int, n_batches: int
+) -> DiskResult:  # noqa: ANN001 - a reader
+    """`n_batches` batches of `k` experts not read before, one `read_batch` call each,
+    timed around the calls alone."""
+    import mlx.core as mx
+
+    comps = index.layers[0].components
+    piece_bytes = [c.stride for c in comps]
+    buf = mx.zeros((k * index.expert_bytes,), dtype=mx.uint8)
+    mx.eval(buf)
+    base = buffer_address(memoryview(buf))
+    # Destinations: expert j's components packed one after the other.
+    dests = (
+        base
+        + (np.arange(k, dtype=np.int64) * index.expert_bytes)[:, None]
+        + np.concatenate([[0], np.cumsum(piece_bytes)[:-1]]).astype(np.int64)[None, :]
+    ).ravel()
+    lengths = np.tile(np.array(piece_bytes, dtype=np.int64), k)
+    total = 0
+    seconds = 0.0
+    done = 0
+    dev0 = iostats.device_read_bytes()
+    for _ in range(n_batches):
+        pick = picker.take(k)
+        if pick is None:
+            break
+        layer, experts = pick
+        lay = index.layers[layer]
+        offsets = lay.file_offsets(experts)
+        fd_arr = np.tile(np.array([fds[c.shard] for c in lay.components]), k)
+        t0 = time.perf_counter()
+        total += rd.read_batch(fd_arr, offsets, lengths, dests)
+        seconds += time.perf_counter() - t0
+        done += 1
+    dev1 = iostats.device_read_bytes()
+    del buf
+    return DiskResult(
+        batch_experts=k,
+        pieces_per_batch=k * len(comps),
+        piece_bytes=piece_bytes,
+        batches=done,
+        bytes=total,
+        seconds=seconds,
+        device_bytes=(dev1 - dev0) if (dev0 is not None and dev1 is not None) else None,
+        reader=rd.name,
+        queue_depth=rd.queue_depth,
+        direct=rd.direct_active,
+    )

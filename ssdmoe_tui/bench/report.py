@@ -217,6 +217,35 @@ _FOOTERS = (
 
 def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
     """Conditions, disk and baseline lines, then the table (and the quality table)."""
+    lines = _header_lines(result)
+    sep = "\n\n" if markdown else "\n"
+    fit = (lambda t: t) if markdown or wide else _fit
+    text = ("\n".join(f"- {x}" for x in lines) if markdown else "\n".join(map(fit, lines))) + sep
+    if result.get("configs"):
+        text += config_table(result, markdown, wide)
+        text += "".join(sep + fit(n) for n in _notes(result["configs"], wide))
+    quality = result.get("quality")
+    if quality and "by_k" in quality:
+        from ssdmoe_tui.bench.quality import quality_legend, quality_table
+
+        trained = result["conditions"].get("trained_k") or max(int(k) for k in quality["by_k"])
+        text += (
+            sep * 2
+            + fit(f"quality at each K: {quality['text']}, {quality['text_tokens']} tokens")
+            + "\n"
+            + quality_table({int(k): v for k, v in quality["by_k"].items()}, trained)
+            + "\n"
+            + quality_legend(trained, WIDTH if not (markdown or wide) else 10_000)
+        )
+    if result.get("fit"):
+        from ssdmoe_tui.bench.fit import fit_table
+
+        text += sep * 2 + fit_table(result["fit"], markdown)
+    return text
+
+
+def _header_lines(result: dict) -> list[str]:
+    """The lines above the table: model, device, run, storage, disk, resident baseline."""
     c = result["conditions"]
     v = c["versions"]
     dev = c["device"]
@@ -262,44 +291,26 @@ def summary(result: dict, markdown: bool = False, wide: bool = False) -> str:
         lines.append("resident mlx-lm decode: " + ", ".join(parts))
     else:
         lines.append(f"resident mlx-lm: {base.get('status', 'not run')}")
-    sep = "\n\n" if markdown else "\n"
-    fit = (lambda t: t) if markdown or wide else _fit
-    text = ("\n".join(f"- {x}" for x in lines) if markdown else "\n".join(map(fit, lines))) + sep
-    if result.get("configs"):
-        text += config_table(result, markdown, wide)
-        notes = [LEGEND] if not wide else []
-        if wide:
-            notes.append(
-                "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping "
-                "+ rest (compute, other)"
-            )
-        for label, fragment in _FOOTERS:
-            parts = [
-                f"K={r['k']} {r['expert_cache']}: {fragment(r)}"
-                for r in result["configs"]
-                if fragment(r) is not None
-            ]
-            if parts:
-                notes.append(label + ": " + "; ".join(parts))
-        text += "".join(sep + fit(n) for n in notes)
-    quality = result.get("quality")
-    if quality and "by_k" in quality:
-        from ssdmoe_tui.bench.quality import quality_legend, quality_table
+    return lines
 
-        trained = result["conditions"].get("trained_k") or max(int(k) for k in quality["by_k"])
-        text += (
-            sep * 2
-            + fit(f"quality at each K: {quality['text']}, {quality['text_tokens']} tokens")
-            + "\n"
-            + quality_table({int(k): v for k, v in quality["by_k"].items()}, trained)
-            + "\n"
-            + quality_legend(trained, WIDTH if not (markdown or wide) else 10_000)
+
+def _notes(configs: list[dict], wide: bool) -> list[str]:
+    """The lines below the table: the legend, then one line per footer that any row has."""
+    notes = [LEGEND] if not wide else []
+    if wide:
+        notes.append(
+            "ms/tok: decode ms per token = router sync + read wait + cache bookkeeping "
+            "+ rest (compute, other)"
         )
-    if result.get("fit"):
-        from ssdmoe_tui.bench.fit import fit_table
-
-        text += sep * 2 + fit_table(result["fit"], markdown)
-    return text
+    for label, fragment in _FOOTERS:
+        parts = [
+            f"K={r['k']} {r['expert_cache']}: {fragment(r)}"
+            for r in configs
+            if fragment(r) is not None
+        ]
+        if parts:
+            notes.append(label + ": " + "; ".join(parts))
+    return notes
 
 
 def _fit(line: str) -> str:

@@ -185,22 +185,36 @@ def _run(
             if prefetch[i]:
                 want = [(layer + 1, e) for e in predictor.predict(layer, ids, len(ids))]
                 want = [k for k in want if k not in resident][: max(capacity - len(keys), 0)]
-                guard = set(keys) | set(want)
-                for key in want:
-                    if len(resident) >= capacity:
-                        try:
-                            v = victim(guard, key)
-                        except NoVictimError:
-                            break
-                        remove(v)
-                        resident.discard(v)
-                        early.discard(v)
-                    insert(key)
-                    resident.add(key)
-                    early.add(key)
-                    if counted:
-                        issued += 1
+                n = _prefetch(policy, capacity, resident, early, set(keys) | set(want), want)
+                issued += n if counted else 0
     return hits, lookups, hits_all, lookups_all, issued, used
+
+
+def _prefetch(
+    policy: EvictionPolicy,
+    capacity: int,
+    resident: set[Key],
+    early: set[Key],
+    guard: set[Key],
+    want: list[Key],
+) -> int:
+    """Give `want` slots (evicting, never from `guard`, until the policy has no victim):
+    they become resident and `early`. Returns how many were read."""
+    read = 0
+    for key in want:
+        if len(resident) >= capacity:
+            try:
+                v = policy.victim(guard, key)
+            except NoVictimError:
+                break
+            policy.remove(v)
+            resident.discard(v)
+            early.discard(v)
+        policy.insert(key)
+        resident.add(key)
+        early.add(key)
+        read += 1
+    return read
 
 
 def replay(

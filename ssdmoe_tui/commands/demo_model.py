@@ -71,6 +71,16 @@ def quantization_of(config: dict, group_size: int | None, bits: int | None) -> d
     }
 
 
+def cut_layers(config: dict, layers: int) -> None:
+    """Keep the first `layers` layers: the count and the per-layer lists that follow it."""
+    text = config.get("text_config", config)
+    text["num_hidden_layers"] = layers
+    if isinstance(text.get("layer_types"), list):
+        text["layer_types"] = text["layer_types"][:layers]
+    if isinstance(text.get("hybrid_override_pattern"), str):
+        text["hybrid_override_pattern"] = text["hybrid_override_pattern"][:layers]
+
+
 def run(args: argparse.Namespace) -> int:
     from ssdmoe_tui.checkpoint.config import read_json_object
     from ssdmoe_tui.errors import BadValueError, ModelError
@@ -99,13 +109,7 @@ def run(args: argparse.Namespace) -> int:
     config.pop("quantization", None)
     config.pop("quantization_config", None)
     if args.layers is not None:
-        text = config.get("text_config", config)
-        text["num_hidden_layers"] = args.layers
-        for key in ("layer_types",):
-            if isinstance(text.get(key), list):
-                text[key] = text[key][: args.layers]
-        if isinstance(text.get("hybrid_override_pattern"), str):
-            text["hybrid_override_pattern"] = text["hybrid_override_pattern"][: args.layers]
+        cut_layers(config, args.layers)
     shard = parse_bytes(args.shard_size, "--shard-size")
     out = Path(args.out)
     created = not out.exists()  # a failed write leaves no half-made folder of ours behind

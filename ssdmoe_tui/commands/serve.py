@@ -55,6 +55,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     add_prefill_step_argument(p)
     add_speculate_arguments(p)
+    _add_address_arguments(p)
+    _add_limit_arguments(p)
+    _add_cache_arguments(p)
+    add_distributed_argument(p)
+    p.set_defaults(func=run)
+
+
+def _add_address_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the server listens and whom it answers: host, port, Host and Origin
+    allow-lists, the API key."""
     p.add_argument("--host", default=D.HOST, help=f"address to bind (default: {D.HOST})")
     p.add_argument(
         "--port",
@@ -86,6 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
         "(default: $SSDMOE_API_KEY when set)",
     )
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """How much the server takes on: queue, batch, tokens, temperature, body size."""
     p.add_argument(
         "--max-queue",
         type=arg_type(_queue),
@@ -116,6 +130,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SIZE",
         help=f"largest request body (default {D.MAX_BODY_BYTES >> 20}M)",
     )
+
+
+def _add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    """What the prompt cache keeps on disk."""
     p.add_argument(
         "--no-disk-cache",
         action="store_true",
@@ -127,8 +145,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="do not give a new chat's system prompt its own KV checkpoint (saves a step and "
         "a checkpoint per distinct system prompt; new chats then prefill it)",
     )
-    add_distributed_argument(p)
-    p.set_defaults(func=run)
 
 
 def _host_list(text: str) -> tuple[str, ...]:

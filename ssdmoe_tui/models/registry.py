@@ -222,27 +222,7 @@ def check_supported(config: Mapping, folder: Path | str | None = None) -> Suppor
             f"{', '.join(QUANT_MODES)}); try {hint}"
         )
     if folder is not None and any(folder.glob("*.safetensors")):
-        measured = measure_experts(folder)
-        if not measured.layers:
-            sample = (
-                f" (found e.g. {measured.sample_expert_tensor})"
-                if measured.sample_expert_tensor
-                else ""
-            )
-            raise UnsupportedModelError(
-                f"{name}: no quantized switch_mlp expert tensors in the safetensors{sample}; "
-                f"this expert layout is not streamed: try {hint}"
-            )
-        if not measured.quantized:
-            raise UnsupportedModelError(
-                f"{name}: switch_mlp experts are unquantized (no .scales); ssdmoe streams "
-                f"MLX-quantized experts: try {hint}"
-            )
-        if measured.num_experts != geo.num_experts:
-            raise ModelError(
-                f"{name}: safetensors hold {measured.num_experts} experts per layer, "
-                f"config.json says {geo.num_experts}"
-            )
+        _check_expert_tensors(folder, name, geo.num_experts, hint)
     return SupportInfo(
         architecture=mt,
         description=SUPPORTED_ARCHITECTURES[mt],
@@ -250,3 +230,28 @@ def check_supported(config: Mapping, folder: Path | str | None = None) -> Suppor
         quantization=quant,
         expert_bytes=expert_bytes_from_config(config, quant.bits, quant.group_size, quant.mode),
     )
+
+
+def _check_expert_tensors(folder: Path, name: str, num_experts: int, hint: str) -> None:
+    """The safetensors headers hold quantized switch_mlp stacks of `num_experts` experts."""
+    measured = measure_experts(folder)
+    if not measured.layers:
+        sample = (
+            f" (found e.g. {measured.sample_expert_tensor})"
+            if measured.sample_expert_tensor
+            else ""
+        )
+        raise UnsupportedModelError(
+            f"{name}: no quantized switch_mlp expert tensors in the safetensors{sample}; "
+            f"this expert layout is not streamed: try {hint}"
+        )
+    if not measured.quantized:
+        raise UnsupportedModelError(
+            f"{name}: switch_mlp experts are unquantized (no .scales); ssdmoe streams "
+            f"MLX-quantized experts: try {hint}"
+        )
+    if measured.num_experts != num_experts:
+        raise ModelError(
+            f"{name}: safetensors hold {measured.num_experts} experts per layer, "
+            f"config.json says {num_experts}"
+        )

@@ -361,9 +361,7 @@ def download_model(
     The repo's config is fetched and checked first, so an unsupported model is refused
     before gigabytes move.
     """
-    import json
-
-    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.utils import filter_repo_objects
 
@@ -373,28 +371,11 @@ def download_model(
         raise BadValueError(f"--model {spec}: downloads need a Hub repo id (org/name)")
     repo_id = spec.repo_id
     try:
-        info = HfApi(endpoint=endpoint).model_info(
-            repo_id, revision=spec.revision, files_metadata=True
-        )
-        siblings = list(info.siblings or [])
-        names = [s.rfilename for s in siblings]
-        if not any(n.endswith(".safetensors") for n in names):
-            ggufs = [n for n in names if n.endswith(".gguf")]
-            if ggufs:
-                raise registry.refuse_gguf(Path(f"{repo_id}/{ggufs[0]}"))
-            raise ModelError(f"{repo_id} has no safetensors weights on the Hub")
-        if "config.json" not in names:
-            raise ModelError(f"{repo_id} has no config.json on the Hub")
-        cfg_path = hf_hub_download(
-            repo_id, "config.json", revision=info.sha, cache_dir=cache_dir, endpoint=endpoint
-        )
-        try:
-            config = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise ModelError(f"{repo_id}: config.json on the Hub is not valid JSON ({e})") from None
-        registry.check_supported(config)
+        info = _checked_repo(repo_id, spec.revision, cache_dir, endpoint)
         wanted = list(
-            filter_repo_objects(siblings, allow_patterns=ALLOW_PATTERNS, key=lambda s: s.rfilename)
+            filter_repo_objects(
+                info.siblings or [], allow_patterns=ALLOW_PATTERNS, key=lambda s: s.rfilename
+            )
         )
         total = sum(
             int(s.size or 0)
@@ -416,13 +397,7 @@ def download_model(
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise _hub_error(e, spec, cache_dir, problem) from None
     except Exception as e:  # noqa: BLE001 - transport errors (connect, timeout) have no common base
-        if type(e).__module__.split(".")[0] in (
-            "httpx",
-            "httpx2",
-            "httpcore",
-            "requests",
-            "urllib3",
-        ):
+        if _is_transport(e):
             raise _hub_error(e, spec, cache_dir, problem) from None
         raise
     folder_path = _inside_cache(Path(folder), spec, cache_dir)
@@ -430,6 +405,33 @@ def download_model(
     if why is not None:
         raise ModelError(f"{repo_id}: download finished but the snapshot is incomplete ({why})")
     return folder_path
+
+
+def _checked_repo(repo_id: str, revision: str | None, cache_dir, endpoint: str | None):  # noqa: ANN001, ANN202 - huggingface_hub's ModelInfo
+    """The repo's file list, refused unless it has safetensors weights and a config.json
+    of a supported model (fetched and checked before any weight moves)."""
+    import json
+
+    from huggingface_hub import HfApi, hf_hub_download
+
+    info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True)
+    names = [s.rfilename for s in info.siblings or []]
+    if not any(n.endswith(".safetensors") for n in names):
+        ggufs = [n for n in names if n.endswith(".gguf")]
+        if ggufs:
+            raise registry.refuse_gguf(Path(f"{repo_id}/{ggufs[0]}"))
+        raise ModelError(f"{repo_id} has no safetensors weights on the Hub")
+    if "config.json" not in names:
+        raise ModelError(f"{repo_id} has no config.json on the Hub")
+    cfg_path = hf_hub_download(
+        repo_id, "config.json", revision=info.sha, cache_dir=cache_dir, endpoint=endpoint
+    )
+    try:
+        config = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ModelError(f"{repo_id}: config.json on the Hub is not valid JSON ({e})") from None
+    registry.check_supported(config)
+    return info
 
 
 def _cached(repo_id: str, filename: str, revision: str | None, cache_dir) -> bool:

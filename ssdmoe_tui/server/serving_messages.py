@@ -75,6 +75,74 @@ def _event(kind: str, **payload: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False)}\n\n"
 
 
+class _BlockWriter:
+    """One reply's content-block events, indexed in order: the text or thinking block
+    being streamed is opened on its first piece and closed before another kind or a
+    call; each call is a whole tool_use block."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open_kind: str | None = None  # the block being streamed: "text" or "thinking"
+        self.held = ""  # whitespace-only text not sent yet
+        self.text_sent = False
+
+    def piece(self, p: object) -> list[str]:
+        """The events one piece of output makes (text, thinking or a call)."""
+        if isinstance(p, Content):
+            text = p.text
+            if self.open_kind != "text":
+                self.held += text  # whitespace between calls opens no block
+                if not self.held.strip():
+                    return []
+                text, self.held = self.held, ""
+            return [*self.open_block("text"), self._delta("text_delta", "text", text)]
+        if isinstance(p, Reasoning):
+            return [*self.open_block("thinking"), self._delta("thinking_delta", "thinking", p.text)]
+        if isinstance(p, Call):
+            out = self.close_block()
+            self.index += 1
+            block = {**tool_use(p.call), "input": {}}
+            args = json.dumps(tool_use(p.call)["input"], ensure_ascii=False)
+            return [
+                *out,
+                _event("content_block_start", index=self.index, content_block=block),
+                self._delta("input_json_delta", "partial_json", args),
+                _event("content_block_stop", index=self.index),
+            ]
+        return []
+
+    def finish(self, called: bool) -> list[str]:
+        """The last block closed; a reply with no answer text and no call gets one text
+        block, with the whitespace it held."""
+        out = []
+        if not called and not self.text_sent:
+            out += self.open_block("text")
+            if self.held:
+                out.append(self._delta("text_delta", "text", self.held))
+        return out + self.close_block()
+
+    def _delta(self, kind: str, field: str, value: str) -> str:
+        return _event("content_block_delta", index=self.index, delta={"type": kind, field: value})
+
+    def open_block(self, kind: str) -> list[str]:
+        if self.open_kind == kind:
+            return []
+        out = self.close_block()
+        self.index += 1
+        self.open_kind = kind
+        block = {"type": "text", "text": ""} if kind == "text" else thinking_block("")
+        out.append(_event("content_block_start", index=self.index, content_block=block))
+        if kind == "text":
+            self.text_sent = True
+        return out
+
+    def close_block(self) -> list[str]:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        return [_event("content_block_stop", index=self.index)]
+
+
 class ServingMessages(Serving):
     async def count_tokens(self, request: Request) -> Response:
         req = parse_messages(await self.body(request), self.settings.model_id, count_only=True)
@@ -131,32 +199,8 @@ class ServingMessages(Serving):
         filt: OutputFilter,
         rid: str,
     ) -> AsyncIterator[str]:
-        index = -1
-        open_kind: str | None = None  # the block being streamed: "text" or "thinking"
-        held = ""  # whitespace-only text not sent yet
-        text_sent = False
+        out = _BlockWriter()
         job: Job | None = None
-
-        def open_block(kind: str) -> list[str]:
-            nonlocal index, open_kind, text_sent
-            if open_kind == kind:
-                return []
-            out = close_block()
-            index += 1
-            open_kind = kind
-            block = {"type": "text", "text": ""} if kind == "text" else thinking_block("")
-            out.append(_event("content_block_start", index=index, content_block=block))
-            if kind == "text":
-                text_sent = True
-            return out
-
-        def close_block() -> list[str]:
-            nonlocal open_kind
-            if open_kind is None:
-                return []
-            open_kind = None
-            return [_event("content_block_stop", index=index)]
-
         try:
             start = self._message(rid, req, [], None, filt)
             start["usage"] = {"input_tokens": len(prompt.tokens), "output_tokens": 0}
@@ -165,42 +209,12 @@ class ServingMessages(Serving):
                 job = await acquire()
                 async for pieces in self.pieces(job, filt):
                     for p in pieces:
-                        if isinstance(p, Content):
-                            text = p.text
-                            if open_kind != "text":
-                                held += text  # whitespace between calls opens no block
-                                if not held.strip():
-                                    continue
-                                text, held = held, ""
-                            for e in open_block("text"):
-                                yield e
-                            yield _event("content_block_delta", index=index,
-                                         delta={"type": "text_delta", "text": text})  # fmt: skip
-                        elif isinstance(p, Reasoning):
-                            for e in open_block("thinking"):
-                                yield e
-                            yield _event("content_block_delta", index=index,
-                                         delta={"type": "thinking_delta", "thinking": p.text})  # fmt: skip
-                        elif isinstance(p, Call):
-                            for e in close_block():
-                                yield e
-                            index += 1
-                            block = {**tool_use(p.call), "input": {}}
-                            yield _event("content_block_start", index=index, content_block=block)
-                            args = json.dumps(tool_use(p.call)["input"], ensure_ascii=False)
-                            yield _event("content_block_delta", index=index,
-                                         delta={"type": "input_json_delta", "partial_json": args})  # fmt: skip
-                            yield _event("content_block_stop", index=index)
+                        for e in out.piece(p):
+                            yield e
             except ApiError as e:
                 yield _event("error", error=error_body(e)["error"])
                 return
-            if not filt.calls and not text_sent:  # no answer text yet: one text block
-                for e in open_block("text"):
-                    yield e
-                if held:
-                    yield _event("content_block_delta", index=index,
-                                 delta={"type": "text_delta", "text": held})  # fmt: skip
-            for e in close_block():
+            for e in out.finish(bool(filt.calls)):
                 yield e
             done = self.done(job)
             record_reply(self.state, req.chat, prompt, done, filt)

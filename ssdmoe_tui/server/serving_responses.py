@@ -132,6 +132,112 @@ class _Run:
         return out
 
 
+class _EventWriter:
+    """One run's Responses SSE events, numbered in order: the text item being streamed (a
+    message's output_text or a reasoning item's reasoning_text) is opened on its first
+    text and closed before a call or the end; each call is a whole function_call item."""
+
+    def __init__(self, r: _Run) -> None:
+        self.r = r
+        self.seq = 0
+        self.open_item: dict | None = None
+        self.held = ""  # whitespace-only answer text not sent yet
+
+    def event(self, kind: str, **payload: Any) -> str:
+        body = {"type": kind, "sequence_number": self.seq, **payload}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def piece(self, p: object) -> list[str]:
+        """The events one piece of output makes (text, reasoning or a call)."""
+        if isinstance(p, Call):
+            return self.call(p.call)
+        if not isinstance(p, Content | Reasoning):
+            return []
+        kind, text = ("message" if isinstance(p, Content) else "reasoning"), p.text
+        if kind == "message" and (self.open_item or {}).get("type") != kind:
+            self.held += text  # whitespace between calls opens no message
+            if not self.held.strip():
+                return []
+            text, self.held = self.held, ""
+        return [*self.open_text(kind), self.delta(text)]
+
+    def finish(self, called: bool) -> list[str]:
+        """The last text item closed; a reply with no answer text and no call gets one
+        (empty) message, with the whitespace it held."""
+        out = []
+        if not called and not any(o["type"] == "message" for o in self.r.output):
+            out += self.open_text("message")
+            if self.held:
+                out.append(self.delta(self.held))
+        return out + self.close_text()
+
+    @staticmethod
+    def _part_kind(item: dict) -> str:
+        return "output_text" if item["type"] == "message" else "reasoning_text"
+
+    def open_text(self, kind: str) -> list[str]:
+        open_item = self.open_item
+        out = self.close_text() if open_item is not None and open_item["type"] != kind else []
+        if self.open_item is not None:
+            return out
+        item = message_item(_id("msg"), "", "in_progress") if kind == "message" else (
+            reasoning_item(_id("rs"), "", "in_progress"))  # fmt: skip
+        self.open_item = item
+        self.r.output.append(item)
+        i = len(self.r.output) - 1
+        part = {**item["content"][0], "text": ""}
+        out.append(self.event("response.output_item.added", output_index=i,
+                              item={**item, "content": []}))  # fmt: skip
+        out.append(self.event("response.content_part.added", item_id=item["id"],
+                              output_index=i, content_index=0, part=part))  # fmt: skip
+        return out
+
+    def delta(self, text: str) -> str:
+        item = self.open_item
+        item["content"][0]["text"] += text
+        extra = {"logprobs": []} if item["type"] == "message" else {}
+        return self.event(f"response.{self._part_kind(item)}.delta", item_id=item["id"],
+                          output_index=len(self.r.output) - 1, content_index=0, delta=text,
+                          **extra)  # fmt: skip
+
+    def close_text(self) -> list[str]:
+        if self.open_item is None:
+            return []
+        item, self.open_item = self.open_item, None
+        i, part = len(self.r.output) - 1, item["content"][0]
+        item["status"] = "completed"
+        ref = {"item_id": item["id"], "output_index": i}
+        extra = {"logprobs": []} if item["type"] == "message" else {}
+        return [
+            self.event(
+                f"response.{self._part_kind(item)}.done",
+                **ref,
+                content_index=0,
+                text=part["text"],
+                **extra,
+            ),  # fmt: skip
+            self.event("response.content_part.done", **ref, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=i, item=item),
+        ]
+
+    def call(self, call: ToolCall) -> list[str]:
+        out = self.close_text()
+        item = call_item(_id("fc"), call, "in_progress", self.r.req.namespaces)
+        self.r.output.append(item)
+        i = len(self.r.output) - 1
+        ref = {"item_id": item["id"], "output_index": i}
+        out.append(self.event("response.output_item.added", output_index=i,
+                              item={**item, "arguments": ""}))  # fmt: skip
+        out.append(self.event("response.function_call_arguments.delta", **ref,
+                              delta=item["arguments"]))  # fmt: skip
+        out.append(self.event("response.function_call_arguments.done", **ref,
+                              arguments=item["arguments"]))  # fmt: skip
+        item["status"] = "completed"
+        out.append(self.event("response.output_item.done", output_index=i, item=item))
+        return out
+
+
 class ServingResponses(Serving):
     def __init__(self, state: ServerState) -> None:
         super().__init__(state)
@@ -199,114 +305,28 @@ class ServingResponses(Serving):
     async def _events(
         self, r: _Run, prompt: Prompt, acquire: Callable[[], Awaitable[Job]], filt: OutputFilter
     ) -> AsyncIterator[str]:
-        seq = [0]
-
-        def event(kind: str, **payload: Any) -> str:
-            body = {"type": kind, "sequence_number": seq[0], **payload}
-            seq[0] += 1
-            return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-        # the text item being streamed: a message (output_text) or reasoning (reasoning_text)
-        open_item: dict | None = None
-        held = ""  # whitespace-only answer text not sent yet
-
-        def part_kind(item: dict) -> str:
-            return "output_text" if item["type"] == "message" else "reasoning_text"
-
-        def open_text(kind: str) -> list[str]:
-            nonlocal open_item
-            out = close_text() if open_item is not None and open_item["type"] != kind else []
-            if open_item is not None:
-                return out
-            open_item = message_item(_id("msg"), "", "in_progress") if kind == "message" else (
-                reasoning_item(_id("rs"), "", "in_progress"))  # fmt: skip
-            r.output.append(open_item)
-            i = len(r.output) - 1
-            part = {**open_item["content"][0], "text": ""}
-            out.append(event("response.output_item.added", output_index=i,
-                             item={**open_item, "content": []}))  # fmt: skip
-            out.append(event("response.content_part.added", item_id=open_item["id"],
-                             output_index=i, content_index=0, part=part))  # fmt: skip
-            return out
-
-        def delta(text: str) -> str:
-            open_item["content"][0]["text"] += text
-            extra = {"logprobs": []} if open_item["type"] == "message" else {}
-            return event(f"response.{part_kind(open_item)}.delta", item_id=open_item["id"],
-                         output_index=len(r.output) - 1, content_index=0, delta=text,
-                         **extra)  # fmt: skip
-
-        def close_text() -> list[str]:
-            nonlocal open_item
-            if open_item is None:
-                return []
-            item, open_item = open_item, None
-            i, part = len(r.output) - 1, item["content"][0]
-            item["status"] = "completed"
-            ref = {"item_id": item["id"], "output_index": i}
-            extra = {"logprobs": []} if item["type"] == "message" else {}
-            return [
-                event(
-                    f"response.{part_kind(item)}.done",
-                    **ref,
-                    content_index=0,
-                    text=part["text"],
-                    **extra,
-                ),  # fmt: skip
-                event("response.content_part.done", **ref, content_index=0, part=part),
-                event("response.output_item.done", output_index=i, item=item),
-            ]
-
+        out = _EventWriter(r)
         job: Job | None = None
         try:
-            yield event("response.created", response=r.response("in_progress"))
+            yield out.event("response.created", response=r.response("in_progress"))
             try:
                 job = await acquire()
-                yield event("response.in_progress", response=r.response("in_progress"))
+                yield out.event("response.in_progress", response=r.response("in_progress"))
                 async for pieces in self.pieces(job, filt):
                     for p in pieces:
-                        if isinstance(p, (Content, Reasoning)):
-                            kind = "message" if isinstance(p, Content) else "reasoning"
-                            text = p.text
-                            if kind == "message" and (open_item or {}).get("type") != kind:
-                                held += text  # whitespace between calls opens no message
-                                if not held.strip():
-                                    continue
-                                text, held = held, ""
-                            for e in open_text(kind):
-                                yield e
-                            yield delta(text)
-                        elif isinstance(p, Call):
-                            for e in close_text():
-                                yield e
-                            item = call_item(_id("fc"), p.call, "in_progress", r.req.namespaces)
-                            r.output.append(item)
-                            i = len(r.output) - 1
-                            yield event("response.output_item.added", output_index=i,
-                                        item={**item, "arguments": ""})  # fmt: skip
-                            ref = {"item_id": item["id"], "output_index": i}
-                            yield event("response.function_call_arguments.delta", **ref,
-                                        delta=item["arguments"])  # fmt: skip
-                            yield event("response.function_call_arguments.done", **ref,
-                                        arguments=item["arguments"])  # fmt: skip
-                            item["status"] = "completed"
-                            yield event("response.output_item.done", output_index=i, item=item)
+                        for e in out.piece(p):
+                            yield e
             except ApiError as e:
                 err = {"code": e.code or "server_error", "message": e.message}
-                yield event("response.failed", response=r.response("failed", error=err))
+                yield out.event("response.failed", response=r.response("failed", error=err))
                 return
             done = self.done(job)
-            if not filt.calls and not any(o["type"] == "message" for o in r.output):
-                for e in open_text("message"):  # no answer text yet: one message
-                    yield e
-                if held:
-                    yield delta(held)
-            for e in close_text():
+            for e in out.finish(bool(filt.calls)):
                 yield e
             status = self._status(done, filt)
             ext = self._finish(r, prompt, done, filt)
             kind = "response.completed" if status == "completed" else "response.incomplete"
-            yield event(kind, response=r.response(status, done, ssdmoe=ext))
+            yield out.event(kind, response=r.response(status, done, ssdmoe=ext))
         finally:
             if job is not None:
                 job.cancel()

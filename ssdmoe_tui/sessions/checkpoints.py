@@ -177,6 +177,19 @@ def _compact(cache: list[Any]) -> list[Any]:
 # --------------------------------------------------------------------------- save
 
 
+def _metadata(view: list[Any], tokens: Sequence[int], fingerprint: str) -> dict[str, str]:
+    """The header a checkpoint is checked against when loaded: format, model, the exact
+    tokens it covers, a checksum of its tensors and the cache classes to rebuild."""
+    return {
+        "ssdmoe_format": FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "n_tokens": str(len(tokens)),
+        "tokens_sha256": tokens_sha256(tokens),
+        "state_crc32": _state_checksum(view),
+        "mlx_lm_classes": ",".join(type(c).__name__ for c in view),
+    }
+
+
 def save_checkpoint(
     session_dir: Path,
     cache: list[Any],
@@ -209,14 +222,7 @@ def save_checkpoint(
                 skipped=f"KV checkpoint not saved: {human_bytes(nbytes, 2)} is over the {what} "
                 f"budget of {human_bytes(budget, 2)}",
             )
-    metadata = {
-        "ssdmoe_format": FORMAT_VERSION,
-        "fingerprint": fingerprint,
-        "n_tokens": str(len(tokens)),
-        "tokens_sha256": tokens_sha256(tokens),
-        "state_crc32": _state_checksum(view),
-        "mlx_lm_classes": ",".join(type(c).__name__ for c in view),
-    }
+    metadata = _metadata(view, tokens, fingerprint)
     path = checkpoint_path(session_dir, len(tokens))
 
     def write(tmp: Path) -> None:

@@ -23,6 +23,81 @@ SPECULATE_HINTS = {
 _OPEN = re.compile(r"open(?:\s+model)?\s+(\S.*)", re.IGNORECASE)
 
 
+# The fixed commands: (title, help, what runs) where what runs is an app action's name or a
+# `ui.actions` function with its arguments (called with the app first).
+_COMMANDS: tuple[tuple[str, str, str | tuple], ...] = (
+    ("New chat", "A new conversation (ctrl+n); this one stays saved in the list", "new_chat"),
+    ("Stop generation", "Stop the streaming reply and keep what arrived", "stop"),
+    (
+        "Regenerate last reply",
+        "A new sample, or the same greedy reply at the K now set (ctrl+g)",
+        "regenerate",
+    ),
+    (
+        "Edit and resend last prompt",
+        "Put the last prompt back in the box; Enter resends it (ctrl+l)",
+        "edit_last",
+    ),
+    (
+        "Generation settings…",
+        "System prompt, temperature, top-p, max tokens, K, speculation for this conversation (F9)",
+        "gen_settings",
+    ),
+    (
+        "Thinking on/off",
+        "Models that think (Qwen3...): reason first, or answer at once (this chat)",
+        (gen_settings.toggle_thinking,),
+    ),
+    *(
+        (
+            f"Speculative decoding: {mode}",
+            SPECULATE_HINTS[mode] + " (this chat; F9 has it too)",
+            (gen_settings.set_speculate, mode),
+        )
+        for mode in SPECULATE_HINTS
+    ),
+    ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", (model.ask_k,)),
+    (
+        "Set expert-cache budget…",
+        "Memory for cached experts: auto, 512M, 4G (or type: cache 2G)",
+        (model.ask_expert_cache,),
+    ),
+    (
+        "Tools (MCP servers)",
+        "The MCP servers from config.toml, their state and tools (F10)",
+        "tools",
+    ),
+    ("Toggle engine panel", "Show or hide the engine side column", "toggle_panel"),
+    ("Switch model", "Pick a model found on this machine (F4)", "models"),
+    ("Open model…", "Load a checkpoint folder (or type: open /path)", (model.ask_model,)),
+    ("Conversations", "Saved conversations: search, open, rename (ctrl+o)", "conversations"),
+    (
+        "Clear conversation",
+        "= New chat: a new context in this window; this one stays in the list",
+        "new_chat",
+    ),
+    ("Rename conversation…", "Give this conversation a title", (conversations.rename,)),
+    (
+        "Delete conversation…",
+        "Remove this conversation and its KV checkpoints (asks first)",
+        (conversations.delete,),
+    ),
+    (
+        "Export conversation as Markdown",
+        "Write this conversation to a .md file",
+        (conversations.export, "md"),
+    ),
+    (
+        "Export conversation as JSON",
+        "Write this conversation, token ids included, to a .json file",
+        (conversations.export, "json"),
+    ),
+    ("Open the model folder", "Show the loaded model's folder", (model.open_model_folder,)),
+    ("Show config path", "Where config.toml lives (also copied)", (model.show_config_path,)),
+    ("Keys", "Every key binding and its id", "keys"),
+)
+
+
 class SsdmoeCommands(Provider):
     def _action(self, name: str) -> Callable[[], object]:
         return partial(self.app.run_action, name)
@@ -32,111 +107,16 @@ class SsdmoeCommands(Provider):
         return partial(function, self.app, *args)
 
     def _static(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app = self.app
-        act = self._action
-        run = self._run
-        commands: list[tuple[str, str, Callable[[], object]]] = [
-            (
-                "New chat",
-                "A new conversation (ctrl+n); this one stays saved in the list",
-                act("new_chat"),
-            ),
-            ("Stop generation", "Stop the streaming reply and keep what arrived", act("stop")),
-            (
-                "Regenerate last reply",
-                "A new sample, or the same greedy reply at the K now set (ctrl+g)",
-                act("regenerate"),
-            ),
-            (
-                "Edit and resend last prompt",
-                "Put the last prompt back in the box; Enter resends it (ctrl+l)",
-                act("edit_last"),
-            ),
-            (
-                "Generation settings…",
-                "System prompt, temperature, top-p, max tokens, K, speculation for this "
-                "conversation (F9)",
-                act("gen_settings"),
-            ),
-            (
-                "Thinking on/off",
-                "Models that think (Qwen3...): reason first, or answer at once (this chat)",
-                run(gen_settings.toggle_thinking),
-            ),
-            *(
-                (
-                    f"Speculative decoding: {mode}",
-                    SPECULATE_HINTS[mode] + " (this chat; F9 has it too)",
-                    run(gen_settings.set_speculate, mode),
-                )
-                for mode in SPECULATE_HINTS
-            ),
-            ("Set K…", "Experts per token, 1..num_experts (or type: k 4)", run(model.ask_k)),
-            (
-                "Set expert-cache budget…",
-                "Memory for cached experts: auto, 512M, 4G (or type: cache 2G)",
-                run(model.ask_expert_cache),
-            ),
-            (
-                "Tools (MCP servers)",
-                "The MCP servers from config.toml, their state and tools (F10)",
-                act("tools"),
-            ),
-            ("Toggle engine panel", "Show or hide the engine side column", act("toggle_panel")),
-            (
-                "Switch model",
-                "Pick a model found on this machine (F4)",
-                act("models"),
-            ),
-            ("Open model…", "Load a checkpoint folder (or type: open /path)", run(model.ask_model)),
-            (
-                "Conversations",
-                "Saved conversations: search, open, rename (ctrl+o)",
-                act("conversations"),
-            ),
-            (
-                "Clear conversation",
-                "= New chat: a new context in this window; this one stays in the list",
-                act("new_chat"),
-            ),
-            (
-                "Rename conversation…",
-                "Give this conversation a title",
-                run(conversations.rename),
-            ),
-            (
-                "Delete conversation…",
-                "Remove this conversation and its KV checkpoints (asks first)",
-                run(conversations.delete),
-            ),
-            (
-                "Export conversation as Markdown",
-                "Write this conversation to a .md file",
-                run(conversations.export, "md"),
-            ),
-            (
-                "Export conversation as JSON",
-                "Write this conversation, token ids included, to a .json file",
-                run(conversations.export, "json"),
-            ),
-            (
-                "Open the model folder",
-                "Show the loaded model's folder",
-                run(model.open_model_folder),
-            ),
-            (
-                "Show config path",
-                "Where config.toml lives (also copied)",
-                run(model.show_config_path),
-            ),
-            ("Keys", "Every key binding and its id", act("keys")),
+        commands = [
+            (title, help_text, self._action(what) if isinstance(what, str) else self._run(*what))
+            for title, help_text, what in _COMMANDS
         ]
-        for name in sorted(app.available_themes):
+        for name in sorted(self.app.available_themes):
             commands.append(
                 (
                     f"Theme: {name}",
                     "Switch theme (remembered)",
-                    partial(setattr, app, "theme", name),
+                    partial(setattr, self.app, "theme", name),
                 )
             )
         return commands

@@ -431,39 +431,7 @@ def _read_jsonl(path: Path) -> Trace:
 def _read_route_csv(path: Path) -> Trace:
     """Helldez/BigMoeOnEdge "route_trace v1": `#` preamble, then one row per routed expert."""
     meta = TraceMeta(source="route_trace v1")
-    layer_bytes: dict[int, int] = {}
-    body: list[str] = []
-    body_start = 0  # line number of the column header
-    lines = _lines(path)
-    for n, line in enumerate(lines, start=1):
-        if line.startswith("#"):
-            fields = dict(p.split("=", 1) for p in line[1:].split() if "=" in p)
-
-            def num(key: str, default: int, n: int = n, fields: dict = fields) -> int:
-                v = fields.get(key)
-                if v is None:
-                    return default
-                if not v.isdigit():
-                    raise _bad(path, n, f"{key} must be a non-negative integer, got {v!r:.40}")
-                return int(v)
-
-            if "layer" in fields and "expert_bytes" in fields:
-                layer_bytes[num("layer", 0)] = num("expert_bytes", 0)
-            else:
-                meta.model = Path(fields.get("model", meta.model)).name
-                meta.num_layers = num("n_layer", meta.num_layers)
-                meta.num_experts = num("n_expert", meta.num_experts)
-                meta.k = num("n_expert_used", meta.k)
-                _check_shape(meta, path, n)
-        elif line.strip():
-            body_start = body_start or n
-            body.append(line)
-    if len(layer_bytes) and max(layer_bytes) >= (meta.num_layers or MAX_LAYERS):
-        raise BadValueError(
-            f"{path}: expert_bytes for layer {max(layer_bytes)} of {meta.num_layers or MAX_LAYERS}"
-        )
-    if layer_bytes:
-        meta.extra["expert_bytes"] = [layer_bytes.get(i, 0) for i in range(max(layer_bytes) + 1)]
+    body, body_start = _route_csv_preamble(path, meta)
     # Gather (turn, phase, step) -> layer -> [(slot, expert)], keeping first-seen order.
     cells: dict[tuple[int, int, int], dict[int, list[tuple[int, int]]]] = {}
     reader = csv.DictReader(body)
@@ -498,6 +466,44 @@ def _read_route_csv(path: Path) -> Trace:
     trace = Trace(meta, steps.done())
     _fill_shape(meta, trace.steps)
     return trace
+
+
+def _route_csv_preamble(path: Path, meta: TraceMeta) -> tuple[list[str], int]:
+    """Read the `#` lines into `meta` (model, shape, per-layer expert bytes); the CSV
+    lines that follow and the line number of their header."""
+    layer_bytes: dict[int, int] = {}
+    body: list[str] = []
+    body_start = 0  # line number of the column header
+    for n, line in enumerate(_lines(path), start=1):
+        if line.startswith("#"):
+            fields = dict(p.split("=", 1) for p in line[1:].split() if "=" in p)
+
+            def num(key: str, default: int, n: int = n, fields: dict = fields) -> int:
+                v = fields.get(key)
+                if v is None:
+                    return default
+                if not v.isdigit():
+                    raise _bad(path, n, f"{key} must be a non-negative integer, got {v!r:.40}")
+                return int(v)
+
+            if "layer" in fields and "expert_bytes" in fields:
+                layer_bytes[num("layer", 0)] = num("expert_bytes", 0)
+            else:
+                meta.model = Path(fields.get("model", meta.model)).name
+                meta.num_layers = num("n_layer", meta.num_layers)
+                meta.num_experts = num("n_expert", meta.num_experts)
+                meta.k = num("n_expert_used", meta.k)
+                _check_shape(meta, path, n)
+        elif line.strip():
+            body_start = body_start or n
+            body.append(line)
+    if len(layer_bytes) and max(layer_bytes) >= (meta.num_layers or MAX_LAYERS):
+        raise BadValueError(
+            f"{path}: expert_bytes for layer {max(layer_bytes)} of {meta.num_layers or MAX_LAYERS}"
+        )
+    if layer_bytes:
+        meta.extra["expert_bytes"] = [layer_bytes.get(i, 0) for i in range(max(layer_bytes) + 1)]
+    return body, body_start
 
 
 def _read_vllm_routes(path: Path) -> Trace:
