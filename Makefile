@@ -25,14 +25,19 @@ sanitize: setup
 	$(VPY) -m pytest -q -s -p no:cacheprovider tests/engine/test_reader.py
 
 # --- setup / run / test ---------------------------------------------------------
-# `make run`  : set up a venv and open the chat on the embedded demo model.
-# `make test` : set up a venv and run the whole test suite.
+# `make run`       : set up a venv and open the chat on the embedded demo model.
+# `make test`      : set up a venv and run the suite but the slow exploratory runs
+#                    (pytest -m "not slow"; <= 8 minutes on 2 quiet CPU cores).
+# `make test-slow` : the slow exploratory runs alone (-m slow); .ci/run runs both.
+# `make test-fast` : the edit-test loop (< 2 minutes): no slow run, no app pilot test, no
+#                    real server, no multi-process launch (-m "not slow and not heavy").
+# Markers are registered in pyproject.toml; tests/conftest.py marks whole folders heavy.
 PYTHON ?= python3
 comma := ,
 EXTRAS := $(if $(filter Linux,$(shell uname -s)),cpu,)
 DEV_EXTRAS := $(if $(EXTRAS),$(EXTRAS)$(comma)dev,dev)
 
-.PHONY: setup run test lint
+.PHONY: setup run test test-slow test-fast lint
 # pip's own output (and setuptools' editable-install banner) goes to $(VENV)/install.log,
 # shown only when the install fails: the first thing `make run` prints is one line.
 INSTALL_LOG := $(VENV)/install.log
@@ -54,7 +59,13 @@ run: setup
 	$(VENV)/bin/ssdmoe
 
 test: setup
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -m "not slow" tests
+
+test-slow: setup
+	$(VPY) -m pytest -q -m slow tests
+
+test-fast: setup
+	$(VPY) -m pytest -q -m "not slow and not heavy" tests
 
 lint: setup
 	$(VENV)/bin/ruff check ssdmoe_tui tests scripts

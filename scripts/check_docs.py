@@ -10,7 +10,7 @@ and a function or class after a module (`sessions/turns.build_prompt`,
 `tests/app/test_ui_app.py::test_quit_asks_while_streaming`, `ui/fmt.fmt_bytes`).
 A path is looked up from the repository root, then under ssdmoe_tui/ (the docs name the
 package's modules by their path inside it); a bare file name anywhere in the tree; `<x>`
-and `*` are wildcards. URLs, absolute and home paths, and the sibling ../shared are
+and `*` are wildcards, `/.../` any folders. URLs, absolute and home paths, and the sibling ../shared are
 outside the repository and not checked. Behaviour claims are not checked: a script
 cannot read them; the review that goes with this script does.
 """
@@ -97,8 +97,9 @@ def candidates(rel: str) -> list[Path]:
 def resolve(rel: str) -> Path | None:
     """The file or folder `rel` names (a wildcard matches at least one), else None."""
     for path in candidates(rel):
-        if "<" in rel or "*" in rel:
+        if "<" in rel or "*" in rel or "/.../" in rel:
             pattern = re.sub(r"<[^>]*>", "*", str(path.relative_to(ROOT)))
+            pattern = pattern.replace("/.../", "/**/")
             if any(ROOT.glob(pattern)):
                 return path
         elif path.exists():

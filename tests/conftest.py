@@ -1,11 +1,31 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import pace
 from tests.helpers.checkpoints import build
+from tests.helpers.real_shapes import build_real
+
+TESTS = Path(__file__).resolve().parent
+# Folders and modules whose tests start the app (pilot), a server, other processes or a
+# real-shape model: `heavy`, left out of `make test-fast` (the edit-test loop). Tune it
+# with `pytest --durations=40`: the fast set stays under two minutes on 2 CPU cores.
+HEAVY = (
+    "app/",
+    "server/",
+    "engine/test_distributed.py",
+    "engine/test_real_shapes.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook
+    for item in items:
+        where = Path(item.fspath).resolve().relative_to(TESTS).as_posix()
+        if where.startswith(HEAVY):
+            item.add_marker(pytest.mark.heavy)
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +63,21 @@ def checkpoints(tmp_path_factory):
         if arch not in cache:
             cache[arch] = build(arch, root / arch)
         return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def real_checkpoints(tmp_path_factory):
+    """arch -> (folder, real config) of a real-shape checkpoint (tests/helpers/real_shapes.py),
+    built once per test session: tens of seconds each, shared by every module."""
+    root = tmp_path_factory.mktemp("real")
+    built: dict = {}
+
+    def get(arch: str):
+        if arch not in built:
+            built[arch] = build_real(arch, root / arch)
+        return built[arch]
 
     return get
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from textual.widgets import Markdown, ProgressBar, Static
 
@@ -13,9 +15,9 @@ from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
 from ssdmoe_tui.ui.widgets.transcript import UserMessage
 from tests.helpers.pilot import (
-    LONG_PROMPT,
     SIZE,
     loaded,
+    long_reply,
     next_reply,
     record_decode_rates,
     record_notifications,
@@ -96,13 +98,12 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
 async def test_k_change_mid_generation_applies_to_later_tokens(demo_model, mid_stream):
     """(2) → on the focused K control while streaming; the engine's record shows it. The
     reply streams in many increments and the panel shows its decode rate meanwhile."""
-    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=600))
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         trained = app.chat.model.trained_k
         rates = record_decode_rates(app)
-        await type_and_send(pilot, LONG_PROMPT)
-        await streaming(pilot, app, 5)
+        await long_reply(pilot, app, 5)
         slider = app.query_one(KSlider)
         slider.focus()
         await tap(pilot, "right")
@@ -132,8 +133,7 @@ async def test_escape_stops_within_a_second_and_keeps_the_partial_reply(demo_mod
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, LONG_PROMPT)
-        reply = await streaming(pilot, app, 3)
+        reply = await long_reply(pilot, app, 3)
         latencies = record_stop_latency(app)
         await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the stop")
@@ -146,8 +146,7 @@ async def test_escape_stops_within_a_second_and_keeps_the_partial_reply(demo_mod
         assert "stopped" in str(reply.header_text())
         assert app.chat.history[-1].content == done.text  # the partial reply stays in the chat
         # Still usable: the next prompt gets a reply.
-        await type_and_send(pilot, LONG_PROMPT)
-        await streaming(pilot, app, 1)
+        await long_reply(pilot, app, 1)
         await tap(pilot, "escape")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the second stop")
         assert len(replies(app)) == 2
@@ -186,8 +185,7 @@ async def test_broken_model_paths_notify_and_the_app_stays_usable(demo_model, tm
         model.open_model(app, str(demo_model))
         await loaded(pilot, app)
         app.chat_pane.prompt.clear()
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "a reply")
+        await send(pilot, "hi", what="a reply")
         assert app.chat.last_done.finish_reason in ("stop", "length")
 
 
@@ -198,9 +196,14 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=60, expert_cache="6M"))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
+        before = app.chat.last_done
         await type_and_send(pilot, "hello")
         checked_live = 0
-        while app.inflight is not None:
+        end = time.monotonic() + 60
+        # Until the reply's GenerationDone has settled (not `while inflight`: on a slow
+        # machine the request may not have started when the loop first looks).
+        while app.chat.last_done is before or app.inflight is not None:
+            assert time.monotonic() < end, "no reply within 60 s"
             sample = app.panel.last_sample
             if sample is not None and sample.generated_tokens > 1:
                 assert app.panel.shown["decode"] == fmt_rate(sample.decode_tok_s)
@@ -241,8 +244,7 @@ async def test_quit_asks_while_streaming(demo_model, mid_stream):
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, LONG_PROMPT)
-        await streaming(pilot, app, 2)
+        await long_reply(pilot, app, 2)
         await tap(pilot, "ctrl+q")
         assert isinstance(app.screen, ConfirmScreen)
         await tap(pilot, "n")
@@ -297,8 +299,7 @@ async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_mo
     app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        await type_and_send(pilot, LONG_PROMPT)
-        await streaming(pilot, app, 2)
+        await long_reply(pilot, app, 2)
         await tap(pilot, "ctrl+n")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the abandoned reply to end")
         assert app.chat.last_done.finish_reason == "cancelled"

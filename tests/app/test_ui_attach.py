@@ -37,6 +37,7 @@ from tests.helpers.pilot import (
     errors,
     open_picker,
     option_text,
+    send,
     tap,
     type_and_send,
     wait_until,
@@ -137,8 +138,7 @@ async def test_the_app_attaches_from_f4_and_chats_through_the_server(server, mon
         assert f"Attached to the server at 127.0.0.1:{server.port}" in notices
 
         # A streamed reply, equal to the official client's greedy reply to the same chat.
-        await type_and_send(pilot, "hello there")
-        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
+        await send(pilot, "hello there", what="the reply")
         done = app.chat.last_done
         assert done.finish_reason == "length" and done.text
         assert app.events_seen.get("Tokens", 0) >= 2  # streamed in pieces
@@ -292,8 +292,7 @@ async def test_attach_from_the_command_line(server, monkeypatch, capsys):
         await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
         assert app.chat.model.server == server.url
         assert app.chat_pane.welcome is None  # no demo-model card: no demo is loading
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
+        await send(pilot, "hi", what="the reply")
         text = app.chat.last_done.text
         assert text
         # The conversation is saved here as text (the server keeps its own prompt cache).
@@ -325,8 +324,7 @@ async def test_attach_frees_the_apps_own_model_and_f4_brings_it_back(
         )
         await wait_until(pilot, lambda: len(claims()) == 1, 10, "the app's claim released")
         assert [h.pid for h in served_models(server.lock_dir)] == [server.proc.pid]
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
+        await send(pilot, "hi", what="the reply")
 
         screen = await open_picker(pilot, app)
         assert "(attached)" in option_text(screen, SERVER + server.url)

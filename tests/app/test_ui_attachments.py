@@ -22,14 +22,13 @@ from ssdmoe_tui.chat.attachments import (
     split_attached,
     with_attachments,
 )
-from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.transcript import UserMessage
 from tests.helpers.fixture_paths import MODELS
-from tests.helpers.pilot import SIZE, errors, loaded, next_reply, tap, wait_until
+from tests.helpers.pilot import SIZE, errors, loaded, next_reply, session_app, tap, wait_until
 from tests.helpers.ui_events import INFO
 
 NOTES = "The launch code is 1234.\nKeep it safe."
@@ -77,11 +76,7 @@ def test_the_genuine_qwen3_prompt_carries_the_file(tmp_path):
 
 def demo_app(demo_model) -> SsdmoeApp:
     """The real app and engine on the demo model, conversations in SSDMOE_HOME."""
-    return SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=6),
-        engine_factory=engine_factory,
-        session_store=AppSessions(SessionStore()),
-    )
+    return session_app(ChatSettings(model=str(demo_model), max_tokens=6))
 
 
 async def test_attach_with_tab_completion_a_chip_and_the_model_sees_it(

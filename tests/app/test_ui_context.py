@@ -8,13 +8,19 @@ from collections.abc import Awaitable
 
 from transformers import AutoTokenizer
 
-from ssdmoe_tui.commands.chat import engine_factory
-from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, UserMessage
-from tests.helpers.pilot import SIZE, loaded, next_reply, tap, type_and_send, wait_until
+from tests.helpers.pilot import (
+    SIZE,
+    loaded,
+    next_reply,
+    session_app,
+    tap,
+    type_and_send,
+    wait_until,
+)
 
 SYSTEM = "Answer like a pirate"
 
@@ -62,11 +68,7 @@ def assert_metadata_kept(conv_id: str) -> None:
 
 async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model):
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model))
-    app = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=8),
-        engine_factory=engine_factory,
-        session_store=AppSessions(SessionStore()),
-    )
+    app = session_app(ChatSettings(model=str(demo_model), max_tokens=8))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         await reply(pilot, app, type_and_send(pilot, "first question"), "reply 1")
@@ -95,11 +97,7 @@ async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model
         await pilot.press("ctrl+q")
     assert_metadata_kept(conv_id)
 
-    again = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=8, resume=""),
-        engine_factory=engine_factory,
-        session_store=AppSessions(SessionStore()),
-    )
+    again = session_app(ChatSettings(model=str(demo_model), max_tokens=8, resume=""))
     async with again.run_test(size=SIZE) as pilot:
         await loaded(pilot, again)
         assert again.chat.session_id == conv_id

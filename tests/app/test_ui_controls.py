@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from textual.widgets import Input, TextArea
 
-from ssdmoe_tui.commands.chat import engine_factory
-from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions import model
-from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.app import ChatSettings
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import Notice, UserMessage
 from tests.helpers.pilot import (
@@ -18,6 +16,7 @@ from tests.helpers.pilot import (
     loaded,
     next_reply,
     replies,
+    session_app,
     tap,
     type_and_send,
     wait_until,
@@ -26,11 +25,7 @@ from tests.helpers.pilot import (
 
 async def test_settings_regenerate_edit_and_resume(demo_model):
     store = SessionStore()
-    app = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=30),
-        engine_factory=engine_factory,
-        session_store=AppSessions(store),
-    )
+    app = session_app(ChatSettings(model=str(demo_model), max_tokens=30), store)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         trained = app.chat.model.trained_k
@@ -89,11 +84,7 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         assert "Replaced exchange 2" in store.export_markdown(sid)
 
     # Resumed later, the conversation goes on with its own settings and K.
-    again = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=30, resume=""),
-        engine_factory=engine_factory,
-        session_store=AppSessions(store),
-    )
+    again = session_app(ChatSettings(model=str(demo_model), max_tokens=30, resume=""), store)
     async with again.run_test(size=SIZE) as pilot:
         await loaded(pilot, again)
         assert again.chat.session_id == sid

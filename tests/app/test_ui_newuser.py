@@ -23,7 +23,7 @@ from ssdmoe_tui.ui.commands import SsdmoeCommands
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Notice
-from tests.helpers.pilot import loaded, record_notifications, wait_until
+from tests.helpers.pilot import loaded, record_notifications, screen_text, wait_until
 from tests.helpers.ui_events import open_by_key, setup
 
 
@@ -48,11 +48,6 @@ async def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus():
         await wait_until(pilot, lambda: transcript.scroll_y > 0, 5, "PageDown to scroll")
         await pilot.press("ctrl+end")
         await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, 5)
-
-
-def screen_text(app: SsdmoeApp) -> str:
-    """What the terminal shows now, as plain text."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 FIRST_SCREEN = ("demo model: tiny, trained here", "babbles", "A real model: F4 here", "--model")

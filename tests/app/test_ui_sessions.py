@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.run.protocol import StatsSample
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Turn
@@ -25,6 +24,7 @@ from tests.helpers.pilot import (
     next_reply,
     open_list,
     send,
+    session_app,
     tap,
     wait_until,
 )
@@ -57,9 +57,7 @@ def seed(store: SessionStore, *exchanges: tuple[str, str], title: str = "") -> s
 
 async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_model):
     settings = ChatSettings(model=str(demo_model), max_tokens=60)
-    first = SsdmoeApp(
-        settings, engine_factory=engine_factory, session_store=AppSessions(SessionStore())
-    )
+    first = session_app(settings)
     async with first.run_test(size=SIZE) as pilot:
         await loaded(pilot, first)
         assert await first.chat_pane.send(FIRST)
@@ -73,11 +71,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
     folder = SessionStore().folder(conv_id)
     assert list(folder.glob("kv-*.safetensors")), "no KV checkpoint was written"
 
-    second = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=20),
-        engine_factory=engine_factory,
-        session_store=AppSessions(SessionStore()),
-    )
+    second = session_app(ChatSettings(model=str(demo_model), max_tokens=20))
     async with second.run_test(size=SIZE) as pilot:
         await loaded(pilot, second)
         assert second.chat.session_id != conv_id and not second.chat_pane.transcript.messages()
@@ -114,11 +108,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
 
     # `ssdmoe --resume`: the conversation opens before the model has loaded; the warm-up
     # goes once it has.
-    third = SsdmoeApp(
-        ChatSettings(model=str(demo_model), resume=""),
-        engine_factory=engine_factory,
-        session_store=AppSessions(SessionStore()),
-    )
+    third = session_app(ChatSettings(model=str(demo_model), resume=""))
     async with third.run_test(size=SIZE) as pilot:
         await loaded(pilot, third)
         assert third.chat.session_id == conv_id
@@ -223,11 +213,7 @@ async def test_list_search_rename_export_delete(tmp_path):
 
 async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
     store = SessionStore()
-    app = SsdmoeApp(
-        ChatSettings(model=str(demo_model), max_tokens=20),
-        engine_factory=engine_factory,
-        session_store=AppSessions(store),
-    )
+    app = session_app(ChatSettings(model=str(demo_model), max_tokens=20), store)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         await send(pilot, "hello there")

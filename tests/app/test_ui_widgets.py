@@ -12,6 +12,7 @@ from ssdmoe_tui.ui.fmt import mib_per_token
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Transcript, code_blocks
+from tests.helpers.pilot import wait_until
 
 
 class PromptApp(App):
@@ -203,8 +204,10 @@ async def test_bad_config_is_reported_and_not_overwritten(ssdmoe_home):
         notes = [n.message for n in app._notifications]
         assert any("bad TOML" in n and str(path) in n for n in notes)
         app.theme = "ssdmoe-light"
-        await pilot.pause()
-        assert any("not saved" in n.message for n in app._notifications)
+        # The notice follows the save attempt (a step of its own): waited for, not assumed.
+        await wait_until(
+            pilot, lambda: any("not saved" in n.message for n in app._notifications), 10, "notice"
+        )
     assert path.read_text() == "theme = [\n"
 
 

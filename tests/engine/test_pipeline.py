@@ -15,29 +15,10 @@ from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import SsdmoeError
-from tests.engine.test_engine_exact import MAX_TOKENS, PROMPT, reference_tokens
+from tests.helpers.exact import MAX_TOKENS, PROMPT, reference_tokens
+from tests.helpers.real_shapes import routed
 
 ARCHS = ["qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral"]
-
-
-def _routed(path, out):
-    """`path` with random router weights where the builder left them zero (nemotron_h's
-    `mixer.gate.weight`: every token then routes to the same experts, and no layer ever
-    has hits and misses together). Both engines load the edited copy."""
-    import shutil
-
-    if out.exists():
-        return out
-    shutil.copytree(path, out)
-    for f in sorted(out.glob("*.safetensors")):
-        weights, meta = mx.load(str(f), return_metadata=True)
-        gates = [k for k in weights if k.endswith("mixer.gate.weight")]
-        for i, k in enumerate(gates):
-            w = weights[k]
-            weights[k] = (mx.random.normal(w.shape, key=mx.random.key(i)) * 0.5).astype(w.dtype)
-        if gates:
-            mx.save_safetensors(str(f), weights, metadata=meta)
-    return out
 
 
 def _half_budget(path) -> int:
@@ -58,7 +39,7 @@ def test_pipelined_layer_matches_mlx_lm(checkpoints, monkeypatch, tmp_path_facto
     monkeypatch.setenv(PIPELINE_ENV, mode)
     path = checkpoints(arch)
     if arch == "nemotron_h":
-        path = _routed(path, tmp_path_factory.getbasetemp() / "nemotron_h-routed")
+        path = routed(path, tmp_path_factory.getbasetemp() / "nemotron_h-routed")
     sm, prompt, res = _generate(path, _half_budget(path))
     c = sm.cache.counters
     assert sm.times.pipelined_calls > 0, "no layer had both hits and misses"

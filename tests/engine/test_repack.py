@@ -142,7 +142,7 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
     """The TUI reads the repacked copy and says so; a stale copy is reported, not used."""
     from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
     from ssdmoe_tui.ui.widgets.transcript import Notice
-    from tests.helpers.pilot import SIZE, loaded, type_and_send, wait_until
+    from tests.helpers.pilot import SIZE, loaded, send, wait_until
 
     model = tmp_path / "demo"
     shutil.copytree(demo_model, model)
@@ -154,8 +154,7 @@ async def test_chat_app_says_where_experts_come_from(demo_model, tmp_path) -> No
         assert app.chat.model.expert_source == "repacked"
         texts = [str(n.render()) for n in app.chat_pane.transcript.query(Notice)]
         assert any("from the repacked copy" in t for t in texts)
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "a reply")
+        await send(pilot, "hi", what="a reply")
         assert app.chat.last_done.stats["expert_source"] == "repacked"
     shard = model / index.layers[0].components[0].shard
     st = shard.stat()

@@ -134,7 +134,7 @@ async def test_panel_shows_the_mass_live_with_a_sparkline(checkpoints):
     from textual.widgets import Sparkline
 
     from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
-    from tests.helpers.pilot import loaded, type_and_send, wait_until
+    from tests.helpers.pilot import loaded, send
 
     app = SsdmoeApp(ChatSettings(model=str(checkpoints("qwen3_moe")), k=2, max_tokens=12))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -142,8 +142,7 @@ async def test_panel_shows_the_mass_live_with_a_sparkline(checkpoints):
         samples = []
         show = app.panel.show_sample
         app.panel.show_sample = lambda s: (samples.append(s), show(s))
-        await type_and_send(pilot, "hi")
-        await wait_until(pilot, lambda: app.inflight is None and samples, 60, "the reply")
+        await send(pilot, "hi")
         await pilot.pause(0.1)
         last = samples[-1]
         assert last.k == 2 and last.routing_mass is not None and last.routing_mass < 1

@@ -110,16 +110,10 @@ def test_cache_after_a_speculative_turn_continues_exactly(checkpoints, arch):
 def test_trace_routed_chunks_follow_the_trace(checkpoints, tmp_path):
     """Under --routing-trace a verify chunk routes its tokens to consecutive decode steps
     and the kept ones advance the trace: tokens equal the plain trace-routed run's."""
-    from tests.engine.test_trace_routing import QWEN, _cut, _shaped
+    from tests.helpers.traces import QWEN, cut_trace, shaped_checkpoint
 
-    class _F:
-        def mktemp(self, name):
-            d = tmp_path / name
-            d.mkdir()
-            return d
-
-    path = _shaped(_F(), "q", 12, 6)
-    trace = _cut(QWEN, tmp_path / "cut.jsonl", steps=40)
+    path = shaped_checkpoint(tmp_path / "q" / "ckpt", 12, 6)
+    trace = cut_trace(QWEN, tmp_path / "cut.jsonl", 12, 40)
     sm = load_streamed(path, expert_cache="1G")
     routing = trace_routing.attach(sm, trace)
     sm.tokenizer.eos_token_ids = set()

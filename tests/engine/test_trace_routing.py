@@ -14,21 +14,12 @@ from ssdmoe_tui.engine.policy import trace_routing
 from ssdmoe_tui.engine.policy.traces import read_trace
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.errors import BadValueError
-from ssdmoe_tui.models.demo import write_checkpoint
-from tests.helpers.checkpoints import QWEN3_MOE
 from tests.helpers.fixture_paths import TRACES
-from tests.helpers.traces import cut_trace
-
-ROUTES = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace"
-QWEN, GPTOSS = ROUTES / "qwen.route.csv", ROUTES / "gptoss.route.csv"
+from tests.helpers.traces import GPTOSS, QWEN, cut_trace, shaped_checkpoint
 
 
 def _shaped(tmp_path_factory, name: str, layers: int, k: int):
-    """A tiny qwen3_moe checkpoint with the trace's MoE layers, 128 experts and K."""
-    cfg = dict(QWEN3_MOE, num_hidden_layers=layers, num_experts=128, num_experts_per_tok=k)
-    cfg.update(hidden_size=64, head_dim=16, moe_intermediate_size=32, vocab_size=256)
-    out = tmp_path_factory.mktemp(name) / "ckpt"
-    return write_checkpoint(cfg, out, seed=1, group_size=32, max_shard_bytes=8 << 20)
+    return shaped_checkpoint(tmp_path_factory.mktemp(name) / "ckpt", layers, k)
 
 
 LAYERS, STEPS = 12, 64  # the traces cut to their first layers and decode steps (test time)
@@ -130,13 +121,18 @@ def test_engine_prefetch_equals_trace_replay_prefetch(qwen_cut) -> None:
     assert every.prefetch_used > 0.3 * every.prefetch_issued  # chance: 6/128
 
 
-def test_mismatched_shape_is_one_line(checkpoints) -> None:
-    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+def _attach_refused(model, trace, match: str) -> None:  # noqa: ANN001
+    """Attaching `trace` to `model` is one BadValueError matching `match`."""
+    sm = load_streamed(model, expert_cache="1G")
     try:
-        with pytest.raises(BadValueError, match=r"48 MoE layers x 128 experts.*--layers 48"):
-            trace_routing.attach(sm, QWEN)
+        with pytest.raises(BadValueError, match=match):
+            trace_routing.attach(sm, trace)
     finally:
         sm.close()
+
+
+def test_mismatched_shape_is_one_line(checkpoints) -> None:
+    _attach_refused(checkpoints("qwen3_moe"), QWEN, r"48 MoE layers x 128 experts.*--layers 48")
 
 
 def test_decode_step_missing_layers_is_one_line(qwen_cut, tmp_path) -> None:
@@ -145,12 +141,7 @@ def test_decode_step_missing_layers_is_one_line(qwen_cut, tmp_path) -> None:
     path, trace = qwen_cut
     cut = tmp_path / "cut.jsonl"
     cut.write_text("".join(trace.read_text().splitlines(keepends=True)[:-1]))
-    sm = load_streamed(path, expert_cache="1G")
-    try:
-        with pytest.raises(BadValueError, match=r"routes 11 of 12 MoE layers \(layer 11 missing"):
-            trace_routing.attach(sm, cut)
-    finally:
-        sm.close()
+    _attach_refused(path, cut, r"routes 11 of 12 MoE layers \(layer 11 missing")
 
 
 def test_generate_json_labels_trace_routing(qwen_cut, capsys) -> None:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fuzz.harness import CRASHES, TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,7 @@ def test_saved_findings_stay_fixed(tmp_path):
     assert {k: v for k, v in results.items() if v != "ok"} == {}
 
 
+@pytest.mark.slow  # a 20 s exploratory session: `make test-slow` (the replay above stays in `make test`)
 def test_bounded_fuzz_session_finds_nothing(tmp_path):
     args = ["--seconds", str(SECONDS), "--engine", "mutate", "--seed", "11", "--no-save"]
     proc, summary = _run([*args, "--targets", ",".join(HARDENED)], tmp_path / "s.json", 120)

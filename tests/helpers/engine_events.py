@@ -45,3 +45,16 @@ def start(path) -> tuple[EngineService, Events]:
     assert loaded.info.trained_k == 4
     ev.tokenizer = loaded.tokenizer
     return svc, ev
+
+
+def next_of(events: queue.Queue, kind: type, notices: list[str], timeout: float = 120.0):  # noqa: ANN201 - an event of `kind`
+    """The next event of `kind` the engine posted to `events`, keeping every Notice on the
+    way in `notices`; an EngineError on the way fails the test with its message."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ev = events.get(timeout=max(0.1, deadline - time.monotonic()))
+        if isinstance(ev, P.Notice):
+            notices.append(ev.message)
+        assert not isinstance(ev, P.EngineError), ev.message
+        if isinstance(ev, kind):
+            return ev

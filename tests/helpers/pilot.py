@@ -9,13 +9,26 @@ from collections.abc import Callable
 
 from textual import events
 
+from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.run.protocol import GenerationDone
-from ssdmoe_tui.ui.app import SsdmoeApp
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.conversations import ConversationsScreen
 from ssdmoe_tui.ui.screens.models import ModelsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
 
 SIZE = (120, 40)
+
+
+def session_app(settings: ChatSettings, store: SessionStore | None = None) -> SsdmoeApp:
+    """The app as `ssdmoe` runs it: the real engine thread and a sessions store (the KV
+    hooks, conversations on disk)."""
+    return SsdmoeApp(
+        settings,
+        engine_factory=engine_factory,
+        session_store=AppSessions(store if store is not None else SessionStore()),
+    )
 
 
 async def wait_until(pilot, cond: Callable[[], object], timeout: float = 60.0, what: str = ""):
@@ -96,6 +109,18 @@ async def streaming(pilot, app: SsdmoeApp, tokens: int) -> AssistantMessage:
         "tokens) before the test could act mid-stream: LONG_PROMPT needs a longer reply"
     )
     return app.chat_pane.current
+
+
+async def long_reply(pilot, app: SsdmoeApp, increments: int) -> AssistantMessage:
+    """Send LONG_PROMPT and wait until its reply has streamed `increments` increments
+    (`streaming`: it still streams then)."""
+    await type_and_send(pilot, LONG_PROMPT)
+    return await streaming(pilot, app, increments)
+
+
+def screen_text(app: SsdmoeApp) -> str:
+    """What the terminal shows now, as plain text."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 def replies(app: SsdmoeApp) -> list[AssistantMessage]:

@@ -4,6 +4,9 @@ pieces of any size."""
 
 from __future__ import annotations
 
+from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.prompting.chat_format import encode
+from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.output import OutputFilter
 
 TOOLS = [
@@ -52,3 +55,16 @@ def run_filter(filt: OutputFilter, text: str, size: int) -> list:
     for i in range(0, len(text), size):
         pieces += filt.feed(text[i : i + size])
     return pieces + filt.finish()
+
+
+def scripted(tok, prompt, text: str, piece: int = 6, reused: int = 0, rid: str = "r-test") -> Job:  # noqa: ANN001
+    """A job whose events are `text` in the engine's batches of `piece` characters (as a
+    recorded reply arrives), then its GenerationDone (`reused` prompt tokens cached)."""
+    ids = encode(tok, text) + [next(iter(tok.eos_token_ids))]
+    job = Job(rid)
+    for i in range(0, len(text), piece):
+        job.events.put_nowait(P.Tokens(job.request_id, text[i : i + piece], ()))
+    job.result = P.GenerationDone(job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop",
+                                  (4,) * len(ids), {"reused_prompt_tokens": reused})  # fmt: skip
+    job.events.put_nowait(job.result)
+    return job

@@ -8,6 +8,20 @@ import json
 from pathlib import Path
 
 from ssdmoe_tui.engine.policy.traces import DECODE, read_trace
+from ssdmoe_tui.models.demo import write_checkpoint
+from tests.helpers.checkpoints import QWEN3_MOE
+from tests.helpers.fixture_paths import TRACES
+
+ROUTES = TRACES / "bigmoeonedge-route-trace" / "2026-07-15-route-trace"
+QWEN, GPTOSS = ROUTES / "qwen.route.csv", ROUTES / "gptoss.route.csv"
+
+
+def shaped_checkpoint(out: Path, layers: int, k: int) -> Path:
+    """A tiny qwen3_moe checkpoint in `out` with a trace's MoE layers, 128 experts and K
+    (what trace-driven routing needs to route it)."""
+    cfg = dict(QWEN3_MOE, num_hidden_layers=layers, num_experts=128, num_experts_per_tok=k)
+    cfg.update(hidden_size=64, head_dim=16, moe_intermediate_size=32, vocab_size=256)
+    return write_checkpoint(cfg, out, seed=1, group_size=32, max_shard_bytes=8 << 20)
 
 
 def cut_trace(src: Path, dst: Path, layers: int, decode_steps: int | None = None) -> Path:

@@ -209,6 +209,17 @@ def _publish(hub: FakeHub, repo_id: str, folder: Path, extra: dict[str, bytes] |
     return hub.repos[repo_id]
 
 
+def _publish_in_chunks(hub: FakeHub, src: Path, shards: int, monkeypatch) -> FakeRepo:  # noqa: ANN001
+    """A 16-expert checkpoint published as REPO, downloaded in 64 KiB chunks (the hub
+    writes 10 MiB ones and resumes or stops only at a chunk's end: small ones let a
+    shard of a few MB show it)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+    write_checkpoint(src, fake_config(experts=16, hidden=256, inter=128), shards=shards)
+    return _publish(hub, REPO, src)
+
+
 @pytest.fixture
 def online(monkeypatch):
     from huggingface_hub import constants
@@ -259,14 +270,7 @@ def test_download_fetches_only_needed_files_with_progress(fake_hub, tmp_path: Pa
 def test_dropped_connection_resumes_with_a_range_request(
     fake_hub, tmp_path: Path, online, monkeypatch
 ):
-    from huggingface_hub import constants
-
-    # The hub writes in 10 MiB chunks and can only resume from a written chunk boundary;
-    # small chunks let a 2 MB shard show it.
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
-    src = tmp_path / "src"
-    write_checkpoint(src, fake_config(experts=16, hidden=256, inter=128), shards=1)
-    repo = _publish(fake_hub, REPO, src)
+    repo = _publish_in_chunks(fake_hub, tmp_path / "src", 1, monkeypatch)
     shard = "model-00001-of-00001.safetensors"
     cut = (len(repo.files[shard]) // 2) & ~0xFFFF  # on a chunk boundary
     fake_hub.cut_once[shard] = cut
@@ -350,14 +354,9 @@ def test_cancel_event_stops_the_download_and_keeps_finished_files(
     """The TUI's cancel: set from another thread, it stops the hub's workers within one chunk."""
     import threading
 
-    from huggingface_hub import constants
-
     from ssdmoe_tui.models.resolve import DownloadCancelled
 
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
-    src = tmp_path / "src"
-    write_checkpoint(src, fake_config(experts=16, hidden=256, inter=128), shards=3)
-    repo = _publish(fake_hub, REPO, src)
+    repo = _publish_in_chunks(fake_hub, tmp_path / "src", 3, monkeypatch)
     slow = ["model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
     fake_hub.slow = dict.fromkeys(slow, 0.5)
     cache = tmp_path / "hub"

@@ -19,9 +19,8 @@ from anthropic.types import RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from ssdmoe_tui.checkpoint.config import load_tokenizer
-from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens
-from ssdmoe_tui.server.engine_client import AsyncEngine, Job
+from ssdmoe_tui.prompting.chat_format import first_turn_tokens
+from ssdmoe_tui.server.engine_client import AsyncEngine
 from ssdmoe_tui.server.output import OutputFilter
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema_messages import parse_messages
@@ -29,7 +28,7 @@ from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 from ssdmoe_tui.server.serving_messages import ServingMessages
 from tests.helpers.server import serving
 from tests.helpers.texts import SYSTEM
-from tests.helpers.tools import CALLS, OUTPUTS
+from tests.helpers.tools import CALLS, OUTPUTS, scripted
 
 TOOLS = [
     {"name": "get_weather", "description": "Weather for a city",
@@ -213,14 +212,7 @@ def test_streamed_tool_use_accumulates_in_the_anthropic_package(tool_model):
     req = parse_messages({"model": "m", "max_tokens": 64, "stream": True, "tools": TOOLS,
                           "messages": [{"role": "user", "content": "Paris?"}]}, "m")  # fmt: skip
     prompt = serving.state.builder.chat(req.chat)
-    text = OUTPUTS["qwen3-30b-a3b"]
-    ids = encode(tok, text) + [next(iter(tok.eos_token_ids))]
-    job = Job("msg-test")
-    for i in range(0, len(text), 5):
-        job.events.put_nowait(P.Tokens(job.request_id, text[i : i + 5], ()))
-    job.result = P.GenerationDone(job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop",
-                                  (4,) * len(ids), {"reused_prompt_tokens": 3})  # fmt: skip
-    job.events.put_nowait(job.result)
+    job = scripted(tok, prompt, OUTPUTS["qwen3-30b-a3b"], piece=5, reused=3, rid="msg-test")
     filt = OutputFilter((), serving.state.tool_format, req.chat.tools)
 
     async def collect() -> list[str]:

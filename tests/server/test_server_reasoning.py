@@ -21,9 +21,7 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.prompting.chat_format import encode
-from ssdmoe_tui.server.engine_client import AsyncEngine, Job
+from ssdmoe_tui.server.engine_client import AsyncEngine
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning, think_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import parse_chat
@@ -35,7 +33,7 @@ from ssdmoe_tui.server.serving_messages import ServingMessages
 from ssdmoe_tui.server.serving_responses import ServingResponses, _Run
 from tests.helpers.server import serving
 from tests.helpers.texts import SYSTEM
-from tests.helpers.tools import CALLS, OUTPUTS, TOOLS
+from tests.helpers.tools import CALLS, OUTPUTS, TOOLS, scripted
 
 QWEN3 = "qwen3-30b-a3b"
 THOUGHT = "The user wants the weather and the time.\n"
@@ -46,18 +44,6 @@ def states(tok) -> ServerState:
     engine = AsyncEngine(lambda post: None)
     engine.tokenizer = tok
     return ServerState(engine, PromptBuilder(tok, HistoryRecords(None)), ApiSettings("m"))
-
-
-def scripted(tok, prompt, text: str) -> Job:
-    """A job whose events are `text` in the engine's batches, as recorded."""
-    ids = encode(tok, text) + [next(iter(tok.eos_token_ids))]
-    job = Job("r-test")
-    for i in range(0, len(text), 6):
-        job.events.put_nowait(P.Tokens(job.request_id, text[i : i + 6], ()))
-    job.result = P.GenerationDone(job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop",
-                                  (4,) * len(ids), {"reused_prompt_tokens": 0})  # fmt: skip
-    job.events.put_nowait(job.result)
-    return job
 
 
 def collect(gen) -> list[str]:

@@ -18,9 +18,8 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from ssdmoe_tui.checkpoint.config import load_tokenizer
-from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens
-from ssdmoe_tui.server.engine_client import AsyncEngine, Job
+from ssdmoe_tui.prompting.chat_format import first_turn_tokens
+from ssdmoe_tui.server.engine_client import AsyncEngine
 from ssdmoe_tui.server.output import OutputFilter
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema_responses import parse_responses
@@ -28,7 +27,7 @@ from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 from ssdmoe_tui.server.serving_responses import ServingResponses, _Run
 from tests.helpers.server import serving
 from tests.helpers.texts import SYSTEM
-from tests.helpers.tools import CALLS, OUTPUTS
+from tests.helpers.tools import CALLS, OUTPUTS, scripted
 
 # the Responses form of tests/server/test_server_tools.py's TOOLS (flat, not nested)
 TOOLS = [
@@ -206,14 +205,7 @@ def test_streamed_tool_calls_accumulate_in_the_openai_package(tool_model):
     req = parse_responses({"model": "m", "input": "Paris?", "tools": TOOLS, "stream": True}, "m")
     chat = req.chat()
     prompt = serving.state.builder.chat(chat)
-    text = OUTPUTS["qwen3-30b-a3b"]
-    ids = encode(tok, text) + [next(iter(tok.eos_token_ids))]
-    job = Job("resp-test")
-    for i in range(0, len(text), 7):
-        job.events.put_nowait(P.Tokens(job.request_id, text[i : i + 7], ()))
-    job.result = P.GenerationDone(job.request_id, text, tuple(prompt.tokens), tuple(ids), "stop",
-                                  (4,) * len(ids), {"reused_prompt_tokens": 0})  # fmt: skip
-    job.events.put_nowait(job.result)
+    job = scripted(tok, prompt, OUTPUTS["qwen3-30b-a3b"], piece=7, rid="resp-test")
     run = _Run(req, chat, ())
     filt = OutputFilter((), serving.state.tool_format, chat.tools)
 

@@ -13,7 +13,7 @@ import pytest
 from ssdmoe_tui.options import EngineOptions
 from ssdmoe_tui.server.main import ServeOptions
 from ssdmoe_tui.server.schema import MAX_TOOLS
-from tests.server.test_server import Running
+from tests.helpers.server import Running
 
 TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 USER = [{"role": "user", "content": "hi"}]

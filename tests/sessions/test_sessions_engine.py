@@ -25,6 +25,7 @@ from ssdmoe_tui.sessions.kv_hooks import SessionKV
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.sessions.turns import build_prompt
 from tests.helpers.checkpoints import build
+from tests.helpers.engine_events import next_of
 from tests.helpers.texts import SYSTEM
 from tests.helpers.turn_records import record_exchange
 
@@ -49,15 +50,7 @@ class Client:
         self.store = store
 
     def _wait(self, kind):
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            ev = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
-            if isinstance(ev, P.Notice):
-                self.notices.append(ev.message)
-            if isinstance(ev, P.EngineError):
-                raise AssertionError(ev.message)
-            if isinstance(ev, kind):
-                return ev
+        return next_of(self.events, kind, self.notices, TIMEOUT)
 
     def send(self, conv, text: str, record: bool = True) -> tuple[P.GenerationDone, list[int]]:
         """One turn: exact-history prompt, generate greedily, store both turns."""

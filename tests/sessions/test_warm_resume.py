@@ -23,6 +23,7 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.expert_set import FILE, load_working_set, save_working_set
 from ssdmoe_tui.sessions.kv_hooks import session_hooks
 from ssdmoe_tui.sessions.store import SessionStore
+from tests.helpers.engine_events import next_of
 
 TIMEOUT = 120
 FIRST = " ".join(["experts stream from the disk into slots of memory as tokens need them"] * 6)
@@ -45,14 +46,7 @@ class Engine:
         return self.svc._runner.sm.cache
 
     def wait(self, kind):
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            ev = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
-            if isinstance(ev, P.Notice):
-                self.notices.append(ev.message)
-            assert not isinstance(ev, P.EngineError), ev.message
-            if isinstance(ev, kind):
-                return ev
+        return next_of(self.events, kind, self.notices, TIMEOUT)
 
     def reply(self, sessions: AppSessions, conv_id: str, chat: list[Message]) -> P.GenerationDone:
         prompt = sessions.prompt(conv_id, chat, self.tok, self.info)

@@ -1,6 +1,6 @@
 """The chat app as a tool-using chat, end to end: a real MCP server (the SDK's own,
 over stdio), a real checkpoint whose greedy decoding calls `get_weather` and, given the
-result, answers with it (tests/scripted_model.py), the real engine, the app driven by
+result, answers with it (tests/helpers/scripted_model.py), the real engine, the app driven by
 Textual's pilot: approve, deny, Esc, quit and --resume with the prefix reused."""
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
-from tests.app.test_ui_app import SIZE, errors, loaded, type_and_send, wait_until
-from tests.app.test_ui_newuser import screen_text
-from tests.scripted_model import ANSWER, write_tool_model
+from tests.helpers.pilot import SIZE, errors, loaded, screen_text, type_and_send, wait_until
+from tests.helpers.scripted_model import ANSWER, write_tool_model
 from tests.tools.conftest import gone_within, stdio_server
 from tests.tools.mcp_test_server import FORECAST
 

@@ -25,7 +25,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tests.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS
 
 QWEN3 = MODELS / "qwen3-30b-a3b"
 CALL = '{"name":"get_weather","arguments":{"city":"Paris"}}'  # compact: fewer quote pieces
