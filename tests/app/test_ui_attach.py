@@ -12,13 +12,7 @@ refused request shows the server's message; a key-protected server asks for its 
 from __future__ import annotations
 
 import os
-import queue
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -42,61 +36,9 @@ from tests.helpers.pilot import (
     type_and_send,
     wait_until,
 )
+from tests.helpers.serve_process import Served, start_server, stop
 
-REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT = 90.0  # MLX's import and the demo's load, on a busy 2-core machine
 KEY = "attach-test-key-3f9a"
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen
-    url: str
-    lock_dir: Path
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rsplit(":", 1)[1])
-
-
-def start_server(model: Path, root: Path, *, api_key: str | None = None) -> Served:
-    """`ssdmoe serve --port 0` with its own lock folder and data folder; waits (bounded)
-    for its ready line."""
-    lock_dir = root / "locks"
-    env = {**os.environ, "SSDMOE_LOCK_DIR": str(lock_dir), "SSDMOE_HOME": str(root / "home")}
-    env.pop("SSDMOE_API_KEY", None)
-    if api_key is not None:
-        env["SSDMOE_API_KEY"] = api_key
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--model", str(model), "--port", "0"]
-        + ["--no-disk-cache", "--max-tokens", "64"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    end = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < end:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        if line.startswith("ssdmoe serve: http://"):
-            url = line.split()[2].removesuffix("/v1")
-            return Served(proc, url, lock_dir)
-    proc.kill()
-    raise AssertionError("ssdmoe serve did not start")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
 
 
 @pytest.fixture(scope="module")

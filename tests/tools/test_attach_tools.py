@@ -11,15 +11,15 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
-from tests.app.test_ui_app import SIZE, errors, wait_until
-from tests.app.test_ui_attach import start_server, stop
-from tests.scripted_model import ANSWER
-from tests.tools.conftest import stdio_server
+from tests.helpers.mcp_servers import stdio_server
+from tests.helpers.pilot import SIZE, errors, wait_until
+from tests.helpers.scripted_model import ANSWER
+from tests.helpers.serve_process import start_server, stop
+from tests.helpers.tool_chat import answered, replies
 from tests.tools.mcp_test_server import FORECAST
-from tests.tools.test_ui_tools import answered, replies, tool_model  # noqa: F401
 
 
-async def test_the_loop_through_the_servers_tool_calling_api(tool_model, tmp_path, monkeypatch):  # noqa: F811
+async def test_the_loop_through_the_servers_tool_calling_api(tool_model, tmp_path, monkeypatch):
     served = start_server(tool_model, tmp_path)
     try:
         monkeypatch.setenv("SSDMOE_LOCK_DIR", str(served.lock_dir))

@@ -17,7 +17,7 @@ import pytest
 from ssdmoe_tui.config import load_config
 from ssdmoe_tui.mcp_config import check_mcp_servers
 from ssdmoe_tui.tools.servers import ToolServers
-from tests.tools.conftest import ROOT, alive, gone_within, stdio_server
+from tests.helpers.mcp_servers import ROOT, alive, gone_within, stdio_server
 
 
 def test_config_reads_codex_shaped_tables(tmp_path):

@@ -1,0 +1,51 @@
+"""Driving the app's tool loop: ask the scripted model's question, answer its approval,
+wait for the reply made with the tool's result (tests/tools)."""
+
+from __future__ import annotations
+
+from ssdmoe_tui.commands.chat import engine_factory
+from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.actions import tools as tool_actions
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
+from tests.helpers.mcp_servers import stdio_server
+from tests.helpers.pilot import type_and_send, wait_until
+
+QUESTION = "What is the weather in Paris?"
+
+
+def make_app(model, pid_file=None, **settings) -> SsdmoeApp:
+    env = {"PID_FILE": str(pid_file)} if pid_file else {}
+    servers = check_mcp_servers({"weather": stdio_server(env=env)})
+    return SsdmoeApp(
+        ChatSettings(model=str(model), max_tokens=60, mcp_servers=servers, **settings),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+
+
+def settled(app: SsdmoeApp) -> bool:
+    return app.inflight is None and not tool_actions.running(app.chat_pane)
+
+
+async def ask_and_answer(pilot, app: SsdmoeApp, key: str) -> ToolApprovalScreen:
+    await type_and_send(pilot, QUESTION)
+    await wait_until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), 90, "approval")
+    screen = app.screen
+    assert screen.call.name == "get_weather" and screen.server == "weather"
+    assert screen.call.args() == {"city": "Paris"}
+    await pilot.press(key)
+    return screen
+
+
+async def answered(pilot, app: SsdmoeApp, key: str) -> None:
+    """Ask, answer the approval with `key`, wait for the model's next reply."""
+    await ask_and_answer(pilot, app, key)
+    await wait_until(pilot, lambda: len(replies(app)) == 2 and settled(app), 90, "answer")
+
+
+def replies(app: SsdmoeApp) -> list[str]:
+    return [m.text for m in app.query(AssistantMessage)]
