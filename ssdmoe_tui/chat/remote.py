@@ -287,12 +287,9 @@ class RemoteEngine:
             except OSError:
                 pass
 
-    def _events(self, turn: ChatTurn) -> Iterator[wire.Chunk | str]:
-        """The reply's SSE events: checked `data:` chunks (`wire.chunk`), or the text of a
-        progress comment. Raises ServerError (an error status), BadReply (a chunk this
-        app cannot use), DeadlinePassed (the head or a line did not come whole within
-        STREAM_TIMEOUT_S, or the whole reply within its total), OSError / HTTPException
-        (the connection broke) or EOFError (the stream ended before `[DONE]`)."""
+    def _request_body(self, turn: ChatTurn) -> dict[str, Any]:
+        """The chat completions request a turn is: its messages, sampling, thinking
+        switch, tools, and the K and speculation it asks for (`ssdmoe`)."""
         body: dict[str, Any] = {
             "model": self.info.name if self.info else "",
             "messages": [m.for_template() for m in turn.messages],
@@ -309,6 +306,15 @@ class RemoteEngine:
             ext["speculate"] = turn.speculate
         if ext:
             body["ssdmoe"] = ext
+        return body
+
+    def _events(self, turn: ChatTurn) -> Iterator[wire.Chunk | str]:
+        """The reply's SSE events: checked `data:` chunks (`wire.chunk`), or the text of a
+        progress comment. Raises ServerError (an error status), BadReply (a chunk this
+        app cannot use), DeadlinePassed (the head or a line did not come whole within
+        STREAM_TIMEOUT_S, or the whole reply within its total), OSError / HTTPException
+        (the connection broke) or EOFError (the stream ended before `[DONE]`)."""
+        body = self._request_body(turn)
         conn = http.client.HTTPConnection(self._host, self._port, timeout=STREAM_TIMEOUT_S)
         self._conn = conn
         total = STREAM_BASE_S + STREAM_PER_TOKEN_S * max(turn.sampling.max_tokens, 0)

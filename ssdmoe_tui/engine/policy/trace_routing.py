@@ -47,6 +47,21 @@ def check_trace_k(flag: str, value: int | list[int] | None, trace_k: int) -> Non
         )
 
 
+def _check_shape(name: str, meta, num_layers: int, num_experts: int) -> None:  # noqa: ANN001 - TraceMeta
+    """The trace routes this model: its MoE layers and experts, one clear line if not."""
+    if (meta.num_layers, meta.num_experts) != (num_layers, num_experts):
+        # --layers only cuts depth: a trace with other experts needs another model's config
+        fix = (
+            f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
+            if meta.num_experts == num_experts
+            else f"from a config with {meta.num_experts} experts, --layers {meta.num_layers}"
+        )
+        raise BadValueError(
+            f"routing trace {name} has {meta.num_layers} MoE layers x {meta.num_experts} "
+            f"experts, the model {num_layers} x {num_experts}: build a matching checkpoint " + fix
+        )
+
+
 class TraceRouting:
     """The trace's expert ids per (step, layer), and where the engine is in it."""
 
@@ -54,18 +69,7 @@ class TraceRouting:
         meta = trace.meta
         self.name = name
         self.label = f"trace:{name}"
-        if (meta.num_layers, meta.num_experts) != (num_layers, num_experts):
-            # --layers only cuts depth: a trace with other experts needs another model's config
-            fix = (
-                f"(ssdmoe demo-model --config CONFIG --layers {meta.num_layers})"
-                if meta.num_experts == num_experts
-                else f"from a config with {meta.num_experts} experts, --layers {meta.num_layers}"
-            )
-            raise BadValueError(
-                f"routing trace {name} has {meta.num_layers} MoE layers x {meta.num_experts} "
-                f"experts, the model {num_layers} x {num_experts}: build a matching checkpoint "
-                + fix
-            )
+        _check_shape(name, meta, num_layers, num_experts)
         self.k = meta.k
         self.num_layers = num_layers
         self.num_experts = num_experts
@@ -76,24 +80,7 @@ class TraceRouting:
                 for layer, ids in step.layers:
                     prefill.setdefault(layer, {}).update(dict.fromkeys(ids))
             elif step.phase == DECODE:
-                cells = {}
-                for layer, ids in step.layers:
-                    if len(ids) != self.k or len(set(ids)) != self.k:
-                        raise BadValueError(
-                            f"routing trace {name}: decode token {step.token} layer {layer} "
-                            f"has {len(ids)} distinct-or-not ids {list(ids)[:8]}, expected "
-                            f"K={self.k} distinct"
-                        )
-                    cells[layer] = np.array(ids, dtype=np.int64)
-                if len(cells) != num_layers:
-                    # Else those layers would silently follow the model's own router.
-                    missing = min(set(range(num_layers)) - set(cells))
-                    raise BadValueError(
-                        f"routing trace {name}: decode token {step.token} routes "
-                        f"{len(cells)} of {num_layers} MoE layers (layer {missing} missing: "
-                        f"a recording cut short?); every decode step must route every layer"
-                    )
-                self.decode.append(cells)
+                self.decode.append(self._decode_cells(step))
         if not self.decode:
             raise BadValueError(f"routing trace {name} has no decode steps")
         if self.k < 1:
@@ -113,6 +100,27 @@ class TraceRouting:
         self.chunk: int | None = None
         self._chunk: list[int] | None = None  # the steps of the chunk being built
         self._masks: dict[int, mx.array] = {}
+
+    def _decode_cells(self, step) -> dict[int, np.ndarray]:  # noqa: ANN001 - a trace Step
+        """A decode step's ids per layer: K distinct ids on every MoE layer."""
+        cells = {}
+        for layer, ids in step.layers:
+            if len(ids) != self.k or len(set(ids)) != self.k:
+                raise BadValueError(
+                    f"routing trace {self.name}: decode token {step.token} layer {layer} "
+                    f"has {len(ids)} distinct-or-not ids {list(ids)[:8]}, expected "
+                    f"K={self.k} distinct"
+                )
+            cells[layer] = np.array(ids, dtype=np.int64)
+        if len(cells) != self.num_layers:
+            # Else those layers would silently follow the model's own router.
+            missing = min(set(range(self.num_layers)) - set(cells))
+            raise BadValueError(
+                f"routing trace {self.name}: decode token {step.token} routes "
+                f"{len(cells)} of {self.num_layers} MoE layers (layer {missing} missing: "
+                f"a recording cut short?); every decode step must route every layer"
+            )
+        return cells
 
     # ---------------------------------------------------------------- position
     def begin_pass(self, tokens: int) -> None:
