@@ -10,7 +10,8 @@ and a function or class after a module (`sessions/turns.build_prompt`,
 `tests/app/test_ui_app.py::test_quit_asks_while_streaming`, `ui/fmt.fmt_bytes`).
 A path is looked up from the repository root, then under ssdmoe_tui/ (the docs name the
 package's modules by their path inside it); a bare file name anywhere in the tree; `<x>`
-and `*` are wildcards, `/.../` any folders. URLs, absolute and home paths, and the sibling ../shared are
+and `*` are wildcards, `/.../` any folders; an `@path` is the app's attachment syntax in
+an example, not a file of the tree. URLs, absolute and home paths, and the sibling ../shared are
 outside the repository and not checked. Behaviour claims are not checked: a script
 cannot read them; the review that goes with this script does.
 """
@@ -37,7 +38,7 @@ FOLDERS = "|".join(re.escape(d) for d in (*TOP, *PACKAGE_DIRS))
 # A path under a known folder: letters, digits, _ . - / < > * (wildcards), optionally
 # followed by ::name or .name (a function in that module).
 PATH = re.compile(
-    rf"(?<![\w/.~-])(?:\.\./)?((?:{FOLDERS})/[\w./<>*-]*)(?:::(\w+))?",
+    rf"(?<![\w/.~@-])(?:\.\./)?((?:{FOLDERS})/[\w./<>*-]*)(?:::(\w+))?",
 )
 # Bare file names of code only: a bare `history.json` or `table.md` is a file the program
 # or a user writes, not one in the tree.

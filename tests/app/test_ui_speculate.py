@@ -10,7 +10,7 @@ from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.ui.actions import gen_settings
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
-from tests.app.test_ui_app import SIZE, loaded, type_and_send, wait_until
+from tests.helpers.pilot import SIZE, loaded, type_and_send, wait_until
 
 
 async def _reply(pilot, app, before):

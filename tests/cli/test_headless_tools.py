@@ -10,7 +10,7 @@ import pytest
 
 from ssdmoe_tui.bench.report import WIDTH, summary
 from ssdmoe_tui.cli import main
-from tests.fixture_paths import FIXTURES
+from tests.helpers.fixture_paths import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 
