@@ -18,6 +18,7 @@ from tests.helpers.ports import free_port
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
 
+@pytest.mark.slow  # two ranks launched in tmux: `make test-slow`
 def test_app_on_two_ranks_in_tmux(checkpoints, tmp_path):
     path = checkpoints("qwen3_moe")
     tmux = ["tmux", "-L", f"ssdmoe-dist-{uuid.uuid4().hex[:8]}", "-f", "/dev/null"]

@@ -168,6 +168,7 @@ def test_two_ranks_match_one_process(checkpoints):
     assert len(d["per_rank"]) == 2 and d["all_sum_calls_per_token"] == 3
 
 
+@pytest.mark.slow  # a two-rank launch (mlx.launch): `make test-slow`
 def test_serve_on_rank_0_and_a_killed_rank(checkpoints, tmp_path):
     """`mlx.launch -n 2 ... ssdmoe serve --distributed`: rank 0 serves HTTP (the official
     openai client gets one process's greedy text, JSON and SSE), rank 1 follows. Then rank
@@ -251,6 +252,7 @@ def _start_serve(path: Path, tmp_path: Path, env: dict) -> tuple[subprocess.Pope
     pytest.fail(f"the server on rank 0 did not come up:\n{p.communicate()[1][-3000:]}")
 
 
+@pytest.mark.slow  # a two-rank launch (mlx.launch): `make test-slow`
 def test_serve_kv_checkpoints_survive_a_restart_on_every_rank(checkpoints, tmp_path):
     """`serve --distributed` keeps KV checkpoints: after a restart of the launch (SIGINT
     to rank 0: a clean stop, status 0) the conversation's next turn reuses >= 97 % of its
@@ -292,6 +294,7 @@ def test_serve_kv_checkpoints_survive_a_restart_on_every_rank(checkpoints, tmp_p
     assert n_saved <= len(list((tmp_path / "home").rglob("*.safetensors")))
 
 
+@pytest.mark.slow  # a two-rank launch (mlx.launch): `make test-slow`
 def test_bench_two_ranks_bytes_per_rank_and_all_sum(checkpoints, tmp_path):
     """`bench --distributed`: same tokens as one process, each rank requests about half
     the bytes one process does at the same total cache, and the all_sum cost is reported."""
@@ -349,6 +352,7 @@ def _errors(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "ssdmoe: error:" in ln]
 
 
+@pytest.mark.slow  # a two-rank launch (mlx.launch): `make test-slow`
 def test_rank_that_cannot_read_its_shard_ends_the_run_with_one_line(checkpoints, tmp_path):
     import shlex
 
@@ -417,6 +421,7 @@ def _prefill_union_and_decode(path: Path) -> tuple[dict, list]:
     return union, decode
 
 
+@pytest.mark.slow  # a two-rank launch (mlx.launch): `make test-slow`
 def test_trace_prefetch_and_routing_trace_on_two_ranks(checkpoints, tmp_path, capsys):
     """`--trace` and `--prefetch` with `--distributed`: rank 0 records the routing every
     rank sees (the same trace as one process), each rank prefetches its own experts, and
