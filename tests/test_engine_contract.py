@@ -21,8 +21,8 @@ from ssdmoe_tui.engine.run.service import EngineService
 from ssdmoe_tui.options import SamplingOptions
 from ssdmoe_tui.prompting.chat_format import prompt_tokens
 from ssdmoe_tui.prompting.message import Message
-from tests.app.test_ui_attach import start_server, stop
-from tests.engine.test_engine_service import Events
+from tests.helpers.engine_events import Events
+from tests.helpers.serve_process import start_server, stop
 
 TIMEOUT = 90.0  # one reply or one load on a busy 2-core machine
 KINDS = ("service", "remote")

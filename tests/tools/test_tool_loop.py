@@ -12,7 +12,7 @@ from ssdmoe_tui.mcp_config import check_mcp_servers
 from ssdmoe_tui.tools.calls import ToolCall, split_reply
 from ssdmoe_tui.tools.loop import ALWAYS, DENIED_TEXT, ONCE, ToolLoop
 from ssdmoe_tui.tools.servers import ToolServers
-from tests.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS
 
 
 def loop() -> ToolLoop:

@@ -5,13 +5,17 @@ Textual's pilot: approve, deny, Esc, quit and --resume with the prefix reused.""
 
 from __future__ import annotations
 
+import pytest
+
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.tools.loop import DENIED_TEXT
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from tests.helpers.mcp_servers import gone_within
 from tests.helpers.pilot import SIZE, errors, loaded, screen_text, type_and_send, wait_until
-from tests.helpers.scripted_model import ANSWER
+from tests.helpers.scripted_model import ANSWER, write_tool_model
 from tests.helpers.tool_chat import answered, ask_and_answer, make_app, replies, settled
 from tests.tools.mcp_test_server import FORECAST
 
