@@ -331,8 +331,8 @@ async def test_n3_attached_the_panel_shows_the_servers_weights_and_context(tmp_p
     (2 of 4 launches); not reproduced here (4 of 4 in a first run, at 80x24 to 120x40):
     this keeps it checked, two launches, after the attach and after a reply."""
     from ssdmoe_tui.units import human_bytes
-    from tests.app.test_ui_app import type_and_send
-    from tests.app.test_ui_attach import start_server, stop
+    from tests.helpers.pilot import type_and_send
+    from tests.helpers.serve_process import start_server, stop
 
     monkeypatch.delenv("SSDMOE_API_KEY", raising=False)
     served = start_server(ensure_demo_model(paths.demo_model_dir()), tmp_path)
