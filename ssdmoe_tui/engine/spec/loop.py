@@ -104,6 +104,7 @@ def spec_loop(
     clock = time.perf_counter
     pending: tuple[mx.array, int] | None = None  # the next d = 0 step, already scheduled
     give_back = None  # how to undo `pending`: a ChunkUndo, TRIM, or None (it cannot be)
+    seen_before = None  # the logits processors' tokens before `pending` was built
     while True:
         for t in emit:
             event = runner.token_event(t, tokens, eos, detok, stats, dstart.t)
@@ -139,8 +140,11 @@ def spec_loop(
                 give_back.restore()
             if routing is not None:
                 routing.position -= 1
+            if begun.window is not None:  # the processors saw the step's input: unsee it
+                begun.window.seen = seen_before
             runner._masses.pop()
             pending = None
+            figures.given_back += 1
         figures.depths[d] = figures.depths.get(d, 0) + 1
         if d == 0:
             if pending is None:
@@ -150,6 +154,7 @@ def spec_loop(
             if room > 1 and runner._can_pipeline():
                 one = rewind_mode(cache, 1)
                 give_back = ChunkUndo(cache) if one == UNDO else one
+                seen_before = begun.window.seen if begun.window is not None else None
                 pending = runner._schedule(step, y_arr)
                 mx.async_eval(pending[0])
             y = int(y_arr.item())

@@ -50,6 +50,7 @@ class SpecStats:
     passes: int = 0  # decode forward passes: single steps, verify chunks and re-runs
     verify_passes: int = 0
     rerun_passes: int = 0
+    given_back: int = 0  # pipelined d = 0 steps given back for a verify round
     drafted: int = 0  # draft tokens verified
     accepted: int = 0  # of them, kept
     tokens: int = 0  # tokens the decode passes produced
@@ -72,6 +73,7 @@ class SpecStats:
             "passes": self.passes,
             "verify_passes": self.verify_passes,
             "rerun_passes": self.rerun_passes,
+            "given_back": self.given_back,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance": None if acc is None else round(acc, 4),
