@@ -330,27 +330,32 @@ async def test_n3_attached_the_panel_shows_the_servers_weights_and_context(tmp_p
     """Issue 33 N3 saw weights '9' and context '0' for a whole session after --attach
     (2 of 4 launches); not reproduced here (4 of 4 in a first run, at 80x24 to 120x40):
     this keeps it checked, two launches, after the attach and after a reply."""
-    from ssdmoe_tui.units import human_bytes
-    from tests.helpers.pilot import type_and_send
     from tests.helpers.serve_process import start_server, stop
 
     monkeypatch.delenv("SSDMOE_API_KEY", raising=False)
     served = start_server(ensure_demo_model(paths.demo_model_dir()), tmp_path)
     try:
         for size in ((80, 24), (100, 30)):
-            app = SsdmoeApp(ChatSettings(attach=served.url, max_tokens=8), engine_factory=None)
-            async with app.run_test(size=size) as pilot:
-                await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
-                shown = app.panel.shown
-                weights = human_bytes(app.chat.model.resident_bytes, digits=None)
-                assert app.chat.model.resident_bytes > 1 << 19 and shown["mem_resident"] == weights
-                assert shown["context"] == "0 / 4,096"
-                await type_and_send(pilot, "hi")
-                await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
-                prompt = len(app.chat.last_done.prompt_token_ids) if app.chat.last_done else 0
-                await wait_until(pilot, lambda: shown["context"] != "0 / 4,096", 10, "a sample")
-                used = int(shown["context"].split(" / ")[0].replace(",", ""))
-                assert used > 0 and shown["mem_resident"] == weights, shown
-                assert prompt == 0 or used >= prompt
+            await _attach_once(served.url, size)
     finally:
         stop(served.proc)
+
+
+async def _attach_once(url: str, size: tuple[int, int]) -> None:
+    from ssdmoe_tui.units import human_bytes
+    from tests.helpers.pilot import type_and_send
+
+    app = SsdmoeApp(ChatSettings(attach=url, max_tokens=8), engine_factory=None)
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
+        shown = app.panel.shown
+        weights = human_bytes(app.chat.model.resident_bytes, digits=None)
+        assert app.chat.model.resident_bytes > 1 << 19 and shown["mem_resident"] == weights
+        assert shown["context"] == "0 / 4,096"
+        await type_and_send(pilot, "hi")
+        await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
+        prompt = len(app.chat.last_done.prompt_token_ids) if app.chat.last_done else 0
+        await wait_until(pilot, lambda: shown["context"] != "0 / 4,096", 10, "a sample")
+        used = int(shown["context"].split(" / ")[0].replace(",", ""))
+        assert used > 0 and shown["mem_resident"] == weights, shown
+        assert prompt == 0 or used >= prompt
