@@ -20,13 +20,8 @@ def chat_ids(tokenizer, text: str) -> tuple[int, ...]:
 def test_generate_streams_tokens_and_stats(checkpoints):
     svc, ev = start(checkpoints("qwen3_moe"))
     try:
-        svc.submit(
-            P.Generate(
-                "r1",
-                prompt_tokens=chat_ids(ev.tokenizer, "hello"),
-                sampling=SamplingOptions(max_tokens=40),
-            )
-        )
+        ids = chat_ids(ev.tokenizer, "hello")
+        svc.submit(P.Generate("r1", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=40)))
         done, seen = ev.until(P.GenerationDone)
         toks = [e for e in seen if isinstance(e, P.Tokens)]
         assert len(toks) >= 1
@@ -73,13 +68,8 @@ def test_errors_are_events_and_engine_survives(checkpoints, tmp_path):
         assert "missing" in err.message and "\n" not in err.message
         svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1"))
         loaded, _ = ev.until(P.ModelLoaded)
-        svc.submit(
-            P.Generate(
-                "r3",
-                prompt_tokens=chat_ids(loaded.tokenizer, "hi"),
-                sampling=SamplingOptions(max_tokens=5),
-            )
-        )
+        ids = chat_ids(loaded.tokenizer, "hi")
+        svc.submit(P.Generate("r3", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=5)))
         done, _ = ev.until(P.GenerationDone)
         assert len(done.token_ids) >= 1
     finally:

@@ -87,7 +87,6 @@ class Watchdog:
         self.peers: list[_Peer] = []
         self._stopping = threading.Event()
         self._verdict = threading.Lock()
-        self._failing = False
         self._finished = False
         self._root_gone = threading.Event()  # a follower's connection to rank 0 ended
         # rank 0: how each other rank ended, as the side channel told (0: said BYE;
@@ -242,7 +241,6 @@ class Watchdog:
         """Print `line` (if any) once, tell the others, and end this process."""
         if not self._verdict.acquire(blocking=False):
             return  # another verdict is already ending the process
-        self._failing = True
         if self.rank == 0:
             for p in self.peers:
                 p.send(f"ERR {line or 'stopped'}")
@@ -279,14 +277,12 @@ class Watchdog:
             if not self._verdict.acquire(blocking=False):
                 time.sleep(5)  # the watchdog is already exiting the process
                 return
-            self._failing = True
             for p in self.peers:
                 p.send(f"ERR {line}")
             return
         if not self._verdict.acquire(blocking=False):
             time.sleep(5)
             return
-        self._failing = True
         self.peers[0].send(f"ERR {line}")
         # rank 0 prints it and exits; if it does not within a few seconds, say it here.
         if not self._root_gone.wait(5.0):

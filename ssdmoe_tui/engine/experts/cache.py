@@ -254,7 +254,6 @@ class ExpertCache:
             for i, (c, w) in enumerate(zip(comps, widen, strict=True))
             if w
         ]
-        self._direct = np.array([not w for w in widen])
         # Per layer: file handle and file offset of expert 0 for each component.
         self._fds, self._offsets, self._steps = _open_layer_files(index, model_dir, reader)
         self._slot_of: dict[tuple[int, int], int] = {}

@@ -205,7 +205,6 @@ class ConversationsScreen(ModalScreen[str | None]):
         self.current = current
         self.summaries: list[Summary] = []
         self.shown_query: str | None = None  # the query the list shows (None: loading)
-        self.problems: list[str] = []
         self.problems_told = False
         self.unreadable: list[Summary] = []
 
@@ -256,7 +255,6 @@ class ConversationsScreen(ModalScreen[str | None]):
     def _show(self, found: list[Summary], query: str, problems: list[str]) -> None:
         keep = self.selected_id
         self.summaries = found
-        self.problems = problems
         options = self.option_list
         options.clear_options()
         if not found and not self.unreadable:

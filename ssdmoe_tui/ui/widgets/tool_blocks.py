@@ -55,7 +55,6 @@ class ToolResultBlock(Collapsible):
     """
 
     def __init__(self, name: str, text: str, is_error: bool = False) -> None:
-        self.name_ = name
         self.text = text
         long = text.count("\n") >= LONG_RESULT_LINES or len(text) > LONG_RESULT_CHARS
         first = " ".join((text.strip().splitlines() or [""])[0].split())
