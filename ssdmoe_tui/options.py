@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ssdmoe_tui.errors import BadValueError
 
@@ -245,6 +245,23 @@ class SamplingOptions:
             v = getattr(self, name)
             if v is not None:
                 _finite(v, name.replace("_", " "))
+
+    # OpenAI's name for a setting where it differs (the server's schema, a remote engine's
+    # request body); every other setting has the same name there.
+    API_NAMES = {"temp": "temperature"}
+
+    def as_request(self) -> dict:
+        """These settings as an OpenAI-style request body takes them: max tokens and
+        temperature always, every other setting only where it is not its default (so a
+        server's own defaults stay in force)."""
+        body: dict = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("max_tokens", "temp") or value != f.default:
+                body[self.API_NAMES.get(f.name, f.name)] = (
+                    list(value) if f.name == "stop" else value
+                )
+        return body
 
     def penalties(self) -> dict:
         """The penalties as mlx-lm's `make_logits_processors` takes them (set ones only)."""

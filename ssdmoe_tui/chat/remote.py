@@ -62,25 +62,6 @@ class ChatTurn:
     speculate: str = "off"  # the server's ssdmoe.speculate
 
 
-def sampling_body(s: SamplingOptions) -> dict[str, Any]:
-    """`s` as the server's request schema takes it (server/schema.py `_sampling`): what is
-    off is left out, so the server's own defaults stay in force."""
-    body: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temp}
-    if 0 < s.top_p < 1:
-        body["top_p"] = s.top_p
-    optional = {
-        "seed": s.seed,
-        "top_k": s.top_k or None,
-        "min_p": s.min_p or None,
-        "repetition_penalty": s.repetition_penalty,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "stop": list(s.stop) or None,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
-    return body
-
-
 class ServerError(Exception):
     """The server answered with an error status; the message is its own."""
 
@@ -295,7 +276,7 @@ class RemoteEngine:
             "messages": [m.for_template() for m in turn.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
-            **sampling_body(turn.sampling),
+            **turn.sampling.as_request(),
             "chat_template_kwargs": {"enable_thinking": turn.thinking},
         }
         if turn.tools:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ssdmoe_tui.options import SEED_MAX, SamplingOptions
@@ -94,19 +94,16 @@ class Sampling:
     def options(self, max_tokens: int, temperature: float) -> SamplingOptions:
         """The engine's sampling for this request, built once (vLLM's
         `to_sampling_params`): `max_tokens` is what the context leaves of what was asked,
-        `temperature` the server's default for a request that gives none."""
-        return SamplingOptions(
-            max_tokens=max_tokens,
-            temp=temperature if self.temperature is None else self.temperature,
-            top_p=self.top_p if self.top_p is not None else 0.0,
-            seed=self.seed,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            stop=self.stop,
-        )
+        `temperature` the server's default for a request that gives none. Every other
+        setting the request gave passes by its name (`SamplingOptions.API_NAMES`)."""
+        given = {}
+        for f in fields(SamplingOptions):
+            value = getattr(self, SamplingOptions.API_NAMES.get(f.name, f.name), None)
+            if value is not None:
+                given[f.name] = value
+        given["max_tokens"] = max_tokens
+        given.setdefault("temp", temperature)
+        return SamplingOptions(**given)
 
 
 @dataclass(frozen=True)
