@@ -18,7 +18,7 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions.keys import keymap_problems
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
-from tests.helpers.pilot import loaded, record_notifications, screen_text, wait_until
+from tests.helpers.pilot import loaded, record_notifications, wait_until
 from tests.helpers.ui_events import open_by_key, setup
 
 
@@ -209,31 +209,24 @@ async def test_n14_n7_the_panel_shows_no_figure_before_it_is_measured_nor_a_prev
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 async def test_n13_the_welcome_cards_commands_wrap_between_arguments_only(size):
-    from ssdmoe_tui.ui.widgets.welcome import COMMANDS, EXAMPLE_REPO
+    from ssdmoe_tui.ui.widgets.welcome import COMMANDS, CommandLine
 
     ensure_demo_model(paths.demo_model_dir())
     app = SsdmoeApp(ChatSettings())
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.3)
-        app.chat_pane.transcript.scroll_home(animate=False)
-        await pilot.pause(0.2)
-        card = [ln.split("│")[1] for ln in screen_text(app).splitlines() if ln.count("│") >= 2]
-        lines = [" ".join(line.split()) for line in card]  # the welcome card's column
-        text = "\n".join(lines)
-        assert "<folder-or-repo-id>" in text, text
-        for command in COMMANDS:
-            words = command.split()
-            # its lines, joined without the continuations, are the command
-            start = next(i for i, ln in enumerate(lines) if ln.startswith("• " + words[0])
-                         or ln.startswith(words[0] + " " + words[1]))  # fmt: skip
-            got, i = [], start
-            while True:
-                got.append(lines[i].removesuffix("\\").strip())
-                if not lines[i].endswith("\\"):
-                    break
-                i += 1
-            assert " ".join(got) == command, (got, text)
-        assert EXAMPLE_REPO in lines[start + len(got) - 1]
+        welcome = app.chat_pane.welcome
+        assert "<folder-or-repo-id>" in str(welcome.query_one("#welcome-real").render())
+        shown = list(welcome.query(CommandLine))
+        assert [w.command for w in shown] == list(COMMANDS)
+        for widget in shown:  # as drawn at this width (the card may scroll at 80x24)
+            width = widget.content_region.width
+            lines = [s.text.rstrip() for s in widget.render_lines(widget.region.reset_offset)]
+            lines = [ln for ln in lines if ln.strip()]
+            assert all(len(ln) <= width for ln in lines), (lines, width)
+            assert all(ln.endswith(" \\") for ln in lines[:-1]), lines
+            joined = " ".join(ln.removesuffix("\\").strip() for ln in lines)
+            assert joined == widget.command, (lines, width)  # cut between arguments only
         await loaded(pilot, app)
 
 
