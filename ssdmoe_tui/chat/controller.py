@@ -460,7 +460,7 @@ class ChatController:
         self.session_id = session_id
         chat = [t for t in turns if t.role in ("user", "assistant", "tool")]
         self.history = [
-            Message(t.role, t.content, name=t.name, tool_call_id=t.call_id)  # type: ignore[arg-type]
+            Message(t.role, t.content, t.name, t.call_id, t.tool_calls)  # type: ignore[arg-type]
             for t in chat
         ]
         self.gen = GenSettings.from_saved(saved, self.defaults())

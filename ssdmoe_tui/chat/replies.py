@@ -73,3 +73,4 @@ class ShownTurn:
     finish: str = ""  # "stop", "length" (shown "[hit max tokens]"), "cancelled"
     name: str = ""  # a tool result: the tool's name
     call_id: str = ""  # a tool result: the call it answers
+    tool_calls: tuple[dict[str, str], ...] = ()  # a server's reply: the calls it returned

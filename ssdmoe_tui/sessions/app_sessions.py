@@ -197,6 +197,7 @@ class AppSessions:
                     finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
                     kv_hit_rate=stats.kv_hit_rate,
                     thinking_tokens=thinking_tokens,
+                    tool_calls=[dict(c) for c in getattr(chat[reply], "tool_calls", ())],
                 )
             )
         self.store.save(conv)
@@ -261,4 +262,5 @@ def shown(turn: Turn) -> ShownTurn:
         turn.thinking_tokens,
     )
     finish = turn.finish or ("cancelled" if turn.stopped else "stop")
-    return ShownTurn(turn.role, turn.text, stats, turn.stopped, finish)
+    calls = tuple(dict(c) for c in turn.tool_calls)
+    return ShownTurn(turn.role, turn.text, stats, turn.stopped, finish, tool_calls=calls)

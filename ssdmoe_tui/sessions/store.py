@@ -151,6 +151,9 @@ class Turn:
     thinking_tokens: int = 0  # of its tokens, the reasoning's (<think> ... </think>)
     tool_name: str = ""  # a tool turn: the tool that gave the result
     tool_call_id: str = ""  # a tool turn: the call it answers
+    # A server's reply (the app attached): its calls as the API returned them, each
+    # {"id", "name", "arguments"} (a local reply's calls are in its text)
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -203,7 +206,19 @@ class Turn:
             thinking_tokens=opt_count("thinking_tokens"),
             tool_name=_str(d, "tool_name")[:200],
             tool_call_id=_str(d, "tool_call_id")[:200],
+            tool_calls=_calls(d.get("tool_calls", [])),
         )
+
+
+def _calls(value: Any) -> list[dict[str, str]]:
+    keys = {"id", "name", "arguments"}
+    ok = isinstance(value, list) and all(
+        isinstance(c, dict) and set(c) == keys and all(isinstance(v, str) for v in c.values())
+        for c in value
+    )
+    if not ok:
+        raise ValueError('tool_calls must be a list of {"id", "name", "arguments"} texts')
+    return [dict(c) for c in value]
 
 
 def turn_message(t: Turn) -> dict[str, str]:

@@ -12,26 +12,28 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from tests.helpers.mcp_servers import stdio_server
-from tests.helpers.pilot import SIZE, errors, wait_until
+from tests.helpers.pilot import SIZE, errors, type_and_send, wait_until
 from tests.helpers.scripted_model import ANSWER
 from tests.helpers.serve_process import start_server, stop
 from tests.helpers.tool_chat import answered, replies
 from tests.tools.mcp_test_server import FORECAST
 
 
+def attached(url: str, **settings) -> SsdmoeApp:
+    """The app attached to the server at `url`, with the test MCP server configured."""
+    servers = check_mcp_servers({"weather": stdio_server()})
+    return SsdmoeApp(
+        ChatSettings(attach=url, max_tokens=60, mcp_servers=servers, **settings),
+        engine_factory=None,
+        session_store=AppSessions(SessionStore()),
+    )
+
+
 async def test_the_loop_through_the_servers_tool_calling_api(tool_model, tmp_path, monkeypatch):
     served = start_server(tool_model, tmp_path)
     try:
         monkeypatch.setenv("SSDMOE_LOCK_DIR", str(served.lock_dir))
-        app = SsdmoeApp(
-            ChatSettings(
-                attach=served.url,
-                max_tokens=60,
-                mcp_servers=check_mcp_servers({"weather": stdio_server()}),
-            ),
-            engine_factory=None,
-            session_store=AppSessions(SessionStore()),
-        )
+        app = attached(served.url)
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: app.chat.model is not None, 30, "the attach")
             assert app.chat.remote
@@ -52,5 +54,22 @@ async def test_the_loop_through_the_servers_tool_calling_api(tool_model, tmp_pat
             await pilot.press("ctrl+q")
         conv = SessionStore().get(conv_id)
         assert [t.role for t in conv.turns] == ["user", "assistant", "tool", "assistant"]
+        assert conv.turns[1].tool_calls[0]["name"] == "get_weather"  # as the API sent it
+
+        # --resume, attached again: the calls go back as the server returned them, so its
+        # record of the conversation matches and the next turn reuses its KV cache
+        again = attached(served.url, resume="")
+        async with again.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: again.chat.model is not None, 30, "the attach")
+            assert again.chat.session_id == conv_id
+            assert [b.call.name for b in again.query(ToolCallBlock)] == ["get_weather"]
+            await type_and_send(pilot, "Thanks!")
+            await wait_until(
+                pilot, lambda: len(replies(again)) == 3 and again.inflight is None, 60, "reply"
+            )
+            done = again.chat.last_done
+            assert done.stats.get("kv_hit_rate", 0) > 0.9, done.stats
+            assert not errors(again)
+            await pilot.press("ctrl+q")
     finally:
         stop(served.proc)

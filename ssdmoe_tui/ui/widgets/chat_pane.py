@@ -94,7 +94,9 @@ class ChatPane(Vertical):
             chips.add_class("error")
             chips.display = True
             return
-        shown = [a.chip() for a in found] + ([f"⚠ {no_file_line(list(missing))}"] if missing else [])
+        shown = [a.chip() for a in found] + (
+            [f"⚠ {no_file_line(list(missing))}"] if missing else []
+        )
         chips.update("  ".join(shown))
         chips.remove_class("error")
         chips.display = bool(shown)
@@ -246,7 +248,7 @@ class ChatPane(Vertical):
                 stats = turn.reply
                 message = await self.transcript.add_assistant("", stats.model if stats else "")
                 reason = turn.finish or ("cancelled" if turn.stopped else "stop")
-                split = self.chat.split_reply(turn.content)
+                split = self.chat.split_reply(turn.content, turn.tool_calls)
                 shown = (
                     message, turn.content, reason, stats.detail() if stats else "",
                     stats.thinking_tokens if stats else 0,
@@ -254,7 +256,7 @@ class ChatPane(Vertical):
                 await message.finish(split.content, *shown[2:])
                 for call in split.calls:
                     await self.transcript.mount(ToolCallBlock(call))
-                if self.chat.tools is not None and self.chat.tokenizer is None:
+                if self.chat.tools is not None and not split.calls and not self.chat.tokenizer:
                     self._unsplit.append(shown)
 
     async def split_restored(self) -> None:
