@@ -129,12 +129,14 @@ class _Reply:
         self.parts: list[str] = []
         self.thinking = False  # inside the block now
         self.calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"}
+        self.call_chars = 0  # the calls' argument text so far (counts toward the cap)
 
     def call_piece(self, index: int, call_id: str, name: str, arguments: str) -> None:
         call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
         call["id"] = call_id or call["id"]
         call["name"] = name or call["name"]
         call["arguments"] += arguments
+        self.call_chars += len(arguments)
 
     def tool_calls(self) -> tuple[dict[str, str], ...]:
         return tuple(c for _, c in sorted(self.calls.items()) if c["name"])
@@ -414,11 +416,12 @@ class RemoteEngine:
                 for piece in event.tool_calls:
                     reply.call_piece(*piece)
                 text = reply.piece(event.reasoning, event.content)
-                if text:
+                if text or event.tool_calls:  # a call's piece is a token too
                     pieces += 1
                     over = self._over_cap(turn, pieces, reply)
                     if over:  # what fits the cap is kept, nothing past it
                         text = reply.cut(max(turn.sampling.max_tokens, 1), pieces)
+                        reply.calls.clear()  # a cut call's arguments end mid-way: none runs
                     if text and not final.get("decoding"):
                         final["decoding"] = True
                         self._emit(P.PhaseChanged("decoding"))
@@ -436,12 +439,13 @@ class RemoteEngine:
         self._emit(done)
 
     def _over_cap(self, turn: ChatTurn, pieces: int, reply: _Reply) -> bool:
-        """Whether the reply has gone past the `max_tokens` asked (more text chunks than
-        tokens, or more text than that many tokens can hold): then it is cut there, the
+        """Whether the reply has gone past the `max_tokens` asked (more text or tool-call
+        chunks than tokens, or more text and call arguments than that many tokens can
+        hold): then it is cut there (a cut reply keeps no tool call), the
         connection closed, and one notice says so; a server that ignores max_tokens
         cannot grow a reply without bound."""
         cap = max(turn.sampling.max_tokens, 1)
-        if pieces <= cap and len(reply.text) <= cap * MAX_TOKEN_CHARS:
+        if pieces <= cap and len(reply.text) + reply.call_chars <= cap * MAX_TOKEN_CHARS:
             return False
         self._drop_connection()
         self._emit(

@@ -253,6 +253,27 @@ def test_a_huge_piece_is_cut_too(hostile):
     c.engine.shutdown(2)
 
 
+def call_chunk(arguments: str, index: int = 0) -> bytes:
+    """A chunk carrying only a piece of a tool call's arguments (OpenAI's streamed shape)."""
+    call = {"index": index, "id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": arguments}}  # fmt: skip
+    c = {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+    return b"data: " + json.dumps(c).encode() + b"\n\n"
+
+
+def test_endless_tool_call_arguments_are_cut_at_the_max_tokens_asked(hostile):
+    """A server that streams a tool call's arguments for ever (no text at all) is cut at
+    the max_tokens asked like one streaming text: each piece is at least a token, and a
+    cut reply runs no call (its arguments end mid-way)."""
+    srv = hostile(_v1_chat_completions=stream(chunk("a"), endless=call_chunk("x" * 100)))
+    c = Client(srv.url)
+    c.wait(P.ModelLoaded, 10)
+    c.ask(max_tokens=20)
+    done = c.wait(P.GenerationDone, 20)
+    assert done.finish_reason == "length" and done.tool_calls == (), done
+    c.engine.shutdown(2)
+
+
 CHUNK_CASES = {
     "choices a string": (
         b'data: {"choices": "x"}\n\n',
