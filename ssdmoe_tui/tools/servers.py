@@ -338,6 +338,8 @@ class ToolServers:
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(timeout=2.0)
+        if thread is None or not thread.is_alive():
+            loop.close()  # its selector and wake-up pipe (a running loop cannot be closed)
         for s in self.servers.values():
             if s.state in ("running", "starting"):
                 s.state = "stopped"

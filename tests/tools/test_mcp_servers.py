@@ -105,6 +105,18 @@ def test_stdio_server_lists_and_calls_tools_with_the_allow_list():
     assert servers.servers["t"].state == "stopped"
 
 
+def test_close_leaves_no_file_descriptor_open():
+    """The background loop is closed with the servers (its selector and wake-up pipe are
+    three descriptors an app that opens and closes tool servers would leak each time)."""
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        servers = ToolServers(check_mcp_servers({"t": stdio_server()}))
+        assert servers.start() == []
+        assert servers.call("get_weather", {"city": "Oslo"}).text.startswith("Oslo")
+        servers.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_tool_past_its_timeout_is_an_error_result_and_the_server_goes_on():
     servers = ToolServers(check_mcp_servers({"t": stdio_server(timeout=1)}))
     try:
