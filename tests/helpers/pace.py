@@ -31,8 +31,10 @@ SLOW_TOKEN_S = 0.03
 SLOW_START_S = 0.3
 FAST_FACTOR = 8
 MID_STREAM_TOKEN_S = 0.01
-# The engine-thread modules whose TOKEN_BATCH_S / STATS_EVERY_S pace the events it sends.
-TIMER_MODULES = ("ssdmoe_tui.engine.run.service", "ssdmoe_tui.engine.run.batch_loop")
+# The engine-thread modules whose TOKEN_BATCH_S / STATS_EVERY_S pace the events it sends:
+# turn.py (every request's Turn reads both) and batch_loop.py (its own imported copy of
+# STATS_EVERY_S, the batch's shared sample clock). tests/test_pace.py checks they hold them.
+TIMER_MODULES = ("ssdmoe_tui.engine.run.turn", "ssdmoe_tui.engine.run.batch_loop")
 TIMERS = ("TOKEN_BATCH_S", "STATS_EVERY_S")
 
 
@@ -63,8 +65,10 @@ def floor(monkeypatch: pytest.MonkeyPatch, per_token_s: float, start_s: float = 
 
 def coarse_timers(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
     """The engine thread's token batches and stats samples `factor` times further apart."""
-    for name in TIMER_MODULES:
-        module = importlib.import_module(name)
+    # Every module imported before any is patched: batch_loop copies turn's STATS_EVERY_S
+    # when first imported, and would copy a patched value (then be patched again).
+    modules = [importlib.import_module(name) for name in TIMER_MODULES]
+    for module in modules:
         for timer in TIMERS:
             if hasattr(module, timer):
                 monkeypatch.setattr(module, timer, getattr(module, timer) * factor)
