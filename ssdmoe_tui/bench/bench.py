@@ -50,8 +50,8 @@ Log = Callable[[str], None]
 
 PREFILL_STEP = 512  # the bench's prefill chunk unless given: the resident baseline uses it too
 PREFETCH_MODES = ("off", "on", "both")  # each configuration without / with / both
-# the pipelined layer (engine/model/streamed.py): as the engine has it / off / off then on
-PIPELINE_MODES = ("auto", "off", "both")
+# the pipelined layer (engine/model/streamed.py): as the engine has it / on / off / off then on
+PIPELINE_MODES = ("auto", "on", "off", "both")
 BASELINES = ("auto", "skip", "force")
 
 
@@ -76,7 +76,7 @@ class BenchOptions:
     warmup: bool = True
     seed: int = 0
     prefetch: str = "off"  # off | on | both (each configuration without, then with)
-    pipeline: str = "auto"  # auto | off | both (each configuration serial, then pipelined)
+    pipeline: str = "auto"  # auto | on | off | both (each configuration serial, then on)
     distributed: object = None  # engine.distributed.Distributed: expert-parallel ranks
     quality_text: Path | None = None  # also score this text at each K (bench/quality.py)
     quality_tokens: int = 512
@@ -325,7 +325,7 @@ def _config_figures(
         "budget_over_expert_set": round(cache.capacity / (index.num_experts * index.num_layers), 4),
         "prefetch": prefetch,
         **(_prefetch_stats(dec, steps) if prefetch else {}),
-        # the pipelined layer: on unless $SSDMOE_PIPELINE=off; the layer calls it ran
+        # the pipelined layer (on a GPU by default, $SSDMOE_PIPELINE); the layer calls it ran
         "pipeline": bool(sm.blocks and getattr(sm.blocks[0].switch_mlp, "_pipe", False)),
         "pipelined_calls": sm.times.pipelined_calls,
         "staged_calls": sm.times.staged_calls,
@@ -811,12 +811,12 @@ def _run_configs(
     result["complete"] = False
     on_partial(result)
     modes = {"off": [False], "on": [True], "both": [False, True]}[opts.prefetch]
-    pipes = {"auto": [None], "off": ["off"], "both": ["off", None]}[opts.pipeline]
+    pipes = {"auto": [None], "on": ["on"], "off": ["off"], "both": ["off", "on"]}[opts.pipeline]
     for budget in opts.budgets:
         for k in s.ks:
             for pf, pipe in [(pf, pipe) for pf in modes for pipe in pipes]:
                 state = prepare()
-                tag = (" +prefetch" if pf else "") + (" pipeline off" if pipe else "")
+                tag = (" +prefetch" if pf else "") + (f" pipeline {pipe}" if pipe else "")
                 log(f"config K={k} expert cache {budget}{tag} [{state}]")
                 resident = storage.residency(s.shards)
                 with _pipeline_env(pipe):

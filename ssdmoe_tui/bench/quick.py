@@ -295,7 +295,7 @@ def _trace_engines(act, dtype: str | None, log: Log) -> list:
     budget = slots * slot_memory_bytes(index, parse_dtype(dtype))
     return [
         _Resident(path, act, "trace_resident", trace.meta.k),
-        _Streamed("trace", path, budget, dtype, trace),
+        _Streamed("trace", path, budget, dtype, trace, pipeline="on"),
         _Streamed("trace_serial", path, budget, dtype, trace, pipeline="off"),
     ]
 

@@ -119,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--pipeline", default="auto", choices=PIPELINE_MODES,
         help="the pipelined layer (hits computed while the misses are read): as the engine "
-        "has it (auto), off, or both (each configuration serial, then pipelined)",
+        "has it (auto: on a GPU), on, off, or both (each configuration serial, then on)",
     )  # fmt: skip
     p.add_argument(
         "--disk-mib", type=_count("--disk-mib"), default=512, help="MiB read per K in the disk test"

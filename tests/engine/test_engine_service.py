@@ -231,7 +231,11 @@ def test_speculation_per_request_and_the_service_default(checkpoints):
         svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1G"))
         ev.until(P.ModelLoaded)
         ids = tuple([5, 6, 7, 8] * 8)
-        svc.submit(P.Generate("off", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=12), speculate="off"))
+        svc.submit(
+            P.Generate(
+                "off", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=12), speculate="off"
+            )
+        )
         plain, _ = ev.until(P.GenerationDone)
         assert plain.stats["speculation"] is None
         svc.submit(P.Generate("dflt", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=12)))
@@ -239,10 +243,18 @@ def test_speculation_per_request_and_the_service_default(checkpoints):
         assert done.token_ids == plain.token_ids
         assert done.stats["speculation"]["mode"] == "ngram"
         assert any(isinstance(e, P.StatsSample) and e.speculation for e in seen)
-        svc.submit(P.Generate("bad", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=4), speculate="7"))
+        svc.submit(
+            P.Generate(
+                "bad", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=4), speculate="7"
+            )
+        )
         err, _ = ev.until(P.EngineError)
         assert err.message.startswith("--speculate '7'") and "\n" not in err.message
-        svc.submit(P.Generate("mtp", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=4), speculate="mtp"))
+        svc.submit(
+            P.Generate(
+                "mtp", prompt_tokens=ids, sampling=SamplingOptions(max_tokens=4), speculate="mtp"
+            )
+        )
         err, _ = ev.until(P.EngineError)
         assert "no MTP head" in err.message
     finally:

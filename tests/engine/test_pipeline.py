@@ -74,7 +74,7 @@ def test_pipeline_off_is_the_serial_layer(checkpoints, monkeypatch) -> None:
 @pytest.mark.parametrize(
     ("env", "choices"),
     [
-        (PIPELINE_ENV, "auto, off, full, compact"),
+        (PIPELINE_ENV, "auto, on, off, full, compact"),
         ("SSDMOE_PREFILL_STAGE", "auto, on, off"),
         ("SSDMOE_PREFILL_READAHEAD", "auto, on, off"),
     ],

@@ -73,7 +73,7 @@ class PrefillGate:
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 PIPELINE_ENV = "SSDMOE_PIPELINE"
-PIPELINE_MODES = ("auto", "off", "full", "compact")
+PIPELINE_MODES = ("auto", "on", "off", "full", "compact")
 # Rows (tokens x K) below mlx-lm's sort threshold: matrix-vector work, where a second call
 # costs little. At and above it (prefill chunks, wide batches) a call's work grows with
 # its rows and the masked calls would double it, so those layers read, then compute.
@@ -81,9 +81,10 @@ PIPELINE_MAX_ROWS = 63
 
 
 def pipeline_mode() -> str:
-    """$SSDMOE_PIPELINE: `auto` (default: on; full-shape calls on a GPU, compact on the
-    CPU), `off` (read the misses, then compute: the serial layer), `full` or `compact`
-    (the partial calls' shape, forced: tests run both on the CPU)."""
+    """$SSDMOE_PIPELINE: `auto` (default: on a GPU, with full-shape calls; off on the
+    CPU: `_pipelines`), `on` (pipelined: full-shape calls on a GPU, compact on the CPU),
+    `off` (read the misses, then compute: the serial layer), `full` or `compact` (on,
+    with the partial calls' shape forced: tests run both on the CPU)."""
     from ssdmoe_tui.errors import BadValueError
 
     text = os.environ.get(PIPELINE_ENV, "").strip().lower() or "auto"
@@ -145,9 +146,24 @@ def readahead_on() -> bool:
 def _compact(mode: str) -> bool:
     """Partial calls of their own rows only: exact on the CPU (a row's arithmetic there
     does not depend on the call's shape); on MLX-CUDA the shape picks the kernel."""
-    if mode == "auto":
-        return mx.default_device().type == mx.cpu
+    if mode in ("auto", "on"):
+        return _on_cpu()
     return mode == "compact"
+
+
+def _on_cpu() -> bool:
+    return mx.default_device().type == mx.cpu
+
+
+def _pipelines(mode: str) -> bool:
+    """`auto`: on a GPU only. On the 2-core development VM (loaded by other jobs) the
+    pipelined layer spent more CPU per token than the serial one and decoded slower
+    (bench-quick's trace rows: 0.89x and 0.83x of serial by the wall clock, 0.83 vs
+    0.85x and 0.82 vs 0.98x of resident by CPU time): the overlap finds no idle core
+    there, and the split calls cost. The H200 decides the GPU (scripts/gpu_pipeline.sh)."""
+    if mode == "auto":
+        return not _on_cpu()
+    return mode != "off"
 
 
 def unused_row(size: int, used: np.ndarray, avoid: np.ndarray) -> int:
@@ -211,7 +227,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
         object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
         mode = pipeline_mode()  # read once: a bad value fails the load, in one line
-        object.__setattr__(self, "_pipe", mode != "off")
+        object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
         placement = getattr(getattr(cache, "placement", None), "placement", "none")
         object.__setattr__(self, "_stage", stages(prefill_stage_mode(), placement))
