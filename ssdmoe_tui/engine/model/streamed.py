@@ -157,10 +157,10 @@ def _on_cpu() -> bool:
 
 def _pipelines(mode: str) -> bool:
     """`auto`: on a GPU only. On the 2-core development VM (loaded by other jobs) the
-    pipelined layer spent more CPU per token than the serial one and decoded slower
-    (bench-quick's trace rows: 0.89x and 0.83x of serial by the wall clock, 0.83 vs
-    0.85x and 0.82 vs 0.98x of resident by CPU time): the overlap finds no idle core
-    there, and the split calls cost. The H200 decides the GPU (scripts/gpu_pipeline.sh)."""
+    pipelined layer decoded slower than the serial one in three of four bench-quick runs
+    (trace rows: 0.89, 0.83, 1.24, 0.76x of serial by the wall clock): the overlap finds
+    no idle core there, and the split calls cost. The H200 decides the GPU
+    (scripts/gpu_pipeline.sh)."""
     if mode == "auto":
         return not _on_cpu()
     return mode != "off"
