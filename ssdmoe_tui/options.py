@@ -33,14 +33,14 @@ def server_url(text: str, what: str = "attach") -> str:
     from urllib.parse import urlsplit
 
     value = str(text).strip()
-    parts = urlsplit(value if "://" in value else "http://" + value)
-    try:
+    try:  # urllib refuses some hosts outright ('[::1' unclosed, '[zz]' no address)
+        parts = urlsplit(value if "://" in value else "http://" + value)
         port = parts.port
+        host = parts.hostname
     except ValueError:
-        port = None
-    if parts.scheme != "http" or not parts.hostname or port is None:
+        port = host = None
+    if port is None or not host or parts.scheme != "http":
         raise BadValueError(f"{what}: {text!r} is not a server URL (http://HOST:PORT)")
-    host = parts.hostname
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
@@ -51,7 +51,10 @@ def is_loopback_url(url: str) -> bool:
     import ipaddress
     from urllib.parse import urlsplit
 
-    host = urlsplit(url).hostname or ""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:  # not a URL urllib can split: no loopback of ours
+        return False
     if host == "localhost":
         return True
     try:

@@ -358,6 +358,27 @@ def test_only_loopback_claims_are_listed(tmp_path) -> None:
             lock.advertise("http://192.168.1.5:8080")
 
 
+def test_a_claim_whose_url_python_cannot_split_is_not_listed(tmp_path) -> None:
+    """A claim's `url` that urllib refuses outright (an unclosed or non-address IPv6
+    bracket) raised ValueError out of the claim reader, so one damaged claim in the
+    machine-wide lock folder broke every launch and F4 with a traceback; it advertises
+    nothing now, and `--attach` with such a URL is one line."""
+    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import is_loopback_url, server_url
+
+    for url in ("http://[::1", "http://[zz]:8080"):
+        forged = _forged(json.dumps({"pid": 1, "model": "m", "need_bytes": 1, "url": url}))
+        try:
+            (holder,) = [h for _, h in live_holders()]
+            assert holder.model == "m" and holder.url == "", url
+            assert [h.url for h in served_models()] == [], url
+            assert not is_loopback_url(url)
+            with pytest.raises(BadValueError, match="is not a server URL"):
+                server_url(url)
+        finally:
+            _end(forged)
+
+
 def test_the_api_key_goes_on_its_own_only_to_loopback(monkeypatch) -> None:
     """Issue 34 (2): $SSDMOE_API_KEY is sent without asking only to a server on this
     machine's loopback; a server that wants no key gets none."""
