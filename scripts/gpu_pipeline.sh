@@ -9,8 +9,8 @@
 # repository root with the MLX-CUDA wheels installed and `.benchcfg` carried, as
 # scripts/gpu_speed.sh. A cold machine adds the q30 build (~45 s) and the kernel compile.
 #
-# Steps (STEPS picks them, in this order; default compile,pipe,prefill,exact: ~7-8 min):
-#   q30      build the Qwen3-30B-A3B-shaped checkpoint at Q30 if it is not there
+# Steps (STEPS picks them, in this order; default q30,compile,pipe,prefill,exact: ~7-8 min):
+#   q30      build the Qwen3-30B-A3B-shaped checkpoint at Q30 if it is not there (~45 s)
 #   compile  uncapped short trace-driven run (2G, 8 tokens): kernels compiled before
 #            any capped run measures (or is OOM-killed by) the compilation
 #   pipe     trace-driven decode (qwen.route.csv, K = 6), cold, `--pipeline both`: each
@@ -43,7 +43,7 @@ OUT=${1:?usage: scripts/gpu_pipeline.sh OUTDIR}
 mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 DECODE=${DECODE:-40}
-STEPS=${STEPS:-compile,pipe,prefill,exact}
+STEPS=${STEPS:-q30,compile,pipe,prefill,exact}
 TAG=gpu_pipeline
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
