@@ -72,11 +72,13 @@ def _too_long(tokens: str, ctx: int) -> ApiError:
 
 
 def warning_header(warnings: Any) -> dict[str, str]:
-    """WARNING_HEADER for `warnings` (none: no header); ASCII, as headers must be."""
+    """WARNING_HEADER for `warnings` (none: no header); printable ASCII, as a header line
+    must be: a warning may quote the request (a template switch's key), and a line break
+    or control character there made the HTTP layer drop the response."""
     if not warnings:
         return {}
     text = "; ".join(warnings)
-    return {WARNING_HEADER: text.encode("ascii", "replace").decode("ascii")[:2000]}
+    return {WARNING_HEADER: "".join(c if " " <= c <= "~" else "?" for c in text[:2000])}
 
 
 def _log(line: str) -> None:

@@ -103,3 +103,22 @@ def test_tools_and_thinking_a_template_cannot_use_are_said(checkpoints, isolated
         assert "cannot show tools" in raw.headers["x-ssdmoe-warning"]
     finally:
         srv.stop()
+
+
+def test_a_warning_quoting_the_request_is_one_header_line(checkpoints, isolated):
+    """A warning names what the request sent (a template switch's key): a key holding a
+    line break or other control characters went into the header as it was, so the HTTP
+    layer refused to send the response (a dropped connection, a traceback in the log)
+    or the key's text became a header of its own. The header is one printable line."""
+    srv = start(checkpoints("qwen3_moe"), isolated)
+    try:
+        key = "x\r\nSet-Cookie: a=b\x00\x1b[2J"
+        r = post(srv, "/v1/chat/completions", {"messages": USER, "max_tokens": 2,
+                 "chat_template_kwargs": {key: 1}})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert "set-cookie" not in r.headers
+        warning = r.headers["x-ssdmoe-warning"]
+        assert "does not use" in warning and all(" " <= c <= "~" for c in warning), warning
+        assert len(r.json()["ssdmoe"]["warnings"]) == 1
+    finally:
+        srv.stop()
