@@ -220,6 +220,12 @@ def _dense_bytes(text: str) -> int:
     return len("".join(text.split()).encode())
 
 
+# `_template_reads` answers kept: a client names any template switch with any value, so
+# a server that kept every one grew without bound; the usual few stay cached.
+READS_CACHED_MAX = 256
+READS_KEY_CHARS_MAX = 512
+
+
 class PromptBuilder:
     """Request -> prompt tokens (runs off the event loop: templating and tokenizing)."""
 
@@ -306,7 +312,11 @@ class PromptBuilder:
                      for v in variants}  # fmt: skip
         except Exception:  # noqa: BLE001 - a template that fails the probe: assume it reads it
             texts = {"", "x"}
-        self._reads[cache_key] = reads = len(texts) > 1
+        reads = len(texts) > 1
+        if len(self._reads) >= READS_CACHED_MAX:  # keys and values are the clients': bounded
+            self._reads.clear()
+        if len(cache_key[0]) + len(cache_key[1]) <= READS_KEY_CHARS_MAX:
+            self._reads[cache_key] = reads
         return reads
 
     def chat(self, req: ChatRequest) -> Prompt:

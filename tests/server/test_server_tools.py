@@ -28,7 +28,7 @@ from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, hf_token
 from ssdmoe_tui.server.engine_client import AsyncEngine, Job
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.output import Call, Content, OutputFilter, named_format, tool_format_for
-from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
+from ssdmoe_tui.server.prompts import READS_CACHED_MAX, HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import ChatMessage, ToolCall, parse_chat
 from ssdmoe_tui.server.serving_chat import ServingChat
 from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
@@ -331,3 +331,20 @@ def test_a_template_that_refuses_the_messages_is_a_400(tokenizers):
     with pytest.raises(ApiError) as e:  # arguments not an object: TypeError under |items
         builder.chat(parse_chat({"model": "m", "messages": msgs}, "m"))
     assert e.value.status == 400 and e.value.param == "messages"
+
+
+def test_template_switch_answers_stay_bounded(tokenizers):
+    """Each template switch a request names is probed (does the template read it?) and
+    the answer kept; a client naming ever new keys or values grew the server's memory
+    without bound. Ever new ones are still answered (the warning), the kept ones bounded."""
+    builder = PromptBuilder(tokenizers["qwen3-30b-a3b"], HistoryRecords(None))
+    for i in range(2 * READS_CACHED_MAX + 20):  # small values and long ones, alternating
+        req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                          "chat_template_kwargs": {f"switch_{i}": "v" * (600 * (i % 2) + 1)}},
+                         "m")  # fmt: skip
+        assert [w for w in builder.unused_options(req) if f"'switch_{i}'" in w]
+    assert len(builder._reads) <= READS_CACHED_MAX
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                      "chat_template_kwargs": {"enable_thinking": False}}, "m")  # fmt: skip
+    assert builder.unused_options(req) == []  # the template's own switch: read, cached
+    assert ("enable_thinking", "false") in builder._reads
