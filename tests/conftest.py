@@ -53,33 +53,29 @@ def mid_stream(monkeypatch):
     pace.floor(monkeypatch, pace.MID_STREAM_TOKEN_S)
 
 
+def _once_per_arch(root, make):  # noqa: ANN001, ANN202
+    """arch -> make(arch, root / arch), made on first use and kept for the session."""
+    made: dict = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = make(arch, root / arch)
+        return made[arch]
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """arch -> folder of a small random checkpoint, built once per test session."""
-    root = tmp_path_factory.mktemp("ckpt")
-    cache: dict = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            cache[arch] = build(arch, root / arch)
-        return cache[arch]
-
-    return get
+    return _once_per_arch(tmp_path_factory.mktemp("ckpt"), build)
 
 
 @pytest.fixture(scope="session")
 def real_checkpoints(tmp_path_factory):
     """arch -> (folder, real config) of a real-shape checkpoint (tests/helpers/real_shapes.py),
     built once per test session: tens of seconds each, shared by every module."""
-    root = tmp_path_factory.mktemp("real")
-    built: dict = {}
-
-    def get(arch: str):
-        if arch not in built:
-            built[arch] = build_real(arch, root / arch)
-        return built[arch]
-
-    return get
+    return _once_per_arch(tmp_path_factory.mktemp("real"), build_real)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from tests.helpers.pilot import (
     SIZE,
     loaded,
     next_reply,
+    open_settings,
     session_app,
     tap,
     type_and_send,
@@ -73,8 +74,7 @@ async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model
         await loaded(pilot, app)
         await reply(pilot, app, type_and_send(pilot, "first question"), "reply 1")
         await reply(pilot, app, type_and_send(pilot, "second question"), "reply 2")
-        await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
+        await open_settings(pilot)
         app.screen.query_one("#set-system_prompt").load_text(SYSTEM)
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen), 5, "save")

@@ -9,17 +9,16 @@ from textual.widgets import Input, TextArea
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions import model
 from ssdmoe_tui.ui.app import ChatSettings
-from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.widgets.transcript import Notice, UserMessage
 from tests.helpers.pilot import (
     SIZE,
     loaded,
     next_reply,
+    open_settings,
     replies,
     session_app,
     tap,
     type_and_send,
-    wait_until,
 )
 
 
@@ -30,9 +29,7 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         await loaded(pilot, app)
         trained = app.chat.model.trained_k
         # F9: a bad value is named on the screen and nothing applies until all are good.
-        await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
-        screen = app.screen
+        screen = await open_settings(pilot)
         screen.query_one("#set-system_prompt", TextArea).load_text("Be brief.")
         screen.query_one("#set-max_tokens", Input).value = "many"
         screen.action_save()

@@ -9,8 +9,7 @@ from textual.widgets import Input
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.ui.actions import gen_settings
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
-from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
-from tests.helpers.pilot import SIZE, loaded, type_and_send, wait_until
+from tests.helpers.pilot import SIZE, loaded, open_settings, type_and_send, wait_until
 
 
 async def _reply(pilot, app, before):
@@ -21,7 +20,9 @@ async def _reply(pilot, app, before):
 
 
 async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
-    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=24), engine_factory=engine_factory)
+    app = SsdmoeApp(
+        ChatSettings(model=str(demo_model), max_tokens=24), engine_factory=engine_factory
+    )
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         await type_and_send(pilot, "say it again: one two three, one two three")
@@ -29,9 +30,7 @@ async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
         assert plain.stats.get("speculation") is None
         assert not app.panel.query_one("#spec-title").display
 
-        await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
-        screen = app.screen
+        screen = await open_settings(pilot)
         screen.query_one("#set-speculate", Input).value = "7"
         screen.action_save()
         await pilot.pause()

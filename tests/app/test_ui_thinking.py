@@ -24,9 +24,8 @@ from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
-from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from tests.helpers.fixture_paths import MODELS
-from tests.helpers.pilot import wait_until
+from tests.helpers.pilot import open_settings, wait_until
 from tests.helpers.ui_events import INFO
 
 QWEN3 = MODELS / "qwen3-30b-a3b"
@@ -159,8 +158,7 @@ async def test_thinking_on_off_in_f9_and_the_palette():
         app.feed(ModelLoaded(INFO))
         await pilot.pause()
         assert app.chat.gen.thinking  # the config's default
-        await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
+        await open_settings(pilot)
         box = app.screen.query_one("#set-thinking", Checkbox)
         assert (
             box.value and box.region.bottom <= app.screen.query_one("#gen-settings").region.bottom

@@ -15,6 +15,7 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.conversations import ConversationsScreen
+from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.screens.models import ModelsScreen
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
 
@@ -185,6 +186,14 @@ def record_stop_latency(app: SsdmoeApp) -> list[float]:
     app.action_stop = timed_stop
     app.chat_pane.reply_done = timed_done
     return latencies
+
+
+async def open_settings(pilot) -> GenSettingsScreen:
+    """F9's generation settings, once the dialog is the screen."""
+    app = pilot.app
+    await pilot.press("f9")
+    await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
+    return app.screen
 
 
 async def open_picker(pilot, app: SsdmoeApp) -> ModelsScreen:

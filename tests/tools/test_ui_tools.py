@@ -14,7 +14,15 @@ from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from tests.helpers.mcp_servers import gone_within
-from tests.helpers.pilot import SIZE, errors, loaded, screen_text, type_and_send, wait_until
+from tests.helpers.pilot import (
+    SIZE,
+    errors,
+    loaded,
+    open_settings,
+    screen_text,
+    type_and_send,
+    wait_until,
+)
 from tests.helpers.scripted_model import ANSWER, write_tool_model
 from tests.helpers.tool_chat import answered, ask_and_answer, make_app, replies, settled
 from tests.tools.mcp_test_server import FORECAST
@@ -112,10 +120,7 @@ async def test_always_is_remembered_for_the_conversation(tool_model):
         # F9: max tool rounds is a setting of the conversation (a row only with tools)
         from textual.widgets import Input
 
-        from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
-
-        await pilot.press("f9")
-        await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 5, "F9")
+        await open_settings(pilot)
         app.screen.query_one("#set-max_tool_rounds", Input).value = "3"
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: app.chat.gen.max_tool_rounds == 3, 5, "the setting")
