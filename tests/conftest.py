@@ -11,8 +11,9 @@ from tests.helpers.real_shapes import build_real
 
 TESTS = Path(__file__).resolve().parent
 # Folders and modules whose tests start the app (pilot), a server, other processes or a
-# real-shape model: `heavy`, left out of `make test-fast` (the edit-test loop). Tune it
-# with `pytest --durations=40`: the fast set stays under two minutes on 2 CPU cores.
+# real-shape model: `heavy`, left out of `make test-fast` (the edit-test loop), with every
+# test that takes a model fixture (HEAVY_FIXTURES). Tune both with `pytest --durations=40`:
+# the fast set stays under two minutes on 2 quiet CPU cores.
 HEAVY = (
     "app/",
     "server/",
@@ -21,10 +22,14 @@ HEAVY = (
 )
 
 
+# Fixtures that load a model or build a checkpoint: a test that takes one is heavy too.
+HEAVY_FIXTURES = {"checkpoints", "real_checkpoints", "demo_model", "tool_model", "models"}
+
+
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook
     for item in items:
         where = Path(item.fspath).resolve().relative_to(TESTS).as_posix()
-        if where.startswith(HEAVY):
+        if where.startswith(HEAVY) or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.heavy)
 
 
