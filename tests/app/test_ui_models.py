@@ -102,7 +102,12 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         # Picking the loaded model again does not reload it.
         screen = await open_picker(pilot, app)
         await pilot.press("enter")
-        assert "already loaded" in list(app._notifications)[-1].message
+        await wait_until(
+            pilot,
+            lambda: any("already loaded" in n.message for n in app._notifications),
+            10,
+            "the 'already loaded' notice",
+        )
         assert len(events) == 1
 
 
