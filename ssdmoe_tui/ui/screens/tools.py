@@ -4,6 +4,7 @@ ones not running."""
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -33,7 +34,9 @@ def servers_table(servers: ToolServers) -> Table:
         if s.hidden:
             tools += f"  (+{s.hidden} not allowed)"
         where = f"{s.config.transport}: {s.config.describe()}"
-        table.add_row(name, state, tools or where)
+        # Text, not str: names, errors and command lines come from outside (a server, the
+        # config) and a str cell is parsed as markup ('[/x]' raised MarkupError)
+        table.add_row(Text(name), Text(state), Text(tools or where))
     return table
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from textual.content import Content
 from textual.widgets import Collapsible, Static
 
 from ssdmoe_tui.tools.calls import ToolCall
@@ -38,9 +39,11 @@ class ToolCallBlock(Collapsible):
             classes="tool-call",
         )
 
-    def _label_text(self) -> str:
+    def _label_text(self) -> Content:
+        """The title as plain text: the name and arguments are the model's (a title
+        given as str is parsed as markup: '[/b]' raised, '[b]' vanished)."""
         state = f"  [{self.state}]" if self.state else ""
-        return f"⚙ {self.call.name} {self.call.shown_arguments(60)}{state}"
+        return Content(f"⚙ {self.call.name} {self.call.shown_arguments(60)}{state}")
 
     def set_state(self, state: str) -> None:
         self.state = state
@@ -62,7 +65,7 @@ class ToolResultBlock(Collapsible):
         mark = "✗" if is_error else "↳"
         super().__init__(
             Static(text, markup=False, classes="tool-result-text"),
-            title=f"{mark} {name}: {first}",
+            title=Content(f"{mark} {name}: {first}"),  # plain: the tool's text
             collapsed=long,
             classes="tool-result error" if is_error else "tool-result",
         )
