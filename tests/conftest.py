@@ -17,8 +17,18 @@ TESTS = Path(__file__).resolve().parent
 HEAVY = (
     "app/",
     "server/",
+    "tools/test_ui_tools.py",
+    "tools/test_attach_tools.py",
+    "cli/test_bench.py",  # benchmarks on built checkpoints
+    "cli/test_requant_fit.py",
     "engine/test_distributed.py",
     "engine/test_real_shapes.py",
+    "engine/test_trace_routing.py",  # the engine on trace-shaped checkpoints
+    "engine/test_reuse_policy.py",  # replays of held-out traces
+    "engine/test_trace_defects.py",
+    "faults/test_fault_kill.py",  # kill -9 trials in subprocesses
+    "faults/test_fuzz.py",
+    "models/test_demo_trained.py",  # the trained demo on held-out prose
 )
 
 

@@ -237,6 +237,7 @@ def test_default_is_a_known_policy() -> None:
     assert DEFAULT_POLICY in POLICY_NAMES
 
 
+@pytest.mark.heavy  # 10-30 s on a loaded machine: out of `make test-fast`
 @pytest.mark.parametrize("name", ALL)
 def test_operations_stay_linear_at_engine_scale(name: str) -> None:
     """48 layers x K=8 at 2x K per layer: a real eviction-heavy stream. Four times the
@@ -254,7 +255,10 @@ def test_operations_stay_linear_at_engine_scale(name: str) -> None:
         return time.process_time() - t0
 
     cpu_seconds(4)  # warm the code paths
-    short, long = cpu_seconds(24), cpu_seconds(96)
+    # The least of three runs each: a run of a few ms can take a preemption or a cold
+    # cache on a loaded machine (one did: 15.8x), never less time than the work needs.
+    short = min(cpu_seconds(24) for _ in range(3))
+    long = min(cpu_seconds(96) for _ in range(3))
     assert long < 9 * max(short, 1e-3), f"{name}: 4x the tokens took {long / short:.1f}x"
 
 
