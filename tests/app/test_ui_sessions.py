@@ -244,6 +244,10 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         screen = await open_list(pilot, app)
         screen.option_list.highlighted = [s.id for s in screen.summaries].index(first)
         await tap(pilot, "enter")
-        await wait_until(pilot, lambda: app.chat.session_id == first, 5, "the reopen")
+        # The reopened transcript is restored after the switch: waited for, not assumed
+        # (a slowed engine showed the switch before its first message: IndexError).
+        await wait_until(
+            pilot, lambda: app.chat.session_id == first and texts(app), 5, "the reopen"
+        )
         assert texts(app)[0] == ("user", "hello there")
         assert time.monotonic() - start < 5
