@@ -282,3 +282,27 @@ def test_mtp_names_why_not(checkpoints, tmp_path):
     with pytest.raises(BadValueError, match="no MTP head"):
         runner.generate(PROMPT, max_tokens=4, speculate=Speculation("mtp"))
     sm.close()
+
+
+def test_auto_drafts_nothing_on_mlx_cuda(checkpoints, monkeypatch):
+    """On MLX-CUDA a verify chunk's kernels differ from a one-token step's and changed the
+    greedy tokens on the H200 (docs/engine.md): `auto` stands down there, an explicit mode
+    still drafts. The device probe is the one thing set here: this CPU plays MLX-CUDA."""
+    from ssdmoe_tui.engine.experts import device_memory
+
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache="1G")
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm)
+    plain = runner.generate(PROMPT, max_tokens=N)
+    monkeypatch.setattr(device_memory, "is_cuda", lambda: True)
+    auto = runner.generate(PROMPT, max_tokens=N, speculate=Speculation("auto"))
+    assert auto.tokens == plain.tokens and auto.stats.spec is None  # no round drafted
+    asked = runner.generate(
+        PROMPT, max_tokens=N, speculate=Speculation("oracle", 2, 1.0), draft_reference=plain.tokens
+    )
+    assert asked.stats.spec is not None and asked.stats.spec.verify_passes > 0
+    monkeypatch.setattr(device_memory, "is_cuda", lambda: False)
+    cpu = runner.generate(PROMPT, max_tokens=N, speculate=Speculation("auto"))
+    assert cpu.stats.spec is not None and cpu.tokens == plain.tokens
+    sm.close()

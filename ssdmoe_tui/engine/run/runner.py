@@ -414,7 +414,7 @@ class Runner:
         tokens: list[int] = []
         if begun.token is None:
             finish, fed_generated = "cancelled", 0
-        elif speculate is not None and speculate.on:
+        elif speculate is not None and speculate.on and not auto_stands_down(speculate):
             from ssdmoe_tui.engine.spec.loop import spec_loop
 
             finish, fed_generated = yield from spec_loop(
@@ -747,6 +747,20 @@ class Runner:
                 )
             )
         return out
+
+
+def auto_stands_down(spec: Speculation) -> bool:
+    """`--speculate auto` drafts nothing on MLX-CUDA: there a verify chunk of d + 1
+    tokens runs other kernels than a one-token step, and the H200 run of 2026-12-02 saw
+    its first position disagree with greedy decode in every round (random weights;
+    docs/engine.md, "Speculative decoding"), so drafting would change greedy output.
+    An explicit mode (ngram, oracle) still drafts there, as asked: it is documented as
+    inexact on MLX-CUDA."""
+    if spec.mode != "auto":
+        return False
+    from ssdmoe_tui.engine.experts.device_memory import is_cuda
+
+    return is_cuda()
 
 
 def _never() -> bool:
