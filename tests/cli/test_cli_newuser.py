@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,9 +106,12 @@ def test_make_run_says_one_line_before_pip_and_keeps_pip_in_a_log(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     venv = tmp_path / "venv"
+    # Under `make test` this runs inside a make: without these its dry run would print
+    # "make[1]: Entering directory ..." first (as CI saw), and inherit the parent's flags.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     out = subprocess.run(
-        ["make", "-n", "run", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-        timeout=60,
+        ["make", "--no-print-directory", "-n", "run", f"VENV={venv}"], cwd=ROOT,
+        capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     lines = out.stdout.splitlines()
     assert lines[0].startswith('echo "make: creating') and "install.log" in lines[0]
