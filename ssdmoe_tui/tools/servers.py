@@ -267,8 +267,14 @@ class ToolServers:
 
         if self.log_dir is None:
             return open(os.devnull, "w")  # noqa: SIM115 - closed by _hold
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        return open(self.log_dir / f"mcp-{c.name}.log", "a", encoding="utf-8")  # noqa: SIM115
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # private (0600): a tool server's stderr can echo the arguments, which come from
+        # the user's prompts
+        fd = os.open(
+            self.log_dir / f"mcp-{c.name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+        )
+        os.fchmod(fd, 0o600)  # an older log made before this rule
+        return os.fdopen(fd, "a", encoding="utf-8")
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Call a tool with its server's timeout. Never raises: an unknown tool, a server

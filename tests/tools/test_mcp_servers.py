@@ -105,6 +105,20 @@ def test_stdio_server_lists_and_calls_tools_with_the_allow_list():
     assert servers.servers["t"].state == "stopped"
 
 
+def test_a_stdio_servers_log_is_private(tmp_path):
+    """Its stderr can echo tool arguments, which come from the user's prompts: 0600."""
+    old = tmp_path / "logs" / "mcp-t.log"
+    old.parent.mkdir()
+    old.write_text("before\n")
+    old.chmod(0o644)
+    servers = ToolServers(check_mcp_servers({"t": stdio_server()}), log_dir=tmp_path / "logs")
+    try:
+        assert servers.start() == []
+    finally:
+        servers.close()
+    assert old.stat().st_mode & 0o777 == 0o600
+
+
 def test_close_leaves_no_file_descriptor_open():
     """The background loop is closed with the servers (its selector and wake-up pipe are
     three descriptors an app that opens and closes tool servers would leak each time)."""
