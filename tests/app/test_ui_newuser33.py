@@ -18,6 +18,7 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions.keys import keymap_problems
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
+from tests.helpers import pace
 from tests.helpers.pilot import loaded, record_notifications, wait_until
 from tests.helpers.ui_events import open_by_key, setup
 
@@ -86,8 +87,16 @@ def demo_app(store: SessionStore) -> SsdmoeApp:
     )
 
 
+def slow_prefill(monkeypatch) -> None:
+    """Each prefill chunk at least 0.15 s after the last: the ~2,900-token prompt then
+    prefills for seconds on any machine (a fast one could finish it before the test's
+    poll sees the prefill), with the same tokens (tests/helpers/pace.py)."""
+    pace.floor(monkeypatch, 0.0, per_chunk_s=0.15)
+
+
 async def send_during_prefill(pilot, app: SsdmoeApp, text: str) -> None:
-    """Send `text` and return once its prefill has started (and is far from done)."""
+    """Send `text` and return once its prefill has started (and is far from done: the
+    caller slows its chunks with `slow_prefill`)."""
     await loaded(pilot, app)
     app.chat_pane.prompt.load_text(text)
     await pilot.press("enter")
@@ -95,7 +104,10 @@ async def send_during_prefill(pilot, app: SsdmoeApp, text: str) -> None:
     await wait_until(pilot, lambda: panel.phase == "prefill", 30, "the prefill")
 
 
-async def test_n5_quitting_during_the_first_prefill_keeps_the_prompt_and_its_file(tmp_path):
+async def test_n5_quitting_during_the_first_prefill_keeps_the_prompt_and_its_file(
+    tmp_path, monkeypatch
+):
+    slow_prefill(monkeypatch)
     notes = tmp_path / "notes.txt"
     notes.write_text(LONG + "\n")
     store = SessionStore()
@@ -125,7 +137,8 @@ async def test_n5_quitting_during_the_first_prefill_keeps_the_prompt_and_its_fil
         assert [m.text for m in app.chat_pane.transcript.messages()] == [turn.text]
 
 
-async def test_n12_a_reply_stopped_in_its_prefill_says_so_and_stays_in_the_export():
+async def test_n12_a_reply_stopped_in_its_prefill_says_so_and_stays_in_the_export(monkeypatch):
+    slow_prefill(monkeypatch)
     store = SessionStore()
     app = demo_app(store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -166,7 +179,9 @@ async def test_n14_n7_the_panel_shows_no_figure_before_it_is_measured_nor_a_prev
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot, app)
         panel = app.panel
-        await wait_until(pilot, lambda: "mem_rss" in panel.shown and panel.shown["mem_rss"] != "—", 30)
+        await wait_until(
+            pilot, lambda: "mem_rss" in panel.shown and panel.shown["mem_rss"] != "—", 30
+        )
         shown = panel.shown
         for key in ("prefill", "cache_hit", "kv_hit", "ssd", "page_cache", "decode", "mass"):
             assert shown[key] == "—", (key, shown)  # N14: nothing ran yet
@@ -240,7 +255,9 @@ async def test_n15_a_bad_theme_names_where_it_came_from(ssdmoe_home):
         app = SsdmoeApp(settings(*argv), engine_factory=None)
         said = []
         async with app.run_test(size=(100, 30)) as pilot:
-            await wait_until(pilot, lambda: any("nope" in n.message for n in app._notifications), 10)  # noqa: B023
+            await wait_until(
+                pilot, lambda: any("nope" in n.message for n in app._notifications), 10
+            )  # noqa: B023
             said = [n.message for n in app._notifications if n.severity == "warning"]
         [line] = [m for m in said if "nope" in m]
         assert where in line and "ssdmoe-light" in line and "\n" not in line, line

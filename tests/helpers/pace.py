@@ -38,28 +38,39 @@ TIMER_MODULES = ("ssdmoe_tui.engine.run.turn", "ssdmoe_tui.engine.run.batch_loop
 TIMERS = ("TOKEN_BATCH_S", "STATS_EVERY_S")
 
 
-def floor(monkeypatch: pytest.MonkeyPatch, per_token_s: float, start_s: float = 0.0) -> None:
+def floor(
+    monkeypatch: pytest.MonkeyPatch,
+    per_token_s: float,
+    start_s: float = 0.0,
+    per_chunk_s: float = 0.0,
+) -> None:
     """Each token of `Runner.stream` at least `per_token_s` after the previous one (and the
-    prefill `start_s` later): the stream a machine that decodes at 1/per_token_s tok/s
-    sends, with the same tokens. A floor already set is raised, never lowered."""
+    prefill `start_s` later; each prefill chunk's progress at least `per_chunk_s` after the
+    last, so a prefill of n chunks lasts n x per_chunk_s however fast the machine): the
+    stream a slower machine sends, with the same tokens. A floor already set is raised,
+    never lowered."""
     stream = runner_module.Runner.stream
     inner = getattr(stream, "paced", stream)
     per_token_s = max(per_token_s, getattr(stream, "per_token_s", 0.0))
     start_s = max(start_s, getattr(stream, "start_s", 0.0))
+    per_chunk_s = max(per_chunk_s, getattr(stream, "per_chunk_s", 0.0))
+    gaps = {runner_module.TokenEvent: per_token_s, runner_module.PrefillProgress: per_chunk_s}
 
     def paced(self, prompt, **kwargs) -> Iterator:  # noqa: ANN001
         if start_s:
             time.sleep(start_s)
         last = time.monotonic()
         for event in inner(self, prompt, **kwargs):
-            if isinstance(event, runner_module.TokenEvent):
-                wait = per_token_s - (time.monotonic() - last)
+            gap = gaps.get(type(event))
+            if gap is not None:
+                wait = gap - (time.monotonic() - last)
                 if wait > 0:
                     time.sleep(wait)
                 last = time.monotonic()
             yield event
 
     paced.paced, paced.per_token_s, paced.start_s = inner, per_token_s, start_s
+    paced.per_chunk_s = per_chunk_s
     monkeypatch.setattr(runner_module.Runner, "stream", paced)
 
 
