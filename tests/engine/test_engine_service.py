@@ -259,3 +259,20 @@ def test_speculation_per_request_and_the_service_default(checkpoints):
         assert "no MTP head" in err.message
     finally:
         svc.shutdown()
+
+
+def test_mtp_as_the_default_is_refused_at_load(checkpoints):
+    """`serve --speculate mtp` on a checkpoint without an MTP head: the load fails in one
+    line (the server exits with it), rather than every later request failing."""
+    from ssdmoe_tui.options import Speculation
+
+    ev = Events()
+    svc = EngineService(ev.post, speculate=Speculation("mtp"))
+    svc.start()
+    try:
+        svc.submit(P.LoadModel(path=str(checkpoints("qwen3_moe")), expert_cache="1G"))
+        err, seen = ev.until(P.EngineError)
+        assert "no MTP head" in err.message and "\n" not in err.message
+        assert not any(isinstance(e, P.ModelLoaded) for e in seen)
+    finally:
+        svc.shutdown()

@@ -407,6 +407,15 @@ class EngineService:
             gc.collect()
             mx.clear_cache()
 
+    @staticmethod
+    def _check_mtp(path) -> None:  # noqa: ANN001 - a Path
+        """`speculate=mtp` as the default needs the checkpoint's MTP head: one line if not."""
+        import json
+
+        from ssdmoe_tui.engine.spec.mtp import check_mtp
+
+        check_mtp(json.loads((path / "config.json").read_text()), path)
+
     def _load(self, cmd: P.LoadModel) -> None:
         options = self.options.with_(
             model=cmd.path,
@@ -438,6 +447,8 @@ class EngineService:
 
         self._emit(P.PhaseChanged("loading", detail=options.model or "the demo model"))
         plan = plan_engine(options, say=say, download=download, cancel=self._cancel)
+        if self.speculate.mode == "mtp":  # the default for every request: refused here,
+            self._check_mtp(plan.path)  # once, not by each request after a good start
         if self._runner is not None:
             say("unloading previous model")
         self._unload()
