@@ -223,6 +223,9 @@ def _dense_bytes(text: str) -> int:
 # `_template_reads` answers kept: a client names any template switch with any value, so
 # a server that kept every one grew without bound; the usual few stay cached.
 READS_CACHED_MAX = 256
+# template switches probed per request: a client's body could hold tens of thousands of
+# keys, each 2-3 renders of the template on the server's threads
+PROBED_KEYS_MAX = 32
 READS_KEY_CHARS_MAX = 512
 
 
@@ -282,7 +285,14 @@ class PromptBuilder:
                 f"the model's chat template cannot show tools: the {len(req.tools)} tools "
                 "sent were not given to the model"
             )
-        for key, value in sorted(req.template_kwargs.items()):
+        items = sorted(req.template_kwargs.items())
+        if len(items) > PROBED_KEYS_MAX:  # each probe renders the template 2-3 times
+            out.append(
+                f"{len(items) - PROBED_KEYS_MAX} of the {len(items)} chat_template_kwargs "
+                f"keys were not checked against the chat template (the first {PROBED_KEYS_MAX} "
+                "were)"
+            )
+        for key, value in items[:PROBED_KEYS_MAX]:
             if not self._template_reads(key, value):
                 out.append(
                     f"the model's chat template does not use {key!r}: "

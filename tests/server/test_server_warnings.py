@@ -122,3 +122,28 @@ def test_a_warning_quoting_the_request_is_one_header_line(checkpoints, isolated)
         assert len(r.json()["ssdmoe"]["warnings"]) == 1
     finally:
         srv.stop()
+
+
+def test_template_switches_probed_per_request_are_bounded(checkpoints, isolated):
+    """Each `chat_template_kwargs` key is checked by rendering the template 2-3 times: a
+    body of 20,000 keys would hold the server's threads for tens of seconds. The first
+    PROBED_KEYS_MAX are checked, the rest are said to be unchecked, and it stays quick."""
+    import time
+
+    from ssdmoe_tui.server.prompts import PROBED_KEYS_MAX
+
+    srv = start(checkpoints("qwen3_moe"), isolated)
+    try:
+        keys = {f"k{i:05d}": i for i in range(20_000)}
+        t0 = time.monotonic()
+        r = post(srv, "/v1/chat/completions", {"messages": USER, "max_tokens": 2,
+                 "chat_template_kwargs": keys})  # fmt: skip
+        took = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        warnings = r.json()["ssdmoe"]["warnings"]
+        unchecked = 20_000 - PROBED_KEYS_MAX
+        assert warnings[0].startswith(f"{unchecked} of the 20000 chat_template_kwargs keys")
+        assert sum("does not use" in w for w in warnings) == PROBED_KEYS_MAX
+        assert took < 30, took  # a bound on a hang, not a speed claim (was minutes)
+    finally:
+        srv.stop()
