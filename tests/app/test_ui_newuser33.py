@@ -255,9 +255,7 @@ async def test_n15_a_bad_theme_names_where_it_came_from(ssdmoe_home):
         app = SsdmoeApp(settings(*argv), engine_factory=None)
         said = []
         async with app.run_test(size=(100, 30)) as pilot:
-            await wait_until(
-                pilot, lambda: any("nope" in n.message for n in app._notifications), 10
-            )  # noqa: B023
+            await wait_until(pilot, lambda: any("nope" in n.message for n in app._notifications), 10)  # noqa: B023
             said = [n.message for n in app._notifications if n.severity == "warning"]
         [line] = [m for m in said if "nope" in m]
         assert where in line and "ssdmoe-light" in line and "\n" not in line, line
