@@ -1,6 +1,6 @@
-# Shared by scripts/gpu_speed.sh and scripts/gpu_pipeline.sh (sourced, not run): the
+# Shared by scripts/gpu_speed.sh, gpu_pipeline.sh, gpu_batch.sh and gpu_spec.sh (sourced, not run): the
 # step filter, the deadline, the log, the environment record, the checkpoint build and
-# the memory-cgroup helpers, and the defaults both read. The sourcing script sets OUT,
+# the memory-cgroup helpers, and the defaults they read. The sourcing script sets OUT,
 # STEPS, DEADLINE_S and TAG (the log prefix) first.
 PY=${PYTHON:-python3}
 Q30=${Q30:-/root/q30}

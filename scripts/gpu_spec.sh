@@ -22,27 +22,15 @@
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-Q30=${Q30:-/root/q30}
 CAP_GIB=${CAP_GIB:-12}
 DEADLINE_S=${DEADLINE_S:-360}
 STEPS=${STEPS:-q30,held,trace}
 CONFIG=tests/fixtures/models/qwen3-30b-a3b/config.json
-TRACE=${TRACE:-tests/fixtures/traces/bigmoeonedge-route-trace/2026-07-15-route-trace/qwen.route.csv}
-want() { [[ ",$STEPS," == *",$1,"* ]]; }
-export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
+TAG=gpu_spec
+# the step filter, deadline, log, env.txt and defaults (Q30, TRACE, PY): one copy
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
 export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
-start=$(date +%s)
-left() { echo $(( DEADLINE_S - ($(date +%s) - start) )); }
-log() { echo "[gpu_spec +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/steps.log" >&2; }
-
-{
-  echo "date: $(date -u +%FT%TZ)"; uname -a
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-  nproc; free -g
-  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device()); print("mlx-lm", mlx_lm.__version__)'
-  git log --oneline -1 2>/dev/null
-} > "$OUT/env.txt" 2>&1
 
 if want q30 && [ ! -f "$Q30/config.json" ]; then
   log "building $Q30 from $CONFIG"
