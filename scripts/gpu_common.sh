@@ -30,6 +30,14 @@ build() {  # build DIR CONFIG SECONDS
   log "build $1 exit $?; $(du -sh "$1" 2>/dev/null | cut -f1)"
 }
 
+build_q30_batch_bench() {  # Q30 from CONFIG as scripts/batch_bench.py builds it (gpu_batch, gpu_spec)
+  [ -f "$Q30/config.json" ] && return 0
+  log "building $Q30 from $CONFIG"
+  timeout "$(( $(left) - 200 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
+    --config "$CONFIG" --build-only > "$OUT/build.log" 2>&1
+  log "build exit $?; $(du -sh "$Q30" 2>/dev/null | cut -f1)"
+}
+
 cap=0; cg=""
 make_cg() {  # make_cg NAME GIB
   cap=$(( $2 << 30 )); cg=""

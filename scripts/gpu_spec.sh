@@ -32,12 +32,7 @@ TAG=gpu_spec
 source "$(dirname "$0")/gpu_common.sh"
 export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
 
-if want q30 && [ ! -f "$Q30/config.json" ]; then
-  log "building $Q30 from $CONFIG"
-  timeout "$(( $(left) - 200 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
-    --config "$CONFIG" --build-only > "$OUT/build.log" 2>&1
-  log "build exit $?; $(du -sh "$Q30" 2>/dev/null | cut -f1)"
-fi
+if want q30; then build_q30_batch_bench; fi
 
 bench() {  # bench SECONDS NAME ARGS...: one `bench --speculate` run into OUTDIR
   local secs=$1 name=$2; shift 2
