@@ -193,31 +193,30 @@ def native_library_path(src_dir: Path | None = None) -> Path:
     return build_native_library(src_dir, cached)
 
 
+_VP, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+# The functions of native/ssdmoe_reader.h this module calls: name -> (argtypes, restype).
+_SIGNATURES: dict[str, tuple[list, type | None]] = {
+    "ssdmoe_reader_create": ([_INT, _INT], _VP),
+    "ssdmoe_reader_destroy": ([_VP], None),
+    "ssdmoe_reader_queue_depth": ([_VP], _INT),
+    "ssdmoe_open": ([_VP, ctypes.c_char_p, _INT], _INT),
+    "ssdmoe_fd_is_direct": ([_VP, _INT], _INT),
+    "ssdmoe_direct_open_errno": ([_VP], _INT),
+    "ssdmoe_direct_fallbacks": ([_VP], _I64),
+    "ssdmoe_close": ([_VP, _INT], _INT),
+    "ssdmoe_read_batch": ([_VP, _INT, _VP, _VP, _VP, _VP, _VP], _INT),
+}
+
+
 def load_native_library(src_dir: Path | None = None) -> ctypes.CDLL:
     """Find or build the library and declare its signatures."""
     path = native_library_path(src_dir)
     lib = _try_load(path)
     if lib is None:
         raise NativeReaderUnavailable(f"cannot load {path} (wrong ABI or platform)")
-    vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.ssdmoe_reader_create.argtypes = [c_int, c_int]
-    lib.ssdmoe_reader_create.restype = vp
-    lib.ssdmoe_reader_destroy.argtypes = [vp]
-    lib.ssdmoe_reader_destroy.restype = None
-    lib.ssdmoe_reader_queue_depth.argtypes = [vp]
-    lib.ssdmoe_reader_queue_depth.restype = c_int
-    lib.ssdmoe_open.argtypes = [vp, ctypes.c_char_p, c_int]
-    lib.ssdmoe_open.restype = c_int
-    lib.ssdmoe_fd_is_direct.argtypes = [vp, c_int]
-    lib.ssdmoe_fd_is_direct.restype = c_int
-    lib.ssdmoe_direct_open_errno.argtypes = [vp]
-    lib.ssdmoe_direct_open_errno.restype = c_int
-    lib.ssdmoe_direct_fallbacks.argtypes = [vp]
-    lib.ssdmoe_direct_fallbacks.restype = i64
-    lib.ssdmoe_close.argtypes = [vp, c_int]
-    lib.ssdmoe_close.restype = c_int
-    lib.ssdmoe_read_batch.argtypes = [vp, c_int, vp, vp, vp, vp, vp]
-    lib.ssdmoe_read_batch.restype = c_int
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
     return lib
 
 
