@@ -31,6 +31,21 @@ from ssdmoe_tui.errors import BadValueError
 Key = tuple[int, int]  # (layer, expert)
 
 
+def _check_num_layers(num_layers: int) -> int:
+    """`num_layers` of a per-layer policy, refused below 1 (a bad value, not a crash later)."""
+    if num_layers < 1:
+        raise BadValueError(f"num_layers must be >= 1, got {num_layers}")
+    return num_layers
+
+
+def _layer_outside(layer: int, num_layers: int) -> BadValueError:
+    """The error for a key whose layer a per-layer policy was not sized for."""
+    return BadValueError(
+        f"cache key layer {layer} is outside 0..{num_layers - 1}: "
+        "num_layers must exceed every layer index used in keys"
+    )
+
+
 class NoVictimError(RuntimeError):
     """Every resident key is pinned: the cache is smaller than one layer's selection."""
 
@@ -379,10 +394,8 @@ class LayerPartitioned:
         strict: bool = True,
         own_bias: float = 0.0,
     ) -> None:
-        if num_layers < 1:
-            raise BadValueError(f"num_layers must be >= 1, got {num_layers}")
         self.name = name
-        self._n = num_layers
+        self._n = _check_num_layers(num_layers)
         self._floor = max(0, capacity) // num_layers if strict else 0
         self._own_bias = own_bias
         self._clock = _DecayClock(decay) if decay is not None else None
@@ -397,10 +410,7 @@ class LayerPartitioned:
         part = self._parts.get(layer)
         if part is None:
             if not 0 <= layer < self._n:
-                raise BadValueError(
-                    f"cache key layer {layer} is outside 0..{self._n - 1}: "
-                    "num_layers must exceed every layer index used in keys"
-                )
+                raise _layer_outside(layer, self._n)
             clock = self._clock
             part = LRUPolicy() if clock is None else LFUDecayPolicy(clock=clock)
             self._parts[layer] = part
@@ -539,11 +549,9 @@ class ReusePolicy:
     ) -> None:
         import numpy as np
 
-        if num_layers < 1:
-            raise BadValueError(f"num_layers must be >= 1, got {num_layers}")
         self._np = np
         self.name = name
-        self._n = num_layers
+        self._n = _check_num_layers(num_layers)
         self._clock = _DecayClock(decay)
         self._prior = prior
         self._served = served
@@ -583,10 +591,7 @@ class ReusePolicy:
     def _use(self, key: Key) -> None:
         layer, e = key
         if not 0 <= layer < self._n:
-            raise BadValueError(
-                f"cache key layer {layer} is outside 0..{self._n - 1}: "
-                "num_layers must exceed every layer index used in keys"
-            )
+            raise _layer_outside(layer, self._n)
         if e >= self._e:
             self._grow(e)
         ids = self._cur.setdefault(layer, [])
