@@ -206,6 +206,17 @@ def _float(body: dict, name: str, lo: float, hi: float) -> float | None:
     return float(v)
 
 
+def _field_object(body: dict, name: str, example: str = "") -> dict:
+    """`body[name]` when it is an object, {} when absent or null (every optional object
+    field of the request bodies: `ssdmoe`, `stream_options`, `chat_template_kwargs`...)."""
+    v = body.get(name)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad_request(f"'{name}' must be an object{example}", name)
+    return v
+
+
 def _bool(body: dict, name: str) -> bool:
     v = body.get(name, False)
     if v is None:
@@ -269,11 +280,7 @@ def split_model(model: Any, served: str) -> tuple[str, int | None]:
 
 
 def _ext(body: dict) -> dict:
-    ext = body.get("ssdmoe")
-    if ext is None:
-        return {}
-    if not isinstance(ext, dict):
-        raise bad_request("'ssdmoe' must be an object, e.g. {\"k\": 4}", "ssdmoe")
+    ext = _field_object(body, "ssdmoe", ', e.g. {"k": 4}')
     unknown = set(ext) - {"k", "speculate"}
     if unknown:
         raise bad_request(f"unknown 'ssdmoe' field(s): {', '.join(sorted(unknown))}", "ssdmoe")
@@ -355,13 +362,7 @@ def sampling_extras(body: dict) -> dict:
 
 def _stream(body: dict) -> tuple[bool, bool]:
     stream = _bool(body, "stream")
-    opts = body.get("stream_options")
-    include = False
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise bad_request("'stream_options' must be an object", "stream_options")
-        include = _bool(opts, "include_usage")
-    return stream, include
+    return stream, _bool(_field_object(body, "stream_options"), "include_usage")
 
 
 def _text(content: Any, where: str) -> str:
@@ -503,11 +504,7 @@ def reasoning_kwargs(effort: Any, param: str) -> dict:
 
 
 def _template_kwargs(body: dict) -> dict:
-    kw = body.get("chat_template_kwargs")
-    if kw is None:
-        return {}
-    if not isinstance(kw, dict):
-        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    kw = _field_object(body, "chat_template_kwargs")
     if {"tools", "messages", "add_generation_prompt", "tokenize"} & set(kw):
         raise bad_request(
             "'chat_template_kwargs' cannot set tools/messages", "chat_template_kwargs"

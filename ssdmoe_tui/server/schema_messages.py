@@ -24,6 +24,7 @@ from ssdmoe_tui.server.schema import (
     ToolCall,
     _bool,
     _ext_k,
+    _field_object,
     _float,
     _int,
     _obj,
@@ -180,11 +181,7 @@ def _thinking(body: dict) -> dict:
 def _output_config(body: dict) -> dict:
     """`output_config.effort` reaches templates that take `reasoning_effort` (gpt-oss:
     low / medium / high); a structured-output `format` is refused."""
-    cfg = body.get("output_config")
-    if cfg is None:
-        return {}
-    if not isinstance(cfg, dict):
-        raise bad_request("'output_config' must be an object", "output_config")
+    cfg = _field_object(body, "output_config")
     if cfg.get("format") is not None:
         raise bad_request("'output_config.format' (structured outputs) is not supported",
                           "output_config")  # fmt: skip

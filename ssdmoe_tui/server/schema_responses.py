@@ -23,6 +23,7 @@ from ssdmoe_tui.server.schema import (
     ToolCall,
     _bool,
     _ext_k,
+    _field_object,
     _float,
     _int,
     _obj,
@@ -209,12 +210,7 @@ def _refuse(body: dict) -> None:
 
 def _reasoning_kwargs(body: dict) -> dict:
     """`reasoning.effort` as template variables (`schema.reasoning_kwargs`)."""
-    r = body.get("reasoning")
-    if r is None:
-        return {}
-    if not isinstance(r, dict):
-        raise bad_request("'reasoning' must be an object", "reasoning")
-    return reasoning_kwargs(r.get("effort"), "reasoning")
+    return reasoning_kwargs(_field_object(body, "reasoning").get("effort"), "reasoning")
 
 
 def parse_responses(body: Any, served_model: str) -> ResponsesRequest:

@@ -96,10 +96,9 @@ class ServingChat(OpenAIServing):
         return self.stream(
             acquire,
             filt,
+            req,
             rid=rid,
-            model=req.model,
             obj="chat.completion.chunk",
-            include_usage=req.include_usage,
             bodies=bodies,
             first={"delta": {"role": "assistant", "content": ""}},
             last={"delta": {}},

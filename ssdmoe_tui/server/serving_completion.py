@@ -35,10 +35,9 @@ class ServingCompletion(OpenAIServing):
         return self.stream(
             acquire,
             filt,
+            req,
             rid=rid,
-            model=req.model,
             obj="text_completion",
-            include_usage=req.include_usage,
             bodies=bodies,
             last={"text": ""},
         )

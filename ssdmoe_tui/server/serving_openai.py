@@ -16,6 +16,7 @@ from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.output import OutputFilter, Piece
+from ssdmoe_tui.server.schema import ChatRequest, CompletionRequest
 from ssdmoe_tui.server.serving_engine import Serving
 
 
@@ -62,11 +63,10 @@ class OpenAIServing(Serving):
         self,
         acquire: Callable[[], Awaitable[Job]],
         filt: OutputFilter,
+        req: ChatRequest | CompletionRequest,
         *,
         rid: str,
-        model: str,
         obj: str,
-        include_usage: bool,
         bodies: Callable[[list[Piece]], list[dict]],
         last: dict,
         first: dict | None = None,
@@ -74,8 +74,8 @@ class OpenAIServing(Serving):
     ) -> AsyncIterator[str]:
         """SSE events: `first` (before the engine is free), one chunk per body of each
         batch of pieces, the final chunk (`last`, finish_reason and the `ssdmoe` field),
-        the usage chunk, [DONE]."""
-        base = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
+        the usage chunk (when `req` asked for it), [DONE]."""
+        base = {"id": rid, "object": obj, "created": int(time.time()), "model": req.model}
 
         def chunk(body: dict, finish: str | None = None, **extra: Any) -> str:
             choice = {"index": 0, **body, "logprobs": None, "finish_reason": finish}
@@ -98,7 +98,7 @@ class OpenAIServing(Serving):
             if on_done is not None:
                 on_done(done)
             yield chunk(last, self.finish_reason(done, filt), ssdmoe=self.ext(done))
-            if include_usage:
+            if req.include_usage:
                 yield data({**base, "choices": [], "usage": usage(done)})
             yield "data: [DONE]\n\n"
         finally:
