@@ -63,20 +63,19 @@ def main(mode: str, model: str, home: str, cache: str) -> None:
         chat = [Message(t.role, t.content) for t in turns] + [Message("user", SECOND)]
     out: dict = {"mode": mode, "cache": cache, "load_s": round(load_s, 2)}
     prompt = sessions.prompt(conv_id, chat, tok, info)
+    reply = P.Generate(
+        "r",
+        prompt_tokens=tuple(prompt),
+        sampling=SamplingOptions(max_tokens=TOKENS),
+        session_id=conv_id,
+    )  # sent behind the warm-up (`warm-now`) or once it is done (the other modes)
     if mode.startswith("warm"):
         got = sessions.working_set(conv_id, info)
         if got.warning or not got.working_set:
             raise SystemExit(f"no working set to warm: {got.warning}")
         svc.submit(P.WarmExperts(got.working_set))
     if mode == "warm-now":  # the prompt stops the warm-up after its reader call in flight
-        svc.submit(
-            P.Generate(
-                "r",
-                prompt_tokens=tuple(prompt),
-                sampling=SamplingOptions(max_tokens=TOKENS),
-                session_id=conv_id,
-            )
-        )
+        svc.submit(reply)
     if mode.startswith("warm"):
         w = wait(P.ExpertsWarmed)
         out["warm"] = {
@@ -88,14 +87,7 @@ def main(mode: str, model: str, home: str, cache: str) -> None:
             "cancelled": w.cancelled,
         }
     if mode != "warm-now":
-        svc.submit(
-            P.Generate(
-                "r",
-                prompt_tokens=tuple(prompt),
-                sampling=SamplingOptions(max_tokens=TOKENS),
-                session_id=conv_id,
-            )
-        )
+        svc.submit(reply)
     done = wait(P.GenerationDone)
     while svc.busy:
         time.sleep(0.05)
