@@ -11,6 +11,21 @@ from ssdmoe_tui.engine.run.service import EngineService
 from tests.helpers.engine_events import Events, start
 
 
+def streaming_hello(path) -> tuple[EngineService, Events, ChatController]:
+    """The engine on `path` and a controller whose reply to "hello" (4000 tokens at most:
+    it outlasts the test's next step) has begun to stream; the caller shuts `svc` down."""
+    svc, ev = start(path)
+    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
+    try:
+        request = ctrl.prepare("hello")
+        ctrl.submit(replace(request, sampling=replace(request.sampling, max_tokens=4000)))
+        ev.until(P.Tokens)
+    except BaseException:
+        svc.shutdown()
+        raise
+    return svc, ev, ctrl
+
+
 def test_k_asked_while_a_model_loads_is_applied_once_it_has_loaded(checkpoints) -> None:
     """While a model loads the engine has no runner: a SetK sent then came back as an
     EngineError without a request id, which the controller read as a failed load (the
@@ -43,12 +58,8 @@ def test_reply_cut_by_a_model_switch_stays_in_the_conversation(checkpoints) -> N
     settled like a stopped one: the text that arrived joins the history (and its stats
     the screen), so the next prompt does not follow an unanswered one."""
     path = checkpoints("qwen3_moe")
-    svc, ev = start(path)
-    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
+    svc, ev, ctrl = streaming_hello(path)
     try:
-        request = ctrl.prepare("hello")
-        ctrl.submit(replace(request, sampling=replace(request.sampling, max_tokens=4000)))
-        ev.until(P.Tokens)
         ctrl.open_model(str(path))  # the reply in flight is abandoned
         done, _ = ev.until(P.GenerationDone)
         assert done.text and done.finish_reason != "length"  # stopped, not run to the end
@@ -71,13 +82,8 @@ def test_reply_cut_by_a_model_switch_stays_in_the_conversation(checkpoints) -> N
 
 def test_reply_of_a_closed_conversation_is_dropped(checkpoints) -> None:
     """New chat while a reply streams: the reply belongs to no conversation now."""
-    path = checkpoints("qwen3_moe")
-    svc, ev = start(path)
-    ctrl = ChatController(ChatSettings(), engine=svc, model=svc.model_info, tokenizer=ev.tokenizer)
+    svc, ev, ctrl = streaming_hello(checkpoints("qwen3_moe"))
     try:
-        request = ctrl.prepare("hello")
-        ctrl.submit(replace(request, sampling=replace(request.sampling, max_tokens=4000)))
-        ev.until(P.Tokens)
         ctrl.new_chat()
         done, _ = ev.until(P.GenerationDone)
         assert ctrl.reply_done(done) is None and ctrl.history == []
