@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from rich.console import Console
 from textual.widgets import Markdown, ProgressBar, Static
@@ -30,6 +32,17 @@ from tests.helpers.pilot import (
     wait_until,
     warnings,
 )
+
+
+@asynccontextmanager
+async def long_reply_streaming(demo_model) -> AsyncIterator[tuple[SsdmoeApp, object]]:
+    """(app, pilot) on the demo model, LONG_PROMPT's reply (2000 tokens at most) two
+    increments in and still streaming: where the tests that act mid-reply begin."""
+    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await long_reply(pilot, app, 2)
+        yield app, pilot
 
 
 async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
@@ -241,10 +254,7 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
 
 
 async def test_quit_asks_while_streaming(demo_model, mid_stream):
-    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot, app)
-        await long_reply(pilot, app, 2)
+    async with long_reply_streaming(demo_model) as (app, pilot):
         await tap(pilot, "ctrl+q")
         assert isinstance(app.screen, ConfirmScreen)
         await tap(pilot, "n")
@@ -296,10 +306,7 @@ async def test_new_chat_copy_keymap_panel_and_keys_screen(demo_model):
 
 
 async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_model, mid_stream):
-    app = SsdmoeApp(ChatSettings(model=str(demo_model), max_tokens=2000))
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot, app)
-        await long_reply(pilot, app, 2)
+    async with long_reply_streaming(demo_model) as (app, pilot):
         await tap(pilot, "ctrl+n")
         await wait_until(pilot, lambda: app.inflight is None, 10, "the abandoned reply to end")
         assert app.chat.last_done.finish_reason == "cancelled"
