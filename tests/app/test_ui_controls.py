@@ -4,7 +4,7 @@ the demo model, with the sessions store and its KV hooks, through the pilot."""
 
 from __future__ import annotations
 
-from textual.widgets import Input, TextArea
+from textual.widgets import TextArea
 
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions import model
@@ -16,7 +16,9 @@ from tests.helpers.pilot import (
     next_reply,
     open_settings,
     replies,
+    save_settings,
     session_app,
+    settings_error,
     tap,
     type_and_send,
 )
@@ -31,15 +33,10 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         # F9: a bad value is named on the screen and nothing applies until all are good.
         screen = await open_settings(pilot)
         screen.query_one("#set-system_prompt", TextArea).load_text("Be brief.")
-        screen.query_one("#set-max_tokens", Input).value = "many"
-        screen.action_save()
-        await pilot.pause()
+        await save_settings(pilot, screen, max_tokens="many")
         assert app.screen is screen
-        assert "Max tokens: 'many'" in str(screen.query_one("#settings-error").render())
-        screen.query_one("#set-max_tokens", Input).value = "6"
-        screen.query_one("#set-k", Input).value = str(trained - 1)
-        screen.action_save()
-        await pilot.pause()
+        assert "Max tokens: 'many'" in settings_error(screen)
+        await save_settings(pilot, screen, max_tokens="6", k=str(trained - 1))
         assert (app.chat.gen.max_tokens, app.chat.gen.system_prompt) == (6, "Be brief.")
         assert app.panel.k_control.k == trained - 1 and app.settings.max_tokens == 30
 

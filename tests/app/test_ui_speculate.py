@@ -4,12 +4,18 @@ shows its acceptance, tokens per pass and cost per token; greedy replies are unc
 
 from __future__ import annotations
 
-from textual.widgets import Input
-
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.ui.actions import gen_settings
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
-from tests.helpers.pilot import SIZE, loaded, open_settings, type_and_send, wait_until
+from tests.helpers.pilot import (
+    SIZE,
+    loaded,
+    open_settings,
+    save_settings,
+    settings_error,
+    type_and_send,
+    wait_until,
+)
 
 
 async def _reply(pilot, app, before):
@@ -31,14 +37,10 @@ async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
         assert not app.panel.query_one("#spec-title").display
 
         screen = await open_settings(pilot)
-        screen.query_one("#set-speculate", Input).value = "7"
-        screen.action_save()
-        await pilot.pause()
+        await save_settings(pilot, screen, speculate="7")
         assert app.screen is screen
-        assert "Speculate: '7'" in str(screen.query_one("#settings-error").render())
-        screen.query_one("#set-speculate", Input).value = "ngram"
-        screen.action_save()
-        await pilot.pause()
+        assert "Speculate: '7'" in settings_error(screen)
+        await save_settings(pilot, screen, speculate="ngram")
         assert app.chat.gen.speculate == "ngram"
 
         # The same prompt again, greedy: the same reply, now speculating.

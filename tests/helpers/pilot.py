@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from textual import events
+from textual.widgets import Input
 
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.engine.run.protocol import GenerationDone
@@ -194,6 +195,20 @@ async def open_settings(pilot) -> GenSettingsScreen:
     await pilot.press("f9")
     await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
     return app.screen
+
+
+async def save_settings(pilot, screen: GenSettingsScreen, **values: str) -> None:
+    """Type `values` into F9's boxes by setting name (`#set-NAME`) and press save: the
+    dialog closes, or stays up naming the bad value (`settings_error`)."""
+    for name, value in values.items():
+        screen.query_one(f"#set-{name}", Input).value = value
+    screen.action_save()
+    await pilot.pause()
+
+
+def settings_error(screen: GenSettingsScreen) -> str:
+    """The line F9 shows under its boxes after a save it refused."""
+    return str(screen.query_one("#settings-error").render())
 
 
 async def open_picker(pilot, app: SsdmoeApp) -> ModelsScreen:
