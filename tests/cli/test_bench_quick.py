@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import json
-
 from ssdmoe_tui.cli import main
+from tests.helpers.cli_runner import main_json
 
 
 def test_quick_bench_alternates_and_reports_the_per_layer_costs(checkpoints, tmp_path, capsys):
-    out = tmp_path / "quick.json"
-    rc = main(
+    printed, r = main_json(
         [
             "bench", "--quick", "--model", str(checkpoints("qwen3_moe")), "--rounds", "3",
-            "--prompt-tokens", "8", "--decode-tokens", "4", "--json", str(out),
-        ]
+            "--prompt-tokens", "8", "--decode-tokens", "4",
+        ],
+        tmp_path / "quick.json",
+        capsys,
     )  # fmt: skip
-    assert rc == 0
-    printed = capsys.readouterr().out
     assert "bench-quick:" in printed and "per MoE layer:" in printed
-    r = json.loads(out.read_text())
     assert r["kind"] == "bench-quick" and r["conditions"]["rounds"] == 3
     small, every = r["configs"]["small"], r["configs"]["every"]
     assert every["share_of_experts"] == 1.0 and every["hit_rate"] == 1.0

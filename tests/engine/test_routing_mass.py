@@ -11,6 +11,7 @@ from ssdmoe_tui.checkpoint.arch import ARCHITECTURES
 from ssdmoe_tui.cli import main
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.run.runner import Runner
+from tests.helpers.cli_runner import main_json
 
 TEXT = (
     "Mixture-of-experts models send every token to a few experts. Fewer experts per token "
@@ -85,17 +86,15 @@ def test_eval_runs_end_to_end_and_matches_plain_mlx_lm(checkpoints, tmp_path, ca
     path = checkpoints("qwen3_moe")
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
-    out = tmp_path / "eval.json"
-    rc = main(
+    printed, res = main_json(
         [
             "eval", "--model", str(path), "--text", str(text), "--k", "4,2,1",
-            "--max-tokens", "40", "--chunk", "16", "--json", str(out),
-        ]
+            "--max-tokens", "40", "--chunk", "16",
+        ],
+        tmp_path / "eval.json",
+        capsys,
     )  # fmt: skip
-    assert rc == 0
-    printed = capsys.readouterr().out
     assert "perplexity" in printed and "only mean something on a trained model" in printed
-    res = json.loads(out.read_text())
     assert res["conditions"]["trained_k"] == 4 and res["conditions"]["text_tokens"] == 40
     by_k = res["by_k"]
     assert set(by_k) == {"4", "2", "1"}

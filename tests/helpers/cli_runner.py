@@ -3,11 +3,14 @@ checkout, output captured as text, always under a timeout."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,3 +39,14 @@ def run_cli(
         input=input,
         check=check,
     )
+
+
+def main_json(
+    args: Sequence[str], out: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[str, dict]:
+    """`ssdmoe ARGS --json OUT` in this process (`ssdmoe_tui.cli.main`), which must exit
+    0: what it printed, and the report it wrote to OUT."""
+    from ssdmoe_tui.cli import main
+
+    assert main([*args, "--json", str(out)]) == 0
+    return capsys.readouterr().out, json.loads(out.read_text())
