@@ -94,18 +94,6 @@ def test_ids_cannot_escape(tmp_path, bad):
         store.mark_opened(bad)
 
 
-def test_id_inside_json_is_validated(tmp_path):
-    store = SessionStore(tmp_path)
-    cid = chat(store, ("hi", "ho"))
-    path = tmp_path / cid / CONVERSATION_FILE
-    data = json.loads(path.read_text())
-    data["id"] = "../../evil"
-    path.write_text(json.dumps(data))
-    with pytest.raises(SessionCorrupt) as e:
-        store.get(cid)
-    assert "not a conversation id" in user_message(e.value)
-
-
 def test_delete_and_missing(tmp_path):
     store = SessionStore(tmp_path)
     a = chat(store, ("one", "1"))
@@ -122,16 +110,33 @@ def test_delete_and_missing(tmp_path):
         store.delete(a)
 
 
-def test_corrupt_conversation_is_reported_not_raised_by_list(tmp_path):
+def _evil_id(text: str) -> str:
+    return json.dumps({**json.loads(text), "id": "../../evil"})
+
+
+# How a saved conversation is damaged -> what reading it back must say.
+DAMAGE = {
+    "cut short": (lambda text: '{"format": "ssdmoe-conv', "is not a valid conversation"),
+    "an id inside that is a path": (_evil_id, "not a conversation id"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_corrupt_conversation_is_reported_not_raised_by_list(tmp_path, damage):
+    """A damaged conversation is one line from `get` (the id inside the JSON is checked
+    too) and a reported row, never an exception, from `list`."""
+    rewrite, needle = DAMAGE[damage]
     store = SessionStore(tmp_path)
     good = chat(store, ("fine", "ok"))
     bad = chat(store, ("broken", "soon"))
-    (tmp_path / bad / CONVERSATION_FILE).write_text('{"format": "ssdmoe-conv')
+    path = tmp_path / bad / CONVERSATION_FILE
+    path.write_text(rewrite(path.read_text()))
     errors: list[str] = []
     assert [s.id for s in store.list(on_error=errors.append)] == [good]
     assert len(errors) == 1 and bad in errors[0] and "\n" not in errors[0]
-    with pytest.raises(SessionCorrupt):
+    with pytest.raises(SessionCorrupt) as e:
         store.get(bad)
+    assert needle in user_message(e.value)
 
 
 def test_resume_tracking(tmp_path):
