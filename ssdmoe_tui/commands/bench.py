@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from ssdmoe_tui.bench.bench import BASELINES, PIPELINE_MODES, PREFETCH_MODES, PREFILL_STEP
 from ssdmoe_tui.commands.common import (
+    Adder,
+    add_all,
     add_distributed_argument,
     add_dtype_argument,
     add_expert_cache_argument,
@@ -23,9 +26,17 @@ from ssdmoe_tui.commands.common import (
     arg_type,
     distributed_run,
     engine_options,
+    flag,
     list_type,
 )
 from ssdmoe_tui.options import parse_depth_list, parse_positive, parse_speculate_list
+
+HELP = "benchmark tok/s, MiB/token, hit rate and the time split per K and cache budget"
+DESCRIPTION = (
+    "Measure each (K, expert cache) configuration on a fixed prompt with greedy decoding, "
+    "the disk's random-read bandwidth at the model's expert size, the I/O ceiling, and "
+    "plain resident mlx-lm when the model fits in memory."
+)
 
 
 def _count(what: str):
@@ -36,136 +47,91 @@ def _batch_size(text: str) -> int:
     return parse_positive(text, "--batch")
 
 
+#: bench's options in --help order: the shared adders and its own flags.
+ARGUMENTS: tuple[Adder, ...] = (
+    add_model_argument,  # the embedded demo by default, as generate, index and eval
+    flag("--quick", action="store_true",
+         help="the guard (`make bench-quick`): resident mlx-lm, a small cache and every "
+         "expert held, alternating in one process, plus the per-MoE-layer overhead; its own "
+         "small checkpoint unless --model is given"),
+    flag("--rounds", type=_count("--rounds"), default=None,
+         help="with --quick: alternations (>= 3, default 9; medians over them); with "
+         "--speculate: rounds of plain + every configuration (default 3)"),
+    flag("--speculate", type=arg_type(parse_speculate_list), default=None, metavar="MODE[,...]",
+         help="decode with and without speculation side by side on one engine: ngram, auto, "
+         "oracle[:P[,P...]] (drafts from a previous greedy run, each wrong with probability "
+         "1-P; P as 0..1 or 70%%)"),
+    flag("--draft-depth", type=arg_type(parse_depth_list), default=[None], metavar="D[,...]",
+         help="with --speculate: draft depths, auto (the governor) and/or 1..8"),
+    flag("--prompt-file", default=None, metavar="FILE",
+         help="with --speculate: this text as a chat-templated user turn instead of the "
+         "fixed prompt"),
+    partial(add_k_argument, many=True),
+    partial(add_expert_cache_argument, many=True),
+    flag("--prompt-tokens", type=_count("--prompt-tokens"), default=None,
+         help="prompt length (default 512; 16 with --quick)"),
+    flag("--decode-tokens", type=_count("--decode-tokens"), default=None,
+         help="tokens decoded per configuration (default 128; 16 with --quick)"),
+    flag("--cold", action="store_true",
+         help="drop the page cache before each measurement (root on Linux)"),
+    flag("--json", dest="json_out", default=None, help="write the full result as JSON here"),
+    flag("--plot", default=None, help="write a PNG of tok/s and MiB/token vs K (needs matplotlib)"),
+    add_dtype_argument,
+    add_reader_arguments,
+    add_queue_depth_argument,
+    flag("--baseline", default="auto", choices=BASELINES,
+         help="resident mlx-lm baseline: auto (when the model < 50%% of available memory), "
+         "skip, or force"),
+    flag("--baseline-only", action="store_true", help="measure the resident baseline alone"),
+    flag("--baseline-json", default=None,
+         help="take the resident baseline from an earlier bench JSON"),
+    add_routing_trace_argument,
+    add_policy_argument,
+    add_experts_argument,
+    flag("--prefetch", default="off", choices=PREFETCH_MODES,
+         help="predict the next layer's experts with its router and read them early: off, "
+         "on, or both (each configuration without, then with: precision, recall and net "
+         "gain)"),
+    flag("--pipeline", default="auto", choices=PIPELINE_MODES,
+         help="the pipelined layer (hits computed while the misses are read): as the engine "
+         "has it (auto: on a GPU), on, off, or both (each configuration serial, then on)"),
+    flag("--disk-mib", type=_count("--disk-mib"), default=512,
+         help="MiB read per K in the disk test"),
+    partial(add_prefill_step_argument, default=PREFILL_STEP),
+    flag("--no-warmup", action="store_true", help="do not compile kernels before timing"),
+    flag("--markdown", action="store_true", help="print the table as Markdown"),
+    flag("--wide", action="store_true",
+         help="print every column (time split, read GB/s, peak MLX memory, I/O ceiling, "
+         "...); the default table fits 100 columns"),
+    flag("--quality", default=None, metavar="TEXT_FILE",
+         help="also teacher-force this text at each K: perplexity, agreement with the "
+         "trained K and router mass, recorded beside the speed (as `ssdmoe eval`)"),
+    flag("--quality-tokens", type=_count("--quality-tokens"), default=512,
+         help="with --quality: the text's first N tokens"),
+    flag("--batch", type=list_type(_batch_size, "--batch"), default=[], metavar="B[,B...]",
+         help="also decode B sequences together (different prompts; trace-driven: each at "
+         "another offset of the trace): aggregate and per-stream tok/s, MiB/token per "
+         "sequence"),
+    flag("--batch-check", action="store_true",
+         help="with --batch: run every row alone afterwards and count tokens that differ"),
+    flag("--fit", default=None, metavar="MODEL",
+         help="also B, a lower-bit copy of --model (`ssdmoe requant`), resident in plain "
+         "mlx-lm beside the streamed row: speed, memory, size and with --quality agreement "
+         "(default K: the trained K only)"),
+    add_distributed_argument,
+)  # fmt: skip
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="benchmark tok/s, MiB/token, hit rate and the time split per K and cache budget",
-        description="Measure each (K, expert cache) configuration on a fixed prompt with greedy "
-        "decoding, the disk's random-read bandwidth at the model's expert size, the I/O "
-        "ceiling, and plain resident mlx-lm when the model fits in memory.",
-    )
-    add_model_argument(p)  # the embedded demo by default, as generate, index and eval
-    p.add_argument(
-        "--quick", action="store_true",
-        help="the guard (`make bench-quick`): resident mlx-lm, a small cache and every expert "
-        "held, alternating in one process, plus the per-MoE-layer overhead; its own small "
-        "checkpoint unless --model is given",
-    )  # fmt: skip
-    p.add_argument(
-        "--rounds", type=_count("--rounds"), default=None,
-        help="with --quick: alternations (>= 3, default 9; medians over them); with "
-        "--speculate: rounds of plain + every configuration (default 3)",
-    )  # fmt: skip
-    p.add_argument(
-        "--speculate", type=arg_type(parse_speculate_list), default=None, metavar="MODE[,...]",
-        help="decode with and without speculation side by side on one engine: ngram, auto, "
-        "oracle[:P[,P...]] (drafts from a previous greedy run, each wrong with probability "
-        "1-P; P as 0..1 or 70%%)",
-    )  # fmt: skip
-    p.add_argument(
-        "--draft-depth", type=arg_type(parse_depth_list), default=[None], metavar="D[,...]",
-        help="with --speculate: draft depths, auto (the governor) and/or 1..8",
-    )  # fmt: skip
-    p.add_argument(
-        "--prompt-file", default=None, metavar="FILE",
-        help="with --speculate: this text as a chat-templated user turn instead of the fixed "
-        "prompt",
-    )  # fmt: skip
-    add_k_argument(p, many=True)
-    add_expert_cache_argument(p, many=True)
-    p.add_argument(
-        "--prompt-tokens", type=_count("--prompt-tokens"), default=None,
-        help="prompt length (default 512; 16 with --quick)",
-    )  # fmt: skip
-    p.add_argument(
-        "--decode-tokens", type=_count("--decode-tokens"), default=None,
-        help="tokens decoded per configuration (default 128; 16 with --quick)",
-    )  # fmt: skip
-    p.add_argument(
-        "--cold",
-        action="store_true",
-        help="drop the page cache before each measurement (root on Linux)",
-    )
-    p.add_argument(
-        "--json", dest="json_out", default=None, help="write the full result as JSON here"
-    )
-    p.add_argument(
-        "--plot", default=None, help="write a PNG of tok/s and MiB/token vs K (needs matplotlib)"
-    )
-    add_dtype_argument(p)
-    add_reader_arguments(p)
-    add_queue_depth_argument(p)
-    p.add_argument(
-        "--baseline", default="auto", choices=BASELINES,
-        help="resident mlx-lm baseline: auto (when the model < 50%% of available memory), "
-        "skip, or force",
-    )  # fmt: skip
-    p.add_argument(
-        "--baseline-only", action="store_true", help="measure the resident baseline alone"
-    )
-    p.add_argument(
-        "--baseline-json",
-        default=None,
-        help="take the resident baseline from an earlier bench JSON",
-    )
-    add_routing_trace_argument(p)
-    add_policy_argument(p)
-    add_experts_argument(p)
-    p.add_argument(
-        "--prefetch", default="off", choices=PREFETCH_MODES,
-        help="predict the next layer's experts with its router and read them early: off, on, "
-        "or both (each configuration without, then with: precision, recall and net gain)",
-    )  # fmt: skip
-    p.add_argument(
-        "--pipeline", default="auto", choices=PIPELINE_MODES,
-        help="the pipelined layer (hits computed while the misses are read): as the engine "
-        "has it (auto: on a GPU), on, off, or both (each configuration serial, then on)",
-    )  # fmt: skip
-    p.add_argument(
-        "--disk-mib", type=_count("--disk-mib"), default=512, help="MiB read per K in the disk test"
-    )
-    add_prefill_step_argument(p, default=PREFILL_STEP)
-    p.add_argument("--no-warmup", action="store_true", help="do not compile kernels before timing")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    p.add_argument(
-        "--wide", action="store_true",
-        help="print every column (time split, read GB/s, peak MLX memory, I/O ceiling, ...); "
-        "the default table fits 100 columns",
-    )  # fmt: skip
-    p.add_argument(
-        "--quality", default=None, metavar="TEXT_FILE",
-        help="also teacher-force this text at each K: perplexity, agreement with the trained "
-        "K and router mass, recorded beside the speed (as `ssdmoe eval`)",
-    )  # fmt: skip
-    p.add_argument(
-        "--quality-tokens", type=_count("--quality-tokens"), default=512,
-        help="with --quality: the text's first N tokens",
-    )  # fmt: skip
-    p.add_argument(
-        "--batch", type=list_type(_batch_size, "--batch"), default=[], metavar="B[,B...]",
-        help="also decode B sequences together (different prompts; trace-driven: each at "
-        "another offset of the trace): aggregate and per-stream tok/s, MiB/token per sequence",
-    )  # fmt: skip
-    p.add_argument(
-        "--batch-check", action="store_true",
-        help="with --batch: run every row alone afterwards and count tokens that differ",
-    )  # fmt: skip
-    p.add_argument(
-        "--fit", default=None, metavar="MODEL",
-        help="also B, a lower-bit copy of --model (`ssdmoe requant`), resident in plain "
-        "mlx-lm beside the streamed row: speed, memory, size and with --quality agreement "
-        "(default K: the trained K only)",
-    )  # fmt: skip
-    add_distributed_argument(p)
-    p.set_defaults(func=distributed_run(_run))
+    p = sub.add_parser("bench", help=HELP, description=DESCRIPTION)
+    add_all(p, ARGUMENTS)
     # What --quick does not use, with each option's default: given, it is refused.
-    p.set_defaults(
-        quick_ignores=tuple(
-            (a.dest, a.option_strings[0], a.default)
-            for a in p._actions
-            if a.option_strings and a.dest not in QUICK_USES
-        )
+    quick_ignores = tuple(
+        (a.dest, a.option_strings[0], a.default)
+        for a in p._actions
+        if a.option_strings and a.dest not in QUICK_USES
     )
+    p.set_defaults(func=distributed_run(_run), quick_ignores=quick_ignores)
 
 
 # The options `bench --quick` reads (its fixed configurations take nothing else).

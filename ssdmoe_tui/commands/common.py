@@ -9,7 +9,7 @@ line naming it (`--k 0`, `--expert-cache banana`, `--seed -1`, `--temp nan`...).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ssdmoe_tui import options as O
 from ssdmoe_tui.engine.policy.policies import parse_policy
@@ -41,6 +41,22 @@ def list_type(parse: Callable, what: str) -> Callable[[str], list]:
     return convert
 
 
+#: One row of a command's argument table: it adds one option (or a shared group) to a
+#: parser. Tables mix the shared adders below with `flag` rows, in --help order.
+Adder = Callable[[argparse.ArgumentParser], object]
+
+
+def flag(*names: str, **kw: object) -> Adder:
+    """A command's own option as a table row: `add_argument(*names, **kw)`."""
+    return lambda p: p.add_argument(*names, **kw)
+
+
+def add_all(p: argparse.ArgumentParser, table: Iterable[Adder]) -> None:
+    """Every row of an argument table, in order."""
+    for add in table:
+        add(p)
+
+
 def add_model_argument(p: argparse.ArgumentParser, *, default: str | None = "", **kw) -> None:
     p.add_argument(
         "--model",
@@ -53,55 +69,47 @@ def add_model_argument(p: argparse.ArgumentParser, *, default: str | None = "", 
     )
 
 
+def _add_one_or_list(
+    p: argparse.ArgumentParser, name: str, parse: Callable, what: str, metavar: str, *,
+    many: bool, default: object, help: str,
+) -> None:
+    """`name` taking one value, or with `many` (the bench's sweeps) a comma-separated
+    list of them (`--k 8,4,2`), each through `parse`."""
+    p.add_argument(
+        name,
+        type=list_type(parse, what) if many else arg_type(parse),
+        default=default,
+        metavar=f"{metavar}[,{metavar}...]" if many else metavar,
+        help=help,
+    )  # fmt: skip
+
+
 def add_k_argument(p: argparse.ArgumentParser, *, many: bool = False) -> None:
     if many:
-        p.add_argument(
-            "--k",
-            type=list_type(O.parse_k, "K values"),
-            default=None,
-            metavar="K[,K...]",
-            help="K values, e.g. 8,4,2 (default: trained K, /2, /4)",
-        )
+        help = "K values, e.g. 8,4,2 (default: trained K, /2, /4)"
     else:
-        p.add_argument(
-            "--k",
-            type=arg_type(O.parse_k),
-            default=None,
-            metavar="K",
-            help="experts per token (default: the model's trained K)",
-        )
+        help = "experts per token (default: the model's trained K)"
+    _add_one_or_list(p, "--k", O.parse_k, "K values", "K", many=many, default=None, help=help)
 
 
-def add_prefill_k_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--prefill-k",
-        type=arg_type(O.parse_k, "prefill K"),
-        default=None,
-        metavar="K",
-        help="experts per token during prefill (default: K)",
-    )
+#: `--prefill-k` (generate, the server): a row like the commands' own flags.
+add_prefill_k_argument = flag(
+    "--prefill-k", type=arg_type(O.parse_k, "prefill K"), default=None, metavar="K",
+    help="experts per token during prefill (default: K)",
+)  # fmt: skip
 
 
 def add_expert_cache_argument(
     p: argparse.ArgumentParser, *, many: bool = False, default: object = "auto"
 ) -> None:
     """Sizes below the model's minimum are raised to it at open time, with a notice."""
-    if many:
-        p.add_argument(
-            "--expert-cache",
-            type=list_type(O.CacheBudget.parse, "expert cache size"),
-            default=[O.CacheBudget()] if default == "auto" else default,
-            metavar="SIZE[,SIZE...]",
-            help="budgets, e.g. 2G,8G (default auto)",
-        )
-    else:
-        p.add_argument(
-            "--expert-cache",
-            type=arg_type(O.CacheBudget.parse),
-            default=O.CacheBudget() if default == "auto" else default,
-            metavar="SIZE",
-            help="expert cache budget: auto, 512M, 4G, ...",
-        )
+    if default == "auto":
+        default = [O.CacheBudget()] if many else O.CacheBudget()
+    help = "budgets, e.g. 2G,8G (default auto)" if many else "expert cache budget: auto, 512M, 4G, ..."
+    _add_one_or_list(
+        p, "--expert-cache", O.CacheBudget.parse, "expert cache size", "SIZE",
+        many=many, default=default, help=help,
+    )  # fmt: skip
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:
