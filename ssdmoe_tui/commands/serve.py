@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
+from functools import partial
 
 from ssdmoe_tui import options as O
 from ssdmoe_tui.commands.common import (
+    Adder,
+    add_all,
     add_distributed_argument,
     add_max_tokens_argument,
     add_model_arguments,
@@ -14,6 +17,7 @@ from ssdmoe_tui.commands.common import (
     add_speculate_arguments,
     arg_type,
     engine_options,
+    flag,
 )
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.server import defaults as D
@@ -44,107 +48,17 @@ def _batch(text: str) -> int | None:
     return _whole_in(text, "max batch", 1, 256)
 
 
+HELP = "serve the model over an OpenAI-compatible HTTP API"
+DESCRIPTION = (
+    "OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models, /v1/stats, "
+    "/health (docs/server.md). Needs the server extra: pip install 'ssdmoe-tui[server]'."
+)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="serve the model over an OpenAI-compatible HTTP API",
-        description="OpenAI-compatible server: /v1/chat/completions, /v1/completions, "
-        "/v1/models, /v1/stats, /health (docs/server.md). "
-        "Needs the server extra: pip install 'ssdmoe-tui[server]'.",
-    )
-    add_model_arguments(p)
-    add_prefill_step_argument(p)
-    add_speculate_arguments(p)
-    _add_address_arguments(p)
-    _add_limit_arguments(p)
-    _add_cache_arguments(p)
-    add_distributed_argument(p)
+    p = sub.add_parser("serve", help=HELP, description=DESCRIPTION)
+    add_all(p, ARGUMENTS)
     p.set_defaults(func=run)
-
-
-def _add_address_arguments(p: argparse.ArgumentParser) -> None:
-    """Where the server listens and whom it answers: host, port, Host and Origin
-    allow-lists, the API key."""
-    p.add_argument("--host", default=D.HOST, help=f"address to bind (default: {D.HOST})")
-    p.add_argument(
-        "--port",
-        type=arg_type(_port),
-        default=D.PORT,
-        help=f"port (default {D.PORT}; 0: any free port)",
-    )
-    p.add_argument(
-        "--allowed-hosts",
-        type=arg_type(_host_list),
-        default=(),
-        metavar="NAMES",
-        help="comma-separated Host names to answer besides loopback names and the bound "
-        "address (a web page cannot drive the server through a rebound DNS name): "
-        "NAME, .DOMAIN (it and every name under it), or * (any)",
-    )
-    p.add_argument(
-        "--allowed-origins",
-        type=arg_type(_origin_list),
-        default=(),
-        metavar="ORIGINS",
-        help="comma-separated web origins (https://chat.example.com) whose pages may call "
-        "the API from a browser (CORS), or * for any; default none: a request with any "
-        "other Origin header, or a body that is not application/json, is refused",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
-        "(default: $SSDMOE_API_KEY when set)",
-    )
-
-
-def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
-    """How much the server takes on: queue, batch, tokens, temperature, body size."""
-    p.add_argument(
-        "--max-queue",
-        type=arg_type(_queue),
-        default=D.MAX_QUEUE,
-        metavar="N",
-        help=f"requests that may wait for the engine before new ones get 429 (default {D.MAX_QUEUE})",
-    )
-    p.add_argument(
-        "--max-batch",
-        type=arg_type(_batch),
-        default=None,
-        metavar="N",
-        help="requests decoded together, sharing each layer's expert reads; more wait in the "
-        "queue (default auto: what the KV budget allows at the model's context, at least 4; "
-        "1: one at a time)",
-    )
-    add_max_tokens_argument(p, default=D.MAX_TOKENS)
-    p.add_argument(
-        "--temp",
-        type=arg_type(O.parse_temp),
-        default=D.TEMPERATURE,
-        help=f"temperature when a request sets none (default {D.TEMPERATURE:g}: greedy)",
-    )
-    p.add_argument(
-        "--max-body",
-        type=arg_type(O.parse_bytes, "max body"),
-        default=D.MAX_BODY_BYTES,
-        metavar="SIZE",
-        help=f"largest request body (default {D.MAX_BODY_BYTES >> 20}M)",
-    )
-
-
-def _add_cache_arguments(p: argparse.ArgumentParser) -> None:
-    """What the prompt cache keeps on disk."""
-    p.add_argument(
-        "--no-disk-cache",
-        action="store_true",
-        help="keep the prompt cache in memory only (no KV checkpoints on disk)",
-    )
-    p.add_argument(
-        "--no-system-checkpoint",
-        action="store_true",
-        help="do not give a new chat's system prompt its own KV checkpoint (saves a step and "
-        "a checkpoint per distinct system prompt; new chats then prefill it)",
-    )
 
 
 def _host_list(text: str) -> tuple[str, ...]:
@@ -163,6 +77,57 @@ def _origin_list(text: str) -> tuple[str, ...]:
                 f"{o!r} is not a web origin (scheme://host[:port], e.g. http://localhost:3000, or *)"
             )
     return origins
+
+
+#: Where the server listens and whom it answers: host, port, Host and Origin allow-lists,
+#: the API key.
+ADDRESS: tuple[Adder, ...] = (
+    flag("--host", default=D.HOST, help=f"address to bind (default: {D.HOST})"),
+    flag("--port", type=arg_type(_port), default=D.PORT,
+         help=f"port (default {D.PORT}; 0: any free port)"),
+    flag("--allowed-hosts", type=arg_type(_host_list), default=(), metavar="NAMES",
+         help="comma-separated Host names to answer besides loopback names and the bound "
+         "address (a web page cannot drive the server through a rebound DNS name): "
+         "NAME, .DOMAIN (it and every name under it), or * (any)"),
+    flag("--allowed-origins", type=arg_type(_origin_list), default=(), metavar="ORIGINS",
+         help="comma-separated web origins (https://chat.example.com) whose pages may call "
+         "the API from a browser (CORS), or * for any; default none: a request with any "
+         "other Origin header, or a body that is not application/json, is refused"),
+    flag("--api-key", default=None,
+         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+         "(default: $SSDMOE_API_KEY when set)"),
+)  # fmt: skip
+
+#: How much the server takes on: queue, batch, tokens, temperature, body size.
+LIMITS: tuple[Adder, ...] = (
+    flag("--max-queue", type=arg_type(_queue), default=D.MAX_QUEUE, metavar="N",
+         help="requests that may wait for the engine before new ones get 429 "
+         f"(default {D.MAX_QUEUE})"),
+    flag("--max-batch", type=arg_type(_batch), default=None, metavar="N",
+         help="requests decoded together, sharing each layer's expert reads; more wait in "
+         "the queue (default auto: what the KV budget allows at the model's context, at "
+         "least 4; 1: one at a time)"),
+    partial(add_max_tokens_argument, default=D.MAX_TOKENS),
+    flag("--temp", type=arg_type(O.parse_temp), default=D.TEMPERATURE,
+         help=f"temperature when a request sets none (default {D.TEMPERATURE:g}: greedy)"),
+    flag("--max-body", type=arg_type(O.parse_bytes, "max body"), default=D.MAX_BODY_BYTES,
+         metavar="SIZE", help=f"largest request body (default {D.MAX_BODY_BYTES >> 20}M)"),
+)  # fmt: skip
+
+#: What the prompt cache keeps on disk.
+CACHE: tuple[Adder, ...] = (
+    flag("--no-disk-cache", action="store_true",
+         help="keep the prompt cache in memory only (no KV checkpoints on disk)"),
+    flag("--no-system-checkpoint", action="store_true",
+         help="do not give a new chat's system prompt its own KV checkpoint (saves a step "
+         "and a checkpoint per distinct system prompt; new chats then prefill it)"),
+)  # fmt: skip
+
+#: serve's options in --help order.
+ARGUMENTS: tuple[Adder, ...] = (
+    add_model_arguments, add_prefill_step_argument, add_speculate_arguments,
+    *ADDRESS, *LIMITS, *CACHE, add_distributed_argument,
+)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
