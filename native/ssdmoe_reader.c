@@ -80,8 +80,10 @@ int ssdmoe_abi_version(void) { return SSDMOE_ABI_VERSION; }
 
 static int64_t short_code(int64_t got) { return -(SSDMOE_SHORT_READ_BASE + got); }
 
-/* pread until len bytes or EOF; EINTR is retried. */
-static int64_t read_buffered(int fd, char *dst, int64_t off, int64_t len) {
+/* pread until len bytes or EOF; EINTR is retried. `block`: the unit every read returns a
+ * multiple of until EOF (4096 for an aligned O_DIRECT read, 1 for a buffered one), so a
+ * read of fewer bytes than a whole block also means EOF. */
+static int64_t read_full(int fd, char *dst, int64_t off, int64_t len, int64_t block) {
     int64_t done = 0;
     while (done < len) {
         int64_t chunk = len - done;
@@ -91,10 +93,10 @@ static int64_t read_buffered(int fd, char *dst, int64_t off, int64_t len) {
             if (errno == EINTR) continue;
             return -(int64_t)errno;
         }
-        if (got == 0) return short_code(done);
         done += got;
+        if (got == 0 || got % block != 0) break; /* end of file */
     }
-    return done;
+    return done >= len ? len : short_code(done);
 }
 
 #ifdef __linux__
@@ -116,19 +118,7 @@ static int64_t read_direct(worker_t *w, int dfd, char *dst, int64_t off, int64_t
     const int64_t end = off + len;
     if (((uintptr_t)dst % SSDMOE_ALIGN) == 0 && off % SSDMOE_ALIGN == 0 &&
         len % SSDMOE_ALIGN == 0) {
-        int64_t done = 0;
-        while (done < len) {
-            int64_t chunk = len - done;
-            if (chunk > SSDMOE_MAX_CHUNK) chunk = SSDMOE_MAX_CHUNK;
-            ssize_t got = pread(dfd, dst + done, (size_t)chunk, (off_t)(off + done));
-            if (got < 0) {
-                if (errno == EINTR) continue;
-                return -(int64_t)errno;
-            }
-            done += got;
-            if (got == 0 || got % SSDMOE_ALIGN != 0) break; /* end of file */
-        }
-        return done >= len ? len : short_code(done);
+        return read_full(dfd, dst, off, len, SSDMOE_ALIGN); /* straight into dst */
     }
     int64_t pos = off - off % SSDMOE_ALIGN;
     const int64_t stop = ((end + SSDMOE_ALIGN - 1) / SSDMOE_ALIGN) * SSDMOE_ALIGN;
@@ -179,7 +169,7 @@ static int64_t read_one(struct ssdmoe_reader *r, worker_t *w, int fd, int64_t of
     (void)r;
     (void)w;
 #endif
-    return read_buffered(fd, (char *)dest, off, len);
+    return read_full(fd, (char *)dest, off, len, 1); /* buffered */
 }
 
 static void run_batch(struct ssdmoe_reader *r, worker_t *w) {
