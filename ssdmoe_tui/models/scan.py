@@ -41,12 +41,14 @@ class ModelEntry:
     path: str
     architecture: str
     size_bytes: int
-    num_experts: int
-    trained_k: int
-    moe_layers: int
-    bytes_per_expert: int  # measured from the headers (0 when unreadable)
-    mib_per_token: float  # at trained K, measured
-    supported: bool
+    # Read from the config, then measured from the headers, by `describe_folder`: 0 (False)
+    # until then, and where it cannot (no geometry, unreadable headers: see `reason`).
+    num_experts: int = 0
+    trained_k: int = 0
+    moe_layers: int = 0
+    bytes_per_expert: int = 0
+    mib_per_token: float = 0.0  # at trained K
+    supported: bool = False
     reason: str | None = None  # why not supported (one line)
     revision: str | None = None  # hub commit
     known: bool = False  # one of registry.KNOWN_CHECKPOINTS
@@ -103,12 +105,6 @@ def describe_folder(
         path=str(folder),
         architecture=registry.model_type(config) or "?",
         size_bytes=_dir_size(folder) if size_bytes is None else size_bytes,
-        num_experts=0,
-        trained_k=0,
-        moe_layers=0,
-        bytes_per_expert=0,
-        mib_per_token=0.0,
-        supported=False,
         revision=revision,
         known=any(c.repo_id == name for c in registry.KNOWN_CHECKPOINTS),
     )
