@@ -30,7 +30,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ssdmoe_tui.engine.experts.device_memory import place_slots
+from ssdmoe_tui.engine.experts.device_memory import PlacementResult, place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
 from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address, split_requests
 from ssdmoe_tui.errors import ModelError
@@ -188,6 +188,50 @@ class _Layout:
         default_factory=lambda: np.zeros((0, 0), np.int64)
     )  # [bank, comp] slot-0 address
 
+    @classmethod
+    def of(cls, comps, banks: list[dict[str, mx.array]]) -> _Layout:
+        """The components' names and strides, and every bank's slot-0 address of each."""
+        return cls(
+            names=[c.name for c in comps],
+            strides=np.array([c.stride for c in comps], dtype=np.int64),
+            bases=np.array(
+                [[buffer_address(memoryview(bank[c.name])) for c in comps] for bank in banks],
+                dtype=np.int64,
+            ),
+        )
+
+
+def _place_banks(
+    banks: list[dict[str, mx.array]], placement: str | None, share: float
+) -> PlacementResult:
+    """Where MLX-CUDA keeps every slot array (`device_memory.place_slots`)."""
+    return place_slots(
+        [(buffer_address(memoryview(a)), int(a.nbytes)) for bank in banks for a in bank.values()],
+        placement,
+        share=share,
+    )
+
+
+def _widen_views(
+    comps, widen: list[bool], banks: list[dict[str, mx.array]]
+) -> list[tuple[int, str, list[np.ndarray]]]:
+    """The components read into a staging buffer and widened to float32: (index, file
+    dtype, each bank's slots as rows of 32-bit words)."""
+    return [
+        (
+            i,
+            c.dtype,
+            [
+                np.frombuffer(memoryview(bank[c.name]), dtype=np.uint32).reshape(
+                    bank[c.name].shape[0], -1
+                )
+                for bank in banks
+            ],
+        )
+        for i, (c, w) in enumerate(zip(comps, widen, strict=True))
+        if w
+    ]
+
 
 class ExpertCache:
     """Slots for `capacity` experts, shared by every MoE layer."""
@@ -223,38 +267,11 @@ class ExpertCache:
         mem_strides = [c.stride * (2 if w else 1) for c, w in zip(comps, widen, strict=True)]
         self.bank_slots = bank_slot_count(max(mem_strides), capacity, index.num_experts, bank_bytes)
         self.banks = _make_banks(comps, dtypes, capacity, self.bank_slots)
-        self.placement = place_slots(
-            [
-                (buffer_address(memoryview(a)), int(a.nbytes))
-                for bank in self.banks
-                for a in bank.values()
-            ],
-            placement,
-            share=capacity / (index.num_experts * index.num_layers),
+        self.placement = _place_banks(
+            self.banks, placement, share=capacity / (index.num_experts * index.num_layers)
         )
-        self._layout = _Layout(
-            names=[c.name for c in comps],
-            strides=np.array([c.stride for c in comps], dtype=np.int64),
-            bases=np.array(
-                [[buffer_address(memoryview(bank[c.name])) for c in comps] for bank in self.banks],
-                dtype=np.int64,
-            ),
-        )
-        # Components read into a staging buffer and widened: (index, file dtype, f32 view per bank).
-        self._widen = [
-            (
-                i,
-                c.dtype,
-                [
-                    np.frombuffer(memoryview(bank[c.name]), dtype=np.uint32).reshape(
-                        bank[c.name].shape[0], -1
-                    )
-                    for bank in self.banks
-                ],
-            )
-            for i, (c, w) in enumerate(zip(comps, widen, strict=True))
-            if w
-        ]
+        self._layout = _Layout.of(comps, self.banks)
+        self._widen = _widen_views(comps, widen, self.banks)
         # Per layer: file handle and file offset of expert 0 for each component.
         self._fds, self._offsets, self._steps = _open_layer_files(index, model_dir, reader)
         self._slot_of: dict[tuple[int, int], int] = {}
