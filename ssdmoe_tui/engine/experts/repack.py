@@ -202,20 +202,7 @@ def write_repacked(
     os.close(fd)
     rd.close()
     os.replace(tmp, data)
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "data": DATA,
-        "bytes": total,
-        "num_experts": e,
-        "layers": [layer.prefix for layer in index.layers],
-        "layout": _layout_record(index),
-        "component_offsets": list(comp_offs),
-        "expert_stride": stride,
-        "layer_offsets": list(layer_offsets),
-        "source": _fingerprint(model_dir, index),
-        "model": str(model_dir.resolve()),
-    }
+    manifest = _manifest(model_dir, index, comp_offs, stride, layer_offsets, total)
     man = out_dir / MANIFEST
     atomic_write_text(man, json.dumps(manifest, indent=1))
     seconds = time.perf_counter() - t0
@@ -227,6 +214,32 @@ def write_repacked(
         "padding_bytes": total - index.expert_bytes * e * index.num_layers,
         "seconds": round(seconds, 2),
         "gb_per_s": round(total / seconds / 1e9, 3) if seconds > 0 else None,
+    }
+
+
+def _manifest(
+    model_dir: Path,
+    index: ExpertIndex,
+    comp_offs: tuple[int, ...],
+    stride: int,
+    layer_offsets: tuple[int, ...],
+    total: int,
+) -> dict:
+    """The manifest of a repack: what `find_repacked` checks before it trusts the data
+    file (its layout, and the source checkpoint's fingerprint)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "data": DATA,
+        "bytes": total,
+        "num_experts": index.num_experts,
+        "layers": [layer.prefix for layer in index.layers],
+        "layout": _layout_record(index),
+        "component_offsets": list(comp_offs),
+        "expert_stride": stride,
+        "layer_offsets": list(layer_offsets),
+        "source": _fingerprint(model_dir, index),
+        "model": str(model_dir.resolve()),
     }
 
 
