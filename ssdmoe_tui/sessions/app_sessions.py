@@ -180,26 +180,7 @@ class AppSessions:
             # exports say what happened (a stored reply carries its own `stopped`).
             conv.turns[-1].stopped = True
         if reply < len(chat):  # the app kept the reply
-            k = max(set(done.k_per_token), key=list(done.k_per_token).count, default=None)
-            k_min, k_max = k_range(done.k_per_token)
-            stats = ReplyStats.from_done(done, model)
-            conv.turns.append(
-                Turn(
-                    "assistant",
-                    chat[reply].content,
-                    list(done.token_ids),
-                    k=k,
-                    stopped=done.finish_reason == "cancelled",
-                    k_min=k_min,
-                    k_max=k_max,
-                    model=model,
-                    decode_tok_s=stats.decode_tok_s,
-                    finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
-                    kv_hit_rate=stats.kv_hit_rate,
-                    thinking_tokens=thinking_tokens,
-                    tool_calls=[dict(c) for c in getattr(chat[reply], "tool_calls", ())],
-                )
-            )
+            conv.turns.append(reply_turn(chat[reply], done, model, thinking_tokens))
         self.store.save(conv)
         self.store.mark_opened(conv.id)
 
@@ -209,6 +190,28 @@ def as_message(m: Any) -> dict[str, Any]:
     if hasattr(m, "for_template"):
         return m.for_template()
     return {"role": m.role, "content": m.content}
+
+
+def reply_turn(m: Any, done: GenerationDone, model: str, thinking_tokens: int) -> Turn:
+    """The reply the app kept (`m`) as a stored turn: its ids, K and figures from `done`."""
+    k = max(set(done.k_per_token), key=list(done.k_per_token).count, default=None)
+    k_min, k_max = k_range(done.k_per_token)
+    stats = ReplyStats.from_done(done, model)
+    return Turn(
+        "assistant",
+        m.content,
+        list(done.token_ids),
+        k=k,
+        stopped=done.finish_reason == "cancelled",
+        k_min=k_min,
+        k_max=k_max,
+        model=model,
+        decode_tok_s=stats.decode_tok_s,
+        finish=done.finish_reason if done.finish_reason in FINISH_REASONS else "",
+        kv_hit_rate=stats.kv_hit_rate,
+        thinking_tokens=thinking_tokens,
+        tool_calls=[dict(c) for c in getattr(m, "tool_calls", ())],
+    )
 
 
 def new_turn(m: Any, ids: list[int]) -> Turn:
