@@ -41,6 +41,7 @@ from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import attach, conversations, gen_settings, model, tools
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
 from ssdmoe_tui.ui.actions.theme import ThemeChoice
+from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.commands import SsdmoeCommands
 from ssdmoe_tui.ui.messages import (
     AskModelPath,
@@ -219,17 +220,9 @@ class SsdmoeApp(App[int]):
             yield EnginePanel(id="panel")
         yield Footer()
 
-    @property
-    def chat_pane(self) -> ChatPane:
-        return self.query_one(ChatPane)
-
-    @property
-    def panel(self) -> EnginePanel:
-        return self.query_one(EnginePanel)
-
-    @property
-    def status_bar(self) -> StatusBar:
-        return self.query_one(StatusBar)
+    chat_pane = child(ChatPane)
+    panel = child(EnginePanel)
+    status_bar = child(StatusBar)
 
     async def on_mount(self) -> None:
         self._catch_sigterm(True)

@@ -15,6 +15,20 @@ from textual.message import Message
 from ssdmoe_tui.engine.run import protocol as P
 
 E = TypeVar("E")
+W = TypeVar("W")
+
+
+class WidgetMessage(Message, Generic[W]):
+    """Base of the messages a widget posts about itself: `control` is that widget (as
+    Textual's own widgets have it), so `@on(Kind.Message, "#id")` matches the sender."""
+
+    def __init__(self, sender: W) -> None:
+        super().__init__()
+        self._control = sender
+
+    @property
+    def control(self) -> W:
+        return self._control
 
 
 class EngineMessage(Message, Generic[E]):

@@ -25,6 +25,7 @@ from textual.widgets.option_list import Option
 from ssdmoe_tui import paths
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.sessions.store import CONVERSATION_FILE, SessionStore, Summary
+from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.messages import ConversationDeleted
 
 EXPORT_FORMATS = {"md": "Markdown", "json": "JSON"}
@@ -218,13 +219,8 @@ class ConversationsScreen(ModalScreen[str | None]):
                 classes="dialog-hint",
             )
 
-    @property
-    def search_input(self) -> Input:
-        return self.query_one("#conv-search", Input)
-
-    @property
-    def option_list(self) -> OptionList:
-        return self.query_one("#conv-list", OptionList)
+    search_input = child(Input, "#conv-search")
+    option_list = child(OptionList, "#conv-list")
 
     def on_mount(self) -> None:
         self.search_input.focus()

@@ -29,6 +29,7 @@ from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.models.lock import LockHolder, Served, served_models
 from ssdmoe_tui.models.scan import ModelEntry, scan_models
 from ssdmoe_tui.paths import demo_model_dir
+from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.fmt import fmt_bytes
 from ssdmoe_tui.ui.messages import AskModelPath
 
@@ -108,9 +109,7 @@ class ModelsScreen(ModalScreen[str | None]):
                 classes="dialog-hint",
             )
 
-    @property
-    def option_list(self) -> OptionList:
-        return self.query_one("#model-list", OptionList)
+    option_list = child(OptionList, "#model-list")
 
     def on_mount(self) -> None:
         self.option_list.focus()

@@ -32,6 +32,7 @@ from ssdmoe_tui.chat.replies import ShownTurn
 from ssdmoe_tui.engine.run.protocol import EngineError, Generate, GenerationDone, Tokens
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.ui.actions import tools
+from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
 from ssdmoe_tui.ui.widgets.engine_panel import EnginePanel
 from ssdmoe_tui.ui.widgets.prompt_input import PromptInput
@@ -101,13 +102,8 @@ class ChatPane(Vertical):
         chips.remove_class("error")
         chips.display = bool(shown)
 
-    @property
-    def transcript(self) -> Transcript:
-        return self.query_one(Transcript)
-
-    @property
-    def prompt(self) -> PromptInput:
-        return self.query_one(PromptInput)
+    transcript = child(Transcript)
+    prompt = child(PromptInput)
 
     @property
     def welcome(self) -> Welcome | None:

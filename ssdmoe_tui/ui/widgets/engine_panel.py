@@ -16,6 +16,7 @@ from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged, StatsSample
+from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
 
@@ -329,9 +330,7 @@ class EnginePanel(VerticalScroll):
         self.shown["ranks"] = text
         box.update(text)
 
-    @property
-    def k_control(self) -> KSlider:
-        return self.query_one(KSlider)
+    k_control = child(KSlider)
 
     def follow_k(self, s: StatsSample, decoding: bool) -> bool:
         """Move the K control to the K the engine decodes with (a token's K), unless the

@@ -12,11 +12,11 @@ import time
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
 from ssdmoe_tui.ui.fmt import mib_per_token
+from ssdmoe_tui.ui.messages import WidgetMessage
 
 
 class KSlider(Widget, can_focus=True):
@@ -49,17 +49,13 @@ class KSlider(Widget, can_focus=True):
     num_experts: reactive[int] = reactive(0)  # 0: no model yet
     trained_k: reactive[int] = reactive(0)
 
-    class Changed(Message):
+    class Changed(WidgetMessage["KSlider"]):
         """K was changed by the user (keys or mouse)."""
 
         def __init__(self, slider: KSlider, k: int) -> None:
-            super().__init__()
+            super().__init__(slider)
             self.slider = slider
             self.k = k
-
-        @property
-        def control(self) -> KSlider:
-            return self.slider
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from textual import events
 from textual.binding import Binding
-from textual.message import Message
 from textual.widgets import TextArea
 
 from ssdmoe_tui.chat.attachments import complete
+from ssdmoe_tui.ui.messages import WidgetMessage
 
 
 class PromptInput(TextArea):
@@ -19,15 +19,11 @@ class PromptInput(TextArea):
         Binding("shift+enter,ctrl+j", "newline", "Newline", show=False, id="input.newline"),
     ]
 
-    class Submitted(Message):
+    class Submitted(WidgetMessage["PromptInput"]):
         def __init__(self, prompt: PromptInput, text: str) -> None:
-            super().__init__()
+            super().__init__(prompt)
             self.prompt = prompt
             self.text = text
-
-        @property
-        def control(self) -> PromptInput:
-            return self.prompt
 
     def __init__(self, *, id: str | None = None, placeholder: str = "") -> None:
         super().__init__(
