@@ -30,13 +30,12 @@
 # PYTHON (python3), STEPS (q30,vs,trace).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_batch.sh OUTDIR}
-mkdir -p "$OUT"
 CAP_GIB=${CAP_GIB:-12}
 DEADLINE_S=${DEADLINE_S:-360}
 STEPS=${STEPS:-q30,vs,trace}
-CONFIG=tests/fixtures/models/qwen3-30b-a3b/config.json
 TAG=gpu_batch
-# the step filter, deadline, log, env.txt and defaults (Q30, TRACE, PY): one copy
+# the step filter, deadline, log, env.txt, defaults (Q30, TRACE, PY), the q30 build and
+# the cgroup helpers: one copy
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
 export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
@@ -65,23 +64,12 @@ if want trace; then
         --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace > "$OUT/trace-compile.txt" 2>&1
       log "trace compile pass exit $?"
     fi
-    cg=""
-    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-      grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
-      cg=/sys/fs/cgroup/ssdmoe-gpu-batch; mkdir -p "$cg"
-      echo $(( CAP_GIB << 30 )) > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
-    fi
+    make_cg ssdmoe-gpu-batch "$CAP_GIB"
     log "trace: 4G cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED)), B ${TRACE_BATCH:-1,4}"
-    args=(scripts/batch_bench.py --out "$OUT" --model "$Q30" --cache 4G
-      --batch "${TRACE_BATCH:-1,4}" --decode-tokens "${DECODE_TOKENS:-48}"
-      --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace)
-    if [ -n "$cg" ]; then
-      timeout "$(( $(left) - 5 ))" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" \
-        "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
-    else
-      timeout "$(( $(left) - 5 ))" "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
-    fi
-    log "trace exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
+    run_capped "$(( $(left) - 5 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
+      --cache 4G --batch "${TRACE_BATCH:-1,4}" --decode-tokens "${DECODE_TOKENS:-48}" \
+      --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace > "$OUT/trace.txt" 2> "$OUT/trace.err"
+    log "trace exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   else log "trace skipped: deadline"; fi
 fi
 log "done"

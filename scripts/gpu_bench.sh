@@ -30,8 +30,6 @@
 # before it are skipped and say so), PYTHON (python3).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_bench.sh OUTDIR}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
 MODEL=${MODEL:-/root/q35}
 CONFIG=${CONFIG:-.benchcfg/q35/config.json}
 TOKENIZER=${TOKENIZER:-.benchcfg/qwen3-tokenizer}
@@ -42,20 +40,11 @@ PROMPT_TOKENS=${PROMPT_TOKENS:-32}
 DECODE_TOKENS=${DECODE_TOKENS:-48}
 DEADLINE_S=${DEADLINE_S:-560}
 STEPS=${STEPS:-build,resident,cold,warm}
-want() { [[ ",$STEPS," == *",$1,"* ]]; }
-export SSDMOE_HOME=${SSDMOE_HOME:-/root/ssdmoe-home} PYTHONUNBUFFERED=1
-start=$(date +%s)
-left() { echo $(( DEADLINE_S - ($(date +%s) - start) )); }
-log() { echo "[gpu_bench +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/steps.log" >&2; }
-
-{
-  echo "date: $(date -u +%FT%TZ)"; uname -a
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-  nproc; free -g; df -h /root | tail -1
-  grep -E 'MemTotal|MemAvailable' /proc/meminfo
-  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device(), mx.device_info()); print("mlx-lm", mlx_lm.__version__)'
-  lsblk -o NAME,SIZE,ROTA,TYPE,MOUNTPOINT 2>/dev/null | head -20
-} > "$OUT/env.txt" 2>&1
+TAG=gpu_bench
+# the step filter, deadline, log, env.txt, PY and the cgroup helpers (make_cg, run_capped,
+# sample_cg, stop_sampler): one copy
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
 cat "$OUT/env.txt" >&2
 
 # ---- 1. checkpoint
@@ -70,40 +59,19 @@ if want build && [ ! -f "$MODEL/config.json" ]; then
 fi
 sync
 
-# ---- cgroups with a host-memory cap (v2 memory.max or v1 memory.limit_in_bytes), one per run
-cap=$(( CAP_GIB << 30 ))
-cg=""; peak_file=/dev/null
-make_cg() {  # make_cg NAME: sets cg and peak_file
-  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
-    cg=/sys/fs/cgroup/$1; mkdir -p "$cg"
-    echo "$cap" > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
-    peak_file=$cg/memory.peak; log "cgroup v2 $cg: memory.max $(cat "$cg/memory.max")"
-  elif [ -d /sys/fs/cgroup/memory ]; then
-    cg=/sys/fs/cgroup/memory/$1; mkdir -p "$cg"
-    echo "$cap" > "$cg/memory.limit_in_bytes"; peak_file=$cg/memory.max_usage_in_bytes
-    log "cgroup v1 $cg: limit $(cat "$cg/memory.limit_in_bytes")"
-  else
-    cg=""; log "no cgroup memory controller: running UNCAPPED"
-  fi
-}
-run_capped() {  # run_capped SECONDS CMD...: CMD inside the cap, killed after SECONDS
-  local secs=$1; shift
-  if [ -n "$cg" ]; then timeout "$secs" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@"
-  else timeout "$secs" "$@"; fi
-}
 read -ra extra <<< "${BENCH_ARGS:-}"  # e.g. "--routing-trace FILE" (trace-driven routing)
 bench=("$PY" -m ssdmoe_tui.cli bench --model "$MODEL" --k "$KS" --prompt-tokens "$PROMPT_TOKENS"
   --decode-tokens "$DECODE_TOKENS" "${extra[@]}")
-
-sample_cg() {  # sample_cg FILE: the capped cgroup's memory split every 2 s, in the background
-  [ -n "$cg" ] || return 0
-  ( while [ -d "$cg" ]; do
-      echo "$(date +%s) $(grep -E '^(anon|file|kernel|shmem|file_dirty|file_writeback) ' "$cg/memory.stat" 2>/dev/null | tr '\n' ' ')" \
-        "$(grep -E '^(max|oom_kill) ' "$cg/memory.events" 2>/dev/null | tr '\n' ' ')"
-      sleep 2
-    done ) >> "$1" 2>/dev/null &
-  sampler=$!
+# capped NAME SECONDS WHAT [BENCH_ARGS...]: one bench with the CACHE expert cache under the
+# CAP_GIB cap, against the resident baseline when it ran, into OUTDIR/NAME.{json,txt,err,mem}
+capped() {
+  local name=$1 secs=$2 what=$3; shift 3
+  make_cg "ssdmoe-bench-$name" "$CAP_GIB"; sample_cg "$OUT/$name.mem"
+  log "$what, cap $CAP_GIB GiB, cache $CACHE"
+  run_capped "$secs" "${bench[@]}" --expert-cache "$CACHE" "$@" --baseline skip "${base[@]}" \
+    --json "$OUT/$name.json" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+  log "$name exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
+  stop_sampler
 }
 
 # ---- 2. resident mlx-lm, uncapped (the whole model must be resident: the cap forbids it)
@@ -149,12 +117,7 @@ base=(); grep -q '"status": "ran"' "$OUT/resident.json" 2>/dev/null && base=(--b
 # ---- 3. cold, capped
 if ! want cold; then :
 elif [ "$(left)" -gt 60 ]; then
-  make_cg ssdmoe-bench-cold; sample_cg "$OUT/cold.mem"
-  log "cold bench, cap $CAP_GIB GiB, cache $CACHE"
-  run_capped "$(( $(left) * 3 / 5 ))" "${bench[@]}" --expert-cache "$CACHE" --cold --baseline skip "${base[@]}" \
-    --json "$OUT/cold.json" > "$OUT/cold.txt" 2> "$OUT/cold.err"
-  log "cold exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
-  kill "$sampler" 2>/dev/null
+  capped cold "$(( $(left) * 3 / 5 ))" "cold bench" --cold
 else log "cold bench skipped: deadline"; fi
 
 # ---- R. repacked experts against the shards, cold and capped
@@ -167,12 +130,7 @@ if want repack; then
   fi
   for src in repacked shards; do
     if [ "$(left)" -gt 60 ]; then
-      make_cg "ssdmoe-bench-$src"; sample_cg "$OUT/cold-$src.mem"
-      log "cold bench, experts from $src, cap $CAP_GIB GiB, cache $CACHE"
-      run_capped "$(( $(left) - 10 ))" "${bench[@]}" --expert-cache "$CACHE" --cold --experts "$src" --baseline skip \
-        "${base[@]}" --json "$OUT/cold-$src.json" > "$OUT/cold-$src.txt" 2> "$OUT/cold-$src.err"
-      log "cold $src exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
-      kill "$sampler" 2>/dev/null
+      capped "cold-$src" "$(( $(left) - 10 ))" "cold bench, experts from $src" --cold --experts "$src"
     else log "cold $src skipped: deadline"; fi
   done
 fi
@@ -181,12 +139,7 @@ fi
 if ! want warm; then :
 elif [ "$(left)" -gt 60 ]; then
   sync; echo 3 > /proc/sys/vm/drop_caches
-  make_cg ssdmoe-bench-warm; sample_cg "$OUT/warm.mem"
-  log "warm bench, cap $CAP_GIB GiB, cache $CACHE"
-  run_capped "$(( $(left) - 10 ))" "${bench[@]}" --expert-cache "$CACHE" --baseline skip "${base[@]}" \
-    --json "$OUT/warm.json" > "$OUT/warm.txt" 2> "$OUT/warm.err"
-  log "warm exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
-  kill "$sampler" 2>/dev/null
+  capped warm "$(( $(left) - 10 ))" "warm bench"
 else log "warm bench skipped: deadline"; fi
 # ---- H. a budget that holds every expert, uncapped, against the resident baseline
 if want hold; then

@@ -1,7 +1,8 @@
-# Shared by scripts/gpu_speed.sh, gpu_pipeline.sh, gpu_batch.sh and gpu_spec.sh (sourced, not run): the
-# step filter, the deadline, the log, the environment record, the checkpoint build and
-# the memory-cgroup helpers, and the defaults they read. The sourcing script sets OUT,
-# STEPS, DEADLINE_S and TAG (the log prefix) first.
+# Shared by scripts/gpu_bench.sh, gpu_speed.sh, gpu_pipeline.sh, gpu_batch.sh and gpu_spec.sh
+# (sourced, not run): the step filter, the deadline, the log, the environment record, the
+# checkpoint builds and the memory-cgroup helpers, and the defaults they read. The sourcing
+# script sets OUT, STEPS, DEADLINE_S and TAG (the log prefix) first; OUT is made here.
+mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 Q30=${Q30:-/root/q30}
 Q35=${Q35:-/root/q35}
@@ -17,8 +18,10 @@ log() { echo "[${TAG:-gpu} +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/step
 {
   echo "date: $(date -u +%FT%TZ)"; uname -a
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-  nproc; free -g
-  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device()); print("mlx-lm", mlx_lm.__version__)'
+  nproc; free -g; df -h /root | tail -1
+  grep -E 'MemTotal|MemAvailable' /proc/meminfo
+  "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device(), mx.device_info()); print("mlx-lm", mlx_lm.__version__)'
+  lsblk -o NAME,SIZE,ROTA,TYPE,MOUNTPOINT 2>/dev/null | head -20
   git log --oneline -1 2>/dev/null
 } > "$OUT/env.txt" 2>&1
 
@@ -30,36 +33,56 @@ build() {  # build DIR CONFIG SECONDS
   log "build $1 exit $?; $(du -sh "$1" 2>/dev/null | cut -f1)"
 }
 
-build_q30_batch_bench() {  # Q30 from CONFIG as scripts/batch_bench.py builds it (gpu_batch, gpu_spec)
+build_q30_batch_bench() {  # Q30 as scripts/batch_bench.py builds it (gpu_batch, gpu_spec)
   [ -f "$Q30/config.json" ] && return 0
-  log "building $Q30 from $CONFIG"
+  local config=tests/fixtures/models/qwen3-30b-a3b/config.json
+  log "building $Q30 from $config"
   timeout "$(( $(left) - 200 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
-    --config "$CONFIG" --build-only > "$OUT/build.log" 2>&1
+    --config "$config" --build-only > "$OUT/build.log" 2>&1
   log "build exit $?; $(du -sh "$Q30" 2>/dev/null | cut -f1)"
 }
 
-cap=0; cg=""
-make_cg() {  # make_cg NAME GIB
-  cap=$(( $2 << 30 )); cg=""
+# ---- cgroups with a host-memory cap (v2 memory.max or v1 memory.limit_in_bytes), one per run
+cap=0; cg=""; peak_file=/dev/null
+make_cg() {  # make_cg NAME GIB: sets cg (empty: no memory controller, runs go uncapped) and peak_file
+  cap=$(( $2 << 30 )); cg=""; peak_file=/dev/null
   if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
     grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
     cg=/sys/fs/cgroup/$1; mkdir -p "$cg"
     echo "$cap" > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+    peak_file=$cg/memory.peak; log "cgroup v2 $cg: memory.max $(cat "$cg/memory.max")"
+  elif [ -d /sys/fs/cgroup/memory ]; then
+    cg=/sys/fs/cgroup/memory/$1; mkdir -p "$cg"
+    echo "$cap" > "$cg/memory.limit_in_bytes"; peak_file=$cg/memory.max_usage_in_bytes
+    log "cgroup v1 $cg: limit $(cat "$cg/memory.limit_in_bytes")"
+  else
+    log "no cgroup memory controller: running UNCAPPED"
   fi
 }
-run_capped() {  # run_capped SECONDS CMD...
+run_capped() {  # run_capped SECONDS CMD...: CMD inside the cap, killed after SECONDS
   local secs=$1; shift
   if [ -n "$cg" ]; then timeout "$secs" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@"
   else timeout "$secs" "$@"; fi
 }
 sampler=""
-sample_cg() {  # sample_cg FILE
+sample_cg() {  # sample_cg FILE: the capped cgroup's memory split every 2 s, in the background
   [ -n "$cg" ] || return 0
   ( while [ -d "$cg" ]; do
-      echo "$(date +%s) $(grep -E '^(anon|file|kernel|shmem) ' "$cg/memory.stat" 2>/dev/null | tr '\n' ' ')"
+      echo "$(date +%s) $(grep -E '^(anon|file|kernel|shmem|file_dirty|file_writeback) ' "$cg/memory.stat" 2>/dev/null | tr '\n' ' ')" \
+        "$(grep -E '^(max|oom_kill) ' "$cg/memory.events" 2>/dev/null | tr '\n' ' ')"
       sleep 2
     done ) >> "$1" 2>/dev/null &
   sampler=$!
 }
 stop_sampler() { [ -n "$sampler" ] && kill "$sampler" 2>/dev/null; sampler=""; }
 
+sweep_q35() {  # sweep_q35 MARGIN [NOTE]: the uniform-routing K sweep on Q35 (gpu_speed, gpu_pipeline)
+  [ "$(left)" -gt 90 ] || { log "sweep skipped: deadline"; return; }
+  make_cg ssdmoe-sweep "$CAP12_GIB"; sample_cg "$OUT/sweep.mem"
+  log "sweep: uniform routing, K 8,4,2, 4G, cold, cap $CAP12_GIB GiB${2:+, $2}"
+  run_capped "$(( $(left) - $1 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q35" --k 8,4,2 \
+    --expert-cache 4G --prompt-tokens 32 --decode-tokens 32 --disk-mib 256 --cold \
+    --baseline skip --wide --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2> "$OUT/sweep.err"
+  log "sweep exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
+  stop_sampler
+}

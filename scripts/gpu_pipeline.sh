@@ -40,7 +40,6 @@
 # DEADLINE_S (480), PYTHON (python3), STEPS, DECODE (40: decode tokens per trace config).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_pipeline.sh OUTDIR}
-mkdir -p "$OUT"
 DEADLINE_S=${DEADLINE_S:-480}
 DECODE=${DECODE:-40}
 STEPS=${STEPS:-q30,compile,pipe,prefill,exact}
@@ -112,17 +111,7 @@ if want prefetch; then
   traced prefetch-cap12 "$CAP12_GIB" 100 -- --prefetch both
 fi
 if want q35; then build "$Q35" .benchcfg/q35/config.json "$(( $(left) - 60 ))"; fi
-if want sweep; then
-  if [ "$(left)" -gt 90 ]; then
-    make_cg ssdmoe-sweep "$CAP12_GIB"; sample_cg "$OUT/sweep.mem"
-    log "sweep: uniform routing, K 8,4,2, 4G, cold, cap $CAP12_GIB GiB, pipelined"
-    run_capped "$(( $(left) - 5 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q35" --k 8,4,2 \
-      --expert-cache 4G --prompt-tokens 32 --decode-tokens 32 --disk-mib 256 --cold \
-      --baseline skip --wide --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2> "$OUT/sweep.err"
-    log "sweep exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
-    stop_sampler
-  else log "sweep skipped: deadline"; fi
-fi
+if want sweep; then sweep_q35 5 pipelined; fi
 if want exact35; then
   if [ "$(left)" -gt 60 ]; then
     log "exact35: resident vs 4G pipelined on Q35"

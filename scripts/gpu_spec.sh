@@ -21,13 +21,12 @@
 # PYTHON (python3), STEPS (q30,held,trace).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
-mkdir -p "$OUT"
 CAP_GIB=${CAP_GIB:-12}
 DEADLINE_S=${DEADLINE_S:-360}
 STEPS=${STEPS:-q30,held,trace}
-CONFIG=tests/fixtures/models/qwen3-30b-a3b/config.json
 TAG=gpu_spec
-# the step filter, deadline, log, env.txt and defaults (Q30, TRACE, PY): one copy
+# the step filter, deadline, log, env.txt, defaults (Q30, TRACE, PY), the q30 build and
+# the cgroup helpers: one copy
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
 export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
@@ -59,24 +58,14 @@ if want trace; then
       --decode-tokens 12 --speculate oracle:1 --draft-depth 1,2,3,4 --rounds 1 \
       > "$OUT/trace-compile.txt" 2>&1
     log "trace compile pass exit $?"
-    cg=""
-    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-      grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory > /sys/fs/cgroup/cgroup.subtree_control
-      cg=/sys/fs/cgroup/ssdmoe-gpu-spec; mkdir -p "$cg"
-      echo $(( CAP_GIB << 30 )) > "$cg/memory.max"; echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
-    fi
+    make_cg ssdmoe-gpu-spec "$CAP_GIB"
     log "trace: 4G cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED))"
-    args=(-m ssdmoe_tui.cli bench --model "$Q30" --routing-trace "$TRACE" --k 6
-      --expert-cache 4G --prompt-tokens "${PROMPT_TOKENS:-64}"
-      --decode-tokens "${TRACE_TOKENS:-32}" --speculate oracle:0,0.3,0.5,0.7,0.9,1
-      --draft-depth auto,1,2,3,4 --rounds "${TRACE_ROUNDS:-1}" --json "$OUT/spec-trace.json")
-    if [ -n "$cg" ]; then
-      timeout "$(( $(left) - 5 ))" bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" \
-        "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
-    else
-      timeout "$(( $(left) - 5 ))" "$PY" "${args[@]}" > "$OUT/trace.txt" 2> "$OUT/trace.err"
-    fi
-    log "trace exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
+    run_capped "$(( $(left) - 5 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q30" \
+      --routing-trace "$TRACE" --k 6 --expert-cache 4G --prompt-tokens "${PROMPT_TOKENS:-64}" \
+      --decode-tokens "${TRACE_TOKENS:-32}" --speculate oracle:0,0.3,0.5,0.7,0.9,1 \
+      --draft-depth auto,1,2,3,4 --rounds "${TRACE_ROUNDS:-1}" --json "$OUT/spec-trace.json" \
+      > "$OUT/trace.txt" 2> "$OUT/trace.err"
+    log "trace exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   else log "trace skipped: deadline"; fi
 fi
 log "done"

@@ -22,7 +22,6 @@
 # DEADLINE_S (570), PYTHON (python3), STEPS (q30,quick,trace), TRACE_RUNS.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_speed.sh OUTDIR}
-mkdir -p "$OUT"
 QUICK_CACHE=${QUICK_CACHE:-4G}
 DEADLINE_S=${DEADLINE_S:-570}
 STEPS=${STEPS:-q30,quick,trace}
@@ -73,16 +72,5 @@ if want trace; then
   done
 fi
 if want q35; then build "$Q35" .benchcfg/q35/config.json "$(( $(left) - 150 ))"; fi
-if want sweep; then
-  if [ "$(left)" -gt 90 ]; then
-    CAP_GIB_SAVE=$CAP_GIB
-    make_cg ssdmoe-sweep "$CAP12_GIB"; sample_cg "$OUT/sweep.mem"
-    log "sweep: uniform routing, K 8,4,2, 4G, cold, cap $CAP12_GIB GiB"
-    run_capped "$(( $(left) - 10 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q35" --k 8,4,2 \
-      --expert-cache 4G --prompt-tokens 32 --decode-tokens 32 --disk-mib 256 --cold \
-      --baseline skip --wide --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2> "$OUT/sweep.err"
-    log "sweep exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
-    stop_sampler; CAP_GIB=$CAP_GIB_SAVE
-  else log "sweep skipped: deadline"; fi
-fi
+if want sweep; then sweep_q35 10; fi
 log "done"
