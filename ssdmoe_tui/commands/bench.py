@@ -8,7 +8,13 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from ssdmoe_tui.bench.bench import BASELINES, PIPELINE_MODES, PREFETCH_MODES, PREFILL_STEP
+from ssdmoe_tui.bench.bench import (
+    BASELINES,
+    PIPELINE_MODES,
+    PREFETCH_MODES,
+    PREFILL_STEP,
+    BenchOptions,
+)
 from ssdmoe_tui.commands.common import (
     Adder,
     add_all,
@@ -155,19 +161,13 @@ def _check_quick(args: argparse.Namespace) -> None:
         )
 
 
-def _run(args: argparse.Namespace, dist) -> int:
-    from ssdmoe_tui.atomic import atomic_write_text
-    from ssdmoe_tui.bench.bench import BenchOptions, run_bench
-    from ssdmoe_tui.bench.report import summary, write_plot
+def _bench_options(args: argparse.Namespace, dist) -> BenchOptions:
+    """The sweep's options from the arguments: the model (and --fit copy) resolved, the
+    text for --quality checked, `dist` this rank of a --distributed run (or None)."""
     from ssdmoe_tui.commands.common import resolve_model_path
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.options import CacheBudget
 
-    if args.quick:
-        _check_quick(args)
-        return _run_quick(args)
-    if args.speculate:
-        return _run_speculate(args)
     if args.quality and not Path(args.quality).is_file():
         raise BadValueError(f"--quality: text file not found: {args.quality}")
     path = resolve_model_path(args.model)
@@ -177,7 +177,7 @@ def _run(args: argparse.Namespace, dist) -> int:
     engine = engine_options(
         args, model=str(path), k=None, expert_cache=CacheBudget(), prefetch=False
     )
-    opts = BenchOptions(
+    return BenchOptions(
         engine=engine,
         ks=args.k or [],
         budgets=args.expert_cache,
@@ -198,6 +198,19 @@ def _run(args: argparse.Namespace, dist) -> int:
         batch_check=args.batch_check,
         fit=Path(fit) if fit is not None else None,
     )
+
+
+def _run(args: argparse.Namespace, dist) -> int:
+    from ssdmoe_tui.atomic import atomic_write_text
+    from ssdmoe_tui.bench.bench import run_bench
+    from ssdmoe_tui.bench.report import summary, write_plot
+
+    if args.quick:
+        _check_quick(args)
+        return _run_quick(args)
+    if args.speculate:
+        return _run_speculate(args)
+    opts = _bench_options(args, dist)
     quiet = not opts.root  # only rank 0 reports
 
     def log(msg: str) -> None:
