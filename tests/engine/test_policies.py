@@ -55,6 +55,14 @@ class Cache:
         return self.hits / self.lookups
 
 
+def used(policy, key: tuple[int, int], hits: int) -> None:
+    """`key` brought into the cache, then found there `hits` times (what the cache tells
+    its policy on a miss and on each later hit)."""
+    policy.insert(key)
+    for _ in range(hits):
+        policy.hit(key)
+
+
 def skewed_stream(tokens: int, layers: int, experts: int, k: int, seed: int = 0):
     """Zipf-ish routing with some token-to-token repetition, like real routers."""
     rng = random.Random(seed)
@@ -120,9 +128,7 @@ def test_lru_evicts_least_recent_and_skips_pinned() -> None:
 
 def test_lfu_decay_keeps_frequent_then_forgets_it() -> None:
     lfu = make_policy("lfu-decay:0.5", 2, 1)
-    lfu.insert((0, 1))
-    for _ in range(3):
-        lfu.hit((0, 1))
+    used(lfu, (0, 1), hits=3)
     lfu.step()
     lfu.insert((0, 2))  # newer but used once: the frequent one stays
     assert lfu.victim(set()) == (0, 2)
@@ -134,12 +140,9 @@ def test_lfu_decay_keeps_frequent_then_forgets_it() -> None:
 
 def test_lfu_history_survives_eviction() -> None:
     lfu = make_policy("lfu", 2, 1)
-    lfu.insert((0, 1))
-    for _ in range(5):
-        lfu.hit((0, 1))
+    used(lfu, (0, 1), hits=5)
     lfu.remove((0, 1))
-    lfu.insert((0, 2))
-    lfu.hit((0, 2))
+    used(lfu, (0, 2), hits=1)
     lfu.insert((0, 1))  # comes back with its count of 7
     assert lfu.victim(set()) == (0, 2)
 
