@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual import events
 from textual.app import App, ComposeResult
+from textual.widget import Widget
 from textual.widgets.markdown import MarkdownFence
 
 from ssdmoe_tui.config import load_config
@@ -15,16 +16,26 @@ from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Transcript, code_
 from tests.helpers.pilot import wait_until
 
 
-class PromptApp(App):
-    def __init__(self) -> None:
+class Alone(App):
+    """One widget alone in an app; `got` keeps what its messages carried, in order."""
+
+    def __init__(self, widget: Widget) -> None:
         super().__init__()
-        self.sent: list[str] = []
+        self.widget = widget
+        self.got: list = []
 
     def compose(self) -> ComposeResult:
-        yield PromptInput(id="prompt")
+        yield self.widget
+
+
+class PromptApp(Alone):
+    """The prompt box; `got`: the texts it sent (each clears it, as the chat pane does)."""
+
+    def __init__(self) -> None:
+        super().__init__(PromptInput(id="prompt"))
 
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
-        self.sent.append(event.text)
+        self.got.append(event.text)
         event.prompt.clear()
 
 
@@ -36,9 +47,9 @@ async def test_enter_sends_and_newline_keys_insert_newlines():
         await pilot.press("a", "ctrl+j", "b", "shift+enter", "c")
         assert prompt.text == "a\nb\nc"
         await pilot.press("enter")
-        assert app.sent == ["a\nb\nc"] and prompt.text == ""
+        assert app.got == ["a\nb\nc"] and prompt.text == ""
         await pilot.press("enter")  # empty prompts are not sent
-        assert app.sent == ["a\nb\nc"]
+        assert app.got == ["a\nb\nc"]
 
 
 async def test_paste_keeps_newlines():
@@ -49,7 +60,7 @@ async def test_paste_keeps_newlines():
         app.post_message(events.Paste("line one\nline two\n\nline four"))
         await pilot.pause()
         assert prompt.text == "line one\nline two\n\nline four"
-        assert app.sent == []  # a pasted newline is not Enter
+        assert app.got == []  # a pasted newline is not Enter
 
 
 async def test_up_and_down_walk_the_prompt_history_from_first_and_last_line():
@@ -77,16 +88,14 @@ async def test_up_and_down_walk_the_prompt_history_from_first_and_last_line():
         assert prompt.text == "x\ny" and prompt.cursor_location[0] == 0
 
 
-class SliderApp(App):
-    def __init__(self) -> None:
-        super().__init__()
-        self.changes: list[int] = []
+class SliderApp(Alone):
+    """The K control; `got`: each K it announced."""
 
-    def compose(self) -> ComposeResult:
-        yield KSlider(id="k")
+    def __init__(self) -> None:
+        super().__init__(KSlider(id="k"))
 
     def on_kslider_changed(self, event: KSlider.Changed) -> None:
-        self.changes.append(event.k)
+        self.got.append(event.k)
 
 
 async def test_k_slider_keys_click_range_and_labels():
@@ -111,7 +120,7 @@ async def test_k_slider_keys_click_range_and_labels():
         assert slider.k == 1
         await pilot.press("end")
         assert slider.k == 32
-        assert app.changes == [5, 6, 7, 6, 5, 4, 3, 2, 1, 32]
+        assert app.got == [5, 6, 7, 6, 5, 4, 3, 2, 1, 32]
         # A click on the track sets K from the position: the left end is 1, the right end 32.
         await pilot.click(KSlider, offset=(1, 1))
         assert slider.k == 1
@@ -242,4 +251,4 @@ async def test_k_slider_without_a_model_ignores_keys():
         slider.configure(num_experts=0, trained_k=0, k=1, expert_bytes=0, num_layers=0)
         slider.focus()
         await pilot.press("right")
-        assert "no model" in str(slider.render()) and app.changes == []
+        assert "no model" in str(slider.render()) and app.got == []
