@@ -594,40 +594,42 @@ def config_key_case(id: str, key: str, value: Any, reason: str) -> Bad:
 
 # --------------------------------------------------------------------------- cases
 
-CASES: list[Bad] = [
-    # ---- the shared engine options (every command that opens a model)
+# The shared engine options' bad values (every command that opens a model): (id, argv,
+# what the one line must say). Refused by argparse before any model is read; the same rows
+# are tests/cli/test_cli_options.py's, which asserts argparse's exit status 2 on them.
+BAD_OPTIONS: list[tuple[str, list[str], str]] = [
     *(
-        option_case(id, ["generate", *args, "--prompt", "hi"], named)
-        for id, args, named in [
-            ("k-0", ["--k", "0"], "0"),
-            ("k-negative", ["--k", "-3"], "-3"),
-            ("k-word", ["--k", "two"], "two"),
-            ("prefill-k-0", ["--prefill-k", "0"], "0"),
-            ("cache-banana", ["--expert-cache", "banana"], "banana"),
-            ("cache-inf", ["--expert-cache", "inf"], "inf"),
-            ("cache-nan", ["--expert-cache", "nan"], "nan"),
+        (id, ["generate", *args, "--prompt", "hi"], says)
+        for id, args, says in [
+            ("k-0", ["--k", "0"], "at least 1, got 0"),
+            ("k-negative", ["--k", "-3"], "at least 1, got -3"),
+            ("k-word", ["--k", "two"], "'two'"),
+            ("prefill-k-0", ["--prefill-k", "0"], "prefill K must be at least 1, got 0"),
+            ("cache-banana", ["--expert-cache", "banana"], "'banana'"),
+            ("cache-inf", ["--expert-cache", "inf"], "'inf'"),
+            ("cache-nan", ["--expert-cache", "nan"], "'nan'"),
             ("cache-negative", ["--expert-cache=-1G"], "negative"),
             ("cache-1e400", ["--expert-cache", "1e400"], "too large"),
-            ("seed-negative", ["--seed", "-1"], "-1"),
+            ("seed-negative", ["--seed", "-1"], "got -1"),
             ("seed-2**70", ["--seed", str(2**70)], str(2**70)),
-            ("max-tokens-negative", ["--max-tokens", "-1"], "-1"),
-            ("max-tokens-0", ["--max-tokens", "0"], "0"),
-            ("temp-negative", ["--temp", "-1"], "-1"),
-            ("temp-nan", ["--temp", "nan"], "nan"),
-            ("top-p-2", ["--top-p", "2"], "2"),
-            ("prefill-step-negative", ["--prefill-step", "-1"], "-1"),
+            ("max-tokens-negative", ["--max-tokens", "-1"], "got -1"),
+            ("max-tokens-0", ["--max-tokens", "0"], "got 0"),
+            ("temp-negative", ["--temp", "-1"], "got -1"),
+            ("temp-nan", ["--temp", "nan"], "'nan'"),
+            ("top-p-2", ["--top-p", "2"], "got 2"),
+            ("prefill-step-negative", ["--prefill-step", "-1"], "prefill step must be at least 1, got -1"),
         ]
     ),
-    option_case("bench-k-list", ["bench", "--model", "x", "--k", "8,0"], "0"),
-    option_case(
-        "bench-cache-list", ["bench", "--model", "x", "--expert-cache", "2G,banana"], "banana"
-    ),
-    option_case(
-        "bench-decode-0", ["bench", "--model", "x", "--decode-tokens", "0"], "--decode-tokens"
-    ),
-    option_case("chat-k-0", ["chat", "--k", "0"], "0"),
-    option_case("serve-allowed-hosts", ["serve", "--allowed-hosts", "ok.lan,a b!"], "a b!"),
-    option_case("app-max-tokens-0", ["--max-tokens", "0"], "0"),
+    ("bench-k-list", ["bench", "--model", "x", "--k", "8,0"], "got 0"),
+    ("bench-cache-list", ["bench", "--model", "x", "--expert-cache", "2G,banana"], "'banana'"),
+    ("bench-decode-0", ["bench", "--model", "x", "--decode-tokens", "0"], "--decode-tokens must be at least 1"),
+    ("chat-k-0", ["chat", "--k", "0"], "got 0"),
+    ("serve-allowed-hosts", ["serve", "--allowed-hosts", "ok.lan,a b!"], "a b!"),
+    ("app-max-tokens-0", ["--max-tokens", "0"], "got 0"),
+]  # fmt: skip
+
+CASES: list[Bad] = [
+    *(option_case(id, argv, says) for id, argv, says in BAD_OPTIONS),
     model_option_case("k-beyond-model", ["generate", "--k", "999", "--prompt", "hi"], "999"),
     Bad("prompt-too-long", "generate: a 30,000-token prompt on a 2,048 context", _long_prompt),
     model_option_case(
