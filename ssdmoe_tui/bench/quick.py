@@ -313,6 +313,141 @@ def _trace_conditions(engines: list) -> dict | None:
     }
 
 
+def _alternate(
+    engines: list, prompt: list[int], rounds: int, decode_tokens: int, log: Log
+) -> list[dict]:
+    """Warm every engine up, then `rounds` rounds of each, rotated by one a round: each
+    round's figures by engine name."""
+    import gc
+
+    for e in engines:  # warm-up: kernels, and the all-held engine reads every layer once
+        e.run(prompt[:8], 4)
+    rows: list[dict] = []
+    for r in range(rounds):
+        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+        got = {e.name: e.run(prompt, decode_tokens) for e in order}
+        gc.collect()
+        rows.append(got)
+        log(
+            f"  round {r + 1}/{rounds}: decode tok/s "
+            + ", ".join(f"{e.name} {got[e.name]['decode_tok_s']:.1f}" for e in engines)
+        )
+    return rows
+
+
+def _config_row(e: _Streamed, rows: list[dict], expert_cache: str) -> dict:
+    """One streamed configuration's figures: medians over the rounds, and its ratios to
+    the engine it is measured against (`e.base`) round by round."""
+    b = e.base
+    dec = [x[e.name]["decode_tok_s"] / x[b]["decode_tok_s"] for x in rows]
+    cpu = [x[b]["decode_cpu_ms"] / x[e.name]["decode_cpu_ms"] for x in rows]
+    pre = [x[e.name]["prefill_tok_s"] / x[b]["prefill_tok_s"] for x in rows]
+    med = {
+        key: statistics.median(x[e.name][key] for x in rows)
+        for key in ("decode_tok_s", "prefill_tok_s", "hit_rate", "sync_ms", "read_ms",
+                    "cache_ms", "mib_per_token")
+    }  # fmt: skip
+    res_ms = 1e3 / statistics.median(x[b]["decode_tok_s"] for x in rows)
+    ms = 1e3 / med["decode_tok_s"]
+    layers = len(e.sm.blocks)
+    routed = e.base != "resident"
+    return {
+        "expert_cache": expert_cache,
+        "routing": e.sm.cache.routing.label if routed else "model",
+        "pipeline": bool(getattr(e.sm.blocks[0].switch_mlp, "_pipe", False)),
+        "against": b,
+        "expert_cache_slots": e.sm.cache.capacity,
+        "share_of_experts": round(
+            e.sm.cache.capacity / (e.sm.index.num_experts * e.sm.index.num_layers), 4
+        ),
+        "decode_ratio_median": round(statistics.median(dec), 4),
+        "decode_ratios": [round(v, 4) for v in dec],
+        # resident CPU ms per token / streamed: the same ratio by CPU time
+        "decode_cpu_ratio_median": round(statistics.median(cpu), 4),
+        "decode_cpu_ratios": [round(v, 4) for v in cpu],
+        "prefill_ratio_median": round(statistics.median(pre), 4),
+        "prefill_ratios": [round(v, 4) for v in pre],
+        "decode_tok_s_median": round(med["decode_tok_s"], 2),
+        "prefill_tok_s_median": round(med["prefill_tok_s"], 2),
+        "hit_rate": round(med["hit_rate"], 4),
+        "ms_per_token": {
+            "total": round(ms, 3),
+            "router_sync": round(med["sync_ms"], 3),
+            "read_wait": round(med["read_ms"], 3),
+            "cache_bookkeeping": round(med["cache_ms"], 3),
+            "rest": round(ms - med["sync_ms"] - med["read_ms"] - med["cache_ms"], 3),
+        },
+        "requested_mib_per_token": round(med["mib_per_token"], 3),
+        "overhead_us_per_moe_layer": round((ms - res_ms) * 1e3 / layers, 1),
+        # trace-routed tokens are not the model's own: no claim (None)
+        "tokens_match_resident": None
+        if routed
+        else all(x[e.name]["tokens"] == x[b]["tokens"] for x in rows),  # fmt: skip
+    }
+
+
+def _pipeline_gain(rows: list[dict]) -> dict:
+    """The trace row's pipelined layer against the same row serial, round by round."""
+    pl = [x["trace"]["decode_tok_s"] / x["trace_serial"]["decode_tok_s"] for x in rows]
+    return {
+        "pipelined_over_serial_median": round(statistics.median(pl), 4),
+        "pipelined_over_serial": [round(v, 4) for v in pl],
+    }
+
+
+def _configs(engines: list, rows: list[dict], labels: dict[str, str]) -> dict:
+    """Every streamed engine's row by name (`labels`: its expert-cache label, "trace"
+    when absent); the trace row also carries its pipeline gain."""
+    out = {
+        e.name: _config_row(e, rows, labels.get(e.name, "trace"))
+        for e in engines
+        if isinstance(e, _Streamed)
+    }
+    if "trace" in out:
+        out["trace"].update(_pipeline_gain(rows))
+    return out
+
+
+def _conditions(
+    path: Path,
+    cfg: dict,
+    small: _Streamed,
+    traced: list,
+    rounds: int,
+    prompt_tokens: int,
+    decode_tokens: int,
+    t_start: float,
+) -> dict:
+    """What the run measured on: the model, the machine, the versions and the rounds."""
+    from ssdmoe_tui.bench import system
+
+    return {
+        "model": str(path),
+        "config": {
+            k: cfg.get(k)
+            for k in (
+                "num_hidden_layers",
+                "hidden_size",
+                "num_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+            )
+        },
+        "moe_layers": len(small.sm.blocks),
+        "trace_row": _trace_conditions(traced),
+        "dtype": str(small.sm.dtype).removeprefix("mlx.core."),
+        "device": system.device_description(),
+        "versions": system.versions(),
+        "source": system.source_state(),
+        "rounds": rounds,
+        "prompt_tokens": prompt_tokens,
+        "decode_tokens": decode_tokens,
+        "order": "resident, small, every expert; rotated each round",
+        "date": system.utc_now(),
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }  # fmt: skip
+
+
 def run_quick(
     path: Path | None = None,
     *,
@@ -329,7 +464,6 @@ def run_quick(
 
     import mlx.core as mx
 
-    from ssdmoe_tui.bench import system
     from ssdmoe_tui.engine.model.loader import parse_dtype
 
     if rounds < 3:
@@ -344,78 +478,15 @@ def run_quick(
     resident = _Resident(path, act)
     small = _Streamed("small", path, SMALL_CACHE if small_cache is None else small_cache, dtype)
     every = _Streamed("every", path, ALL_CACHE, dtype)
-    engines: list = [resident, small, every]
     traced = _trace_engines(act, dtype, log)
-    engines += traced
+    engines: list = [resident, small, every, *traced]
     try:
         cfg = small.sm.config.get("text_config", small.sm.config)
         vocab = min(int(cfg["vocab_size"]), 1024)
         prompt = [(7 + 13 * i) % (vocab - 8) + 4 for i in range(prompt_tokens)]
-        for e in engines:  # warm-up: kernels, and the all-held engine reads every layer once
-            e.run(prompt[:8], 4)
-        rows: list[dict] = []
-        for r in range(rounds):
-            order = engines[r % len(engines) :] + engines[: r % len(engines)]
-            got = {e.name: e.run(prompt, decode_tokens) for e in order}
-            gc.collect()
-            rows.append(got)
-            log(
-                f"  round {r + 1}/{rounds}: decode tok/s "
-                + ", ".join(f"{e.name} {got[e.name]['decode_tok_s']:.1f}" for e in engines)
-            )
+        rows = _alternate(engines, prompt, rounds, decode_tokens, log)
         costs = layer_costs(resident, small, every)
-        out_configs = {}
-        for e in [x for x in engines if isinstance(x, _Streamed)]:
-            b = e.base
-            dec = [x[e.name]["decode_tok_s"] / x[b]["decode_tok_s"] for x in rows]
-            cpu = [x[b]["decode_cpu_ms"] / x[e.name]["decode_cpu_ms"] for x in rows]
-            pre = [x[e.name]["prefill_tok_s"] / x[b]["prefill_tok_s"] for x in rows]
-            med = {
-                key: statistics.median(x[e.name][key] for x in rows)
-                for key in ("decode_tok_s", "prefill_tok_s", "hit_rate", "sync_ms", "read_ms",
-                            "cache_ms", "mib_per_token")
-            }  # fmt: skip
-            res_ms = 1e3 / statistics.median(x[b]["decode_tok_s"] for x in rows)
-            ms = 1e3 / med["decode_tok_s"]
-            layers = len(e.sm.blocks)
-            routed = e.base != "resident"
-            out_configs[e.name] = {
-                "expert_cache": "all" if e is every else small_label if e is small else "trace",
-                "routing": e.sm.cache.routing.label if routed else "model",
-                "pipeline": bool(getattr(e.sm.blocks[0].switch_mlp, "_pipe", False)),
-                "against": b,
-                "expert_cache_slots": e.sm.cache.capacity,
-                "share_of_experts": round(
-                    e.sm.cache.capacity / (e.sm.index.num_experts * e.sm.index.num_layers), 4
-                ),
-                "decode_ratio_median": round(statistics.median(dec), 4),
-                "decode_ratios": [round(v, 4) for v in dec],
-                # resident CPU ms per token / streamed: the same ratio by CPU time
-                "decode_cpu_ratio_median": round(statistics.median(cpu), 4),
-                "decode_cpu_ratios": [round(v, 4) for v in cpu],
-                "prefill_ratio_median": round(statistics.median(pre), 4),
-                "prefill_ratios": [round(v, 4) for v in pre],
-                "decode_tok_s_median": round(med["decode_tok_s"], 2),
-                "prefill_tok_s_median": round(med["prefill_tok_s"], 2),
-                "hit_rate": round(med["hit_rate"], 4),
-                "ms_per_token": {
-                    "total": round(ms, 3),
-                    "router_sync": round(med["sync_ms"], 3),
-                    "read_wait": round(med["read_ms"], 3),
-                    "cache_bookkeeping": round(med["cache_ms"], 3),
-                    "rest": round(ms - med["sync_ms"] - med["read_ms"] - med["cache_ms"], 3),
-                },
-                "requested_mib_per_token": round(med["mib_per_token"], 3),
-                "overhead_us_per_moe_layer": round((ms - res_ms) * 1e3 / layers, 1),
-                # trace-routed tokens are not the model's own: no claim (None)
-                "tokens_match_resident": None
-                if routed
-                else all(x[e.name]["tokens"] == x[b]["tokens"] for x in rows),  # fmt: skip
-            }
-        if traced:  # the pipeline's own gain, round by round: pipelined / serial
-            pl = [x["trace"]["decode_tok_s"] / x["trace_serial"]["decode_tok_s"] for x in rows]
-            out_configs["trace"]["pipelined_over_serial_median"] = round(statistics.median(pl), 4)
-            out_configs["trace"]["pipelined_over_serial"] = [round(v, 4) for v in pl]
+        out_configs = _configs(engines, rows, {"small": small_label, "every": "all"})
         resident_med = {
             key: round(statistics.median(x["resident"][key] for x in rows), 2)
             for key in ("decode_tok_s", "prefill_tok_s")
@@ -423,31 +494,9 @@ def run_quick(
         return {
             "schema": 1,
             "kind": "bench-quick",
-            "conditions": {
-                "model": str(path),
-                "config": {
-                    k: cfg.get(k)
-                    for k in (
-                        "num_hidden_layers",
-                        "hidden_size",
-                        "num_experts",
-                        "num_experts_per_tok",
-                        "moe_intermediate_size",
-                    )
-                },
-                "moe_layers": len(small.sm.blocks),
-                "trace_row": _trace_conditions(traced),
-                "dtype": str(small.sm.dtype).removeprefix("mlx.core."),
-                "device": system.device_description(),
-                "versions": system.versions(),
-                "source": system.source_state(),
-                "rounds": rounds,
-                "prompt_tokens": prompt_tokens,
-                "decode_tokens": decode_tokens,
-                "order": "resident, small, every expert; rotated each round",
-                "date": system.utc_now(),
-                "seconds": round(time.perf_counter() - t_start, 1),
-            },  # fmt: skip
+            "conditions": _conditions(
+                path, cfg, small, traced, rounds, prompt_tokens, decode_tokens, t_start
+            ),
             "resident": resident_med,
             "configs": out_configs,
             "per_moe_layer": costs,
