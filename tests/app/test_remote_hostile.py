@@ -38,10 +38,18 @@ LIVE = {"decode_tok_s": 1.0, "prefill_tok_s": 1.0, "ssd_mib_per_token": 0.0,
 STATS = {"model": "hostile", "engine": {"device": "cpu"}, "live": LIVE}
 
 
+def event(data: bytes) -> bytes:
+    """One server-sent event: its data line and the blank line that ends it."""
+    return b"data: " + data + b"\n\n"
+
+
+DONE = event(b"[DONE]")
+
+
 def chunk(content: str = "", finish: str | None = None, **extra) -> bytes:
     c = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}],
          **extra}  # fmt: skip
-    return b"data: " + json.dumps(c).encode() + b"\n\n"
+    return event(json.dumps(c).encode())
 
 
 Behaviour = Callable[[BaseHTTPRequestHandler], None]
@@ -217,7 +225,7 @@ def test_stats_with_strings_where_numbers_belong_are_skipped(hostile):
     srv = hostile(_v1_stats=answer(bad),
                   _v1_chat_completions=stream(chunk("Hello"), b": keepalive\n\n",
                                               chunk(" there", "stop", ssdmoe={"k": "x"}),
-                                              b"data: [DONE]\n\n"))  # fmt: skip
+                                              DONE))  # fmt: skip
     # ("k": "x" on the last chunk: a bad extension is a refusal in words, not a crash)
     c = Client(srv.url)
     c.wait(P.ModelLoaded, 10)
@@ -258,7 +266,7 @@ def call_chunk(arguments: str, index: int = 0) -> bytes:
     call = {"index": index, "id": "c1", "type": "function",
             "function": {"name": "f", "arguments": arguments}}  # fmt: skip
     c = {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
-    return b"data: " + json.dumps(c).encode() + b"\n\n"
+    return event(json.dumps(c).encode())
 
 
 def test_endless_tool_call_arguments_are_cut_at_the_max_tokens_asked(hostile):
@@ -274,31 +282,29 @@ def test_endless_tool_call_arguments_are_cut_at_the_max_tokens_asked(hostile):
     c.engine.shutdown(2)
 
 
+# A malformed event's data -> what the one line must quote of it.
 CHUNK_CASES = {
-    "choices a string": (
-        b'data: {"choices": "x"}\n\n',
-        "a chunk whose 'choices' is 'x' (not a list)",
-    ),
-    "a choice a string": (b'data: {"choices": ["x"]}\n\n', "a chunk whose choice is"),
-    "delta a number": (b'data: {"choices": [{"delta": 3}]}\n\n', "'delta' is 3"),
+    "choices a string": (b'{"choices": "x"}', "a chunk whose 'choices' is 'x' (not a list)"),
+    "a choice a string": (b'{"choices": ["x"]}', "a chunk whose choice is"),
+    "delta a number": (b'{"choices": [{"delta": 3}]}', "'delta' is 3"),
     "content a list": (
-        b'data: {"choices": [{"delta": {"content": [1]}}]}\n\n',
+        b'{"choices": [{"delta": {"content": [1]}}]}',
         "'content' is [1] (not a text)",
-    ),  # fmt: skip
-    "not JSON": (b"data: {oops\n\n", "a chunk that is not JSON"),
-    "a list": (b"data: [1, 2]\n\n", "a chunk that is not a JSON object"),
+    ),
+    "not JSON": (b"{oops", "a chunk that is not JSON"),
+    "a list": (b"[1, 2]", "a chunk that is not a JSON object"),
     "usage in words": (
-        b'data: {"choices": [], "usage": {"completion_tokens": "9"}}\n\n',
+        b'{"choices": [], "usage": {"completion_tokens": "9"}}',
         "'completion_tokens' is '9'",
-    ),  # fmt: skip
-    "an error event": (b'data: {"error": {"message": "boom \\u001b[2J"}}\n\n', "boom"),
+    ),
+    "an error event": (b'{"error": {"message": "boom \\u001b[2J"}}', "boom"),
 }
 
 
 @pytest.mark.parametrize("case", list(CHUNK_CASES), ids=list(CHUNK_CASES))
 def test_a_malformed_chunk_is_one_line_saying_what_was_sent(hostile, case):
     data, needle = CHUNK_CASES[case]
-    srv = hostile(_v1_chat_completions=stream(chunk("ok "), data, b"data: [DONE]\n\n"))
+    srv = hostile(_v1_chat_completions=stream(chunk("ok "), event(data), DONE))
     c = Client(srv.url)
     c.wait(P.ModelLoaded, 10)
     c.ask()
