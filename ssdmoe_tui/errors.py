@@ -51,7 +51,7 @@ def user_message(exc: BaseException) -> str:
         text = "out of memory: lower the expert cache (--expert-cache) or K"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return printable(" ".join(text.split()), 300)  # a name's ANSI escape is not sent raw
+    return printable(" ".join(text.split()), 500)  # a name's ANSI escape is not sent raw
 
 
 def printable(value: str, limit: int = 200) -> str:

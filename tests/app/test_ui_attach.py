@@ -154,7 +154,9 @@ def _refusal(app: SsdmoeApp, call) -> str:
 
 
 async def test_a_server_with_a_key_and_killed_mid_reply(demo_model, tmp_path, monkeypatch):
-    served = start_server(demo_model, tmp_path / "serve", api_key=KEY)
+    # Each token at least 0.05 s after the last: its 64-token replies last >= 3.2 s, so
+    # Esc and the kill land mid-reply however fast the machine.
+    served = start_server(demo_model, tmp_path / "serve", api_key=KEY, per_token_s=0.05)
     try:
         monkeypatch.setenv("SSDMOE_LOCK_DIR", str(served.lock_dir))
         monkeypatch.delenv("SSDMOE_API_KEY", raising=False)

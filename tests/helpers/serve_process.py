@@ -27,16 +27,22 @@ class Served:
         return int(self.url.rsplit(":", 1)[1])
 
 
-def start_server(model: Path, root: Path, *, api_key: str | None = None) -> Served:
+def start_server(
+    model: Path, root: Path, *, api_key: str | None = None, per_token_s: float = 0.0
+) -> Served:
     """`ssdmoe serve --port 0` with its own lock folder and data folder; waits (bounded)
-    for its ready line."""
+    for its ready line. `per_token_s` > 0: each token of its replies at least that long
+    after the previous one (tests/helpers/paced_serve.py), for a test that acts mid-reply."""
     lock_dir = root / "locks"
     env = {**os.environ, "SSDMOE_LOCK_DIR": str(lock_dir), "SSDMOE_HOME": str(root / "home")}
     env.pop("SSDMOE_API_KEY", None)
     if api_key is not None:
         env["SSDMOE_API_KEY"] = api_key
+    entry = (
+        ["tests.helpers.paced_serve", str(per_token_s)] if per_token_s > 0 else ["ssdmoe_tui.cli"]
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ssdmoe_tui.cli", "serve", "--model", str(model), "--port", "0"]
+        [sys.executable, "-m", *entry, "serve", "--model", str(model), "--port", "0"]
         + ["--no-disk-cache", "--max-tokens", "64"],
         cwd=REPO,
         env=env,
