@@ -16,8 +16,9 @@ OVERHEAD_BYTES = 16 << 20
 
 def test_min_cache_bytes_and_memory(checkpoints):
     path = checkpoints("qwen3_5_moe")
-    # MLX's peak counts every array of the process: what earlier tests in this worker still
-    # hold (or left to the collector) is counted apart, so the bound is this model's own.
+    # MLX's peak counts every array of the process: garbage earlier tests in this worker left
+    # is collected first, and what they still hold is added to the bound, so the bound is
+    # this model's own.
     gc.collect()
     held_before = mx.get_active_memory()
     sm = load_streamed(path, expert_cache="1")
