@@ -7,7 +7,8 @@ Layers, each one job:
   generations at once (decoded together), a bounded queue;
 - `prompts.py`: exact-history prompts (a record of each reply's tokens, keyed by the
   messages a client sends back) and `prompt_cache.py`: KV checkpoints on disk;
-- `output.py`: stop strings and tool calls cut out of the streamed text;
+- `prompting/output.py` (shared with the app's tool loop): stop strings and tool calls cut
+  out of the streamed text;
 - `routes.py`: paths, key check, error envelope, middleware; the `serving_*` modules
   handle requests (vLLM's layout), on `serving_engine.py`'s shared generation steps.
 

@@ -15,39 +15,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ssdmoe_tui.options import SEED_MAX, SamplingOptions
+from ssdmoe_tui.prompting.output import ToolCall
 from ssdmoe_tui.server.errors import ApiError, bad_request
 
 _K_SUFFIX = re.compile(r"^(?P<base>.+)@k(?P<k>\d{1,4})$")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # a JSON text, as OpenAI sends it
-
-    def for_template(self) -> dict:
-        """Templates iterate the arguments (`|items`): give them the parsed object."""
-        try:
-            args: Any = json.loads(self.arguments) if self.arguments.strip() else {}
-        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
-            args = self.arguments
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": args},
-        }
-
-    def canonical(self) -> tuple[str, str]:
-        """(name, arguments) with the JSON normalized, so a client's re-serialization of
-        the same call (spacing, key order) still matches what we sent."""
-        try:
-            args = json.dumps(json.loads(self.arguments), sort_keys=True, ensure_ascii=False)
-        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
-            args = self.arguments
-        return self.name, args
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Piece, Reasoning
 from ssdmoe_tui.server.engine_client import Job
-from ssdmoe_tui.server.output import Call, Content, OutputFilter, Piece, Reasoning
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall, parse_chat
 from ssdmoe_tui.server.serving_engine import ServerState

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ssdmoe_tui.prompting.output import Content, OutputFilter, Piece
 from ssdmoe_tui.server.engine_client import Job
-from ssdmoe_tui.server.output import Content, OutputFilter, Piece
 from ssdmoe_tui.server.schema import CompletionRequest, parse_completion
 from ssdmoe_tui.server.serving_openai import OpenAIServing
 

@@ -23,11 +23,7 @@ from starlette.responses import Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError
 from ssdmoe_tui.options import SamplingOptions, check_k
-from ssdmoe_tui.server.engine_client import AsyncEngine, Job, Ticket, new_request_id
-from ssdmoe_tui.server.errors import ApiError, bad_request
-from ssdmoe_tui.server.hosts import HostPolicy
-from ssdmoe_tui.server.http import read_json, sse, until_disconnect
-from ssdmoe_tui.server.output import (
+from ssdmoe_tui.prompting.output import (
     OutputFilter,
     Piece,
     ThinkFormat,
@@ -36,6 +32,10 @@ from ssdmoe_tui.server.output import (
     think_format_for,
     tool_format_for,
 )
+from ssdmoe_tui.server.engine_client import AsyncEngine, Job, Ticket, new_request_id
+from ssdmoe_tui.server.errors import ApiError, bad_request
+from ssdmoe_tui.server.hosts import HostPolicy
+from ssdmoe_tui.server.http import read_json, sse, until_disconnect
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
 from ssdmoe_tui.server.schema import ChatRequest, Sampling

@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
-from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ToolCall
 from ssdmoe_tui.server.schema_messages import MessagesRequest, parse_messages

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ssdmoe_tui.engine.run import protocol as P
+from ssdmoe_tui.prompting.output import OutputFilter, Piece
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
-from ssdmoe_tui.server.output import OutputFilter, Piece
 from ssdmoe_tui.server.schema import ChatRequest, CompletionRequest
 from ssdmoe_tui.server.serving_engine import Serving
 

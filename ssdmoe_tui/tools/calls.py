@@ -1,8 +1,8 @@
-"""The tool calls in a finished reply, found by the server's own parser.
+"""The tool calls in a finished reply, found by the parser the server uses.
 
 The model writes a call in its template's format (Qwen3's JSON inside `<tool_call>`,
 the XML `<function=..>` form of Qwen3.5 and Nemotron 3); mlx-lm infers which from the
-chat template when the tokenizer loads, and `server.output.OutputFilter` pulls the
+chat template when the tokenizer loads, and `prompting.output.OutputFilter` pulls the
 blocks out of the text. The app uses the same filter on the whole reply, so a call the
 server would return to an agent is the call the app shows and runs."""
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ssdmoe_tui.server.output import Call, Content, OutputFilter, tool_format_for
+from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, tool_format_for
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.prompting.chat_format import encode
+from ssdmoe_tui.prompting.output import OutputFilter
 from ssdmoe_tui.server.engine_client import Job
-from ssdmoe_tui.server.output import OutputFilter
 
 TOOLS = [
     {"type": "function", "function": {

@@ -20,8 +20,8 @@ from pydantic import TypeAdapter
 
 from ssdmoe_tui.checkpoint.config import load_tokenizer
 from ssdmoe_tui.prompting.chat_format import first_turn_tokens
+from ssdmoe_tui.prompting.output import OutputFilter
 from ssdmoe_tui.server.engine_client import AsyncEngine
-from ssdmoe_tui.server.output import OutputFilter
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema_messages import parse_messages
 from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState

@@ -21,8 +21,8 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning, think_format_for
 from ssdmoe_tui.server.engine_client import AsyncEngine
-from ssdmoe_tui.server.output import Call, Content, OutputFilter, Reasoning, think_format_for
 from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import parse_chat
 from ssdmoe_tui.server.schema_messages import parse_messages
@@ -58,7 +58,7 @@ def test_the_think_block_is_split_off_in_pieces_of_any_size(tokenizers, size):
     tok = tokenizers[QWEN3]
     fmt = think_format_for(tok)
     assert (fmt.start, fmt.end) == ("<think>", "</think>")
-    from ssdmoe_tui.server.output import tool_format_for
+    from ssdmoe_tui.prompting.output import tool_format_for
     from tests.helpers.tools import run_filter
 
     filt = OutputFilter((), tool_format_for(tok), [t for t in TOOLS], fmt)

@@ -25,9 +25,9 @@ from openai.types.chat import ChatCompletionChunk
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, hf_tokenizer
+from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, named_format, tool_format_for
 from ssdmoe_tui.server.engine_client import AsyncEngine, Job
 from ssdmoe_tui.server.errors import ApiError
-from ssdmoe_tui.server.output import Call, Content, OutputFilter, named_format, tool_format_for
 from ssdmoe_tui.server.prompts import READS_CACHED_MAX, HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import ChatMessage, ToolCall, parse_chat
 from ssdmoe_tui.server.serving_chat import ServingChat

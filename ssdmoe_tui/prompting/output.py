@@ -21,7 +21,36 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ssdmoe_tui.server.schema import ToolCall
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call: as OutputFilter finds it in a model's reply, and as a client sends it
+    back in an assistant message (server/schema.py parses those into this)."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON text, as OpenAI sends it
+
+    def for_template(self) -> dict:
+        """Templates iterate the arguments (`|items`): give them the parsed object."""
+        try:
+            args: Any = json.loads(self.arguments) if self.arguments.strip() else {}
+        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
+            args = self.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": args},
+        }
+
+    def canonical(self) -> tuple[str, str]:
+        """(name, arguments) with the JSON normalized, so a client's re-serialization of
+        the same call (spacing, key order) still matches what we sent."""
+        try:
+            args = json.dumps(json.loads(self.arguments), sort_keys=True, ensure_ascii=False)
+        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
+            args = self.arguments
+        return self.name, args
 
 
 @dataclass(frozen=True)
