@@ -35,6 +35,12 @@ def is_mlx_missing(exc: BaseException) -> bool:
     return name == "mlx" or name.startswith("mlx.") or "libmlx" in str(exc)
 
 
+MESSAGE_LIMIT = 500
+"""The longest one-line message a user is shown: room for a cache path and its copy hint.
+Both ends keep to it: the server's `user_message` and the attached app's reading of an
+error the server sent (chat/wire.py), so a message is not cut shorter on the way."""
+
+
 def user_message(exc: BaseException) -> str:
     """One line for the user; never a traceback."""
     if isinstance(exc, SsdmoeError):
@@ -51,7 +57,7 @@ def user_message(exc: BaseException) -> str:
         text = "out of memory: lower the expert cache (--expert-cache) or K"
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return printable(" ".join(text.split()), 500)  # a name's ANSI escape is not sent raw
+    return printable(" ".join(text.split()), MESSAGE_LIMIT)  # a name's ANSI escape is not sent raw
 
 
 def printable(value: str, limit: int = 200) -> str:

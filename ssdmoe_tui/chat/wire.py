@@ -20,7 +20,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, get_type_hints
 
 from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.errors import printable
+from ssdmoe_tui.errors import MESSAGE_LIMIT, printable
 
 MAX_COUNT = 1 << 53  # a count or a byte size past this is no real one
 MAX_TEXT = 1 << 10  # a name, a device, a dtype
@@ -185,7 +185,8 @@ def chunk(data: bytes | str) -> Chunk:
     if "error" in event:
         err = event["error"]
         msg = err.get("message") if isinstance(err, dict) else err
-        return Chunk(error=printable(msg, 300) if isinstance(msg, str) else shown(msg, 300))
+        said = printable(msg, MESSAGE_LIMIT) if isinstance(msg, str) else shown(msg, MESSAGE_LIMIT)
+        return Chunk(error=said)
     reasoning, content, finish = [], [], None
     calls: list[tuple[int, str, str, str]] = []
     choices = event.get("choices")
@@ -254,7 +255,7 @@ def turn_stats(stats: dict[str, Any]) -> dict[str, float]:
 
 def error_message(body: bytes) -> str:
     """The `message` of an OpenAI (or Anthropic) error envelope, else the body's start
-    (one line, at most 300 characters)."""
+    (one line, at most MESSAGE_LIMIT characters)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
@@ -267,4 +268,4 @@ def error_message(body: bytes) -> str:
         out = shown(data, 200)
     else:
         out = body[:200].decode("utf-8", "replace").strip() or "no reason given"
-    return printable(" ".join(out.split()), 300)
+    return printable(" ".join(out.split()), MESSAGE_LIMIT)

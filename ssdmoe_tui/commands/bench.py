@@ -67,8 +67,8 @@ ARGUMENTS: tuple[Adder, ...] = (
          help="decode with and without speculation side by side on one engine: ngram, auto, "
          "oracle[:P[,P...]] (drafts from a previous greedy run, each wrong with probability "
          "1-P; P as 0..1 or 70%%)"),
-    flag("--draft-depth", type=arg_type(parse_depth_list), default=[None], metavar="D[,...]",
-         help="with --speculate: draft depths, auto (the governor) and/or 1..8"),
+    flag("--draft-depth", type=arg_type(parse_depth_list), default=None, metavar="D[,...]",
+         help="with --speculate: draft depths, auto (the governor, the default) and/or 1..8"),
     flag("--prompt-file", default=None, metavar="FILE",
          help="with --speculate: this text as a chat-templated user turn instead of the "
          "fixed prompt"),
@@ -114,7 +114,7 @@ ARGUMENTS: tuple[Adder, ...] = (
          "trained K and router mass, recorded beside the speed (as `ssdmoe eval`)"),
     flag("--quality-tokens", type=_count("--quality-tokens"), default=512,
          help="with --quality: the text's first N tokens"),
-    flag("--batch", type=list_type(_batch_size, "--batch"), default=[], metavar="B[,B...]",
+    flag("--batch", type=list_type(_batch_size, "--batch"), default=None, metavar="B[,B...]",
          help="also decode B sequences together (different prompts; trace-driven: each at "
          "another offset of the trace): aggregate and per-stream tok/s, MiB/token per "
          "sequence"),
@@ -194,7 +194,7 @@ def _bench_options(args: argparse.Namespace, dist) -> BenchOptions:
         distributed=dist,
         quality_text=Path(args.quality) if args.quality else None,
         quality_tokens=args.quality_tokens,
-        batch=args.batch,
+        batch=args.batch or [],
         batch_check=args.batch_check,
         fit=Path(fit) if fit is not None else None,
     )
@@ -307,7 +307,7 @@ def _run_speculate(args: argparse.Namespace) -> int:
                 atomic_write_text(Path(args.json_out), json.dumps(partial, indent=1) + "\n")
 
         result = run_speculate(
-            runner, prompt, args.decode_tokens or 64, args.speculate, args.draft_depth,
+            runner, prompt, args.decode_tokens or 64, args.speculate, args.draft_depth or [None],
             args.rounds or 3, log, on_round=save,
         )  # fmt: skip
     finally:

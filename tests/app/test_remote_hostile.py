@@ -298,6 +298,11 @@ CHUNK_CASES = {
         "'completion_tokens' is '9'",
     ),
     "an error event": (b'{"error": {"message": "boom \\u001b[2J"}}', "boom"),
+    # as long as the server's own messages may be (errors.MESSAGE_LIMIT): read whole, not cut
+    "a long error event": (
+        b'{"error": {"message": "' + b"x" * 440 + b' copy it with --model PATH"}}',
+        "copy it with --model PATH",
+    ),
 }
 
 
