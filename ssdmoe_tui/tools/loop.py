@@ -4,7 +4,7 @@ what a denied or failed call tells the model, and when the loop stops.
     loop.begin()                          # a new user turn: the round count restarts
     for call in calls:                    # the model's calls in one reply
         if loop.needs_approval(conv, call.name): ... ask: once / always / deny
-        result = loop.run(call)           # or loop.denied(call)
+        result = loop.run(call, ticket)   # or loop.denied(call)
     why = loop.next_round(max_rounds)     # None: run them; else one line, stop
 
 Approvals are remembered per conversation ("always" for one tool in one conversation),
@@ -37,14 +37,15 @@ class ToolLoop:
         if choice == ALWAYS:
             self.always.setdefault(conversation or "", set()).add(tool)
 
-    def run(self, call: ToolCall) -> ToolResult:
-        """Run one call (blocking, bounded by its server's timeout)."""
+    def run(self, call: ToolCall, ticket: int | None = None) -> ToolResult:
+        """Run one call (blocking, bounded by its server's timeout); `ticket` is
+        `servers.ticket()` taken where the call was approved."""
         try:
             args = call.args()
         except (ValueError, RecursionError) as e:
             msg = f"{call.name}: arguments are not a JSON object ({e})"
             return ToolResult(f"Error: {msg}", True, msg)
-        return self.servers.call(call.name, args)
+        return self.servers.call(call.name, args, ticket)
 
     @staticmethod
     def denied(call: ToolCall) -> ToolResult:

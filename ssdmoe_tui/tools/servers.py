@@ -139,6 +139,7 @@ class ToolServers:
         self._lock = threading.Lock()
         self._closed = False
         self._calls: set[concurrent.futures.Future] = set()  # tool calls in flight
+        self._stops = 0  # cancel_calls so far: a call's ticket from before one is refused
 
     # ------------------------------------------------------------------ queries
 
@@ -276,10 +277,16 @@ class ToolServers:
         os.fchmod(fd, 0o600)  # an older log made before this rule
         return os.fdopen(fd, "a", encoding="utf-8")
 
-    def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+    def ticket(self) -> int:
+        """Taken where the user decides a call runs (the UI thread, before it hands the
+        call to a worker thread), passed to `call`: a call whose ticket predates an Esc
+        (`cancel_calls`) is not sent, though its thread only reaches `call` after it."""
+        return self._stops
+
+    def call(self, name: str, arguments: dict[str, Any], ticket: int | None = None) -> ToolResult:
         """Call a tool with its server's timeout. Never raises: an unknown tool, a server
         that is gone, a timeout or an error the server reports is an error result for the
-        model and one line for the user."""
+        model and one line for the user; a call stopped (see `ticket`) is one too."""
         server = next(
             (s for s in self.servers.values() if s.state == "running" and any(t.name == name for t in s.tools)),
             None,
@@ -289,13 +296,18 @@ class ToolServers:
             msg = f"unknown tool {name!r} (available: {known})"
             return ToolResult(f"Error: {msg}", True, msg)
         timeout = server.config.timeout
-        fut = asyncio.run_coroutine_threadsafe(self._call(server, name, arguments), self._loop)
-        self._calls.add(fut)
+        note = f"{name} ({server.config.name}): stopped"
+        stopped = ToolResult("Error: the call was stopped by the user", True, note)
+        with self._lock:  # registered, or refused, wholly before or after a cancel_calls
+            if ticket is not None and ticket != self._stops:
+                return stopped
+            coro = self._call(server, name, arguments)
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._calls.add(fut)
         try:
             result = fut.result(timeout=timeout + 2.0)
         except concurrent.futures.CancelledError:  # cancel_calls / close
-            msg = f"{name} ({server.config.name}): stopped"
-            return ToolResult("Error: the call was stopped by the user", True, msg)
+            return stopped
         except Exception as e:  # noqa: BLE001 - any failure is the model's error result
             fut.cancel()
             why = _one_line(e)
@@ -323,8 +335,12 @@ class ToolServers:
         )
 
     def cancel_calls(self) -> None:
-        """Stop the tool calls in flight (Esc): their callers get an error result now."""
-        for fut in list(self._calls):
+        """Stop the tool calls in flight (Esc): their callers get an error result now, and
+        a call whose ticket was taken before this is not sent."""
+        with self._lock:
+            self._stops += 1
+            calls = list(self._calls)
+        for fut in calls:
             fut.cancel()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:

@@ -4,7 +4,8 @@
     python -m tests.tools.mcp_test_server http PORT
 
 Tools: `get_weather(city)` (a fixed forecast), `slow(seconds)` (sleeps: timeouts),
-`fail()` (raises: an error result), `secret()` (left out by allow-lists in tests).
+`fail()` (raises: an error result), `secret()` (left out by allow-lists in tests),
+`mark(path)` (writes the file: whether a call reached the server).
 With PID_FILE set, the server writes its process id there (orphan checks).
 """
 
@@ -38,6 +39,14 @@ def slow(seconds: float) -> str:
 def fail() -> str:
     """Always fails."""
     raise RuntimeError("the disk is on fire")
+
+
+@server.tool()
+def mark(path: str) -> str:
+    """Write "ran" to a file."""
+    with open(path, "w") as f:
+        f.write("ran")
+    return "marked"
 
 
 @server.tool()

@@ -91,7 +91,7 @@ def test_stdio_server_lists_and_calls_tools_with_the_allow_list():
         assert servers.start() == []
         assert servers.servers["t"].state == "running"
         names = sorted(t.name for t in servers.tools())
-        assert names == ["fail", "get_weather", "slow"] and servers.servers["t"].hidden == 1
+        assert names == ["fail", "get_weather", "mark", "slow"] and servers.servers["t"].hidden == 1
         spec = next(t for t in servers.tools() if t.name == "get_weather")
         fn = spec.for_template()["function"]
         assert fn["parameters"]["properties"]["city"]["type"] == "string"
@@ -103,6 +103,24 @@ def test_stdio_server_lists_and_calls_tools_with_the_allow_list():
     finally:
         servers.close()
     assert servers.servers["t"].state == "stopped"
+
+
+def test_a_call_approved_before_an_esc_is_not_sent(tmp_path):
+    """Esc (cancel_calls) can come after the app approved a call and before the worker
+    thread running it reaches `call`: the ticket taken at approval stops it there, unsent,
+    where the call would otherwise run on with nobody waiting for its result."""
+    servers = ToolServers(check_mcp_servers({"t": stdio_server()}))
+    mark = tmp_path / "ran"
+    try:
+        assert servers.start() == []
+        ticket = servers.ticket()  # approved
+        servers.cancel_calls()  # Esc, before the thread gets to the call
+        late = servers.call("mark", {"path": str(mark)}, ticket)
+        assert late.is_error and late.note == "mark (t): stopped" and not mark.exists()
+        again = servers.call("mark", {"path": str(mark)}, servers.ticket())
+        assert again.text == "marked" and mark.read_text() == "ran"
+    finally:
+        servers.close()
 
 
 def test_a_stdio_servers_log_is_private(tmp_path):

@@ -116,8 +116,9 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
             block.set_state("denied")
         else:
             block.set_state("running")
+            ticket = loop.servers.ticket()  # an Esc from here on stops this call, sent or not
             try:
-                result = await asyncio.to_thread(loop.run, call)
+                result = await asyncio.to_thread(loop.run, call, ticket)
             except asyncio.CancelledError:  # Esc: the result, when it comes, is dropped
                 block.set_state("stopped")
                 raise
