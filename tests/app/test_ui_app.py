@@ -120,8 +120,12 @@ async def test_k_change_mid_generation_applies_to_later_tokens(demo_model, mid_s
         slider = app.query_one(KSlider)
         slider.focus()
         await tap(pilot, "right")
-        assert slider.k == trained + 1
-        assert f"K {trained + 1}/" in str(app.status_bar.render())
+        # the key and the slider's Changed message are handled in turn on the app's queue,
+        # which a busy machine serves later than tap's pause: waited for, not assumed done
+        await wait_until(pilot, lambda: slider.k == trained + 1, 10, "the slider to step")
+        await wait_until(
+            pilot, lambda: f"K {trained + 1}/" in str(app.status_bar.render()), 10, "K in the bar"
+        )
         await streaming(pilot, app, 25)
         await wait_until(
             pilot, lambda: any(on and rate > 0 for on, rate in rates), 30, "a rate mid-reply"
@@ -137,7 +141,7 @@ async def test_k_change_mid_generation_applies_to_later_tokens(demo_model, mid_s
         # The global keys step K too, without leaving the prompt.
         app.chat_pane.prompt.focus()
         await tap(pilot, "ctrl+down", "ctrl+down")
-        assert slider.k == trained - 1
+        await wait_until(pilot, lambda: slider.k == trained - 1, 10, "K to step down twice")
         assert "speed/quality trade-off" in str(slider.render())
 
 
@@ -256,9 +260,9 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
 async def test_quit_asks_while_streaming(demo_model, mid_stream):
     async with long_reply_streaming(demo_model) as (app, pilot):
         await tap(pilot, "ctrl+q")
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the question")
         await tap(pilot, "n")
-        assert not isinstance(app.screen, ConfirmScreen)
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 10, "its end")
         assert app.is_running and app.inflight is not None
         await tap(pilot, "ctrl+q")
         await tap(pilot, "y")

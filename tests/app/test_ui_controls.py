@@ -21,6 +21,7 @@ from tests.helpers.pilot import (
     settings_error,
     tap,
     type_and_send,
+    wait_until,
 )
 
 
@@ -64,7 +65,10 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
 
         # Edit and resend the last prompt.
         await tap(pilot, "ctrl+l")
-        assert app.chat_pane.editing and app.chat_pane.prompt.text == "hello"
+        await wait_until(
+            pilot, lambda: app.chat_pane.editing and app.chat_pane.prompt.text == "hello", 10,
+            "the last prompt back in the box",
+        )  # fmt: skip
         app.chat_pane.prompt.load_text("hello again")
         await tap(pilot, "enter")
         third = await next_reply(pilot, app, second)
