@@ -240,29 +240,41 @@ def test_default_is_a_known_policy() -> None:
     assert DEFAULT_POLICY in POLICY_NAMES
 
 
-@pytest.mark.heavy  # 10-30 s on a loaded machine: out of `make test-fast`
+@pytest.mark.heavy  # 5-15 s in all on a loaded machine: out of `make test-fast`
 @pytest.mark.parametrize("name", ALL)
-def test_operations_stay_linear_at_engine_scale(name: str) -> None:
-    """48 layers x K=8 at 2x K per layer: a real eviction-heavy stream. Four times the
-    tokens must cost about four times the CPU time: an O(n) slip per lookup (a scan of
-    the cache) would make it ~16x. A ratio within one process, on CPU time, so machine
-    load does not decide it (speed itself is the benchmarks' job)."""
-    layers, k, capacity = 48, 8, 2 * 8 * 48
+def test_operations_stay_linear_in_tokens(name: str) -> None:
+    """16x the tokens must cost about 16x the CPU time, never the ~256x of a policy whose
+    work per lookup grows with the tokens served (a heap never compacted, a history
+    scanned on every victim). An eviction-heavy stream (2x K slots a layer, K=8 of 128
+    experts), timed after the cache has filled.
+
+    A ratio of CPU times within one process, with the bound at the geometric middle of
+    linear and quadratic (64x) so that neither side is near it: linear policies measure
+    13-25x here (`predict` grows while its co-occurrence rows fill: bounded by the expert
+    count), and a machine under load has inflated one run over the other by 1.4x. The
+    old bound, 9x for 4x the tokens, sat 1.4x above `predict`'s own 6.5x and failed
+    under two suites at once (9.2x). 12 layers rather than the engine's 48: growth with
+    tokens does not depend on the layer count, and fewer layers buy the wider ratio in
+    less time. Speed itself is the benchmarks' job."""
+    layers, k, capacity = 12, 8, 2 * 8 * 12
 
     def cpu_seconds(tokens: int) -> float:
-        stream = skewed_stream(tokens, layers, 128, k, seed=4)
+        stream = skewed_stream(4 + tokens, layers, 128, k, seed=4)
         cache = Cache(make_policy(name, capacity, layers), capacity)
+        for sel in stream[:4]:  # fill the cache: the timed tokens all evict
+            cache.token(sel)
         t0 = time.process_time()
-        for sel in stream:
+        for sel in stream[4:]:
             cache.token(sel)
         return time.process_time() - t0
 
-    cpu_seconds(4)  # warm the code paths
-    # The least of three runs each: a run of a few ms can take a preemption or a cold
-    # cache on a loaded machine (one did: 15.8x), never less time than the work needs.
-    short = min(cpu_seconds(24) for _ in range(3))
-    long = min(cpu_seconds(96) for _ in range(3))
-    assert long < 9 * max(short, 1e-3), f"{name}: 4x the tokens took {long / short:.1f}x"
+    # Short and long alternate, so a change of load hits both sizes; the least of three
+    # runs each: a run can take a preemption or a cold cache, never less time than the
+    # work needs.
+    runs = [(cpu_seconds(12), cpu_seconds(192)) for _ in range(3)]
+    short = max(min(s for s, _ in runs), 1e-4)
+    long = min(lo for _, lo in runs)
+    assert long < 64 * short, f"{name}: 16x the tokens took {long / short:.1f}x"
 
 
 @pytest.mark.parametrize("name", ["layer-lru", "layer-lfu"])
