@@ -23,6 +23,7 @@ from tests.helpers.pilot import (
     loaded,
     next_reply,
     open_list,
+    opened,
     send,
     session_app,
     tap,
@@ -82,7 +83,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         assert summary.model_id == "demo-model"
         assert "demo-model · 2 turns" in str(screen.option_list.get_option_at_index(0).prompt)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: second.chat.session_id == conv_id, 5, "the resume")
+        await opened(pilot, second, conv_id)
         assert not isinstance(second.screen, ConversationsScreen)
         assert texts(second) == shown  # the transcript at once, from the stored turns
         # Warm resume: the experts saved with the checkpoint are read back in the background.
@@ -190,7 +191,7 @@ async def test_list_search_rename_export_delete(tmp_path):
 
         # Open the other one: its transcript shows at once.
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.chat.session_id == ssd, 5, "the open")
+        await opened(pilot, app, ssd)
         assert texts(app) == [
             ("user", "Tell me about SSD streaming"),
             ("assistant", "It reads the routed experts."),
@@ -246,8 +247,6 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await tap(pilot, "enter")
         # The reopened transcript is restored after the switch: waited for, not assumed
         # (a slowed engine showed the switch before its first message: IndexError).
-        await wait_until(
-            pilot, lambda: app.chat.session_id == first and texts(app), 5, "the reopen"
-        )
+        await opened(pilot, app, first)
         assert texts(app)[0] == ("user", "hello there")
         assert time.monotonic() - start < 5

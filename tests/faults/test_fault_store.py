@@ -68,7 +68,7 @@ async def test_conversation_list_in_the_app_survives_a_damaged_file():
     """F3 with a non-UTF-8, a deeply nested and an overflowing conversation present: the
     app does not crash, lists them as unreadable with their reason, and the good one
     opens."""
-    from tests.helpers.pilot import SIZE, errors, open_list, wait_until
+    from tests.helpers.pilot import SIZE, errors, open_list, opened, wait_until
 
     store = SessionStore()
     good = seed(store, "still readable")
@@ -99,5 +99,5 @@ async def test_conversation_list_in_the_app_survives_a_damaged_file():
         assert "not UTF-8" in errors(app)[-1] and "\n" not in errors(app)[-1]
         screen = await open_list(pilot, app, "f3")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.chat.session_id == good, 5, "the open")
+        await opened(pilot, app, good)
     assert app.return_code in (None, 0)

@@ -15,10 +15,10 @@ from ssdmoe_tui.engine.run.protocol import GenerationDone
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
-from ssdmoe_tui.ui.screens.conversations import ConversationsScreen
+from ssdmoe_tui.ui.screens.conversations import ConversationsScreen, resumed_notice, store_of
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
 from ssdmoe_tui.ui.screens.models import ModelsScreen
-from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
+from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Notice
 
 SIZE = (120, 40)
 
@@ -44,6 +44,26 @@ async def wait_until(pilot, cond: Callable[[], object], timeout: float = 60.0, w
 
 async def loaded(pilot, app: SsdmoeApp, timeout: float = 120.0) -> None:
     await wait_until(pilot, lambda: app.chat.model is not None, timeout, "the model to load")
+
+
+async def opened(pilot, app: SsdmoeApp, conv_id: str, timeout: float = 10.0) -> None:
+    """Wait until the saved conversation `conv_id` is open in `app`. Its id is set first,
+    then the transcript is cleared and refilled: a wait on the id alone can read the old
+    transcript, or a half-built one (under two suites at once it read the reply before
+    its prompt). The open's last step is its "Resumed ..." notice, so that is waited for."""
+
+    def done() -> bool:
+        if app.chat.session_id != conv_id:
+            return False
+        children = app.chat_pane.transcript.children
+        model = app.chat.model.name if app.chat.model else None
+        return (
+            bool(children)
+            and isinstance(children[-1], Notice)
+            and str(children[-1].render()) == resumed_notice(store_of(app), conv_id, model)
+        )
+
+    await wait_until(pilot, done, timeout, f"conversation {conv_id} to open")
 
 
 # The demo model's greedy reply to this prompt is long (over a thousand tokens).
