@@ -126,7 +126,10 @@ async def test_k_change_mid_generation_applies_to_later_tokens(demo_model, mid_s
         await wait_until(
             pilot, lambda: f"K {trained + 1}/" in str(app.status_bar.render()), 10, "K in the bar"
         )
-        await streaming(pilot, app, 25)
+        # 25 increments more than when the bar showed it (the engine took the K in the same
+        # handler): a busy machine had streamed 25 before the step, so a wait for 25 in all
+        # let Esc stop the reply before any token ran at the new K (all 4, paired round 3)
+        await streaming(pilot, app, getattr(app.chat_pane.current, "appends", 0) + 25)
         await wait_until(
             pilot, lambda: any(on and rate > 0 for on, rate in rates), 30, "a rate mid-reply"
         )
