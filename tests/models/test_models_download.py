@@ -303,12 +303,16 @@ def test_interrupted_download_resumes_without_refetching(fake_hub, tmp_path: Pat
     finally:
         constants.HF_HUB_OFFLINE = False
 
-    fake_hub.fail = set()
+    failed, fake_hub.fail = fake_hub.fail, set()
     fake_hub.log.clear()
     folder = resolve_model(REPO, cache_dir=cache, endpoint=fake_hub.url)
     assert (folder / "model-00003-of-00003.safetensors").is_file()
     second = [e[1].rsplit("/", 1)[1] for e in fake_hub.gets()]
-    assert second == ["model-00003-of-00003.safetensors"]  # finished files are not fetched again
+    assert "model-00003-of-00003.safetensors" in second
+    # Finished files are not fetched again. Which files the first try began besides the
+    # first shard is a race: when one download fails the hub cancels those its threads
+    # have not started yet (hf_thread_map), and those are fetched now.
+    assert not set(second) & (done_first - failed), second
 
 
 def test_unsupported_repos_are_refused_before_downloading(fake_hub, tmp_path: Path, online):
