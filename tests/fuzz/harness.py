@@ -16,9 +16,11 @@ writes the 8-byte length, the header and as many data bytes as the header declar
 
 from __future__ import annotations
 
+import atexit
 import json
 import random
 import re
+import shutil
 import struct
 import tempfile
 from collections.abc import Callable
@@ -210,6 +212,7 @@ def _index_cache(data: bytes, work: Path) -> None:
 
     if "model" not in _INDEX_MODEL:  # one model folder and home for the whole session
         home = Path(tempfile.mkdtemp(prefix="ssdmoe-fuzz-index-"))
+        atexit.register(shutil.rmtree, home, ignore_errors=True)  # gone with the process
         folder = home / "model"
         folder.mkdir()
         seed = sorted((SEEDS / "safetensors").glob("*.json"))[0].read_bytes()
