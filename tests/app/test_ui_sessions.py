@@ -4,7 +4,6 @@ rename, delete with a confirm, export, clear; real engine on the demo model, rea
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -241,7 +240,6 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         assert [s.id for s in store.list()] == [app.chat.session_id, first]
         assert store.get(first).turns[0].text == "hello there"
         # Opening the first one again swaps the transcript back.
-        start = time.monotonic()
         screen = await open_list(pilot, app)
         screen.option_list.highlighted = [s.id for s in screen.summaries].index(first)
         await tap(pilot, "enter")
@@ -249,4 +247,3 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         # (a slowed engine showed the switch before its first message: IndexError).
         await opened(pilot, app, first)
         assert texts(app)[0] == ("user", "hello there")
-        assert time.monotonic() - start < 5

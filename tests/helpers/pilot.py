@@ -33,7 +33,14 @@ def session_app(settings: ChatSettings, store: SessionStore | None = None) -> Ss
     )
 
 
+# A wait's bound guards against a hang; it is no claim about speed (benchmarks measure
+# that). Under two suites at once on two cores, steps that take a fraction of a second
+# quietly have taken more than 5 s, so no wait gives up before this.
+MIN_WAIT_S = 30.0
+
+
 async def wait_until(pilot, cond: Callable[[], object], timeout: float = 60.0, what: str = ""):
+    timeout = max(timeout, MIN_WAIT_S)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
