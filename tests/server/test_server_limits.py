@@ -86,7 +86,7 @@ def test_a_request_far_past_the_context_is_refused_before_templating(demo_srv):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     want = f"the prompt is at least 50001 tokens, the model's context is {ctx}"
     assert r.json()["error"]["message"] == want
-    # Rendering them took ~20 s quietly before; refused first it takes ~1 s, and up to 7 s
+    # Rendering them took ~20 s quietly before; refused first it takes ~1 s, and 7-8 s
     # was measured with two suites at once (6 workers on 2 cores).
     assert took < 15, took
     err, took = _refused(  # the same refusal through the openai client
