@@ -72,7 +72,7 @@ async def test_the_app_attaches_from_f4_and_chats_through_the_server(server, mon
         assert f"server on 127.0.0.1:{server.port} (demo-model)" in title, title
         await pilot.press("escape")
         await attach_from_f4(pilot, app, SERVER + server.url)
-        await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
+        await wait_until(pilot, lambda: app.chat.model is not None, what="the attach")
         info = app.chat.model
         assert info.server == server.url and info.name == "demo-model"
         assert info.num_experts == 32 and info.trained_k == 4 and app.chat.remote
@@ -91,7 +91,7 @@ async def test_the_app_attaches_from_f4_and_chats_through_the_server(server, mon
             return stats_sample(httpx.get(server.url + "/v1/stats", timeout=5).json())
 
         await wait_until(
-            pilot, lambda: app.panel.last_sample == server_sample(), 10, "the server's stats"
+            pilot, lambda: app.panel.last_sample == server_sample(), what="the server's stats"
         )
         assert app.events_seen.get("StatsSample", 0) >= 1
         assert app.panel.shown["decode"] == fmt_rate(app.panel.last_sample.decode_tok_s)
@@ -137,7 +137,7 @@ async def test_the_app_attaches_from_f4_and_chats_through_the_server(server, mon
         (message,) = errors(app)
         assert message.startswith(f"the server at 127.0.0.1:{server.port} refused (400): ")
         assert "context" in message and "\n" not in message
-        await wait_until(pilot, lambda: app.inflight is None, 5, "the turn given back")
+        await wait_until(pilot, lambda: app.inflight is None, what="the turn given back")
         assert app.chat.history == history and app.chat.model is not None
         # The expert cache is the server's.
         assert "served by" in _refusal(app, lambda: app.chat.set_expert_cache("1G"))
@@ -166,10 +166,10 @@ async def test_a_server_with_a_key_and_killed_mid_reply(demo_model, tmp_path, mo
             assert "API key" in option_text(screen, SERVER_WITH_KEY + served.url)
             await pilot.press("escape")
             await attach_from_f4(pilot, app, SERVER_WITH_KEY + served.url)
-            await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), 5, "the key")
+            await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), what="the key")
             assert app.screen.password
             await pilot.press(*KEY, "enter")
-            await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
+            await wait_until(pilot, lambda: app.chat.model is not None, what="the attach")
 
             # The key is never written: not in the lock claim, not under the app's data.
             home = Path(os.environ["SSDMOE_HOME"])
@@ -182,7 +182,7 @@ async def test_a_server_with_a_key_and_killed_mid_reply(demo_model, tmp_path, mo
             await type_and_send(pilot, "go on")
             await wait_until(pilot, lambda: app.events_seen.get("Tokens", 0) >= 2, 60, "tokens")
             await tap(pilot, "escape")
-            await wait_until(pilot, lambda: app.inflight is None, 10, "the stop")
+            await wait_until(pilot, lambda: app.inflight is None, what="the stop")
             assert app.chat.last_done.finish_reason == "cancelled" and app.chat.last_done.text
             assert replies(app)[-1].has_class("stopped")
 
@@ -199,7 +199,7 @@ async def test_a_server_with_a_key_and_killed_mid_reply(demo_model, tmp_path, mo
                 f"the server at 127.0.0.1:{served.port} stopped answering mid-reply ("
             ), message
             assert message.endswith("); what arrived is kept") and "\n" not in message
-            await wait_until(pilot, lambda: app.inflight is None, 5, "the reply settled")
+            await wait_until(pilot, lambda: app.inflight is None, what="the reply settled")
             reply = replies(app)[-1]
             assert reply.text and reply.finish_reason == "cancelled"
             assert app.chat.history[-1].role == "assistant"
@@ -233,7 +233,7 @@ async def test_attach_from_the_command_line(server, monkeypatch, capsys):
 
     app = SsdmoeApp(settings, engine_factory=no_engine, session_store=store)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
+        await wait_until(pilot, lambda: app.chat.model is not None, what="the attach")
         assert app.chat.model.server == server.url
         assert app.chat_pane.welcome is None  # no demo-model card: no demo is loading
         await send(pilot, "hi", what="the reply")
@@ -266,7 +266,7 @@ async def test_attach_frees_the_apps_own_model_and_f4_brings_it_back(
         await wait_until(
             pilot, lambda: app.chat.model is not None and app.chat.remote, 30, "the attach"
         )
-        await wait_until(pilot, lambda: len(claims()) == 1, 10, "the app's claim released")
+        await wait_until(pilot, lambda: len(claims()) == 1, what="the app's claim released")
         assert [h.pid for h in served_models(server.lock_dir)] == [server.proc.pid]
         await send(pilot, "hi", what="the reply")
 

@@ -92,7 +92,7 @@ async def test_attach_with_tab_completion_a_chip_and_the_model_sees_it(
         await pilot.press(*"what", "space", *"says", "space", "@", "n", "o", "tab")
         assert prompt.text == "what says @notes.txt"  # completed
         chips = app.chat_pane.query_one("#attachments", Static)
-        await wait_until(pilot, lambda: chips.display, 5, "the chip")
+        await wait_until(pilot, lambda: chips.display, what="the chip")
         assert "📎 notes.txt" in str(chips.render())
         before = app.chat.last_done
         await tap(pilot, "enter")
@@ -103,7 +103,7 @@ async def test_attach_with_tab_completion_a_chip_and_the_model_sees_it(
         assert str(shown.query_one(".message-body", Static).render()) == "what says @notes.txt"
         assert "📎 notes.txt" in str(shown.query_one(".attached", Static).render())
         conv_id = app.chat.session_id
-        await wait_until(pilot, lambda: not app.chat.engine.busy, 20, "the save")
+        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the save")
         stored = SessionStore().get(conv_id)
         assert NOTES in stored.turns[0].text
         assert NOTES in SessionStore().export_markdown(conv_id)
@@ -111,17 +111,17 @@ async def test_attach_with_tab_completion_a_chip_and_the_model_sees_it(
 
         # Too large: one line, above the prompt and on Enter; nothing is sent.
         await pilot.press("@", *"big.log")
-        await wait_until(pilot, lambda: "✗" in str(chips.render()), 5, "the refusal chip")
+        await wait_until(pilot, lambda: "✗" in str(chips.render()), what="the refusal chip")
         turns = len(app.chat.history)
         await tap(pilot, "enter")
-        await wait_until(pilot, lambda: errors(app), 5, "the one line")
+        await wait_until(pilot, lambda: errors(app), what="the one line")
         assert "256.0 KiB" in errors(app)[-1] and "\n" not in errors(app)[-1]
         assert len(app.chat.history) == turns and prompt.text == "@big.log"
 
         # ctrl+l brings the prompt back as typed (its file is read again on resend).
         prompt.clear()
         await tap(pilot, "ctrl+l")
-        await wait_until(pilot, lambda: app.chat_pane.editing, 5, "the edit")
+        await wait_until(pilot, lambda: app.chat_pane.editing, what="the edit")
         assert prompt.text == "what says @notes.txt"
         await pilot.press("escape")
 
@@ -190,12 +190,14 @@ async def test_the_app_stays_responsive_with_special_files_typed(demo_model, tmp
                              ("loop", "link loop")):  # fmt: skip
             prompt.clear()
             await tap(pilot, "@", *name)
-            await wait_until(pilot, lambda n=needle: n in str(chips.render()), 5, f"@{name}'s chip")
+            await wait_until(
+                pilot, lambda n=needle: n in str(chips.render()), what=f"@{name}'s chip"
+            )
             assert "✗" in str(chips.render())
             said = len(errors(app))
             await tap(pilot, "enter")
-            await wait_until(pilot, lambda n=said: len(errors(app)) > n, 5, "the one line")
+            await wait_until(pilot, lambda n=said: len(errors(app)) > n, what="the one line")
             assert needle in errors(app)[-1] and "\n" not in errors(app)[-1]
             assert app.chat.history == [] and prompt.text == f"@{name}"
             await tap(pilot, "o", "k")  # the UI thread still takes keys
-            await wait_until(pilot, lambda t=f"@{name}ok": prompt.text == t, 5, "the keys")
+            await wait_until(pilot, lambda t=f"@{name}ok": prompt.text == t, what="the keys")

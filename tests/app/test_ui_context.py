@@ -54,7 +54,7 @@ async def reply(pilot, app: SsdmoeApp, step: Awaitable[object], what: str) -> No
     before = app.chat.last_done
     await step
     await next_reply(pilot, app, before, 60, what)
-    await wait_until(pilot, lambda: not app.chat.engine.busy, 20, "the KV checkpoint save")
+    await wait_until(pilot, lambda: not app.chat.engine.busy, what="the KV checkpoint save")
 
 
 def assert_metadata_kept(conv_id: str) -> None:
@@ -77,7 +77,7 @@ async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model
         await open_settings(pilot)
         app.screen.query_one("#set-system_prompt").load_text(SYSTEM)
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen), 5, "save")
+        await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen), what="save")
         await reply(pilot, app, type_and_send(pilot, "third question"), "reply 3")
         assert_context_holds_the_screen(app, tokenizer, SYSTEM)
         third = len(app.chat.last_done.prompt_token_ids)
@@ -88,7 +88,7 @@ async def test_system_prompt_mid_conversation_keeps_the_whole_history(demo_model
         assert len(app.chat.last_done.prompt_token_ids) == third
 
         await tap(pilot, "ctrl+l")  # edit the last prompt and resend it
-        await wait_until(pilot, lambda: app.chat_pane.editing, 5, "the edit")
+        await wait_until(pilot, lambda: app.chat_pane.editing, what="the edit")
         app.chat_pane.prompt.load_text("third question, edited")
         await reply(pilot, app, tap(pilot, "enter"), "the edited reply")
         assert_context_holds_the_screen(app, tokenizer, SYSTEM)

@@ -66,8 +66,8 @@ async def test_settings_regenerate_edit_and_resume(demo_model):
         # Edit and resend the last prompt.
         await tap(pilot, "ctrl+l")
         await wait_until(
-            pilot, lambda: app.chat_pane.editing and app.chat_pane.prompt.text == "hello", 10,
-            "the last prompt back in the box",
+            pilot, lambda: app.chat_pane.editing and app.chat_pane.prompt.text == "hello",
+            what="the last prompt back in the box",
         )  # fmt: skip
         app.chat_pane.prompt.load_text("hello again")
         await tap(pilot, "enter")

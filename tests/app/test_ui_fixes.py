@@ -154,7 +154,7 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         info = app.chat.model
-        await wait_until(pilot, lambda: said, 10, "the K warning")
+        await wait_until(pilot, lambda: said, what="the K warning")
         (k_warning,) = [m for severity, m in said if "999" in m and severity == "warning"]
         assert "\n" not in k_warning and f"1..{info.num_experts}" in k_warning
         assert app.panel.k_control.k == info.trained_k and app.settings.k is None
@@ -175,22 +175,22 @@ async def test_bad_values_and_typos_keep_the_loaded_model(demo_model):
 
         await palette(pilot, "open /nonexistent/typo-one")
         await wait_until(pilot, lambda: len(errors(app)) == 2, 60, "the open error")
-        await wait_until(pilot, lambda: app.chat.loading is None, 10, "the load to end")
+        await wait_until(pilot, lambda: app.chat.loading is None, what="the load to end")
         one_line(2, "typo-one")
         still_loaded()
 
         # F4 → "Other folder or Hugging Face repo id…": Enter in its dialog opens it.
         await pilot.press("f4")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), 10, "F4")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), what="F4")
         screen = app.screen
         await wait_until(pilot, lambda: screen.entries is not None, 30, "the scan")
         screen.option_list.highlighted = screen.option_list.get_option_index(OTHER)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), 10, "the dialog")
+        await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), what="the dialog")
         app.screen.query_one(Input).value = "/nonexistent/typo-two"
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(errors(app)) == 3, 60, "the second open error")
-        await wait_until(pilot, lambda: app.chat.loading is None, 10, "the load to end")
+        await wait_until(pilot, lambda: app.chat.loading is None, what="the load to end")
         one_line(3, "typo-two")
         still_loaded()
 

@@ -92,7 +92,7 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         assert any(p.phase == "loading" and "unloading" in p.detail for p in phases)
         assert any(p.phase == "indexing" and p.detail == str(qwen) for p in phases)
         assert info.model_type == "qwen3_5_moe" and info.path == str(qwen)
-        await wait_until(pilot, lambda: app.chat.model is info, 5, "the app to take it")
+        await wait_until(pilot, lambda: app.chat.model is info, what="the app to take it")
         bar = str(app.status_bar.render())
         assert qwen.name in bar and fmt_bytes(info.expert_cache_budget) in bar
         assert app.panel.shown["mem_resident"] == fmt_bytes(info.resident_bytes)
@@ -105,8 +105,7 @@ async def test_picker_lists_models_and_switches_to_another(model_dirs, demo_mode
         await wait_until(
             pilot,
             lambda: any("already loaded" in n.message for n in app._notifications),
-            10,
-            "the 'already loaded' notice",
+            what="the 'already loaded' notice",
         )
         assert len(events) == 1
 

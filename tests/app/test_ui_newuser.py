@@ -36,18 +36,18 @@ async def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus():
             await transcript.add_user(f"question {i}\n" * 3)
         transcript.action_pin()
         await pilot.pause()
-        await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y > 0, 5)
+        await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y > 0)
         bottom = transcript.scroll_y
         assert app.focused is app.chat_pane.prompt
         await pilot.press("pageup")
         assert app.focused is app.chat_pane.prompt
-        await wait_until(pilot, lambda: transcript.scroll_y < bottom, 5, "PageUp to scroll")
+        await wait_until(pilot, lambda: transcript.scroll_y < bottom, what="PageUp to scroll")
         await pilot.press("ctrl+home")
-        await wait_until(pilot, lambda: transcript.scroll_y == 0, 5, "ctrl+home to the top")
+        await wait_until(pilot, lambda: transcript.scroll_y == 0, what="ctrl+home to the top")
         await pilot.press("pagedown")
-        await wait_until(pilot, lambda: transcript.scroll_y > 0, 5, "PageDown to scroll")
+        await wait_until(pilot, lambda: transcript.scroll_y > 0, what="PageDown to scroll")
         await pilot.press("ctrl+end")
-        await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, 5)
+        await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y)
 
 
 FIRST_SCREEN = ("demo model: tiny, trained here", "babbles", "A real model: F4 here", "--model")
@@ -66,7 +66,7 @@ async def test_the_first_screen_says_what_the_demo_is_and_how_to_open_a_real_mod
             assert part in first, (part, first)
         await loaded(pilot, app)
         notices = app.chat_pane.transcript.query(Notice)
-        await wait_until(pilot, lambda: any("Loaded" in str(n.render()) for n in notices), 5)
+        await wait_until(pilot, lambda: any("Loaded" in str(n.render()) for n in notices))
         await pilot.pause(0.2)
         after = screen_text(app)
         for part in (*FIRST_SCREEN, "demo-model is ready"):
@@ -94,7 +94,7 @@ async def test_f9_starts_on_the_system_prompt_and_every_line_fits():
         top_p = screen.query_one("#set-top_p", Input)
         assert top_p.value == "" and "off" in text
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen), 5)
+        await wait_until(pilot, lambda: not isinstance(app.screen, GenSettingsScreen))
         assert app.chat.gen.top_p == 0.0 and app.chat.gen.system_prompt == "hi"
         # The delete confirmation's question wraps too.
         question = "Delete “" + "a long conversation title " * 3 + "”? This cannot be undone."
@@ -112,7 +112,7 @@ async def test_a_new_chat_starts_from_the_configs_k():
         await pilot.press("ctrl+up")
         assert control.k == 7
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: control.k == 8, 5, "the trained K")
+        await wait_until(pilot, lambda: control.k == 8, what="the trained K")
         assert app.status_bar.k == 8
 
 
@@ -138,7 +138,7 @@ async def test_prefill_progress_moves_with_its_rate_and_time_left():
         app.feed(PhaseChanged("decoding", 40, 40))  # a first prefill: its rate is known
         await pilot.pause(0.1)
         app.feed(PhaseChanged("prefill", 0, 100_000))  # one chunk: no report until done
-        await wait_until(pilot, lambda: "prefill" in app.panel.shown["phase"], 5)
+        await wait_until(pilot, lambda: "prefill" in app.panel.shown["phase"])
         shown = [app.panel.shown["phase"]]
         bar = app.panel.query_one("#phase-progress")
         first = bar.progress
@@ -150,7 +150,7 @@ async def test_prefill_progress_moves_with_its_rate_and_time_left():
         assert bar.progress > first
         assert "≈" in str(app.status_bar.render())
         app.feed(PhaseChanged("decoding", 100_000, 100_000))
-        await wait_until(pilot, lambda: app.status_bar.phase == "decoding", 5)
+        await wait_until(pilot, lambda: app.status_bar.phase == "decoding")
 
 
 async def test_restored_replies_keep_hit_max_tokens_and_kv_hit_on_one_header_line():
@@ -201,7 +201,7 @@ async def test_app_errors_use_the_apps_words_and_the_palette_agrees_with_the_rea
         await setup(pilot)
         said = record_notifications(app)
         app.feed(EngineError("--model /no/such: no such file or folder"))
-        await wait_until(pilot, lambda: said, 5, "the error")
+        await wait_until(pilot, lambda: said, what="the error")
         assert said[-1][1] == "model /no/such: no such file or folder"
         notices = [str(n.render()) for n in app.chat_pane.transcript.query(Notice)]
         assert not any("--model" in n for n in notices), notices

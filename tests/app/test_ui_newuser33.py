@@ -44,7 +44,7 @@ async def test_n1_n2_a_theme_chosen_in_the_app_stays_a_setting_once_keymap_is_un
     async with app.run_test(size=(120, 40)) as pilot:
         await setup(pilot)
         app.theme = "ssdmoe-light"  # what the palette's theme picker does
-        await wait_until(pilot, lambda: "ssdmoe-light" in config_path().read_text(), 5)
+        await wait_until(pilot, lambda: "ssdmoe-light" in config_path().read_text())
     path = config_path()
     path.write_text(_uncomment_keymap(path.read_text()))
     loaded = load_config()
@@ -60,7 +60,7 @@ async def test_n1_n2_a_theme_chosen_in_the_app_stays_a_setting_once_keymap_is_un
     async with app.run_test(size=(120, 40)) as pilot:
         await setup(pilot)
         app.theme = "ssdmoe-dark"
-        await wait_until(pilot, lambda: 'theme = "ssdmoe-dark"' in path.read_text(), 5)
+        await wait_until(pilot, lambda: 'theme = "ssdmoe-dark"' in path.read_text())
     text = path.read_text()
     assert [s for s in text.splitlines() if s.startswith("theme =")] == ['theme = "ssdmoe-dark"']
     path.write_text(_uncomment_keymap(text))
@@ -115,7 +115,7 @@ async def test_n5_quitting_during_the_first_prefill_keeps_the_prompt_and_its_fil
     async with app.run_test(size=(120, 40)) as pilot:
         await send_during_prefill(pilot, app, f"summarise @{notes}")
         await pilot.press("ctrl+q")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
         await pilot.press("y")
         await wait_until(pilot, lambda: not app.is_running, 30, "the app to exit")
     assert app.return_code == 0
@@ -189,13 +189,13 @@ async def test_n14_n7_the_panel_shows_no_figure_before_it_is_measured_nor_a_prev
         app.chat_pane.prompt.load_text("Explain how a program reads a file.")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.inflight is None and app.chat.last_done, 60)
-        await wait_until(pilot, lambda: shown["context"] != "0 / 4,096", 10)
+        await wait_until(pilot, lambda: shown["context"] != "0 / 4,096")
         assert shown["prefill"].endswith("tok/s") and shown["kv_hit"].endswith("%")
         assert shown["mass"] == "100.0 %" and list(panel.decode_history)
         first = app.chat.session_id
         # N7: ctrl+n: the previous chat's context, KV hit, router mass and lines go.
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: shown["context"] == "0 / 4,096", 10, "ctrl+n")
+        await wait_until(pilot, lambda: shown["context"] == "0 / 4,096", what="ctrl+n")
         assert shown["kv_hit"] == shown["mass"] == "—" and not panel.decode_history
         # ctrl+o (the same call): the opened conversation's context is not the last one's.
         app.panel.shown["context"] = "stale"
@@ -255,7 +255,7 @@ async def test_n15_a_bad_theme_names_where_it_came_from(ssdmoe_home):
         app = SsdmoeApp(settings(*argv), engine_factory=None)
         said = []
         async with app.run_test(size=(100, 30)) as pilot:
-            await wait_until(pilot, lambda: any("nope" in n.message for n in app._notifications), 10)  # noqa: B023
+            await wait_until(pilot, lambda: any("nope" in n.message for n in app._notifications))  # noqa: B023
             said = [n.message for n in app._notifications if n.severity == "warning"]
         [line] = [m for m in said if "nope" in m]
         assert where in line and "ssdmoe-light" in line and "\n" not in line, line
@@ -301,11 +301,11 @@ async def test_n8_an_at_path_that_names_no_file_is_said_before_and_when_it_is_se
         chips = app.chat_pane.query_one("#attachments")
         missing = tmp_path / "notes" / "todo.md"
         app.chat_pane.prompt.load_text(f"what is in @{missing} and @alice")
-        await wait_until(pilot, lambda: chips.display and "no file" in str(chips.render()), 10)
+        await wait_until(pilot, lambda: chips.display and "no file" in str(chips.render()))
         assert f"@{missing} names no file: sent as text" in str(chips.render())
         assert "alice" not in str(chips.render())  # no '/': a mention, nothing said
         await pilot.press("enter")
-        await wait_until(pilot, lambda: any("names no file" in m for _, m in said), 10)
+        await wait_until(pilot, lambda: any("names no file" in m for _, m in said))
         await wait_until(pilot, lambda: app.inflight is None, 60, "the reply")
         assert app.chat.history[0].content == f"what is in @{missing} and @alice"  # as text
 
@@ -321,9 +321,9 @@ async def test_n11_other_folder_prefilled_with_the_loaded_model_asks_before_relo
         for answer in ("n", "y"):
             loads = app.events_seen.get("ModelLoaded", 0)
             ask_model(app)  # F4 -> "Other folder or Hugging Face repo id…" (and the palette)
-            await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), 5, "the dialog")
+            await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), what="the dialog")
             await pilot.press("enter")  # as prefilled: the loaded model's folder
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "asked")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="asked")
             assert "already loaded" in app.screen.question
             await pilot.press(answer)
             if answer == "y":  # reloaded: one more ModelLoaded
@@ -355,7 +355,7 @@ async def _attach_once(url: str, size: tuple[int, int]) -> None:
 
     app = SsdmoeApp(ChatSettings(attach=url, max_tokens=8), engine_factory=None)
     async with app.run_test(size=size) as pilot:
-        await wait_until(pilot, lambda: app.chat.model is not None, 20, "the attach")
+        await wait_until(pilot, lambda: app.chat.model is not None, what="the attach")
         shown = app.panel.shown
         weights = human_bytes(app.chat.model.resident_bytes, digits=None)
         assert app.chat.model.resident_bytes > 1 << 19 and shown["mem_resident"] == weights
@@ -363,7 +363,7 @@ async def _attach_once(url: str, size: tuple[int, int]) -> None:
         await type_and_send(pilot, "hi")
         await wait_until(pilot, lambda: app.chat.last_done is not None, 60, "the reply")
         prompt = len(app.chat.last_done.prompt_token_ids) if app.chat.last_done else 0
-        await wait_until(pilot, lambda: shown["context"] != "0 / 4,096", 10, "a sample")
+        await wait_until(pilot, lambda: shown["context"] != "0 / 4,096", what="a sample")
         used = int(shown["context"].split(" / ")[0].replace(",", ""))
         assert used > 0 and shown["mem_resident"] == weights, shown
         assert prompt == 0 or used >= prompt

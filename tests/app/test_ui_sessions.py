@@ -43,7 +43,7 @@ def texts(app: SsdmoeApp) -> list[tuple[str, str]]:
 async def search(pilot, screen: ConversationsScreen, text: str) -> list[str]:
     screen.search_input.value = ""
     await pilot.press(*["space" if c == " " else c for c in text])
-    await wait_until(pilot, lambda: screen.shown_query == text, 10, f"results for {text!r}")
+    await wait_until(pilot, lambda: screen.shown_query == text, what=f"results for {text!r}")
     return [s.id for s in screen.summaries]
 
 
@@ -63,7 +63,7 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         assert await first.chat_pane.send(FIRST)
         await next_reply(pilot, first, None, 60, "reply 1")
         await send(pilot, "and then")
-        await wait_until(pilot, lambda: not first.chat.engine.busy, 20, "the KV checkpoint save")
+        await wait_until(pilot, lambda: not first.chat.engine.busy, what="the KV checkpoint save")
         shown = texts(first)
         conv_id = first.chat.session_id
         await pilot.press("ctrl+q")
@@ -98,13 +98,13 @@ async def test_resume_from_the_list_after_restart_reuses_the_kv_checkpoint(demo_
         assert done.finish_reason in ("stop", "length"), done.finish_reason
         # The checkpoint of the first app served all but the new message.
         assert done.stats["kv_hit_rate"] >= 0.9, done.stats
-        await wait_until(pilot, lambda: samples and samples[-1].generated_tokens, 5, "the sample")
+        await wait_until(pilot, lambda: samples and samples[-1].generated_tokens, what="the sample")
         assert samples[-1].kv_hit_rate == pytest.approx(done.stats["kv_hit_rate"], abs=1e-4)
         assert second.panel.shown["kv_hit"] == fmt_pct(samples[-1].kv_hit_rate)
         conv = SessionStore().get(conv_id)
         assert conv.n_turns == 3 and conv.turns[-2].text == "ok"
         assert conv.turns[-1].text == done.text
-        await wait_until(pilot, lambda: not second.chat.engine.busy, 20, "the saves")
+        await wait_until(pilot, lambda: not second.chat.engine.busy, what="the saves")
 
     # `ssdmoe --resume`: the conversation opens before the model has loaded; the warm-up
     # goes once it has.
@@ -147,7 +147,7 @@ async def test_list_search_rename_export_delete(tmp_path):
         assert isinstance(app.screen, AskScreen)
         app.screen.query_one("#ask-input").value = ""
         await pilot.press(*"Jokes", "enter")
-        await wait_until(pilot, lambda: store.get(knock).title == "Jokes", 5, "the rename")
+        await wait_until(pilot, lambda: store.get(knock).title == "Jokes", what="the rename")
         assert app.screen is screen
         await search(pilot, screen, "jokes")
         assert str(screen.option_list.get_option_at_index(0).prompt).startswith("Jokes")
@@ -157,14 +157,14 @@ async def test_list_search_rename_export_delete(tmp_path):
         assert isinstance(app.screen, AskScreen)
         await pilot.press("enter")
         md = exports_dir() / f"conversation-{knock}.md"
-        await wait_until(pilot, md.exists, 5, "the Markdown export")
+        await wait_until(pilot, md.exists, what="the Markdown export")
         assert "# Jokes" in md.read_text() and "Lettuce who?" in md.read_text()
         assert app.clipboard == str(md)
         target = tmp_path / "out" / "jokes.json"
         await pilot.press("f6")
         app.screen.query_one("#ask-input").value = str(target)
         await pilot.press("enter")
-        await wait_until(pilot, target.exists, 5, "the JSON export")
+        await wait_until(pilot, target.exists, what="the JSON export")
         data = json.loads(target.read_text())
         assert [t["text"] for t in data["turns"]][-1] == "Lettuce who?"
         assert any(str(target) in n.message for n in app._notifications)
@@ -174,7 +174,7 @@ async def test_list_search_rename_export_delete(tmp_path):
         await pilot.press("f5")
         app.screen.query_one("#ask-input").value = str(blocker / "x.md")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: errors(app), 5, "the export error")
+        await wait_until(pilot, lambda: errors(app), what="the export error")
         assert errors(app)[-1].startswith("not exported:") and "\n" not in errors(app)[-1]
         assert app.screen is screen
 
@@ -184,7 +184,7 @@ async def test_list_search_rename_export_delete(tmp_path):
         await pilot.press("n")
         assert store.folder(knock).is_dir()
         await pilot.press("f8", "y")
-        await wait_until(pilot, lambda: not store.folder(knock).exists(), 5, "the delete")
+        await wait_until(pilot, lambda: not store.folder(knock).exists(), what="the delete")
         await search(pilot, screen, "")
         assert [s.id for s in screen.summaries] == [ssd]
 
@@ -202,7 +202,7 @@ async def test_list_search_rename_export_delete(tmp_path):
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        await wait_until(pilot, lambda: app.chat.session_id != ssd, 5, "the new chat")
+        await wait_until(pilot, lambda: app.chat.session_id != ssd, what="the new chat")
         assert not app.chat_pane.transcript.messages() and app.chat.history == []
         assert not store.folder(ssd).exists()
         # Nothing saved yet in this chat: the palette says so instead of failing.
@@ -223,17 +223,17 @@ async def test_clear_and_export_the_open_chat_from_the_palette(demo_model):
         await pilot.press(*"export conversation as markdown")
         await pilot.pause(0.3)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), 5, "the export ask")
+        await wait_until(pilot, lambda: isinstance(app.screen, AskScreen), what="the export ask")
         await pilot.press("enter")
         md = exports_dir() / f"conversation-{first}.md"
-        await wait_until(pilot, md.exists, 5, "the export")
+        await wait_until(pilot, md.exists, what="the export")
         assert "hello there" in md.read_text() and reply.strip() in md.read_text()
         # Clear: a new context in the same window; the old conversation stays listed.
         await pilot.press("ctrl+p")
         await pilot.press(*"clear conversation")
         await pilot.pause(0.3)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.chat.session_id != first, 5, "the clear")
+        await wait_until(pilot, lambda: app.chat.session_id != first, what="the clear")
         assert not app.chat_pane.transcript.messages() and app.chat.history == []
         await send(pilot, "fresh start")
         assert app.chat.last_done.stats["kv_hit_rate"] == 0.0  # a new context

@@ -50,7 +50,7 @@ async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
         sp = spec.stats["speculation"]
         assert sp["mode"] == "ngram" and sp["tokens_per_pass"] >= 1.0
         panel = app.panel
-        await wait_until(pilot, lambda: panel.query_one("#spec-title").display, 10, "panel")
+        await wait_until(pilot, lambda: panel.query_one("#spec-title").display, what="panel")
         assert panel.shown.get("spec_pass") == f"{sp['tokens_per_pass']:.2f}"
         assert "ms" in panel.shown.get("spec_cost", "")
 

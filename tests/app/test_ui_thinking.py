@@ -135,10 +135,10 @@ async def test_the_reasoning_is_a_collapsed_block_a_key_toggles(qwen3):
         assert "(17 thinking)" in str(reply.header_text())
         assert "<think>" not in reply.markdown.source and "The answer is" in reply.markdown.source
         await pilot.press("ctrl+t")  # from the prompt: the last reply's reasoning
-        await wait_until(pilot, lambda: not block.collapsed, 5, "the block to open")
+        await wait_until(pilot, lambda: not block.collapsed, what="the block to open")
         reply.focus()
         await pilot.press("t")
-        await wait_until(pilot, lambda: block.collapsed, 5, "the block to close")
+        await wait_until(pilot, lambda: block.collapsed, what="the block to close")
         await pilot.press("f8")
         assert app.clipboard == "The answer is **4**."  # the answer, not the reasoning
 
@@ -165,7 +165,7 @@ async def test_thinking_on_off_in_f9_and_the_palette():
         )
         box.value = False
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: not app.chat.gen.thinking, 5, "thinking off")
+        await wait_until(pilot, lambda: not app.chat.gen.thinking, what="thinking off")
         from ssdmoe_tui.ui.actions import gen_settings
 
         gen_settings.toggle_thinking(app)

@@ -215,7 +215,7 @@ async def test_bad_config_is_reported_and_not_overwritten(ssdmoe_home):
         app.theme = "ssdmoe-light"
         # The notice follows the save attempt (a step of its own): waited for, not assumed.
         await wait_until(
-            pilot, lambda: any("not saved" in n.message for n in app._notifications), 10, "notice"
+            pilot, lambda: any("not saved" in n.message for n in app._notifications), what="notice"
         )
     assert path.read_text() == "theme = [\n"
 

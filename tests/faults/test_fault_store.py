@@ -95,7 +95,7 @@ async def test_conversation_list_in_the_app_survives_a_damaged_file():
         # Opening one says why in one line; the list stays usable.
         screen.option_list.highlighted = screen.option_list.get_option_index(bad[2])
         await pilot.press("enter")
-        await wait_until(pilot, lambda: errors(app), 5, "the open error")
+        await wait_until(pilot, lambda: errors(app), what="the open error")
         assert "not UTF-8" in errors(app)[-1] and "\n" not in errors(app)[-1]
         screen = await open_list(pilot, app, "f3")
         await pilot.press("enter")

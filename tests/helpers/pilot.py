@@ -40,6 +40,8 @@ MIN_WAIT_S = 30.0
 
 
 async def wait_until(pilot, cond: Callable[[], object], timeout: float = 60.0, what: str = ""):
+    """Return once `cond()` holds; fail after `timeout` seconds, never fewer than
+    MIN_WAIT_S. Callers pass a timeout only to allow more (a model load, a long reply)."""
     timeout = max(timeout, MIN_WAIT_S)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -53,7 +55,7 @@ async def loaded(pilot, app: SsdmoeApp, timeout: float = 120.0) -> None:
     await wait_until(pilot, lambda: app.chat.model is not None, timeout, "the model to load")
 
 
-async def opened(pilot, app: SsdmoeApp, conv_id: str, timeout: float = 10.0) -> None:
+async def opened(pilot, app: SsdmoeApp, conv_id: str, timeout: float = MIN_WAIT_S) -> None:
     """Wait until the saved conversation `conv_id` is open in `app`. Its id is set first,
     then the transcript is cleared and refilled: a wait on the id alone can read the old
     transcript, or a half-built one (under two suites at once it read the reply before
@@ -220,7 +222,7 @@ async def open_settings(pilot) -> GenSettingsScreen:
     """F9's generation settings, once the dialog is the screen."""
     app = pilot.app
     await pilot.press("f9")
-    await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), 10, "F9")
+    await wait_until(pilot, lambda: isinstance(app.screen, GenSettingsScreen), what="F9")
     return app.screen
 
 
@@ -241,9 +243,9 @@ def settings_error(screen: GenSettingsScreen) -> str:
 async def open_picker(pilot, app: SsdmoeApp) -> ModelsScreen:
     """F4's model picker, once its scan has listed the models."""
     await pilot.press("f4")
-    await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), 5, "the picker")
+    await wait_until(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the picker")
     screen = app.screen
-    await wait_until(pilot, lambda: screen.entries is not None, 20, "the scan")
+    await wait_until(pilot, lambda: screen.entries is not None, what="the scan")
     return screen
 
 
@@ -255,7 +257,7 @@ def option_text(screen: ModelsScreen, option_id: str) -> str:
 async def open_list(pilot, app: SsdmoeApp, key: str = "ctrl+o") -> ConversationsScreen:
     """The conversation list, once it shows its first listing."""
     await pilot.press(key)
-    await wait_until(pilot, lambda: isinstance(app.screen, ConversationsScreen), 5, "the list")
+    await wait_until(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the list")
     screen = app.screen
-    await wait_until(pilot, lambda: screen.shown_query is not None, 10, "the listing")
+    await wait_until(pilot, lambda: screen.shown_query is not None, what="the listing")
     return screen

@@ -79,5 +79,5 @@ async def open_by_key(pilot, key: str, screen_type: type) -> None:
     app = pilot.app
     await setup(pilot)
     await pilot.press(key)
-    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), 5, key)
+    await wait_until(pilot, lambda: isinstance(app.screen, screen_type), what=key)
     await pilot.pause(0.2)

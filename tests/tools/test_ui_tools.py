@@ -47,7 +47,7 @@ async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model,
         assert '"name": "get_weather"' in prompt  # the tool's schema, in the template's place
         assert not errors(app)
         conv_id = app.chat.session_id
-        await wait_until(pilot, lambda: not app.chat.engine.busy, 20, "the KV checkpoint")
+        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the KV checkpoint")
         server_pid = int(pid_file.read_text())
         await pilot.press("ctrl+q")
     assert gone_within(server_pid, 15), "the MCP server outlived the app"
@@ -61,11 +61,11 @@ async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model,
 
     again = make_app(tool_model, resume="")
     async with again.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: again.chat.session_id == conv_id, 10, "the resume")
+        await wait_until(pilot, lambda: again.chat.session_id == conv_id, what="the resume")
         await loaded(pilot, again)
         assert [b.text for b in again.query(ToolResultBlock)] == [FORECAST]
         # the restored call is a block again once the tokenizer has loaded
-        await wait_until(pilot, lambda: again.query(ToolCallBlock), 10, "the restored call")
+        await wait_until(pilot, lambda: again.query(ToolCallBlock), what="the restored call")
         assert [b.call.name for b in again.query(ToolCallBlock)] == ["get_weather"]
         assert replies(again) == ["", ANSWER]
         await type_and_send(pilot, "Thanks!")
@@ -75,7 +75,7 @@ async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model,
         done = again.chat.last_done
         assert done.finish_reason == "stop"
         assert done.stats["kv_hit_rate"] >= 0.97, done.stats  # the checkpoint of the first app
-        await wait_until(pilot, lambda: not again.chat.engine.busy, 20, "the saves")
+        await wait_until(pilot, lambda: not again.chat.engine.busy, what="the saves")
     conv = SessionStore().get(conv_id)
     assert [t.role for t in conv.turns][-2:] == ["user", "assistant"] and conv.n_turns == 2
 
@@ -95,14 +95,14 @@ async def test_deny_tells_the_model_and_esc_stops_the_loop(tool_model):
         assert conv_turns == ["user", "assistant", "tool", "assistant"]
 
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: not app.query(ToolCallBlock), 10, "the new chat")
+        await wait_until(pilot, lambda: not app.query(ToolCallBlock), what="the new chat")
         await ask_and_answer(pilot, app, "escape")  # a new conversation asks again
         await wait_until(pilot, lambda: settled(app), 30, "the stop")
         assert len(replies(app)) == 1  # no result was fed back: no second reply
         assert app.query(ToolCallBlock).last().state == "denied"
 
         await pilot.press("f10")
-        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), 5, "F10")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
         await pilot.pause(0.3)
         shown = screen_text(app)
         assert "weather" in shown and "running" in shown and "get_weather, slow" in shown
@@ -123,7 +123,7 @@ async def test_always_is_remembered_for_the_conversation(tool_model):
         await open_settings(pilot)
         app.screen.query_one("#set-max_tool_rounds", Input).value = "3"
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: app.chat.gen.max_tool_rounds == 3, 5, "the setting")
+        await wait_until(pilot, lambda: app.chat.gen.max_tool_rounds == 3, what="the setting")
         assert replies(app)[-1] == ANSWER
 
 
@@ -139,13 +139,13 @@ async def test_the_first_screen_and_f1_say_where_tools_are(size):
         await pilot.pause(0.3)
         assert " ".join(TOOLS.split()[:4]) in " ".join(screen_text(app).split())
         await pilot.press("f1")
-        await wait_until(pilot, lambda: isinstance(app.screen, KeysScreen), 5, "F1")
+        await wait_until(pilot, lambda: isinstance(app.screen, KeysScreen), what="F1")
         table = app.screen.table
         rows = [" ".join(str(c) for c in col._cells) for col in table.columns]
         assert "app.tools" in rows[3] and "tool.always" in rows[3] and "tools.start" in rows[3]
         await pilot.press("escape")
         await pilot.press("f10")
-        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), 5, "F10")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
         await pilot.pause(0.3)
         assert "No MCP servers configured" in screen_text(app)
 
@@ -162,9 +162,9 @@ async def test_esc_while_a_tool_runs_stops_the_loop(tmp_path_factory):
         await wait_until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), 90, "ask")
         await pilot.press("y")
         block = app.query(ToolCallBlock).last()
-        await wait_until(pilot, lambda: block.state == "running", 10, "the call to run")
+        await wait_until(pilot, lambda: block.state == "running", what="the call to run")
         await pilot.press("escape")
-        await wait_until(pilot, lambda: settled(app), 5, "the loop to stop")
+        await wait_until(pilot, lambda: settled(app), what="the loop to stop")
         assert block.state == "stopped" and not app.query(ToolResultBlock)
         assert len(replies(app)) == 1  # nothing was fed back
         assert any("Tool loop stopped" in n.message for n in app._notifications)
