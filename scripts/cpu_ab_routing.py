@@ -28,7 +28,7 @@ def main() -> int:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
-    from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_block_k
+    from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_model_k
     from ssdmoe_tui.engine.policy.trace_routing import attach
     from ssdmoe_tui.engine.run.runner import Runner
 
@@ -38,9 +38,7 @@ def main() -> int:
     runner = Runner(sm, k=routing.k)
     model, tok = load(args.model)
     cast_model(model, sm.dtype)  # same activation dtype as the engine
-    for _, m in model.named_modules():
-        if hasattr(m, "switch_mlp"):
-            set_block_k(m, routing.k)
+    set_model_k(model, routing.k)
     prompt = list(range(100, 132))
     rows = []
     for r in range(args.rounds):

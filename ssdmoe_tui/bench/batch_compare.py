@@ -159,15 +159,14 @@ class ResidentBatch:
     def __init__(self, path: Path, dtype, k: int | None = None) -> None:  # noqa: ANN001
         import mlx_lm
 
-        from ssdmoe_tui.engine.model.loader import cast_model, moe_blocks, set_block_k
+        from ssdmoe_tui.engine.model.loader import cast_model, set_model_k
 
         self.model, self.tokenizer = mlx_lm.load(str(path))
         self.tokenizer.eos_token_ids = set()  # `alone` decodes exactly N tokens, as the batch
         cast_model(self.model, dtype)
         mx.eval(self.model.parameters())
         if k is not None:
-            for blk in moe_blocks(self.model):
-                set_block_k(blk, k)
+            set_model_k(self.model, k)
 
     def batch(self, prompts: list[list[int]], n: int, *, record: bool = False) -> BatchRun:
         """`BatchGenerator` with every prompt inserted at once (it prefills them together),

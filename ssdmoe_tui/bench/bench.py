@@ -326,7 +326,7 @@ def _config_figures(
         "prefetch": prefetch,
         **(_prefetch_stats(dec, steps) if prefetch else {}),
         # the pipelined layer (on a GPU by default, $SSDMOE_PIPELINE); the layer calls it ran
-        "pipeline": bool(sm.blocks and getattr(sm.blocks[0].switch_mlp, "_pipe", False)),
+        "pipeline": bool(sm.blocks and getattr(sm.switches[0], "_pipe", False)),
         "pipelined_calls": sm.times.pipelined_calls,
         "staged_calls": sm.times.staged_calls,
         "slot_placement_note": cache.placement.note,
@@ -435,7 +435,7 @@ def resident_baseline(
     import mlx.core as mx
     import mlx_lm
 
-    from ssdmoe_tui.engine.model.loader import cast_model, moe_blocks, set_block_k
+    from ssdmoe_tui.engine.model.loader import cast_model, set_model_k
     from ssdmoe_tui.engine.run.sampling import greedy
 
     t0 = time.perf_counter()
@@ -444,19 +444,16 @@ def resident_baseline(
     mx.eval(model.parameters())
     load_s = time.perf_counter() - t0
     tokenizer.eos_token_ids = set()
-    blocks = moe_blocks(model)
     out: dict[int, dict] = {}
     try:
         # Warm-up, not timed: the first call compiles kernels (minutes under MLX-CUDA's JIT).
-        for b in blocks:
-            set_block_k(b, ks[0])
+        set_model_k(model, ks[0])
         for _ in mlx_lm.stream_generate(
             model, tokenizer, mx.array(prompt[:16]), max_tokens=4, sampler=greedy()
         ):
             pass
         for k in ks:
-            for b in blocks:
-                set_block_k(b, k)
+            set_model_k(model, k)
             mx.reset_peak_memory()
             rss_reset = system.reset_peak_rss()
             times: list[float] = []

@@ -161,7 +161,7 @@ def _fit_quality(opts, path: Path, k: int, dtype, log: Log) -> dict:  # noqa: AN
 
     from ssdmoe_tui.bench.bench import _close, _open
     from ssdmoe_tui.bench.quality import RANDOM_WEIGHTS_NOTE, measure_against, text_tokens
-    from ssdmoe_tui.engine.model.loader import cast_model, moe_blocks, set_block_k
+    from ssdmoe_tui.engine.model.loader import cast_model, set_model_k
 
     log(f"fit quality: {opts.quality_text}, A streamed (reference) and B resident at K={k}")
     runner = _open(opts, opts.budgets[0], k, log=log)
@@ -170,8 +170,7 @@ def _fit_quality(opts, path: Path, k: int, dtype, log: Log) -> dict:  # noqa: AN
         tokens = text_tokens(runner.sm.tokenizer, opts.quality_text, opts.quality_tokens)
         model, _ = mlx_lm.load(str(path))
         cast_model(model, dtype)
-        for block in moe_blocks(model):
-            set_block_k(block, k)
+        set_model_k(model, k)
         q = measure_against(runner.sm, k, model, tokens, log=log)
     finally:
         del model

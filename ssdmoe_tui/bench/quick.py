@@ -107,15 +107,13 @@ class _Resident:
         import mlx.core as mx
         import mlx_lm
 
-        from ssdmoe_tui.engine.model.loader import cast_model, set_block_k
+        from ssdmoe_tui.engine.model.loader import cast_model, set_model_k
 
         self.name = name
         self.model, self.tokenizer = mlx_lm.load(str(path))
         cast_model(self.model, dtype)
         if k is not None:  # the trace's K, for the trace row's baseline
-            for _, m in self.model.named_modules():
-                if hasattr(m, "switch_mlp"):
-                    set_block_k(m, k)
+            set_model_k(self.model, k)
         mx.eval(self.model.parameters())
         self.tokenizer.eos_token_ids = set()
 
@@ -229,11 +227,13 @@ def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: 
     import mlx.core as mx
     import numpy as np
 
+    from ssdmoe_tui.checkpoint.arch import switch_sites
     from ssdmoe_tui.engine.model.loader import moe_blocks
 
     rblock = moe_blocks(resident.model)[0]
-    sblock = small.sm.blocks[0]
-    eblock = every.sm.blocks[0]
+    rswitch = switch_sites(resident.model, small.sm.family)[0].switch
+    sswitch = small.sm.switches[0]
+    eblock, eswitch = every.sm.blocks[0], every.sm.switches[0]
     cfg = small.sm.config.get("text_config", small.sm.config)
     hidden = int(cfg["hidden_size"])
     k = small.sm.trained_k
@@ -244,9 +244,9 @@ def layer_costs(resident: _Resident, small: _Streamed, every: _Streamed, calls: 
     small.sm.cache.ensure(0, np.arange(k))
     assert every.sm.cache.device_lut(0) is not None, "the all-held engine has not frozen layer 0"
     build = {
-        "resident": _per_call_us(lambda: rblock.switch_mlp(x, inds), calls),
-        "streamed_held": _per_call_us(lambda: eblock.switch_mlp(x, inds), calls),
-        "streamed_host_path": _per_call_us(lambda: sblock.switch_mlp(x, inds), calls),
+        "resident": _per_call_us(lambda: rswitch(x, inds), calls),
+        "streamed_held": _per_call_us(lambda: eswitch(x, inds), calls),
+        "streamed_host_path": _per_call_us(lambda: sswitch(x, inds), calls),
     }
     nodes = {"resident": _nodes(rblock(x)), "streamed_held": _nodes(eblock(x))}
     # The router-mass meter below the trained K: the block's graph is unchanged, and the
@@ -354,7 +354,7 @@ def _config_row(e: _Streamed, rows: list[dict], expert_cache: str) -> dict:
     return {
         "expert_cache": expert_cache,
         "routing": e.sm.cache.routing.label if routed else "model",
-        "pipeline": bool(getattr(e.sm.blocks[0].switch_mlp, "_pipe", False)),
+        "pipeline": bool(getattr(e.sm.switches[0], "_pipe", False)),
         "against": b,
         "expert_cache_slots": e.sm.cache.capacity,
         "share_of_experts": round(

@@ -1,10 +1,15 @@
 """The expert-tensor layout of an MLX MoE checkpoint, read from its safetensors headers.
 
-mlx-lm stacks every MoE layer's experts into `<prefix>.switch_mlp.<proj>.<part>` tensors of
-shape (experts, ...) (SwitchGLU: gate/up/down_proj; SwitchMLP: fc1/fc2; parts: weight,
-scales, biases). Expert e of such a tensor is one contiguous piece at
-`offset + e * nbytes / experts`. This module is the one place that knows that: the engine's
-index, the model scan and the registry all group tensors through `scan_experts`.
+mlx-lm stacks every MoE layer's experts into `<prefix>.<switch>.<proj>.<part>` tensors of
+shape (experts, ...): `<switch>` is the attribute the family's block keeps its SwitchGLU /
+SwitchMLP under (`switch_mlp` for most, `experts` for gpt-oss, Llama 4, dots1..., and
+`switch_glu` for Gemma 4: `SWITCH_ATTRS`, from the architecture table), `<proj>` gate/up/
+down_proj (SwitchGLU) or fc1/fc2 (SwitchMLP), `<part>` weight, scales, biases (the
+quantization's) or bias (the projection's own, gpt-oss). Expert e of such a tensor is one
+contiguous piece at `offset + e * nbytes / experts`. This module is the one place that
+knows that: the engine's index, the model scan and the registry all group tensors through
+`scan_experts`. A per-expert layout (`experts.0.gate_proj.weight`, the original Hugging
+Face one) never matches: the projection must follow the switch attribute directly.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ssdmoe_tui.checkpoint.arch import SWITCH_ATTRS, layer_number
 from ssdmoe_tui.checkpoint.header import Header, HeaderError, TensorEntry, read_header
 from ssdmoe_tui.errors import ModelError, UnsupportedModelError
 from ssdmoe_tui.user_files import MODEL_JSON_MAX, check_regular, read_regular
@@ -21,19 +27,19 @@ from ssdmoe_tui.user_files import MODEL_JSON_MAX, check_regular, read_regular
 MIB = 1 << 20
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")  # canonical read order
-PARTS = ("weight", "scales", "biases")
+PARTS = ("weight", "scales", "biases", "bias")
+_SWITCH = "|".join(SWITCH_ATTRS)
 EXPERT_RE = re.compile(
-    r"^(?P<prefix>.+)\.switch_mlp\.(?P<proj>"
+    rf"^(?P<prefix>.+)\.(?P<switch>{_SWITCH})\.(?P<proj>"
     + "|".join(PROJECTIONS)
     + r")\.(?P<part>"
     + "|".join(PARTS)
     + r")$"
 )
 #: nvfp4 expert stacks with one tensor scale per expert (mlx-lm `global_scale=True`).
-GLOBAL_SCALE_RE = re.compile(r"\.switch_mlp\.(?:" + "|".join(PROJECTIONS) + r")\.global_scale$")
+GLOBAL_SCALE_RE = re.compile(rf"\.(?:{_SWITCH})\.(?:" + "|".join(PROJECTIONS) + r")\.global_scale$")
 #: Experts stored one tensor each (original HF layout): recognised only to say so.
 LOOSE_EXPERT_RE = re.compile(r"\.experts?\.")
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?=\.|$)")
 
 
 def is_expert_tensor(name: str) -> bool:
@@ -43,12 +49,6 @@ def is_expert_tensor(name: str) -> bool:
 def is_auxiliary(prefix: str) -> bool:
     """A multi-token-prediction head's layers: mlx-lm drops them, so they are not streamed."""
     return "mtp" in prefix.split(".")
-
-
-def layer_number(prefix: str) -> int | None:
-    """The decoder layer a block prefix belongs to (`model.layers.7.mlp` -> 7)."""
-    found = _LAYER_RE.findall(prefix)
-    return int(found[-1]) if found else None
 
 
 def layer_sort_key(prefix: str) -> list:

@@ -133,9 +133,11 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def run_supported(args: argparse.Namespace) -> int:
+    refused = {a.model_type: a.refused for a in registry.ARCHITECTURES.values() if a.refused}
     data = {
         "architectures": registry.SUPPORTED_ARCHITECTURES,
         "planned": registry.PLANNED_ARCHITECTURES,
+        "not_streamed": refused,
         "checkpoints": [
             {"repo_id": c.repo_id, "architecture": c.architecture, "note": c.note}
             for c in registry.KNOWN_CHECKPOINTS
@@ -144,11 +146,15 @@ def run_supported(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print("architectures:")
+    print(f"streamed ({len(registry.SUPPORTED_ARCHITECTURES)} model types; exact against mlx-lm):")
     for name, desc in registry.SUPPORTED_ARCHITECTURES.items():
-        print(f"  {name:14} {desc}")
+        print(f"  {name:18} {desc}")
     for name, desc in registry.PLANNED_ARCHITECTURES.items():
-        print(f"  {name:14} {desc}")
+        print(f"  {name:18} {desc}")
+    if refused:
+        print("not streamed:")
+        for name, why in refused.items():
+            print(f"  {name:18} {why}")
     print("checkpoints known to work:")
     for c in registry.KNOWN_CHECKPOINTS:
         print(f"  {c.repo_id}  ({c.note})")

@@ -18,9 +18,11 @@ from ssdmoe_tui.checkpoint import layout
 from ssdmoe_tui.checkpoint.arch import (
     ARCHITECTURES,
     QUANT_MODES,
+    STREAMED,
     MoeGeometry,
     Quantization,
     check_config_numbers,
+    family,
     foreign_quantization,
     model_type,
     moe_geometry,
@@ -37,14 +39,13 @@ __all__ = [
     "model_type",
     "moe_geometry",
     "quantization",
+    "ARCHITECTURES",
     "text_config",
     "UnsupportedModelError",
 ]
 
 #: Architectures whose experts the engine streams (the table lives in checkpoint.arch).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    a.model_type: a.description for a in ARCHITECTURES.values()
-}
+SUPPORTED_ARCHITECTURES: dict[str, str] = {a.model_type: a.description for a in STREAMED.values()}
 
 #: Architectures with the same switch_mlp layout that the engine does not load yet.
 PLANNED_ARCHITECTURES: dict[str, str] = {}
@@ -126,11 +127,23 @@ def expert_bytes_from_config(
     if geo is None:
         raise UnsupportedModelError(f"{model_type(config) or 'model'} is dense: no experts")
     h, i = geo.hidden_size, geo.expert_intermediate
+    overrides = (
+        config.get("quantization") if isinstance(config.get("quantization"), Mapping) else {}
+    )
     total = 0
     for proj in geo.projections:
         # down_proj / fc2 read the intermediate vector; the others read the hidden vector.
         rows, cols = (h, i) if proj in ("down_proj", "fc2") else (i, h)
+        own = overrides.get(f"{geo.switch_path}.{proj}") if geo.switch_path else None
+        if isinstance(own, Mapping):  # a mixed recipe: this projection at its own bits
+            total += quantized_matrix_bytes(
+                rows, cols, own.get("bits", bits), own.get("group_size", group_size),
+                own.get("mode", mode),
+            )  # fmt: skip
+            continue
         total += quantized_matrix_bytes(rows, cols, bits, group_size, mode)
+        if geo.bias:  # the projection's own bf16 bias per expert (gpt-oss)
+            total += rows * 2
     return total
 
 
@@ -195,17 +208,23 @@ def check_supported(config: Mapping, folder: Path | str | None = None) -> Suppor
     hint = closest_supported(config)
     if not mt:
         raise UnsupportedModelError(f"{name}: config.json has no model_type; try {hint}")
+    fam = family(config)
+    if fam is not None:
+        mt = fam.model_type
     geo = moe_geometry(config)
     if geo is None:
         raise UnsupportedModelError(
             f"{name} is a dense {mt} model (no experts to stream); "
             f"ssdmoe runs Mixture-of-Experts checkpoints: try {hint}"
         )
+    if fam is not None and fam.refused:
+        raise UnsupportedModelError(f"{name}: MoE architecture {mt} is not streamed: {fam.refused}")
     if mt not in SUPPORTED_ARCHITECTURES:
         status = "planned" if mt in PLANNED_ARCHITECTURES else "not supported"
         raise UnsupportedModelError(
-            f"{name}: MoE architecture {mt} is {status} (supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}); try {hint}"
+            f"{name}: MoE architecture {mt} is {status}: its experts are not in an mlx-lm "
+            f"SwitchGLU/SwitchMLP (`ssdmoe models supported` lists the {len(SUPPORTED_ARCHITECTURES)} "
+            f"families streamed); try {hint}"
         )
     check_config_numbers(config, str(folder / "config.json") if folder is not None else name)
     quant = quantization(config)

@@ -30,7 +30,10 @@ def _masses(sm, k: int, tokens: int = 4) -> list[float]:
     return res.stats.mass_per_token
 
 
-@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+MEASURED = [a for a, e in ARCHITECTURES.items() if e.streamed and e.routing != "none"]
+
+
+@pytest.mark.parametrize("arch", MEASURED)
 def test_mass_is_one_at_trained_k_and_below_one_under_it(checkpoints, arch):
     sm = load_streamed(checkpoints(arch), expert_cache="1")
     try:

@@ -1,11 +1,15 @@
-"""Small random-weight checkpoints in mlx-community layout, one per supported architecture.
+"""Small random-weight checkpoints in mlx-community layout, one per streamed family.
 
 Built with mlx-lm's own classes and `quantize_model` (group size 32, the models' own
-per-module overrides: routers at 8 bits), sharded, with a ChatML tokenizer.
+per-module overrides: routers at 8 bits), sharded, with a ChatML tokenizer. The four
+first families have configs written here; every other family's tiny config is in
+tests/fixtures/families/tiny_configs.json (mlx-lm's own unit-test configs, shrunk: its
+`_source` says how).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ssdmoe_tui.models.demo import write_checkpoint
@@ -107,7 +111,21 @@ MIXTRAL = {
     "tie_word_embeddings": False,
 }
 
+TINY_CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "tiny_configs.json"
+
+
+def _family_configs() -> dict[str, dict]:
+    """The tiny configs of the fixture file, without its bookkeeping keys (`_...`)."""
+    table = json.loads(TINY_CONFIGS.read_text())
+    return {
+        mt: {k: v for k, v in c.items() if not k.startswith("_")}
+        for mt, c in table.items()
+        if not mt.startswith("_")
+    }
+
+
 CONFIGS = {
+    **_family_configs(),
     "qwen3_moe": QWEN3_MOE,
     "qwen3_5_moe": QWEN3_5_MOE,
     "nemotron_h": NEMOTRON_H,

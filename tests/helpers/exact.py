@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm import load, stream_generate
 
-from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_block_k
+from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_model_k
 from ssdmoe_tui.engine.run.runner import Runner
 
 PROMPT = [
@@ -23,9 +23,7 @@ def reference_tokens(path, k: int | None, dtype, prompt):
     if dtype != mx.bfloat16:
         cast_model(model, dtype)
     if k is not None:
-        for _name, m in model.named_modules():
-            if hasattr(m, "switch_mlp"):
-                set_block_k(m, k)
+        set_model_k(model, k)
     return [r.token for r in stream_generate(model, tok, prompt, max_tokens=MAX_TOKENS)]
 
 

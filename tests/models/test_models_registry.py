@@ -169,9 +169,14 @@ def test_unquantized_original_checkpoint_is_refused() -> None:
 
 
 def test_other_moe_architectures_are_refused() -> None:
+    gpt = registry.check_supported(_real("gpt-oss-20b"))  # its MXFP4 quantization_config
+    assert gpt.architecture == "gpt_oss" and gpt.quantization.mode == "mxfp4"
+    assert gpt.geometry.bias  # the experts' own biases count in its bytes
+    unknown = {"model_type": "some_moe", "num_experts": 8, "num_experts_per_tok": 2,
+               "hidden_size": 64, "num_hidden_layers": 2, "moe_intermediate_size": 32}  # fmt: skip
     with pytest.raises(UnsupportedModelError) as e:
-        registry.check_supported(_real("gpt-oss-20b"))
-    assert "gpt_oss" in _one_line(e.value) and "not supported" in str(e.value)
+        registry.check_supported(unknown)
+    assert "some_moe" in _one_line(e.value) and "not supported" in str(e.value)
     mixtral = registry.check_supported(
         _real("mixtral-8x7b-v0.1") | {"quantization": {"bits": 4, "group_size": 64}}
     )

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from ssdmoe_tui.engine.distributed.expert_map import ExpertMap
-from ssdmoe_tui.engine.model.streamed import StreamedSwitch
+from ssdmoe_tui.engine.model.streamed import Routed, StreamedSwitch
 
 
 @dataclass
@@ -61,6 +61,8 @@ class DistributedSwitch(StreamedSwitch):
         object.__setattr__(self, "_out_dims", int(cache.banks[0][out_name].shape[1]))
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        if self._capture:  # the previous layer's routing_predictor asks for indices only
+            raise Routed(indices)
         times = self._times
         cache = self._cache
         predict = self._predict

@@ -138,7 +138,7 @@ def _slot_dtypes(index: ExpertIndex, act_dtype: mx.Dtype | None) -> tuple[list[b
         dt = _MX_DTYPES.get(c.dtype)
         if dt is None:
             raise ModelError(
-                f"expert tensor {index.layers[0].prefix}.switch_mlp.{c.name} has unsupported dtype {c.dtype}"
+                f"expert tensor {c.name} of {index.layers[0].prefix} has unsupported dtype {c.dtype}"
             )
         w = _widened(c, act_dtype)
         widen.append(w)
@@ -324,7 +324,8 @@ class ExpertCache:
         return self._device_lut[layer]
 
     def bank_arrays(self, bank: int) -> dict[str, tuple]:
-        """Projection name -> (weight, scales, biases or None) of one bank (built once)."""
+        """Projection name -> (weight, scales, biases, bias; None where absent) of one bank
+        (built once)."""
         return self._bank_arrays[bank]
 
     def layer_arrays(self, layer: int) -> dict[str, tuple] | None:
@@ -670,10 +671,12 @@ class ExpertCache:
 
 
 def _by_projection(bank: dict[str, mx.array]) -> dict[str, tuple]:
-    """{'gate_proj.weight': w, ...} -> {'gate_proj': (weight, scales, biases or None)}."""
+    """{'gate_proj.weight': w, ...} -> {'gate_proj': (weight, scales, biases or None,
+    bias or None)}: the quantization's scales and biases, then the projection's own bias."""
     projs = dict.fromkeys(name.rsplit(".", 1)[0] for name in bank)
     return {
-        p: (bank[f"{p}.weight"], bank.get(f"{p}.scales"), bank.get(f"{p}.biases")) for p in projs
+        p: tuple(bank.get(f"{p}.{part}") for part in ("weight", "scales", "biases", "bias"))
+        for p in projs
     }
 
 

@@ -1,8 +1,9 @@
 """Byte-offset index of the stacked expert tensors in a checkpoint's safetensors shards.
 
 Only headers are read (8-byte length + JSON), never tensor data. Expert tensors are
-recognised by name pattern, not by model: any `<prefix>.switch_mlp.<proj>.<part>`
-with proj in gate/up/down_proj, fc1, fc2 and part in weight/scales/biases. A stacked
+recognised by name pattern, not by model: any `<prefix>.<switch>.<proj>.<part>` with
+switch one of the architecture table's attributes (switch_mlp, experts, switch_glu),
+proj in gate/up/down_proj, fc1, fc2 and part in weight/scales/biases/bias. A stacked
 tensor of shape (E, ...) holds expert e's bytes at `offset + e * stride`, so an
 expert is one contiguous piece per component. Headers, the tensor-name pattern and
 the limits on both live in `ssdmoe_tui.checkpoint`; this module turns them into read
@@ -35,7 +36,7 @@ from ssdmoe_tui.user_files import (
     read_regular_text,
 )
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4  # 4: expert stacks under any SwitchGLU attribute, projection biases
 SAMPLE_BLOCK = 4096
 SAMPLE_BLOCKS = 8  # evenly spaced over the data section, plus the last block
 
@@ -162,8 +163,8 @@ def build_index(model_dir: Path) -> ExpertIndex:
     }
     if not groups:
         raise UnsupportedModelError(
-            f"{model_dir}: no stacked expert tensors (`*.switch_mlp.*`) found: not an MoE checkpoint in "
-            "mlx-community layout (supported: qwen3_moe, qwen3_5_moe, nemotron_h, mixtral; e.g. "
+            f"{model_dir}: no stacked expert tensors (`*.switch_mlp.*`, `*.experts.*`) found: not an "
+            "MoE checkpoint in the mlx-lm layout (`mlx_lm.convert` writes it; e.g. "
             "mlx-community/Qwen3-30B-A3B-4bit)"
         )
     num_experts = scan.num_experts

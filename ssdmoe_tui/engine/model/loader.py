@@ -63,6 +63,8 @@ class StreamedModel:
     distributed: object = None  # engine.distributed.Distributed in an expert-parallel launch
     # asked by every MoE layer during a prefill chunk that may be stopped (streamed.py)
     prefill_gate: PrefillGate = field(default_factory=PrefillGate)
+    family: arch.Architecture | None = None  # its entry of the architecture table
+    switches: list = field(default_factory=list)  # each block's StreamedSwitch, in order
 
     @property
     def model_type(self) -> str:
@@ -70,22 +72,30 @@ class StreamedModel:
 
     @property
     def hybrid(self) -> bool:
-        return arch.is_hybrid(self.model_type)
+        return self.family is not None and self.family.hybrid
+
+    def router(self, block: nn.Module) -> nn.Module | None:
+        """The block's router (the family's `router` attribute), None if it has none."""
+        return getattr(block, self.family.router, None) if self.family is not None else None
 
     def set_k(self, k: int) -> None:
         check_k(k, self.index.num_experts, "K")
         for b in self.blocks:
-            set_block_k(b, k)
+            set_block_k(b, k, self.family)
 
     def measure_routing_mass(self, on: bool = True) -> RoutingMass | None:
         """Install (or remove) the router-mass meter (engine/model/routing_mass.py).
 
         Only a consumer that shows the figure asks for it: the meter costs no kernel and
         no sync, but an unmeasured model keeps mlx-lm's gates untouched. Idempotent."""
+        routers = [self.router(b) for b in self.blocks]
         if on and self.routing_mass is None:
-            self.routing_mass = _routing_mass.install(self.blocks, self.trained_k)
+            routing = self.family.routing if self.family is not None else "none"
+            self.routing_mass = _routing_mass.install(
+                self.switches, routers, self.trained_k, routing
+            )
         elif not on and self.routing_mass is not None:
-            _routing_mass.uninstall(self.blocks)
+            _routing_mass.uninstall(self.switches, routers)
             self.routing_mass = None
         return self.routing_mass
 
@@ -93,20 +103,51 @@ class StreamedModel:
         self.cache.close()
 
 
-def moe_blocks(model: nn.Module) -> list:
-    """Modules holding a `switch_mlp` (mlx-lm's MoE blocks)."""
-    return [m for _, m in model.named_modules() if hasattr(m, "switch_mlp")]
+def model_architecture(model: nn.Module) -> arch.Architecture | None:
+    """The table's entry for a built mlx-lm model (its `model_type`, or its args')."""
+    args = getattr(model, "args", None)
+    for mt in (getattr(model, "model_type", None), getattr(args, "model_type", None)):
+        if isinstance(mt, str):
+            found = arch.family({"model_type": mt})
+            if found is not None:
+                return found
+    return None
 
 
-def set_block_k(block: nn.Module, k: int) -> None:
-    """Top-k lives in different attributes per architecture; set every one present."""
-    if "top_k" in block.__dict__ or hasattr(block, "top_k"):
-        block.top_k = k
-    if hasattr(block, "num_experts_per_tok"):
-        block.num_experts_per_tok = k
-    gate = getattr(block, "gate", None)
-    if gate is not None and hasattr(gate, "top_k"):
-        gate.top_k = k
+def moe_blocks(model: nn.Module, family: arch.Architecture | None = None) -> list:
+    """The routing blocks of a built model (each MoE layer's), in layer order."""
+    family = family or model_architecture(model)
+    return [site.block for site in arch.switch_sites(model, family)]
+
+
+def set_block_k(block: nn.Module, k: int, family: arch.Architecture | None = None) -> None:
+    """Set K where the family's block reads it (`Architecture.k_paths`, every one).
+    Without a family (a model the table does not name), every K path of the table
+    that the block has."""
+    paths = family.k_paths if family is not None else _ALL_K_PATHS
+    done = False
+    for path in paths:
+        try:
+            arch.get_path(block, path)
+        except (AttributeError, KeyError):
+            continue
+        arch.set_path(block, path, k)
+        done = True
+    if not done and family is not None:
+        raise ModelError(
+            f"{family.model_type}: no K attribute ({', '.join(paths)}) on its MoE block"
+        )
+
+
+def set_model_k(model: nn.Module, k: int) -> None:
+    """Set K on every MoE block of a built mlx-lm model (a resident reference, a bench
+    baseline), the way the streamed model sets it."""
+    family = model_architecture(model)
+    for block in moe_blocks(model, family):
+        set_block_k(block, k, family)
+
+
+_ALL_K_PATHS = tuple(dict.fromkeys(p for a in arch.ARCHITECTURES.values() for p in a.k_paths))
 
 
 def default_dtype() -> mx.Dtype:
@@ -174,21 +215,27 @@ def _model_classes(config: dict):
     from mlx_lm.utils import _get_classes  # no public equivalent: load_model takes it as a default
 
     mt = config["model_type"]
-    if mt not in arch.ARCHITECTURES:
+    family = arch.family(config)
+    if family is None:
         raise UnsupportedModelError(
-            f"architecture {mt!r} is not supported for expert streaming "
-            f"(supported: {', '.join(arch.ARCHITECTURES)})"
+            f"architecture {mt!r} is not supported for expert streaming: its experts are not "
+            f"in a SwitchGLU/SwitchMLP of mlx-lm (`ssdmoe models supported` lists the "
+            f"{len(arch.STREAMED)} families streamed)"
         )
+    if family.refused:
+        raise UnsupportedModelError(f"architecture {mt!r} is not streamed: {family.refused}")
     try:
-        return _get_classes(config)
+        return family, *_get_classes(config)
     except ValueError as e:
         raise UnsupportedModelError(f"mlx-lm cannot build {mt!r}: {e}") from e
 
 
-def _proj_quant(config: dict, block_prefix: str, proj: str, in_dims: int, comp: dict) -> ProjQuant:
+def _proj_quant(
+    config: dict, holder_path: str, switch: str, proj: str, in_dims: int, comp: dict
+) -> ProjQuant:
     """Quantization of one expert projection: the config's per-path entry, else inferred from shapes."""
     qcfg = config.get("quantization") or {}
-    path = f"{block_prefix}.switch_mlp.{proj}"
+    path = f"{holder_path}.{switch}.{proj}"
     entry = qcfg.get(path)
     w = comp.get(f"{proj}.weight")
     s = comp.get(f"{proj}.scales")
@@ -245,7 +292,7 @@ def load_streamed(
     if not path.is_dir():
         raise ModelError(f"model folder not found: {path}")
     config = _load_config(path)
-    model_class, args_class = _model_classes(config)
+    family, model_class, args_class = _model_classes(config)
     progress("indexing experts")
     if index is None:
         index, _ = load_index(path)
@@ -257,7 +304,7 @@ def load_streamed(
     times = StepTimes()
     read_index, source, source_note = resolve_expert_source(path, index, experts)
     rd = open_reader(queue_depth=reader_queue_depth, direct=direct_io, prefer=reader)
-    specs = _switch_specs(model, index, config)
+    specs = _switch_specs(model, index, config, family)
 
     trained_k = arch.trained_k(config)  # the one reading of it (checkpoint.arch)
     if not trained_k:
@@ -266,7 +313,7 @@ def load_streamed(
     capacity = _cache_capacity(index, trained_k, expert_cache, act_dtype, distributed, partition)
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
     gate = PrefillGate()
-    blocks = _install_switches(specs, cache, partition, times, prefetch, gate)
+    blocks = _install_switches(specs, cache, partition, times, prefetch, gate, family)
 
     progress("loading resident weights")
     weights = _resident_weights(path, index, model)
@@ -292,6 +339,8 @@ def load_streamed(
         expert_source_note=source_note,
         distributed=distributed,
         prefill_gate=gate,
+        family=family,
+        switches=[getattr(s.holder, family.switch) for s in specs],
     )
     if k is not None:
         sm.set_k(k)
@@ -300,39 +349,54 @@ def load_streamed(
 
 @dataclass(frozen=True)
 class _SwitchSpec:
-    """One MoE block to stream: its layer, the block, mlx-lm's `switch_mlp` it replaces,
+    """One MoE layer to stream: its layer, the routing block, the module holding mlx-lm's
+    SwitchGLU/SwitchMLP (the block itself but for Gemma 4's), that module it replaces,
     the expert MLP's kind (`glu` or `mlp`) and each projection's quantization."""
 
     layer: int
     block: nn.Module
+    holder: nn.Module
     orig: nn.Module
     kind: str
     quant: dict[str, ProjQuant]
 
 
-def _switch_specs(model: nn.Module, index: ExpertIndex, config: dict) -> list[_SwitchSpec]:
+def _switch_specs(
+    model: nn.Module, index: ExpertIndex, config: dict, family: arch.Architecture
+) -> list[_SwitchSpec]:
     """Find the model's module for every expert layer of the index, before anything is
     evaluated (so no expert tensor is allocated), or one line naming the unmatched one."""
+    from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
+
     # Components by name for quant inference (shape/dtype only).
     comp_meta = {c.name: _CompMeta(c.shape, c.dtype) for c in index.layers[0].components}
     specs = []
     for li, layer in enumerate(index.layers):
         try:
-            block = _find_module(model, layer.prefix)
+            holder = _find_module(model, layer.prefix)
+            up = layer.prefix.split(".")
+            block = (
+                _find_module(model, ".".join(up[: len(up) - family.up])) if family.up else holder
+            )
         except (AttributeError, KeyError, IndexError, ValueError) as e:
             raise UnsupportedModelError(
                 f"{layer.prefix}: expert tensors do not match any module of {config['model_type']}"
             ) from e
-        orig = getattr(block, "switch_mlp", None)
-        if orig is None:
-            raise UnsupportedModelError(f"{layer.prefix}: module has no switch_mlp")
-        kind = "glu" if hasattr(orig, "gate_proj") else "mlp"
+        orig = getattr(holder, family.switch, None)
+        if not isinstance(orig, SwitchGLU | SwitchMLP):
+            raise UnsupportedModelError(
+                f"{layer.prefix}: no SwitchGLU/SwitchMLP under `{family.switch}` "
+                f"({config['model_type']} keeps its experts elsewhere)"
+            )
+        kind = "glu" if isinstance(orig, SwitchGLU) else "mlp"
         projs = ("gate_proj", "up_proj", "down_proj") if kind == "glu" else ("fc1", "fc2")
         quant = {
-            p: _proj_quant(config, layer.prefix, p, getattr(orig, p).weight.shape[-1], comp_meta)
+            p: _proj_quant(
+                config, layer.prefix, family.switch, p, getattr(orig, p).weight.shape[-1], comp_meta
+            )
             for p in projs
         }
-        specs.append(_SwitchSpec(li, block, orig, kind, quant))
+        specs.append(_SwitchSpec(li, block, holder, orig, kind, quant))
     return specs
 
 
@@ -369,21 +433,26 @@ def _install_switches(
     times: StepTimes,
     prefetch: bool,
     gate: PrefillGate,
+    family: arch.Architecture,
 ) -> list[nn.Module]:
-    """Swap every block's `switch_mlp` for a streamed one (this rank's share in a
+    """Swap every layer's SwitchGLU/SwitchMLP for a streamed one (this rank's share in a
     distributed launch), sharing the model's prefill gate, and chain the routing
-    predictors when prefetching; the blocks."""
+    predictors when prefetching; the routing blocks."""
     make_switch = StreamedSwitch if partition is None else partition.make_switch
     blocks: list[nn.Module] = []
+    switches = []
     for s in specs:
-        s.block.switch_mlp = make_switch(s.layer, cache, s.kind, s.orig.activation, s.quant, times)
-        s.block.switch_mlp.set_gate(gate)
+        sw = make_switch(s.layer, cache, s.kind, s.orig.activation, s.quant, times)
+        setattr(s.holder, family.switch, sw)
+        sw.set_gate(gate)
         blocks.append(s.block)
-    for b, nxt in zip(blocks[:-1], blocks[1:], strict=True):
+        switches.append(sw)
+    for sw, nxt, nxt_sw in zip(switches[:-1], blocks[1:], switches[1:], strict=True):
+        predict = routing_predictor(nxt, nxt_sw) if family.up == 0 else None
         if prefetch:
-            b.switch_mlp.set_predictor(routing_predictor(nxt))
+            sw.set_predictor(predict)
         # prefill chunks read the next layer's predicted union while this one computes
-        b.switch_mlp.set_lookahead(routing_predictor(nxt))
+        sw.set_lookahead(predict)
     return blocks
 
 

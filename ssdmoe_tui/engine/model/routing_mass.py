@@ -9,17 +9,20 @@ the router's own preference is dropped. Per MoE layer and token:
 and a token's mass is the mean over the MoE layers. It is 1.0 (100 %) at the trained
 K, below 1 when K is lower, above 1 when K is higher.
 
-"Router probabilities" per architecture (each as mlx-lm computes its gate):
-- qwen3_moe, qwen3_5_moe: softmax over all experts' logits; the top-K of it is kept.
-- mixtral: mlx-lm takes the top-K logits and softmaxes only those, which is the
-  same selection as the top-K of the softmax over all experts (softmax is monotonic);
-  the mass uses that full softmax, as the Hugging Face implementation does.
-- nemotron_h: an independent sigmoid per expert; selection ranks sigmoid + a
-  per-expert correction bias (within the top groups), and the output weights are the
-  selected experts' plain sigmoids, renormalised. The mass is the sum of the kept
-  experts' sigmoids over the same sum for the experts selected at the trained K (the
-  sigmoids are not a distribution, but the ratio is what the output weights lose
-  before renormalisation).
+"Router probabilities" follow the family's routing function (`Architecture.routing` in
+checkpoint/arch.py, each as mlx-lm computes its gate):
+- softmax (Qwen3, Qwen3.5, Qwen3-Next, Mixtral, gpt-oss...): softmax over all experts'
+  logits; the top-K of it is kept. Mixtral and gpt-oss softmax only the top-K logits,
+  which is the same selection as the top-K of the full softmax (softmax is monotonic);
+  the mass uses that full softmax, as the Hugging Face implementations do.
+- sigmoid (DeepSeek-V3 and Kimi K2, GLM-4.5/4.6, Nemotron-H): an independent sigmoid
+  per expert; selection ranks sigmoid + a per-expert correction bias (within the top
+  groups), and the output weights are the selected experts' plain sigmoids,
+  renormalised (and scaled). The mass is the sum of the kept experts' sigmoids over
+  the same sum for the experts selected at the trained K (the sigmoids are not a
+  distribution, but the ratio is what the output weights lose before renormalisation
+  and scaling).
+- none: the family's figure is not measured (no mass is shown).
 
 Cost: nothing unless asked. The meter is installed only by a consumer that shows it
 (`StreamedModel.measure_routing_mass`: the app's engine thread, `generate`, `bench`,
@@ -248,63 +251,59 @@ def _probed_linear(cls: type) -> type:
     return _PROBED[cls]
 
 
-def _probed_nemotron(cls: type) -> type:
-    """nemotron_h's MoEGate: the same call as mlx-lm's, noting the logits it computes."""
+def _probed_sigmoid_gate(cls: type) -> type:
+    """A sigmoid router module (a weight, a per-expert correction bias, groups: DeepSeek-V3's
+    MoEGate, Nemotron-H's, GLM-4.5's): mlx-lm's own call, unchanged, which also notes the
+    logits (`x @ weight.T`, built lazily: computed only when a figure is read)."""
     if cls not in _PROBED:
-        from mlx_lm.models.nemotron_h import group_expert_select
 
         def __call__(self, x):
-            logits = x @ self.weight.T
             meter, layer = self._ssdmoe_mass
-            meter.note_router(layer, "sigmoid", logits, self)
-            return group_expert_select(
-                logits,
-                self.e_score_correction_bias,
-                self.top_k,
-                self.n_group,
-                self.topk_group,
-                self.routed_scaling_factor,
-                self.norm_topk_prob,
-            )
+            meter.note_router(layer, "sigmoid", x @ self.weight.T, self)
+            return super(probed, self).__call__(x)
 
-        _PROBED[cls] = type(f"MassProbed{cls.__name__}", (cls,), {"__call__": __call__})
+        probed = type(f"MassProbed{cls.__name__}", (cls,), {"__call__": __call__})
+        _PROBED[cls] = probed
     return _PROBED[cls]
 
 
 _PROBED: dict[type, type] = {}
 
 
-def install(blocks: list[nn.Module], trained_k: int) -> RoutingMass:
-    """Probe every MoE block's gate and hand the meter to its StreamedSwitch.
+def install(switches: list, routers: list, trained_k: int, routing: str) -> RoutingMass:
+    """Probe every MoE layer's router and hand the meter to its StreamedSwitch.
 
-    Call after quantization (which replaces a Linear gate with a QuantizedLinear):
-    the probe is a subclass of the gate's own class, so parameters, their paths and
-    the arithmetic stay mlx-lm's. A gate of another kind is left alone (its layer
-    reports no mass), so a new architecture loads before it has a probe.
+    `routing`: the family's router-mass function (checkpoint.arch.ROUTINGS). Call after
+    quantization (which replaces a Linear gate with a QuantizedLinear): the probe is a
+    subclass of the router's own class, so parameters, their paths and the arithmetic
+    stay mlx-lm's. A router of another kind, or a family whose function is `none`, is
+    left alone (its layer reports no mass), never a failed load.
     """
     meter = RoutingMass(trained_k)
-    for block in blocks:
-        layer = block.switch_mlp._layer
-        gate = block.gate
+    for switch, gate in zip(switches, routers, strict=True):
+        if gate is None or routing == "none":
+            continue
         cls = _unprobed(type(gate))
-        if isinstance(gate, nn.Linear | nn.QuantizedLinear):
+        if routing == "softmax" and isinstance(gate, nn.Linear | nn.QuantizedLinear):
             gate.__class__ = _probed_linear(cls)
-        elif hasattr(gate, "e_score_correction_bias"):
-            gate.__class__ = _probed_nemotron(cls)
+        elif routing == "sigmoid" and all(
+            hasattr(gate, a) for a in ("weight", "e_score_correction_bias", "n_group", "topk_group")
+        ):
+            gate.__class__ = _probed_sigmoid_gate(cls)
         else:
-            continue  # a gate this module does not know: no mass (None), never a failed load
-        object.__setattr__(gate, "_ssdmoe_mass", (meter, layer))
-        block.switch_mlp.set_mass_meter(meter)
+            continue  # a router this module does not know: no mass (None)
+        object.__setattr__(gate, "_ssdmoe_mass", (meter, switch._layer))
+        switch.set_mass_meter(meter)
     return meter
 
 
-def uninstall(blocks: list[nn.Module]) -> None:
-    """Give every gate back its mlx-lm class: the model runs as if never probed."""
-    for block in blocks:
-        gate = block.gate
-        gate.__class__ = _unprobed(type(gate))
-        gate.__dict__.pop("_ssdmoe_mass", None)
-        block.switch_mlp.set_mass_meter(None)
+def uninstall(switches: list, routers: list) -> None:
+    """Give every router back its mlx-lm class: the model runs as if never probed."""
+    for switch, gate in zip(switches, routers, strict=True):
+        if gate is not None:
+            gate.__class__ = _unprobed(type(gate))
+            gate.__dict__.pop("_ssdmoe_mass", None)
+        switch.set_mass_meter(None)
 
 
 def _unprobed(cls: type) -> type:

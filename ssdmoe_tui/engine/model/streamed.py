@@ -226,6 +226,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_mass", None)  # routing_mass.RoutingMass, fed by the gate probe
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
         object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
+        object.__setattr__(self, "_capture", False)  # routing_predictor asks for indices only
         mode = pipeline_mode()  # read once: a bad value fails the load, in one line
         object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
@@ -256,9 +257,9 @@ class StreamedSwitch(nn.Module):
     def _proj(
         self, name: str, x: mx.array, idx: mx.array, sorted_indices: bool, arrays: dict
     ) -> mx.array:
-        weight, scales, biases = arrays[name]
+        weight, scales, biases, bias = arrays[name]
         q = self._quant[name]
-        return mx.gather_qmm(
+        y = mx.gather_qmm(
             x,
             weight,
             scales,
@@ -270,6 +271,9 @@ class StreamedSwitch(nn.Module):
             mode=q.mode,
             sorted_indices=sorted_indices,
         )
+        if bias is not None:  # the projection's own bias (gpt-oss), as mlx-lm adds it
+            y = y + mx.expand_dims(bias[idx], -2)
+        return y
 
     def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, arrays: dict) -> mx.array:
         if self._kind == "glu":
@@ -329,7 +333,7 @@ class StreamedSwitch(nn.Module):
         arrays = {}
         for proj in cache.bank_arrays(int(banks[0])):
             parts = []
-            for i in range(3):
+            for i in range(len(cache.bank_arrays(int(banks[0]))[proj])):
                 if cache.bank_arrays(int(banks[0]))[proj][i] is None:
                     parts.append(None)
                     continue
@@ -412,6 +416,8 @@ class StreamedSwitch(nn.Module):
         return _combine(self._masked_calls(x, sl, missed, _NO_SLOTS), y)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        if self._capture:
+            raise Routed(indices)
         times = self._times
         predict = self._predict
         cache = self._cache
@@ -550,25 +556,31 @@ class StreamedSwitch(nn.Module):
         return y.reshape(*lead_shape, y.shape[-1])
 
 
-def routing_predictor(block: nn.Module):
-    """The block's own top-k selection, as a function of a hidden state (for prefetch).
+class Routed(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a capturing switch with the indices its block routed (`routing_predictor`)."""
 
-    The gate is looked up at each call, not captured: the loader sets predictors before
-    `nn.quantize` swaps a quantized checkpoint's `nn.Linear` gates for `QuantizedLinear`
-    ones, and a captured gate would be the discarded, randomly initialised Linear (its
-    predictions were noise, and differed from run to run)."""
-    if hasattr(block.gate, "top_k") and not isinstance(block.gate, nn.Linear):  # nemotron_h
-        return lambda x: block.gate(x)[0]
-    if hasattr(block, "top_k"):  # qwen3_moe, qwen3_5_moe: softmax is monotonic, top-k of logits
+    def __init__(self, indices: mx.array) -> None:
+        super().__init__("routed")
+        self.indices = indices
 
-        def qwen(x):
-            k = block.top_k
-            return mx.argpartition(block.gate(x), kth=-k, axis=-1)[..., -k:]
 
-        return qwen
+def routing_predictor(block: nn.Module, switch: StreamedSwitch):
+    """The block's own routing, as a function of a hidden state (prefetch, read-ahead):
+    the block is called on `x` with its streamed switch set to hand back the indices it
+    is given instead of computing, so every family's router (softmax, sigmoid with
+    correction bias and groups, sparsemixer...) is mlx-lm's own code, K included. What
+    the block builds past its router (a shared expert) is never evaluated: MLX is lazy
+    and only the indices are. The router is looked up at each call, so a quantized
+    checkpoint's QuantizedLinear gate is the one used."""
 
-    def mixtral(x):
-        k = block.num_experts_per_tok
-        return mx.argpartition(-block.gate(x), kth=k - 1, axis=-1)[..., :k]
+    def predict(x: mx.array) -> mx.array | None:
+        object.__setattr__(switch, "_capture", True)
+        try:
+            block(x)
+        except Routed as routed:
+            return routed.indices
+        finally:
+            object.__setattr__(switch, "_capture", False)
+        return None  # the block did not route this call (never for a MoE block)
 
-    return mixtral
+    return predict

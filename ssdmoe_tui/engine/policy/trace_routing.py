@@ -33,8 +33,6 @@ import numpy as np
 from ssdmoe_tui.engine.policy.traces import DECODE, PREFILL, Trace, read_trace
 from ssdmoe_tui.errors import BadValueError
 
-SUPPORTED = ("qwen3_moe", "qwen3_5_moe", "mixtral")
-
 
 def check_trace_k(flag: str, value: int | list[int] | None, trace_k: int) -> None:
     """K comes from the trace: a --k / --prefill-k (or bench's --k list) that asks for
@@ -228,25 +226,27 @@ class TraceGate(nn.Module):
 def attach(sm, path: str | Path, trace: Trace | None = None) -> TraceRouting:
     """Route `sm` (a StreamedModel) by the trace at `path` (or `trace`, read already:
     `path` then only names it); sets K to the trace's."""
-    if sm.model_type not in SUPPORTED:
+    routers = [sm.router(b) for b in sm.blocks]
+    if not routers or not all(isinstance(r, nn.Linear | nn.QuantizedLinear) for r in routers):
         raise BadValueError(
-            f"--routing-trace supports {', '.join(SUPPORTED)} checkpoints, not {sm.model_type}"
+            f"--routing-trace needs a family whose router is a linear layer of logits "
+            f"(qwen3_moe, gpt_oss, mixtral...), not {sm.model_type}"
         )
     trace = read_trace(path) if trace is None else trace
     routing = TraceRouting(trace, Path(path).name, sm.index.num_layers, sm.index.num_experts)
     if routing.k > sm.index.num_experts:
         raise BadValueError(f"routing trace K={routing.k} exceeds {sm.index.num_experts} experts")
-    for layer, block in enumerate(sm.blocks):
-        block.gate = TraceGate(block.gate, routing, layer)
-        block.switch_mlp.set_routing(routing)
+    for layer, (block, switch) in enumerate(zip(sm.blocks, sm.switches, strict=True)):
+        setattr(block, sm.family.router, TraceGate(routers[layer], routing, layer))
+        switch.set_routing(routing)
     sm.cache.routing = routing
     if sm.prefetch:
         # The next block's router cannot foresee the trace's ids: predict them from the
         # lookups instead (co-occurrence, layer L -> L+1), as `trace replay --prefetch` does.
         from ssdmoe_tui.engine.policy.policies import CooccurrencePredictor
 
-        for block in sm.blocks:
-            block.switch_mlp.set_predictor(None)
+        for switch in sm.switches:
+            switch.set_predictor(None)
         sm.cache.predictor = CooccurrencePredictor(sm.index.num_layers)
     # The simulator ages the policy once after the prefill step; the runner ages it
     # before every decode step but the first.
