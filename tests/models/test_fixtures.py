@@ -53,13 +53,22 @@ def test_fixture_copies_match_their_recorded_checksums() -> None:
 REAL_CONFIG_SHAPES = {
     "deepseek-r1/config.json": ("deepseek_v3", 61, 58, 256, 2048, 8),
     "deepseek-v3/config.json": ("deepseek_v3", 61, 58, 256, 2048, 8),
-    "gpt-oss-120b/config.reconstructed.json": ("gpt_oss", 36, 36, 128, 2880, 4),
+    "deepseek-v3.1/config.json": ("deepseek_v3", 61, 58, 256, 2048, 8),
+    "gemma-4-26b-a4b/config.json": ("gemma4", 30, 30, 128, 704, 8),
+    "glm-4.5-air/config.json": ("glm4_moe", 46, 45, 128, 1408, 8),
+    "gpt-oss-120b/config.json": ("gpt_oss", 36, 36, 128, 2880, 4),
     "gpt-oss-20b/config.json": ("gpt_oss", 24, 24, 32, 2880, 4),
+    "kimi-k2/config.json": ("deepseek_v3", 61, 60, 384, 2048, 8),
+    "llama-4-scout/derived-not-genuine/trimmed-config.json": ("llama4", 48, 48, 16, 8192, 1),
     "mixtral-8x7b-v0.1/config.json": ("mixtral", 32, 32, 8, 14336, 2),
     "nemotron-3-nano-30b-a3b/config.json": ("nemotron_h", 52, 23, 128, 1856, 6),
+    "qwen3-235b-a22b/config.json": ("qwen3_moe", 94, 94, 128, 1536, 8),
     "qwen3-30b-a3b/config.json": ("qwen3_moe", 48, 48, 128, 768, 8),
+    "qwen3-next-80b-a3b/config.json": ("qwen3_next", 48, 48, 512, 512, 10),
+    "qwen3.5-35b-a3b/config.json": ("qwen3_5_moe", 40, 40, 256, 512, 8),
     "qwen3.5-35b-a3b/config.reconstructed.json": ("qwen3_5_moe", 40, 40, 256, 512, 8),
 }
+K_KEYS = ("num_experts_per_tok", "top_k_experts")  # gemma4 names K top_k_experts
 
 
 def _shape_mlx_lm_builds(config: dict) -> tuple[str, int, int, int, int, int]:
@@ -73,13 +82,14 @@ def _shape_mlx_lm_builds(config: dict) -> tuple[str, int, int, int, int, int]:
         switches.extend(found[:1])
     first = switches[0]
     stacked = (first.up_proj if isinstance(first, SwitchGLU) else first.fc1).weight.shape
-    k = config.get("num_experts_per_tok", config.get("text_config", {}).get("num_experts_per_tok"))
+    text = config.get("text_config", config)
+    k = next(text[key] for key in K_KEYS if key in text)
     module = model_class.__module__.rsplit(".", 1)[-1]
     return module, len(model.layers), len(switches), stacked[0], stacked[1], k
 
 
 def test_real_configs_load_in_the_pinned_mlx_lm() -> None:
-    configs = sorted(MODELS.glob("*/config*.json"))
+    configs = sorted([*MODELS.glob("*/config*.json"), *MODELS.glob("*/derived-not-genuine/*.json")])
     shapes = {
         str(p.relative_to(MODELS)): _shape_mlx_lm_builds(json.loads(p.read_bytes()))
         for p in configs
