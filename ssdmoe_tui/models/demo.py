@@ -204,6 +204,7 @@ def write_checkpoint(
     readme: str | None = None,
     weight_scale: float = 4.0,
     readable: bool = False,
+    random_routers: bool = False,
 ) -> Path:
     """Write a random-weight, quantized checkpoint of `config` into `out`.
 
@@ -211,7 +212,10 @@ def write_checkpoint(
     ChatML BPE tokenizer is trained and written. `weight_scale` multiplies the
     default init of every matrix but embeddings: at mlx's default scale a random
     model repeats one token forever, at 4x it produces varied tokens, which makes
-    exactness tests meaningful and the demo livelier.
+    exactness tests meaningful and the demo livelier. `random_routers`: router weights and
+    correction biases that mlx-lm initialises to zero (DeepSeek-V3's, GLM's, MiniMax's
+    gates) get random values instead, so the router picks different experts per token
+    rather than breaking an all-way tie the same way every time.
     """
     import mlx.core as mx
     from mlx.utils import tree_map_with_path
@@ -234,6 +238,8 @@ def write_checkpoint(
     def init(p: str, v):
         if not mx.issubdtype(v.dtype, mx.floating):
             return v
+        if random_routers and _router_param(p) and not mx.any(v).item():
+            v = mx.random.normal(v.shape) * (0.5 if v.ndim == 1 else v.shape[-1] ** -0.5)
         if weight_scale != 1.0 and p.endswith("weight") and v.ndim >= 2 and "embed" not in p:
             v = v * weight_scale
         return v.astype(mx.bfloat16) if cast_predicate(p) else v
@@ -249,6 +255,15 @@ def write_checkpoint(
     if readme:
         (out / "README.md").write_text(readme)
     return out
+
+
+def _router_param(path: str) -> bool:
+    """A router's weight or per-expert correction bias (`...gate.weight`, `...router.weight`,
+    `...e_score_correction_bias`, `...expert_bias`)."""
+    last = path.rsplit(".", 2)
+    return path.endswith(("e_score_correction_bias", "expert_bias")) or (
+        len(last) == 3 and last[-2] in ("gate", "router") and last[-1] == "weight"
+    )
 
 
 def copy_tokenizer(source: Path, out: Path) -> None:

@@ -124,6 +124,7 @@ def _family_configs() -> dict[str, dict]:
     }
 
 
+ORIGINAL = ("qwen3_moe", "qwen3_5_moe", "nemotron_h", "mixtral")
 CONFIGS = {
     **_family_configs(),
     "qwen3_moe": QWEN3_MOE,
@@ -136,4 +137,7 @@ CONFIGS = {
 def build(arch: str, out: Path, seed: int = 3) -> Path:
     if (out / "config.json").exists():
         return out
-    return write_checkpoint(CONFIGS[arch], out, seed=seed, group_size=32, max_shard_bytes=400_000)
+    return write_checkpoint(
+        CONFIGS[arch], out, seed=seed, group_size=32, max_shard_bytes=400_000,
+        random_routers=arch not in ORIGINAL,  # the first four's checkpoints stay as they were
+    )  # fmt: skip
