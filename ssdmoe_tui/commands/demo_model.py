@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             max_shard_bytes=shard,
             tokenizer_from=Path(args.tokenizer) if args.tokenizer else None,
             progress=say,
+            random_routers=True,  # zero-initialised gates would route every token alike
         )
     except BaseException as e:
         if created:
