@@ -55,9 +55,7 @@ def test_table_entry_describes_mlx_lm_s_module_tree(family):
     sites = arch.switch_sites(model, entry)
     assert sites, "no SwitchGLU/SwitchMLP: the entry names a dense model"
     geo = arch.moe_geometry(config)
-    assert geo is not None and geo.moe_layers == tuple(
-        arch.layer_number(s.path) for s in sites
-    )
+    assert geo is not None and geo.moe_layers == tuple(arch.layer_number(s.path) for s in sites)
     assert geo.projections == entry.projections
     for site in sites:
         assert site.attr == entry.switch
@@ -160,3 +158,43 @@ def test_k_changed_live_and_a_kv_checkpoint_resumes_exactly(
         assert mx.array_equal(a, b).item()
     finally:
         sm.close()
+
+
+def _rewrite(folder, edit) -> None:  # noqa: ANN001
+    """Apply `edit(name, array) -> array` to every tensor of every shard of `folder`."""
+    for shard in folder.glob("*.safetensors"):
+        arrays = mx.load(str(shard))
+        mx.save_safetensors(str(shard), {k: edit(k, v) for k, v in arrays.items()},
+                            metadata={"format": "mlx"})  # fmt: skip
+
+
+def test_bad_family_checkpoints_are_one_line(checkpoints, tmp_path):
+    """A gpt-oss checkpoint whose tensors disagree with its config, a config whose MoE
+    fields contradict each other, MXFP4 experts with scales of the wrong shape: each is one
+    line naming the file or value, before anything is computed."""
+    import json
+    import shutil
+
+    from ssdmoe_tui.errors import ModelError
+    from ssdmoe_tui.models.demo import write_checkpoint
+
+    def one_line(path, match: str) -> None:
+        with pytest.raises(ModelError) as e:
+            load_streamed(path, expert_cache="1")
+        assert "\n" not in str(e.value) and match in str(e.value), str(e.value)
+
+    mxfp4 = write_checkpoint(CONFIGS["gpt_oss"], tmp_path / "mxfp4", seed=3, group_size=32,
+                             mode="mxfp4", random_routers=True)  # fmt: skip
+    more = shutil.copytree(mxfp4, tmp_path / "more")
+    config = json.loads((more / "config.json").read_text())
+    config["num_local_experts"] = 16  # the tensors stack 8
+    (more / "config.json").write_text(json.dumps(config))
+    one_line(more, "hold 8 experts per layer, config.json makes 16")
+    k99 = shutil.copytree(mxfp4, tmp_path / "k99")
+    config = json.loads((k99 / "config.json").read_text())
+    config["num_experts_per_tok"] = 99
+    (k99 / "config.json").write_text(json.dumps(config))
+    one_line(k99, "num_experts_per_tok = 99")
+    scales = shutil.copytree(mxfp4, tmp_path / "scales")
+    _rewrite(scales, lambda k, v: v[..., :-1] if k.endswith("experts.gate_proj.scales") else v)
+    one_line(scales, "gate_proj")

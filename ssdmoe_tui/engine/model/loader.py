@@ -195,6 +195,7 @@ def _load_config(path: Path) -> dict:
     config = load_config(path)
     if "model_type" not in config:
         raise ModelError(f"{path / 'config.json'}: no model_type")
+    arch.check_config_numbers(config, str(path / "config.json"))
     if "quantization" not in config:
         legacy = config.get("quantization_config") or arch.text_config(config).get(
             "quantization_config"
@@ -390,6 +391,12 @@ def _switch_specs(
             )
         kind = "glu" if isinstance(orig, SwitchGLU) else "mlp"
         projs = ("gate_proj", "up_proj", "down_proj") if kind == "glu" else ("fc1", "fc2")
+        built = int(getattr(orig, projs[0]).weight.shape[0])
+        if built != index.num_experts:  # the router would pick experts the files lack
+            raise ModelError(
+                f"{layer.prefix}: the safetensors hold {index.num_experts} experts per layer, "
+                f"config.json makes {built}"
+            )
         quant = {
             p: _proj_quant(
                 config, layer.prefix, family.switch, p, getattr(orig, p).weight.shape[-1], comp_meta
