@@ -70,8 +70,6 @@ def _a(model_type: str, description: str, **kw) -> Architecture:
 
 
 _DEEPSEEK_K = ("gate.top_k", "num_experts_per_tok")  # MoEGate selects; the block mirrors it
-#: A family whose streamed output has not been held against mlx-lm here yet.
-_UNTESTED = "not yet checked against mlx-lm's own output here (no test checkpoint of it)"
 
 #: Every MoE model type of mlx-lm 0.32.2 (`SwitchGLU`/`SwitchMLP` users), streamed or not.
 ARCHITECTURES: dict[str, Architecture] = {
@@ -153,7 +151,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "dots1",
             "rednote dots.llm1",
-            refused=_UNTESTED,
             switch="experts",
             k_paths=_DEEPSEEK_K,
             routing="none",
@@ -162,7 +159,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "bailing_moe",
             "inclusionAI Ling / Ring (Bailing MoE)",
-            refused=_UNTESTED,
+            refused=(
+                "mlx-lm's own forward segfaults at K=1 (MLX shapeless-compiles its"
+                " aggregate_expert_outputs, a sum over the size-1 expert axis); exact at K>=2 here"
+            ),
             k_paths=("gate.top_k", "num_experts_per_tok"),
             routing="none",
         ),
@@ -178,7 +178,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "granitemoehybrid",
             "IBM Granite 4.0 hybrid MoE",
-            refused=_UNTESTED,
             router="router",
             k_paths=("router.top_k",),
             routing="none",
@@ -202,7 +201,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "mistral4",
             "Mistral 4 MoE",
-            refused=_UNTESTED,
             k_paths=("num_experts_per_tok",),
             routing="none",
         ),
@@ -219,7 +217,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "bailing_hybrid",
             "inclusionAI Ring-flash-linear hybrid",
-            refused=_UNTESTED,
             k_paths=("gate.top_k", "num_experts_per_tok"),
             routing="none",
             hybrid=True,
@@ -234,14 +231,17 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "bailing_moe_v3",
             "inclusionAI Ling 3 MoE",
-            refused=_UNTESTED,
             k_paths=("gate.top_k",),
             routing="none",
+            hybrid=True,
         ),
         _a(
             "deepseek_v41",
             "DeepSeek-V4.1 (compressed attention)",
-            refused=_UNTESTED,
+            refused=(
+                "greedy tokens equal mlx-lm's here, but a KV checkpoint cannot resume: mlx-lm's"
+                " load_prompt_cache cannot rebuild its LayerCache (no from_state, window unsaved)"
+            ),
             up=1,
             k_paths=("gate.top_k",),
             routing="none",
@@ -251,7 +251,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "kimi_k3",
             "Moonshot Kimi K3",
-            refused=_UNTESTED,
             k_paths=("args.num_experts_per_token",),
             routing="none",
             hybrid=True,
@@ -265,7 +264,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             routing="none",
             hybrid=True,
         ),
-        _a("mellum", "JetBrains Mellum MoE", refused=_UNTESTED, routing="none", hybrid=True),
+        _a("mellum", "JetBrains Mellum MoE", routing="none", hybrid=True),
         _a(
             "mimo_v2_flash",
             "Xiaomi MiMo-V2-Flash",
@@ -276,14 +275,18 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "minimax_m3_vl",
             "MiniMax-M3 VL text tower",
-            refused=_UNTESTED,
             k_paths=("num_experts_per_tok",),
             routing="none",
+            hybrid=True,
         ),
         _a(
             "muse_spark",
             "Muse Spark MoE",
-            refused=_UNTESTED,
+            refused=(
+                "mlx-lm runs it only with Metal kernels (qk_norm_rope): not held against mlx-lm"
+                " here; its recipe also keeps the first/last layers' experts unquantized (the"
+                " index needs one layout)"
+            ),
             switch="experts",
             routing="none",
             hybrid=True,
@@ -291,7 +294,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _a(
             "phixtral",
             "Phixtral (Phi-2 experts)",
-            refused=_UNTESTED,
             k_paths=("num_experts_per_tok",),
             routing="none",
             projections=("fc1", "fc2"),
@@ -450,11 +452,13 @@ def trained_k(config: Mapping) -> int:
     return _int(text_config(config), *_K_KEYS, default=0) or 0
 
 
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?=\.|$)")
+#: Decoder layers sit in a list named `layers`, or `h` in the GPT-2 naming (Phixtral).
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)(?=\.|$)")
 
 
 def layer_number(prefix: str) -> int | None:
-    """The decoder layer a module path belongs to (`model.layers.7.mlp` -> 7)."""
+    """The decoder layer a module path belongs to (`model.layers.7.mlp` -> 7,
+    `transformer.h.2.moe` -> 2)."""
     found = _LAYER_RE.findall(prefix)
     return int(found[-1]) if found else None
 
