@@ -264,7 +264,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             routing="none",
             hybrid=True,
         ),
-        _a("mellum", "JetBrains Mellum MoE", routing="none", hybrid=True),
+        _a("mellum", "JetBrains Mellum MoE", hybrid=True),
         _a(
             "mimo_v2_flash",
             "Xiaomi MiMo-V2-Flash",
@@ -295,7 +295,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             "phixtral",
             "Phixtral (Phi-2 experts)",
             k_paths=("num_experts_per_tok",),
-            routing="none",
             projections=("fc1", "fc2"),
         ),
         _a("step3p5", "StepFun Step-3.5", k_paths=("gate.top_k",), routing="none", hybrid=True),
