@@ -198,3 +198,23 @@ def test_bad_family_checkpoints_are_one_line(checkpoints, tmp_path):
     scales = shutil.copytree(mxfp4, tmp_path / "scales")
     _rewrite(scales, lambda k, v: v[..., :-1] if k.endswith("experts.gate_proj.scales") else v)
     one_line(scales, "gate_proj")
+
+
+def test_docs_list_every_model_type_streamed_or_why_not():
+    """docs/models.md's family table has a row per model type of the table: ✓ where it is
+    streamed, the refusal's reason where it is not."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if (
+            len(cells) == 7
+            and cells[0].startswith("`")
+            and cells[0].strip("`") in arch.ARCHITECTURES
+        ):
+            rows[cells[0].strip("`")] = cells[2]
+    assert set(rows) == set(arch.ARCHITECTURES)
+    for mt, entry in arch.ARCHITECTURES.items():
+        assert rows[mt] == ("✓" if entry.streamed else f"no: {entry.refused}"), mt
