@@ -5,6 +5,9 @@
 #
 #   OUT=/root/res/fam DEADLINE_S=560 bash scripts/gpu_families.sh
 #
+# The machine has no platformdirs: carry a copy (`cp -r .venv/lib/python3.*/site-packages/
+# platformdirs .devsite/`, `.devsite` ignored) and put it on PYTHONPATH with the wheels.
+#
 # gpt-oss-120b: 4 layers x 128 experts of 2880 x 2880, MXFP4 (its published experts' mode;
 # the rest of the model too), ~7 GB. DeepSeek-V3: 3 layers with the first dense (the real
 # config keeps 3 dense layers first; cut here so 2 of 3 are MoE), 256 experts of 7168 x 2048
