@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     # transformers' warnings are not ours to show: e.g. "Token indices sequence length is
     # longer than..." would come as a second line before our own context refusal.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from ssdmoe_tui.gpu_kernels import keep_kernels
+
+    keep_kernels()  # before MLX compiles a GPU kernel: kept across runs and reboots
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

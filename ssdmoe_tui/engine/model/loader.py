@@ -27,6 +27,7 @@ from ssdmoe_tui.engine.experts.cache import (
     auto_budget,
     slot_memory_bytes,
 )
+from ssdmoe_tui.engine.experts.device_memory import is_cuda
 from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.engine.model import routing_mass as _routing_mass
@@ -322,6 +323,12 @@ def load_streamed(
 
     progress("loading tokenizer")
     tokenizer = load_tokenizer(path)
+    if is_cuda():
+        from ssdmoe_tui.gpu_kernels import first_run_note
+
+        note = first_run_note()  # MLX-CUDA compiles at the first forward pass: say so
+        if note:
+            progress(note)
 
     sm = StreamedModel(
         model=model,
