@@ -80,6 +80,11 @@ class SessionStore(Protocol):
         """Keep the first `keep` stored turns; the rest stays reachable as replaced."""
         ...
 
+    def keep_tool_results(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Save the tool results that end `messages` (a reply's calls answered so far)
+        with the conversation now, before the reply that reads them is recorded."""
+        ...
+
     def working_set(self, session_id: str, info: ModelInfo) -> Any:
         """The experts to warm on resume: `.working_set` (None: none) and `.warning`."""
         ...
@@ -282,6 +287,19 @@ class ChatController:
         if why := self.why_not_send():
             raise Refused(why)
         return self._request(tuple(results))
+
+    def keep_tool_results(self, results: Sequence[Message]) -> None:
+        """The round's tool results so far, saved with the conversation as each call
+        ends (before its result is shown): they were saved only with the model's next
+        reply, so a crash in between lost a result the user had seen. `prepare_results`
+        then feeds them as before; the store gives them their token ids then."""
+        keep = getattr(self.sessions, "keep_tool_results", None)  # a store may keep none
+        if keep is None or self.session_id is None or not results:
+            return
+        try:
+            keep(self.session_id, (*self.history, *results))
+        except Exception as e:  # noqa: BLE001 - persistence must not stop the tool loop
+            self._warn(f"tool result not saved: {user_message(e)}")
 
     def tool_specs(self) -> list[dict]:
         """The tools offered to the model now, as the chat template takes them."""

@@ -24,7 +24,14 @@ from tests.helpers.pilot import (
     wait_until,
 )
 from tests.helpers.scripted_model import ANSWER, write_tool_model
-from tests.helpers.tool_chat import answered, ask_and_answer, make_app, replies, settled
+from tests.helpers.tool_chat import (
+    answered,
+    ask_and_answer,
+    make_app,
+    replies,
+    resumed_with_the_call,
+    settled,
+)
 from tests.tools.mcp_test_server import FORECAST
 
 
@@ -61,12 +68,7 @@ async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model,
 
     again = make_app(tool_model, resume="")
     async with again.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: again.chat.session_id == conv_id, what="the resume")
-        await loaded(pilot, again)
-        assert [b.text for b in again.query(ToolResultBlock)] == [FORECAST]
-        # the restored call is a block again once the tokenizer has loaded
-        await wait_until(pilot, lambda: again.query(ToolCallBlock), what="the restored call")
-        assert [b.call.name for b in again.query(ToolCallBlock)] == ["get_weather"]
+        await resumed_with_the_call(pilot, again, conv_id, FORECAST)
         assert replies(again) == ["", ANSWER]
         await type_and_send(pilot, "Thanks!")
         await wait_until(
