@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.mcp_config import McpServer
+from ssdmoe_tui.tools.stderr_log import StderrLog
 
 CLOSE_TIMEOUT = 8.0  # the SDK gives a stdio server 2 s after stdin closes, then kills it
 RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
@@ -261,21 +262,12 @@ class ToolServers:
                 errlog.close()
             self._changed()
 
-    def _errlog(self, c: McpServer):  # noqa: ANN202 - a text file or None
+    def _errlog(self, c: McpServer) -> StderrLog | None:
+        """A stdio server's stderr: `mcp-NAME.log` in `log_dir`, capped and rotated
+        (tools/stderr_log.py), or dropped without a `log_dir`."""
         if c.url:
             return None
-        import os
-
-        if self.log_dir is None:
-            return open(os.devnull, "w")  # noqa: SIM115 - closed by _hold
-        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # private (0600): a tool server's stderr can echo the arguments, which come from
-        # the user's prompts
-        fd = os.open(
-            self.log_dir / f"mcp-{c.name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
-        )
-        os.fchmod(fd, 0o600)  # an older log made before this rule
-        return os.fdopen(fd, "a", encoding="utf-8")
+        return StderrLog(None if self.log_dir is None else self.log_dir / f"mcp-{c.name}.log")
 
     def ticket(self) -> int:
         """Taken where the user decides a call runs (the UI thread, before it hands the
@@ -384,7 +376,7 @@ class ToolServers:
                 pass
 
 
-def _with_errlog(params: Any, errlog: Any) -> Any:
+def _with_errlog(params: Any, errlog: StderrLog) -> Any:
     """StdioServerParameters whose server's stderr goes to `errlog` (not the terminal the
     TUI draws on): the SDK's `stdio_client` as a transport with that errlog."""
     from contextlib import asynccontextmanager
@@ -393,7 +385,8 @@ def _with_errlog(params: Any, errlog: Any) -> Any:
 
     @asynccontextmanager
     async def transport():  # noqa: ANN202 - the SDK's Transport shape
-        async with stdio_client(params, errlog=errlog) as streams:
+        async with stdio_client(params, errlog=errlog.writer) as streams:
+            errlog.spawned()  # the server holds the pipe now: its end ends the log's copy
             yield streams
 
     return transport()

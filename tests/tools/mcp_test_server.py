@@ -5,7 +5,8 @@
 
 Tools: `get_weather(city)` (a fixed forecast), `slow(seconds)` (sleeps: timeouts),
 `fail()` (raises: an error result), `secret()` (left out by allow-lists in tests),
-`mark(path)` (writes the file: whether a call reached the server).
+`mark(path)` (writes the file: whether a call reached the server); with SHOUT set,
+`shout(mib)` (floods stderr).
 With PID_FILE set, the server writes its process id there (orphan checks); with
 HOSTILE set, `get_weather` answers HOSTILE_FORECAST, which holds terminal escapes
 (HOSTILE=error: it fails with that text).
@@ -61,6 +62,20 @@ def mark(path: str) -> str:
     with open(path, "w") as f:
         f.write("ran")
     return "marked"
+
+
+def shout(mib: int) -> str:
+    """Write `mib` MiB to stderr (lines of x), then "shout done"."""
+    line = b"x" * 1023 + b"\n"
+    for _ in range(mib * 1024):
+        sys.stderr.buffer.write(line)
+    sys.stderr.buffer.write(b"shout done\n")
+    sys.stderr.flush()
+    return "shouted"
+
+
+if os.environ.get("SHOUT"):  # only there: the other tests see the same tools as ever
+    server.tool()(shout)
 
 
 @server.tool()

@@ -17,7 +17,9 @@ import pytest
 from ssdmoe_tui.config import load_config
 from ssdmoe_tui.mcp_config import check_mcp_servers
 from ssdmoe_tui.tools.servers import ToolServers
+from ssdmoe_tui.tools.stderr_log import LOG_MAX
 from tests.helpers.mcp_servers import ROOT, alive, gone_within, stdio_server
+from tests.tools.mcp_test_server import FORECAST
 
 
 def test_config_reads_codex_shaped_tables(tmp_path):
@@ -135,6 +137,38 @@ def test_a_stdio_servers_log_is_private(tmp_path):
     finally:
         servers.close()
     assert old.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_server_flooding_stderr_fills_two_capped_logs_at_most(tmp_path):
+    """Issue 45: a server's stderr log had no cap (2.1 GiB in 4 s, appended across runs).
+    The log is capped at LOG_MAX; when full it becomes NAME.log.1 (replacing the older
+    one) and a new log starts: a full log left by an earlier run is rotated at start,
+    and 13 MiB of stderr leave two files of at most 4 MiB, the last words kept."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log, rotated = logs / "mcp-t.log", logs / "mcp-t.log.1"
+    with open(log, "wb") as f:
+        f.truncate(LOG_MAX + 5)  # sparse: a full log from an earlier run
+    table = stdio_server(env={"SHOUT": "1"})
+    servers = ToolServers(check_mcp_servers({"t": table}), log_dir=logs)
+    try:
+        assert servers.start() == []
+        assert rotated.stat().st_size == LOG_MAX + 5 and log.stat().st_size < LOG_MAX
+        mib = 3 * LOG_MAX // (1 << 20) + 1
+        assert servers.call("shout", {"mib": mib}).text == "shouted"
+        assert servers.call("get_weather", {"city": "Paris"}).text == FORECAST  # it goes on
+        deadline = time.monotonic() + 60
+        while b"shout done" not in log.read_bytes() + rotated.read_bytes():
+            assert time.monotonic() < deadline, "the flood's end never reached the log"
+            time.sleep(0.1)
+    finally:
+        servers.close()
+    assert log.stat().st_size <= LOG_MAX and rotated.stat().st_size <= LOG_MAX
+    assert b"\0" not in rotated.read_bytes()  # the old sparse log was rotated out
+    assert {p.name for p in logs.iterdir()} == {"mcp-t.log", "mcp-t.log.1"}
+    for p in (log, rotated):
+        assert p.stat().st_mode & 0o777 == 0o600
+    assert log.read_bytes().startswith(b"[ssdmoe: earlier output in mcp-t.log.1")
 
 
 def test_close_leaves_no_file_descriptor_open():
