@@ -34,6 +34,10 @@ from ssdmoe_tui.tools.stderr_log import StderrLog
 
 CLOSE_TIMEOUT = 8.0  # the SDK gives a stdio server 2 s after stdin closes, then kills it
 RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
+# What one server may offer the model: every tool offered is in every prompt, so a server
+# listing 10,000 tools (600,000 tokens) made every message too long for the context.
+TOOLS_MAX = 128
+SCHEMA_BYTES_MAX = 128 << 10  # the tools' JSON as the template gets it (~32k tokens)
 _OPEN: weakref.WeakSet[ToolServers] = weakref.WeakSet()
 
 
@@ -82,6 +86,7 @@ class ServerState:
     error: str = ""
     tools: list[ToolSpec] = field(default_factory=list)
     hidden: int = 0  # tools the server lists that the allow-list leaves out
+    cut: int = 0  # allowed tools past TOOLS_MAX or SCHEMA_BYTES_MAX: not offered
     _client: Any = None
     _stop: asyncio.Event | None = None
     _task: asyncio.Future | None = None
@@ -97,6 +102,29 @@ def _one_line(e: BaseException) -> str:
     elif isinstance(e, (TimeoutError, asyncio.TimeoutError)):
         text = "timed out"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def within_bounds(tools: list[ToolSpec]) -> tuple[list[ToolSpec], int]:
+    """The tools a server may offer, in its order: at most TOOLS_MAX, whose schemas take
+    at most SCHEMA_BYTES_MAX (a tool that would pass it is left out, a smaller one after
+    it may still fit); and how many were left out."""
+    kept: list[ToolSpec] = []
+    used = 0
+    for t in tools:
+        size = len(json.dumps(t.for_template(), ensure_ascii=False).encode())
+        if len(kept) < TOOLS_MAX and used + size <= SCHEMA_BYTES_MAX:
+            kept.append(t)
+            used += size
+    return kept, len(tools) - len(kept)
+
+
+def cut_line(name: str, offered: int, cut: int) -> str:
+    """One line saying that server `name` offers the model only part of its tools."""
+    return (
+        f"MCP server {name}: {offered} of its {offered + cut:,} tools are offered to the "
+        f"model, {cut:,} left out (at most {TOOLS_MAX} tools and {SCHEMA_BYTES_MAX >> 10} "
+        "KiB of schemas a server: choose them with enabled_tools in config.toml)"
+    )
 
 
 def result_text(result: Any) -> str:
@@ -199,6 +227,8 @@ class ToolServers:
                     s.state, s.error = "failed", _one_line(e)
             if s.state == "failed":
                 failed.append(f"MCP server {s.config.name}: {s.error}")
+            elif s.cut:  # running, but offering only part of its tools: said too
+                failed.append(cut_line(s.config.name, len(s.tools), s.cut))
             self._changed()
         return failed
 
@@ -238,8 +268,9 @@ class ToolServers:
                     ToolSpec(c.name, t.name, t.description or "", dict(t.input_schema or {}))
                     for t in listed.tools
                 ]
-                s.tools = [t for t in tools if c.allows(t.name)]
-                s.hidden = len(tools) - len(s.tools)
+                allowed = [t for t in tools if c.allows(t.name)]
+                s.hidden = len(tools) - len(allowed)
+                s.tools, s.cut = within_bounds(allowed)
                 s._client = client
                 s.state = "running"
                 self._changed()
