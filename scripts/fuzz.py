@@ -43,6 +43,7 @@ _MODULES = {
     "attachment": ["ssdmoe_tui.chat.attachments"],
     "experts": ["ssdmoe_tui.sessions.expert_set"],
     "server_json": ["ssdmoe_tui.chat.wire"],
+    "terminal_text": ["ssdmoe_tui.terminal_text", "ssdmoe_tui.errors"],
 }
 
 

@@ -11,6 +11,7 @@ typo or a bad value never costs the working model, and a bad value is never stor
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -78,6 +79,11 @@ class SessionStore(Protocol):
 
     def rewind(self, session_id: str, keep: int) -> None:
         """Keep the first `keep` stored turns; the rest stays reachable as replaced."""
+        ...
+
+    def keep_tool_results(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Save the tool results that end `messages` (a reply's calls answered so far)
+        with the conversation now, before the reply that reads them is recorded."""
         ...
 
     def working_set(self, session_id: str, info: ModelInfo) -> Any:
@@ -283,6 +289,19 @@ class ChatController:
             raise Refused(why)
         return self._request(tuple(results))
 
+    def keep_tool_results(self, results: Sequence[Message]) -> None:
+        """The round's tool results so far, saved with the conversation as each call
+        ends (before its result is shown): they were saved only with the model's next
+        reply, so a crash in between lost a result the user had seen. `prepare_results`
+        then feeds them as before; the store gives them their token ids then."""
+        keep = getattr(self.sessions, "keep_tool_results", None)  # a store may keep none
+        if keep is None or self.session_id is None or not results:
+            return
+        try:
+            keep(self.session_id, (*self.history, *results))
+        except Exception as e:  # noqa: BLE001 - persistence must not stop the tool loop
+            self._warn(f"tool result not saved: {user_message(e)}")
+
     def tool_specs(self) -> list[dict]:
         """The tools offered to the model now, as the chat template takes them."""
         if self.tools is None:
@@ -350,15 +369,43 @@ class ChatController:
         if tools := self.tool_specs():
             kw["tools"] = tools
         try:
+            ids = None
             if self.sessions is not None and self.session_id is not None:
                 ids = self.sessions.prompt(
                     self.session_id, messages, self.tokenizer, self.model, kw
                 )
-                if ids:
-                    return ids
-            return prompt_tokens(self.tokenizer, [m.for_template() for m in messages], **kw)
+            if not ids:
+                ids = prompt_tokens(self.tokenizer, [m.for_template() for m in messages], **kw)
+            self._check_tools_fit(len(ids), messages, kw)
+            return ids
+        except Refused:
+            self._forget_if_empty()  # made for this first turn, which does not go
+            raise
         except Exception as e:  # noqa: BLE001 - a template or text error: one line, no turn
             raise Refused(user_message(e)) from None
+
+    def _check_tools_fit(self, n: int, messages: tuple[Message, ...], kw: dict) -> None:
+        """A prompt past the context only because of the MCP tools offered is refused
+        naming them: the engine's refusal ("the prompt is 598,987 tokens... shorten it")
+        sent the user to shorten a message of a few words. Past the context without the
+        tools too, the engine's refusal stands."""
+        from ssdmoe_tui.prompting.chat_format import prompt_tokens
+
+        ctx = self.model.max_context if self.model is not None else 0
+        if not ctx or n < ctx or not kw.get("tools"):
+            return
+        bare = {key: v for key, v in kw.items() if key != "tools"}
+        without = len(prompt_tokens(self.tokenizer, [m.for_template() for m in messages], **bare))
+        if without >= ctx:
+            return
+        servers = Counter(t.server for t in self.tools.servers.tools())
+        named = ", ".join(f"{name} ({count:,})" for name, count in servers.most_common(4))
+        raise Refused(
+            f"the prompt is {n:,} tokens but the model's context is {ctx:,}: the "
+            f"{len(kw['tools']):,} MCP tools offered take {n - without:,} of them (server "
+            f"{named}{', ...' if len(servers) > 4 else ''}); offer fewer with enabled_tools "
+            "in config.toml"
+        )
 
     def submit(self, request: Generate | ChatTurn) -> None:
         assert self.engine is not None

@@ -10,6 +10,10 @@ is finite; a text is a str of bounded length) and range. A field that is wrong r
 line naming the server, never as Python's own message ("'str' object has no attribute
 'get'"). This is the one reader of an attached server's JSON: remote.py parses nothing
 itself.
+
+A reply's text and tool calls stay exact here (they are the conversation, sent back with
+the next request); the widgets that show them escape their control characters
+(`terminal_text.visible`). Names shown on one line are escaped here (`label`).
 """
 
 from __future__ import annotations
@@ -81,6 +85,12 @@ def text(d: dict[str, Any], key: str, what: str, default: str = "", limit: int =
     return v
 
 
+def label(d: dict[str, Any], key: str, what: str) -> str:
+    """A name the panels show on one line (the model, its device): a text whose control
+    characters and newlines are escapes ("?" when absent or empty)."""
+    return printable(text(d, key, what), MAX_TEXT) or "?"
+
+
 def sub(d: dict[str, Any], key: str, what: str) -> dict[str, Any]:
     """A nested object (absent or null: empty)."""
     v = d.get(key)
@@ -108,21 +118,21 @@ def model_info(url: str, models: object, stats: object) -> P.ModelInfo:
     trained = count(ext, "trained_k", ext_what)
     k = count(ext, "default_k", ext_what) or trained or 1
     return P.ModelInfo(
-        name=text(card, "id", what) or "?",
+        name=text(card, "id", what) or "?",  # exact: sent back as the request's model
         path=url,
-        model_type=text(ext, "model_type", ext_what) or "?",
+        model_type=label(ext, "model_type", ext_what),
         num_layers=count(ext, "moe_layers", ext_what),
         num_experts=count(ext, "num_experts", ext_what),
         trained_k=trained or k,
         k=k,
         prefill_k=k,
         max_context=count(ext, "max_context", ext_what),
-        device=text(engine, "device", eng_what) or "?",
-        dtype=text(engine, "dtype", eng_what) or "?",
+        device=label(engine, "device", eng_what),
+        dtype=label(engine, "dtype", eng_what),
         expert_bytes=count(ext, "expert_bytes", ext_what),
         resident_bytes=count(engine, "resident_bytes", eng_what),
         expert_cache_budget=count(engine, "expert_cache_budget_bytes", eng_what),
-        reader=text(engine, "reader", eng_what) or "?",
+        reader=label(engine, "reader", eng_what),
         fingerprint="",
         hybrid=False,
         expert_source=text(engine, "expert_source", eng_what) or "shards",

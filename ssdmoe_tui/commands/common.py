@@ -334,5 +334,12 @@ def add_speculate_arguments(p: argparse.ArgumentParser, *, oracle: bool = False)
 
 
 def speculation(args: argparse.Namespace) -> O.Speculation:
-    """The --speculate / --draft-depth pair as one value (one line when bad)."""
-    return O.parse_speculate(args.speculate, depth=args.draft_depth)
+    """The --speculate / --draft-depth pair as one value (one line when bad; a depth
+    without speculation drafts nothing, so it is refused rather than ignored)."""
+    spec = O.parse_speculate(args.speculate, depth=args.draft_depth)
+    if args.draft_depth is not None and not spec.on:
+        raise BadValueError(
+            f"--draft-depth {args.draft_depth} drafts nothing without --speculate "
+            "(add --speculate ngram, auto or mtp, or drop --draft-depth)"
+        )
+    return spec

@@ -20,6 +20,7 @@ from ssdmoe_tui.commands.common import (
     read_prompt,
     sampling_options,
 )
+from ssdmoe_tui.terminal_text import visible
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -220,11 +221,17 @@ def _stream(args, runner, prompt: list[int], dist, meter, trace: _RouteTrace | N
                 trace.token += 1
                 trace.phase = trace.decode
             if not args.json and ev.text:
-                sys.stdout.write(ev.text)
+                sys.stdout.write(_for_stdout(ev.text))
                 sys.stdout.flush()
         elif isinstance(ev, Done):
             result = ev.result
     return result
+
+
+def _for_stdout(text: str) -> str:
+    """The model's text as written: exact into a pipe or a file, its control characters
+    escaped on a terminal (an ESC the model wrote must not drive the user's terminal)."""
+    return visible(text) if sys.stdout.isatty() else text
 
 
 def _print_json(runner, path, prompt: list[int], result, stats: dict, ignore_eos: bool) -> None:  # noqa: ANN001
@@ -304,7 +311,7 @@ def _generate_batch(args, runner, texts: list[str], path) -> int:
         if isinstance(ev, Done):
             results[uid] = ev.result
             if not args.json:
-                sys.stdout.write(f"--- sequence {uid}\n{ev.result.text}\n")
+                sys.stdout.write(f"--- sequence {uid}\n{_for_stdout(ev.result.text)}\n")
                 sys.stdout.flush()
     wall = time.perf_counter() - t0
     figures = batch.figures.as_dict(0, 0)

@@ -273,7 +273,9 @@ def _ext_speculate(body: dict) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise bad_request("ssdmoe.speculate must be one of off, auto, ngram, mtp", "ssdmoe.speculate")
+        raise bad_request(
+            "ssdmoe.speculate must be one of off, auto, ngram, mtp", "ssdmoe.speculate"
+        )
     try:
         return parse_speculate(value).mode
     except BadValueError as e:
@@ -331,6 +333,39 @@ def sampling_extras(body: dict) -> dict:
         "presence_penalty": _float(body, "presence_penalty", -2.0, 2.0) or None,
         "frequency_penalty": _float(body, "frequency_penalty", -2.0, 2.0) or None,
     }
+
+
+# Each API's top-level fields this server reads, refuses or accepts as not changing the
+# output; anything else is named in a warning (`unknown_fields`): a misspelt
+# `temprature` was ignored without a word.
+_OURS = frozenset({"model", "stream", "ssdmoe", "chat_template_kwargs"})
+_NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
+                        "prompt_cache_key", "safety_identifier", "stream_options"})  # fmt: skip
+_EXTRAS = frozenset({"top_k", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"})  # fmt: skip
+_SAMPLING = frozenset({"temperature", "top_p", "seed", "stop", "max_tokens", "n", "logprobs",
+                       "top_logprobs", "logit_bias", "response_format"})  # fmt: skip
+CHAT_FIELDS = _OURS | _NO_EFFECT | _EXTRAS | _SAMPLING | {
+    "messages", "max_completion_tokens", "tools", "tool_choice", "reasoning_effort",
+    "modalities", "audio", "prediction",
+}  # fmt: skip
+COMPLETION_FIELDS = _OURS | _NO_EFFECT | _EXTRAS | _SAMPLING | {
+    "prompt", "echo", "suffix", "best_of",
+}  # fmt: skip
+
+
+def unknown_fields(body: Any, known: frozenset[str]) -> list[str]:
+    """One warning naming the request's top-level fields that `known` (its API's) lacks,
+    which nothing reads; none when there are none."""
+    from ssdmoe_tui.errors import printable
+
+    unknown = sorted(k for k in body if k not in known) if isinstance(body, dict) else []
+    if not unknown:
+        return []
+    names = ", ".join(f"'{printable(k, 40)}'" for k in unknown[:8])
+    more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+    s = "s" if len(unknown) > 1 else ""
+    return [f"unknown field{s} {names}{more} ignored (not part of this API)"]
 
 
 def _stream(body: dict) -> tuple[bool, bool]:

@@ -24,6 +24,7 @@ from ssdmoe_tui.server.schema import (
     ToolCall,
     _bool,
     _ext_k,
+    _ext_speculate,
     _field_object,
     _float,
     _int,
@@ -194,6 +195,13 @@ def _output_config(body: dict) -> dict:
     return {"reasoning_effort": effort if effort in ("low", "medium") else "high"}
 
 
+MESSAGES_FIELDS = frozenset({
+    "model", "stream", "ssdmoe", "chat_template_kwargs", "messages", "system", "max_tokens",
+    "temperature", "top_p", "top_k", "stop_sequences", "tools", "tool_choice", "thinking",
+    "output_config", "metadata", "service_tier", "container", "mcp_servers",
+})  # fmt: skip  # what parse_messages reads, refuses or accepts (schema.unknown_fields)
+
+
 def _refuse(body: dict) -> None:
     for name in ("container", "mcp_servers"):
         if body.get(name):
@@ -227,5 +235,6 @@ def parse_messages(body: Any, served_model: str, *, count_only: bool = False) ->
         tools=_tools(body),
         template_kwargs={**_thinking(body), **_output_config(body), **_template_kwargs(body)},
         k=k if k is not None else k_suffix,
+        speculate=_ext_speculate(body),
     )
     return MessagesRequest(chat, body["model"])

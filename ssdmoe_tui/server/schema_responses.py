@@ -23,6 +23,7 @@ from ssdmoe_tui.server.schema import (
     ToolCall,
     _bool,
     _ext_k,
+    _ext_speculate,
     _field_object,
     _float,
     _int,
@@ -55,6 +56,7 @@ class ResponsesRequest:
     store: bool = True
     metadata: dict | None = None
     k: int | None = None
+    speculate: str | None = None  # ssdmoe.speculate, as chat/completions takes it
 
     def chat(self, history: tuple[ChatMessage, ...] = ()) -> ChatRequest:
         """The chat request this runs as: instructions, then the previous response's
@@ -68,6 +70,7 @@ class ResponsesRequest:
             tools=self.tools,
             template_kwargs=self.template_kwargs,
             k=self.k,
+            speculate=self.speculate,
         )
 
 
@@ -190,6 +193,16 @@ def _tools(body: dict) -> Tools:
     return Tools(chat_tools, raw, choice or "auto", namespaces, tuple(skipped))
 
 
+RESPONSES_FIELDS = frozenset({
+    "model", "stream", "ssdmoe", "chat_template_kwargs", "input", "instructions",
+    "previous_response_id", "max_output_tokens", "temperature", "top_p", "seed", "tools",
+    "tool_choice", "reasoning", "text", "store", "metadata", "user", "include", "truncation",
+    "parallel_tool_calls", "service_tier", "stream_options", "max_tool_calls",
+    "prompt_cache_key", "safety_identifier", "top_logprobs", "background", "conversation",
+    "prompt", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+})  # fmt: skip  # what parse_responses reads, refuses or accepts (schema.unknown_fields)
+
+
 def _refuse(body: dict) -> None:
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("'top_logprobs' is not supported", "top_logprobs")
@@ -250,4 +263,5 @@ def parse_responses(body: Any, served_model: str) -> ResponsesRequest:
         store=store is not False,
         metadata=metadata if isinstance(metadata, dict) else None,
         k=k if k is not None else k_suffix,
+        speculate=_ext_speculate(body),
     )

@@ -14,7 +14,7 @@ from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Piece, Reasoning
 from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.prompts import Prompt
-from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall, parse_chat
+from ssdmoe_tui.server.schema import CHAT_FIELDS, ChatMessage, ChatRequest, ToolCall, parse_chat
 from ssdmoe_tui.server.serving_engine import ServerState
 from ssdmoe_tui.server.serving_openai import OpenAIServing
 
@@ -47,7 +47,9 @@ def record_reply(
 
 class ServingChat(OpenAIServing):
     async def create(self, request: Request) -> Response:
-        p = await self.prepare(request, parse_chat, self.state.builder.chat, "chatcmpl")
+        p = await self.prepare(
+            request, parse_chat, self.state.builder.chat, "chatcmpl", CHAT_FIELDS
+        )
         req, prompt = p.req, p.prompt
         if req.stream:
             return self.sse(p, self.chat_stream(req, prompt, lambda: self.run(p), p.rid))

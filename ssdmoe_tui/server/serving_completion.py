@@ -9,13 +9,15 @@ from starlette.responses import Response
 
 from ssdmoe_tui.prompting.output import Content, OutputFilter, Piece
 from ssdmoe_tui.server.engine_client import Job
-from ssdmoe_tui.server.schema import CompletionRequest, parse_completion
+from ssdmoe_tui.server.schema import COMPLETION_FIELDS, CompletionRequest, parse_completion
 from ssdmoe_tui.server.serving_openai import OpenAIServing
 
 
 class ServingCompletion(OpenAIServing):
     async def create(self, request: Request) -> Response:
-        p = await self.prepare(request, parse_completion, self.state.builder.completion, "cmpl")
+        p = await self.prepare(
+            request, parse_completion, self.state.builder.completion, "cmpl", COMPLETION_FIELDS
+        )
         if p.req.stream:
             return self.sse(p, self._stream(p.req, lambda: self.run(p), p.rid))
         job = await self.start(request, p)

@@ -10,18 +10,21 @@ responses; `routes` wires them to paths.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ssdmoe_tui.engine.run import protocol as P
-from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.errors import BadValueError, SsdmoeError, user_message
 from ssdmoe_tui.options import SamplingOptions, check_k
 from ssdmoe_tui.prompting.output import (
     OutputFilter,
@@ -38,7 +41,7 @@ from ssdmoe_tui.server.hosts import HostPolicy
 from ssdmoe_tui.server.http import read_json, sse, until_disconnect
 from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
-from ssdmoe_tui.server.schema import ChatRequest, Sampling
+from ssdmoe_tui.server.schema import ChatRequest, Sampling, unknown_fields
 from ssdmoe_tui.server.schema_messages import MessagesRequest
 
 STATS_HEADER = "x-ssdmoe-stats"
@@ -69,6 +72,21 @@ def _too_long(tokens: str, ctx: int) -> ApiError:
         "messages",
         "context_length_exceeded",
     )
+
+
+@functools.lru_cache(maxsize=8)
+def mtp_refusal(model_path: str) -> str:
+    """Why the model at `model_path` cannot draft with an MTP head (one line), or ""."""
+    from ssdmoe_tui.engine.spec.mtp import check_mtp
+    from ssdmoe_tui.user_files import MODEL_JSON_MAX, read_regular
+
+    path = Path(model_path)
+    try:
+        config = json.loads(read_regular(path / "config.json", MODEL_JSON_MAX))
+        check_mtp(config if isinstance(config, dict) else {}, path)
+    except (SsdmoeError, OSError, ValueError) as e:
+        return user_message(e).removeprefix("--speculate mtp: ")
+    return ""
 
 
 def warning_header(warnings: Any) -> dict[str, str]:
@@ -161,6 +179,16 @@ class Serving:
             raise bad_request(str(e), "ssdmoe.k") from None
         return k
 
+    async def check_speculate(self, mode: str | None) -> None:
+        """`ssdmoe.speculate: "mtp"` needs the model's MTP head: a 400 saying why not,
+        before the request is queued (it was the engine's 500). The check reads the
+        model's config and index once (off the loop)."""
+        if mode != "mtp":
+            return
+        why = await asyncio.to_thread(mtp_refusal, self.engine.info.path)
+        if why:
+            raise bad_request(f"ssdmoe.speculate 'mtp': {why}", "ssdmoe.speculate")
+
     def check_size(self, req: Any) -> None:
         """Refuse a request far past the context from its size alone, before its template
         runs (`PromptBuilder.floor`); `max_tokens` checks the exact count after."""
@@ -185,17 +213,20 @@ class Serving:
         return min(want, ctx - n) if ctx else want
 
     async def prepare(
-        self, request: Request, parse: Callable, build: Callable, kind: str
+        self, request: Request, parse: Callable, build: Callable, kind: str, fields: frozenset
     ) -> Pending:
         """Body -> validated request -> prompt (off the loop) -> a place in the queue. Every
-        refusal (4xx, a full queue's 429) happens here, while a status can still be sent."""
-        req = parse(await self.body(request), self.settings.model_id)
+        refusal (4xx, a full queue's 429) happens here, while a status can still be sent.
+        `fields`: the API's top-level fields; any other is named in a warning."""
+        body = await self.body(request)
+        req = parse(body, self.settings.model_id)
         k = self.check_k(req.k)
+        chat = getattr(req, "chat", req)
+        await self.check_speculate(getattr(chat, "speculate", None))
         self.check_size(req)
         prompt = await asyncio.to_thread(build, req)
         max_tokens = self.max_tokens(prompt, req.sampling)
-        warnings = []
-        chat = getattr(req, "chat", req)
+        warnings = unknown_fields(body, fields)
         if isinstance(chat, ChatRequest):
             warnings += await asyncio.to_thread(self.state.builder.unused_options, chat)
         asked = req.sampling.max_tokens
@@ -245,7 +276,7 @@ class Serving:
                 sampling=p.sampling,
                 session_id=SESSION_KEY,
                 k=k,
-                speculate=getattr(p.req, "speculate", None),
+                speculate=getattr(getattr(p.req, "chat", p.req), "speculate", None),
             )
             job = self.engine.submit(cmd)
             job.warnings = tuple(p.warnings)

@@ -24,7 +24,7 @@ from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ToolCall
-from ssdmoe_tui.server.schema_messages import MessagesRequest, parse_messages
+from ssdmoe_tui.server.schema_messages import MESSAGES_FIELDS, MessagesRequest, parse_messages
 from ssdmoe_tui.server.serving_chat import record_reply
 from ssdmoe_tui.server.serving_engine import Serving
 
@@ -156,8 +156,9 @@ class ServingMessages(Serving):
 
     async def create(self, request: Request) -> Response:
         p = await self.prepare(
-            request, parse_messages, lambda r: self.state.builder.chat(r.chat), "msg"
-        )
+            request, parse_messages, lambda r: self.state.builder.chat(r.chat), "msg",
+            MESSAGES_FIELDS,
+        )  # fmt: skip
         req, prompt = p.req, p.prompt
         filt = self.output_filter(prompt, req.sampling.stop, req.chat.tools)
         if req.chat.stream:

@@ -27,7 +27,7 @@ from ssdmoe_tui.server.engine_client import Job
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.prompts import Prompt
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, ToolCall
-from ssdmoe_tui.server.schema_responses import ResponsesRequest, parse_responses
+from ssdmoe_tui.server.schema_responses import RESPONSES_FIELDS, ResponsesRequest, parse_responses
 from ssdmoe_tui.server.serving_chat import record_reply
 from ssdmoe_tui.server.serving_engine import ServerState, Serving
 
@@ -263,7 +263,7 @@ class ServingResponses(Serving):
             run.append(_Run(req, chat, history))
             return chat
 
-        p = await self.prepare(request, parse, self.state.builder.chat, "resp")
+        p = await self.prepare(request, parse, self.state.builder.chat, "resp", RESPONSES_FIELDS)
         chat, prompt, r = p.req, p.prompt, run[0]
         if r.req.skipped_tools:  # hosted tools: none runs here (docs/server.md, one rule)
             p.warnings.append(

@@ -2,9 +2,10 @@
 
 Runs on the UI thread and imports no MLX. `open` starts or resumes a conversation;
 `record` saves each finished exchange with its exact token ids, taken from the
-engine's GenerationDone (prompt ids + generated ids); `prompt` builds each prompt from
-the stored token history (`turns.build_prompt`), so the engine gets token ids only. The
-engine side (`kv_hooks.SessionKV`) keeps the KV checkpoints.
+engine's GenerationDone (prompt ids + generated ids); `keep_tool_results` saves a
+reply's tool results as each call ends, ahead of the reply that reads them; `prompt`
+builds each prompt from the stored token history (`turns.build_prompt`), so the engine
+gets token ids only. The engine side (`kv_hooks.SessionKV`) keeps the KV checkpoints.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class AppSessions:
             if start > 0:
                 return None  # a history we never stored: the caller templates it
             conv = self.store.create(info.name, info.fingerprint, system, conv_id=session_id)
+        kept = take_pending(conv)  # results saved as their calls ended: templated below
         stored = [(t.role, t.text) for t in conv.turns]
         if stored != [(m["role"], m["content"]) for m in chat[:start]]:
             return None
@@ -113,6 +115,7 @@ class AppSessions:
         except ChatFormatError:
             return None
         if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
+            conv.turns += kept
             self.store.save(conv, touch=False)
         return prompt
 
@@ -132,6 +135,26 @@ class AppSessions:
             return
         conv.replaced.append(conv.turns[keep:])
         conv.turns = conv.turns[:keep]
+        self.store.save(conv)
+
+    def keep_tool_results(self, session_id: str, messages: Sequence[Any]) -> None:
+        """Save the tool results that end `messages` now, each as its call ends, so a
+        crash before the model's next reply loses none (`--resume` shows the call and
+        its result). They are stored without token ids (their ids are the templated
+        prompt that feeds them back, made once the round is complete): `prompt` and
+        `record` take such a pending run off and give it its ids. Atomic (`store.save`).
+        Nothing is saved when the stored conversation is not this chat."""
+        chat = [m for m in messages if m.role in ROLES]
+        start = new_start(chat)
+        if start is None or any(m.role != "tool" for m in chat[start:]):
+            return
+        conv = self._stored(session_id)
+        if conv is None:
+            return
+        take_pending(conv)
+        if [(t.role, t.text) for t in conv.turns] != [(m.role, m.content) for m in chat[:start]]:
+            return
+        conv.turns += [new_turn(m, []) for m in chat[start:]]
         self.store.save(conv)
 
     def record(
@@ -155,6 +178,8 @@ class AppSessions:
         if start is None:
             return
         conv = self._stored(session_id)
+        if conv is not None:
+            take_pending(conv)  # saved as their calls ended: recorded below with their ids
         if settings is not None and "system_prompt" in settings:
             system = str(settings["system_prompt"])
         else:
@@ -218,6 +243,20 @@ def new_turn(m: Any, ids: list[int]) -> Turn:
     """A user or tool message as a stored turn with these ids."""
     name, call_id = getattr(m, "name", ""), getattr(m, "tool_call_id", "")
     return Turn(m.role, m.content, ids, tool_name=name, tool_call_id=call_id)
+
+
+def take_pending(conv: Conversation) -> list[Turn]:
+    """Take off (and return) the tool results `keep_tool_results` saved ahead of the
+    reply that reads them: the run of tool turns after the last reply whose first turn
+    has no token ids yet (a recorded run carries its ids on its first turn)."""
+    start = len(conv.turns)
+    while start > 0 and conv.turns[start - 1].role == "tool":
+        start -= 1
+    run = conv.turns[start:]
+    if not run or run[0].token_ids or start == 0 or conv.turns[start - 1].role != "assistant":
+        return []
+    conv.turns = conv.turns[:start]
+    return run
 
 
 def new_start(chat: Sequence[Any]) -> int | None:

@@ -35,6 +35,7 @@ from typing import Any
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via, private_dirs
 from ssdmoe_tui.errors import BadValueError, SsdmoeError
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.user_files import (
     CONVERSATION_MAX,
     SMALL_STATE_MAX,
@@ -641,7 +642,12 @@ def to_markdown(conv: Conversation) -> str:
         lines += [f"## Replaced exchange {n} (regenerated or edited)", ""]
         for t in group:
             lines += [f"**{t.role.capitalize()}:**", "", t.text, ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    # read with `cat` as often as in an editor: the model's and the tools' control
+    # characters are escapes, as on screen (the JSON export keeps the exact text)
+    return visible("\n".join(lines).rstrip("\n")) + "\n"
+
+
+_RAW_IN_JSON = re.compile("[\x7f-\x9f]")
 
 
 def to_json(conv: Conversation, *, include_tokens: bool = True) -> str:
@@ -649,4 +655,6 @@ def to_json(conv: Conversation, *, include_tokens: bool = True) -> str:
     if not include_tokens:
         for t in data["turns"]:
             t.pop("token_ids", None)
-    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+    text = json.dumps(data, ensure_ascii=False, indent=2)
+    # json escapes C0 but leaves DEL and C1 raw; as \u escapes the text is the same JSON
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"

@@ -30,9 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from ssdmoe_tui.mcp_config import McpServer
+from ssdmoe_tui.tools.stderr_log import StderrLog
 
 CLOSE_TIMEOUT = 8.0  # the SDK gives a stdio server 2 s after stdin closes, then kills it
 RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
+# What one server may offer the model: every tool offered is in every prompt, so a server
+# listing 10,000 tools (600,000 tokens) made every message too long for the context.
+TOOLS_MAX = 128
+SCHEMA_BYTES_MAX = 128 << 10  # the tools' JSON as the template gets it (~32k tokens)
 _OPEN: weakref.WeakSet[ToolServers] = weakref.WeakSet()
 
 
@@ -81,6 +86,7 @@ class ServerState:
     error: str = ""
     tools: list[ToolSpec] = field(default_factory=list)
     hidden: int = 0  # tools the server lists that the allow-list leaves out
+    cut: int = 0  # allowed tools past TOOLS_MAX or SCHEMA_BYTES_MAX: not offered
     _client: Any = None
     _stop: asyncio.Event | None = None
     _task: asyncio.Future | None = None
@@ -96,6 +102,29 @@ def _one_line(e: BaseException) -> str:
     elif isinstance(e, (TimeoutError, asyncio.TimeoutError)):
         text = "timed out"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def within_bounds(tools: list[ToolSpec]) -> tuple[list[ToolSpec], int]:
+    """The tools a server may offer, in its order: at most TOOLS_MAX, whose schemas take
+    at most SCHEMA_BYTES_MAX (a tool that would pass it is left out, a smaller one after
+    it may still fit); and how many were left out."""
+    kept: list[ToolSpec] = []
+    used = 0
+    for t in tools:
+        size = len(json.dumps(t.for_template(), ensure_ascii=False).encode())
+        if len(kept) < TOOLS_MAX and used + size <= SCHEMA_BYTES_MAX:
+            kept.append(t)
+            used += size
+    return kept, len(tools) - len(kept)
+
+
+def cut_line(name: str, offered: int, cut: int) -> str:
+    """One line saying that server `name` offers the model only part of its tools."""
+    return (
+        f"MCP server {name}: {offered} of its {offered + cut:,} tools are offered to the "
+        f"model, {cut:,} left out (at most {TOOLS_MAX} tools and {SCHEMA_BYTES_MAX >> 10} "
+        "KiB of schemas a server: choose them with enabled_tools in config.toml)"
+    )
 
 
 def result_text(result: Any) -> str:
@@ -198,6 +227,8 @@ class ToolServers:
                     s.state, s.error = "failed", _one_line(e)
             if s.state == "failed":
                 failed.append(f"MCP server {s.config.name}: {s.error}")
+            elif s.cut:  # running, but offering only part of its tools: said too
+                failed.append(cut_line(s.config.name, len(s.tools), s.cut))
             self._changed()
         return failed
 
@@ -237,8 +268,9 @@ class ToolServers:
                     ToolSpec(c.name, t.name, t.description or "", dict(t.input_schema or {}))
                     for t in listed.tools
                 ]
-                s.tools = [t for t in tools if c.allows(t.name)]
-                s.hidden = len(tools) - len(s.tools)
+                allowed = [t for t in tools if c.allows(t.name)]
+                s.hidden = len(tools) - len(allowed)
+                s.tools, s.cut = within_bounds(allowed)
                 s._client = client
                 s.state = "running"
                 self._changed()
@@ -261,21 +293,12 @@ class ToolServers:
                 errlog.close()
             self._changed()
 
-    def _errlog(self, c: McpServer):  # noqa: ANN202 - a text file or None
+    def _errlog(self, c: McpServer) -> StderrLog | None:
+        """A stdio server's stderr: `mcp-NAME.log` in `log_dir`, capped and rotated
+        (tools/stderr_log.py), or dropped without a `log_dir`."""
         if c.url:
             return None
-        import os
-
-        if self.log_dir is None:
-            return open(os.devnull, "w")  # noqa: SIM115 - closed by _hold
-        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # private (0600): a tool server's stderr can echo the arguments, which come from
-        # the user's prompts
-        fd = os.open(
-            self.log_dir / f"mcp-{c.name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
-        )
-        os.fchmod(fd, 0o600)  # an older log made before this rule
-        return os.fdopen(fd, "a", encoding="utf-8")
+        return StderrLog(None if self.log_dir is None else self.log_dir / f"mcp-{c.name}.log")
 
     def ticket(self) -> int:
         """Taken where the user decides a call runs (the UI thread, before it hands the
@@ -384,7 +407,7 @@ class ToolServers:
                 pass
 
 
-def _with_errlog(params: Any, errlog: Any) -> Any:
+def _with_errlog(params: Any, errlog: StderrLog) -> Any:
     """StdioServerParameters whose server's stderr goes to `errlog` (not the terminal the
     TUI draws on): the SDK's `stdio_client` as a transport with that errlog."""
     from contextlib import asynccontextmanager
@@ -393,7 +416,8 @@ def _with_errlog(params: Any, errlog: Any) -> Any:
 
     @asynccontextmanager
     async def transport():  # noqa: ANN202 - the SDK's Transport shape
-        async with stdio_client(params, errlog=errlog) as streams:
+        async with stdio_client(params, errlog=errlog.writer) as streams:
+            errlog.spawned()  # the server holds the pipe now: its end ends the log's copy
             yield streams
 
     return transport()

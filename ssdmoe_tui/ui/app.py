@@ -27,6 +27,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer
@@ -38,6 +39,7 @@ from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
 from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.engine.run.protocol import EngineClient, EngineError, ModelInfo
 from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.ui.actions import attach, conversations, gen_settings, model, tools
 from ssdmoe_tui.ui.actions.keys import apply_keymap, binding_groups
 from ssdmoe_tui.ui.actions.theme import ThemeChoice
@@ -308,6 +310,22 @@ class SsdmoeApp(App[int]):
                 )
             elif command.title != "Keys":  # ours (F1) lists every binding with its id
                 yield command
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every toast (a widget's `notify` comes here too): a tool's note, a server's
+        error or a file name may hold control characters, shown escaped, never raw."""
+        super().notify(
+            visible(message), title=visible(title), severity=severity, timeout=timeout,
+            markup=markup,
+        )  # fmt: skip
 
     def save_screenshot_here(self) -> None:
         """The palette's Screenshot: the file's path, or where it tried and why not."""

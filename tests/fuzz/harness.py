@@ -316,6 +316,29 @@ def _server_json(data: bytes, work: Path) -> None:
                 raise Finding(f"stats parser: {name} = {v!r}")
 
 
+def _terminal_text(data: bytes, work: Path) -> None:
+    """The terminal-text sanitizer (`terminal_text.visible`), over the input read as
+    UTF-8 and as Latin-1 (every C1 code point): no control character but newline and tab
+    is left, every other character is kept in order, a control one is its escape, and it
+    is idempotent; `errors.printable` (one-line messages) leaves no unprintable one."""
+    from ssdmoe_tui.errors import printable
+    from ssdmoe_tui.terminal_text import is_control, visible
+
+    for text in (data.decode("utf-8", "replace"), data.decode("latin-1")):
+        out = visible(text)
+        if any(is_control(c) for c in out):
+            raise Finding(f"visible left a control character: {out[:100]!r}")
+        parts = re.split("([\x00-\x08\x0b-\x1f\x7f-\x9f])", text.replace("\r\n", "\n"))
+        expected = "".join(ascii(p)[1:-1] if i % 2 else p for i, p in enumerate(parts))
+        if out != expected:
+            raise Finding(f"visible changed more than the control characters: {text[:60]!r}")
+        if visible(out) != out:
+            raise Finding(f"visible is not idempotent on {text[:60]!r}")
+        line = printable(text, 1 << 20)
+        if not all(c.isprintable() for c in line):
+            raise Finding(f"printable left an unprintable character: {line[:100]!r}")
+
+
 _FRAMED = {"safetensors", "kv_checkpoint"}
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -330,6 +353,7 @@ TARGETS: dict[str, Target] = {
         Target("attachment", _attachment, "*"),
         Target("experts", _experts, "*.json"),
         Target("server_json", _server_json, "*.json"),
+        Target("terminal_text", _terminal_text, "*"),
     )
 }
 

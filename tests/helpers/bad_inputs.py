@@ -865,6 +865,15 @@ CASES: list[Bad] = [
     option_case("model-ansi-name", ["generate", "--model", "/no/\x1b[31mred", "--prompt", "hi"],
                 "/no/\\x1b[31mred"),  # fmt: skip  (shown escaped, never raw)
     option_case("bench-quick-fit", ["bench", "--quick", "--fit", "/no/such/fit"], "--fit"),
+    # ---- issue 45: a draft depth without speculation drafted nothing, without a word
+    option_case(
+        "draft-depth-alone", ["generate", "--draft-depth", "3", "--prompt", "hi"], "--draft-depth 3"
+    ),
+    option_case(
+        "serve-draft-depth-off",
+        ["serve", "--speculate", "off", "--draft-depth", "2"],
+        "--draft-depth 2",
+    ),
     model_option_case("bench-fit-missing", ["bench", "--fit", "/no/such/fit"], "--fit /no/such/fit"),
     # ---- warm resume (experts.json) and @file attachments (issue 34)
     experts_case(

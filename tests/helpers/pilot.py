@@ -154,6 +154,13 @@ def screen_text(app: SsdmoeApp) -> str:
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
+def terminal_output(app: SsdmoeApp) -> str:
+    """What Textual would write to the terminal to draw the screen now, escape sequences
+    and all (the headless driver writes nothing, so it is rendered here as `_display`
+    renders it): the one place to look for a raw control sequence that reached it."""
+    return app.screen._compositor.render_full_update().render_segments(app.console)
+
+
 def replies(app: SsdmoeApp) -> list[AssistantMessage]:
     return list(app.query(AssistantMessage))
 

@@ -10,9 +10,10 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.actions import tools as tool_actions
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
+from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
 from tests.helpers.mcp_servers import stdio_server
-from tests.helpers.pilot import type_and_send, wait_until
+from tests.helpers.pilot import loaded, type_and_send, wait_until
 
 QUESTION = "What is the weather in Paris?"
 
@@ -49,3 +50,13 @@ async def answered(pilot, app: SsdmoeApp, key: str) -> None:
 
 def replies(app: SsdmoeApp) -> list[str]:
     return [m.text for m in app.query(AssistantMessage)]
+
+
+async def resumed_with_the_call(pilot, app: SsdmoeApp, conv_id: str, result: str) -> None:
+    """Wait until `app` has resumed `conv_id` and loaded its model; its one get_weather
+    call and `result` are shown (the call is a block again once the tokenizer is here)."""
+    await wait_until(pilot, lambda: app.chat.session_id == conv_id, what="the resume")
+    await loaded(pilot, app)
+    assert [b.text for b in app.query(ToolResultBlock)] == [result]
+    await wait_until(pilot, lambda: app.query(ToolCallBlock), what="the restored call")
+    assert [b.call.name for b in app.query(ToolCallBlock)] == ["get_weather"]

@@ -463,6 +463,48 @@ def test_speculation_per_request(srv, reference):
     assert sp["mode"] == "ngram" and sp["tokens_per_pass"] >= 1.0
 
 
+API_BODIES = {
+    "/v1/chat/completions": {"messages": HELLO, "max_tokens": 2},
+    "/v1/completions": {"prompt": "Hello", "max_tokens": 2},
+    "/v1/responses": {"input": "Hello", "max_output_tokens": 2},
+    "/v1/messages": {"messages": HELLO, "max_tokens": 2},
+}
+
+
+def _error_text(r: httpx.Response) -> str:
+    err = r.json()["error"]  # OpenAI's envelope and Anthropic's both nest it
+    return err["message"]
+
+
+@pytest.mark.parametrize("path", list(API_BODIES))
+def test_speculation_and_unknown_fields_are_said_the_same_on_every_api(srv, path):
+    """Issue 45: `ssdmoe.speculate: "bogus"` was a 400 on chat/completions but a silent
+    200 on /v1/messages and /v1/responses (which also ignored a good value); "mtp" on a
+    model without an MTP head was the engine's 500; an unknown top-level field was
+    ignored without a word. Now: the same 400 on every API, one line naming the field,
+    and a warning naming the unknown field."""
+    body = {"model": srv.model, "temperature": 0, **API_BODIES[path]}
+    bogus = httpx.post(srv.url + path, json={**body, "ssdmoe": {"speculate": "bogus"}},
+                       timeout=TIMEOUT)  # fmt: skip
+    assert bogus.status_code == 400, bogus.text
+    assert "ssdmoe.speculate" in _error_text(bogus) and "bogus" in _error_text(bogus)
+    mtp = httpx.post(srv.url + path, json={**body, "ssdmoe": {"speculate": "mtp"}},
+                     timeout=TIMEOUT)  # fmt: skip
+    assert mtp.status_code == 400, mtp.text
+    said = _error_text(mtp)
+    assert said.startswith("ssdmoe.speculate 'mtp': qwen3_moe has no MTP head"), said
+    assert "\n" not in said and "--speculate" not in said
+    typo = httpx.post(srv.url + path, json={**body, "temprature": 0.5, "x\x1by": 1},
+                      timeout=TIMEOUT)  # fmt: skip
+    assert typo.status_code == 200, typo.text
+    warning = typo.headers["x-ssdmoe-warning"]
+    assert "unknown fields 'temprature', 'x\\x1by' ignored" in warning, warning
+    ok = httpx.post(srv.url + path, json={**body, "ssdmoe": {"speculate": "ngram"}},
+                    timeout=TIMEOUT)  # fmt: skip
+    assert ok.status_code == 200 and "x-ssdmoe-warning" not in ok.headers, ok.text
+    assert ok.json()["ssdmoe"]["stats"]["speculation"]["mode"] == "ngram"  # honoured
+
+
 # --------------------------------------------------------------------------- 4xx
 
 

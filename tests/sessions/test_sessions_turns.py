@@ -122,6 +122,43 @@ def test_app_sessions_and_prompt_hook(tmp_path, tok):
     assert app.open("")[0] == sid and app.open(sid)[1][-1].content == "Yes"
 
 
+def test_tool_results_are_saved_as_their_calls_end_and_get_their_ids_when_fed(tmp_path, tok):
+    """Issue 45: each result is saved when its call ends (`keep_tool_results`), without
+    ids; the prompt that feeds the round back is built on the exact history as before,
+    and the record gives the run its ids (on its first turn), the pending ones replaced."""
+    store = SessionStore(tmp_path)
+    app = AppSessions(store)
+    sid = app.open(None)[0]
+    msgs = [Message("user", "Weather in Paris and Rome?")]
+    p1 = app.prompt(sid, msgs, tok, INFO)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    r1 = encode(tok, call) + [IM_END]
+    msgs.append(Message("assistant", call))
+    app.record(sid, msgs, done_for(p1, r1, text=call))
+    paris = Message("tool", "Paris: 21 C", name="get_weather", tool_call_id="c1")
+    rome = Message("tool", "Rome: 25 C", name="get_weather", tool_call_id="c2")
+    app.keep_tool_results(sid, [*msgs, paris])
+    conv = store.get(sid)
+    assert [(t.role, t.text, t.token_ids) for t in conv.turns[2:]] == [("tool", "Paris: 21 C", [])]
+    app.keep_tool_results(sid, [*msgs, paris, rome])  # the round so far, replacing the first
+    assert [t.text for t in store.get(sid).turns] == [msgs[0].content, call, paris.content,
+                                                      rome.content]  # fmt: skip
+    app.keep_tool_results(sid, [Message("user", "another chat"), Message("assistant", "x"), rome])
+    assert len(store.get(sid).turns) == 4  # not this conversation: nothing changed
+    assert app.open(sid)[1][-1].content == "Rome: 25 C"  # a resume shows them
+    p2 = app.prompt(sid, [*msgs, paris, rome], tok, INFO)
+    assert p2[: len(p1) + len(r1)] == p1 + r1  # built on the exact stored ids
+    assert "<tool_response>\nRome: 25 C\n</tool_response>" in tok.decode(p2[len(p1) + len(r1) :])
+    assert len(store.get(sid).turns) == 4  # the prompt leaves the pending results saved
+    r2 = encode(tok, "Sunny in both.") + [IM_END]
+    app.record(sid, [*msgs, paris, rome, Message("assistant", "Sunny in both.")],
+               done_for(p2, r2, text="Sunny in both."))  # fmt: skip
+    conv = store.get(sid)
+    assert [t.role for t in conv.turns] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert conv.turns[2].token_ids == p2[len(p1) + len(r1) :] and conv.turns[3].token_ids == []
+    assert conv.history_tokens() == p2 + r2
+
+
 def test_system_prompt_changed_mid_conversation_rebuilds_every_turn(tmp_path, tok):
     """Issue 22, defect 1: the prompt after a new system prompt holds every earlier turn
     with its own ids, so a regenerate after it (a rewind to the earlier turns) still

@@ -5,6 +5,7 @@ running after close, an uncaught exception or a kill of the app's process."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,8 +17,10 @@ import pytest
 
 from ssdmoe_tui.config import load_config
 from ssdmoe_tui.mcp_config import check_mcp_servers
-from ssdmoe_tui.tools.servers import ToolServers
+from ssdmoe_tui.tools.servers import SCHEMA_BYTES_MAX, TOOLS_MAX, ToolServers
+from ssdmoe_tui.tools.stderr_log import LOG_MAX
 from tests.helpers.mcp_servers import ROOT, alive, gone_within, stdio_server
+from tests.tools.mcp_test_server import FORECAST
 
 
 def test_config_reads_codex_shaped_tables(tmp_path):
@@ -137,6 +140,61 @@ def test_a_stdio_servers_log_is_private(tmp_path):
     assert old.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_server_flooding_stderr_fills_two_capped_logs_at_most(tmp_path):
+    """Issue 45: a server's stderr log had no cap (2.1 GiB in 4 s, appended across runs).
+    The log is capped at LOG_MAX; when full it becomes NAME.log.1 (replacing the older
+    one) and a new log starts: a full log left by an earlier run is rotated at start,
+    and 13 MiB of stderr leave two files of at most 4 MiB, the last words kept."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log, rotated = logs / "mcp-t.log", logs / "mcp-t.log.1"
+    with open(log, "wb") as f:
+        f.truncate(LOG_MAX + 5)  # sparse: a full log from an earlier run
+    table = stdio_server(env={"SHOUT": "1"})
+    servers = ToolServers(check_mcp_servers({"t": table}), log_dir=logs)
+    try:
+        assert servers.start() == []
+        assert rotated.stat().st_size == LOG_MAX + 5 and log.stat().st_size < LOG_MAX
+        mib = 3 * LOG_MAX // (1 << 20) + 1
+        assert servers.call("shout", {"mib": mib}).text == "shouted"
+        assert servers.call("get_weather", {"city": "Paris"}).text == FORECAST  # it goes on
+        deadline = time.monotonic() + 60
+        while b"shout done" not in log.read_bytes() + rotated.read_bytes():
+            assert time.monotonic() < deadline, "the flood's end never reached the log"
+            time.sleep(0.1)
+    finally:
+        servers.close()
+    assert log.stat().st_size <= LOG_MAX and rotated.stat().st_size <= LOG_MAX
+    assert b"\0" not in rotated.read_bytes()  # the old sparse log was rotated out
+    assert {p.name for p in logs.iterdir()} == {"mcp-t.log", "mcp-t.log.1"}
+    for p in (log, rotated):
+        assert p.stat().st_mode & 0o777 == 0o600
+    assert log.read_bytes().startswith(b"[ssdmoe: earlier output in mcp-t.log.1")
+
+
+def test_a_server_listing_hundreds_of_tools_offers_the_model_a_bounded_part():
+    """Issue 45: every tool a server listed was offered to the model (10,000 tools made
+    every prompt 600,000 tokens). A server offers at most TOOLS_MAX tools whose schemas
+    take at most SCHEMA_BYTES_MAX, in its order (a tool that alone would pass it is left
+    out, the smaller ones after it still fit), and one line names the server that was cut."""
+    table = {"command": sys.executable, "args": ["-m", "tests.tools.mcp_many_tools"],
+             "cwd": str(ROOT), "env": {"TOOLS": "300", "HUGE_KIB": "200"}}  # fmt: skip
+    servers = ToolServers(check_mcp_servers({"many": table, "t": stdio_server()}))
+    try:
+        (line,) = servers.start()
+        assert line.startswith("MCP server many: 128 of its 301 tools are offered to the model")
+        assert "173 left out" in line and "enabled_tools" in line, line
+        offered = [t for t in servers.tools() if t.server == "many"]
+        assert [t.name for t in offered] == [f"tool_{i:05d}" for i in range(TOOLS_MAX)]
+        size = sum(len(json.dumps(t.for_template()).encode()) for t in offered)
+        assert size <= SCHEMA_BYTES_MAX
+        assert servers.servers["t"].cut == 0 and len(servers.tools()) == TOOLS_MAX + 5
+        assert servers.call("tool_00005", {"text": "a"}).text == "tool 5: a"
+        assert "unknown tool 'tool_00200'" in servers.call("tool_00200", {"text": "a"}).text
+    finally:
+        servers.close()
+
+
 def test_close_leaves_no_file_descriptor_open():
     """The background loop is closed with the servers (its selector and wake-up pipe are
     three descriptors an app that opens and closes tool servers would leak each time)."""
@@ -197,7 +255,7 @@ def test_a_server_that_cannot_start_is_one_line_and_the_others_run(tmp_path):
 _APP = """
 import os, sys, time
 from ssdmoe_tui.mcp_config import check_mcp_servers
-from ssdmoe_tui.tools.servers import ToolServers
+from ssdmoe_tui.tools.servers import SCHEMA_BYTES_MAX, TOOLS_MAX, ToolServers
 servers = ToolServers(check_mcp_servers({"t": {
     "command": sys.executable, "args": ["-m", "tests.tools.mcp_test_server", "stdio"],
     "env": {"PID_FILE": sys.argv[1]}}}))

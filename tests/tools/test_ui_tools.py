@@ -5,26 +5,39 @@ Textual's pilot: approve, deny, Esc, quit and --resume with the prefix reused.""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from ssdmoe_tui.commands.chat import engine_factory
+from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.tools.loop import DENIED_TEXT
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
-from tests.helpers.mcp_servers import gone_within
+from tests.helpers.mcp_servers import ROOT, gone_within, stdio_server
 from tests.helpers.pilot import (
     SIZE,
     errors,
     loaded,
     open_settings,
+    record_notifications,
     screen_text,
     type_and_send,
     wait_until,
 )
 from tests.helpers.scripted_model import ANSWER, write_tool_model
-from tests.helpers.tool_chat import answered, ask_and_answer, make_app, replies, settled
+from tests.helpers.tool_chat import (
+    answered,
+    ask_and_answer,
+    make_app,
+    replies,
+    resumed_with_the_call,
+    settled,
+)
 from tests.tools.mcp_test_server import FORECAST
 
 
@@ -61,12 +74,7 @@ async def test_approve_run_answer_then_resume_with_the_prefix_reused(tool_model,
 
     again = make_app(tool_model, resume="")
     async with again.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: again.chat.session_id == conv_id, what="the resume")
-        await loaded(pilot, again)
-        assert [b.text for b in again.query(ToolResultBlock)] == [FORECAST]
-        # the restored call is a block again once the tokenizer has loaded
-        await wait_until(pilot, lambda: again.query(ToolCallBlock), what="the restored call")
-        assert [b.call.name for b in again.query(ToolCallBlock)] == ["get_weather"]
+        await resumed_with_the_call(pilot, again, conv_id, FORECAST)
         assert replies(again) == ["", ANSWER]
         await type_and_send(pilot, "Thanks!")
         await wait_until(
@@ -169,3 +177,29 @@ async def test_esc_while_a_tool_runs_stops_the_loop(tmp_path_factory):
         assert len(replies(app)) == 1  # nothing was fed back
         assert any("Tool loop stopped" in n.message for n in app._notifications)
         assert not app.chat.tools.servers._calls  # the MCP call was cancelled too
+
+
+async def test_tools_that_overflow_the_context_are_named_in_the_refusal(tool_model):
+    """Issue 45: with a server's many tools offered, every message was refused as "the
+    prompt is N tokens... shorten it", though the message was a word. The refusal now
+    says the tools take the room, naming their servers; nothing is sent or saved."""
+    many = {"command": sys.executable, "args": ["-m", "tests.tools.mcp_many_tools"],
+            "cwd": str(ROOT), "env": {"TOOLS": "120"}}  # fmt: skip
+    servers = check_mcp_servers({"weather": stdio_server(), "many": many})
+    app = SsdmoeApp(
+        ChatSettings(model=str(tool_model), max_tokens=20, mcp_servers=servers),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+    said = record_notifications(app)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await type_and_send(pilot, "hi")
+        refusal = "the 125 MCP tools offered take"
+        await wait_until(pilot, lambda: any(refusal in m for _, m in said), what="the refusal")
+        (line,) = [m for _, m in said if refusal in m]
+        assert line.startswith("the prompt is ") and "the model's context is 4,096" in line
+        assert "(server many (120), weather (5))" in line and "enabled_tools" in line, line
+        assert not replies(app) and app.chat.history == []  # nothing was sent
+        assert app.chat_pane.prompt.text == "hi"  # the message is still there to send
+    assert SessionStore().list() == []  # and no empty conversation was left

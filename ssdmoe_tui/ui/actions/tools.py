@@ -125,9 +125,10 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
             block.set_state("failed" if result.is_error else "done")
             if result.is_error:
                 pane.notify(result.note, severity="warning", markup=False)
+        results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
+        chat.keep_tool_results(results)  # saved before it is shown: a crash loses none
         await transcript.mount(ToolResultBlock(call.name, result.text, result.is_error))
         transcript.scroll_end(animate=False)
-        results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
     try:
         request = chat.prepare_results(results)
     except Refused as e:

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.tools.calls import ToolCall
 from ssdmoe_tui.tools.loop import ALWAYS, DENY, ONCE
 
@@ -41,11 +42,11 @@ class ToolApprovalScreen(ModalScreen[str]):
         where = f" (MCP server {self.server})" if self.server else ""
         with Vertical(classes="dialog", id="tool-approval"):
             yield Label(
-                f"The model wants to call {self.call.name}{where}", markup=False,
+                visible(f"The model wants to call {self.call.name}{where}"), markup=False,
                 classes="dialog-title",
             )  # fmt: skip
             with VerticalScroll(id="tool-approval-args"):
-                yield Static(args, markup=False)
+                yield Static(visible(args), markup=False)  # the model's: escaped
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Run once (y)", variant="primary", id=ONCE)
                 yield Button("Always (a)", id=ALWAYS)

@@ -12,6 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.tools.servers import ToolServers
 
 EMPTY = (
@@ -35,8 +36,9 @@ def servers_table(servers: ToolServers) -> Table:
             tools += f"  (+{s.hidden} not allowed)"
         where = f"{s.config.transport}: {s.config.describe()}"
         # Text, not str: names, errors and command lines come from outside (a server, the
-        # config) and a str cell is parsed as markup ('[/x]' raised MarkupError)
-        table.add_row(Text(name), Text(state), Text(tools or where))
+        # config) and a str cell is parsed as markup ('[/x]' raised MarkupError); their
+        # control characters are escaped (visible)
+        table.add_row(Text(visible(name)), Text(visible(state)), Text(visible(tools or where)))
     return table
 
 

@@ -7,6 +7,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from ssdmoe_tui.engine.run.protocol import ModelInfo
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.ui.fmt import fmt_bytes
 
 
@@ -27,7 +28,7 @@ class StatusBar(Static):
             else:
                 parts.append((9, Text("no model  (F4 picks one)", style="italic")))
         else:
-            name = Text(info.name, style="bold")
+            name = Text(visible(info.name), style="bold")  # an attached server's word
             parts.append((9, name))
             parts.append((2, Text(f"({info.model_type})", style="dim")))
             parts.append((6, Text(info.device, style="bold")))

@@ -1,7 +1,8 @@
 """A tool call and its result in the transcript: collapsed blocks (Enter or a click
 expands them), oterm style. The call shows its tool and arguments in the title, its
 state after (waiting for approval, running, denied, done); the result is collapsed when
-it is long."""
+it is long. Names, arguments and results are the model's and the tool's: shown through
+`terminal_text.visible`, never raw."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from textual.content import Content
 from textual.widgets import Collapsible, Static
 
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.tools.calls import ToolCall
 
 LONG_RESULT_LINES = 4
@@ -33,7 +35,7 @@ class ToolCallBlock(Collapsible):
         self.call = call
         self.state = state
         super().__init__(
-            Static(_pretty_args(call.arguments), markup=False, classes="tool-args"),
+            Static(visible(_pretty_args(call.arguments)), markup=False, classes="tool-args"),
             title=self._label_text(),
             collapsed=True,
             classes="tool-call",
@@ -43,7 +45,7 @@ class ToolCallBlock(Collapsible):
         """The title as plain text: the name and arguments are the model's (a title
         given as str is parsed as markup: '[/b]' raised, '[b]' vanished)."""
         state = f"  [{self.state}]" if self.state else ""
-        return Content(f"⚙ {self.call.name} {self.call.shown_arguments(60)}{state}")
+        return Content(visible(f"⚙ {self.call.name} {self.call.shown_arguments(60)}{state}"))
 
     def set_state(self, state: str) -> None:
         self.state = state
@@ -64,8 +66,8 @@ class ToolResultBlock(Collapsible):
         first = first if len(first) <= 60 else first[:59] + "…"
         mark = "✗" if is_error else "↳"
         super().__init__(
-            Static(text, markup=False, classes="tool-result-text"),
-            title=Content(f"{mark} {name}: {first}"),  # plain: the tool's text
+            Static(visible(text), markup=False, classes="tool-result-text"),
+            title=Content(visible(f"{mark} {name}: {first}")),  # plain: the tool's text
             collapsed=long,
             classes="tool-result error" if is_error else "tool-result",
         )

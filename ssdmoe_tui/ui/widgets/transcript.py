@@ -15,6 +15,7 @@ from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 from ssdmoe_tui.chat.attachments import split_attached
 from ssdmoe_tui.chat.thinking import Split, split_thinking
+from ssdmoe_tui.terminal_text import visible
 
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 
@@ -108,10 +109,10 @@ class UserMessage(ChatMessage):
     def compose(self) -> ComposeResult:
         typed, files = split_attached(self.text)
         yield from self.compose_header()
-        yield Static(typed, markup=False, classes="message-body")
+        yield Static(visible(typed), markup=False, classes="message-body")
         if files:
             chips = "  ".join(a.chip() for a in files)
-            yield Static(chips, markup=False, classes="attached")
+            yield Static(visible(chips), markup=False, classes="attached")
 
 
 class AssistantMessage(ChatMessage):
@@ -174,14 +175,14 @@ class AssistantMessage(ChatMessage):
         self.set_class(split.has_thinking, "thinks")  # the block shows once it thinks
         if not split.has_thinking:
             return
-        self._thinking_body.update(split.thinking)
+        self._thinking_body.update(visible(split.thinking))
         if split.open and self.finish_reason is None:
             block.title = "thinking…"
         else:
             block.title = f"thinking · {tokens} tokens" if tokens else "thinking"
 
     def header_text(self) -> Text:
-        title = Text(self.model_name or self.ROLE, style="bold")
+        title = Text(visible(self.model_name) or self.ROLE, style="bold")
         if self.has_class("replaced"):
             title.append("  [replaced]", style="italic")
         if self.finish_reason is None:
@@ -193,7 +194,7 @@ class AssistantMessage(ChatMessage):
             if label:
                 title.append(f"  [{label}]", style="bold italic")
         if self.detail:
-            title.append(f"  {self.detail}", style="dim")
+            title.append(f"  {visible(self.detail)}", style="dim")
         return title
 
     def compose(self) -> ComposeResult:
@@ -217,7 +218,7 @@ class AssistantMessage(ChatMessage):
             if self._stream is None:
                 self._stream = Markdown.get_stream(self.markdown)
             self._written = len(self.split.answer)
-            await self._stream.write(new)
+            await self._stream.write(visible(new))  # escaped piece by piece: one char each
 
     async def finish(
         self, text: str, finish_reason: str, detail: str = "", thinking_tokens: int = 0
@@ -233,7 +234,7 @@ class AssistantMessage(ChatMessage):
         live = self.appends > 0
         self.split = split_thinking(text, self.thinking_inside if live else None)
         self._show_thinking(thinking_tokens)
-        await self.markdown.update(self.split.answer)
+        await self.markdown.update(visible(self.split.answer))
         self.remove_class("pending")
         self.set_class(finish_reason == "cancelled", "stopped")
         self.set_class(finish_reason == "error", "failed")
@@ -294,7 +295,7 @@ class Transcript(VerticalScroll):
         return message
 
     async def add_notice(self, text: str, *, classes: str = "") -> Notice:
-        notice = Notice(text, markup=False, classes=classes)
+        notice = Notice(visible(text), markup=False, classes=classes)
         await self.mount(notice)
         return notice
 
