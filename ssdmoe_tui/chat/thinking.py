@@ -6,8 +6,13 @@ shows it as its own collapsible part and counts its tokens. Some templates open 
 block in the generation prompt (Qwen3.5: `<|im_start|>assistant\\n<think>\\n`): the
 reply then starts inside it, and only `</think>` is generated. `enable_thinking`
 (the per-conversation setting) is the templates' own switch: off, Qwen3 puts an empty
-block in the prompt and the model answers at once. gpt-oss's analysis channel is not
-split here.
+block in the prompt and the model answers at once.
+
+gpt-oss writes harmony messages instead (`prompting/harmony.py`): its analysis channel
+is the reasoning, its final channel (and commentary preambles) the answer; its tool
+calls are shown as tool-call blocks. Such a reply is told by its text, which starts
+with a channel header (the tokenizer's reply format is not at hand where a saved
+conversation is shown: it opens before its model has loaded).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ssdmoe_tui.prompting import harmony
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -36,6 +43,8 @@ def starts_inside(text: str) -> bool:
 def split_thinking(text: str, inside: bool | None = None) -> Split:
     """`inside`: the prompt opened the block (None: infer it from the text, for a
     reply already complete). A text that may still become `<think>` is held back."""
+    if harmony.is_harmony_text(text) or (text and harmony.CHANNEL.startswith(text)):
+        return _split_harmony(text)
     if inside is None:
         inside = starts_inside(text)
     start = 0
@@ -59,6 +68,18 @@ def split_thinking(text: str, inside: bool | None = None) -> Split:
     return Split(thinking, text[close + len(CLOSE) :].lstrip("\n"), has_thinking=True)
 
 
+def _split_harmony(text: str) -> Split:
+    """A harmony reply, whole or still streaming: a marker cut short is held back, so
+    the answer only ever grows as tokens arrive."""
+    parsed = harmony.parse_reply(text, final=False)
+    return Split(
+        parsed.reasoning.strip("\n"),
+        parsed.content,
+        open=parsed.open_reasoning,
+        has_thinking=bool(parsed.reasoning) or parsed.open_reasoning,
+    )
+
+
 def _ids(tokenizer: Any, tag: str) -> list[int]:
     hf = getattr(tokenizer, "_tokenizer", tokenizer)
     return list(hf.encode(tag, add_special_tokens=False))
@@ -70,6 +91,8 @@ def thinking_tokens(
     """How many of a reply's generated tokens are its reasoning (tags included)."""
     if tokenizer is None or not split_thinking(text, inside).has_thinking:
         return 0
+    if harmony.is_harmony_text(text):
+        return harmony.reasoning_tokens(token_ids, tokenizer)
     close = _ids(tokenizer, CLOSE)
     ids = list(token_ids)
     for i in range(len(ids) - len(close) + 1):

@@ -149,10 +149,11 @@ def render(
     tok = hf_tokenizer(tokenizer)
     if getattr(tok, "chat_template", None) is None:
         raise ChatFormatError("the tokenizer has no chat template")
+    msgs = template_messages(tokenizer, messages, template_kwargs)
     text = guarded(
         tokenizer,
         lambda: tok.apply_chat_template(
-            [dict(m) for m in messages],
+            msgs,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **template_kwargs,
@@ -161,6 +162,27 @@ def render(
     if not isinstance(text, str):  # some versions return a list for batched input
         raise ChatFormatError(f"chat template returned {type(text).__name__}, not text")
     return text
+
+
+def _harmony(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> bool:
+    from ssdmoe_tui.prompting.reply_format import is_harmony_template, template_text
+
+    override = template_kwargs.get("chat_template")
+    return is_harmony_template(override if isinstance(override, str) else template_text(tokenizer))
+
+
+def template_messages(
+    tokenizer: Any, messages: Messages, template_kwargs: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """`messages` as the template takes them: for a harmony template, a reply kept as
+    generated (channel markers in its content) is taken apart into the fields the
+    template reads (`harmony.template_message`); other templates get them as they are."""
+    msgs = [dict(m) for m in messages]
+    if not _harmony(tokenizer, template_kwargs or {}):
+        return msgs
+    from ssdmoe_tui.prompting.harmony import template_message
+
+    return [template_message(m) if m.get("role") == "assistant" else m for m in msgs]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -231,16 +253,28 @@ def turn_delta(
     that ends it (a user turn, tool results, ...), up to the generation prompt. The last
     assistant message is rendered as a sentinel without its tool calls: what the model
     generated for it (text and calls) is already in `history_tokens`; only the text the
-    template puts after it is new. Rules as in `user_turn_delta`."""
+    template puts after it is new. A template that cannot render a tool's result without
+    the call before it (gpt-oss's) is given the calls: the new text is then what follows
+    the history rendered alone. Rules as in `user_turn_delta`."""
     if not history_messages or history_messages[-1].get("role") != "assistant":
         raise ChatFormatError("history must end with an assistant turn")
     if not new_messages:
         raise ChatFormatError("no new message after the assistant turn")
     sentinel = f"SSDMOE{secrets.token_hex(8)}SENTINEL"
-    msgs = [dict(m) for m in history_messages]
+    msgs = template_messages(tokenizer, history_messages, template_kwargs)
+    last_message = msgs[-1]
     msgs[-1] = {"role": "assistant", "content": sentinel}
     with_new = msgs + [dict(m) for m in new_messages]
-    text = render(tokenizer, with_new, add_generation_prompt=True, **template_kwargs)
+    try:
+        text = render(tokenizer, with_new, add_generation_prompt=True, **template_kwargs)
+    except ChatTemplateError:
+        if not last_message.get("tool_calls"):
+            raise
+        # A template that names a tool's result after the call before it (gpt-oss's:
+        # "Message has tool role, but there was no previous assistant message with a
+        # tool call!") needs the calls: the new text is what follows the history.
+        msgs[-1] = last_message
+        return _after_history(tokenizer, msgs, new_messages, template_kwargs)
     at = text.rfind(sentinel)
     if at < 0:
         raise ChatFormatError("the chat template dropped the last assistant message")
@@ -257,7 +291,29 @@ def turn_delta(
         if closing and delta[0] == closing[0]:
             if delta[0] == last or delta[0] in special_token_ids(tokenizer):
                 delta = delta[1:]
+        elif _harmony(tokenizer, template_kwargs) and delta[0] == _token_id(tokenizer, "<|end|>"):
+            # gpt-oss renders a reply alone with <|return|>, in the middle with <|end|>;
+            # the generated <|return|> (or <|call|>) stands in for that <|end|>
+            delta = delta[1:]
     return delta
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    tid = hf_tokenizer(tokenizer).convert_tokens_to_ids(token)
+    return tid if isinstance(tid, int) else None
+
+
+def _after_history(
+    tokenizer: Any, history: list[dict[str, Any]], new_messages: Messages, kw: Mapping[str, Any]
+) -> list[int]:
+    """The tokens the new messages add: the history rendered with them, less the history
+    rendered alone (which must be its prefix, else the delta is not exact)."""
+    alone = render(tokenizer, history, add_generation_prompt=False, **kw)
+    text = render(tokenizer, history + [dict(m) for m in new_messages],
+                  add_generation_prompt=True, **kw)  # fmt: skip
+    if not text.startswith(alone) or len(text) == len(alone):
+        raise ChatFormatError("the chat template renders the history differently after a tool call")
+    return encode(tokenizer, text[len(alone) :])
 
 
 def next_turn_tokens(
@@ -285,6 +341,7 @@ def prompt_tokens(
 
     msgs = [{**m, "content": check_text(m["content"])} for m in messages]
     if not raw and getattr(tokenizer, "chat_template", None):
+        msgs = template_messages(tokenizer, msgs, template_kwargs)
         return list(
             guarded(
                 tokenizer,

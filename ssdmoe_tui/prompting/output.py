@@ -10,7 +10,9 @@ model wrote is lost.
 Tool-call formats are mlx-lm's own parsers (`mlx_lm/tool_parsers/`), chosen by mlx-lm
 from the chat template when the tokenizer is loaded: Qwen3's JSON inside
 `<tool_call>` (`json_tools`), and the XML `<function=..><parameter=..>` form of
-Qwen3.5, Qwen3-Coder and Nemotron-3 (`qwen3_coder`).
+Qwen3.5, Qwen3-Coder and Nemotron-3 (`qwen3_coder`). gpt-oss's harmony messages are
+read by `prompting/harmony.py` instead (`harmony=True`). Which applies to a model is
+decided in one place, `prompting/reply_format.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ssdmoe_tui.prompting import harmony as H
+from ssdmoe_tui.prompting.markers import held
 
 
 @dataclass(frozen=True)
@@ -124,17 +129,6 @@ def named_format(name: str) -> ToolFormat:
     return ToolFormat(mod.tool_call_start, mod.tool_call_end, mod.parse_tool_call, name)
 
 
-def _held(text: str, markers: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a marker."""
-    best = 0
-    for m in markers:
-        for n in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:n]):
-                best = n
-                break
-    return best
-
-
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
@@ -157,7 +151,7 @@ class _StopCutter:
             at, self.matched = min(hits)
             out, self.buf, self.stopped = self.buf[:at], "", True
             return out
-        keep = _held(self.buf, self.stops)
+        keep = held(self.buf, self.stops)
         out = self.buf[: len(self.buf) - keep]
         self.buf = self.buf[len(out) :]
         return out
@@ -184,7 +178,7 @@ class _ThinkSplitter:
             marker = self.fmt.end if self.inside else self.fmt.start
             at = self.buf.find(marker)
             if at < 0:
-                keep = 0 if final else _held(self.buf, [marker])
+                keep = 0 if final else held(self.buf, [marker])
                 self._emit(out, self.buf[: len(self.buf) - keep])
                 self.buf = self.buf[len(self.buf) - keep :]
                 return out
@@ -211,10 +205,15 @@ class OutputFilter:
         tools: Sequence[dict] | None = None,
         think: ThinkFormat | None = None,
         in_think: bool = False,
+        *,
+        harmony: bool = False,
     ) -> None:
         """`think`: split the model's think block off as `Reasoning` (`in_think`: the
-        prompt opened it). Stop strings see the whole text; tool calls only the answer."""
+        prompt opened it). Stop strings see the whole text; tool calls only the answer.
+        `harmony`: the text is gpt-oss's harmony messages (`think` and `tool_format`
+        are not used: its channels say what is reasoning and what is a call)."""
         self._stop = _StopCutter(stops)
+        self._harmony = H.HarmonyParser() if harmony else None
         self._think = _ThinkSplitter(think, in_think) if think is not None else None
         self.reasoning: list[str] = []  # all reasoning text sent
         self._fmt = tool_format if tools else None
@@ -230,6 +229,16 @@ class OutputFilter:
         return self._stop.stopped
 
     @property
+    def harmony(self) -> bool:
+        return self._harmony is not None
+
+    @property
+    def ended(self) -> bool:
+        """The reply's own end marker came as text (harmony's `<|call|>` or `<|return|>`
+        where the tokenizer does not stop on it): the caller stops the engine."""
+        return self._harmony is not None and self._harmony.ended
+
+    @property
     def stop_sequence(self) -> str | None:
         """Which stop string ended the reply (None: none did)."""
         return self._stop.matched
@@ -241,6 +250,8 @@ class OutputFilter:
         return self._route(self._stop.finish(), final=True)
 
     def _route(self, text: str, *, final: bool) -> list[Piece]:
+        if self._harmony is not None:
+            return self._harmony_pieces(self._harmony.feed(text, final))
         if self._think is None:
             return self._pieces(text, final=final)
         out: list[Piece] = []
@@ -252,6 +263,28 @@ class OutputFilter:
                 out += self._pieces(part, final=False)
         if final:
             out += self._pieces("", final=True)
+        return out
+
+    def _harmony_pieces(self, events: list[H.Event]) -> list[Piece]:
+        out: list[Piece] = []
+        for ev in events:
+            if ev.kind == "reasoning":
+                if ev.first and self.reasoning:
+                    ev = H.Event("reasoning", "\n\n" + ev.text)  # one paragraph a message
+                self.reasoning.append(ev.text)
+                out.append(Reasoning(ev.text))
+            elif ev.kind == "content":
+                self._emit_text(out, ev.text)
+            else:
+                assert ev.header is not None
+                args = H.call_arguments(ev.text) if self._tools else None
+                if args is None:  # no tools offered, or not a JSON object: text
+                    self._emit_text(out, ev.text)
+                    continue
+                name = H.tool_name(ev.header.recipient)
+                call = ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False))
+                self.calls.append(call)
+                out.append(Call(call))
         return out
 
     def _pieces(self, text: str, *, final: bool) -> list[Piece]:
@@ -266,7 +299,7 @@ class OutputFilter:
             if not self._inside:
                 at = self._buf.find(fmt.start)
                 if at < 0:
-                    keep = 0 if final else _held(self._buf, [fmt.start])
+                    keep = 0 if final else held(self._buf, [fmt.start])
                     self._emit_text(out, self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     return out

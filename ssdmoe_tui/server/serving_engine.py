@@ -26,15 +26,8 @@ from starlette.responses import Response
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.errors import BadValueError, SsdmoeError, user_message
 from ssdmoe_tui.options import SamplingOptions, check_k
-from ssdmoe_tui.prompting.output import (
-    OutputFilter,
-    Piece,
-    ThinkFormat,
-    ToolFormat,
-    starts_in_think,
-    think_format_for,
-    tool_format_for,
-)
+from ssdmoe_tui.prompting.output import OutputFilter, Piece, ThinkFormat, ToolFormat
+from ssdmoe_tui.prompting.reply_format import ReplyFormat, reply_format_for
 from ssdmoe_tui.server.engine_client import AsyncEngine, Job, Ticket, new_request_id
 from ssdmoe_tui.server.errors import ApiError, bad_request
 from ssdmoe_tui.server.hosts import HostPolicy
@@ -111,6 +104,9 @@ class ServerState:
     builder: PromptBuilder
     settings: ApiSettings
     kv: ServerKV | None = None
+    # how the model's replies are laid out (prompting/reply_format.py decides, from the
+    # tokenizer); tool_format and think_format are its parts (None for harmony)
+    reply_format: ReplyFormat | None = None
     tool_format: ToolFormat | None = None
     think_format: ThinkFormat | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -118,10 +114,12 @@ class ServerState:
     log: Callable[[str], None] = _log
 
     def __post_init__(self) -> None:
+        if self.reply_format is None:
+            self.reply_format = reply_format_for(self.engine.tokenizer)
         if self.tool_format is None:
-            self.tool_format = tool_format_for(self.engine.tokenizer)
+            self.tool_format = self.reply_format.tool
         if self.think_format is None:
-            self.think_format = think_format_for(self.engine.tokenizer)
+            self.think_format = self.reply_format.think
 
 
 @dataclass
@@ -318,10 +316,11 @@ class Serving:
 
     # ------------------------------------------------------------------ job -> output
     def output_filter(self, prompt: Prompt, stops=(), tools=()) -> OutputFilter:  # noqa: ANN001
-        """A chat reply's filter: stop strings, the think block apart, tool calls."""
-        fmt = self.state.think_format
-        inside = fmt is not None and starts_in_think(self.engine.tokenizer, prompt.tokens)
-        return OutputFilter(stops, self.state.tool_format, tools, fmt, inside)
+        """A chat reply's filter: stop strings, the reasoning apart, tool calls."""
+        fmt = self.state.reply_format
+        assert fmt is not None
+        inside = fmt.starts_in_think(self.engine.tokenizer, prompt.tokens)
+        return fmt.output_filter(stops, tools, inside)
 
     async def pieces(self, job: Job, filt: OutputFilter) -> AsyncIterator[list[Piece]]:
         """The job's output as filtered pieces; the last item follows GenerationDone."""
@@ -329,7 +328,7 @@ class Serving:
             ev = await job.events.get()
             if isinstance(ev, P.Tokens):
                 pieces = filt.feed(ev.text)
-                if filt.stopped:
+                if filt.stopped or filt.ended:
                     job.cancel()
                 if pieces:
                     yield pieces

@@ -58,9 +58,14 @@ class ResponseStore:
 
 
 def reasoning_tokens(tokenizer: Any, done: P.GenerationDone, filt: OutputFilter) -> int:
-    """Generated tokens up to the think block's end (all of them if it never closed)."""
+    """Generated tokens up to the think block's end (all of them if it never closed);
+    harmony's: the analysis messages' tokens."""
     if not filt.reasoning:
         return 0
+    if filt.harmony:
+        from ssdmoe_tui.prompting.harmony import reasoning_tokens as harmony_reasoning
+
+        return harmony_reasoning(done.token_ids, tokenizer)
     end, ids = getattr(tokenizer, "think_end_id", None), list(done.token_ids)
     return ids.index(end) + 1 if end in ids else len(ids)
 

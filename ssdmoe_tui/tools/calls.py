@@ -1,10 +1,12 @@
 """The tool calls in a finished reply, found by the parser the server uses.
 
 The model writes a call in its template's format (Qwen3's JSON inside `<tool_call>`,
-the XML `<function=..>` form of Qwen3.5 and Nemotron 3); mlx-lm infers which from the
-chat template when the tokenizer loads, and `prompting.output.OutputFilter` pulls the
-blocks out of the text. The app uses the same filter on the whole reply, so a call the
-server would return to an agent is the call the app shows and runs."""
+the XML `<function=..>` form of Qwen3.5 and Nemotron 3, GLM's `<arg_key>` pairs,
+DeepSeek's `<｜tool▁calls▁begin｜>` block, gpt-oss's harmony message to
+`functions.NAME`); `prompting.reply_format` decides which from the chat template, and
+its `OutputFilter` pulls the calls out of the text. The app uses the same filter on the
+whole reply, so a call the server would return to an agent is the call the app shows
+and runs."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, tool_format_for
+from ssdmoe_tui.prompting.output import Call, Content, OutputFilter
+from ssdmoe_tui.prompting.reply_format import reply_format_for
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,19 @@ class SplitReply:
 def split_reply(text: str, tokenizer: Any, tools: Sequence[dict]) -> SplitReply:
     """The reply's text and its tool calls (none when the tokenizer has no tool format:
     then nothing is taken out of the text). `tools` may be empty (a saved conversation
-    shown before its servers run): the blocks are still found."""
-    fmt = tool_format_for(tokenizer) if tokenizer is not None else None
-    if fmt is None or fmt.start not in text:
+    shown before its servers run): the blocks are still found. A harmony reply keeps its
+    text whole: its channels are told apart where it is shown (chat/thinking.py), which
+    leaves the call messages out."""
+    fmt = reply_format_for(tokenizer)
+    if not fmt.harmony and (fmt.tool is None or fmt.tool.start not in text):
         return SplitReply(text, ())
-    filt = OutputFilter((), fmt, list(tools) or [{"type": "function", "function": {"name": ""}}])
+    offered = list(tools) or [{"type": "function", "function": {"name": ""}}]
+    # the think block stays in the content (the display splits it off)
+    filt = OutputFilter((), fmt.tool, offered, harmony=fmt.harmony)
     pieces = filt.feed(text) + filt.finish()
+    if fmt.harmony:
+        calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in filt.calls)
+        return SplitReply(text, calls)
     content = "".join(p.text for p in pieces if isinstance(p, Content))
     calls = tuple(
         ToolCall(p.call.id, p.call.name, p.call.arguments) for p in pieces if isinstance(p, Call)
