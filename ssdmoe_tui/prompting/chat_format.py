@@ -150,13 +150,14 @@ def render(
     if getattr(tok, "chat_template", None) is None:
         raise ChatFormatError("the tokenizer has no chat template")
     msgs = template_messages(tokenizer, messages, template_kwargs)
+    kw = template_options(tokenizer, template_kwargs)
     text = guarded(
         tokenizer,
         lambda: tok.apply_chat_template(
             msgs,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            **template_kwargs,
+            **kw,
         ),
     )
     if not isinstance(text, str):  # some versions return a list for batched input
@@ -183,6 +184,26 @@ def template_messages(
     from ssdmoe_tui.prompting.harmony import template_message
 
     return [template_message(m) if m.get("role") == "assistant" else m for m in msgs]
+
+
+def template_options(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The template's variables; for a harmony template, every tool has a description
+    (gpt-oss's writes `tool.description` unguarded, and the APIs make it optional)."""
+    kw = dict(template_kwargs)
+    tools = kw.get("tools")
+    if not tools or not _harmony(tokenizer, kw):
+        return kw
+    kw["tools"] = [_described(t) for t in tools]
+    return kw
+
+
+def _described(tool: Any) -> Any:
+    if not isinstance(tool, dict):
+        return tool
+    fn = tool.get("function")
+    if isinstance(fn, dict) and "description" not in fn:
+        return {**tool, "function": {**fn, "description": ""}}
+    return tool
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -342,12 +363,11 @@ def prompt_tokens(
     msgs = [{**m, "content": check_text(m["content"])} for m in messages]
     if not raw and getattr(tokenizer, "chat_template", None):
         msgs = template_messages(tokenizer, msgs, template_kwargs)
+        kw = template_options(tokenizer, template_kwargs)
         return list(
             guarded(
                 tokenizer,
-                lambda: tokenizer.apply_chat_template(
-                    msgs, add_generation_prompt=True, **template_kwargs
-                ),
+                lambda: tokenizer.apply_chat_template(msgs, add_generation_prompt=True, **kw),
             )
         )
     return list(tokenizer.encode("\n".join(m["content"] for m in msgs)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.fixture_paths import MODELS
 
@@ -94,11 +95,7 @@ def unique_tokens(vocab: dict[str, int], text: str, used: set[int]) -> list[int]
 
 def write_tool_model(out: Path, call: str = CALL, answer: str = ANSWER) -> Path:
     """Write the scripted checkpoint into `out` (tokenizer, template, config, weights)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes, quantize_model
-
-    from ssdmoe_tui.models.demo import copy_tokenizer, save_quantized
+    from ssdmoe_tui.models.demo import copy_tokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,16 +119,10 @@ def write_tool_model(out: Path, call: str = CALL, answer: str = ANSWER) -> Path:
         raise ValueError(f"the script needs {len(script)} dimensions, the model has {flag}")
     dim = {t: i for i, t in enumerate(script)}
 
-    model_class, args_class = _get_classes(CONFIG)
-    model = model_class(args_class.from_dict(CONFIG))
-    params = dict(tree_flatten(model.parameters()))
     import numpy as np
 
-    a = {k: np.zeros(v.shape, np.float32) if "norm" not in k else np.ones(v.shape, np.float32)
-         for k, v in params.items()}  # fmt: skip
-    embed, head = a["model.embed_tokens.weight"], a["lm_head.weight"]
-    for t in script:
-        embed[t, dim[t]] = 1.0
+    model, a = blank_model(CONFIG, dim)
+    head = a["lm_head.weight"]
     # The bigram: each token's dimension votes for its successor.
     chains = [call_ids + [end], answer_ids + [end]]
     for chain in chains:
@@ -150,21 +141,43 @@ def write_tool_model(out: Path, call: str = CALL, answer: str = ANSWER) -> Path:
     a[att + "k_norm.weight"][:] = 4.0
     a[att + "v_proj.weight"][0, dim[marker]] = 1.0 / np.sqrt(hidden)
     a[att + "o_proj.weight"][flag, 0] = 1.0
-    weights = {k: mx.array(v).astype(params[k].dtype) for k, v in a.items()}
-    model.update(_unflatten(weights))
-    config = dict(CONFIG)
-    model, qconfig = quantize_model(model, config, 32, 4)
-    save_quantized(model, qconfig, out, max_shard_bytes=8 << 20)
+    save_scripted(model, a, CONFIG, out)
     (out / "SCRIPT.json").write_text(
         json.dumps({"call": call, "answer": answer, "call_ids": call_ids, "answer_ids": answer_ids})
     )
     return out
 
 
-def _unflatten(flat: dict):
-    from mlx.utils import tree_unflatten
+def blank_model(config: dict, dim: dict[int, int]) -> tuple[Any, dict[str, Any]]:
+    """mlx-lm's model for `config` and its weights as numpy arrays by name, all 0 (norms
+    1) but the embedding: each script token one-hot on its own dimension (`dim`)."""
+    import numpy as np
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
 
-    return tree_unflatten(list(flat.items()))
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    a = {k: np.zeros(v.shape, np.float32) if "norm" not in k else np.ones(v.shape, np.float32)
+         for k, v in params.items()}  # fmt: skip
+    for t, i in dim.items():
+        a["model.embed_tokens.weight"][t, i] = 1.0
+    return model, a
+
+
+def save_scripted(model: Any, arrays: dict[str, Any], config: dict, out: Path) -> None:
+    """Load `arrays` into `model`, quantize it (4 bits, groups of 32) and save it to `out`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import quantize_model
+
+    from ssdmoe_tui.models.demo import save_quantized
+
+    dtypes = {k: v.dtype for k, v in tree_flatten(model.parameters())}
+    weights = {k: mx.array(v).astype(dtypes[k]) for k, v in arrays.items()}
+    model.update(tree_unflatten(list(weights.items())))
+    model, qconfig = quantize_model(model, dict(config), 32, 4)
+    save_quantized(model, qconfig, out, max_shard_bytes=8 << 20)
 
 
 def copy_model(src: Path, dst: Path) -> Path:

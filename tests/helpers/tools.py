@@ -4,10 +4,14 @@ pieces of any size."""
 
 from __future__ import annotations
 
+import asyncio
+
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.prompting.chat_format import encode
 from ssdmoe_tui.prompting.output import OutputFilter
-from ssdmoe_tui.server.engine_client import Job
+from ssdmoe_tui.server.engine_client import AsyncEngine, Job
+from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
+from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
 
 TOOLS = [
     {"type": "function", "function": {
@@ -55,6 +59,22 @@ def run_filter(filt: OutputFilter, text: str, size: int) -> list:
     for i in range(0, len(text), size):
         pieces += filt.feed(text[i : i + size])
     return pieces + filt.finish()
+
+
+def states(tok) -> ServerState:
+    """A server's state over `tok` with no engine behind it (jobs come from `scripted`)."""
+    engine = AsyncEngine(lambda post: None)
+    engine.tokenizer = tok
+    return ServerState(engine, PromptBuilder(tok, HistoryRecords(None)), ApiSettings("m"))
+
+
+def collect(gen) -> list[str]:
+    """Every item of an async generator (a reply's SSE events), run to its end."""
+
+    async def run() -> list[str]:
+        return [e async for e in gen]
+
+    return asyncio.run(run())
 
 
 def scripted(tok, prompt, text: str, piece: int = 6, reused: int = 0, rid: str = "r-test") -> Job:  # noqa: ANN001

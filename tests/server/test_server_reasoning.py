@@ -12,45 +12,20 @@ import asyncio
 import json
 
 import anthropic
-import openai
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
-from anthropic.types import RawMessageStreamEvent
-from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
-from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
 
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning, think_format_for
-from ssdmoe_tui.server.engine_client import AsyncEngine
-from ssdmoe_tui.server.prompts import HistoryRecords, PromptBuilder
 from ssdmoe_tui.server.schema import parse_chat
-from ssdmoe_tui.server.schema_messages import parse_messages
-from ssdmoe_tui.server.schema_responses import parse_responses
 from ssdmoe_tui.server.serving_chat import ServingChat
-from ssdmoe_tui.server.serving_engine import ApiSettings, ServerState
-from ssdmoe_tui.server.serving_messages import ServingMessages
-from ssdmoe_tui.server.serving_responses import ServingResponses, _Run
+from tests.helpers.api_streams import messages_snapshot, responses_final
 from tests.helpers.server import serving
 from tests.helpers.texts import SYSTEM
-from tests.helpers.tools import CALLS, OUTPUTS, TOOLS, scripted
+from tests.helpers.tools import CALLS, OUTPUTS, TOOLS, collect, scripted, states
 
 QWEN3 = "qwen3-30b-a3b"
 THOUGHT = "The user wants the weather and the time.\n"
 ANSWER_AFTER_THINK = "I am thinking.\n</think>\n\nParis is sunny."  # Qwen3.5: prompt opened it
-
-
-def states(tok) -> ServerState:
-    engine = AsyncEngine(lambda post: None)
-    engine.tokenizer = tok
-    return ServerState(engine, PromptBuilder(tok, HistoryRecords(None)), ApiSettings("m"))
-
-
-def collect(gen) -> list[str]:
-    async def run() -> list[str]:
-        return [e async for e in gen]
-
-    return asyncio.run(run())
 
 
 @pytest.mark.parametrize("size", [1, 2, 5, 64])
@@ -93,35 +68,14 @@ def test_chat_completions_stream_reasoning_content(tokenizers):
 def test_responses_reasoning_item_and_messages_thinking_block(tokenizers):
     tok = tokenizers[QWEN3]
     flat = [{"type": "function", **t["function"]} for t in TOOLS]
-    serving = ServingResponses(states(tok))
-    req = parse_responses({"model": "m", "input": "Paris?", "tools": flat, "stream": True}, "m")
-    chat = req.chat()
-    prompt = serving.state.builder.chat(chat)
-    job = scripted(tok, prompt, OUTPUTS[QWEN3])
-    run = _Run(req, chat, ())
-    filt = serving.output_filter(prompt, (), chat.tools)
-    state = ResponseStreamState(input_tools=flat, text_format=openai.omit)
-    adapter = TypeAdapter(ResponseStreamEvent)
-    for raw in collect(serving._events(run, prompt, lambda: asyncio.sleep(0, job), filt)):
-        state.handle_event(adapter.validate_python(json.loads(raw.split("\n", 1)[1][6:])))
-    final = state._completed_response
+    final = responses_final(tok, "Paris?", OUTPUTS[QWEN3], flat)
     assert [o.type for o in final.output] == ["reasoning", "function_call", "function_call"]
     assert final.output[0].content[0].text == THOUGHT
     assert final.usage.output_tokens_details.reasoning_tokens > 0
     # Messages: a thinking block first, then the tool_use blocks
-    ms = ServingMessages(states(tok))
     anth_tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
                   for t in TOOLS]  # fmt: skip
-    mreq = parse_messages({"model": "m", "max_tokens": 64, "stream": True, "tools": anth_tools,
-                           "messages": [{"role": "user", "content": "Paris?"}]}, "m")  # fmt: skip
-    prompt = ms.state.builder.chat(mreq.chat)
-    job = scripted(tok, prompt, OUTPUTS[QWEN3])
-    filt = ms.output_filter(prompt, (), mreq.chat.tools)
-    snap, bufs, adapter = None, {}, TypeAdapter(RawMessageStreamEvent)
-    gen = ms._events(mreq, prompt, lambda: asyncio.sleep(0, job), filt, job.request_id)
-    for raw in collect(gen):
-        event = adapter.validate_python(json.loads(raw.split("\n", 1)[1][6:]))
-        snap = accumulate_event(event=event, current_snapshot=snap, json_bufs=bufs)
+    snap = messages_snapshot(tok, "Paris?", OUTPUTS[QWEN3], anth_tools)
     assert [b.type for b in snap.content] == ["thinking", "tool_use", "tool_use"]
     assert snap.content[0].thinking == THOUGHT and snap.stop_reason == "tool_use"
 
