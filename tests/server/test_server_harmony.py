@@ -2,28 +2,41 @@
 (chat completions), a reasoning item (Responses) and a thinking block (Messages); the
 final channel is the content; a commentary message to `functions.NAME` is a tool call.
 
-The scripted gpt-oss reply (tests/helpers/scripted_gpt_oss.py) as the engine streams it
-(text in pieces, then its stop token) through each API's stream, parsed by the official
-packages' own types, with the checkpoint's tokenizer (gpt-oss's genuine template)."""
+First the scripted gpt-oss reply (tests/helpers/scripted_gpt_oss.py) as the engine
+streams it (text in pieces, then its stop token) through each API's stream, parsed by the
+official packages' own types, with the checkpoint's tokenizer (gpt-oss's genuine
+template); then `ssdmoe serve` on that checkpoint, whose greedy decoding is the reply,
+driven by the `openai` and `anthropic` clients: the call, the tool's result, the answer,
+and a Codex CLI turn (the request shape Codex CLI 0.171 sends, as
+tests/server/test_server_responses.py records it: Codex CLI itself is not installed
+here)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+import anthropic
+import httpx
+import openai
 import pytest
+from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from ssdmoe_tui.checkpoint.config import load_tokenizer
 from ssdmoe_tui.server.schema import parse_chat
 from ssdmoe_tui.server.serving_chat import ServingChat
 from tests.helpers.api_streams import messages_snapshot, responses_final
 from tests.helpers.scripted_gpt_oss import (
+    ANSWER,
     ANSWER_REPLY,
     ARGUMENTS,
     CALL_REPLY,
     write_gpt_oss_tool_model,
 )
+from tests.helpers.server import serving
 from tests.helpers.tools import collect, scripted, states
 
 THOUGHT = "Need the weather."
@@ -100,3 +113,104 @@ def test_responses_reasoning_item_and_messages_thinking_block(tok):
     assert [b.type for b in snap.content] == ["thinking", "tool_use"]
     assert snap.content[0].thinking == THOUGHT and snap.stop_reason == "tool_use"
     assert (snap.content[1].name, snap.content[1].input) == CALL
+
+
+# ------------------------------------------------------------ ssdmoe serve, end to end
+
+
+@pytest.fixture(scope="module")
+def srv(gpt_oss_model, tmp_path_factory):
+    with serving(gpt_oss_model, tmp_path_factory.mktemp("harmony-serve")) as running:
+        yield running
+
+
+def test_chat_completions_call_result_answer(srv):
+    """The reasoning apart, the call in `tool_calls`; sent back with the tool's result,
+    the answer on the final channel, the first turn's tokens reused from the cache."""
+    c = srv.client()
+    msgs = [{"role": "user", "content": QUESTION}]
+    r = c.chat.completions.create(model=srv.model, messages=msgs, tools=TOOLS, max_tokens=60,
+                                  temperature=0)  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.model_extra["reasoning_content"] == THOUGHT
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == CALL
+    msgs += [choice.message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]  # fmt: skip
+    r2 = c.chat.completions.create(model=srv.model, messages=msgs, tools=TOOLS, max_tokens=60,
+                                   temperature=0)  # fmt: skip
+    assert r2.choices[0].finish_reason == "stop"
+    assert r2.choices[0].message.content == ANSWER
+    assert not r2.choices[0].message.tool_calls
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens
+
+
+def test_streamed_chat_completion_through_the_client(srv):
+    c = srv.client()
+    stream = c.chat.completions.create(
+        model=srv.model, messages=[{"role": "user", "content": QUESTION}], tools=TOOLS,
+        max_tokens=60, temperature=0, stream=True,
+    )  # fmt: skip
+    reasoning, content, calls, finish = "", "", [], None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        reasoning += (d.model_extra or {}).get("reasoning_content", "")
+        content += d.content or ""
+        calls += d.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    assert (reasoning, content, finish) == (THOUGHT, "", "tool_calls")
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [CALL]
+
+
+def test_messages_thinking_block_and_tool_use(srv):
+    a = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    m = a.messages.create(model=srv.model, max_tokens=60, tools=ANTHROPIC_TOOLS,
+                          messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+    assert [b.type for b in m.content] == ["thinking", "tool_use"]
+    assert m.content[0].thinking == THOUGHT and m.stop_reason == "tool_use"
+    assert (m.content[1].name, m.content[1].input) == CALL
+
+
+def test_a_codex_cli_turn(srv):
+    """Codex CLI's request (streamed, developer messages, its own tools beside the
+    configured one, reasoning.summary, store false): the reasoning item, the call; then
+    the call's output in the next request, and the answer."""
+    shell = {"type": "function", "name": "exec_command", "strict": False,
+             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}  # fmt: skip
+    tools = [shell, *FLAT, {"type": "web_search", "external_web_access": False}]
+    inputs = [
+        {"type": "message", "role": "developer",
+         "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+    ]  # fmt: skip
+    body = {"model": srv.model, "stream": True, "store": False, "tool_choice": "auto",
+            "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "codex-harmony",
+            "tools": tools, "input": inputs, "max_output_tokens": 60}  # fmt: skip
+    first = _responses_stream(srv, body, tools)
+    assert [o.type for o in first.output] == ["reasoning", "function_call"]
+    assert first.output[0].content[0].text == THOUGHT
+    call = first.output[1]
+    assert (call.name, json.loads(call.arguments)) == CALL
+    assert first.usage.output_tokens_details.reasoning_tokens > 0
+    follow = [*inputs, call.model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}]  # fmt: skip
+    second = _responses_stream(srv, {**body, "input": follow}, tools)
+    assert [o.type for o in second.output] == ["message"]
+    assert second.output[0].content[0].text == ANSWER
+
+
+def _responses_stream(srv, body: dict, tools: list):
+    """POST the body as Codex does and accumulate its events with the package's state."""
+    state = ResponseStreamState(input_tools=tools, text_format=openai.omit)
+    adapter = TypeAdapter(ResponseStreamEvent)
+    with httpx.stream("POST", srv.url + "/v1/responses", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                state.handle_event(adapter.validate_python(json.loads(line[6:])))
+    return state._completed_response
