@@ -165,11 +165,15 @@ def render(
     return text
 
 
-def _harmony(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> bool:
-    from ssdmoe_tui.prompting.reply_format import is_harmony_template, template_text
+def _kind(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> str:
+    from ssdmoe_tui.prompting.reply_format import template_kind, template_text
 
     override = template_kwargs.get("chat_template")
-    return is_harmony_template(override if isinstance(override, str) else template_text(tokenizer))
+    return template_kind(override if isinstance(override, str) else template_text(tokenizer))
+
+
+def _harmony(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> bool:
+    return _kind(tokenizer, template_kwargs) == "harmony"
 
 
 def template_messages(
@@ -177,13 +181,31 @@ def template_messages(
 ) -> list[dict[str, Any]]:
     """`messages` as the template takes them: for a harmony template, a reply kept as
     generated (channel markers in its content) is taken apart into the fields the
-    template reads (`harmony.template_message`); other templates get them as they are."""
+    template reads (`harmony.template_message`); DeepSeek's templates join a call's
+    arguments as text (a JSON object fails them: "can only concatenate str"); other
+    templates get the messages as they are."""
     msgs = [dict(m) for m in messages]
-    if not _harmony(tokenizer, template_kwargs or {}):
-        return msgs
-    from ssdmoe_tui.prompting.harmony import template_message
+    kind = _kind(tokenizer, template_kwargs or {})
+    if kind == "harmony":
+        from ssdmoe_tui.prompting.harmony import template_message
 
-    return [template_message(m) if m.get("role") == "assistant" else m for m in msgs]
+        return [template_message(m) if m.get("role") == "assistant" else m for m in msgs]
+    if kind == "deepseek":
+        return [_deepseek_message(m) if m.get("tool_calls") else m for m in msgs]
+    return msgs
+
+
+def _deepseek_message(msg: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    calls = []
+    for call in msg["tool_calls"]:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and not isinstance(fn.get("arguments"), str):
+            call = {**call, "function": {**fn, "arguments": json.dumps(fn.get("arguments") or {},
+                                                                       ensure_ascii=False)}}  # fmt: skip
+        calls.append(call)
+    return {**msg, "tool_calls": calls}
 
 
 def template_options(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -96,14 +96,24 @@ def is_harmony_template(template: str) -> bool:
     return harmony.CHANNEL in template and harmony.MESSAGE in template
 
 
+def template_kind(template: str) -> str:
+    """What the template's text says about the messages it takes: "harmony" (gpt-oss's),
+    "deepseek" (DeepSeek's tool-call block), or "" (the usual OpenAI fields)."""
+    if is_harmony_template(template):
+        return "harmony"
+    if deepseek_tools.tool_call_start in template:
+        return "deepseek"
+    return ""
+
+
 def reply_format_for(tokenizer: Any) -> ReplyFormat:
     """This tokenizer's reply format (PLAIN for none: the text is all content)."""
     if tokenizer is None:
         return PLAIN
-    template = template_text(tokenizer)
-    if is_harmony_template(template):
+    kind = template_kind(template_text(tokenizer))
+    if kind == "harmony":
         return HARMONY
-    tool = DEEPSEEK if deepseek_tools.tool_call_start in template else tool_format_for(tokenizer)
+    tool = DEEPSEEK if kind == "deepseek" else tool_format_for(tokenizer)
     think = think_format_for(tokenizer)
     if tool is None and think is None:
         return PLAIN

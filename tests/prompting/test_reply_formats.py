@@ -18,6 +18,7 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from ssdmoe_tui.chat.thinking import split_thinking, thinking_tokens
+from ssdmoe_tui.prompting.chat_format import render
 from ssdmoe_tui.prompting.harmony import parse_header, parse_reply
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning, ThinkFormat
 from ssdmoe_tui.prompting.reply_format import DEEPSEEK, reply_format_for
@@ -268,14 +269,51 @@ def test_the_format_is_picked_from_the_template(harmony_tok, tmp_path):
     )
     fmt = reply_format_for(qwen)
     assert (fmt.name, fmt.harmony, fmt.think.start) == ("json_tools", False, "<think>")
-    # DeepSeek's template names its block; mlx-lm 0.32.2 has no parser of its own for it
-    deepseek = qwen_with_template(
-        tmp_path / "d",
-        "{% for m in messages %}{{ m.content }}{% if m.tool_calls %}<｜tool▁calls▁begin｜>"
-        "{% endif %}{% endfor %}",
-    )
-    assert reply_format_for(deepseek).tool is DEEPSEEK
     assert reply_format_for(None).name == "plain"
+
+
+# the genuine templates (tests/fixtures/models, sources in its SOURCES.md) -> the format
+GENUINE = {
+    "deepseek-r1": "deepseek_v3",
+    "deepseek-v3.1": "deepseek_v3",
+    "glm-4.6": "glm47",
+    "kimi-k2": "kimi_k2",
+    "minimax-m2": "minimax_m2",
+}
+
+
+def genuine_template(family: str) -> str:
+    folder = MODELS / family
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    return json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
+
+
+@pytest.mark.parametrize("family", GENUINE)
+def test_calls_as_each_genuine_template_renders_them_parse_back(family, tmp_path):
+    """The template's own rendering of an assistant's calls (what the model learned to
+    write), cut from the prompt and streamed in pieces, parses back to the same calls:
+    with the arguments as the server passes them (objects; DeepSeek's templates join
+    text, so they are given text)."""
+    tok = qwen_with_template(tmp_path / "t", genuine_template(family))
+    fmt = reply_format_for(tok)
+    assert fmt.name == GENUINE[family] and not fmt.harmony
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]  # fmt: skip
+    msgs = [{"role": "user", "content": "Weather and time in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c0"},
+            {"role": "tool", "content": "10:00", "tool_call_id": "c1"}]  # fmt: skip
+    text = render(tok, msgs, add_generation_prompt=True, tools=TOOLS)
+    start = text.index(fmt.tool.start, text.index("Weather and time in Paris?"))
+    reply = text[start : text.rindex(fmt.tool.end) + len(fmt.tool.end)]
+    assert split(run_filter(fmt.output_filter((), TOOLS), reply, 3))[2] == CALLS
+
+
+def test_deepseek_v3s_first_template_is_deepseeks_too(tmp_path):
+    # (it renders calls only for a content of none, which transformers cannot pass)
+    tok = qwen_with_template(tmp_path / "t", genuine_template("deepseek-v3"))
+    assert reply_format_for(tok).tool is DEEPSEEK
 
 
 @pytest.mark.parametrize("size", [1, 3, 10_000])
