@@ -214,3 +214,26 @@ def _responses_stream(srv, body: dict, tools: list):
             if line.startswith("data: ") and line != "data: [DONE]":
                 state.handle_event(adapter.validate_python(json.loads(line[6:])))
     return state._completed_response
+
+
+def test_a_checkpoint_that_does_not_stop_on_call(gpt_oss_model, tmp_path):
+    """gpt-oss-20b's first generation_config.json (the fixture's copy) stops on <|return|>
+    and <|endoftext|> only: the model writes <|call|> as text and goes on. The server
+    stops the engine there, and the client gets the call, as with the current file."""
+    import shutil
+
+    model = shutil.copytree(gpt_oss_model, tmp_path / "old-stops")
+    tok = load_tokenizer(gpt_oss_model)
+    ids = [tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|endoftext|>")]
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    with serving(model, tmp_path / "serve") as running:
+        r = running.client().chat.completions.create(
+            model=running.model, messages=[{"role": "user", "content": QUESTION}],
+            tools=TOOLS, max_tokens=200, temperature=0,
+        )  # fmt: skip
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.model_extra["reasoning_content"] == THOUGHT
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == CALL
+    assert r.usage.completion_tokens < 200  # stopped at <|call|>, not at max_tokens
