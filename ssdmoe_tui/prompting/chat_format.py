@@ -311,12 +311,17 @@ def turn_delta(
     try:
         text = render(tokenizer, with_new, add_generation_prompt=True, **template_kwargs)
     except ChatTemplateError:
-        if not last_message.get("tool_calls"):
+        # A template that names a tool's result after the call before it (gpt-oss's and
+        # MiniMax-M2's: "Message has tool role, but there was no previous assistant
+        # message with a tool call!") needs the calls: the new text is what follows the
+        # history. A reply kept as generated has them in its text: they are parsed out.
+        msgs[-1] = (
+            last_message
+            if last_message.get("tool_calls")
+            else _calls_apart(tokenizer, last_message)
+        )
+        if not msgs[-1].get("tool_calls"):
             raise
-        # A template that names a tool's result after the call before it (gpt-oss's:
-        # "Message has tool role, but there was no previous assistant message with a
-        # tool call!") needs the calls: the new text is what follows the history.
-        msgs[-1] = last_message
         return _after_history(tokenizer, msgs, new_messages, template_kwargs)
     at = text.rfind(sentinel)
     if at < 0:
@@ -339,6 +344,27 @@ def turn_delta(
             # the generated <|return|> (or <|call|>) stands in for that <|end|>
             delta = delta[1:]
     return delta
+
+
+def _calls_apart(tokenizer: Any, message: Mapping[str, Any]) -> dict[str, Any]:
+    """An assistant message whose text holds its tool-call blocks (as the model wrote
+    them) as the template takes it: the text without the blocks, and the calls apart."""
+    import json
+
+    from ssdmoe_tui.prompting.output import Call, Content, OutputFilter
+    from ssdmoe_tui.prompting.reply_format import reply_format_for
+
+    fmt = reply_format_for(tokenizer).tool
+    content = message.get("content")
+    if fmt is None or not isinstance(content, str) or fmt.start not in content:
+        return dict(message)
+    filt = OutputFilter((), fmt, [{"type": "function", "function": {"name": ""}}])
+    pieces = filt.feed(content) + filt.finish()
+    calls = [{"id": p.call.id, "type": "function",
+              "function": {"name": p.call.name, "arguments": json.loads(p.call.arguments)}}
+             for p in pieces if isinstance(p, Call)]  # fmt: skip
+    text = "".join(p.text for p in pieces if isinstance(p, Content)).strip()
+    return {**message, "content": text, "tool_calls": calls} if calls else dict(message)
 
 
 def _token_id(tokenizer: Any, token: str) -> int | None:

@@ -18,7 +18,7 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from ssdmoe_tui.chat.thinking import split_thinking, thinking_tokens
-from ssdmoe_tui.prompting.chat_format import render
+from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, render, turn_delta
 from ssdmoe_tui.prompting.harmony import parse_header, parse_reply
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning, ThinkFormat
 from ssdmoe_tui.prompting.reply_format import DEEPSEEK, reply_format_for
@@ -308,6 +308,31 @@ def test_calls_as_each_genuine_template_renders_them_parse_back(family, tmp_path
     start = text.index(fmt.tool.start, text.index("Weather and time in Paris?"))
     reply = text[start : text.rindex(fmt.tool.end) + len(fmt.tool.end)]
     assert split(run_filter(fmt.output_filter((), TOOLS), reply, 3))[2] == CALLS
+
+
+@pytest.mark.parametrize("family", [*GENUINE, "qwen3.5-35b-a3b"])
+def test_tool_results_follow_a_reply_kept_as_generated(family, tmp_path):
+    """The app keeps a reply as the model wrote it (its call blocks in its text): the
+    next prompt adds the tool results the way the template renders them after those
+    calls, on top of the exact tokens. MiniMax-M2's template refuses a tool result
+    without the call before it: the calls are parsed out of the text for it."""
+    tok = qwen_with_template(tmp_path / "t", genuine_template(family))
+    fmt = reply_format_for(tok)
+    user = {"role": "user", "content": "Weather and time in Paris?"}
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]  # fmt: skip
+    asked = {"role": "assistant", "content": "", "tool_calls": calls}
+    text = render(tok, [user, asked], add_generation_prompt=False, tools=TOOLS)
+    start = text.index(fmt.tool.start, text.index(user["content"]))
+    written = text[start : text.rindex(fmt.tool.end) + len(fmt.tool.end)]
+    history = first_turn_tokens(tok, [user], tools=TOOLS) + encode(tok, written)
+    results = [{"role": "tool", "content": "sunny", "tool_call_id": "c0", "name": "get_weather"},
+               {"role": "tool", "content": "10:00", "tool_call_id": "c1", "name": "get_time"}]  # fmt: skip
+    kept = {"role": "assistant", "content": written}
+    delta = tok.decode(turn_delta(tok, history, [user, kept], results, tools=TOOLS))
+    assert "sunny" in delta and "10:00" in delta and fmt.tool.start not in delta
+    whole = render(tok, [user, asked, *results], add_generation_prompt=True, tools=TOOLS)
+    assert whole.endswith(delta)
 
 
 def test_deepseek_v3s_first_template_is_deepseeks_too(tmp_path):
