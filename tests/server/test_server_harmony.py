@@ -197,11 +197,14 @@ def test_a_codex_cli_turn(srv):
     call = first.output[1]
     assert (call.name, json.loads(call.arguments)) == CALL
     assert first.usage.output_tokens_details.reasoning_tokens > 0
-    follow = [*inputs, call.model_dump(exclude_none=True),
+    # as Codex sends the turn back (store false): its reasoning item, the call, the output
+    follow = [*inputs, first.output[0].model_dump(exclude_none=True),
+              call.model_dump(exclude_none=True),
               {"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}]  # fmt: skip
     second = _responses_stream(srv, {**body, "input": follow}, tools)
     assert [o.type for o in second.output] == ["message"]
     assert second.output[0].content[0].text == ANSWER
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
 
 
 def _responses_stream(srv, body: dict, tools: list):
