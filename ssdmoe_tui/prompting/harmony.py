@@ -33,6 +33,7 @@ BODY_ENDS = (END, CALL, RETURN, START)  # START: a message the model did not clo
 HEADER_MAX = 512
 FUNCTIONS = "functions."
 _TO = re.compile(r"\bto=(\S+)")
+_THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -262,11 +263,16 @@ def reasoning_tokens(token_ids: Sequence[int], tokenizer: Any) -> int:
 def template_message(msg: dict[str, Any]) -> dict[str, Any]:
     """An assistant message whose content is a harmony reply as generated (the app keeps
     the raw text) in the fields gpt-oss's template takes instead: `thinking` (analysis),
-    `content` (final), `tool_calls`; the template refuses channel markers in content.
+    `content` (final), `tool_calls`; the template refuses channel markers in content. A
+    `<think>` block first (how the app attached to a server keeps the server's
+    reasoning_content) is the thinking too.
     Arguments given as JSON text become objects (the template writes them `|tojson`)."""
     out = dict(msg)
     content = out.get("content")
-    if isinstance(content, str) and is_harmony_text(content):
+    think = _THINK.match(content) if isinstance(content, str) else None
+    if think and not out.get("thinking"):  # an attached app's form of a server's reasoning
+        out["thinking"], out["content"] = think.group(1).strip("\n"), content[think.end() :]
+    elif isinstance(content, str) and is_harmony_text(content):
         parsed = parse_reply(content)
         out["content"] = parsed.content
         if parsed.reasoning:

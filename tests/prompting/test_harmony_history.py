@@ -76,3 +76,17 @@ def test_a_user_turn_follows_an_answer(tok):
     # a whole re-render (no stored history) takes the raw reply apart too
     again = prompt_tokens(tok, [user, reply, {"role": "user", "content": "And in Rome?"}])
     assert "It is 21 C in Paris.<|end|><|start|>user" in tok.decode(again)
+
+
+def test_an_attached_apps_think_block_is_the_analysis(tok):
+    """The app attached to a server keeps reasoning_content as a <think> block before the
+    answer: re-rendered, it is the analysis message, not text in the final one."""
+    user = {"role": "user", "content": "Weather in Paris?"}
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    kept = {"role": "assistant", "content": "<think>\nNeed the weather.\n</think>\n\n",
+            "tool_calls": [call]}  # fmt: skip
+    result = {"role": "tool", "content": "21 C", "tool_call_id": "c1"}
+    text = tok.decode(prompt_tokens(tok, [user, kept, result], tools=TOOLS))
+    assert "<|channel|>analysis<|message|>Need the weather.<|end|>" in text
+    assert "<think>" not in text
