@@ -294,7 +294,7 @@ def test_calls_as_each_genuine_template_renders_them_parse_back(family, tmp_path
     """The template's own rendering of an assistant's calls (what the model learned to
     write), cut from the prompt and streamed in pieces, parses back to the same calls:
     with the arguments as the server passes them (objects; DeepSeek's templates join
-    text, so they are given text)."""
+    text, so they are given text). The app's tool loop finds them in a whole reply."""
     tok = qwen_with_template(tmp_path / "t", genuine_template(family))
     fmt = reply_format_for(tok)
     assert fmt.name == GENUINE[family] and not fmt.harmony
@@ -308,6 +308,10 @@ def test_calls_as_each_genuine_template_renders_them_parse_back(family, tmp_path
     start = text.index(fmt.tool.start, text.index("Weather and time in Paris?"))
     reply = text[start : text.rindex(fmt.tool.end) + len(fmt.tool.end)]
     assert split(run_filter(fmt.output_filter((), TOOLS), reply, 3))[2] == CALLS
+    # the app's tool loop takes the same calls from the whole reply, and shows the rest
+    shown = split_reply("<think>\nLet me look.\n</think>\n\nOne moment." + reply, tok, TOOLS)
+    assert [(c.name, c.args()) for c in shown.calls] == CALLS
+    assert fmt.tool.start not in shown.content and shown.content.endswith("One moment.")
 
 
 @pytest.mark.parametrize("family", [*GENUINE, "qwen3.5-35b-a3b"])
