@@ -118,9 +118,13 @@ class HarmonyParser:
     def _header(self, out: list[Event], final: bool) -> bool:
         at = self.buf.find(MESSAGE)
         if at < 0:
-            if final or len(self.buf) > HEADER_MAX:  # not harmony: pass it on as text
+            if len(self.buf) > HEADER_MAX:  # not harmony: pass it on as text
                 self.state = "text"
                 self._emit_text(out)
+            elif final:  # a header the reply was cut in carries no text; anything else is
+                if not self.buf.lstrip().startswith((START, CHANNEL)):
+                    self._emit_text(out)
+                self.buf = ""
             return False
         self.header = parse_header(self.buf[:at])
         self.buf = self.buf[at + len(MESSAGE) :]

@@ -166,6 +166,13 @@ def test_harmony_reply_cut_short_and_calls_without_tools():
     assert split(run_filter(OutputFilter((), None, TOOLS, harmony=True), bad, 3))[1] == "[1, 2"
 
 
+def test_a_reply_cut_in_a_header_shows_no_marker():
+    text = "<|channel|>final<|message|>Sunny.<|end|><|start|>assistant<|channel|>comm"
+    for size in (1, 4, 100):
+        filt = OutputFilter((), None, TOOLS, harmony=True)
+        assert split(run_filter(filt, text, size)) == ("", "Sunny.", [])
+
+
 def test_text_that_is_not_harmony_is_passed_on():
     plain = "Hello there, no header at all. " * 30  # past the header bound without <|message|>
     filt = OutputFilter((), None, TOOLS, harmony=True)
