@@ -67,6 +67,19 @@ class ReplyFormat:
             return OutputFilter(stops, None, tools, harmony=True)
         return OutputFilter(stops, self.tool, tools, self.think, in_think and bool(self.think))
 
+    @property
+    def end_tokens(self) -> tuple[str, ...]:
+        """Tokens that end a reply in this format whatever generation_config.json lists:
+        harmony's `<|call|>` (a call waits for its result) and `<|return|>`. gpt-oss-20b's
+        first generation_config.json stops on `<|return|>` and `<|endoftext|>` only."""
+        return (harmony.RETURN, harmony.CALL) if self.harmony else ()
+
+    def end_token_ids(self, tokenizer: Any) -> set[int]:
+        """`end_tokens` as ids of `tokenizer` (those it has), for its stop set."""
+        hf = getattr(tokenizer, "_tokenizer", tokenizer)
+        vocab = hf.get_vocab()
+        return {vocab[t] for t in self.end_tokens if t in vocab}
+
     def starts_in_think(self, tokenizer: Any, prompt: Sequence[int]) -> bool:
         """The generation prompt opens a think block (Qwen3.5's `<think>\\n`); a harmony
         prompt ends at `<|start|>assistant`, before any channel."""

@@ -16,6 +16,7 @@ from ssdmoe_tui.prompting.chat_format import (
     turn_delta,
     user_turn_delta,
 )
+from ssdmoe_tui.prompting.reply_format import reply_format_for
 from tests.helpers.harmony_tokenizer import write_harmony_tokenizer
 from tests.helpers.tools import TOOLS
 
@@ -90,3 +91,12 @@ def test_an_attached_apps_think_block_is_the_analysis(tok):
     text = tok.decode(prompt_tokens(tok, [user, kept, result], tools=TOOLS))
     assert "<|channel|>analysis<|message|>Need the weather.<|end|>" in text
     assert "<think>" not in text
+
+
+def test_the_format_names_the_tokens_that_end_a_reply(tok):
+    """For the loader's stop set: harmony's <|call|> and <|return|>, whatever the
+    checkpoint's generation_config.json lists; nothing for other formats."""
+    fmt = reply_format_for(tok)
+    ids = {tok.convert_tokens_to_ids(t) for t in ("<|call|>", "<|return|>")}
+    assert fmt.end_token_ids(tok) == ids
+    assert reply_format_for(None).end_token_ids(tok) == set()
