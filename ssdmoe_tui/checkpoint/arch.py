@@ -58,6 +58,9 @@ class Architecture:
     routing: str = "softmax"
     hybrid: bool = False
     projections: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")  # SwitchMLP: fc1, fc2
+    # tokens that end a reply whatever generation_config.json lists (gpt-oss's first one
+    # stops on <|return|> alone, so a tool call, which ends in <|call|>, ran on)
+    stop_tokens: tuple[str, ...] = ()
     refused: str = ""  # non-empty: not streamed, and this is why (one line)
 
     @property
@@ -101,6 +104,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             router="router",
             k_paths=("num_experts_per_tok",),
             hybrid=True,
+            stop_tokens=("<|return|>", "<|call|>"),
         ),
         _a(
             "deepseek_v3",

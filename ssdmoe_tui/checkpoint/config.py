@@ -93,15 +93,24 @@ def check_tokenizer_files(folder: Path) -> None:
 
 
 def load_tokenizer(folder: Path):
-    """The model's tokenizer exactly as `mlx_lm.load` builds it: mlx-lm's public
-    `load_tokenizer` with the EOS ids of generation_config.json (via `load_config`)."""
+    """The model's tokenizer as `mlx_lm.load` builds it: mlx-lm's public `load_tokenizer`
+    with the EOS ids of generation_config.json (via `load_config`), plus the tokens the
+    family's table entry says end a reply (`Architecture.stop_tokens`, those it has)."""
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
+    from ssdmoe_tui.checkpoint.arch import family
+
     folder = Path(folder)
-    eos = load_config(folder).get("eos_token_id")
+    config = load_config(folder)
+    eos = config.get("eos_token_id")
     check_tokenizer_files(folder)
     try:
-        return mlx_load_tokenizer(folder, eos_token_ids=eos)
+        tok = mlx_load_tokenizer(folder, eos_token_ids=eos)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"{folder}: cannot load tokenizer ({first})") from e
+    entry = family(config)
+    if entry is not None and entry.stop_tokens:
+        vocab = tok._tokenizer.get_vocab()
+        tok.eos_token_ids = tok.eos_token_ids | {vocab[t] for t in entry.stop_tokens if t in vocab}
+    return tok

@@ -218,3 +218,25 @@ def test_docs_list_every_model_type_streamed_or_why_not():
     assert set(rows) == set(arch.ARCHITECTURES)
     for mt, entry in arch.ARCHITECTURES.items():
         assert rows[mt] == ("✓" if entry.streamed else f"no: {entry.refused}"), mt
+
+
+def test_gpt_oss_stops_on_call_whatever_generation_config_lists(checkpoints, tmp_path):
+    """gpt-oss-20b's first generation_config.json ends replies on <|return|> alone, so a
+    tool call (which ends in <|call|>) ran on to max tokens in the app: the family's
+    table entry adds its stop tokens to the tokenizer's set."""
+    import json
+    import shutil
+
+    from ssdmoe_tui.checkpoint.config import load_tokenizer
+    from tests.helpers.harmony_tokenizer import write_harmony_tokenizer
+
+    folder = shutil.copytree(checkpoints("gpt_oss"), tmp_path / "goss")
+    for f in folder.glob("tokenizer*"):
+        f.unlink()
+    ids = write_harmony_tokenizer(folder)
+    (folder / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [ids["<|return|>"], ids["<|endoftext|>"]]})
+    )
+    tok = load_tokenizer(folder)
+    assert {ids["<|call|>"], ids["<|return|>"]} <= tok.eos_token_ids
+    assert ids["<|end|>"] not in tok.eos_token_ids  # a message's end is no reply's end
