@@ -175,3 +175,29 @@ async def test_an_attached_servers_reply_reasoning_and_tool_call_are_shown_escap
             await pilot.press("ctrl+q")
     finally:
         hostile.close()
+
+
+async def test_a_model_folder_named_with_escapes_is_listed_escaped(
+    tool_model, tmp_path, monkeypatch
+):
+    """F4 lists model folders by name (and servers by their lock claims): a name holding
+    a title change is shown as escapes."""
+    from huggingface_hub import constants
+
+    from tests.helpers.pilot import open_picker
+
+    folder = tmp_path / "model\x1b]0;pwned\x07\x1b[2J"
+    folder.mkdir()
+    (folder / "config.json").write_text((tool_model / "config.json").read_text())
+    index = {"weight_map": {"x.weight": "model-00001-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))  # half-downloaded
+    monkeypatch.setenv("SSDMOE_MODEL_DIRS", str(folder))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_picker(pilot, app)
+        assert str(folder) in {e.path for e in screen.entries}
+        await wait_until(pilot, lambda: "model\\x1b]0;pwned" in screen_text(app), what="drawn")
+        out = terminal_output(app)
+        assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out
+        assert "model\\x1b]0;pwned\\x07\\x1b[2J" in screen_text(app)

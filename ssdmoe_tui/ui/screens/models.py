@@ -29,6 +29,7 @@ from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.models.lock import LockHolder, Served, served_models
 from ssdmoe_tui.models.scan import ModelEntry, scan_models
 from ssdmoe_tui.paths import demo_model_dir
+from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.fmt import fmt_bytes
 from ssdmoe_tui.ui.messages import AskModelPath
@@ -137,7 +138,7 @@ class ModelsScreen(ModalScreen[str | None]):
 
         highlight: int | None = None
         for holder in self.servers:
-            text = Text(server_title(holder), style="bold")
+            text = Text(visible(server_title(holder)), style="bold")  # a claim's words
             if holder.url == self.attached:
                 highlight = options.option_count
                 text.append("  (attached)", style="italic")
@@ -169,16 +170,18 @@ class ModelsScreen(ModalScreen[str | None]):
         options.highlighted = highlight if highlight is not None else first
 
     def _option(self, entry: ModelEntry, current: bool) -> Option:
-        title = Text(entry.name, style="bold" if entry.supported else "dim bold")
+        title = Text(visible(entry.name), style="bold" if entry.supported else "dim bold")
         if current:
             title.append("  (loaded)", style="italic")
         if entry.source == "hub":
             title.append("  hub", style="dim")
-        title.append("\n" + describe(entry), style="" if entry.supported else "dim")
+        # names, paths and reasons come from the disk (a folder's name can hold escapes)
+        title.append("\n" + visible(describe(entry)), style="" if entry.supported else "dim")
         if entry.supported:
-            title.append("\n" + entry.path, style="dim")
+            title.append("\n" + visible(entry.path), style="dim")
         else:
-            title.append(f"\nnot supported: {entry.reason or 'unknown reason'}", style="red")
+            why = visible(entry.reason or "unknown reason")
+            title.append(f"\nnot supported: {why}", style="red")
         return Option(title, id=entry.path, disabled=not entry.supported)
 
     @on(OptionList.OptionSelected, "#model-list")
