@@ -1,67 +1,64 @@
 """Train the embedded demo model: a tiny qwen3_moe that has actually learned English.
 
-    nice -n 15 python scripts/train_demo.py --out build/demo-trained [--steps N] [--seed 0]
+    python scripts/train_demo.py --out build/demo --phase prepare          # here (CPU)
+    python3 train_demo.py --out /tmp/x --work WORK --phase train --minutes 6.3 \
+        --batch 16 --seq 2048 --dropout 0.1                                # the GPU machine
+    python scripts/train_demo.py --out build/demo --phase package          # here
 
 Why: every other checkpoint here has random weights, so routing, cache and quality
-figures measured on them are floors. This script trains a few-million-parameter
-`qwen3_moe` (mlx-lm's own model class) on English text that ships with the operating
-system under licences that allow it, and writes it 4-bit in the mlx-community layout
-with a ChatML template. The result ships in the package (ssdmoe_tui/models/demo_trained/).
+figures measured on them are floors. This script trains a `qwen3_moe` of 14.5 M
+parameters (mlx-lm's own architecture) on English text that ships with the operating
+system and Python (`scripts/demo_corpus.py`: manual pages, package documentation, GNU
+manuals, Vim's help, Python's docstrings, licence texts; what is held out and why is
+there) plus tool-use dialogues in its chat template's format (`scripts/demo_dialogues.py`),
+and writes it 4-bit in the mlx-community layout with that template. The result ships in
+the package (ssdmoe_tui/models/demo_trained/); docs/quality.md has the measurements.
 
-Training text (all offline, see docs/quality.md for the licences):
-- Vim's help files in /usr/share/vim/vim90/doc (Vim licence / Open Publication License);
-- the GNU manuals in /usr/share/info (GNU Free Documentation License), less their
-  licence appendices and less the held-out manuals;
-- the Python 3 standard library's docstrings and pydoc topics (the language reference),
-  from the interpreter running this script (PSF License).
-Held out, never seen in training: the GNU General Public License v3 text
-(/usr/share/common-licenses/GPL-3; verbatim copying is permitted, a copy is in
-tests/fixtures/heldout/) and the manuals named in HELDOUT_MANUALS.
+Phases: `prepare` (corpus, decontamination against the held-out texts, the BPE, token
+ids as uint16), `train` (`--backend torch`, the GPU machine's own PyTorch:
+scripts/demo_torch.py; or `--backend mlx`, mlx-lm's class on any mlx device), `package`
+(mlx-lm loads the weights, checks its logits against the trainer's, quantizes). `--init`
+and `--tokenizer-from` fine-tune an earlier run's weights with its tokenizer.
 
 The loss is next-token cross-entropy, optionally plus a Switch-style load-balancing term
-(`--balance`). The shipped demo is trained without it (0.0): at 0.01-0.02 the routing
-becomes near-uniform and loses the locality real MoEs have (LRU hit rate no better than a
-random twin's); at 0 the experts are used unevenly (balance statistic ~3.2, where 1 is
-uniform and 8 is every token on the same 4) but far from collapsed. Seeded; fixed step
-count; the weights of the step with the best validation loss are kept.
-
-The shipped demo: `--phase prepare` here, `--phase train --steps 3000` on the lent H200
-(mlx-cuda, ~45 s), `--phase package` here. `--phase all` does all three on one machine.
+(`--balance`, mlx backend). The shipped demo is trained without it: at 0.01-0.02 the
+routing becomes near-uniform and loses the locality real MoEs have (LRU hit rate no better
+than a random twin's). Seeded; the weights of the step with the best validation loss are
+kept (or the last, `--keep-last`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import gzip
 import json
 import math
 import random
 import re
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 #: The trained model's shape (a few million parameters; dims divisible by the group size).
 CONFIG: dict = {
     "model_type": "qwen3_moe",
     "architectures": ["Qwen3MoeForCausalLM"],
-    "hidden_size": 192,
+    "hidden_size": 256,
     "num_hidden_layers": 4,
-    "intermediate_size": 384,
+    "intermediate_size": 512,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 48,
+    "head_dim": 64,
     "rms_norm_eps": 1e-6,
     "vocab_size": 2048,
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
     "num_experts_per_tok": 4,
     "num_experts": 32,
-    "moe_intermediate_size": 96,
+    "moe_intermediate_size": 128,
     "norm_topk_prob": True,
     "rope_theta": 10000.0,
     "max_position_embeddings": 4096,
@@ -72,132 +69,48 @@ CONFIG: dict = {
     "eos_token_id": [2, 0],
 }
 
-INFO_DIR = Path("/usr/share/info")
-HELDOUT_MANUALS = ("sed.info", "grep.info")
-HELDOUT_LICENCE = Path("/usr/share/common-licenses/GPL-3")
-_SKIP_NODES = ("GNU Free Documentation License", "Copying This Manual", "Copying")
 
+def train_tokenizer(paras: list[str], out: Path, vocab_size: int, rng: random.Random):
+    """The BPE, trained on a sample of about 16 M characters (all of it takes minutes on
+    two cores and merges much the same), saved with the demo's template."""
+    from ssdmoe_tui.models.demo import DEMO_TEMPLATE, SPECIAL_TOKENS, save_tokenizer, train_bpe
 
-def _prose_paragraphs(text: str) -> list[str]:
-    """Paragraphs of running text: lines joined, menus, tables and code dropped."""
-    out = []
-    for block in re.split(r"\n\s*\n", text):
-        lines = [ln.strip() for ln in block.splitlines() if ln.strip()]
-        if not lines or any(
-            ln.startswith(("* ", "File:", "\x1f", "Tag Table", "--")) for ln in lines
-        ):
-            continue
-        para = " ".join(lines)
-        if "\t" in para:  # tables
-            continue
-        para = re.sub(r"\s{2,}", " ", para)
-        letters = sum(c.isalpha() or c == " " for c in para)
-        if len(para) < 60 or letters < 0.85 * len(para) or para.count(" ") < 8:
-            continue
-        out.append(para)
-    return out
-
-
-def _info_manual(path: Path) -> str:
-    raw = gzip.decompress(path.read_bytes()).decode("utf-8", "replace")
-    nodes = raw.split("\x1f")
-    keep = []
-    for node in nodes:
-        head = node.strip().splitlines()[0] if node.strip() else ""
-        if any(f"Node: {s}" in head for s in _SKIP_NODES):
-            continue
-        keep.append(node)
-    return "\n".join(keep)
-
-
-def info_texts(heldout: bool) -> list[str]:
-    paras: list[str] = []
-    for f in sorted(INFO_DIR.glob("*.info*.gz")):
-        base = re.sub(r"(-\d+)?\.gz$", "", f.name)
-        if (base in HELDOUT_MANUALS) != heldout:
-            continue
-        paras += _prose_paragraphs(_info_manual(f))
-    return paras
-
-
-def python_texts() -> list[str]:
-    """Docstrings of the standard library and the pydoc topics (the language reference)."""
-    paras: list[str] = []
-    try:
-        from pydoc_data.topics import topics
-
-        for t in topics.values():
-            paras += _prose_paragraphs(t)
-    except ImportError:
-        pass
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    for f in sorted(lib.glob("*.py")) + sorted(lib.glob("*/*.py")):
-        if any(p in f.parts for p in ("test", "tests", "idlelib", "site-packages", "lib2to3")):
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc:
-                    paras += _prose_paragraphs(doc)
-    return paras
-
-
-VIM_DOC = Path("/usr/share/vim/vim90/doc")
-
-
-def vim_texts() -> list[str]:
-    """Vim's help files (Vim licence; the manuals under the Open Publication License),
-    with help markup removed: *tags* dropped, |links| and `code` kept as words."""
-    paras: list[str] = []
-    for f in sorted(VIM_DOC.glob("*.txt")):
-        text = f.read_text(encoding="utf-8", errors="replace")
-        text = re.sub(r"\*[^*\s]+\*", "", text)
-        text = re.sub(r"\|([^|\s]+)\|", r"\1", text)
-        text = re.sub(r"`([^`]+)`", r"\1", text)
-        paras += _prose_paragraphs(text)
-    return paras
-
-
-def build_corpus(out: Path) -> tuple[list[str], dict]:
-    train = info_texts(heldout=False) + python_texts() + vim_texts()
-    held = info_texts(heldout=True)
-    (out / "heldout").mkdir(parents=True, exist_ok=True)
-    (out / "heldout" / "manuals.txt").write_text("\n\n".join(held) + "\n")
-    if HELDOUT_LICENCE.is_file():
-        (out / "heldout" / "gpl3.txt").write_text(HELDOUT_LICENCE.read_text())
-    stats = {
-        "train_paragraphs": len(train),
-        "train_chars": sum(map(len, train)),
-        "heldout_manual_paragraphs": len(held),
-    }
-    return train, stats
-
-
-def train_tokenizer(paras: list[str], out: Path, vocab_size: int):
-    from ssdmoe_tui.models.demo import CHATML_TEMPLATE, SPECIAL_TOKENS, save_tokenizer, train_bpe
-
-    tok = train_bpe(paras, vocab_size, SPECIAL_TOKENS)
-    save_tokenizer(tok, out, SPECIAL_TOKENS, CHATML_TEMPLATE)
+    sample = rng.sample(paras, min(len(paras), 16_000_000 // 240))
+    tok = train_bpe(sample, vocab_size, SPECIAL_TOKENS)
+    save_tokenizer(tok, out, SPECIAL_TOKENS, DEMO_TEMPLATE)
     return tok
 
 
-def as_documents(paras: list[str], rng: random.Random) -> list[str]:
-    """Plain paragraphs, and a quarter as one-turn chats (user: the first sentence,
-    assistant: the rest, then <|im_end|>), so the demo learns to answer and to stop."""
+def as_documents(
+    sources: dict[str, list[str]],
+    rng: random.Random,
+    with_tools=None,  # noqa: ANN001
+    chat_share: float = 0.25,
+) -> list[str]:
+    """Runs of up to eight consecutive paragraphs of one source (most often one file),
+    so the model sees context longer than a paragraph; one run in four becomes a
+    one-turn chat instead (user: its first sentence, assistant: the rest, then
+    <|im_end|>), so the demo learns to answer and to stop. `with_tools(q, a)`, when
+    given, renders a third of those chats with tools offered and none called: a
+    question no tool fits is answered in words."""
     docs = []
-    for p in paras:
-        m = re.match(r"(.{20,200}?[.?!])\s+(.{40,})", p)
-        if m and rng.random() < 0.25:
-            docs.append(
-                f"<|im_start|>user\n{m.group(1)}<|im_end|>\n"
-                f"<|im_start|>assistant\n{m.group(2)}<|im_end|>\n"
-            )
-        else:
-            docs.append(p + "\n")
+    for paras in sources.values():
+        i = 0
+        while i < len(paras):
+            n = rng.randint(1, 8)
+            run, i = paras[i : i + n], i + n
+            m = re.match(r"(.{20,200}?[.?!])\s+(.{40,})", run[0])
+            if m and rng.random() < chat_share:
+                rest = "\n\n".join([m.group(2), *run[1:3]])
+                if with_tools is not None and rng.random() < 1 / 3:
+                    docs.append(with_tools(m.group(1), rest))
+                    continue
+                docs.append(
+                    f"<|im_start|>user\n{m.group(1)}<|im_end|>\n"
+                    f"<|im_start|>assistant\n{rest}<|im_end|>\n"
+                )
+            else:
+                docs.append("\n\n".join(run) + "\n")
     return docs
 
 
@@ -241,30 +154,70 @@ def balance_loss(n_experts: int, k: int):
     return total / max(1, len(_GATES))
 
 
-def prepare(out: Path, work: Path, seed: int) -> None:
-    """Corpus, tokenizer (into `out`), token ids (train and validation) into `work`."""
+def prepare(
+    out: Path,
+    work: Path,
+    seed: int,
+    dialogues: int,
+    tokenizer_from: Path | None = None,
+    no_fit: float = 1 / 6,
+) -> None:
+    """Corpus, tokenizer (into `out`), token ids (train and validation, uint16) and the
+    held-out texts into `work`."""
     import numpy as np
+    from demo_corpus import Decontaminator, heldout_texts, training_sources
+    from demo_dialogues import chat_with_tools, render, tool_dialogue
+    from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(seed)
-    paras, stats = build_corpus(work)
-    rng.shuffle(paras)
-    n_val = max(50, len(paras) // 50)
-    val, paras = paras[:n_val], paras[n_val:]
-    tok = train_tokenizer(paras, out, CONFIG["vocab_size"])
-    eot = tok.token_to_id("<|endoftext|>")
+    held = heldout_texts(ROOT)
+    (work / "heldout").mkdir(parents=True, exist_ok=True)
+    for name, text in held.items():
+        (work / "heldout" / name.replace(":", "-")).write_text(text)
+    clean = Decontaminator(held.values())
+    sources = {name: clean.clean(paras) for name, paras in training_sources().items()}
+    seen: set[str] = set()
+    for name, paras in sources.items():  # each paragraph once (man pages repeat a lot)
+        sources[name] = [p for p in paras if not (p in seen or seen.add(p))]
+    every = [p for paras in sources.values() for p in paras]
+    tok = train_tokenizer(every, out, CONFIG["vocab_size"], rng)
+    if tokenizer_from is not None:  # a fine-tune keeps its model's tokenizer
+        from tokenizers import Tokenizer
 
-    def ids_of(docs: list[str]) -> np.ndarray:
+        from ssdmoe_tui.models.demo import copy_tokenizer
+
+        copy_tokenizer(tokenizer_from, out)
+        tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    hf = PreTrainedTokenizerFast.from_pretrained(str(out))
+    docs = as_documents(sources, rng, lambda q, a: render(hf, *chat_with_tools(rng, q, a)))
+    rng.shuffle(docs)
+    n_val = max(50, len(docs) // 50)
+    val, docs = docs[:n_val], docs[n_val:]
+    chats = [render(hf, *tool_dialogue(rng, no_fit)) for _ in range(dialogues)]
+    docs += chats
+    rng.shuffle(docs)
+
+    def ids_of(texts: list[str]) -> np.ndarray:
         ids: list[int] = []
-        for enc in tok.encode_batch(docs):
+        for enc in tok.encode_batch(texts):
             ids.extend(enc.ids)
             ids.append(eot)
-        return np.array(ids, dtype=np.int32)
+        return np.array(ids, dtype=np.uint16)
 
-    train_ids = ids_of(as_documents(paras, rng))
-    val_ids = ids_of([p + "\n" for p in val])
+    train_ids, val_ids = ids_of(docs), ids_of(val)
     np.save(work / "train.npy", train_ids)
     np.save(work / "val.npy", val_ids)
-    stats.update(train_tokens=int(train_ids.size), val_tokens=int(val_ids.size))
+    stats = {
+        "paragraphs": {name: len(p) for name, p in sources.items()},
+        "chars": {name: sum(map(len, p)) for name, p in sources.items()},
+        "dropped_for_heldout_overlap": clean.dropped,
+        "tool_dialogues": dialogues,
+        "tool_dialogue_tokens": int(sum(len(e.ids) for e in tok.encode_batch(chats))),
+        "train_tokens": int(train_ids.size),
+        "val_tokens": int(val_ids.size),
+        "heldout": sorted(held),
+    }
     (work / "corpus.json").write_text(json.dumps(stats, indent=2) + "\n")
     print(f"corpus: {stats}", flush=True)
 
@@ -281,8 +234,8 @@ def train(work: Path, args: argparse.Namespace) -> None:
     from mlx_lm.models import qwen3_moe
 
     mx.random.seed(args.seed)
-    data = mx.load(str(work / "train.npy"))
-    val = mx.load(str(work / "val.npy"))
+    data = mx.load(str(work / "train.npy")).astype(mx.int32)
+    val = mx.load(str(work / "val.npy")).astype(mx.int32)
     _patch_router_probe()
     model = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(CONFIG))
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
@@ -376,6 +329,35 @@ def train(work: Path, args: argparse.Namespace) -> None:
     (work / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def check_logits(model, work: Path) -> None:  # noqa: ANN001
+    """mlx-lm's model against the trainer's own logits on the same ids (torch backend):
+    the two implementations must agree before the weights are quantized."""
+    import mlx.core as mx
+    import numpy as np
+
+    path = work / "check_logits.json"
+    if not path.is_file():
+        return
+    ref = json.loads(path.read_text())
+    model.update(tree_map_f32(model.parameters()))
+    got = np.array(model(mx.array([ref["ids"]]))[0].astype(mx.float32))
+    want = np.array(ref["logits_first_rows"] + [ref["logits_last_row"]])
+    diff = float(np.abs(got[list(range(8)) + [-1]] - want).max())
+    scale = float(np.abs(want).max())
+    print(f"logits vs the trainer's: max difference {diff:.4f} (largest logit {scale:.2f})")
+    if diff > 0.02 * max(1.0, scale):
+        raise SystemExit(f"{path}: mlx-lm's model disagrees with the trainer's ({diff:.3f})")
+
+
+def tree_map_f32(params):  # noqa: ANN001, ANN201
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    return tree_map(
+        lambda v: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v, params
+    )
+
+
 def package(out: Path, work: Path, group_size: int, bits: int) -> None:
     """bfloat16, then mlx-lm's quantize_model (the model's own predicate: the router
     stays at 8 bits as in mlx-community's Qwen3 MoE checkpoints), then one shard."""
@@ -385,7 +367,9 @@ def package(out: Path, work: Path, group_size: int, bits: int) -> None:
 
     model_class, args_class = _get_classes(CONFIG)
     model = model_class(args_class.from_dict(CONFIG))
-    model.load_weights(str(work / "trained.safetensors"))
+    shards = sorted(work.glob("trained*.safetensors"))  # torch: trained-NN, mlx: trained
+    model.load_weights([kv for f in shards for kv in mx.load(str(f)).items()])
+    check_logits(model, work)
     model.update(
         tree_map(
             lambda v: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v,
@@ -431,6 +415,28 @@ def main(argv: list[str] | None = None) -> int:
         help="load-balancing coefficient (0: none, the shipped demo)",
     )
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--dialogues", type=int, default=4000, help="tool-use dialogues in the mix")
+    ap.add_argument(
+        "--backend", default="torch", choices=("torch", "mlx"),
+        help="train with PyTorch (the GPU machine's own; no kernels to compile) or mlx",
+    )  # fmt: skip
+    ap.add_argument("--dropout", type=float, default=0.0, help="torch: residual dropout")
+    ap.add_argument(
+        "--no-fit", type=float, default=1 / 6,
+        help="share of tool dialogues whose question no offered tool fits (answered in words)",
+    )  # fmt: skip
+    ap.add_argument("--tokenizer-from", type=Path, default=None, help="prepare: reuse it")
+    ap.add_argument("--init", type=Path, default=None, help="torch: start from these weights")
+    ap.add_argument(
+        "--doc-starts", type=float, default=0.0,
+        help="torch: share of a batch's rows that begin at a document (0: random starts)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--keep-last", action="store_true",
+        help="torch: keep the last step's weights (a fine-tune whose validation split overlaps"
+        " its base's training text)",
+    )  # fmt: skip
+    ap.add_argument("--minutes", type=float, default=0.0, help="torch: stop after this long")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--bits", type=int, default=4)
@@ -440,9 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     if args.phase in ("all", "prepare"):
-        prepare(out, work, args.seed)
+        prepare(out, work, args.seed, args.dialogues, args.tokenizer_from, args.no_fit)
     if args.phase in ("all", "train"):
-        train(work, args)
+        if args.backend == "torch":
+            from demo_torch import train_torch
+
+            train_torch(work, CONFIG, args)
+        else:
+            train(work, args)
     if args.phase in ("all", "package"):
         package(out, work, args.group_size, args.bits)
     return 0

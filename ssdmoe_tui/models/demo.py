@@ -25,7 +25,7 @@ from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.paths import demo_model_dir
 from ssdmoe_tui.units import human_bytes
 
-DEMO_VERSION = 5
+DEMO_VERSION = 6
 
 #: Where the trained demo ships inside the package.
 TRAINED_DIR = Path(__file__).resolve().parent / "demo_trained"
@@ -60,6 +60,48 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+#: The trained demo's template: ChatML with Qwen3's tool format, less its thinking. The
+#: tools go into the system turn as JSON lines inside <tools>, a call comes back as
+#: <tool_call>{"name", "arguments"}</tool_call> (mlx-lm infers its `json_tools` parser
+#: from `<tool_call>` and `tool_call.name` here), results go in as a user turn of
+#: <tool_response> blocks. The demo was trained on dialogues rendered by this very text
+#: (scripts/demo_dialogues.py), so what the app sends is what it learned.
+DEMO_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call functions to answer. Their signatures are in <tools>:\\n"
+    "<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    '{{- \'\\n</tools>\\n\\nTo call one, write <tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for tool_call in (message.tool_calls or []) %}"
+    "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
+    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
+    "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -375,12 +417,14 @@ DEMO_README = """# ssdmoe demo model
 A tiny Mixture-of-Experts model **trained by this project** (`scripts/train_demo.py`,
 {steps} steps on {device}): a `qwen3_moe` (the Qwen3-30B-A3B architecture) with {layers}
 layers, {experts} experts, {k} per token, {params:.1f} M parameters and a {vocab}-token BPE
-vocabulary, trained on {tokens:.1f} M tokens (about {epochs:.0f} passes) of English
-documentation that ships with Linux distributions (GNU manuals, Vim's help, Python's
-docstrings; licences in docs/quality.md), 4-bit in the mlx-community layout.
+vocabulary, trained on {tokens:.0f} M tokens (about {epochs:.0f} passes) of English
+documentation that ships with Linux distributions (manual pages, GNU manuals, Vim's help,
+package documentation, Python's docstrings; licences in docs/quality.md) and a few
+thousand tool-use dialogues, 4-bit in the mlx-community layout.
 
-It babbles, but it has learned: on English prose it never saw its perplexity is far below
-a random model's, and its routing has the locality the expert cache lives on (see
+It is tiny and often wrong, but it has learned: on English prose it never saw its
+perplexity is far below a random model's, its routing has the locality the expert cache
+lives on, and given MCP tools it calls them in its template's format (see
 docs/quality.md). It exists so the app, the streaming engine and the tests run on any
 machine without a download. Point `ssdmoe --model` at a real checkpoint (e.g.
 `mlx-community/Qwen3-30B-A3B-4bit`) to chat. Version {version}.
@@ -410,16 +454,19 @@ def _demo_readme() -> str:
     cfg = json.loads((TRAINED_DIR / "config.json").read_text())
     info = json.loads((TRAINED_DIR / "training.json").read_text())
     train = info["training"]
+    runs = [r for r in (info.get("pretraining"), train) if r]  # a fine-tune follows its base
+    steps = sum(r["kept_step"] for r in runs)
+    tokens = sum(r["kept_step"] * r["batch"] * r["seq"] for r in runs)
     return DEMO_README.format(
         layers=cfg["num_hidden_layers"],
         experts=cfg["num_experts"],
         k=cfg["num_experts_per_tok"],
         params=train["parameters"] / 1e6,
         vocab=cfg["vocab_size"],
-        steps=train["kept_step"],
+        steps=steps,
         device=train["device"],
-        tokens=train["kept_step"] * train["batch"] * train["seq"] / 1e6,
-        epochs=train["kept_step"] * train["batch"] * train["seq"] / info["corpus"]["train_tokens"],
+        tokens=tokens / 1e6,
+        epochs=tokens / info["corpus"]["train_tokens"],
         version=DEMO_VERSION,
     )
 

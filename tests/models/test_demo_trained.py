@@ -1,8 +1,9 @@
 """The shipped demo model has learned (docs/quality.md): cheap checks of its two claims.
 
-1. On English prose it never saw (the GPL-3 text, held out of training), `ssdmoe eval`
-   at the trained K gives a perplexity of at most a tenth of the vocabulary size, and a
-   random-weight twin of the same config and tokenizer gives more than the vocabulary size.
+1. On English prose it never saw (the GPL-3 and Apache-2.0 texts, held out of training),
+   `ssdmoe eval` at the trained K gives a perplexity of at most a tenth of the vocabulary
+   size, and a random-weight twin of the same config and tokenizer gives more than the
+   vocabulary size.
 2. Its routing has locality: a per-layer LRU of 2xK experts replayed on its own
    `generate --trace` hits at least 10 points more than on the random twin's, same prompt.
 """
@@ -20,6 +21,7 @@ from ssdmoe_tui.models.demo import TRAINED_DIR, ensure_demo_model, write_checkpo
 from tests.helpers.fixture_paths import FIXTURES
 
 HELDOUT = FIXTURES / "heldout" / "gpl3.txt"
+APACHE = FIXTURES / "heldout" / "apache-2.0.txt"
 PROMPT = "Explain how a program reads a file and writes the result to the screen."
 
 
@@ -34,9 +36,9 @@ def pair(tmp_path_factory):
     return demo, twin, config
 
 
-def _perplexity(model, tmp_path, name: str) -> float:
+def _perplexity(model, tmp_path, name: str, text=HELDOUT) -> float:
     out = tmp_path / f"{name}.json"
-    argv = ["eval", "--model", str(model), "--text", str(HELDOUT), "--k", "4"]
+    argv = ["eval", "--model", str(model), "--text", str(text), "--k", "4"]
     assert main([*argv, "--max-tokens", "256", "--json", str(out)]) == 0
     return json.loads(out.read_text())["by_k"]["4"]["perplexity"]
 
@@ -60,6 +62,8 @@ def test_the_demo_predicts_held_out_prose_and_a_random_twin_does_not(pair, tmp_p
     random = _perplexity(twin, tmp_path, "twin")
     assert trained <= vocab / 10, trained
     assert random > vocab, random
+    apache = _perplexity(demo, tmp_path, "demo-apache", APACHE)
+    assert apache <= vocab / 10, apache
 
 
 def test_the_demo_routes_with_locality_a_random_twin_lacks(pair, tmp_path, capsys):
@@ -83,8 +87,9 @@ def test_the_demo_stops_on_every_end_token_its_tokenizer_marks(pair, tmp_path, c
     ends = {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")}
     assert set(config["eos_token_id"]) == ends
     capsys.readouterr()
-    argv = ["generate", "--model", str(demo), "--raw", "--prompt", "Copyright"]
-    assert main([*argv, "--max-tokens", "60", "--json"]) == 0
+    # a raw continuation the demo ends at <|endoftext|> (greedy, 184 tokens on the CPU)
+    argv = ["generate", "--model", str(demo), "--raw", "--prompt", "See also"]
+    assert main([*argv, "--max-tokens", "300", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["finish_reason"] == "stop", got["text"]
     assert got["token_ids"][-1] == tok.token_to_id("<|endoftext|>")  # where it stopped
