@@ -19,7 +19,8 @@ STEPS = {
     "demo": (0.0, 0.6),
     "index": (0.6, 0.7),
     "resident": (0.7, 0.9),
-    "tokenizer": (0.9, 1.0),
+    "tokenizer": (0.9, 0.97),
+    "kernels": (0.97, 1.0),  # MLX-CUDA's first run: the kernels compile at the first pass
 }
 LABELS = {
     "download": "downloading from the Hugging Face Hub",
@@ -27,6 +28,7 @@ LABELS = {
     "index": "indexing experts",
     "resident": "loading resident weights",
     "tokenizer": "loading the tokenizer",
+    "kernels": "compiling GPU kernels, once: the first reply on a new model takes minutes",
 }
 _SHARD = re.compile(r"wrote \S+ \((\d+)/(\d+)")
 
@@ -47,6 +49,8 @@ def step_of(detail: str, total: int) -> str | None:
         return "resident"
     if text.startswith("loading tokenizer") or text.startswith("loading the tokenizer"):
         return "tokenizer"
+    if text.startswith("compiling gpu kernels"):  # gpu_kernels.first_run_note, CUDA only
+        return "kernels"
     return None
 
 

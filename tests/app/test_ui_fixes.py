@@ -216,3 +216,8 @@ def test_load_progress_steps_and_hub_download():
     p.update("loading", 0, 0, "loading resident weights")
     p.update("loading", 0, 0, "wrote model-00001-of-00008.safetensors (1/8, 3 MiB, 0 s)")
     assert p.fraction == 0.7 and p.label == "loading resident weights"  # never goes back
+    # MLX-CUDA's first run: the loader's note (gpu_kernels.first_run_note) names the wait
+    from ssdmoe_tui.gpu_kernels import COMPILING_NOTE
+
+    p.update("loading", 0, 0, COMPILING_NOTE.format(folder="/c/mlx-ptx/0.32.4"))
+    assert p.fraction == 0.97 and p.label.startswith("compiling GPU kernels, once")
