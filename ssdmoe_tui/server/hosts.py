@@ -36,11 +36,15 @@ _WILDCARDS = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
 
 def host_name(header: str) -> str:
     """The name or address of a Host header, without port, brackets or a trailing dot,
-    lower-cased ("[::1]:8000" -> "::1", "LocalHost.:80" -> "localhost")."""
+    lower-cased ("[::1]:8000" -> "::1", "LocalHost.:80" -> "localhost"); anything after
+    an address's "]" but a port keeps the whole text ("[::1].evil" is no loopback name)."""
     h = header.strip().lower()
     if h.startswith("["):
         end = h.find("]")
-        return h[1:end] if end > 0 else h
+        rest = h[end + 1 :] if end > 0 else ""
+        if end > 0 and (rest == "" or (rest[0] == ":" and rest[1:].isdigit())):
+            return h[1:end]
+        return h  # "[::1].evil": no address with a port, so the whole text is the name
     if h.count(":") == 1:
         h = h.split(":", 1)[0]
     return h.rstrip(".")

@@ -9,6 +9,9 @@ before any route, on every path and every API:
 - a request carrying an `Origin` header that `--allowed-origins` does not name is a 403
   (`origin_not_allowed`): browsers send `Origin` on every cross-origin request (and on
   every POST), API clients (the `openai` and `anthropic` SDKs, curl) send none;
+- a request without `Origin` but with a `Referer` whose origin is not named is refused
+  the same way: an older browser, or a page's navigation or form, may name the page in
+  `Referer` alone, and no API client sends one;
 - a request with a body (any method but GET, HEAD, OPTIONS) whose `Content-Type` is not
   `application/json` is a 415 (`unsupported_media_type`): the only bodies this API
   takes are JSON, and a page can send JSON cross-origin only after a preflight, which
@@ -34,6 +37,15 @@ def _shown(text: str) -> str:
     return repr(printable(text, 100))
 
 
+def referer_origin(referer: str) -> str:
+    """The origin a `Referer` names: `https://evil.example:8443/page?q` ->
+    `https://evil.example:8443` (what a browser would have sent as `Origin`)."""
+    scheme, sep, rest = referer.strip().partition("://")
+    if not sep:
+        return referer.strip()
+    return f"{scheme}://{rest.split('/', 1)[0].split('?', 1)[0].split('#', 1)[0]}"
+
+
 def media_type(content_type: str) -> str:
     """`application/json; charset=utf-8` -> `application/json` (lower-cased)."""
     return content_type.split(";", 1)[0].strip().lower()
@@ -56,12 +68,14 @@ class OriginPolicy:
 def refusal(method: str, headers: dict[str, str], policy: OriginPolicy) -> ApiError | None:
     """Why a request is refused before any route (None: it passes). `headers`: the
     request's headers, names lower-cased."""
-    origin = headers.get("origin")
+    origin, what = headers.get("origin"), "Origin"
+    if origin is None and headers.get("referer") is not None:
+        origin, what = referer_origin(headers["referer"]), "Referer"
     if origin is not None and not policy.allows(origin):
         return ApiError(
             403,
-            f"Origin {_shown(origin)} is not allowed: this server answers web pages only "
-            "from the origins given with --allowed-origins (none by default)",
+            f"{what} {_shown(headers[what.lower()])} is not allowed: this server answers web "
+            "pages only from the origins given with --allowed-origins (none by default)",
             code="origin_not_allowed",
         )
     if method.upper() not in _BODYLESS:

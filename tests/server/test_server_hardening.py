@@ -127,6 +127,8 @@ def test_host_policy_rules():
     from ssdmoe_tui.server.hosts import HostPolicy, host_name
 
     assert host_name("[::1]:8080") == "::1" and host_name("LocalHost.:80") == "localhost"
+    assert host_name("[::1].evil") == "[::1].evil" and host_name("[::1]:80x") == "[::1]:80x"
+    assert not HostPolicy.of(["127.0.0.1"]).allows(host_name("[::1].evil:8080"))
     wild = HostPolicy.of(["0.0.0.0"])
     assert wild.allows("192.168.1.20") and not wild.allows("evil.example")
     lan = HostPolicy.of(["192.168.1.20"])
