@@ -13,7 +13,10 @@ seen from a checkpoint instead of a prefill:
 - `covers` / `load` (engine thread, before each prompt: the engine loads when the disk
   serves more of it than its memory does): the checkpoint, over all chains, that covers
   the longest prefix of the prompt (header and token
-  hash checked first, tensors' checksum on load; a bad file is skipped with a notice).
+  hash checked first, tensors' checksum on load). A file that cannot serve (truncated,
+  corrupt, another model's, a FIFO, a link, a folder: replaced under a running server or
+  found after a restart) is skipped, the prompt computed instead, and one notice names
+  the file and why (once per file version, not per request).
 
 The engine only sees `KVHooks`; it imports nothing from here.
 """
@@ -38,6 +41,7 @@ from ssdmoe_tui.sessions.checkpoints import (
     CacheShape,
     CheckpointInvalid,
     NoCheckpoint,
+    NotApplicable,
     check_checkpoint,
     checkpoint_path,
     list_checkpoints,
@@ -73,6 +77,8 @@ class ServerKV(CheckpointHooks):
         self._pending: list[tuple[tuple[int, ...], str]] = []  # (prompt, chain), newest last
         self._lock = threading.Lock()
         self.last_load: tuple[str, int] | None = None  # (chain, tokens) of the last disk hit
+        # Files skipped and said, by (path, mtime): not read, nor said, again until replaced.
+        self._bad: set[tuple[str, int]] = set()
 
     def register(self, prompt: Sequence[int], chain: str) -> None:
         """Before submitting a prompt: which chain its checkpoint goes to."""
@@ -135,14 +141,20 @@ class ServerKV(CheckpointHooks):
         trim: tuple[Path, tuple[int, ...], int] | None = None  # folder, its tokens, reuse
         for folder in self._folders():
             seqs = self.tokens_of(folder.name) if not info.hybrid else []
-            for ck in list_checkpoints(folder):
+            skip = self._skipper(folder)
+            for ck in list_checkpoints(folder, skip):
+                if (str(ck.path), ck.mtime_ns) in self._bad:
+                    continue
                 best = max(exact[1] if exact else 0, trim[2] if trim else 0)
                 if ck.n_tokens <= limit and ck.n_tokens > best:
                     try:
                         exact = (folder, check_checkpoint(ck.path, tokens, info.fingerprint))
                         continue
-                    except CheckpointInvalid:
+                    except NotApplicable:
                         pass
+                    except CheckpointInvalid as e:
+                        skip(e.reason)
+                        continue
                 for seq in seqs:
                     if len(seq) < ck.n_tokens:
                         continue
@@ -152,7 +164,10 @@ class ServerKV(CheckpointHooks):
                     try:
                         if check_checkpoint(ck.path, seq, info.fingerprint) != ck.n_tokens:
                             continue
-                    except CheckpointInvalid:
+                    except NotApplicable:
+                        continue
+                    except CheckpointInvalid as e:
+                        skip(e.reason)
                         continue
                     trim = (folder, tuple(seq[: ck.n_tokens]), reuse)
                     break
@@ -177,11 +192,13 @@ class ServerKV(CheckpointHooks):
                 folder,
                 covered,
                 info.fingerprint,
-                on_skip=lambda r: self._tell(f"checkpoint ignored: {r}"),
+                on_skip=self._skipper(folder),
                 shape=CacheShape.of_info(info),
             )
         except NoCheckpoint:
             return None
+        except CheckpointInvalid:
+            return None  # each file's reason was said (on_skip): the prompt is computed
         if got > reuse:
             if not can_trim_prompt_cache(cache) or trim_prompt_cache(cache, got - reuse) != (
                 got - reuse
@@ -192,6 +209,29 @@ class ServerKV(CheckpointHooks):
         os.utime(folder)
         self.last_load = (folder.name, got)
         return cache, got
+
+    def _skipper(self, folder: Path) -> Callable[[str], None]:
+        """`on_skip` for `folder`'s checkpoints: a reason ("kv-N.safetensors: truncated
+        ...") becomes one notice with the file's path, once per version of the file,
+        which `choose` passes over from then on."""
+
+        def skip(reason: str) -> None:
+            name = reason.split(":", 1)[0]
+            path = folder / name
+            try:
+                mtime = os.lstat(path).st_mtime_ns
+            except OSError:
+                mtime = 0
+            key = (str(path), mtime)
+            with self._lock:
+                if key in self._bad:
+                    return
+                if len(self._bad) >= 4096:
+                    self._bad.clear()
+                self._bad.add(key)
+            self._tell(f"checkpoint ignored: {folder}/{reason}; what it held is computed again")
+
+        return skip
 
     # ------------------------------------------------------------------ housekeeping
     def _folders(self) -> list[Path]:

@@ -36,6 +36,7 @@ from ssdmoe_tui.atomic import STALE_TEMP_S, atomic_write_via, remove_orphan_temp
 from ssdmoe_tui.checkpoint.header import HeaderError, read_header
 from ssdmoe_tui.errors import SsdmoeError
 from ssdmoe_tui.units import human_bytes
+from ssdmoe_tui.user_files import RefusedFile, check_regular
 
 FORMAT_VERSION = "1"
 PREFIX = "kv-"
@@ -63,7 +64,7 @@ class NoCheckpoint(CheckpointInvalid):
     tokens): nothing is wrong, the context is simply computed."""
 
 
-class _NotApplicable(CheckpointInvalid):
+class NotApplicable(CheckpointInvalid):
     """A sound checkpoint for other tokens (longer, or another branch): skipped silently."""
 
 
@@ -130,8 +131,12 @@ def checkpoint_path(session_dir: Path, n_tokens: int) -> Path:
     return Path(session_dir) / f"{PREFIX}{int(n_tokens):08d}{SUFFIX}"
 
 
-def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
-    """Checkpoint files of one conversation (by name; contents unchecked), most tokens first."""
+def list_checkpoints(
+    session_dir: Path, on_skip: Callable[[str], None] | None = None
+) -> list[CheckpointInfo]:
+    """Checkpoint files of one conversation (by name; contents unchecked), most tokens first.
+    An entry named like one that is not a regular file (a FIFO, a link, a folder: never
+    opened) is left out, and `on_skip` is told which and what it is."""
     found = []
     try:
         entries = list(os.scandir(session_dir))
@@ -140,7 +145,11 @@ def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
     for entry in entries:
         m = _NAME.match(entry.name)
         try:
-            if not m or not entry.is_file(follow_symlinks=False):
+            if not m:
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                if on_skip is not None:
+                    on_skip(f"{entry.name}: {_not_regular(Path(entry.path))}")
                 continue
             st = entry.stat(follow_symlinks=False)
         except OSError:  # evicted meanwhile (saves run on the engine thread)
@@ -148,6 +157,17 @@ def list_checkpoints(session_dir: Path) -> list[CheckpointInfo]:
         found.append(CheckpointInfo(Path(entry.path), int(m.group(1)), st.st_size, st.st_mtime_ns))
     found.sort(key=lambda c: (c.n_tokens, c.mtime_ns), reverse=True)
     return found
+
+
+def _not_regular(path: Path) -> str:
+    """What a checkpoint-named entry that is no regular file is, in words."""
+    try:
+        check_regular(path)
+    except RefusedFile as e:
+        return e.reason
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    return f"a symbolic link to {os.readlink(path)}, not a regular file (links are not followed)"
 
 
 def remove_stale_temps(session_dir: Path, older_than_s: float = STALE_TEMP_S) -> int:
@@ -343,9 +363,9 @@ def check_checkpoint(path: Path, tokens: Sequence[int], fingerprint: str) -> int
     if n <= 0:
         raise CheckpointInvalid(f"{name}: corrupt metadata (n_tokens {n})")
     if n > len(tokens):
-        raise _NotApplicable(f"{name}: covers {n} tokens, the conversation has {len(tokens)}")
+        raise NotApplicable(f"{name}: covers {n} tokens, the conversation has {len(tokens)}")
     if meta.get("tokens_sha256") != tokens_sha256(tokens[:n]):
-        raise _NotApplicable(f"{name}: its tokens differ from the conversation's")
+        raise NotApplicable(f"{name}: its tokens differ from the conversation's")
     return n
 
 
@@ -427,12 +447,12 @@ def load_checkpoint(
     session_dir = Path(session_dir)
     remove_stale_temps(session_dir)
     reasons: list[str] = []
-    for info in list_checkpoints(session_dir):
+    for info in list_checkpoints(session_dir, on_skip):
         try:
             n = check_checkpoint(info.path, tokens, fingerprint)
             cache, _ = _load_verified(info.path, n)
             check_shapes(cache, shape or CacheShape(), n, info.path.name)
-        except _NotApplicable:
+        except NotApplicable:
             continue
         except CheckpointInvalid as e:
             reasons.append(e.reason)
