@@ -28,11 +28,19 @@ class Served:
 
 
 def start_server(
-    model: Path, root: Path, *, api_key: str | None = None, per_token_s: float = 0.0
+    model: Path,
+    root: Path,
+    *,
+    api_key: str | None = None,
+    per_token_s: float = 0.0,
+    args: tuple[str, ...] = ("--no-disk-cache", "--max-tokens", "64"),
+    stderr: Path | None = None,
 ) -> Served:
     """`ssdmoe serve --port 0` with its own lock folder and data folder; waits (bounded)
     for its ready line. `per_token_s` > 0: each token of its replies at least that long
-    after the previous one (tests/helpers/paced_serve.py), for a test that acts mid-reply."""
+    after the previous one (tests/helpers/paced_serve.py), for a test that acts mid-reply.
+    `args`: the other flags (the default keeps no disk cache); `stderr`: a file that
+    gets its log (appended), else it goes nowhere."""
     lock_dir = root / "locks"
     env = {**os.environ, "SSDMOE_LOCK_DIR": str(lock_dir), "SSDMOE_HOME": str(root / "home")}
     env.pop("SSDMOE_API_KEY", None)
@@ -42,12 +50,11 @@ def start_server(
         ["tests.helpers.paced_serve", str(per_token_s)] if per_token_s > 0 else ["ssdmoe_tui.cli"]
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", *entry, "serve", "--model", str(model), "--port", "0"]
-        + ["--no-disk-cache", "--max-tokens", "64"],
+        [sys.executable, "-m", *entry, "serve", "--model", str(model), "--port", "0", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if stderr is None else stderr.open("a"),
         text=True,
     )
     lines: queue.Queue[str] = queue.Queue()
