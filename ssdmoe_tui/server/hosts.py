@@ -93,6 +93,19 @@ class HostPolicy:
         return name in self.bound
 
 
+def host_refusal(raw: str, policy: HostPolicy) -> ApiError | None:
+    """The 403 for a Host header the policy refuses (None: it passes)."""
+    if policy.allows(host_name(raw)):
+        return None
+    shown = raw if len(raw) <= 100 else raw[:97] + "..."
+    message = (
+        f"Host {shown!r} is not allowed: this server answers loopback names "
+        "and its own addresses (against DNS rebinding); start it with "
+        f"--allowed-hosts {host_name(raw) or 'NAME'} to allow that name"
+    )
+    return ApiError(403, message, code="host_not_allowed")
+
+
 class HostCheck:
     """ASGI middleware: a request whose Host the policy refuses gets a 403 and never
     reaches a route (nor the API-key check, nor the engine)."""
@@ -109,17 +122,11 @@ class HostCheck:
         if header is None:
             await self.app(scope, receive, send)
             return
-        raw = header.decode("latin-1")
-        if self.policy.allows(host_name(raw)):
+        err = host_refusal(header.decode("latin-1"), self.policy)
+        if err is None:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        shown = raw if len(raw) <= 100 else raw[:97] + "..."
-        message = (
-            f"Host {shown!r} is not allowed: this server answers loopback names "
-            "and its own addresses (against DNS rebinding); start it with "
-            f"--allowed-hosts {host_name(raw) or 'NAME'} to allow that name"
-        )
-        await send_error(send, ApiError(403, message, code="host_not_allowed"))
+        await send_error(send, err)

@@ -578,6 +578,29 @@ def template_case(id: str, what: str, template: str, reason: str) -> Bad:
     return Bad(id, what, run)
 
 
+def request_case(id: str, headers: dict[str, str], named: str) -> Bad:
+    """A POST with `headers` to `ssdmoe serve` on 127.0.0.1 with no --allowed-hosts or
+    --allowed-origins: the Host check's answer, then the origin and content-type one
+    (the middlewares' own functions, in their order); a request they pass is accepted."""
+
+    def run(tmp: Path, model: Callable[[], Path]) -> Outcome:
+        from ssdmoe_tui.server.hosts import HostPolicy, host_refusal
+        from ssdmoe_tui.server.origins import OriginPolicy, refusal
+
+        full = {"host": "127.0.0.1:8080", "content-type": "application/json"} | headers
+        if "content-type" in headers or not headers:
+            full = {k: v for k, v in full.items() if k != "content-type"} | headers
+        err = host_refusal(full["host"], HostPolicy.of(["127.0.0.1"])) or refusal(
+            "POST", full, OriginPolicy.of([])
+        )
+        if err is None:
+            return Outcome(None, f"accepted: {headers}", named, "Accepted")
+        return Outcome(None, f"{err.status}: {err.message}", named, "RefusedOk")
+
+    shown = ", ".join(f"{k}: {v}" for k, v in headers.items()) or "no Content-Type"
+    return Bad(id, f"POST /v1/chat/completions, {shown}", run)
+
+
 def config_key_case(id: str, key: str, value: Any, reason: str) -> Bad:
     """config.json with one key changed, then `ssdmoe generate` on it."""
 
@@ -858,12 +881,23 @@ CASES: list[Bad] = [
     config_key_case("config-hidden-huge", "hidden_size", 10**12, "config.json"),
     config_key_case("config-layers-word", "num_hidden_layers", "3", "config.json"),
     config_key_case("config-k-over-experts", "num_experts_per_tok", 64, "not about --k"),
-    config_case("config-keymap-garbage", "a keymap entry of garbage", b'[keymap]\n"app.stop" = "!!!@@##"\n',
-                "keymap"),  # fmt: skip
-    config_case("config-keymap-long", "a keymap entry of 900 kB",
-                b'[keymap]\n"app.stop" = "' + b"x" * 900_000 + b'"\n', "keymap"),  # fmt: skip
-    option_case("model-ansi-name", ["generate", "--model", "/no/\x1b[31mred", "--prompt", "hi"],
-                "/no/\\x1b[31mred"),  # fmt: skip  (shown escaped, never raw)
+    config_case(
+        "config-keymap-garbage",
+        "a keymap entry of garbage",
+        b'[keymap]\n"app.stop" = "!!!@@##"\n',
+        "keymap",
+    ),  # fmt: skip
+    config_case(
+        "config-keymap-long",
+        "a keymap entry of 900 kB",
+        b'[keymap]\n"app.stop" = "' + b"x" * 900_000 + b'"\n',
+        "keymap",
+    ),  # fmt: skip
+    option_case(
+        "model-ansi-name",
+        ["generate", "--model", "/no/\x1b[31mred", "--prompt", "hi"],
+        "/no/\\x1b[31mred",
+    ),  # fmt: skip  (shown escaped, never raw)
     option_case("bench-quick-fit", ["bench", "--quick", "--fit", "/no/such/fit"], "--fit"),
     # ---- issue 45: a draft depth without speculation drafted nothing, without a word
     option_case(
@@ -874,7 +908,9 @@ CASES: list[Bad] = [
         ["serve", "--speculate", "off", "--draft-depth", "2"],
         "--draft-depth 2",
     ),
-    model_option_case("bench-fit-missing", ["bench", "--fit", "/no/such/fit"], "--fit /no/such/fit"),
+    model_option_case(
+        "bench-fit-missing", ["bench", "--fit", "/no/such/fit"], "--fit /no/such/fit"
+    ),
     # ---- warm resume (experts.json) and @file attachments (issue 34)
     experts_case(
         "experts-version-true", '"version": true', EXPERTS | {"version": True}, "version True"
@@ -889,6 +925,20 @@ CASES: list[Bad] = [
     ),  # fmt: skip
     Bad("conv-huge", "conversation.json of 300 MiB (sparse)", _huge_conv),
     Bad("config-huge", "config.toml of 2 MiB (sparse)", _huge_config),
+    # issue 45: what a page or a hostile name sends a keyless loopback server (the server's
+    # own checks; tests/server/test_server_surfaces.py sends each to a real one)
+    request_case("serve-host-lookalike", {"host": "127.0.0.1.evil.example"}, "127.0.0.1.evil"),
+    request_case("serve-host-bracket", {"host": "[::1].evil"}, "[::1].evil"),
+    request_case("serve-host-rebinding", {"host": "evil.example:8080"}, "--allowed-hosts"),
+    request_case("serve-origin-null", {"origin": "null"}, "Origin 'null'"),
+    request_case("serve-origin-port", {"origin": "http://localhost:3000"}, "localhost:3000"),
+    request_case("serve-referer", {"referer": "https://evil.example/page"}, "Referer"),
+    request_case(
+        "serve-form-body",
+        {"content-type": "application/x-www-form-urlencoded"},
+        "Content-Type: application/json",
+    ),
+    request_case("serve-no-type", {}, "Content-Type: application/json"),
 ]
 
 
