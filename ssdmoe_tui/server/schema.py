@@ -354,6 +354,40 @@ COMPLETION_FIELDS = _OURS | _NO_EFFECT | _EXTRAS | _SAMPLING | {
 }  # fmt: skip
 
 
+# What each field accepted without changing the output must be (JSON's type, in words):
+# `"metadata": "x"`, `"user": 5` or `"store": "no"` are a client's mistakes, answered as
+# a 400 naming the field (they were taken without a word; a Response echoed the "x").
+_NO_EFFECT_TYPES: dict[str, tuple[type, str]] = {
+    "user": (str, "a string"), "metadata": (dict, "an object"),
+    "store": (bool, "true or false"), "service_tier": (str, "a string"),
+    "parallel_tool_calls": (bool, "true or false"), "prompt_cache_key": (str, "a string"),
+    "safety_identifier": (str, "a string"), "include": (list, "a list of strings"),
+    "truncation": (str, "'auto' or 'disabled'"),
+}  # fmt: skip
+
+
+def check_no_effect(body: dict, known: frozenset[str]) -> None:
+    """The fields of `known` (the API's) that change nothing still have their types."""
+    for name, (kind, words) in _NO_EFFECT_TYPES.items():
+        v = body.get(name)
+        if v is None or name not in known:
+            continue
+        wrong = not isinstance(v, kind)
+        if name == "include":
+            wrong = wrong or not all(isinstance(x, str) for x in v)
+        if name == "truncation":
+            wrong = wrong or v not in ("auto", "disabled")
+        if wrong:
+            raise bad_request(f"'{name}' must be {words}, not {_json_shown(v)}", name)
+
+
+def _json_shown(value: Any) -> str:
+    """A value as the client wrote it, cut to 40 characters."""
+    from ssdmoe_tui.errors import printable
+
+    return printable(json.dumps(value, ensure_ascii=False)[:200], 40)
+
+
 def unknown_fields(body: Any, known: frozenset[str]) -> list[str]:
     """One warning naming the request's top-level fields that `known` (its API's) lacks,
     which nothing reads; none when there are none."""
@@ -528,6 +562,7 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
     body = _obj(body)
     _, k_suffix = split_model(body.get("model"), served_model)
     _refuse_unsupported(body, chat=True)
+    check_no_effect(body, CHAT_FIELDS)
     stream, include = _stream(body)
     k = _ext_k(body)
     return ChatRequest(
@@ -550,6 +585,7 @@ def parse_completion(body: Any, served_model: str) -> CompletionRequest:
     body = _obj(body)
     _, k_suffix = split_model(body.get("model"), served_model)
     _refuse_unsupported(body, chat=False)
+    check_no_effect(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

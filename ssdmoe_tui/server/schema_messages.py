@@ -31,6 +31,7 @@ from ssdmoe_tui.server.schema import (
     _obj,
     _template_kwargs,
     check_nesting,
+    check_no_effect,
     merge_leading_system,
     split_model,
     tool_list,
@@ -212,6 +213,7 @@ def parse_messages(body: Any, served_model: str, *, count_only: bool = False) ->
     body = _obj(body)
     _, k_suffix = split_model(body.get("model"), served_model)
     _refuse(body)
+    check_no_effect(body, MESSAGES_FIELDS)
     max_tokens = _int(body, "max_tokens", 1)
     if max_tokens is None and not count_only:
         raise bad_request("'max_tokens' is required", "max_tokens")

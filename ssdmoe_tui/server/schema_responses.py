@@ -31,6 +31,7 @@ from ssdmoe_tui.server.schema import (
     _seed,
     _template_kwargs,
     check_nesting,
+    check_no_effect,
     merge_leading_system,
     reasoning_kwargs,
     sampling_extras,
@@ -230,6 +231,7 @@ def parse_responses(body: Any, served_model: str) -> ResponsesRequest:
     body = _obj(body)
     _, k_suffix = split_model(body.get("model"), served_model)
     _refuse(body)
+    check_no_effect(body, RESPONSES_FIELDS)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise bad_request("'instructions' must be a string", "instructions")

@@ -242,3 +242,43 @@ def test_a_request_cancelled_during_its_chunked_join(srv):
         state.settings = settings
     assert _free(srv)
     assert _alone(srv, "After the cancel: hello.", 3)
+
+
+BODIES = {
+    "/v1/chat/completions": lambda m: {"model": m, "max_tokens": 1,
+                                       "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": lambda m: {"model": m, "max_tokens": 1, "prompt": "hi"},
+    "/v1/messages": lambda m: {"model": m, "max_tokens": 1,
+                               "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": lambda m: {"model": m, "max_output_tokens": 1, "input": "hi"},
+}  # fmt: skip
+WRONG = [("metadata", "x"), ("user", 5), ("store", "no"), ("service_tier", 3),
+         ("parallel_tool_calls", "x"), ("include", [1]), ("truncation", "cut")]  # fmt: skip
+RIGHT = [("metadata", {"a": "b"}), ("user", "u-1"), ("store", False), ("service_tier", "auto"),
+         ("parallel_tool_calls", True), ("include", ["reasoning.encrypted_content"]),
+         ("truncation", "disabled")]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_fields_that_change_nothing_still_have_their_types(srv, path):
+    """`"metadata": "x"` or `"user": 5` was a 200 without a word (a Response echoed the
+    "x"): now a 400 naming the field, on each API that has the field; right values pass."""
+    from ssdmoe_tui.server.schema import CHAT_FIELDS, COMPLETION_FIELDS
+    from ssdmoe_tui.server.schema_messages import MESSAGES_FIELDS
+    from ssdmoe_tui.server.schema_responses import RESPONSES_FIELDS
+
+    known = {"/v1/chat/completions": CHAT_FIELDS, "/v1/completions": COMPLETION_FIELDS,
+             "/v1/messages": MESSAGES_FIELDS, "/v1/responses": RESPONSES_FIELDS}[path]  # fmt: skip
+    tried = 0
+    for (name, bad), (_, good) in zip(WRONG, RIGHT, strict=True):
+        if name not in known:
+            continue
+        tried += 1
+        r = httpx.post(srv.url + path, json=BODIES[path](srv.model) | {name: bad}, timeout=TIMEOUT)
+        assert r.status_code == 400, (path, name, r.text)
+        message = r.text
+        assert f"'{name}' must be" in message and "\\n" not in message, message
+        r = httpx.post(srv.url + path, json=BODIES[path](srv.model) | {name: good}, timeout=TIMEOUT)
+        assert r.status_code == 200, (path, name, r.text)
+        assert name not in r.headers.get("x-ssdmoe-warning", ""), r.headers
+    assert tried >= 2
