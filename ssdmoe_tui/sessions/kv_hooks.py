@@ -54,16 +54,17 @@ class SessionKV(CheckpointHooks):
         def skip(reason: str) -> None:
             self.skipped.append(reason)
 
+        got: tuple[list, int] | None = None
         try:
             shape = CacheShape.of_info(info)
-            cache, n = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip, shape=shape)
+            got = load_checkpoint(folder, tokens, info.fingerprint, on_skip=skip, shape=shape)
         except NoCheckpoint:
-            return None
+            pass  # none applies; a FIFO or link named like one is still said below
         finally:
             self.last_load_s = time.perf_counter() - start
-        for reason in self.skipped:  # an older checkpoint served; say what was passed over
+        for reason in self.skipped:  # what was passed over (an older one may have served)
             self._tell(f"checkpoint ignored: {reason}")
-        return cache, n
+        return got
 
     def covers(self, session_id: str, tokens: Sequence[int], info: Any) -> int:
         """How many tokens `load` would serve (headers only: no tensors read)."""

@@ -88,6 +88,31 @@ def test_a_save_with_nowhere_to_go_writes_nothing(side, tmp_path):
     assert side.hooks.load(side.unknown(), TOKENS + [40], info) is None
 
 
+def test_a_special_file_named_like_a_checkpoint_is_said_and_never_opened(side, tmp_path):
+    """A FIFO (which would block a reader) or a link to /dev/zero where a checkpoint
+    belongs: skipped with a notice naming it, beside a good checkpoint and alone."""
+    import os
+
+    info = Info("fp-qwen3_moe", False)
+    sid = side.attach(TOKENS[:12])
+    side.hooks.save(sid, TOKENS[:12], filled_cache("qwen3_moe", TOKENS[:12]), info)
+    (folder,) = {ck.path.parent for f in (tmp_path / "kv").rglob("*") if f.is_dir()
+                 for ck in list_checkpoints(f)}  # fmt: skip
+    os.mkfifo(folder / "kv-00000020.safetensors")
+    (folder / "kv-00000016.safetensors").symlink_to("/dev/zero")
+    got = side.hooks.load(sid, TOKENS + [40], info)
+    assert got is not None and got[1] == 12  # the good one served
+    said = " | ".join(side.notices)
+    assert "kv-00000020.safetensors: a FIFO (named pipe), not a regular file" in said, said
+    assert "kv-00000016.safetensors: a character device" in said and "/dev/zero" in said, said
+    for ck in list_checkpoints(folder):
+        ck.path.unlink()  # the special files alone
+    side.notices.clear()
+    assert side.hooks.load(sid, TOKENS + [41], info) is None
+    if isinstance(side.hooks, SessionKV):  # the server said each once already
+        assert any("a FIFO" in n for n in side.notices), side.notices
+
+
 def test_another_models_checkpoint_is_not_used(side):
     sid = side.attach(TOKENS)
     side.hooks.save(sid, TOKENS, filled_cache("qwen3_moe", TOKENS), Info("fp-a", False))
