@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from tests.helpers.serve_process import start_server, stop
 from tests.helpers.texts import SYSTEM
@@ -71,7 +72,17 @@ def _kill_during_streams(served, name: str, chats: list[list[dict]], delay: floa
 
 
 def test_kill_9_during_four_streams_then_a_restart_reuses_the_checkpoints(checkpoints, tmp_path):
-    model = checkpoints("qwen3_moe")
+    _kill_loop(checkpoints("qwen3_moe"), tmp_path, (0.0, 0.3, 1.0))
+
+
+@pytest.mark.slow
+def test_twenty_kills_lose_nothing(checkpoints, tmp_path):
+    """Issue 45's done-when: twenty kill -9 runs over the batched server, at moments
+    spread over a second and a half of four streams."""
+    _kill_loop(checkpoints("qwen3_moe"), tmp_path, tuple(i * 0.075 for i in range(20)))
+
+
+def _kill_loop(model: Path, tmp_path: Path, delays: tuple[float, ...]) -> None:
     log = tmp_path / "serve.log"
     served = start_server(model, tmp_path, args=ARGS, stderr=log)
     chats, first, outcomes = [], [], []
@@ -86,7 +97,7 @@ def test_kill_9_during_four_streams_then_a_restart_reuses_the_checkpoints(checkp
                          {"role": "user", "content": "Go on."}]  # fmt: skip
             chats.append(messages)
             first.append(r.usage)
-        for delay in (0.0, 0.3, 1.0):
+        for delay in delays:
             outcomes.append(_kill_during_streams(served, name, chats, delay))
             assert len(outcomes[-1]) == 4, outcomes
             served = start_server(model, tmp_path, args=ARGS, stderr=log)
@@ -102,5 +113,7 @@ def test_kill_9_during_four_streams_then_a_restart_reuses_the_checkpoints(checkp
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
     assert "ignored" not in text, [ln for ln in text.splitlines() if "ignored" in ln]
-    print(f"3 kills -9 during 4 streams ({outcomes}); after each restart every second turn "
-          f"reused >= its first prompt ({[u.prompt_tokens for u in first]} tokens) from disk")  # fmt: skip
+    ended = sum(o.count("ended") for o in outcomes)
+    print(f"{len(delays)} kills -9 during 4 streams ({ended} of {4 * len(delays)} streams ended "
+          f"before the kill); after each restart every second turn reused >= its first prompt "
+          f"({[u.prompt_tokens for u in first]} tokens) from disk")  # fmt: skip
