@@ -407,6 +407,17 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, _bool(_field_object(body, "stream_options"), "include_usage")
 
 
+def part_text(part: dict, at: str, param: str) -> str:
+    """A text part's or block's `text`, which must be a string: `{"type": "text", "text":
+    5}` was taken as "5" (chat), or called a part of a type not supported (the others)."""
+    text = part.get("text")
+    if not isinstance(text, str):
+        shown = "missing" if text is None else f"not {_json_shown(text)}"
+        raise bad_request(f"{at}: a {part.get('type')} part's 'text' must be a string, {shown}",
+                          param)  # fmt: skip
+    return text
+
+
 def _text(content: Any, where: str) -> str:
     if content is None:
         return ""
@@ -414,13 +425,13 @@ def _text(content: Any, where: str) -> str:
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
+        for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise bad_request(
                     f"{where}: content part {kind!r} is not supported (text only)", where
                 )
-            parts.append(str(part.get("text", "")))
+            parts.append(part_text(part, f"{where}.content[{j}]", where))
         return "".join(parts)
     raise bad_request(f"{where}: 'content' must be a string or a list of text parts", where)
 

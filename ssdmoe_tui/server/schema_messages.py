@@ -33,6 +33,7 @@ from ssdmoe_tui.server.schema import (
     check_nesting,
     check_no_effect,
     merge_leading_system,
+    part_text,
     split_model,
     tool_list,
 )
@@ -71,10 +72,10 @@ def _text_of(content: Any, where: str) -> str:
         return ""
     out = []
     for j, b in enumerate(_blocks(content, where)):
-        if b["type"] != "text" or not isinstance(b.get("text"), str):
+        if b["type"] != "text":
             raise bad_request(f"{where}.content[{j}]: block {b['type']!r} is not supported "
                               "(text only)", "messages")  # fmt: skip
-        out.append(b["text"])
+        out.append(part_text(b, f"{where}.content[{j}]", "messages"))
     return "".join(out)
 
 
@@ -102,12 +103,13 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
             kind = b["type"]
             at = f"{where}.content[{j}]"
             if kind == "text":
-                if not isinstance(b.get("text"), str):
-                    raise bad_request(f"{at}: a text block needs 'text'", "messages")
-                text.append(b["text"])
+                text.append(part_text(b, at, "messages"))
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise bad_request(f"{at}: a tool_use block needs 'id' and 'name'", "messages")
+                if not isinstance(b.get("input"), (dict, type(None))):
+                    raise bad_request(f"{at}: a tool_use block's 'input' must be an object",
+                                      "messages")  # fmt: skip
                 args = json.dumps(b.get("input") or {}, ensure_ascii=False)
                 calls.append(ToolCall(b["id"], b["name"], args))
             elif kind == "tool_result" and role == "user":

@@ -33,6 +33,7 @@ from ssdmoe_tui.server.schema import (
     check_nesting,
     check_no_effect,
     merge_leading_system,
+    part_text,
     reasoning_kwargs,
     sampling_extras,
     split_model,
@@ -87,12 +88,12 @@ def _content(content: Any, where: str) -> str:
         out = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            if kind not in _PART_TYPES or not isinstance(part.get("text"), str):
+            if kind not in _PART_TYPES:
                 raise bad_request(
                     f"{where}.content[{j}]: content part {kind!r} is not supported (text only)",
                     "input",
                 )
-            out.append(part["text"])
+            out.append(part_text(part, f"{where}.content[{j}]", "input"))
         return "".join(out)
     raise bad_request(f"{where}.content must be a string or a list of text parts", "input")
 

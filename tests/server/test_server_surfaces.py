@@ -282,3 +282,43 @@ def test_fields_that_change_nothing_still_have_their_types(srv, path):
         assert r.status_code == 200, (path, name, r.text)
         assert name not in r.headers.get("x-ssdmoe-warning", ""), r.headers
     assert tried >= 2
+
+
+TEXT_PARTS = [
+    ("/v1/chat/completions", {"messages": [{"role": "user",
+                                            "content": [{"type": "text", "text": 5}]}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}],
+                      "system": [{"type": "text", "text": ["x"]}]}),
+    ("/v1/responses", {"input": [{"role": "user",
+                                  "content": [{"type": "input_text", "text": 5}]}]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "extra"), TEXT_PARTS)
+def test_a_text_part_whose_text_is_no_string_is_named_as_such(srv, path, extra):
+    """A text part with `"text": 5` was taken as "5" (chat) or called a part of a type
+    not supported (messages' system, responses): now one line saying what is wrong."""
+    body = BODIES[path](srv.model) | extra
+    r = httpx.post(srv.url + path, json=body, timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "part's 'text' must be a string" in message and "not supported" not in message, message
+
+
+def test_a_tool_use_input_that_is_no_object_is_refused(srv):
+    """Anthropic's `tool_use.input` is an object: `"input": "x"` was sent on as the call's
+    arguments `"x"` without a word."""
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                                   "input": "notobj"}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                              "content": "sunny"}]}]  # fmt: skip
+    body = BODIES["/v1/messages"](srv.model) | {"messages": messages}
+    r = httpx.post(srv.url + "/v1/messages", json=body, timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    assert "'input' must be an object" in r.json()["error"]["message"]
+    messages[1]["content"][0]["input"] = {"city": "Paris"}
+    r = httpx.post(srv.url + "/v1/messages", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
