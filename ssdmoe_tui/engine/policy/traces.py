@@ -261,7 +261,11 @@ def read_trace(path: str | Path) -> Trace:
     try:
         with _open_text(path, "r") as f:
             first = f.readline()
-    except (OSError, UnicodeDecodeError, EOFError) as e:
+    except UnicodeDecodeError as e:  # Python's codec text names bytes, not the problem
+        raise BadValueError(
+            f"cannot read trace {path}: not UTF-8 text (byte {e.start} of its first line)"
+        ) from None
+    except (OSError, EOFError) as e:
         raise BadValueError(f"cannot read trace {path}: {e}") from None
     try:
         head = json.loads(first)
@@ -279,12 +283,19 @@ def read_trace(path: str | Path) -> Trace:
         ):
             return _read_jsonl(path)
     except (OSError, UnicodeDecodeError, EOFError, RecursionError) as e:
-        why = _why(e) if isinstance(e, OSError) else type(e).__name__
+        why = _why(e) if isinstance(e, OSError) else _NOT_OS.get(type(e), type(e).__name__)
         raise BadValueError(f"cannot read trace {path}: {why}") from None
     raise BadValueError(
         f"unrecognised trace format: {path} (expected an ssdmoe trace, a route_trace v1 CSV, "
         f"a vLLM moe_routes.jsonl or {JSONL_FORMAT} lines)"
     )
+
+
+_NOT_OS = {
+    UnicodeDecodeError: "not UTF-8 text",
+    EOFError: "cut short (a compressed trace that ends early)",
+    RecursionError: "nested too deeply",
+}
 
 
 def _bad(path: Path, lineno: int | str, why: str) -> BadValueError:
