@@ -205,14 +205,24 @@ class ToolServers:
 
     def start(self, names: list[str] | None = None) -> list[str]:
         """Start the enabled servers not running yet (`names`: only those) and wait, each
-        up to its startup timeout; returns one line per server that failed. Blocking:
+        up to its startup timeout; returns one line per server that failed (one line in
+        all when the `mcp` package is missing: each server shows why in F10). Blocking:
         call it off the UI thread."""
-        require_sdk()
-        loop = self._ensure_loop()
         todo = [
             s for n, s in self.servers.items()
             if s.state in ("stopped", "failed") and (names is None or n in names)
         ]  # fmt: skip
+        try:
+            require_sdk()
+        except ToolsUnavailable as e:
+            for s in todo:
+                s.state, s.error = (
+                    "failed",
+                    "needs the mcp package: pip install 'ssdmoe-tui[tools]'",
+                )
+            self._changed()
+            return [str(e)] if todo else []
+        loop = self._ensure_loop()
         futures = []
         for s in todo:
             s.state, s.error = "starting", ""

@@ -14,7 +14,6 @@ from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.tools.calls import ToolCall
 from ssdmoe_tui.tools.loop import DENY, ONCE
-from ssdmoe_tui.tools.servers import ToolsUnavailable
 from ssdmoe_tui.ui.screens.tool_approval import STOP, ToolApprovalScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 
@@ -28,10 +27,7 @@ async def ensure_servers(pane: Any) -> None:
     if loop is None or not loop.servers.pending():
         return
     pane.notify("Starting MCP servers…", timeout=3)
-    try:
-        failed = await asyncio.to_thread(loop.servers.start)
-    except ToolsUnavailable as e:
-        failed = [str(e)]
+    failed = await asyncio.to_thread(loop.servers.start)
     for line in failed:
         pane.notify(line, severity="error", markup=False, timeout=10)
 
@@ -46,11 +42,7 @@ def start_at_launch(app: Any) -> None:
         return
 
     def start() -> None:
-        try:
-            failed = loop.servers.start(names)
-        except ToolsUnavailable as e:
-            failed = [str(e)]
-        for line in failed:
+        for line in loop.servers.start(names):
             app.call_from_thread(app.notify, line, severity="error", markup=False, timeout=10)
 
     app.run_worker(start, thread=True, group="mcp-start", exit_on_error=False)

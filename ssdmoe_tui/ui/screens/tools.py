@@ -77,7 +77,7 @@ class ToolsScreen(ModalScreen[None]):
         assert self.servers is not None
         return [n for n, s in self.servers.servers.items() if s.state == "failed"]
 
-    @work(thread=True, exclusive=True)
+    @work(thread=True, exclusive=True, exit_on_error=False)
     def _start(self) -> None:
         assert self.servers is not None
         for line in self.servers.start():
