@@ -18,7 +18,7 @@ from typing import Any
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.errors import printable
-from ssdmoe_tui.mcp_config import McpServer, check_mcp_servers
+from ssdmoe_tui.mcp_config import McpServer, read_mcp_servers
 from ssdmoe_tui.options import CacheBudget, SamplingOptions, parse_temp, parse_top_p
 from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
 
@@ -32,7 +32,33 @@ DEFAULT_THEME = "ssdmoe-dark"
 
 # ---------------------------------------------------------------- value checks
 # Each takes what TOML (or the app) gave and returns the typed value, or raises
-# ValueError with what was expected (the caller names the file and key).
+# ValueError with what was expected (the caller names the file and key). A table's check
+# (keymap, mcp_servers) returns `Kept`: its good entries, and one line per entry it left
+# out, so one bad entry costs only itself.
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a table's check kept, and one line per entry it dropped or key it ignored
+    (the loader names the file before each)."""
+
+    value: Any
+    problems: tuple[str, ...] = ()
+
+
+# A key named like this holds a secret: its value is never quoted in a warning.
+_SECRET = re.compile(
+    r"(token(?!s)|secret|passw|api_?key|(^|[_.-])key($|[_.-])|auth|credential)", re.I
+)
+
+
+def shown_value(key: str, value: object) -> str | None:
+    """`value` as a warning may quote it (one short line), or None when it must not be
+    quoted: a table (it may hold `env` values, headers), anything given as mcp_servers,
+    or a key named like a secret."""
+    if isinstance(value, dict) or key == "mcp_servers" or _SECRET.search(key):
+        return None
+    return printable(repr(value), 60)
 
 
 def _text(value: object) -> str:
@@ -94,29 +120,39 @@ def _number(parse: Callable[[float], float]) -> Callable[[object], float]:
 
 # One key as Textual names it: modifiers, then a key name (`ctrl+shift+f5`, `escape`,
 # `question_mark`) or one printable character (`?`).
-_KEY = re.compile(r"(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z][a-z0-9_]{0,30}|[0-9]|[^\s,])")
+_KEY = re.compile(
+    r"(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z][a-z0-9_]{0,30}|[0-9]|[^\s,])"
+)
 MAX_KEYMAP = 200  # entries: there are fewer bindings than this
 
 
-def _keymap(value: object) -> dict[str, str]:
-    ok = isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in value.items()
-    )
-    if not ok:
+def _keymap(value: object) -> Kept:
+    """The `[keymap]` table: each entry that is no key list is one line and left out;
+    the others are kept."""
+    if not isinstance(value, dict):
         raise ValueError('expected id = "keys" pairs')
-    if len(value) > MAX_KEYMAP:  # type: ignore[arg-type]
-        raise ValueError(f"{len(value):,} entries, more than {MAX_KEYMAP}")  # type: ignore[arg-type]
-    for k, v in value.items():  # type: ignore[union-attr]
-        keys = [p.strip() for p in v.split(",")]
-        bad = next((p for p in keys if not _KEY.fullmatch(p)), None) if len(v) <= 200 else v
-        if len(k) > 100 or bad is not None:
-            shown = printable(bad if bad is not None else k, 40)
-            raise ValueError(
-                f"{printable(k, 40)!r} = {shown!r} is not a key list (e.g. \"ctrl+s\", \"f5,escape\")"
-            )
-    return dict(value)  # type: ignore[arg-type]
+    if len(value) > MAX_KEYMAP:
+        raise ValueError(f"{len(value):,} entries, more than {MAX_KEYMAP}")
+    kept, problems = {}, []
+    for k, v in value.items():
+        keys = [p.strip() for p in v.split(",")] if isinstance(v, str) and len(v) <= 200 else []
+        bad = next((p for p in keys if not _KEY.fullmatch(p)), None)
+        if len(k) <= 100 and keys and bad is None:
+            kept[k] = v
+            continue
+        shown = printable(bad if bad is not None else str(v), 40)
+        problems.append(
+            f"[keymap] {printable(k, 40)!r} = {shown!r} is not a key list "
+            '(e.g. "ctrl+s", "f5,escape"); that entry is ignored'
+        )
+    return Kept(kept, tuple(problems))
     # Which ids exist and which keys clash is the app's to say (ui.actions.keys), with
     # the file named: this layer does not know the bindings.
+
+
+def _mcp_servers(value: object) -> Kept:
+    servers, problems = read_mcp_servers(value)
+    return Kept(servers, tuple(problems))
 
 
 def setting(default: Any, check: Callable[[object], Any], example: str, doc: str) -> Any:
@@ -151,7 +187,7 @@ class Config:
         8, lambda v: _positive_int(v, 100), "8", "tool calls the model may chain in one reply"
     )
     mcp_servers: dict[str, McpServer] = setting(
-        {}, check_mcp_servers, "", "MCP servers whose tools the model may call (F7 lists them)"
+        {}, _mcp_servers, "", "MCP servers whose tools the model may call (F10 lists them)"
     )
 
 
@@ -186,7 +222,8 @@ def check_value(name: str, value: object) -> Any:
     """The typed value of one key, or ValueError saying what was expected."""
     for f in fields(Config):
         if f.name == name:
-            return f.metadata["check"](value)
+            checked = f.metadata["check"](value)
+            return checked.value if isinstance(checked, Kept) else checked
     raise KeyError(name)
 
 
@@ -295,11 +332,16 @@ def load_config(path: Path | None = None) -> LoadedConfig:
             continue
         value = data[f.name]
         try:
-            values[f.name] = f.metadata["check"](value)
+            checked = f.metadata["check"](value)
         except ValueError as e:
-            shown = repr(value)  # a long value is cut: the warning stays one short line
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            warnings.append(f"{path}: {f.name} = {shown} is not valid ({e})")
+            shown = shown_value(f.name, value)  # cut: the warning stays one short line
+            named = f.name if shown is None else f"{f.name} = {shown}"
+            warnings.append(f"{path}: {named} is not valid ({e})")
+            continue
+        if isinstance(checked, Kept):
+            warnings += [f"{path}: {line}" for line in checked.problems]
+            checked = checked.value
+        values[f.name] = checked
     return LoadedConfig(replace(Config(), **values), path, tuple(warnings))
 
 

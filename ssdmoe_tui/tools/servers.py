@@ -263,10 +263,12 @@ class ToolServers:
         errlog = None
         try:
             if c.url:
-                target: Any = c.url
+                headers = c.headers()  # ValueError names a variable that is not set
+                target: Any = _with_headers(c.url, headers) if headers else c.url
             else:
+                env = c.environment()
                 target = StdioServerParameters(
-                    command=c.command, args=list(c.args), env=dict(c.env) or None, cwd=c.cwd or None
+                    command=c.command, args=list(c.args), env=env or None, cwd=c.cwd or None
                 )
             errlog = self._errlog(c)
             kwargs: dict[str, Any] = {"read_timeout_seconds": c.startup_timeout}
@@ -429,6 +431,26 @@ def _with_errlog(params: Any, errlog: StderrLog) -> Any:
         async with stdio_client(params, errlog=errlog.writer) as streams:
             errlog.spawned()  # the server holds the pipe now: its end ends the log's copy
             yield streams
+
+    return transport()
+
+
+def _with_headers(url: str, headers: dict[str, str]) -> Any:
+    """A streamable HTTP transport that sends `headers` (a bearer token, the config's
+    http_headers) with every request: the SDK's client over an HTTP client made with
+    them, as its docs say to configure headers (the SDK's own timeouts: 30 s, a stream's
+    read 300 s)."""
+    from contextlib import asynccontextmanager
+
+    import httpx2  # the mcp SDK's HTTP client
+    from mcp.client.streamable_http import streamable_http_client
+
+    @asynccontextmanager
+    async def transport():  # noqa: ANN202 - the SDK's Transport shape
+        timeout = httpx2.Timeout(30.0, read=300.0)
+        async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+            async with streamable_http_client(url, http_client=http) as streams:
+                yield streams
 
     return transport()
 

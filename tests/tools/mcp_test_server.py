@@ -6,7 +6,9 @@
 Tools: `get_weather(city)` (a fixed forecast), `slow(seconds)` (sleeps: timeouts),
 `fail()` (raises: an error result), `secret()` (left out by allow-lists in tests),
 `mark(path)` (writes the file: whether a call reached the server); with SHOUT set,
-`shout(mib)` (floods stderr).
+`shout(mib)` (floods stderr); over HTTP also `whoami()` (the Authorization header the
+request carried: a configured bearer token; not over stdio, so the scripted model's
+prompt keeps the tools it was made for).
 With PID_FILE set, the server writes its process id there (orphan checks); with
 HOSTILE set, `get_weather` answers HOSTILE_FORECAST, which holds terminal escapes
 (HOSTILE=error: it fails with that text).
@@ -18,7 +20,7 @@ import os
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 FORECAST = "Paris: 21 C, sunny"
@@ -78,6 +80,13 @@ if os.environ.get("SHOUT"):  # only there: the other tests see the same tools as
     server.tool()(shout)
 
 
+def whoami(ctx: Context) -> str:
+    """The Authorization header of the request (over HTTP; none over stdio)."""
+    request = ctx.request_context.request
+    headers = getattr(request, "headers", None) or {}
+    return headers.get("authorization", "none")
+
+
 @server.tool()
 def secret() -> str:
     """Not for the model."""
@@ -89,6 +98,7 @@ def main() -> None:
         with open(pid_file, "w") as f:
             f.write(str(os.getpid()))
     if sys.argv[1] == "http":
+        server.tool()(whoami)
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run("stdio")

@@ -4,9 +4,14 @@ server (tests/tools/mcp_test_server.py, the official SDK) where a server is need
 
 from __future__ import annotations
 
+import json
 import sys
 
+import pytest
+
+from ssdmoe_tui.config import config_path, ensure_config_file, load_config
 from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.tools.servers import ToolServers
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from tests.helpers.mcp_servers import stdio_server
@@ -33,3 +38,143 @@ async def test_m1_f10_then_s_without_the_tools_extra_says_how_to_get_it(monkeypa
         assert "failed: needs the mcp package: pip install" in screen_text(app)
         await pilot.press("escape")
     assert app.return_code in (0, None)
+
+
+TOKEN = "sk-test-0123456789abcdef"  # an env value and a bearer token: never in a warning
+
+
+def codex_config(path, url: str) -> None:
+    """config.toml with tables as a Codex user copies them: one with Codex's HTTP keys
+    and a key this app does not know, one with a bad value beside a secret, one good."""
+    local = stdio_server()
+    path.write_text(
+        f"""
+[mcp_servers.web]
+url = "{url}"
+bearer_token_env_var = "SSDMOE_TEST_MCP_TOKEN"
+startup_timeout_ms = 20000
+tool_timeout_sec = 30
+required = true
+colour = "blue"
+
+[mcp_servers.broken]
+command = "npx"
+env = {{ "API_TOKEN" = "{TOKEN}" }}
+timeout = "soon"
+
+[mcp_servers.local]
+command = {json.dumps(local["command"])}
+args = {json.dumps(local["args"])}
+cwd = {json.dumps(local["cwd"])}
+"""
+    )
+
+
+def test_m2_a_bad_table_drops_its_server_only_and_no_warning_quotes_a_value(
+    tmp_path, http_server, monkeypatch
+):
+    path = tmp_path / "config.toml"
+    codex_config(path, http_server)
+    loaded = load_config(path)
+    servers = loaded.config.mcp_servers
+    assert list(servers) == ["web", "local"]  # broken is left out, the others kept
+    web = servers["web"]
+    assert (web.bearer_token_env_var, web.startup_timeout, web.timeout) == (
+        "SSDMOE_TEST_MCP_TOKEN",
+        20.0,
+        30.0,
+    )
+    assert loaded.warnings == (
+        f"{path}: [mcp_servers] web: unknown key 'colour' ignored",
+        f"{path}: [mcp_servers] web: a Codex key this app does not use 'required' ignored",
+        f"{path}: [mcp_servers] broken.timeout must be a number of seconds; "
+        "server 'broken' not started",
+    )
+    # the token is read when the server starts and sent as Codex sends it
+    monkeypatch.setenv("SSDMOE_TEST_MCP_TOKEN", TOKEN)
+    tools = ToolServers(servers)
+    try:
+        assert tools.start(["web"]) == []
+        assert tools.call("whoami", {}).text == f"Bearer {TOKEN}"
+    finally:
+        tools.close()
+
+
+def test_m2_an_unset_token_variable_fails_its_server_by_name(tmp_path, http_server, monkeypatch):
+    monkeypatch.delenv("SSDMOE_TEST_MCP_TOKEN", raising=False)
+    path = tmp_path / "config.toml"
+    codex_config(path, http_server)
+    tools = ToolServers(load_config(path).config.mcp_servers)
+    try:
+        assert tools.start(["web"]) == [
+            "MCP server web: bearer_token_env_var names $SSDMOE_TEST_MCP_TOKEN, which is not set"
+        ]
+    finally:
+        tools.close()
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        f'[mcp_servers.s]\ncommand = "x"\nenv = {{ "GITHUB_TOKEN" = 5, "K" = "{TOKEN}" }}\n',
+        f'[mcp_servers.s]\nurl = "http://h/mcp?api_key={TOKEN}"\nargs = ["{TOKEN}"]\n',
+        f'[mcp_servers.s]\nurl = "ftp://h/{TOKEN}"\n',
+        f'[mcp_servers.s]\nurl = "http://h/mcp"\nhttp_headers = {{ "X-Key" = 1, "A" = "{TOKEN}" }}\n',
+        f'mcp_servers = "{TOKEN}"\n',
+        f'[mcp_servers]\ns = "{TOKEN}"\n',
+        f'api_key = "{TOKEN}"\n',
+    ],
+)
+def test_m2_issue45_a_config_warning_never_quotes_a_secret(tmp_path, table):
+    path = tmp_path / "config.toml"
+    path.write_text(table)
+    loaded = load_config(path)
+    assert len(loaded.warnings) == 1, loaded.warnings
+    (line,) = loaded.warnings
+    assert str(path) in line and "\n" not in line
+    assert TOKEN[:6] not in line and "{" not in line, line
+
+
+async def test_m2_the_app_says_each_problem_in_one_line_and_f10_lists_the_good_servers(
+    tmp_path, http_server, monkeypatch
+):
+    monkeypatch.setenv("SSDMOE_TEST_MCP_TOKEN", TOKEN)
+    path = tmp_path / "config.toml"
+    codex_config(path, http_server)
+    loaded = load_config(path)
+    settings = ChatSettings(
+        mcp_servers=loaded.config.mcp_servers, config=loaded, warnings=loaded.warnings
+    )
+    app = SsdmoeApp(settings, engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        said = [n.message for n in app._notifications if n.severity == "warning"]
+        assert said == list(loaded.warnings)
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
+        await pilot.press("s")
+        servers = app.chat.tools.servers.servers
+        await wait_until(
+            pilot,
+            lambda: all(s.state == "running" for s in servers.values()),
+            60,
+            "both servers running",
+        )
+        await pilot.pause(0.6)  # F10 redraws twice a second
+        shown = screen_text(app)
+        assert "No MCP servers configured" not in shown
+        assert "web" in shown and "local" in shown and "whoami" in shown
+        assert TOKEN[:6] not in shown
+        await pilot.press("escape")
+
+
+async def test_m11_the_generated_config_names_f10_for_tools_and_f10_closes_it(ssdmoe_home):
+    assert ensure_config_file() is None  # the commented template, as on a first run
+    text = config_path().read_text()
+    assert "(F10 lists them)" in text and "F7" not in text
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
+        await pilot.press("f10")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ToolsScreen), what="closed")

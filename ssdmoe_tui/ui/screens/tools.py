@@ -1,4 +1,4 @@
-"""F7: the MCP servers from config.toml, their state and their tools; `s` starts the
+"""F10: the MCP servers from config.toml, their state and their tools; `s` starts the
 ones not running."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def servers_table(servers: ToolServers) -> Table:
 
 class ToolsScreen(ModalScreen[None]):
     BINDINGS = [
-        Binding("escape,f7,q", "dismiss", "Close", id="tools.close"),
+        Binding("escape,f10,q", "dismiss", "Close", id="tools.close"),
         Binding("s", "start", "Start servers", id="tools.start"),
     ]
 
