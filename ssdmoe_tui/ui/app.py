@@ -518,21 +518,27 @@ class SsdmoeApp(App[int]):
         )
 
     async def quit_saving(self, code: int = 0) -> None:
-        """Exit with the reply in flight stopped and saved: the engine is asked to stop
-        and its answer (the conversation then keeps what arrived, or the prompt as an
-        exchange without a reply when it was still prefilling) is awaited a few seconds;
-        past that, the controller settles it with what is on screen."""
+        """Exit with the reply in flight stopped and saved (`settle_reply`)."""
         if self._quitting:
             return
         self._quitting = True
-        if self.chat.inflight is not None:
-            self.chat.stop()
-            end = time.monotonic() + QUIT_SETTLE_S
-            while self.chat.inflight is not None and time.monotonic() < end:
-                await asyncio.sleep(0.05)
-            current = self.chat_pane.current
-            self.chat.settle_unanswered(current.text if current is not None else "")
+        await self.settle_reply()
         self.exit(code)
+
+    async def settle_reply(self) -> None:
+        """Stop the reply in flight and keep it in its own conversation: the engine's
+        answer to the stop (what arrived, or the prompt as an exchange without a reply
+        when it was still prefilling) is awaited a few seconds; past that, the controller
+        settles it with what is on screen. Run from a worker, never a handler: the
+        engine's answer (ReplyDone) is handled on the app's own queue meanwhile."""
+        if self.chat.inflight is None:
+            return
+        self.chat.stop()
+        end = time.monotonic() + QUIT_SETTLE_S
+        while self.chat.inflight is not None and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        current = self.chat_pane.current
+        self.chat.settle_unanswered(current.text if current is not None else "")
 
     def _terminated(self) -> None:
         """SIGTERM (a closed session, `kill`): leave as ctrl+q does (the terminal
@@ -555,8 +561,17 @@ class SsdmoeApp(App[int]):
 
         self.push_screen(ToolsScreen(self.chat.tools.servers if self.chat.tools else None))
 
-    async def action_new_chat(self) -> None:
+    def action_new_chat(self) -> None:
+        # A worker: the reply in flight is settled first, and its end comes on the queue.
+        self.run_worker(self.new_chat(), group="new-chat", exclusive=True, exit_on_error=False)
+
+    async def new_chat(self) -> None:
+        """ctrl+n: the reply in flight (or the tool loop) is stopped and kept in its
+        conversation, as a quit keeps it (a first prompt still in its prefill is not
+        lost, and leaves no empty conversation), then a new chat starts."""
         pane = self.chat_pane
+        tools.stop(pane)
+        await self.settle_reply()
         await pane.start_over()
         self.panel.new_conversation()
         await pane.open_session(None)

@@ -313,12 +313,17 @@ async def test_new_chat_copy_keymap_panel_and_keys_screen(demo_model):
         assert not replies(app) and app.chat.history == []
 
 
-async def test_new_chat_while_streaming_drops_the_reply_and_chat_goes_on(demo_model, mid_stream):
+async def test_new_chat_while_streaming_stops_the_reply_and_chat_goes_on(demo_model, mid_stream):
+    """ctrl+n stops the reply (kept in its conversation, as a quit keeps it: issue 44 M6,
+    tests/app/test_ui_newuser44.py) and the new chat starts empty."""
     async with long_reply_streaming(demo_model) as (app, pilot):
         await tap(pilot, "ctrl+n")
-        await wait_until(pilot, lambda: app.inflight is None, what="the abandoned reply to end")
+        await wait_until(
+            pilot,
+            lambda: app.inflight is None and app.chat.history == [] and not replies(app),
+            what="the stopped reply to end and the new chat to start",
+        )
         assert app.chat.last_done.finish_reason == "cancelled"
-        assert app.chat.history == [] and not replies(app)
         app.chat.gen.max_tokens = 20  # this conversation's setting
         await send(pilot, "fresh")
         assert [m.role for m in app.chat.history] == ["user", "assistant"]

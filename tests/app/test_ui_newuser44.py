@@ -1,0 +1,66 @@
+"""What a new user met in the app (issue 44, item 5: M3, M5, M6, M8-M10, M12, M15-M17,
+N3, N21; item 6), each through the real app (Textual's pilot, the real engine on the
+demo where a model is needed, real files)."""
+
+from __future__ import annotations
+
+from ssdmoe_tui import paths
+from ssdmoe_tui.commands.chat import engine_factory
+from ssdmoe_tui.models.demo import ensure_demo_model
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.widgets.transcript import Notice
+from tests.helpers import pace
+from tests.helpers.pilot import loaded, wait_until
+
+SIZE = (120, 40)
+LONG = " ".join(f"streaming expert {i} from the disk" for i in range(220))  # ~2,900 tokens
+
+
+def demo_app(store: SessionStore, **settings) -> SsdmoeApp:
+    demo = ensure_demo_model(paths.demo_model_dir())  # the trained demo
+    return SsdmoeApp(
+        ChatSettings(model=str(demo), **settings),
+        engine_factory=engine_factory,
+        session_store=AppSessions(store),
+    )
+
+
+def slow_prefill(monkeypatch) -> None:
+    """Each prefill chunk at least 0.15 s after the last: the ~2,900-token prompt then
+    prefills for seconds on any machine, with the same tokens (tests/helpers/pace.py)."""
+    pace.floor(monkeypatch, 0.0, per_chunk_s=0.15)
+
+
+def notices(app: SsdmoeApp) -> list[str]:
+    return [str(n.render()) for n in app.query(Notice)]
+
+
+async def test_m6_ctrl_n_during_the_first_prefill_keeps_the_prompt_in_its_conversation(
+    monkeypatch,
+):
+    slow_prefill(monkeypatch)
+    store = SessionStore()
+    app = demo_app(store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        panel = app.panel
+        app.chat_pane.prompt.load_text(LONG)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: panel.phase == "prefill", 30, "the prefill")
+        first = app.chat.session_id
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: "New chat." in notices(app), 30, "the new chat")
+        assert app.chat.session_id != first and app.inflight is None
+        assert app.chat.history == [] and not app.chat_pane.transcript.messages()
+        await pilot.pause(0.5)  # nothing of the stopped prefill lands on the new chat's panel
+        shown = panel.shown
+        assert shown["context"] == "0 / 4,096", shown
+        assert shown["prefill"] == shown["decode"] == shown["kv_hit"] == "—", shown
+        assert not panel.decode_history
+    [summary] = store.list()  # the first conversation, with its prompt; no empty one
+    conv = store.get(summary.id)
+    assert conv.id == first and summary.n_turns >= 1
+    [turn] = conv.turns
+    assert turn.role == "user" and turn.text == LONG and turn.stopped
