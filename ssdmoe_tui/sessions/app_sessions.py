@@ -48,6 +48,12 @@ class AppSessions:
         self.store.mark_opened(conv.id)
         return conv.id, [shown(t) for t in conv.turns]
 
+    def model_of(self, session_id: str) -> tuple[str, str]:
+        """(name, folder) of the model the saved conversation was last written with
+        ("" for what was not saved: a conversation of an older version has no folder)."""
+        conv = self._stored(session_id)
+        return (conv.model_id, conv.model_path) if conv is not None else ("", "")
+
     def working_set(self, session_id: str, info: Any) -> Loaded:
         """The experts to warm on resuming `session_id` with the model `info` (saved with
         its KV checkpoint), or none, with one line when the saved one is not usable."""
@@ -103,18 +109,22 @@ class AppSessions:
         stored = [(t.role, t.text) for t in conv.turns]
         if stored != [(m["role"], m["content"]) for m in chat[:start]]:
             return None
-        before = (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt)
+        before = (conv.model_id, conv.fingerprint, conv.model_path, conv.tokenizer_id,
+                  conv.system_prompt)  # fmt: skip
         if conv.system_prompt != system:
             # A system prompt set mid-conversation (F9): the stored ids were made under
             # the old one, so every turn is rebuilt under the new one. The whole history
             # stays in context; only its cached prefix is lost.
             conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
+        conv.model_path = getattr(info, "path", "")
         try:
             prompt, _ = build_prompt(tokenizer, conv, chat[start:], **(template_kwargs or {}))
         except ChatFormatError:
             return None
-        if (conv.model_id, conv.fingerprint, conv.tokenizer_id, conv.system_prompt) != before:
+        after = (conv.model_id, conv.fingerprint, conv.model_path, conv.tokenizer_id,
+                 conv.system_prompt)  # fmt: skip
+        if after != before:
             conv.turns += kept
             self.store.save(conv, touch=False)
         return prompt

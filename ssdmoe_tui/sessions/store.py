@@ -240,6 +240,7 @@ class Conversation:
     updated: float = field(default_factory=time.time)
     model_id: str = ""
     fingerprint: str = ""
+    model_path: str = ""  # the folder it was loaded from: `--resume` opens it again
     system_prompt: str = ""
     turns: list[Turn] = field(default_factory=list)
     tokenizer_id: str = ""  # which tokenizer + template produced the token ids
@@ -284,6 +285,7 @@ class Conversation:
             "updated": self.updated,
             "model_id": self.model_id,
             "fingerprint": self.fingerprint,
+            "model_path": self.model_path,
             "system_prompt": self.system_prompt,
             "tokenizer_id": self.tokenizer_id,
             "turns": [asdict(t) for t in self.turns],
@@ -310,6 +312,7 @@ class Conversation:
             updated=_timestamp(d["updated"], "updated"),
             model_id=_str(d, "model_id"),
             fingerprint=_str(d, "fingerprint"),
+            model_path=_str(d, "model_path"),
             system_prompt=_str(d, "system_prompt"),
             turns=[Turn.from_dict(t) for t in turns],
             tokenizer_id=_str(d, "tokenizer_id"),

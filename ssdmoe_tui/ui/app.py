@@ -237,8 +237,13 @@ class SsdmoeApp(App[int]):
         pane.prompt.focus()
         tools.start_at_launch(self)
         await pane.open_session(self.settings.resume)
+        path = self.settings.model
         if self.settings.resume is not None and self.chat.history:
             self.panel.new_conversation(resumed=True)
+            if not self.settings.attach:
+                path, why = conversations.resume_model(self, path)
+                if why:
+                    await pane.transcript.add_notice(why)
         demo = not self.settings.model and not self.settings.attach
         if self.engine_factory is not None and demo and not self.chat.history:
             await pane.transcript.mount(Welcome())  # the demo model: say what happens
@@ -250,7 +255,7 @@ class SsdmoeApp(App[int]):
             # (seconds on a busy machine), so it happens off the UI thread, after mount.
             self.status_bar.phase = "starting the engine"
             self.run_worker(
-                self.start_local_engine(self.settings.model),
+                self.start_local_engine(path),
                 group="engine-start",
                 exit_on_error=False,
             )

@@ -4,6 +4,8 @@ demo where a model is needed, real files)."""
 
 from __future__ import annotations
 
+import shutil
+
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.models.demo import ensure_demo_model
@@ -12,7 +14,7 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.transcript import Notice
 from tests.helpers import pace
-from tests.helpers.pilot import loaded, wait_until
+from tests.helpers.pilot import loaded, send, wait_until
 
 SIZE = (120, 40)
 LONG = " ".join(f"streaming expert {i} from the disk" for i in range(220))  # ~2,900 tokens
@@ -64,3 +66,48 @@ async def test_m6_ctrl_n_during_the_first_prefill_keeps_the_prompt_in_its_conver
     assert conv.id == first and summary.n_turns >= 1
     [turn] = conv.turns
     assert turn.role == "user" and turn.text == LONG and turn.stopped
+
+
+def resume_app(store: SessionStore, **settings) -> SsdmoeApp:
+    """The app as plain `ssdmoe --resume` starts it: no model asked for."""
+    return SsdmoeApp(
+        ChatSettings(resume="", **settings),
+        engine_factory=engine_factory,
+        session_store=AppSessions(store),
+    )
+
+
+async def test_m3_plain_resume_reopens_the_conversations_own_model_or_says_why_not(tmp_path):
+    own = tmp_path / "my-model"
+    shutil.copytree(ensure_demo_model(paths.demo_model_dir()), own)
+    store = SessionStore()
+    app = SsdmoeApp(
+        ChatSettings(model=str(own), max_tokens=8, k=2),
+        engine_factory=engine_factory,
+        session_store=AppSessions(store),
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await send(pilot, "hello there")
+        conv_id = app.chat.session_id
+        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
+    assert store.get(conv_id).model_path == str(own)
+
+    app = resume_app(store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert app.chat.session_id == conv_id and app.chat.model.path == str(own)
+        assert "Reopened on this conversation's own model, my-model." in notices(app)
+        assert app.chat.gen.k == 2  # its own K, on its own model
+
+    shutil.rmtree(own)  # the folder is gone: the demo, said, at the demo's own K
+    app = resume_app(store)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        assert app.chat.model.path == str(paths.demo_model_dir())
+        said = [n for n in notices(app) if "written by my-model" in n]
+        assert said == [
+            f"This conversation was written by my-model, which is not found here ({own}): "
+            "it goes on with the demo model (F4 picks another)."
+        ]
+        assert app.chat.gen.k is None and app.chat.model.k == app.chat.model.trained_k

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from ssdmoe_tui.errors import user_message
+from ssdmoe_tui import paths
+from ssdmoe_tui.errors import printable, user_message
 from ssdmoe_tui.ui.actions.model import request_k
 from ssdmoe_tui.ui.screens.conversations import (
     ConversationOps,
@@ -63,6 +65,44 @@ async def open_conversation(app: Any, conv_id: str) -> bool:
     pane.transcript.action_pin()
     pane.prompt.focus()
     return True
+
+
+def _same_model(asked: str, name: str, folder: str) -> bool:
+    """Whether `asked` (a folder or repo id as typed) names the saved model."""
+    if not asked:  # the demo
+        return folder == str(paths.demo_model_dir()) or name == paths.demo_model_dir().name
+    if folder and Path(asked).expanduser().resolve() == Path(folder).resolve():
+        return True
+    return asked.rstrip("/").rsplit("/", 1)[-1] == name
+
+
+def resume_model(app: Any, asked: str) -> tuple[str, str | None]:
+    """`--resume`: the model to open (`asked`, from the command line or config.toml, or
+    "" for the demo) and the line that says so. With no model asked for, the
+    conversation's own is opened again from the folder it was saved with; where that is
+    gone (or another model was asked for), the line says which model wrote it, and its
+    K is not carried over to a model it was not chosen for."""
+    store, chat = app.session_store, app.chat
+    model_of = getattr(store, "model_of", None)
+    if model_of is None or chat.session_id is None:
+        return asked, None
+    name, folder = model_of(chat.session_id)
+    if not name or _same_model(asked, name, folder):
+        return asked, None
+    shown = printable(name, 80)
+    if not asked and folder and Path(folder).is_dir():
+        return folder, f"Reopened on this conversation's own model, {shown}."
+    chat.gen.k = chat.defaults().k  # a K chosen for its own model
+    if asked:
+        return asked, (
+            f"This conversation was written by {shown}; it goes on with "
+            f"{printable(asked, 120)}, as asked (at that model's K)."
+        )
+    where = f" ({printable(folder, 120)})" if folder else ""
+    return "", (
+        f"This conversation was written by {shown}, which is not found here{where}: it "
+        "goes on with the demo model (F4 picks another)."
+    )
 
 
 def _saved(app: Any) -> tuple[ConversationOps, str] | None:
