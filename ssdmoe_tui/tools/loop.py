@@ -30,6 +30,12 @@ class ToolLoop:
     def begin(self) -> None:
         self.rounds = 0
 
+    def offered(self, tool: str) -> bool:
+        """Whether a running server offers this tool (its allow-list included): a call to
+        any other name (unknown, not enabled, differing by case) is answered "unknown
+        tool" without asking the user about it."""
+        return any(t.name == tool for t in self.servers.tools())
+
     def needs_approval(self, conversation: str | None, tool: str) -> bool:
         return tool not in self.always.get(conversation or "", set())
 

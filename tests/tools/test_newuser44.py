@@ -9,13 +9,25 @@ import sys
 
 import pytest
 
+from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.config import config_path, ensure_config_file, load_config
 from ssdmoe_tui.mcp_config import check_mcp_servers
+from ssdmoe_tui.sessions.app_sessions import AppSessions
+from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.tools.servers import ToolServers
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
+from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from tests.helpers.mcp_servers import stdio_server
-from tests.helpers.pilot import SIZE, record_notifications, screen_text, wait_until
+from tests.helpers.pilot import (
+    SIZE,
+    loaded,
+    record_notifications,
+    screen_text,
+    type_and_send,
+    wait_until,
+)
+from tests.helpers.tool_chat import QUESTION, replies, settled
 
 
 async def test_m1_f10_then_s_without_the_tools_extra_says_how_to_get_it(monkeypatch):
@@ -178,3 +190,33 @@ async def test_m11_the_generated_config_names_f10_for_tools_and_f10_closes_it(ss
         await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
         await pilot.press("f10")
         await wait_until(pilot, lambda: not isinstance(app.screen, ToolsScreen), what="closed")
+
+
+async def test_m7_a_call_to_a_tool_not_offered_is_answered_without_asking(tool_model):
+    """The scripted model calls get_weather; the allow-list leaves only `slow` on: no
+    approval dialog, the model is told the tool is unknown and goes on."""
+    servers = check_mcp_servers({"weather": stdio_server(enabled_tools=["slow"])})
+    app = SsdmoeApp(
+        ChatSettings(model=str(tool_model), max_tokens=60, mcp_servers=servers),
+        engine_factory=engine_factory,
+        session_store=AppSessions(SessionStore()),
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        asked = []
+        push = app.push_screen_wait
+
+        async def record(screen):
+            asked.append(screen)
+            return await push(screen)
+
+        app.push_screen_wait = record
+        await type_and_send(pilot, QUESTION)
+        await wait_until(pilot, lambda: len(replies(app)) == 2 and settled(app), 90, "answer")
+        assert asked == []  # nothing to approve
+        (call,) = app.query(ToolCallBlock)
+        assert call.call.name == "get_weather" and call.state == "unknown tool"
+        (result,) = app.query(ToolResultBlock)
+        assert result.text == "Error: unknown tool 'get_weather' (available: slow)"
+        prompt = app.chat.tokenizer.decode(list(app.chat.last_done.prompt_token_ids))
+        assert "unknown tool 'get_weather'" in prompt

@@ -90,9 +90,16 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
         return
     results: list[Message] = []
     for call in calls:
-        block = ToolCallBlock(call, "waiting for approval")
+        offered = loop.offered(call.name)
+        block = ToolCallBlock(call, "waiting for approval" if offered else "unknown tool")
         await transcript.mount(block)
         transcript.scroll_end(animate=False)
+        if not offered:  # nothing to approve: no server runs it; the model is told so
+            result = loop.servers.call(call.name, {})
+            pane.notify(result.note, severity="warning", markup=False)
+            await transcript.mount(ToolResultBlock(call.name, result.text, True))
+            results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
+            continue
         choice = ONCE
         if loop.needs_approval(chat.session_id, call.name):
             choice = await pane.app.push_screen_wait(
