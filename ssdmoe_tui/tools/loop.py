@@ -15,10 +15,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ssdmoe_tui.tools.calls import ToolCall
-from ssdmoe_tui.tools.servers import ToolResult, ToolServers
+from ssdmoe_tui.tools.servers import STOPPED_TEXT, ToolResult, ToolServers
 
 ONCE, ALWAYS, DENY = "once", "always", "deny"
 DENIED_TEXT = "The user denied this tool call; it was not run."
+
+
+def result_state(text: str | None) -> str:
+    """A saved call's state as its block showed it, from the result fed back to the
+    model (None: no result was saved, the loop was stopped before one): a resumed
+    conversation's blocks read as they did."""
+    if text is None or text.startswith(STOPPED_TEXT):
+        return "stopped"
+    if text == DENIED_TEXT:
+        return "denied"
+    if text.startswith("Error: unknown tool "):
+        return "unknown tool"
+    return "failed" if text.startswith("Error:") else "done"
 
 
 @dataclass

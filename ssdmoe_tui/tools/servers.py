@@ -38,6 +38,7 @@ RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
 # listing 10,000 tools (600,000 tokens) made every message too long for the context.
 TOOLS_MAX = 128
 SCHEMA_BYTES_MAX = 128 << 10  # the tools' JSON as the template gets it (~32k tokens)
+STOPPED_TEXT = "Error: the call was stopped by the user"
 _OPEN: weakref.WeakSet[ToolServers] = weakref.WeakSet()
 
 
@@ -332,7 +333,7 @@ class ToolServers:
             return ToolResult(f"Error: {msg}", True, msg)
         timeout = server.config.timeout
         note = f"{name} ({server.config.name}): stopped"
-        stopped = ToolResult("Error: the call was stopped by the user", True, note)
+        stopped = ToolResult(STOPPED_TEXT, True, note)
         with self._lock:  # registered, or refused, wholly before or after a cancel_calls
             if ticket is not None and ticket != self._stops:
                 return stopped

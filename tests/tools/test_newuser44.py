@@ -27,7 +27,7 @@ from tests.helpers.pilot import (
     type_and_send,
     wait_until,
 )
-from tests.helpers.tool_chat import QUESTION, replies, settled
+from tests.helpers.tool_chat import QUESTION, answered, make_app, replies, settled
 
 
 async def test_m1_f10_then_s_without_the_tools_extra_says_how_to_get_it(monkeypatch):
@@ -220,3 +220,22 @@ async def test_m7_a_call_to_a_tool_not_offered_is_answered_without_asking(tool_m
         assert result.text == "Error: unknown tool 'get_weather' (available: slow)"
         prompt = app.chat.tokenizer.decode(list(app.chat.last_done.prompt_token_ids))
         assert "unknown tool 'get_weather'" in prompt
+
+
+@pytest.mark.parametrize("key, state", [("y", "done"), ("n", "denied")])
+async def test_m8_resumed_tool_call_blocks_keep_their_state(tool_model, key, state):
+    app = make_app(tool_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await answered(pilot, app, key)
+        assert app.query_one(ToolCallBlock).state == state
+        conv_id = app.chat.session_id
+        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
+    again = make_app(tool_model, resume="")
+    async with again.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: again.chat.session_id == conv_id, what="the resume")
+        await loaded(pilot, again)
+        await wait_until(pilot, lambda: again.query(ToolCallBlock), what="the restored call")
+        (block,) = again.query(ToolCallBlock)
+        assert block.call.name == "get_weather" and block.state == state
+        assert f"[{state}]" in str(block.title)

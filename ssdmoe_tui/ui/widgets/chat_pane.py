@@ -31,6 +31,7 @@ from ssdmoe_tui.chat.remote import ChatTurn
 from ssdmoe_tui.chat.replies import ShownTurn
 from ssdmoe_tui.engine.run.protocol import EngineError, Generate, GenerationDone, Tokens
 from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.tools.loop import result_state
 from ssdmoe_tui.ui.actions import tools
 from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.screens.conversations import resumed_notice, store_of
@@ -41,6 +42,22 @@ from ssdmoe_tui.ui.widgets.transcript import AssistantMessage, Transcript
 from ssdmoe_tui.ui.widgets.welcome import Welcome
 
 
+def results_after(turns: Sequence[ShownTurn], at: int) -> list[str]:
+    """The tool results saved right after the reply at `at`, in order (its calls')."""
+    out = []
+    for turn in turns[at + 1 :]:
+        if turn.role != "tool":
+            break
+        out.append(turn.content)
+    return out
+
+
+def call_states(calls: Sequence[object], results: Sequence[str]) -> list[str]:
+    """Each restored call's state, from its result (the k-th result answers the k-th
+    call: the loop feeds them back in order; none saved: the loop was stopped)."""
+    return [result_state(results[k] if k < len(results) else None) for k in range(len(calls))]
+
+
 class ChatPane(Vertical):
     def __init__(self, chat: ChatController, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -49,7 +66,7 @@ class ChatPane(Vertical):
         self.editing = False  # the prompt holds the last prompt, to be edited and resent
         self.finishing: str | None = None  # a finished reply whose widget is settling
         # Restored replies shown before the model's tokenizer could find their tool calls
-        self._unsplit: list[tuple[AssistantMessage, str, str, str, int]] = []
+        self._unsplit: list[tuple[AssistantMessage, str, str, str, int, list[str]]] = []
 
     def compose(self) -> ComposeResult:
         yield Transcript(id="transcript")
@@ -235,7 +252,7 @@ class ChatPane(Vertical):
     # ------------------------------------------------------------------ the conversation
 
     async def show_turns(self, turns: Sequence[ShownTurn]) -> None:
-        for turn in turns:
+        for i, turn in enumerate(turns):
             if turn.role == "user":
                 await self.transcript.add_user(turn.content)
             elif turn.role == "tool":
@@ -247,11 +264,13 @@ class ChatPane(Vertical):
                 split = self.chat.split_reply(turn.content, turn.tool_calls)
                 shown = (
                     message, turn.content, reason, stats.detail() if stats else "",
-                    stats.thinking_tokens if stats else 0,
+                    stats.thinking_tokens if stats else 0, results_after(turns, i),
                 )  # fmt: skip
-                await message.finish(split.content, *shown[2:])
-                for call in split.calls:
-                    await self.transcript.mount(ToolCallBlock(call))
+                await message.finish(split.content, *shown[2:5])
+                for call, state in zip(
+                    split.calls, call_states(split.calls, shown[5]), strict=True
+                ):
+                    await self.transcript.mount(ToolCallBlock(call, state))
                 if self.chat.tools is not None and not split.calls and not self.chat.tokenizer:
                     self._unsplit.append(shown)
 
@@ -259,13 +278,14 @@ class ChatPane(Vertical):
         """Once the model's tokenizer is here: the restored replies' tool calls, shown as
         blocks (a resumed conversation opens before its model has loaded)."""
         pending, self._unsplit = self._unsplit, []
-        for message, text, reason, detail, thinking in pending:
+        for message, text, reason, detail, thinking, results in pending:
             split = self.chat.split_reply(text)
             if not split.calls or not message.is_attached:
                 continue
             await message.finish(split.content, reason, detail, thinking)
-            for call in reversed(split.calls):
-                await self.transcript.mount(ToolCallBlock(call), after=message)
+            states = call_states(split.calls, results)
+            for call, state in reversed(list(zip(split.calls, states, strict=True))):
+                await self.transcript.mount(ToolCallBlock(call, state), after=message)
 
     async def open_session(self, resume: str | None) -> None:
         """Start (`resume` None) or resume a conversation and show its turns; a bad
