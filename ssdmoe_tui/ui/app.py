@@ -509,17 +509,19 @@ class SsdmoeApp(App[int]):
     async def action_quit(self) -> None:
         if isinstance(self.screen, ConfirmScreen):
             return  # already asking
-        if self.inflight is None:
+        tool = tools.running(self.chat_pane)
+        if self.inflight is None and not tool:
             self.exit(0)
             return
 
         def answered(yes: bool | None) -> None:
             if yes:
+                tools.stop(self.chat_pane)  # a call in flight is cancelled
                 self._quit_saving(0)
 
+        busy = "A tool call is under way" if tool else "A reply is streaming"
         self.push_screen(
-            ConfirmScreen("A reply is streaming. Quit anyway?", yes="Quit", no="Keep going"),
-            answered,
+            ConfirmScreen(f"{busy}. Quit anyway?", yes="Quit", no="Keep going"), answered
         )
 
     async def quit_saving(self, code: int = 0) -> None:

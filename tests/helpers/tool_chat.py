@@ -18,8 +18,9 @@ from tests.helpers.pilot import loaded, type_and_send, wait_until
 QUESTION = "What is the weather in Paris?"
 
 
-def make_app(model, pid_file=None, **settings) -> SsdmoeApp:
-    env = {"PID_FILE": str(pid_file)} if pid_file else {}
+def make_app(model, pid_file=None, env: dict | None = None, **settings) -> SsdmoeApp:
+    """The app on `model` with the test server over stdio (`env`: its environment)."""
+    env = {**(env or {}), **({"PID_FILE": str(pid_file)} if pid_file else {})}
     servers = check_mcp_servers({"weather": stdio_server(env=env)})
     return SsdmoeApp(
         ChatSettings(model=str(model), max_tokens=60, mcp_servers=servers, **settings),

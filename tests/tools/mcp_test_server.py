@@ -11,7 +11,8 @@ request carried: a configured bearer token; not over stdio, so the scripted mode
 prompt keeps the tools it was made for).
 With PID_FILE set, the server writes its process id there (orphan checks); with
 HOSTILE set, `get_weather` answers HOSTILE_FORECAST, which holds terminal escapes
-(HOSTILE=error: it fails with that text).
+(HOSTILE=error: it fails with that text); with WEATHER_DELAY, get_weather sleeps that
+many seconds first (a tool still running).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ server = MCPServer("ssdmoe-test-tools")
 @server.tool()
 def get_weather(city: str) -> str:
     """The weather for a city."""
+    time.sleep(float(os.environ.get("WEATHER_DELAY", "0")))  # a call that takes a while
     if city != "Paris":
         return f"{city}: no data"
     hostile = os.environ.get("HOSTILE")

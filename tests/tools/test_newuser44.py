@@ -16,9 +16,10 @@ from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.tools.servers import ToolServers
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
-from tests.helpers.mcp_servers import stdio_server
+from tests.helpers.mcp_servers import gone_within, stdio_server
 from tests.helpers.pilot import (
     SIZE,
     loaded,
@@ -27,7 +28,14 @@ from tests.helpers.pilot import (
     type_and_send,
     wait_until,
 )
-from tests.helpers.tool_chat import QUESTION, answered, make_app, replies, settled
+from tests.helpers.tool_chat import (
+    QUESTION,
+    answered,
+    ask_and_answer,
+    make_app,
+    replies,
+    settled,
+)
 
 
 async def test_m1_f10_then_s_without_the_tools_extra_says_how_to_get_it(monkeypatch):
@@ -239,3 +247,25 @@ async def test_m8_resumed_tool_call_blocks_keep_their_state(tool_model, key, sta
         (block,) = again.query(ToolCallBlock)
         assert block.call.name == "get_weather" and block.state == state
         assert f"[{state}]" in str(block.title)
+
+
+async def test_m12_ctrl_q_while_a_tool_runs_asks_first(tool_model, tmp_path):
+    pid_file = tmp_path / "server.pid"
+    app = make_app(tool_model, pid_file, env={"WEATHER_DELAY": "60"})
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await ask_and_answer(pilot, app, "y")
+        block = app.query_one(ToolCallBlock)
+        await wait_until(pilot, lambda: block.state == "running", what="the call to run")
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        assert "A tool call is under way" in screen_text(app)
+        await pilot.press("n")  # keep going: the call still runs
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="closed")
+        assert app.is_running and block.state == "running"
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: not app.is_running, 30, "the app to exit")
+    assert app.return_code == 0
+    assert gone_within(int(pid_file.read_text()), 15), "the MCP server outlived the app"
