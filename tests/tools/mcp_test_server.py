@@ -12,7 +12,8 @@ prompt keeps the tools it was made for).
 With PID_FILE set, the server writes its process id there (orphan checks); with
 HOSTILE set, `get_weather` answers HOSTILE_FORECAST, which holds terminal escapes
 (HOSTILE=error: it fails with that text); with WEATHER_DELAY, get_weather sleeps that
-many seconds first (a tool still running).
+many seconds first (a tool still running); with STARTUP_DELAY, the server sleeps that
+long before it answers at all.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def secret() -> str:
 
 
 def main() -> None:
+    time.sleep(float(os.environ.get("STARTUP_DELAY", "0")))  # a server slow to start
     if pid_file := os.environ.get("PID_FILE"):
         with open(pid_file, "w") as f:
             f.write(str(os.getpid()))

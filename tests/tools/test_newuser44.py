@@ -17,6 +17,7 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.tools.servers import ToolServers
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
+from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from tests.helpers.mcp_servers import gone_within, stdio_server
@@ -269,3 +270,28 @@ async def test_m12_ctrl_q_while_a_tool_runs_asks_first(tool_model, tmp_path):
         await wait_until(pilot, lambda: not app.is_running, 30, "the app to exit")
     assert app.return_code == 0
     assert gone_within(int(pid_file.read_text()), 15), "the MCP server outlived the app"
+
+
+async def test_m5_m15_the_header_says_what_the_chat_waits_on(tool_model):
+    """A server slow to start (M5), the approval, and a tool that takes a while (M15):
+    the header's phase says each, never "idle", then "idle" once the answer is in."""
+    app = make_app(tool_model, env={"STARTUP_DELAY": "3", "WEATHER_DELAY": "3"})
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        seen: list[str] = []
+
+        def saw(phase: str) -> None:
+            seen.append(phase)
+
+        app.status_bar.watch(app.status_bar, "phase", saw, init=False)
+        await type_and_send(pilot, QUESTION)
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), 90, "approval")
+        assert "starting MCP servers…" in seen
+        assert app.status_bar.phase == "waiting for approval: get_weather"
+        await pilot.press("y")
+        await wait_until(pilot, lambda: len(replies(app)) == 2 and settled(app), 90, "answer")
+        assert "running tool get_weather" in seen
+        # from the message to the call's end, the header never read "idle" but between
+        # the server's start and the reply (which the engine's phases then describe)
+        ran = seen.index("running tool get_weather")
+        assert seen[ran + 1] == "idle" and app.status_bar.phase == "idle"

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from textual.css.query import NoMatches
+
 from ssdmoe_tui.chat.controller import Refused
-from ssdmoe_tui.errors import user_message
+from ssdmoe_tui.errors import printable, user_message
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.tools.calls import ToolCall
 from ssdmoe_tui.tools.loop import DENY, ONCE
@@ -27,9 +29,23 @@ async def ensure_servers(pane: Any) -> None:
     if loop is None or not loop.servers.pending():
         return
     pane.notify("Starting MCP servers…", timeout=3)
-    failed = await asyncio.to_thread(loop.servers.start)
+    show_phase(pane, "starting MCP servers…")
+    try:
+        failed = await asyncio.to_thread(loop.servers.start)
+    finally:
+        show_phase(pane, "idle")
     for line in failed:
         pane.notify(line, severity="error", markup=False, timeout=10)
+
+
+def show_phase(pane: Any, text: str) -> None:
+    """The header's phase while the app, not the engine, is what the chat waits on (a
+    server starting, the user's approval, a tool running); the engine's next phase
+    replaces it."""
+    try:
+        pane.app.status_bar.phase = text
+    except NoMatches:  # the app is closing
+        pass
 
 
 def start_at_launch(app: Any) -> None:
@@ -78,6 +94,9 @@ async def run_round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - a UI failure: one line, the chat goes on
         pane.notify(f"tool loop failed: {user_message(e)}", severity="error", markup=False)
+    finally:
+        if pane.chat.inflight is None:  # no reply goes on from here
+            show_phase(pane, "idle")
 
 
 async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
@@ -101,6 +120,7 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
             results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
             continue
         choice = ONCE
+        show_phase(pane, f"waiting for approval: {printable(call.name, 40)}")
         if loop.needs_approval(chat.session_id, call.name):
             choice = await pane.app.push_screen_wait(
                 ToolApprovalScreen(call, _server_of(loop, call.name))
@@ -115,6 +135,7 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
             block.set_state("denied")
         else:
             block.set_state("running")
+            show_phase(pane, f"running tool {printable(call.name, 40)}")
             ticket = loop.servers.ticket()  # an Esc from here on stops this call, sent or not
             try:
                 result = await asyncio.to_thread(loop.run, call, ticket)
@@ -133,4 +154,5 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
     except Refused as e:
         pane.notify(str(e), severity="warning", markup=False)
         return
+    show_phase(pane, "idle")  # until the engine says what the reply is doing
     await pane._start_reply(request)
