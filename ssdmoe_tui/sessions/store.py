@@ -34,6 +34,7 @@ from typing import Any
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via, private_dirs
+from ssdmoe_tui.chat.attachments import split_attached
 from ssdmoe_tui.errors import BadValueError, SsdmoeError
 from ssdmoe_tui.terminal_text import visible
 from ssdmoe_tui.user_files import (
@@ -255,7 +256,8 @@ class Conversation:
         if self.title:
             return self.title
         first = next((t.text for t in self.turns if t.role == "user"), "")
-        return clean_title(first) or "New conversation"
+        typed = split_attached(first)[0]  # as typed: not the attached files' blocks
+        return clean_title(typed) or "New conversation"
 
     @property
     def n_turns(self) -> int:

@@ -559,7 +559,8 @@ class SsdmoeApp(App[int]):
 
     def action_stop(self) -> None:
         """Stop the streaming reply (what arrived stays, marked as stopped) and the
-        tool loop."""
+        tool loop; while editing the last prompt (ctrl+l), leave the edit."""
+        self.chat_pane.cancel_edit()
         self.chat.stop()
         tools.stop(self.chat_pane)
 

@@ -14,7 +14,7 @@ from ssdmoe_tui.sessions.store import SessionStore
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.widgets.transcript import Notice
 from tests.helpers import pace
-from tests.helpers.pilot import loaded, send, wait_until
+from tests.helpers.pilot import loaded, next_reply, record_notifications, send, wait_until
 
 SIZE = (120, 40)
 LONG = " ".join(f"streaming expert {i} from the disk" for i in range(220))  # ~2,900 tokens
@@ -111,3 +111,63 @@ async def test_m3_plain_resume_reopens_the_conversations_own_model_or_says_why_n
             "it goes on with the demo model (F4 picks another)."
         ]
         assert app.chat.gen.k is None and app.chat.model.k == app.chat.model.trained_k
+
+
+async def test_m10_ctrl_l_then_esc_gives_the_box_back_its_draft():
+    store = SessionStore()
+    app = demo_app(store, max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await send(pilot, "hello there")
+        prompt = app.chat_pane.prompt
+        prompt.load_text("a draft")
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: prompt.text == "hello there", what="the last prompt")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: prompt.text == "a draft", what="the draft back")
+        assert not app.chat_pane.editing
+        before = app.chat.last_done
+        await pilot.press("enter")  # a new message, not a resend of the last one
+        await next_reply(pilot, app, before)
+        assert [m.content for m in app.chat.history if m.role == "user"] == [
+            "hello there",
+            "a draft",
+        ]
+
+
+async def test_m17_ctrl_l_after_a_prompt_refused_for_length_brings_it_back():
+    store = SessionStore()
+    app = demo_app(store, max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        said = record_notifications(app)
+        too_long = LONG * 2  # over the demo's 4,096 tokens
+        app.chat_pane.prompt.load_text(too_long)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: said and app.inflight is None, 30, "the refusal")
+        await pilot.press("ctrl+l")
+        prompt = app.chat_pane.prompt
+        await wait_until(pilot, lambda: prompt.text == too_long, what="the refused prompt")
+        assert not any("No prompt to edit" in m for _, m in said), said
+        prompt.load_text("short now")
+        before = app.chat.last_done
+        await pilot.press("enter")  # sent as a new message
+        await next_reply(pilot, app, before)
+        assert [m.content for m in app.chat.history if m.role == "user"] == ["short now"]
+
+
+async def test_m9_a_conversations_title_is_the_prompt_as_typed(tmp_path, monkeypatch):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the expert cache keeps hot experts in memory\n")
+    monkeypatch.chdir(tmp_path)
+    store = SessionStore()
+    app = demo_app(store, max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await send(pilot, "summarise @notes.txt")
+        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
+        assert "<attached" in app.chat.history[0].content  # the model got the file
+    [summary] = store.list()
+    assert summary.title == "summarise @notes.txt"
+    md = store.export_markdown(summary.id)
+    assert md.startswith("# summarise @notes.txt\n")

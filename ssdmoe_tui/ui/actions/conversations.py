@@ -57,7 +57,7 @@ async def open_conversation(app: Any, conv_id: str) -> bool:
     await pane.transcript.clear()
     app.panel.new_conversation(resumed=bool(turns))
     await pane.show_turns(turns)
-    pane.editing = False
+    pane.editing, pane.given_back = False, None
     if chat.gen.k is not None and chat.model is not None:
         request_k(app, chat.gen.k)  # the conversation goes on at its own K
     model = chat.model.name if chat.model else None

@@ -64,6 +64,9 @@ class ChatPane(Vertical):
         self.chat = chat
         self.current: AssistantMessage | None = None  # the reply streaming into the transcript
         self.editing = False  # the prompt holds the last prompt, to be edited and resent
+        self._draft = ""  # what the box held before ctrl+l: Esc puts it back
+        self._sent = ""  # the last prompt sent, as stored
+        self.given_back: str | None = None  # a prompt the engine refused: ctrl+l edits it
         self.finishing: str | None = None  # a finished reply whose widget is settling
         # Restored replies shown before the model's tokenizer could find their tool calls
         self._unsplit: list[tuple[AssistantMessage, str, str, str, int, list[str]]] = []
@@ -166,6 +169,7 @@ class ChatPane(Vertical):
             self.notify(str(e), severity="warning", markup=False)
             return False
         self.prompt.clear()
+        self._sent, self.given_back = message, None
         await self.transcript.add_user(message)
         await self._start_reply(request)
         return True
@@ -182,6 +186,7 @@ class ChatPane(Vertical):
             return False
         self.editing = False
         self.prompt.clear()
+        self._sent = text if text is not None else (self.chat.last_prompt() or "")
         messages = self.transcript.messages()
         last_user = max(
             (i for i, m in enumerate(messages) if not isinstance(m, AssistantMessage)), default=0
@@ -195,7 +200,15 @@ class ChatPane(Vertical):
         return True
 
     def edit_last(self) -> None:
-        """Put the last prompt back in the box; Enter resends it."""
+        """Put the last prompt back in the box; Enter resends it. A prompt the engine
+        refused (longer than the context) was given back: it comes back as a new message."""
+        if self.given_back is not None and not self.chat.why_not_send():
+            self.editing = False  # not in the conversation: Enter sends it anew
+            self.prompt.load_text(split_attached(self.given_back)[0])
+            self.prompt.move_cursor(self.prompt.document.end)
+            self.prompt.focus()
+            self.notify("The prompt that was not answered is back: Enter sends it.")
+            return
         text = self.chat.last_prompt()
         if text is None:
             self.notify("No prompt to edit yet.", severity="warning")
@@ -203,6 +216,8 @@ class ChatPane(Vertical):
         if why := self.chat.why_not_send():
             self.notify(why, severity="warning")
             return
+        if not self.editing:
+            self._draft = self.prompt.text
         self.editing = True
         self.prompt.load_text(split_attached(text)[0])  # as typed: its @paths read again
         self.prompt.move_cursor(self.prompt.document.end)
@@ -243,8 +258,21 @@ class ChatPane(Vertical):
         if stats is not None and split.calls and done.finish_reason == "stop":
             tools.begin_round(self, split.calls)  # a stopped reply's calls never run
 
+    def cancel_edit(self) -> bool:
+        """Esc while editing the last prompt: the box gets back what it held before."""
+        if not self.editing:
+            return False
+        self.editing = False
+        self.prompt.load_text(self._draft)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.notify("Edit cancelled.", timeout=2)
+        return True
+
     async def reply_failed(self, error: EngineError) -> None:
-        """The reply in flight ended with an engine error: what arrived stays, marked."""
+        """The reply in flight ended with an engine error: what arrived stays, marked.
+        Its turn was given back (`ChatController.engine_error`): ctrl+l brings it back."""
+        if self._sent and self.chat.last_prompt() != self._sent:
+            self.given_back = self._sent
         message, self.current = self.current, None
         if message is not None and message.is_attached:
             await message.finish(message.text, "error", error.message)
@@ -308,7 +336,7 @@ class ChatPane(Vertical):
         """A new chat: the reply in flight is abandoned and the transcript emptied."""
         self.chat.abandon_reply()
         self.current = None
-        self.editing = False
+        self.editing, self.given_back = False, None
         self._unsplit = []
         self.chat.new_chat()
         await self.transcript.clear()
