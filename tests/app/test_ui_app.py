@@ -14,6 +14,7 @@ from ssdmoe_tui.ui.actions import model
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
+from ssdmoe_tui.ui.widgets.engine_panel import used_of
 from ssdmoe_tui.ui.widgets.k_slider import KSlider
 from ssdmoe_tui.ui.widgets.transcript import UserMessage
 from tests.helpers.pilot import (
@@ -244,8 +245,7 @@ async def test_panel_values_equal_the_engine_samples(demo_model):
             "ssd": fmt_mib(s.ssd_mib_per_token),
             "page_cache": fmt_mib(max(0.0, s.requested_mib_per_token - s.ssd_mib_per_token)),
             "cache_hit": fmt_pct(s.expert_cache_hit_rate),
-            "cache_used": f"{fmt_bytes(s.expert_cache_used_bytes)} / "
-            f"{fmt_bytes(s.expert_cache_budget_bytes)}",
+            "cache_used": used_of(s.expert_cache_used_bytes, s.expert_cache_budget_bytes),
             "mem_resident": fmt_bytes(s.resident_bytes),
             "mem_kv": fmt_bytes(s.kv_cache_bytes),
             "mem_rss": fmt_bytes(s.rss_bytes),

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import shutil
 
+from textual.widgets import Label, Static
+
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.models.demo import ensure_demo_model
 from ssdmoe_tui.sessions.app_sessions import AppSessions
-from ssdmoe_tui.sessions.store import SessionStore
+from ssdmoe_tui.sessions.store import SessionStore, Turn
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_mib, fmt_pct, fmt_rate
+from ssdmoe_tui.ui.screens.conversations import ConversationsScreen
+from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
+from ssdmoe_tui.ui.widgets.engine_panel import Row, used_of
 from ssdmoe_tui.ui.widgets.transcript import Notice
+from ssdmoe_tui.ui.widgets.welcome import Welcome
 from tests.helpers import pace
 from tests.helpers.pilot import loaded, next_reply, record_notifications, send, wait_until
 
@@ -171,3 +178,65 @@ async def test_m9_a_conversations_title_is_the_prompt_as_typed(tmp_path, monkeyp
     assert summary.title == "summarise @notes.txt"
     md = store.export_markdown(summary.id)
     assert md.startswith("# summarise @notes.txt\n")
+
+
+async def test_m16_the_welcome_says_each_thing_once():
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.chat_pane.transcript.mount(Welcome())  # what the demo's first frame shows
+        await pilot.pause()
+        text = " ".join(str(s.render()) for s in app.query_one(Welcome).query(Static))
+    assert text.count("A real model") == 1, text
+    assert text.count("Tools:") == 1 and text.count("approve") == 1, text
+
+
+async def test_m16_deleting_a_one_turn_conversation_says_1_turn():
+    store = SessionStore()
+    conv = store.create("demo-model")
+    store.add_turn(conv, Turn("user", "hello there"))
+    app = SsdmoeApp(ChatSettings(), engine_factory=None, session_store=AppSessions(store))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="F3")
+        await pilot.pause(0.3)
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        assert "(1 turn)?" in app.screen.question, app.screen.question
+
+
+# The widest figure each panel row shows on a large model (a 256k context, a 128 GiB
+# expert cache, speculation with thousands of drafts).
+WIDEST = {
+    "decode": fmt_rate(9999.9),
+    "prefill": fmt_rate(99999.9),
+    "ssd": fmt_mib(9999.99),
+    "page_cache": fmt_mib(9999.99),
+    "mass": fmt_pct(1.0),
+    "cache_hit": fmt_pct(1.0),
+    "cache_used": used_of(int(127.9 * 2**30), 128 * 2**30),
+    "mem_resident": fmt_bytes(999.9 * 2**30),
+    "mem_kv": fmt_bytes(999.9 * 2**30),
+    "mem_rss": fmt_bytes(999.9 * 2**30),
+    "mem_peak": fmt_bytes(999.9 * 2**30),
+    "kv_hit": fmt_pct(1.0),
+    "context": "262,144 / 262,144",
+}
+
+
+async def test_m16_every_panel_label_stays_whole_at_80_columns():
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = app.panel
+        for key, text in WIDEST.items():
+            panel._set(key, text)
+        spec = {"acceptance": 1.0, "accepted": 9999, "drafted": 9999, "tokens_per_pass": 16.0}
+        panel._show_spec(spec | {"bytes_per_token": 999.99 * 2**20, "ms_per_token": 999.9})
+        await pilot.pause(0.3)
+        for row in panel.query(Row):
+            label = row.query_one(".row-label", Label)
+            value = row.query_one(".row-value", Static)
+            if not row.display:
+                continue
+            need = len(row.label) + 1 + len(str(value.render()))
+            assert need <= row.size.width, (row.label, str(value.render()), row.size.width)
+            assert label.size.width >= len(row.label), row.label

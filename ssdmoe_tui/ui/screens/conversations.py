@@ -31,6 +31,11 @@ from ssdmoe_tui.ui.messages import ConversationDeleted
 EXPORT_FORMATS = {"md": "Markdown", "json": "JSON"}
 
 
+def n_turns(n: int) -> str:
+    """`1 turn`, `2 turns` (was `(1 turns)` in the delete question)."""
+    return f"{n} turn" + ("" if n == 1 else "s")
+
+
 def exports_dir() -> Path:
     """Where exports go when the user names no place."""
     return paths.data_dir() / "exports"
@@ -58,9 +63,7 @@ def resumed_notice(store: SessionStore | None, conv_id: str, model: str | None) 
         conv = None
     if conv is None:
         return f"Resumed {conv_id}."
-    text = (
-        f"Resumed “{conv.display_title}” ({conv.n_turns} turn{'' if conv.n_turns == 1 else 's'})."
-    )
+    text = f"Resumed “{conv.display_title}” ({n_turns(conv.n_turns)})."
     if conv.replaced:
         n = len(conv.replaced)
         text += f" {n} replaced exchange{'' if n == 1 else 's'} kept (in its exports)."
@@ -150,7 +153,7 @@ class ConversationOps:
 
         self.app.push_screen(
             ConfirmScreen(
-                f"Delete “{title}” ({turns} turns)? Its text and KV checkpoints are removed.",
+                f"Delete “{title}” ({n_turns(turns)})? Its text and KV checkpoints are removed.",
                 yes="Delete",
                 no="Keep",
             ),
@@ -279,8 +282,7 @@ class ConversationsScreen(ModalScreen[str | None]):
         text = Text(s.title, style="bold", no_wrap=True, overflow="ellipsis")
         if s.id == self.current:
             text.append("  (open)", style="italic")
-        turns = f"{s.n_turns} turn" + ("" if s.n_turns == 1 else "s")
-        detail = [when(s.updated), s.model_id or "model unknown", turns]
+        detail = [when(s.updated), s.model_id or "model unknown", n_turns(s.n_turns)]
         text.append("\n" + " · ".join(detail), style="dim")
         if searching and s.snippet:
             text.append("\n" + s.snippet, style="italic")

@@ -47,7 +47,7 @@ ROWS = {
     "mem_peak": "peak RSS",
     "kv_hit": "KV hit (turn)",
     "context": "context",
-    "spec_accept": "drafts accepted",
+    "spec_accept": "drafts kept",
     "spec_pass": "tokens per pass",
     "spec_cost": "per token",
 }
@@ -75,6 +75,22 @@ def page_cache_mib(s: StatsSample) -> float:
     """MiB per token the engine read that did not come from the device: the OS served
     them from its page cache (read-ahead can make the device side the larger one)."""
     return max(0.0, s.requested_mib_per_token - s.ssd_mib_per_token)
+
+
+def _short(x: float) -> str:
+    """A figure in at most 6 columns (`0.53`, `12.3`, `486`): the speculation cost row
+    fits beside its label at 80 columns."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def used_of(used: int, budget: int) -> str:
+    """`5.1 / 8.0 GiB` (the unit once when both share it): at 80 columns the panel is 31
+    wide, and `cache used` with `999.9 GiB / 999.9 GiB` did not fit beside its label."""
+    a, b = fmt_bytes(used), fmt_bytes(budget)
+    unit = b.rsplit(" ", 1)[-1]
+    if a.endswith(" " + unit) and " " in b:
+        return f"{a[: -len(unit) - 1]} / {b}"
+    return f"{a} / {b}"
 
 
 class Row(Horizontal):
@@ -278,7 +294,7 @@ class EnginePanel(VerticalScroll):
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate) if ran else "—")
         self._set(
             "cache_used",
-            f"{fmt_bytes(s.expert_cache_used_bytes)} / {fmt_bytes(s.expert_cache_budget_bytes)}",
+            used_of(s.expert_cache_used_bytes, s.expert_cache_budget_bytes),
         )
         self._set("mem_resident", fmt_bytes(s.resident_bytes))
         self._set("mem_kv", fmt_bytes(s.kv_cache_bytes))
@@ -303,12 +319,13 @@ class EnginePanel(VerticalScroll):
             return
         acc = sp.get("acceptance")
         self._set("spec_accept", "—" if acc is None else
-                  f"{fmt_pct(acc)} ({sp.get('accepted', 0)}/{sp.get('drafted', 0)})")  # fmt: skip
+                  f"{acc * 100:.0f} % ({sp.get('accepted', 0)}/{sp.get('drafted', 0)})")  # fmt: skip
         tpp = sp.get("tokens_per_pass")
         self._set("spec_pass", "—" if tpp is None else f"{tpp:.2f}")
         self._set(
             "spec_cost",
-            f"{fmt_mib(sp.get('bytes_per_token', 0) / 2**20)} · {sp.get('ms_per_token', 0):.1f} ms",
+            f"{_short(sp.get('bytes_per_token', 0) / 2**20)} MiB · "
+            f"{_short(sp.get('ms_per_token', 0))} ms",
         )
 
     def show_ranks(self, d: dict | None) -> None:

@@ -19,7 +19,7 @@ TITLE = "ssdmoe · demo model: tiny, trained here"
 ABOUT = "It babbles, but it has learned: it is here to show the engine at work."
 # One argument has no space, so a narrow card wraps the command between arguments.
 REAL_MODEL = "A real model: F4 here, or ssdmoe --model <folder-or-repo-id>."
-TOOLS = "Tools: MCP servers from config.toml (F10)."
+TOOLS = "Tools: MCP servers from config.toml (F10); a call runs once you approve it."
 #: Commands shown whole: each wraps between its arguments, with a shell continuation.
 COMMANDS = (
     f"ssdmoe models fetch {EXAMPLE_REPO}",
@@ -30,16 +30,16 @@ COMMANDS = (
 def real_model_help() -> str:
     return (
         "The panel on the right shows the engine; K: ctrl+↑/↓; saved conversations: "
-        "ctrl+o (ssdmoe --resume reopens the last one). A real model: F4 lists the "
-        "ones on this machine; or download one, then open it:"
+        "ctrl+o (ssdmoe --resume reopens the last one). To download a model, then "
+        "open it:"
     )
 
 
 def more_help() -> str:
     archs = ", ".join(SUPPORTED_ARCHITECTURES)
     return (
-        "Tools: list MCP servers under [mcp_servers.NAME] in config.toml (Codex CLI's "
-        "shape); the model's tool calls run once you approve them (docs/app.md, Tools).\n"
+        "MCP servers go under [mcp_servers.NAME] in config.toml, as Codex CLI writes "
+        "them (docs/app.md, Tools).\n"
         f"Supported architectures: {archs} (MLX-quantized checkpoints)."
     )
 
