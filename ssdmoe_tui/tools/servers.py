@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ssdmoe_tui.errors import printable
 from ssdmoe_tui.mcp_config import McpServer
 from ssdmoe_tui.tools.stderr_log import StderrLog
 
@@ -262,6 +263,7 @@ class ToolServers:
 
         c = s.config
         errlog = None
+        log_start = self._log_size(c)
         try:
             if c.url:
                 headers = c.headers()  # ValueError names a variable that is not set
@@ -295,6 +297,10 @@ class ToolServers:
             raise
         except BaseException as e:  # noqa: BLE001 - the SDK's task groups raise groups
             s.state, s.error = "failed", _one_line(e)
+            if log_start is not None:  # a stdio server: what it said, and where
+                if errlog is not None:  # its copy into the log ends with the server
+                    await asyncio.to_thread(errlog.close, 2.0)
+                s.error = f"{s.error} ({self._stderr_note(c, log_start)})"
             if not ready.done():
                 ready.set_result(None)
         else:
@@ -305,6 +311,37 @@ class ToolServers:
             if errlog is not None:
                 errlog.close()
             self._changed()
+
+    def _log_path(self, c: McpServer) -> Path | None:
+        return None if c.url or self.log_dir is None else self.log_dir / f"mcp-{c.name}.log"
+
+    def _log_size(self, c: McpServer) -> int | None:
+        """Where this run's stderr starts in the server's log (None: no log kept)."""
+        path = self._log_path(c)
+        if path is None:
+            return None
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+
+    def _stderr_note(self, c: McpServer, start: int) -> str:
+        """A failed stdio server's last line on stderr in this run, and its log's path: a
+        server that exits at once ('Connection closed') usually says why there. (The
+        SDK does not hand out the process, so its exit status is not known here.)"""
+        path = self._log_path(c)
+        assert path is not None
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                start = start if start <= size else 0  # rotated since (stderr_log.py)
+                f.seek(max(start, size - 4096))
+                tail = f.read(4096).decode("utf-8", "replace")
+        except OSError:
+            return f"log: {path}"
+        lines = [line.strip() for line in tail.splitlines() if line.strip()]
+        said = f"its stderr: {printable(lines[-1], 120)}" if lines else "nothing on its stderr"
+        return f"{said}; log: {path}"
 
     def _errlog(self, c: McpServer) -> StderrLog | None:
         """A stdio server's stderr: `mcp-NAME.log` in `log_dir`, capped and rotated

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.config import config_path, ensure_config_file, load_config
 from ssdmoe_tui.mcp_config import check_mcp_servers
@@ -59,6 +60,17 @@ async def test_m1_f10_then_s_without_the_tools_extra_says_how_to_get_it(monkeypa
         assert "failed: needs the mcp package: pip install" in screen_text(app)
         await pilot.press("escape")
     assert app.return_code in (0, None)
+
+
+async def f10_start(pilot, done) -> dict:
+    """F10, then `s`; returns the servers' states once `done(states)` holds."""
+    app = pilot.app
+    await pilot.press("f10")
+    await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
+    await pilot.press("s")
+    states = app.chat.tools.servers.servers
+    await wait_until(pilot, lambda: done(states), 60, "the servers to start (or fail)")
+    return states
 
 
 TOKEN = "sk-test-0123456789abcdef"  # an env value and a bearer token: never in a warning
@@ -171,16 +183,7 @@ async def test_m2_the_app_says_each_problem_in_one_line_and_f10_lists_the_good_s
         await pilot.pause()
         said = [n.message for n in app._notifications if n.severity == "warning"]
         assert said == list(loaded.warnings)
-        await pilot.press("f10")
-        await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
-        await pilot.press("s")
-        servers = app.chat.tools.servers.servers
-        await wait_until(
-            pilot,
-            lambda: all(s.state == "running" for s in servers.values()),
-            60,
-            "both servers running",
-        )
+        await f10_start(pilot, lambda servers: all(s.state == "running" for s in servers.values()))
         await pilot.pause(0.6)  # F10 redraws twice a second
         shown = screen_text(app)
         assert "No MCP servers configured" not in shown
@@ -295,3 +298,30 @@ async def test_m5_m15_the_header_says_what_the_chat_waits_on(tool_model):
         # the server's start and the reply (which the engine's phases then describe)
         ran = seen.index("running tool get_weather")
         assert seen[ran + 1] == "idle" and app.status_bar.phase == "idle"
+
+
+async def test_m13_m14_f10_shows_each_tools_arguments_and_why_a_server_stopped(tmp_path):
+    """M13: F10 lists each tool with its arguments and description (as the model is
+    told them). M14: a server that exits at once says what it wrote on stderr and where
+    its log is (it read only 'Connection closed')."""
+    dies = {
+        "command": sys.executable,
+        "args": ["-c", "import sys; sys.stderr.write('boom: no API key set\\n'); sys.exit(3)"],
+    }
+    servers = check_mcp_servers({"weather": stdio_server(), "dies": dies})
+    app = SsdmoeApp(ChatSettings(mcp_servers=servers), engine_factory=None)
+    log = paths.cache_dir() / "mcp-logs" / "mcp-dies.log"
+    async with app.run_test(size=(160, 40)) as pilot:
+        said = record_notifications(app)
+        states = await f10_start(
+            pilot, lambda st: st["weather"].state == "running" and st["dies"].state == "failed"
+        )
+        await pilot.pause(0.6)  # F10 redraws twice a second
+        shown = screen_text(app)
+        assert "get_weather(city: string)  The weather" in shown
+        assert "slow(seconds: number)  Sleep, then" in shown
+        assert "log:" in shown and "mcp-dies.log" in shown
+        error = states["dies"].error
+        assert error == f"Connection closed (its stderr: boom: no API key set; log: {log})"
+        assert said == [("error", f"MCP server dies: {error}")]
+        await pilot.press("escape")

@@ -113,7 +113,7 @@ async def test_deny_tells_the_model_and_esc_stops_the_loop(tool_model):
         await wait_until(pilot, lambda: isinstance(app.screen, ToolsScreen), what="F10")
         await pilot.pause(0.3)
         shown = screen_text(app)
-        assert "weather" in shown and "running" in shown and "get_weather, slow" in shown
+        assert "weather" in shown and "running" in shown and "get_weather(city: string)" in shown
         await pilot.press("escape")
 
 

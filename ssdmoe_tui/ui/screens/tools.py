@@ -1,5 +1,5 @@
-"""F10: the MCP servers from config.toml, their state and their tools; `s` starts the
-ones not running."""
+"""F10: the MCP servers from config.toml, their state and their tools (each with its
+arguments and what it does, as the model is told); `s` starts the ones not running."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from ssdmoe_tui.terminal_text import visible
-from ssdmoe_tui.tools.servers import ToolServers
+from ssdmoe_tui.tools.servers import ToolServers, ToolSpec
 
 EMPTY = (
     "No MCP servers configured. Add one to config.toml:\n\n"
@@ -24,16 +24,43 @@ EMPTY = (
 )
 
 
+def signature(tool: ToolSpec) -> str:
+    """`name(city: string, days?: integer)`: the arguments the model is asked for, from
+    the tool's input schema (`?`: not required)."""
+    schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = schema.get("required")
+    required = set(required) if isinstance(required, list) else set()
+    args = []
+    for name, spec in list(props.items())[:12]:
+        kind = spec.get("type", "any") if isinstance(spec, dict) else "any"
+        kind = kind if isinstance(kind, str) else "/".join(map(str, kind))
+        args.append(f"{name}{'' if name in required else '?'}: {kind}")
+    more = ", ..." if len(props) > 12 else ""
+    return f"{tool.name}({', '.join(args)}{more})"
+
+
+def tool_lines(tools: list[ToolSpec]) -> str:
+    """One line per tool: its signature and the first line of its description."""
+    lines = []
+    for t in tools:
+        about = (t.description.strip().splitlines() or [""])[0]
+        about = about if len(about) <= 100 else about[:99] + "…"
+        lines.append(f"{signature(t)}" + (f"  {about}" if about else ""))
+    return "\n".join(lines)
+
+
 def servers_table(servers: ToolServers) -> Table:
     table = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, expand=True)
     table.add_column("server", style="bold", no_wrap=True)
-    table.add_column("state", no_wrap=True)
+    table.add_column("state", overflow="fold")  # a log path is shown whole
     table.add_column("tools")
     for name, s in servers.servers.items():
         state = s.state + (f": {s.error}" if s.error else "")
-        tools = ", ".join(t.name for t in s.tools) if s.state == "running" else ""
+        tools = tool_lines(s.tools) if s.state == "running" else ""
         if s.hidden:
-            tools += f"  (+{s.hidden} not allowed)"
+            tools += f"\n(+{s.hidden} not allowed)"
         where = f"{s.config.transport}: {s.config.describe()}"
         # Text, not str: names, errors and command lines come from outside (a server, the
         # config) and a str cell is parsed as markup ('[/x]' raised MarkupError); their
