@@ -21,7 +21,7 @@ from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.screens.tools import ToolsScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
-from tests.helpers.mcp_servers import gone_within, stdio_server
+from tests.helpers.mcp_servers import ROOT, gone_within, stdio_server
 from tests.helpers.pilot import (
     SIZE,
     loaded,
@@ -325,3 +325,19 @@ async def test_m13_m14_f10_shows_each_tools_arguments_and_why_a_server_stopped(t
         assert error == f"Connection closed (its stderr: boom: no API key set; log: {log})"
         assert said == [("error", f"MCP server dies: {error}")]
         await pilot.press("escape")
+
+
+def test_m18_the_docs_say_the_tools_extra_has_no_fastmcp():
+    """The `tools` extra pins mcp 2.x, which has no FastMCP: docs/app.md says so (and
+    what to do about a server written with it), and it is true of the SDK installed."""
+    import importlib
+
+    from ssdmoe_tui.config import tomllib  # tomli on Python 3.10
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["tools"] == ["mcp>=2.0"]
+    docs = " ".join((ROOT / "docs" / "app.md").read_text().split())
+    assert "`mcp>=2.0`, which removed FastMCP" in docs
+    with pytest.raises(ModuleNotFoundError, match="FastMCP was renamed to MCPServer"):
+        importlib.import_module("mcp.server.fastmcp")
+    importlib.import_module("mcp.server.mcpserver")
