@@ -224,7 +224,9 @@ class AssistantMessage(ChatMessage):
         self, text: str, finish_reason: str, detail: str = "", thinking_tokens: int = 0
     ) -> None:
         """End the stream and render the whole reply once, exactly as generated (its
-        reasoning apart, collapsed)."""
+        reasoning apart, collapsed). A message no longer on screen (the app torn down,
+        or a new chat, while a conversation opened) keeps the text and mounts nothing:
+        mounting into a detached widget raised MountError."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
@@ -233,8 +235,12 @@ class AssistantMessage(ChatMessage):
         self.detail = detail
         live = self.appends > 0
         self.split = split_thinking(text, self.thinking_inside if live else None)
+        if not self.is_attached:
+            return
         self._show_thinking(thinking_tokens)
         await self.markdown.update(visible(self.split.answer))
+        if not self.is_attached:  # removed while the Markdown was being mounted
+            return
         self.remove_class("pending")
         self.set_class(finish_reason == "cancelled", "stopped")
         self.set_class(finish_reason == "error", "failed")
