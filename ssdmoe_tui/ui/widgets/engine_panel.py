@@ -129,6 +129,10 @@ class EnginePanel(VerticalScroll):
         self._last_generated = 0
         self.phase = "idle"
         self._context_unknown = False  # a resumed conversation before its next turn
+        # A new conversation until its first request: a sample the engine sends late for
+        # the previous one's last request (stopped in its prefill by ctrl+n) is not this
+        # conversation's, so only its machine-wide figures (memory, cache use) are shown.
+        self._between = False
 
     def compose(self) -> ComposeResult:
         yield Static("phase", classes="section-title")
@@ -216,6 +220,7 @@ class EnginePanel(VerticalScroll):
         for key in ("kv_hit", "mass", "decode", "prefill", "ssd", "page_cache", "cache_hit"):
             self._set(key, "—")
         self._context_unknown = resumed
+        self._between = True
         self._show_context_unknown()
 
     def _show_context_unknown(self) -> None:
@@ -264,6 +269,13 @@ class EnginePanel(VerticalScroll):
 
     def show_sample(self, s: StatsSample) -> None:
         self.last_sample = s
+        self._set("cache_used", used_of(s.expert_cache_used_bytes, s.expert_cache_budget_bytes))
+        self._set("mem_resident", fmt_bytes(s.resident_bytes))
+        self._set("mem_kv", fmt_bytes(s.kv_cache_bytes))
+        self._set("mem_rss", fmt_bytes(s.rss_bytes))
+        self._set("mem_peak", fmt_bytes(s.peak_rss_bytes))
+        if self._between:
+            return
         new_tokens = s.generated_tokens - self._last_generated
         if new_tokens < 0:  # a new turn started
             new_tokens = s.generated_tokens
@@ -292,14 +304,6 @@ class EnginePanel(VerticalScroll):
         self._set("page_cache", fmt_mib(page_cache_mib(s)) if ran else "—")
         self._set("mass", fmt_pct(s.routing_mass))
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate) if ran else "—")
-        self._set(
-            "cache_used",
-            used_of(s.expert_cache_used_bytes, s.expert_cache_budget_bytes),
-        )
-        self._set("mem_resident", fmt_bytes(s.resident_bytes))
-        self._set("mem_kv", fmt_bytes(s.kv_cache_bytes))
-        self._set("mem_rss", fmt_bytes(s.rss_bytes))
-        self._set("mem_peak", fmt_bytes(s.peak_rss_bytes))
         self._set("kv_hit", fmt_pct(s.kv_hit_rate) if ran else "—")
         if self._context_unknown:
             return
@@ -362,6 +366,9 @@ class EnginePanel(VerticalScroll):
         return False
 
     def clear_history(self) -> None:
+        """The sparklines start again: a request is about to go (its samples are this
+        conversation's from now on), or another conversation starts."""
+        self._between = False
         self.decode_history.clear()
         self.ssd_history.clear()
         self.mass_history.clear()
