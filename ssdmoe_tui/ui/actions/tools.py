@@ -16,6 +16,7 @@ from ssdmoe_tui.errors import printable, user_message
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.tools.calls import ToolCall
 from ssdmoe_tui.tools.loop import DENY, ONCE
+from ssdmoe_tui.tools.servers import ToolResult
 from ssdmoe_tui.ui.screens.tool_approval import STOP, ToolApprovalScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 
@@ -109,42 +110,10 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
         return
     results: list[Message] = []
     for call in calls:
-        offered = loop.offered(call.name)
-        block = ToolCallBlock(call, "waiting for approval" if offered else "unknown tool")
-        await transcript.mount(block)
-        transcript.scroll_end(animate=False)
-        if not offered:  # nothing to approve: no server runs it; the model is told so
-            result = loop.servers.call(call.name, {})
-            pane.notify(result.note, severity="warning", markup=False)
-            await transcript.mount(ToolResultBlock(call.name, result.text, True))
-            results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
-            continue
-        choice = ONCE
-        show_phase(pane, f"waiting for approval: {printable(call.name, 40)}")
-        if loop.needs_approval(chat.session_id, call.name):
-            choice = await pane.app.push_screen_wait(
-                ToolApprovalScreen(call, _server_of(loop, call.name))
-            )
-        if choice == STOP:
-            block.set_state("denied")
+        result = await _answer(pane, loop, call)
+        if result is None:  # Esc in the dialog
             await transcript.add_notice("Tool loop stopped: the call was not run.")
             return
-        loop.remember(chat.session_id, call.name, choice)
-        if choice == DENY:
-            result = loop.denied(call)
-            block.set_state("denied")
-        else:
-            block.set_state("running")
-            show_phase(pane, f"running tool {printable(call.name, 40)}")
-            ticket = loop.servers.ticket()  # an Esc from here on stops this call, sent or not
-            try:
-                result = await asyncio.to_thread(loop.run, call, ticket)
-            except asyncio.CancelledError:  # Esc: the result, when it comes, is dropped
-                block.set_state("stopped")
-                raise
-            block.set_state("failed" if result.is_error else "done")
-            if result.is_error:
-                pane.notify(result.note, severity="warning", markup=False)
         results.append(Message("tool", result.text, name=call.name, tool_call_id=call.id))
         chat.keep_tool_results(results)  # saved before it is shown: a crash loses none
         await transcript.mount(ToolResultBlock(call.name, result.text, result.is_error))
@@ -156,3 +125,43 @@ async def _round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
         return
     show_phase(pane, "idle")  # until the engine says what the reply is doing
     await pane._start_reply(request)
+
+
+async def _answer(pane: Any, loop: Any, call: ToolCall) -> ToolResult | None:
+    """One call's block and result: not asked about when no running server offers the
+    tool ("unknown tool"), else asked (unless "always"), then run or denied; None when
+    the user stopped the loop in the dialog."""
+    transcript, chat = pane.transcript, pane.chat
+    offered = loop.offered(call.name)
+    block = ToolCallBlock(call, "waiting for approval" if offered else "unknown tool")
+    await transcript.mount(block)
+    transcript.scroll_end(animate=False)
+    if not offered:  # nothing to approve: no server runs it; the model is told so
+        result = loop.servers.call(call.name, {})
+        pane.notify(result.note, severity="warning", markup=False)
+        return result
+    choice = ONCE
+    show_phase(pane, f"waiting for approval: {printable(call.name, 40)}")
+    if loop.needs_approval(chat.session_id, call.name):
+        choice = await pane.app.push_screen_wait(
+            ToolApprovalScreen(call, _server_of(loop, call.name))
+        )
+    if choice == STOP:
+        block.set_state("denied")
+        return None
+    loop.remember(chat.session_id, call.name, choice)
+    if choice == DENY:
+        block.set_state("denied")
+        return loop.denied(call)
+    block.set_state("running")
+    show_phase(pane, f"running tool {printable(call.name, 40)}")
+    ticket = loop.servers.ticket()  # an Esc from here on stops this call, sent or not
+    try:
+        result = await asyncio.to_thread(loop.run, call, ticket)
+    except asyncio.CancelledError:  # Esc: the result, when it comes, is dropped
+        block.set_state("stopped")
+        raise
+    block.set_state("failed" if result.is_error else "done")
+    if result.is_error:
+        pane.notify(result.note, severity="warning", markup=False)
+    return result
