@@ -149,15 +149,16 @@ async def test_an_attached_servers_reply_reasoning_and_tool_call_are_shown_escap
             await wait_until(pilot, lambda: app.chat.model is not None, what="the attach")
             app.chat_pane.prompt.focus()
             await pilot.press("h", "i", "enter")
-            await wait_until(
-                pilot, lambda: isinstance(app.screen, ToolApprovalScreen), what="approval"
-            )
-            assert app.screen.call.name == EVIL_NAME  # exact: the name the server sent
-            await wait_until(pilot, lambda: "wants to call" in screen_text(app), what="drawn")
+            # No server offers a tool of that name: it is answered "unknown tool" without
+            # asking (issue 44 M7), its block and the line saying so escaped.
+            await wait_until(pilot, lambda: app.query(ToolCallBlock), what="the call")
+            block = app.query_one(ToolCallBlock)
+            assert block.call.name == EVIL_NAME  # exact: the name the server sent
+            assert block.state == "unknown tool" and not isinstance(app.screen, ToolApprovalScreen)
+            await wait_until(pilot, lambda: "unknown tool" in screen_text(app), what="drawn")
             out, shown = terminal_output(app), screen_text(app)
             assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out
             assert "\\x1b]0;pwned\\x07" in shown and "\\x1b]52;c;" in shown
-            await pilot.press("n")
             await wait_until(
                 pilot, lambda: len(app.query(AssistantMessage)) == 2 and settled(app), what="reply"
             )
