@@ -190,7 +190,11 @@ def main() -> int:
         print(s)
     names = "name" if len(stale) == 1 else "names"
     files = len(DOCS) + len(SOURCES)
-    print(f"{len(stale)} stale {names} in {files} files" if stale else f"{files} files: every name exists")
+    print(
+        f"{len(stale)} stale {names} in {files} files"
+        if stale
+        else f"{files} files: every name exists"
+    )
     return 1 if stale else 0
 
 

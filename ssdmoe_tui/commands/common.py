@@ -70,8 +70,15 @@ def add_model_argument(p: argparse.ArgumentParser, *, default: str | None = "", 
 
 
 def _add_one_or_list(
-    p: argparse.ArgumentParser, name: str, parse: Callable, what: str, metavar: str, *,
-    many: bool, default: object, help: str,
+    p: argparse.ArgumentParser,
+    name: str,
+    parse: Callable,
+    what: str,
+    metavar: str,
+    *,
+    many: bool,
+    default: object,
+    help: str,
 ) -> None:
     """`name` taking one value, or with `many` (the bench's sweeps) a comma-separated
     list of them (`--k 8,4,2`), each through `parse`."""
@@ -105,7 +112,9 @@ def add_expert_cache_argument(
     """Sizes below the model's minimum are raised to it at open time, with a notice."""
     if default == "auto":
         default = [O.CacheBudget()] if many else O.CacheBudget()
-    help = "budgets, e.g. 2G,8G (default auto)" if many else "expert cache budget: auto, 512M, 4G, ..."
+    help = (
+        "budgets, e.g. 2G,8G (default auto)" if many else "expert cache budget: auto, 512M, 4G, ..."
+    )
     _add_one_or_list(
         p, "--expert-cache", O.CacheBudget.parse, "expert cache size", "SIZE",
         many=many, default=default, help=help,
