@@ -115,6 +115,9 @@ class AppSessions:
             # A system prompt set mid-conversation (F9): the stored ids were made under
             # the old one, so every turn is rebuilt under the new one. The whole history
             # stays in context; only its cached prefix is lost.
+            if conv.turns:  # set mid-conversation: the export shows each where it began
+                conv.earlier_systems.append([conv.system_since, conv.system_prompt])
+                conv.system_since = len(conv.turns)
             conv.system_prompt, conv.tokenizer_id = system, ""
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         conv.model_path = getattr(info, "path", "")

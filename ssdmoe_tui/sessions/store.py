@@ -243,6 +243,11 @@ class Conversation:
     fingerprint: str = ""
     model_path: str = ""  # the folder it was loaded from: `--resume` opens it again
     system_prompt: str = ""
+    # Turns stored before `system_prompt` was set (F9 mid-conversation; 0: from the
+    # start), and the prompts it replaced as [turns before, text]: the Markdown export
+    # shows each where it began (it put a prompt set later at the top).
+    system_since: int = 0
+    earlier_systems: list[list[Any]] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     tokenizer_id: str = ""  # which tokenizer + template produced the token ids
     # The conversation's generation settings (config keys: temperature, top_p,
@@ -289,6 +294,8 @@ class Conversation:
             "fingerprint": self.fingerprint,
             "model_path": self.model_path,
             "system_prompt": self.system_prompt,
+            "system_since": self.system_since,
+            "earlier_systems": [list(e) for e in self.earlier_systems],
             "tokenizer_id": self.tokenizer_id,
             "turns": [asdict(t) for t in self.turns],
             "settings": dict(self.settings),
@@ -316,11 +323,28 @@ class Conversation:
             fingerprint=_str(d, "fingerprint"),
             model_path=_str(d, "model_path"),
             system_prompt=_str(d, "system_prompt"),
+            system_since=_count(d.get("system_since", 0), "system_since"),
+            earlier_systems=_earlier_systems(d.get("earlier_systems", [])),
             turns=[Turn.from_dict(t) for t in turns],
             tokenizer_id=_str(d, "tokenizer_id"),
             settings=_settings(d.get("settings", {})),
             replaced=_replaced(d.get("replaced", [])),
         )
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 31:
+        raise ValueError(f"{what} must be a whole number of turns, not {json.dumps(value)[:20]}")
+    return value
+
+
+def _earlier_systems(value: Any) -> list[list[Any]]:
+    ok = isinstance(value, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[1], str) for e in value
+    )
+    if not ok:
+        raise ValueError("earlier_systems must be a list of [turns, text] pairs")
+    return [[_count(n, "earlier_systems"), text] for n, text in value]
 
 
 def _replaced(value: Any) -> list[list[Turn]]:
@@ -622,9 +646,15 @@ def to_markdown(conv: Conversation) -> str:
         lines.append(f"- Model: {conv.model_id}")
     lines.append(f"- Created: {iso(conv.created)}; updated: {iso(conv.updated)}")
     lines.append("")
-    if conv.system_prompt:
-        lines += ["## System", "", conv.system_prompt, ""]
-    for t in conv.turns:
+    systems = [*conv.earlier_systems, [conv.system_since, conv.system_prompt]]
+    for i, t in enumerate([*conv.turns, None]):
+        for since, text in systems:  # each where it began (a rewind may have cut the turns)
+            if text and (since == i or (t is None and since > i)):
+                n = sum(1 for u in conv.turns[:i] if u.role == "user")
+                later = f" (set after {n} turn{'' if n == 1 else 's'})" if n else ""
+                lines += [f"## System{later}", "", text, ""]
+        if t is None:
+            break
         if t.role == "tool":
             lines += [f"## Tool result ({t.tool_name or 'tool'})", "", "```", t.text, "```", ""]
             continue

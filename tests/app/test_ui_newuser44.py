@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 
-from textual.widgets import Label, Static
+from textual.widgets import Label, Static, TextArea
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import engine_factory
@@ -22,7 +22,15 @@ from ssdmoe_tui.ui.widgets.engine_panel import Row, used_of
 from ssdmoe_tui.ui.widgets.transcript import Notice
 from ssdmoe_tui.ui.widgets.welcome import Welcome
 from tests.helpers import pace
-from tests.helpers.pilot import loaded, next_reply, record_notifications, send, wait_until
+from tests.helpers.pilot import (
+    loaded,
+    next_reply,
+    open_settings,
+    record_notifications,
+    save_settings,
+    send,
+    wait_until,
+)
 
 SIZE = (120, 40)
 LONG = " ".join(f"streaming expert {i} from the disk" for i in range(220))  # ~2,900 tokens
@@ -260,3 +268,25 @@ async def test_item6_finishing_a_reply_no_longer_on_screen_mounts_nothing():
         assert not message.is_attached
         await message.finish("**an answer**\n\n```\ncode\n```", "stop", "3 tokens")
         assert message.text == "**an answer**\n\n```\ncode\n```"  # kept, not shown
+
+
+async def test_n21_a_system_prompt_set_later_is_exported_where_it_was_set():
+    store = SessionStore()
+    app = demo_app(store, max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, app)
+        await send(pilot, "hello there")
+        screen = await open_settings(pilot)
+        screen.query_one("#set-system_prompt", TextArea).text = "Be brief."
+        await save_settings(pilot, screen)
+        await wait_until(pilot, lambda: app.chat.gen.system_prompt == "Be brief.", what="F9")
+        await send(pilot, "and then?")
+        conv_id = app.chat.session_id
+        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
+    md = store.export_markdown(conv_id)
+    first, second = md.index("## User\n\nhello there"), md.index("## User\n\nand then?")
+    system = md.index("## System (set after 1 turn)\n\nBe brief.")
+    assert first < system < second, md
+    assert md.count("## System") == 1
+    conv = SessionStore().get(conv_id)  # read back from its file
+    assert (conv.system_since, conv.earlier_systems) == (2, [[0, ""]])
