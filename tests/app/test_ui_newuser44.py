@@ -5,6 +5,8 @@ demo where a model is needed, real files)."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from textual.widgets import Label, Static, TextArea
@@ -134,12 +136,18 @@ async def test_m3_plain_resume_reopens_the_conversations_own_model_or_says_why_n
         assert app.chat.gen.k is None and app.chat.model.k == app.chat.model.trained_k
 
 
-async def test_m10_ctrl_l_then_esc_gives_the_box_back_its_draft():
-    store = SessionStore()
+@asynccontextmanager
+async def after_hello(store: SessionStore) -> AsyncIterator[tuple[SsdmoeApp, object]]:
+    """(app, pilot) on the demo, its first exchange ("hello there") done."""
     app = demo_app(store, max_tokens=8)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
         await send(pilot, "hello there")
+        yield app, pilot
+
+
+async def test_m10_ctrl_l_then_esc_gives_the_box_back_its_draft():
+    async with after_hello(SessionStore()) as (app, pilot):
         prompt = app.chat_pane.prompt
         prompt.load_text("a draft")
         await pilot.press("ctrl+l")
@@ -272,10 +280,7 @@ async def test_item6_finishing_a_reply_no_longer_on_screen_mounts_nothing():
 
 async def test_n21_a_system_prompt_set_later_is_exported_where_it_was_set():
     store = SessionStore()
-    app = demo_app(store, max_tokens=8)
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot, app)
-        await send(pilot, "hello there")
+    async with after_hello(store) as (app, pilot):
         screen = await open_settings(pilot)
         screen.query_one("#set-system_prompt", TextArea).text = "Be brief."
         await save_settings(pilot, screen)
