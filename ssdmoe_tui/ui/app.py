@@ -542,7 +542,9 @@ class SsdmoeApp(App[int]):
             return
         self.chat.stop()
         end = time.monotonic() + QUIT_SETTLE_S
-        while self.chat.inflight is not None and time.monotonic() < end:
+        # `inflight`, not the controller's alone: until the reply's widget has finished
+        # too (a new chat removing it mid-finish cancelled the removal's wait).
+        while self.inflight is not None and time.monotonic() < end:
             await asyncio.sleep(0.05)
         current = self.chat_pane.current
         self.chat.settle_unanswered(current.text if current is not None else "")
