@@ -4,11 +4,16 @@ demo where a model is needed, real files)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from textual.widgets import Label, Static, TextArea
 
 from ssdmoe_tui import paths
@@ -295,3 +300,38 @@ async def test_n21_a_system_prompt_set_later_is_exported_where_it_was_set():
     assert md.count("## System") == 1
     conv = SessionStore().get(conv_id)  # read back from its file
     assert (conv.system_since, conv.earlier_systems) == (2, [[0, ""]])
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_n3_attached_in_a_real_terminal_the_panel_shows_weights_and_context_whole(tmp_path):
+    """`ssdmoe --attach` in tmux showed 'weights 9' and 'context 0' (the width of the '—'
+    before them) in 2 of 8 launches, both at 120x40; the pilot never did (8 of 8 whole).
+    A value set before its widget had mounted kept the width Textual had cached for the
+    '—' (Widget.refresh skips clear_cached_dimensions then); the panel now sets each
+    value's width with its text. A race: six launches here, each must show both whole."""
+    from tests.helpers.serve_process import start_server, stop
+    from tests.helpers.tmux import tmux, wait_pane
+
+    served = start_server(ensure_demo_model(paths.demo_model_dir()), tmp_path)
+    bin_ = Path(sys.executable).parent
+    env = f"SSDMOE_HOME='{os.environ['SSDMOE_HOME']}' SSDMOE_LOCK_DIR='{tmp_path}/app-locks'"
+    cmd = f"{env} TERM=xterm-256color '{bin_}/ssdmoe' --attach {served.url}; sleep 60"
+    seen = []
+    try:
+        for launch in range(6):
+            sock = f"ssdmoe-n3-{os.getpid()}-{launch}"
+            tmux(sock, "new-session", "-d", "-s", "t", "-x", "120", "-y", "40", cmd)
+            try:
+                pane = wait_pane(sock, "Attached to the server", 60)
+                time.sleep(1.0)  # the panel's first figures drawn
+                pane = tmux(sock, "capture-pane", "-p", "-t", "t")
+                rows = [
+                    " ".join(r.split("▏")[-1].split()).rstrip(" ▁▂▃▄▅▆▇█")
+                    for r in pane.splitlines()
+                ]
+                seen.append([r for r in rows if r.startswith(("weights", "context "))])
+            finally:
+                tmux(sock, "kill-server")
+    finally:
+        stop(served.proc)
+    assert seen == [["weights 935.2 KiB", "context 0 / 4,096"]] * 6, seen

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.tmux import tmux, wait_pane
+
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "tmux_smoke.sh"
 
@@ -20,22 +22,6 @@ def test_tmux_smoke():
     out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=420)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "tmux_smoke: OK" in out.stdout
-
-
-def _tmux(sock: str, *args: str) -> str:
-    out = subprocess.run(["tmux", "-L", sock, "-f", "/dev/null", *args], capture_output=True,
-                         text=True, timeout=20)  # fmt: skip
-    return out.stdout
-
-
-def _wait_pane(sock: str, needle: str, timeout: float, first_line: bool = False) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        pane = _tmux(sock, "capture-pane", "-p", "-t", "t")
-        if needle in (pane.splitlines()[:1] or [""])[0] if first_line else needle in pane:
-            return pane
-        time.sleep(0.3)
-    raise AssertionError(f"no {needle!r} on screen after {timeout} s:\n{pane}")
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -49,31 +35,31 @@ def test_sigterm_restores_the_terminal_and_saves_like_ctrl_q(tmp_path):
     env = f"SSDMOE_HOME='{os.environ['SSDMOE_HOME']}' SSDMOE_LOCK_DIR='{tmp_path}/locks'"
     cmd = (f"cd '{ROOT}' && {env} TERM=xterm-256color '{bin_}/ssdmoe' --max-tokens 20; "
            "echo SSDMOE-EXITED $?; sleep 60")  # fmt: skip
-    _tmux(sock, "new-session", "-d", "-s", "t", "-x", "120", "-y", "40", cmd)
+    tmux(sock, "new-session", "-d", "-s", "t", "-x", "120", "-y", "40", cmd)
     try:
-        _tmux(sock, "set-option", "-t", "t", "window-size", "manual")
-        _tmux(sock, "resize-window", "-t", "t", "-x", "120", "-y", "40")
-        _wait_pane(sock, "demo-model is ready", 180)
-        _tmux(sock, "send-keys", "-t", "t", "-l", "hello from tmux")
+        tmux(sock, "set-option", "-t", "t", "window-size", "manual")
+        tmux(sock, "resize-window", "-t", "t", "-x", "120", "-y", "40")
+        wait_pane(sock, "demo-model is ready", 180)
+        tmux(sock, "send-keys", "-t", "t", "-l", "hello from tmux")
         time.sleep(0.5)
-        _tmux(sock, "send-keys", "-t", "t", "Enter")
-        _wait_pane(sock, "tok/s · K", 90)
+        tmux(sock, "send-keys", "-t", "t", "Enter")
+        wait_pane(sock, "tok/s · K", 90)
         # A second prompt, long enough that SIGTERM comes during its prefill.
-        _tmux(sock, "send-keys", "-t", "t", "-l", " ".join(f"disk {i} reads" for i in range(300)))
+        tmux(sock, "send-keys", "-t", "t", "-l", " ".join(f"disk {i} reads" for i in range(300)))
         time.sleep(0.5)
-        _tmux(sock, "send-keys", "-t", "t", "Enter")
-        _wait_pane(sock, "prefill", 60, first_line=True)  # the status bar's phase
-        shell = _tmux(sock, "display", "-p", "-t", "t", "#{pane_pid}").strip()
+        tmux(sock, "send-keys", "-t", "t", "Enter")
+        wait_pane(sock, "prefill", 60, first_line=True)  # the status bar's phase
+        shell = tmux(sock, "display", "-p", "-t", "t", "#{pane_pid}").strip()
         app = subprocess.run(["pgrep", "-P", shell], capture_output=True, text=True).stdout
         os.kill(int(app.split()[0]), signal.SIGTERM)
-        pane = _wait_pane(sock, "SSDMOE-EXITED", 30)
+        pane = wait_pane(sock, "SSDMOE-EXITED", 30)
         assert "SSDMOE-EXITED 143" in pane, pane
         assert "Terminated" not in pane and "Traceback" not in pane, pane
         modes = "#{alternate_on} #{mouse_any_flag} #{mouse_button_flag} #{mouse_sgr_flag}"
-        assert _tmux(sock, "display", "-p", "-t", "t", modes).split() == ["0"] * 4
-        assert _tmux(sock, "display", "-p", "-t", "t", "#{cursor_flag}").strip() == "1"
+        assert tmux(sock, "display", "-p", "-t", "t", modes).split() == ["0"] * 4
+        assert tmux(sock, "display", "-p", "-t", "t", "#{cursor_flag}").strip() == "1"
     finally:
-        _tmux(sock, "kill-server")
+        tmux(sock, "kill-server")
     [summary] = SessionStore().list()
     turns = SessionStore().get(summary.id).turns
     assert [t.role for t in turns] == ["user", "assistant", "user"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
@@ -182,7 +183,13 @@ class EnginePanel(VerticalScroll):
     def _set(self, key: str, text: str) -> None:
         if self.shown.get(key) != text:
             self.shown[key] = text
-            self.query_one(f"#v-{key}", Static).update(text)
+            value = self.query_one(f"#v-{key}", Static)
+            value.update(text)
+            # Its width in cells, set with the text: left to `width: auto`, a value set
+            # before the widget had mounted (`--attach` in a real terminal) kept the width
+            # Textual had cached for the "—" before it (Widget.refresh skips
+            # clear_cached_dimensions until mounted): "weights 9", "context 0" in 2 of 8.
+            value.styles.width = max(1, cell_len(text))
 
     def show_model(self, info: ModelInfo | None, k: int | None = None) -> None:
         """Show a loaded model (None: no model); `k` is the K it runs at."""
