@@ -99,7 +99,9 @@ def test_penalties_see_the_same_tokens(checkpoints, arch):
     procs = make_logits_processors(repetition_penalty=1.5, repetition_context_size=20)
     plain = runner.generate(PROMPT, max_tokens=N, logits_processors=procs)
     given_back = 0
-    for spec in (Speculation("oracle", None, 0.8), Speculation("oracle", 2, 0.5)):
+    # the governor at 100 %: at 80 % it rightly stops drafting on this tiny CPU model
+    # once a verify round also pays for the pipelined step it gives back (governor.py)
+    for spec in (Speculation("oracle", None, 1.0), Speculation("oracle", 2, 0.5)):
         res = runner.generate(PROMPT, max_tokens=N, logits_processors=procs, speculate=spec,
                               draft_reference=plain.tokens)  # fmt: skip
         assert res.tokens == plain.tokens, spec

@@ -10,14 +10,23 @@ and costs
 
     T(d) = C(d + 1) + M(d + 1) * B / R  [+ (1 - a^d) * C(d)  where the KV cache cannot be
                                           trimmed and a partly accepted chunk is re-run]
+           + L + W  where a pipelined d = 0 step was already built
 
-where C(n) is the measured compute of a pass of n tokens (wall time less expert reads,
-the median of the last WINDOW such passes; the fixed per-pass cost is C(1)), M(n) the
-expected expert misses of a pass of n tokens (0 when every expert is held; else
-measured, interpolated between measured sizes, or, before any was, those of one token
-scaled by the per-layer union growth U(n) / U(1), U measured per chunk size from the
-cache's lookups, prior E * (1 - (1 - K/E)^n)), B the bytes of one expert and R the
-disk's measured rate; T never falls below a smaller pass's. The governor picks the d in
+where C(n) is the measured cost of a round of n tokens (wall time from its start to the
+next round's, so what a pipelined step overlaps is in it, less expert reads; the median
+of the last WINDOW such rounds; the fixed per-pass cost is C(1)), M(n) the expected
+expert misses of a pass of n tokens (0 when every expert is held; else measured,
+interpolated between measured sizes, or, before any was, those of one token scaled by
+the per-layer union growth U(n) / U(1), U measured per chunk size from the cache's
+lookups, prior E * (1 - (1 - K/E)^n)), B the bytes of one expert and R the disk's
+measured rate; T never falls below a smaller pass's. Where d = 0 rounds are pipelined
+(every expert held: the next step is built while this one computes), a verify round
+after a pipelined d = 0 round also costs what pipelining saved: L, the measured extra
+of a d = 0 round after a verify round (none is built for it), and W, the measured wait
+for the built step it gives back (C(1) until measured). After a verify round d = 0 is
+cold too: it is priced C(1) + L, a verify round C(d + 1), so a run of drafts that keep
+matching goes on. Without L and W the CPU demo drafted at 88 % acceptance where a
+depth-2 round cost 16 ms against 6.6 ms a step, and lost (0.91x). The governor picks the d in
 0..D (D: the drafts on offer, at most AUTO_DEPTH) that maximizes A(d) / T(d); d > 0 only
 when it beats d = 0 by MARGIN, so estimation noise does not turn into a loss (at a = 0
 no depth can). Acceptance is measured on every round, d = 0 included: the drafter's
@@ -69,11 +78,12 @@ class PassFigures:
     """What one pass of n tokens cost: medians over the last WINDOW passes of that size of
     compute seconds, lookups (the per-layer union, summed over layers) and misses. Not
     a mean: on a shared machine a pass that waits for a core takes up to ten times the
-    others, and one such pass would carry into the next prices."""
+    others, and one such pass would carry into the next prices. The medians are taken
+    when a price asks for them, not per pass: most rounds draft nothing and ask none."""
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
-        self.compute_s = self.lookups = self.misses = 0.0
+        self._medians: tuple[float, float, float] | None = (0.0, 0.0, 0.0)
 
     @property
     def count(self) -> int:
@@ -81,8 +91,26 @@ class PassFigures:
 
     def update(self, compute_s: float, lookups: float, misses: float) -> None:
         self._samples.append((compute_s, lookups, misses))
-        cols = list(zip(*self._samples, strict=True))
-        self.compute_s, self.lookups, self.misses = (float(median(c)) for c in cols)
+        self._medians = None
+
+    def _figures(self) -> tuple[float, float, float]:
+        if self._medians is None:
+            cols = zip(*self._samples, strict=True)
+            c, lk, m = (float(median(col)) for col in cols)
+            self._medians = (c, lk, m)
+        return self._medians
+
+    @property
+    def compute_s(self) -> float:
+        return self._figures()[0]
+
+    @property
+    def lookups(self) -> float:
+        return self._figures()[1]
+
+    @property
+    def misses(self) -> float:
+        return self._figures()[2]
 
 
 @dataclass
@@ -95,6 +123,11 @@ class CostModel:
     all_held: bool = False  # every expert resident for good: no pass reads
     passes: dict[int, PassFigures] = field(default_factory=dict)
     disk_bytes_s: float | None = None  # measured read rate (EMA)
+    # Where d = 0 rounds are pipelined (the next step built while this one computes): a
+    # d = 0 round that was not (after a verify round, which leaves none built), and the
+    # wait for a pipelined step that a verify round gave back (it runs to its end).
+    cold: PassFigures = field(default_factory=PassFigures)
+    waste: PassFigures = field(default_factory=PassFigures)
 
     def measure(self, n: int, compute_s: float, read_s: float, lookups: int, misses: int,
                 bytes_read: int) -> None:  # fmt: skip
@@ -107,6 +140,29 @@ class CostModel:
                 rate if self.disk_bytes_s is None
                 else self.disk_bytes_s + EMA * (rate - self.disk_bytes_s)
             )  # fmt: skip
+
+    def measure_cold(self, compute_s: float) -> None:
+        """A d = 0 round that found no step built for it, where d = 0 rounds pipeline."""
+        self.cold.update(max(compute_s, 0.0), 0.0, 0.0)
+
+    def measure_waste(self, seconds: float) -> None:
+        """The wait for a pipelined step that was given back for a verify round."""
+        self.waste.update(max(seconds, 0.0), 0.0, 0.0)
+
+    def pipeline_loss(self) -> float:
+        """L: what the d = 0 round after a verify round costs more than a pipelined one
+        (a verify round leaves no next step built); 0 until both were measured."""
+        one = self.passes.get(1)
+        if one is None or not one.count or not self.cold.count:
+            return 0.0
+        return max(self.cold.compute_s - one.compute_s, 0.0)
+
+    def give_back_s(self) -> float:
+        """W: the compute lost when a pipelined step is given back for a verify round;
+        before one was measured, the whole step (C(1))."""
+        if self.waste.count:
+            return self.waste.compute_s
+        return self.compute(1) or 0.0
 
     def compute(self, n: int) -> float | None:
         """C(n): measured, interpolated between measured sizes, or C(1) scaled by the prior;
@@ -200,7 +256,9 @@ class Governor:
         self.fixed = fixed
         self.rerun = rerun  # a partly accepted chunk is re-run (non-trimmable KV cache)
 
-    def choose(self, offered: int) -> Choice:
+    def choose(self, offered: int, pending: bool = False) -> Choice:
+        """The depth of this round; `pending`: a pipelined d = 0 step is already built
+        (a verify round gives it back, its compute lost: W)."""
         if offered <= 0:
             return Choice(0, 1.0, self.costs.pass_s(1))
         if self.fixed is not None:
@@ -210,12 +268,18 @@ class Governor:
         base = self.costs.pass_s(1)
         if base is None or base <= 0:
             return Choice(0, 1.0, base)  # the first decode pass is measured before drafting
+        loss = self.costs.pipeline_loss()
+        if pending:  # d = 0 is the built step; a verify round gives it back (W) and leaves
+            extra = loss + self.costs.give_back_s()  # the next d = 0 round cold (L)
+        else:  # after a verify round: d = 0 is cold too, whatever this round does
+            base, extra = base + loss, 0.0
         best = Choice(0, 1.0, base)
         best_rate = (1.0 / base) * (1 + MARGIN)
         for d in range(1, min(offered, AUTO_DEPTH) + 1):
             t = self.costs.pass_s(d + 1)
             if t is None:
                 continue
+            t += extra
             if self.rerun:
                 t += (1 - a**d) * (self.costs.compute(d) or 0.0)
             tokens = geometric_tokens(a, d)

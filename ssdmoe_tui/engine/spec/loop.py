@@ -21,7 +21,14 @@ from ssdmoe_tui.engine.spec.governor import (
     CostModel,
     Governor,
 )
-from ssdmoe_tui.engine.spec.verify import TRIM, UNDO, SpecStats, rewind_mode, verify_chunk
+from ssdmoe_tui.engine.spec.verify import (
+    TRIM,
+    UNDO,
+    SpecStats,
+    always_trims,
+    rewind_mode,
+    verify_chunk,
+)
 from ssdmoe_tui.options import Speculation
 
 
@@ -105,6 +112,12 @@ def spec_loop(
     pending: tuple[mx.array, int] | None = None  # the next d = 0 step, already scheduled
     give_back = None  # how to undo `pending`: a ChunkUndo, TRIM, or None (it cannot be)
     seen_before = None  # the logits processors' tokens before `pending` was built
+    trims = always_trims(cache)  # the rewind mode is TRIM whatever the chunk's size
+    # A round is priced by its whole cycle, from its start to the next round's: what a
+    # pipelined d = 0 step overlaps (the events, the bookkeeping) is then in its price,
+    # as it is in a verify round's, which overlaps nothing. The turn's first round is
+    # cold too, but carries the turn's start: it prices C(1), not L.
+    last: tuple | None = None
     while True:
         for t in emit:
             event = runner.token_event(t, tokens, eos, detok, stats, dstart.t)
@@ -120,19 +133,25 @@ def spec_loop(
             finish = "cancelled"
             break
         t0 = clock()
+        if last is not None:  # the round before, priced by its whole cycle (see above)
+            _price(costs, t0, *last)
         h0, m0, b0, r0 = counters.hits, counters.misses, counters.bytes_read, counters.read_s
         tok = tokens[-1]
         room = max_tokens - len(tokens)  # tokens this turn may still produce
         drafts = drafter.propose(min(depth_cap, room))
-        costs.all_held = sm.cache.all_frozen
-        mode = rewind_mode(cache, len(drafts) + 1) if drafts else None
-        if mode is None or (pending is not None and give_back is None):
-            offered = 0
-        else:
-            offered = len(drafts)
-        governor.rerun = mode == UNDO
-        d = governor.choose(offered).depth
+        d = 0  # no drafts on offer (most rounds): a plain step, nothing priced
+        if drafts:
+            mode = TRIM if trims else rewind_mode(cache, len(drafts) + 1)
+            if mode is not None and (pending is None or give_back is not None):
+                costs.all_held = sm.cache.all_frozen
+                governor.rerun = mode == UNDO
+                d = governor.choose(len(drafts), pending is not None).depth
+        wasted = 0.0
         if d and pending is not None:  # drafts pay: give the pipelined step back
+            tw = clock()
+            mx.eval(pending[0])  # it runs to its end either way: its wait is W
+            wasted = clock() - tw
+            costs.measure_waste(wasted)
             if give_back == TRIM:
                 for c in cache:
                     c.trim(1)
@@ -147,12 +166,14 @@ def spec_loop(
             figures.given_back += 1
         figures.depths[d] = figures.depths.get(d, 0) + 1
         if d == 0:
-            if pending is None:
+            cold = pending is None
+            if cold:
                 y_arr, k_tok = runner._schedule(step, mx.array([tok], dtype=mx.uint32))
             else:
                 (y_arr, k_tok), pending = pending, None
-            if room > 1 and runner._can_pipeline():
-                one = rewind_mode(cache, 1)
+            pipelines = room > 1 and runner._can_pipeline()
+            if pipelines:
+                one = TRIM if trims else rewind_mode(cache, 1)
                 give_back = ChunkUndo(cache) if one == UNDO else one
                 seen_before = begun.window.seen if begun.window is not None else None
                 pending = runner._schedule(step, y_arr)
@@ -165,6 +186,7 @@ def spec_loop(
                 acceptance.observe(int(drafts[0] == y), 1)
             n_pass, rerun_s = 1, 0.0
         else:
+            cold = pipelines = False
             v = _verify(runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing, clock)
             if meter is not None:
                 meter.clear()  # a chunk's mass is not measured
@@ -180,18 +202,32 @@ def spec_loop(
             figures.drafted += d
             figures.accepted += min(v.accepted, len(emit))
             n_pass, rerun_s = d + 1, v.rerun_s
-        spent = clock() - t0 - rerun_s  # a re-run is priced apart (governor)
-        lookups, misses = counters.hits + counters.misses - h0 - m0, counters.misses - m0
-        read_s = counters.read_s - r0
-        costs.measure(n_pass, spent - read_s, read_s, lookups, misses, counters.bytes_read - b0)
+        last = (
+            t0, 0 if cold and pipelines and last is not None else n_pass, rerun_s + wasted,
+            counters.read_s - r0,
+            counters.hits + counters.misses - h0 - m0, counters.misses - m0,
+            counters.bytes_read - b0,
+        )  # fmt: skip
         figures.passes += 1
         figures.tokens += len(emit)
         runner.window_figures(stats, dstart, start)
     stats.decode_s = time.perf_counter() - dstart.t
-    runner.window_figures(stats, dstart, start)
+    runner.window_figures(stats, dstart, start, live=False)
     runner._masses.clear()
     # a step scheduled on the last token: the cache holds it too
     return finish, len(tokens) - 1 + (pending is not None)
+
+
+def _price(costs: CostModel, now: float, t0: float, n: int, apart_s: float, read_s: float,
+           lookups: int, misses: int, bytes_read: int) -> None:  # fmt: skip
+    """Measure a round that began at `t0` and ended its cycle `now`: n = 0 is a d = 0 round
+    that found no step built where they pipeline (L), else a pass of n tokens. `apart_s`:
+    a re-run and a given-back step's wait (W), priced apart."""
+    spent = now - t0 - apart_s
+    if n == 0:
+        costs.measure_cold(spent)
+    else:
+        costs.measure(n, spent - read_s, read_s, lookups, misses, bytes_read)
 
 
 def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, clock):  # noqa: ANN001, ANN202

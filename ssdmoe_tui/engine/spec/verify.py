@@ -42,6 +42,14 @@ def rewind_mode(cache: list, tokens: int) -> str | None:
     return None
 
 
+def always_trims(cache: list) -> bool:
+    """Every layer's cache trims a chunk of any size (no window that could evict): the
+    rewind mode is then TRIM for the whole turn, not asked again each round."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    return all(type(c) in (KVCache, QuantizedKVCache) for c in cache)
+
+
 @dataclass
 class SpecStats:
     """A turn's speculation figures (decode only)."""
