@@ -16,8 +16,9 @@ _SET_K = re.compile(r"(?:set\s+)?k\s*=?\s*(\d+)", re.IGNORECASE)
 _SET_CACHE = re.compile(r"(?:set\s+)?(?:expert[-\s]?)?cache\s*=?\s*(\S+)", re.IGNORECASE)
 SPECULATE_HINTS = {
     "off": "Decode one token per pass",
-    "auto": "Draft where it pays: the governor prices each round; greedy replies unchanged",
-    "ngram": "Draft from the conversation so far (repeated spans: code, quotes)",
+    "auto": "Draft where it pays; greedy replies unchanged on CPU (on MLX-CUDA: off)",
+    # on MLX-CUDA a verify pass's logits differ from one-token decode: near-ties may flip
+    "ngram": "Draft from the conversation (quotes, code); MLX-CUDA: near-ties may flip tokens",
     "mtp": "Draft with the checkpoint's MTP head (where it has one)",
 }
 _OPEN = re.compile(r"open(?:\s+model)?\s+(\S.*)", re.IGNORECASE)

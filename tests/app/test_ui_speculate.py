@@ -37,6 +37,9 @@ async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
         assert not app.panel.query_one("#spec-title").display
 
         screen = await open_settings(pilot)
+        # F9 says what speculation promises where (issue 44 item 2): the hint's tooltip
+        tips = [str(h.tooltip) for h in screen.query(".setting-hint") if h.tooltip]
+        assert any("MLX-CUDA" in t and "near-ties may flip" in t for t in tips), tips
         await save_settings(pilot, screen, speculate="7")
         assert app.screen is screen
         assert "Speculate: '7'" in settings_error(screen)
@@ -53,6 +56,7 @@ async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
         await wait_until(pilot, lambda: panel.query_one("#spec-title").display, what="panel")
         assert panel.shown.get("spec_pass") == f"{sp['tokens_per_pass']:.2f}"
         assert "ms" in panel.shown.get("spec_cost", "")
+        assert "near-ties may flip" in str(panel.query_one("#row-spec_accept").tooltip)
 
         gen_settings.set_speculate(app, "off")
         assert app.chat.gen.speculate == "off"

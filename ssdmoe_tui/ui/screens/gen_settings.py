@@ -25,6 +25,11 @@ FIELDS = (  # (key, label, hint): a hint fits its column of a 64-wide dialog
     ("max_tool_rounds", "Max tool rounds", "per reply (tool calls)"),
     ("speculate", "Speculate", "off, auto, ngram, mtp"),
 )
+TIPS = {  # what a hint's column has no room for (its tooltip)
+    "speculate": "Draft tokens and verify them in one pass. Greedy replies are unchanged on "
+    "CPU; on MLX-CUDA a verify pass's logits differ from one-token decode (up to 0.28 on "
+    "the H200), so near-ties may flip tokens (auto drafts nothing there).",
+}
 OFF_WHEN_ZERO = {"top_p"}  # shown empty at 0: "Top-p 0" reads as "keep nothing"
 
 
@@ -77,7 +82,7 @@ class GenSettingsScreen(ModalScreen[GenSettings | None]):
                         id=f"set-{key}",
                         compact=True,
                     )
-                    yield Label(hint, classes="setting-hint")
+                    yield Label(hint, classes="setting-hint").with_tooltip(TIPS.get(key))
             yield Checkbox(
                 "Thinking (for models that think: Qwen3, …)",
                 self.current.thinking,

@@ -64,7 +64,9 @@ TOOLTIPS = {
     "sparkline is per token.",
     "cache_hit": "Share of routed experts found in the engine's own expert cache this turn.",
     "kv_hit": "Share of this turn's prompt served from the saved KV cache.",
-    "spec_accept": "Speculative decoding (F9): drafted tokens the model agreed with this reply.",
+    "spec_accept": "Speculative decoding (F9): drafted tokens the model agreed with this reply. "
+    "Greedy replies are unchanged on CPU; on MLX-CUDA a verify pass's logits differ from "
+    "one-token decode (up to 0.28 on the H200), so near-ties may flip tokens.",
     "spec_pass": "Tokens each forward pass produced this reply (1 without speculation).",
     "spec_cost": "Expert bytes read and milliseconds per token this reply.",
 }
