@@ -316,6 +316,8 @@ class EngineOptions:
 
 
 SPECULATE_MODES = ("off", "auto", "ngram", "mtp")  # what users pick; the bench adds oracle
+# and none: a drafter that never drafts (the speculative loop's own cost against plain)
+BENCH_MODES = ("oracle", "none")
 MAX_DRAFT_DEPTH = 8
 
 
@@ -330,7 +332,7 @@ class Speculation:
     p: float = 1.0
 
     def __post_init__(self) -> None:
-        parse_choice(self.mode, (*SPECULATE_MODES, "oracle"), "--speculate")
+        parse_choice(self.mode, (*SPECULATE_MODES, *BENCH_MODES), "--speculate")
         if self.depth is not None:
             check_draft_depth(self.depth)
         if not 0.0 <= self.p <= 1.0:
@@ -362,7 +364,8 @@ def parse_draft_depth(text: str | int | None) -> int | None:
 
 def parse_speculate(text: str, *, oracle: bool = False, depth: int | None = None) -> Speculation:
     """`off`, `auto`, `ngram`, `mtp`; with `oracle` (the bench) also `oracle[:P]`, P the
-    acceptance as 0..1 or a percentage (`oracle:70%`). One line for anything else."""
+    acceptance as 0..1 or a percentage (`oracle:70%`), and `none` (never drafts). One
+    line for anything else."""
     text = str(text).strip().lower()
     if oracle and (text == "oracle" or text.startswith("oracle:")):
         raw = text.partition(":")[2] or "1"
@@ -377,7 +380,9 @@ def parse_speculate(text: str, *, oracle: bool = False, depth: int | None = None
                 f"--speculate {text}: the acceptance P must be within 0..1 (or 0..100%)"
             )
         return Speculation("oracle", depth, p)
-    choices = (*SPECULATE_MODES, "oracle[:P]") if oracle else SPECULATE_MODES
+    if oracle and text == "none":
+        return Speculation("none", depth)
+    choices = (*SPECULATE_MODES, "oracle[:P]", "none") if oracle else SPECULATE_MODES
     if text not in SPECULATE_MODES:
         raise BadValueError(f"--speculate {text!r}: use one of {', '.join(choices)}")
     return Speculation(text, depth)

@@ -66,7 +66,7 @@ ARGUMENTS: tuple[Adder, ...] = (
     flag("--speculate", type=arg_type(parse_speculate_list), default=None, metavar="MODE[,...]",
          help="decode with and without speculation side by side on one engine: ngram, auto, "
          "oracle[:P[,P...]] (drafts from a previous greedy run, each wrong with probability "
-         "1-P; P as 0..1 or 70%%)"),
+         "1-P; P as 0..1 or 70%%), none (never drafts: the speculative loop's own cost)"),
     flag("--draft-depth", type=arg_type(parse_depth_list), default=None, metavar="D[,...]",
          help="with --speculate: draft depths, auto (the governor, the default) and/or 1..8"),
     flag("--prompt-file", default=None, metavar="FILE",

@@ -59,6 +59,7 @@ def test_greedy_tokens_equal_without_speculation(checkpoints, arch, budget):
         Speculation("oracle", None, 1.0),
         Speculation("oracle", 3, 0.5),
         Speculation("ngram"),
+        Speculation("none"),  # the bench's: never drafts, every round the plain step
     ]:
         res = runner.generate(PROMPT, max_tokens=N, speculate=spec, draft_reference=plain.tokens)
         assert res.tokens == plain.tokens, (spec, res.tokens, plain.tokens)
@@ -70,6 +71,8 @@ def test_greedy_tokens_equal_without_speculation(checkpoints, arch, budget):
         assert off is None or off == len(PROMPT) + N - 1
         if spec.mode == "oracle":
             assert sp.verify_passes > 0, spec
+        if spec.mode == "none":
+            assert sp.verify_passes == sp.given_back == 0 and sp.depths == {0: N - 1}
         if spec.mode == "oracle" and spec.p == 0.5:
             assert 0 < sp.accepted < sp.drafted
             assert (sp.rerun_passes > 0) == hybrid  # recurrent state: restored and re-run
@@ -251,6 +254,7 @@ def test_acceptance_falls_with_rejections():
     [
         ("7", "--speculate '7': use one of off, auto, ngram, mtp"),
         ("oracle", "--speculate 'oracle': use one of"),  # the bench's only
+        ("none", "--speculate 'none': use one of off, auto, ngram, mtp"),  # the bench's only
     ],
 )
 def test_bad_speculate_is_one_line(text, msg):
@@ -259,9 +263,9 @@ def test_bad_speculate_is_one_line(text, msg):
 
 
 def test_bench_lists_and_depths():
-    specs = parse_speculate_list("oracle:0.3,0.5,70%,ngram")
+    specs = parse_speculate_list("oracle:0.3,0.5,70%,ngram,none")
     assert [(s.mode, s.p) for s in specs] == [
-        ("oracle", 0.3), ("oracle", 0.5), ("oracle", 0.7), ("ngram", 1.0)
+        ("oracle", 0.3), ("oracle", 0.5), ("oracle", 0.7), ("ngram", 1.0), ("none", 1.0)
     ]  # fmt: skip
     assert parse_depth_list("auto,1,4") == [None, 1, 4]
     for bad in ("oracle:1.5", "oracle:x", "off"):
@@ -308,3 +312,23 @@ def test_auto_drafts_nothing_on_mlx_cuda(checkpoints, monkeypatch):
     cpu = runner.generate(PROMPT, max_tokens=N, speculate=Speculation("auto"))
     assert cpu.stats.spec is not None and cpu.tokens == plain.tokens
     sm.close()
+
+
+def test_bench_rounds_alternate_and_none_never_drafts(checkpoints):
+    """`ssdmoe bench --speculate none,oracle`: plain runs first in even rounds and last in
+    odd ones (ABBA), every row pairs with its round's plain run, `none` never drafts, and
+    greedy tokens stay the plain run's."""
+    from ssdmoe_tui.bench.speculate import run_speculate
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    runner = Runner(sm)
+    lines: list[str] = []
+    specs = parse_speculate_list("none,oracle:1")
+    res = run_speculate(runner, PROMPT, 12, specs, [None], 2, lines.append)
+    sm.close()
+    runs = [ln.strip().rsplit(":", 1)[0] for ln in lines[1:]]
+    assert runs == ["round 1/2", "none", "oracle:1", "oracle:1", "none", "round 2/2"], lines
+    assert res["rounds"] == 2 and res["plain_same_tokens"]
+    none, oracle = res["rows"]
+    assert none["depths"] == {"0": 2 * 11} and none["same_tokens"] and none["ratio"] > 0
+    assert oracle["same_tokens"]

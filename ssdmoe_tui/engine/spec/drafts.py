@@ -99,3 +99,16 @@ class OracleDrafter:
     def propose(self, depth: int) -> list[int]:
         # generated tokens so far = `_seen`: the next one is reference[_seen]
         return self._drafts[self._seen : self._seen + max(depth, 0)]
+
+
+class NoDrafter:
+    """Never drafts (the bench's `none`): every round is d = 0, so a run measures what the
+    speculative loop itself costs against plain decode (issue 44: it must cost nothing)."""
+
+    name = "none"
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def propose(self, depth: int) -> list[int]:
+        return []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
-from ssdmoe_tui.engine.spec.drafts import Drafter, NgramDrafter, OracleDrafter
+from ssdmoe_tui.engine.spec.drafts import Drafter, NgramDrafter, NoDrafter, OracleDrafter
 from ssdmoe_tui.engine.spec.governor import (
     AUTO_DEPTH,
     Acceptance,
@@ -52,6 +52,8 @@ def make_drafter(sm, spec: Speculation, reference: Sequence[int]) -> Drafter:  #
 
         vocab = int(text_config(sm.config).get("vocab_size") or 2)
         return OracleDrafter(reference, spec.p, vocab)
+    if spec.mode == "none":
+        return NoDrafter()
     return NgramDrafter()  # auto: no MTP drafter is built (mtp.py), so prompt lookup
 
 
