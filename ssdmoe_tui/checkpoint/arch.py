@@ -470,9 +470,17 @@ def family(config: Mapping) -> Architecture | None:
     """The table's entry for a config: its model_type, else its text tower's (a VL
     checkpoint such as Gemma 4's `gemma4` whose text config says `gemma4_text`)."""
     tc = text_config(config)
-    for mt in (model_type(config), str(tc.get("model_type") or ""), model_type(tc)):
+    names = (model_type(config), str(tc.get("model_type") or ""), model_type(tc))
+    for mt in names:
         if mt in ARCHITECTURES:
             return ARCHITECTURES[mt]
+    # a name mlx-lm builds as another model type (Kimi K2's config says kimi_k2, which
+    # mlx-lm builds as deepseek_v3): its remapping, not a copy of it
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    for mt in names:
+        if MODEL_REMAPPING.get(mt) in ARCHITECTURES:
+            return ARCHITECTURES[MODEL_REMAPPING[mt]]
     return None
 
 

@@ -142,6 +142,10 @@ def run_supported(args: argparse.Namespace) -> int:
             {"repo_id": c.repo_id, "architecture": c.architecture, "note": c.note}
             for c in registry.KNOWN_CHECKPOINTS
         ],
+        "shapes_verified_with_random_weights": [
+            {"model": v.model, "architecture": v.architecture, "note": v.note}
+            for v in registry.VERIFIED_SHAPES
+        ],
     }
     if args.json:
         print(json.dumps(data, indent=2))
@@ -158,4 +162,11 @@ def run_supported(args: argparse.Namespace) -> int:
     print("checkpoints known to work:")
     for c in registry.KNOWN_CHECKPOINTS:
         print(f"  {c.repo_id}  ({c.note})")
+    print("shapes verified with random weights (the release's config.json, a few layers;")
+    print("its real weights not run here), by family:")
+    for arch in dict.fromkeys(v.architecture for v in registry.VERIFIED_SHAPES):
+        print(f"  {arch}")
+        for v in registry.VERIFIED_SHAPES:
+            if v.architecture == arch:
+                print(f"    {v.model}  ({v.note})")
     return 0

@@ -81,6 +81,44 @@ DEFAULT_SUGGESTION = "mlx-community/Qwen3-30B-A3B-4bit"
 
 
 @dataclass(frozen=True)
+class VerifiedShape:
+    """A release whose genuine config.json the tests stream with RANDOM weights: its
+    shape is verified, its weights were never run here. `model` names the release (the
+    Hub repository the config comes from), `note` its expert geometry (`shape_note`)."""
+
+    model: str
+    architecture: str
+    note: str
+
+
+def shape_note(config: Mapping, bits: int = 4, group_size: int = 64, mode: str = "affine") -> str:
+    """`VerifiedShape.note` of a config: MoE layers x experts, K, bytes per expert."""
+    geo = moe_geometry(config)
+    if geo is None:
+        raise UnsupportedModelError(f"{model_type(config) or 'model'} is dense: no experts")
+    mib = expert_bytes_from_config(config, bits, group_size, mode) / 2**20
+    fmt = "MXFP4" if mode == "mxfp4" else f"{bits}-bit"
+    return (
+        f"{len(geo.moe_layers)} MoE layers x {geo.num_experts} experts, K={geo.trained_k}; "
+        f"{mib:.2f} MiB per {fmt} expert"
+    )
+
+
+#: Shapes verified with random weights (tests/engine/test_real_shapes.py): the release's
+#: config.json cut to one or two MoE layers (plus a layer of each other kind it needs)
+#: and a 2048-token vocabulary, every expert at its real count, width and quantization:
+#: greedy tokens equal mlx-lm's at the trained K and one lower, K changed live, a KV
+#: checkpoint resumed. They say the engine handles the shape, not that the release's
+#: weights were run (they were not). The tests hold each note to the config's arithmetic.
+VERIFIED_SHAPES: tuple[VerifiedShape, ...] = (
+    VerifiedShape("openai/gpt-oss-120b", "gpt_oss",
+                  "36 MoE layers x 128 experts, K=4; 12.62 MiB per MXFP4 expert"),
+    VerifiedShape("openai/gpt-oss-20b", "gpt_oss",
+                  "24 MoE layers x 32 experts, K=4; 12.62 MiB per MXFP4 expert"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SupportInfo:
     """What `check_supported` learned; `expert_bytes` is config arithmetic, headers may refine it."""
 

@@ -23,8 +23,9 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from ssdmoe_tui.checkpoint import arch
 from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
 from ssdmoe_tui.engine.model.loader import cast_model, load_streamed, set_model_k
-from ssdmoe_tui.sessions.checkpoints import load_checkpoint, save_checkpoint
 from tests.helpers.checkpoints import CONFIGS
+from tests.helpers.live_checks import PROMPT, STEPS, checkpoint_resumes, k_changed_live
+from tests.helpers.live_checks import greedy as _greedy
 
 #: The families issue 42 asks in the quick suite (and the four streamed before it).
 QUICK = {
@@ -33,8 +34,6 @@ QUICK = {
 }  # fmt: skip
 STREAMED = sorted(f for f in CONFIGS if arch.family(CONFIGS[f]) is not None and f in arch.STREAMED)
 FAMILIES = [f if f in QUICK else pytest.param(f, marks=pytest.mark.slow) for f in STREAMED]
-PROMPT = list(range(5, 29))
-STEPS = 6
 
 
 def test_every_family_of_the_table_is_tested_or_refused():
@@ -65,19 +64,6 @@ def test_table_entry_describes_mlx_lm_s_module_tree(family):
     caches = model.make_cache() if hasattr(model, "make_cache") else make_prompt_cache(model)
     untrimmable = any(type(c) is not KVCache for c in caches)
     assert entry.hybrid == untrimmable, [type(c).__name__ for c in caches]
-
-
-def _greedy(model, cache, prompt: list[int], steps: int, k_after=None) -> list[int]:
-    """Greedy tokens decoded one by one; `k_after`: (step, set_k) called before that step."""
-    logits = model(mx.array([prompt]), cache=cache)
-    out = []
-    for i in range(steps):
-        if k_after is not None and i == k_after[0]:
-            k_after[1]()
-        tok = int(mx.argmax(logits[0, -1]).item())
-        out.append(tok)
-        logits = model(mx.array([[tok]]), cache=cache)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -136,26 +122,9 @@ def test_k_changed_live_and_a_kv_checkpoint_resumes_exactly(
     try:
         k, low = sm.trained_k, max(1, sm.trained_k - 1)
         # K changed between two decode steps, on both sides at the same step
-        ref = _greedy(ref_model, make_prompt_cache(ref_model), PROMPT, STEPS,
-                      (3, lambda: set_model_k(ref_model, low)))  # fmt: skip
-        set_model_k(ref_model, k)
-        got = _greedy(sm.model, make_prompt_cache(sm.model), PROMPT, STEPS,
-                      (3, lambda: sm.set_k(low)))  # fmt: skip
-        assert got == ref and sm.times.last_k == low
-        sm.set_k(k)
+        k_changed_live(sm, ref_model, k, low)
         # a checkpoint of the prompt's caches, saved and loaded, continues exactly
-        live = make_prompt_cache(sm.model)
-        sm.model(mx.array([PROMPT]), cache=live)
-        mx.eval([c.state for c in live])
-        saved = save_checkpoint(tmp_path, live, PROMPT, "fp")
-        assert saved.path is not None, saved.skipped
-        loaded, n = load_checkpoint(tmp_path, PROMPT + [1], "fp")
-        assert n == len(PROMPT)
-        follow = [7, 8, 9]
-        a = sm.model(mx.array([follow]), cache=live)
-        mx.eval(a)  # before the next call reads other experts into the slots it used
-        b = sm.model(mx.array([follow]), cache=loaded)
-        assert mx.array_equal(a, b).item()
+        checkpoint_resumes(sm, tmp_path)
     finally:
         sm.close()
 
