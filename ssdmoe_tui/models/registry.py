@@ -115,6 +115,16 @@ VERIFIED_SHAPES: tuple[VerifiedShape, ...] = (
                   "36 MoE layers x 128 experts, K=4; 12.62 MiB per MXFP4 expert"),
     VerifiedShape("openai/gpt-oss-20b", "gpt_oss",
                   "24 MoE layers x 32 experts, K=4; 12.62 MiB per MXFP4 expert"),
+    VerifiedShape("deepseek-ai/DeepSeek-V3", "deepseek_v3",
+                  "58 MoE layers x 256 experts, K=8; 23.62 MiB per 4-bit expert"),
+    VerifiedShape("deepseek-ai/DeepSeek-R1", "deepseek_v3",
+                  "58 MoE layers x 256 experts, K=8; 23.62 MiB per 4-bit expert"),
+    VerifiedShape("Qwen/Qwen3-Next-80B-A3B-Thinking", "qwen3_next",
+                  "48 MoE layers x 512 experts, K=10; 1.69 MiB per 4-bit expert"),
+    VerifiedShape("Qwen/Qwen3-235B-A22B", "qwen3_moe",
+                  "94 MoE layers x 128 experts, K=8; 10.12 MiB per 4-bit expert"),
+    VerifiedShape("Qwen/Qwen3.5-35B-A3B", "qwen3_5_moe",
+                  "40 MoE layers x 256 experts, K=8; 1.69 MiB per 4-bit expert"),
 )  # fmt: skip
 
 

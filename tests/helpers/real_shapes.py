@@ -105,7 +105,11 @@ class Shape:
     """One real config and how its reduced checkpoint is cut. `edits`: text-config keys
     set after the vocabulary cut (the layer count, and the keys that say which layer is
     of which kind); `quant`: "affine" (4-bit group 64, what mlx-community's 4-bit
-    conversions use) or "mxfp4" (gpt-oss). `slow`: in `make test-slow` only."""
+    conversions use) or "mxfp4" (gpt-oss). `slow`: in `make test-slow` only.
+    `embed_scale` shrinks the random embedding: Gemma multiplies its input embedding by
+    sqrt(hidden) and ties it to the output, so at mlx's init the residual stays the input
+    token's own row and a random model repeats the prompt's last token forever (a test of
+    exactness on one repeated token proves little)."""
 
     name: str
     model: str  # the release the config is of (its Hub repository)
@@ -114,6 +118,7 @@ class Shape:
     quant: str = "affine"
     slow: bool = True
     note: str = ""
+    embed_scale: float = 1.0  # < 1 where a random model would echo its input (tied, scaled)
 
     def real_config(self) -> dict:
         return json.loads((MODELS / self.config).read_text())
@@ -143,7 +148,8 @@ SHAPES: dict[str, Shape] = {
               "qwen3-next-80b-a3b/config.json",
               {"num_hidden_layers": 2, "full_attention_interval": 2}),
         Shape("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b/config.json", {"num_hidden_layers": 1}),
-        Shape("gemma-4-26b-a4b", "google/gemma-4-26B-A4B", "gemma-4-26b-a4b/config.json"),
+        Shape("gemma-4-26b-a4b", "google/gemma-4-26B-A4B", "gemma-4-26b-a4b/config.json",
+              embed_scale=0.05),
         Shape("qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b/config.json",
               {"num_hidden_layers": 2, "full_attention_interval": 2,
                "layer_types": ["linear_attention", "full_attention"]}),
@@ -167,6 +173,8 @@ def reduced_shape(shape: Shape) -> dict:
     cfg.pop("quantization_config", None)
     text = cfg.get("text_config", cfg)
     text["vocab_size"] = VOCAB
+    if text is not cfg:  # mlx-lm's gemma4 copies its own (default 262144) into the text's
+        cfg["vocab_size"] = VOCAB
     if "vocab_size_per_layer_input" in text:
         text["vocab_size_per_layer_input"] = VOCAB
     text.update(_sliding_full(cfg) if "layer_types" in text and not shape.edits else shape.edits)
@@ -185,9 +193,12 @@ def _predicate(model, quant: str):  # noqa: ANN202 - mlx-lm's quant_predicate si
     return pick
 
 
-def lazy_quantized(config: dict, quant: str, seed: int = 0):  # -> (nn.Module, dict)
+def lazy_quantized(
+    config: dict, quant: str, seed: int = 0, embed_scale: float = 1.0
+):  # -> (nn.Module, dict)
     """mlx-lm's model of `config`, initialised as `write_checkpoint` does (x4 matrices,
-    bfloat16) and quantized by mlx-lm, all lazily: nothing is computed until saved."""
+    bfloat16; embeddings x `embed_scale`) and quantized by mlx-lm, all lazily: nothing is
+    computed until saved."""
     from mlx.utils import tree_map_with_path
     from mlx_lm.utils import _get_classes, quantize_model
 
@@ -199,8 +210,8 @@ def lazy_quantized(config: dict, quant: str, seed: int = 0):  # -> (nn.Module, d
     def init(p: str, v):  # noqa: ANN001, ANN202
         if not mx.issubdtype(v.dtype, mx.floating):
             return v
-        if p.endswith("weight") and v.ndim >= 2 and "embed" not in p:
-            v = v * 4.0
+        if p.endswith("weight") and v.ndim >= 2:
+            v = v * (embed_scale if "embed" in p else 4.0)
         return v.astype(mx.bfloat16) if cast(p) else v
 
     model.update(tree_map_with_path(init, model.parameters()))
@@ -255,7 +266,7 @@ def build_shape(name: str, out: Path) -> Path:
         return out
     shape = SHAPES[name]
     config = reduced_shape(shape)
-    model, qconfig = lazy_quantized(config, shape.quant)
+    model, qconfig = lazy_quantized(config, shape.quant, embed_scale=shape.embed_scale)
     draw_experts(model, family(config))
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out, vocab_size=1024)
