@@ -11,7 +11,9 @@ Two builders:
   own init would quantize to) instead of drawing floats and quantizing them: a DeepSeek-V3
   MoE layer is 6.3 GB of experts, which mlx-lm's quantizer takes minutes to produce on two
   cores. Everything else (attention, dense layers, routers, norms, embeddings) is mlx-lm's
-  own init, quantized by mlx-lm's `quantize_model` with the model's own predicate.
+  own init, quantized by mlx-lm's `quantize_model` with the model's own predicate; routers
+  mlx-lm initialises to zero (DeepSeek-V3's, GLM's gates) are drawn at random, as
+  `write_checkpoint(random_routers=True)` does, so tokens route to different experts.
   gpt-oss keeps the release's format: MXFP4 experts (group 32, e8m0 scales) with bf16
   projection biases; its other matrices are 8-bit affine.
 - `write_headers_only`: every tensor of a config's FULL shape, as safetensors headers over
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ssdmoe_tui.models.demo import save_quantized, write_checkpoint, write_tokenizer
+from ssdmoe_tui.models.demo import _router_param, save_quantized, write_checkpoint, write_tokenizer
 from tests.helpers.fixture_paths import MODELS
 
 CASES = {
@@ -210,6 +212,8 @@ def lazy_quantized(
     def init(p: str, v):  # noqa: ANN001, ANN202
         if not mx.issubdtype(v.dtype, mx.floating):
             return v
+        if _router_param(p) and not mx.any(v).item():  # as write_checkpoint(random_routers=)
+            v = mx.random.normal(v.shape) * (0.5 if v.ndim == 1 else v.shape[-1] ** -0.5)
         if p.endswith("weight") and v.ndim >= 2:
             v = v * (embed_scale if "embed" in p else 4.0)
         return v.astype(mx.bfloat16) if cast(p) else v
