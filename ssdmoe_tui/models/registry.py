@@ -125,6 +125,10 @@ VERIFIED_SHAPES: tuple[VerifiedShape, ...] = (
                   "94 MoE layers x 128 experts, K=8; 10.12 MiB per 4-bit expert"),
     VerifiedShape("Qwen/Qwen3.5-35B-A3B", "qwen3_5_moe",
                   "40 MoE layers x 256 experts, K=8; 1.69 MiB per 4-bit expert"),
+    VerifiedShape("zai-org/GLM-4.5-Air", "glm4_moe",
+                  "45 MoE layers x 128 experts, K=8; 9.28 MiB per 4-bit expert"),
+    VerifiedShape("google/gemma-4-26B-A4B", "gemma4_text",
+                  "30 MoE layers x 128 experts, K=8; 3.19 MiB per 4-bit expert"),
 )  # fmt: skip
 
 

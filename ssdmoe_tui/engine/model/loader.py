@@ -105,11 +105,15 @@ class StreamedModel:
 
 
 def model_architecture(model: nn.Module) -> arch.Architecture | None:
-    """The table's entry for a built mlx-lm model (its `model_type`, or its args')."""
+    """The table's entry for a built mlx-lm model (its `model_type`, or its args'; a VL
+    wrapper such as Gemma 4's `gemma4` by its text config's, as `arch.family` reads a
+    config: without it a real Gemma 4 checkpoint's K was never set on the reference)."""
     args = getattr(model, "args", None)
+    text = getattr(args, "text_config", None)
     for mt in (getattr(model, "model_type", None), getattr(args, "model_type", None)):
         if isinstance(mt, str):
-            found = arch.family({"model_type": mt})
+            config = {"model_type": mt, **({"text_config": text} if isinstance(text, dict) else {})}
+            found = arch.family(config)
             if found is not None:
                 return found
     return None
