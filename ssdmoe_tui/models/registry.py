@@ -119,6 +119,8 @@ VERIFIED_SHAPES: tuple[VerifiedShape, ...] = (
                   "58 MoE layers x 256 experts, K=8; 23.62 MiB per 4-bit expert"),
     VerifiedShape("deepseek-ai/DeepSeek-R1", "deepseek_v3",
                   "58 MoE layers x 256 experts, K=8; 23.62 MiB per 4-bit expert"),
+    VerifiedShape("moonshotai/Kimi-K2-Instruct", "deepseek_v3",
+                  "60 MoE layers x 384 experts, K=8; 23.62 MiB per 4-bit expert"),
     VerifiedShape("Qwen/Qwen3-Next-80B-A3B-Thinking", "qwen3_next",
                   "48 MoE layers x 512 experts, K=10; 1.69 MiB per 4-bit expert"),
     VerifiedShape("Qwen/Qwen3-235B-A22B", "qwen3_moe",
