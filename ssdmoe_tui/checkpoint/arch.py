@@ -318,15 +318,6 @@ _MODE_SHAPES = {(4, 32): "mxfp4", (4, 16): "nvfp4", (8, 32): "mxfp8"}
 STREAMED: dict[str, Architecture] = {k: a for k, a in ARCHITECTURES.items() if a.streamed}
 
 
-def architecture(model_type: str) -> Architecture | None:
-    return ARCHITECTURES.get(model_type)
-
-
-def is_hybrid(model_type: str) -> bool:
-    arch = ARCHITECTURES.get(model_type)
-    return arch is not None and arch.hybrid
-
-
 # --------------------------------------------------------------------------- config reading
 
 
@@ -424,7 +415,7 @@ def check_config_numbers(config: Mapping, source: str = "config.json") -> None:
             f"{where}num_attention_heads = {heads} is not a multiple of "
             f"num_key_value_heads = {kv} (each key/value head serves a whole group)"
         )
-    n, k = num_experts(config), _int(tc, *_K_KEYS, default=0) or 0
+    n, k = num_experts(config), config_k(config)
     if n and k > n:
         raise ModelError(
             f"{where}num_experts_per_tok = {k} is more than the {n} experts per layer "
@@ -443,6 +434,12 @@ _K_KEYS = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", 
            "moe_topk", "moe_top_k", "top_k_experts", "top_k")  # fmt: skip
 
 
+def config_k(config: Mapping) -> int:
+    """The trained K a config names under any of its families' keys (0: none), for what
+    runs before (or without) a built model."""
+    return _int(text_config(config), *_K_KEYS, default=0) or 0
+
+
 def trained_k(config: Mapping) -> int:
     """Experts the model was trained to route per token (0 when it cannot be told): the
     K the family's block holds once built (a class default included), else a config key."""
@@ -450,9 +447,25 @@ def trained_k(config: Mapping) -> int:
         geo = moe_geometry(config)
     except ModelError:
         geo = None
-    if geo is not None:
-        return geo.trained_k
-    return _int(text_config(config), *_K_KEYS, default=0) or 0
+    return geo.trained_k if geo is not None else config_k(config)
+
+
+def block_k(block, arch: Architecture | None) -> int:
+    """The K a built routing block holds (the family's first `k_paths` entry; 0 when the
+    family is unknown or the block has no such attribute)."""
+    if arch is None:
+        return 0
+    try:
+        return int(get_path(block, arch.k_paths[0]))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def routing_block_path(holder_path: str, arch: Architecture | None) -> str:
+    """The routing block's module path: `arch.up` levels above the module that holds the
+    SwitchGLU/SwitchMLP (the holder itself for every family but Gemma 4's)."""
+    up = arch.up if arch is not None else 0
+    return holder_path.rsplit(".", up)[0] if up else holder_path
 
 
 #: Decoder layers sit in a list named `layers`, or `h` in the GPT-2 naming (Phixtral).
@@ -528,12 +541,11 @@ def switch_sites(model, arch: Architecture | None = None) -> list[SwitchSite]:
     from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
     modules = dict(model.named_modules())
-    up = arch.up if arch is not None else 0
     sites = []
     for path, mod in modules.items():
         for attr, child in mod.children().items():
             if isinstance(child, SwitchGLU | SwitchMLP) and "mtp" not in path.split("."):
-                block_path = ".".join(path.split(".")[: len(path.split(".")) - up]) if up else path
+                block_path = routing_block_path(path, arch)
                 sites.append(SwitchSite(path, attr, child, modules[block_path], block_path))
     return sorted(
         sites, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s.path)]
@@ -563,7 +575,7 @@ def _legacy_geometry(config: Mapping) -> MoeGeometry | None:
     n_exp = num_experts(config)
     if n_exp <= 0:
         return None
-    k = _int(tc, *_K_KEYS, default=0) or 0
+    k = config_k(config)
     hidden = _int(tc, "hidden_size", default=0) or 0
     n_layers = _int(tc, "num_hidden_layers", default=0) or 0
     inter = _int(tc, "moe_intermediate_size", "intermediate_size", default=0) or 0
@@ -619,14 +631,7 @@ def moe_geometry(config: Mapping) -> MoeGeometry | None:
         else ("fc1", "fc2")
     )
     lin = getattr(first.switch, projs[0])
-    k = 0
-    if arch is not None:
-        try:
-            k = int(get_path(first.block, arch.k_paths[0]))
-        except (AttributeError, KeyError, TypeError, ValueError):
-            k = 0
-    if not k:
-        k = _int(text_config(config), *_K_KEYS, default=0) or 0
+    k = block_k(first.block, arch) or config_k(config)
     layers = [layer_number(s.path) for s in sites]
     n_layers = _int(text_config(config), "num_hidden_layers", default=0) or 0
     n_layers = max(n_layers, max((n for n in layers if n is not None), default=-1) + 1)

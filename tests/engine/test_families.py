@@ -56,6 +56,7 @@ def test_table_entry_describes_mlx_lm_s_module_tree(family):
     geo = arch.moe_geometry(config)
     assert geo is not None and geo.moe_layers == tuple(arch.layer_number(s.path) for s in sites)
     assert geo.projections == entry.projections
+    assert entry.routing in arch.ROUTINGS
     for site in sites:
         assert site.attr == entry.switch
         assert getattr(site.block, entry.router, None) is not None, entry.router

@@ -312,7 +312,9 @@ def load_streamed(
     rd = open_reader(queue_depth=reader_queue_depth, direct=direct_io, prefer=reader)
     specs = _switch_specs(model, index, config, family)
 
-    trained_k = arch.trained_k(config)  # the one reading of it (checkpoint.arch)
+    # the K the built model's block holds (checkpoint.arch reads it the same way from a config)
+    trained_k = arch.block_k(specs[0].block, family) if specs else 0
+    trained_k = trained_k or arch.config_k(config)
     if not trained_k:
         raise ModelError(f"{path / 'config.json'}: no num_experts_per_tok (trained top-k)")
     partition = distributed.partition(index) if distributed is not None else None
@@ -386,10 +388,7 @@ def _switch_specs(
     for li, layer in enumerate(index.layers):
         try:
             holder = _find_module(model, layer.prefix)
-            up = layer.prefix.split(".")
-            block = (
-                _find_module(model, ".".join(up[: len(up) - family.up])) if family.up else holder
-            )
+            block = _find_module(model, arch.routing_block_path(layer.prefix, family))
         except (AttributeError, KeyError, IndexError, ValueError) as e:
             raise UnsupportedModelError(
                 f"{layer.prefix}: expert tensors do not match any module of {config['model_type']}"
