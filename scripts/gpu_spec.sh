@@ -16,9 +16,19 @@
 #          host-memory cap, after a short uncapped compile pass: plain vs the oracle at
 #          0/30/50/70/90/100 % x (governor, depth 1-4); the depth the governor used most is
 #          marked '*' (OUTDIR/spec-trace.json, trace.txt; ~3 min at ~8 tok/s plain)
+#   demo   issue 43 item 3 / 44 item 2 on the embedded demo model (~3-4 min): a short
+#          compile pass (chunk shapes 1-5), then, 200 tokens, ABBA rounds, medians:
+#          OUTDIR/spec-demo-oracle.json  oracle 100 % (governor `auto`; depths 2, 4):
+#                                        target: the auto row's `ratio` >= 1.8
+#          OUTDIR/spec-demo-chat.json    chat.txt, none / ngram / auto: target: each
+#                                        `ratio` >= 0.97 (auto stands down on MLX-CUDA:
+#                                        its depths are all 0)
+#          OUTDIR/spec-demo-repeat.json  repeat.txt, ngram auto / 2 / 4 (`same_tokens`
+#                                        may be false on MLX-CUDA: near-ties)
+#          run alone after the compile pass: STEPS=demo scripts/gpu_spec.sh OUTDIR
 # Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), HELD_ROUNDS (3),
 # TRACE_ROUNDS (1), DECODE_TOKENS (64), TRACE_TOKENS (32), PROMPT_TOKENS (64),
-# PYTHON (python3), STEPS (q30,held,trace).
+# DEMO_ROUNDS (6), PYTHON (python3), STEPS (q30,held,trace; demo by name).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
 CAP_GIB=${CAP_GIB:-12}
@@ -67,5 +77,26 @@ if want trace; then
       > "$OUT/trace.txt" 2> "$OUT/trace.err"
     log "trace exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   else log "trace skipped: deadline"; fi
+fi
+if want demo; then
+  demo() {  # demo SECONDS NAME ARGS...: `bench --speculate` on the embedded demo model
+    local secs=$1 name=$2; shift 2
+    timeout "$secs" "$PY" -m ssdmoe_tui.cli bench --json "$OUT/spec-demo-$name.json" \
+      --decode-tokens 200 "$@" > "$OUT/demo-$name.txt" 2> "$OUT/demo-$name.err"
+    log "demo $name exit $?"
+  }
+  if [ "$(left)" -gt 120 ]; then
+    # every verify chunk's shape compiled once (MLX-CUDA's first process pays minutes)
+    timeout "$(( $(left) - 100 ))" "$PY" -m ssdmoe_tui.cli bench --speculate oracle:1 \
+      --draft-depth 1,2,3,4 --decode-tokens 24 --rounds 1 > "$OUT/demo-compile.txt" 2>&1
+    log "demo compile pass exit $?"
+    R=${DEMO_ROUNDS:-6}
+    demo "$(( $(left) * 2 / 5 ))" oracle --speculate oracle:1 --draft-depth auto,2,4 \
+      --prompt-file scripts/spec_prompts/chat.txt --rounds "$R"
+    demo "$(( $(left) / 2 ))" chat --speculate none,ngram,auto \
+      --prompt-file scripts/spec_prompts/chat.txt --rounds "$R"
+    demo "$(( $(left) - 5 ))" repeat --speculate ngram --draft-depth auto,2,4 \
+      --prompt-file scripts/spec_prompts/repeat.txt --rounds "$R"
+  else log "demo skipped: deadline"; fi
 fi
 log "done"

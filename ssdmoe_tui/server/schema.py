@@ -265,7 +265,9 @@ def _ext_k(body: dict) -> int | None:
 
 
 def _ext_speculate(body: dict) -> str | None:
-    """`ssdmoe.speculate`: off | auto | ngram | mtp for this request (none: the server's)."""
+    """`ssdmoe.speculate`: off | auto | ngram | mtp for this request (none: the server's).
+    Exact greedy tokens on CPU; on MLX-CUDA tokens may differ at near-ties (a verify pass
+    runs other kernels), and `auto` drafts nothing there (runner.auto_stands_down)."""
     from ssdmoe_tui.errors import BadValueError
     from ssdmoe_tui.options import parse_speculate
 

@@ -332,3 +332,48 @@ def test_bench_rounds_alternate_and_none_never_drafts(checkpoints):
     none, oracle = res["rows"]
     assert none["depths"] == {"0": 2 * 11} and none["same_tokens"] and none["ratio"] > 0
     assert oracle["same_tokens"]
+
+
+def test_a_chained_step_stands_when_every_draft_is_kept(checkpoints):
+    """verify_chunk's `chain`: the next step built on the chunk's last sample is the
+    next one-token step when every draft is kept (its token is greedy decode's), and is
+    trimmed away with the rejected positions otherwise."""
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm)
+    ctx = PROMPT[:-1]
+    plain = runner.generate(PROMPT, max_tokens=5).tokens  # greedy after PROMPT
+
+    def greedy(lp):
+        return mx.argmax(lp, axis=-1)
+
+    for drafts, whole in ((plain[:3], True), ([plain[0], (plain[1] + 1) % 64, 3], False)):
+        cache = runner.make_cache()
+        sm.model(mx.array([ctx], dtype=mx.uint32), cache=cache)
+        built: list = []
+
+        def chain(last, cache=cache, built=built):
+            y = greedy(sm.model(last[None], cache=cache)[0, -1])
+            mx.async_eval(y)
+            built.append(y)
+
+        v = verify_chunk(sm.model, cache, PROMPT[-1], drafts, greedy, chain=chain)
+        assert len(built) == 1 and v.chained == whole
+        if whole:
+            assert v.tokens == plain[:4] and int(built[0].item()) == plain[4]
+            assert _kv_offset(cache) == len(PROMPT) + 4
+        else:
+            assert v.tokens == plain[:2] and _kv_offset(cache) == len(PROMPT) + 1
+    sm.close()
+
+
+def test_the_pace_prices_passes_at_todays_speed():
+    """Samples are kept relative to the one-token pace: a machine twice as slow now
+    prices a 3-token pass twice as high, measured before the slowdown."""
+    costs = CostModel(num_experts=32, k=4, expert_bytes=1 << 16, all_held=True)
+    costs.measure(1, 0.004, 0.0, 16, 0, 0)
+    costs.measure(3, 0.008, 0.0, 40, 0, 0)
+    assert costs.compute(3) == pytest.approx(0.008)
+    for _ in range(40):
+        costs.measure(1, 0.008, 0.0, 16, 0, 0)
+    assert costs.compute(3) == pytest.approx(0.016, rel=0.01)

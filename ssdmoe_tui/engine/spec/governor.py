@@ -25,7 +25,9 @@ after a pipelined d = 0 round also costs what pipelining saved: L, the measured 
 of a d = 0 round after a verify round (none is built for it), and W, the measured wait
 for the built step it gives back (C(1) until measured). After a verify round d = 0 is
 cold too: it is priced C(1) + L, a verify round C(d + 1), so a run of drafts that keep
-matching goes on. Without L and W the CPU demo drafted at 88 % acceptance where a
+matching goes on. Where a verify round chains (verify.py: the next step built on its
+last sample, standing when every draft is kept) it leaves the next round cold only when
+a draft is rejected: it is priced (1 - a^d) * L, not L, for it. Without L and W the CPU demo drafted at 88 % acceptance where a
 depth-2 round cost 16 ms against 6.6 ms a step, and lost (0.91x). The governor picks the d in
 0..D (D: the drafts on offer, at most AUTO_DEPTH) that maximizes A(d) / T(d); d > 0 only
 when it beats d = 0 by MARGIN, so estimation noise does not turn into a loss (at a = 0
@@ -47,6 +49,7 @@ MARGIN = 0.05  # d > 0 must beat d = 0 by this share of expected tokens/s
 DECAY = 0.95  # weight of the past per acceptance trial (an effective window of ~20)
 EMA = 0.3  # weight of a new disk-rate measurement
 WINDOW = 15  # passes of one size whose median prices the next
+PACE = 0.2  # weight of a new one-token pass in the pace (CostModel.pace)
 PRIOR_SLOPE = 0.15  # C(n) / C(1) - 1 per extra token before any n > 1 was measured
 
 
@@ -128,12 +131,25 @@ class CostModel:
     # wait for a pipelined step that a verify round gave back (it runs to its end).
     cold: PassFigures = field(default_factory=PassFigures)
     waste: PassFigures = field(default_factory=PassFigures)
+    # The pace: a running mean (EMA weight PACE) of the one-token pass's compute. Every
+    # compute sample is kept in units of the pace when it was taken, and priced back at
+    # today's pace: on a shared CPU the same pass took 4 ms in one second and 16 ms in
+    # the next, and medians of absolute seconds taken over different windows (cold
+    # rounds are rare, one-token rounds many) priced L at 6-9 ms where a cold step
+    # measured alone cost what a warm one did (the governor then declined the repeat
+    # check's drafts: 0.97-1.12x where fixed depth 4 gave 1.15-1.21x).
+    pace: float | None = None
 
     def measure(self, n: int, compute_s: float, read_s: float, lookups: int, misses: int,
                 bytes_read: int) -> None:  # fmt: skip
         """One pass of `n` tokens computed for `compute_s` and read `bytes_read` in `read_s`."""
         compute = max(compute_s, 0.0)
-        self.passes.setdefault(n, PassFigures()).update(compute, float(lookups), float(misses))
+        if n == 1:
+            self.pace = compute if self.pace is None else self.pace + PACE * (compute - self.pace)
+        unit = self.pace or 1.0
+        self.passes.setdefault(n, PassFigures()).update(
+            compute / unit, float(lookups), float(misses)
+        )
         if bytes_read > 0 and read_s > 0:
             rate = bytes_read / read_s
             self.disk_bytes_s = (
@@ -143,11 +159,15 @@ class CostModel:
 
     def measure_cold(self, compute_s: float) -> None:
         """A d = 0 round that found no step built for it, where d = 0 rounds pipeline."""
-        self.cold.update(max(compute_s, 0.0), 0.0, 0.0)
+        self.cold.update(max(compute_s, 0.0) / (self.pace or 1.0), 0.0, 0.0)
 
     def measure_waste(self, seconds: float) -> None:
         """The wait for a pipelined step that was given back for a verify round."""
-        self.waste.update(max(seconds, 0.0), 0.0, 0.0)
+        self.waste.update(max(seconds, 0.0) / (self.pace or 1.0), 0.0, 0.0)
+
+    def _c(self, figures: PassFigures) -> float:
+        """A figure's compute seconds at today's pace (samples are kept in its units)."""
+        return figures.compute_s * (self.pace or 1.0)
 
     def pipeline_loss(self) -> float:
         """L: what the d = 0 round after a verify round costs more than a pipelined one
@@ -155,13 +175,13 @@ class CostModel:
         one = self.passes.get(1)
         if one is None or not one.count or not self.cold.count:
             return 0.0
-        return max(self.cold.compute_s - one.compute_s, 0.0)
+        return max(self._c(self.cold) - self._c(one), 0.0)
 
     def give_back_s(self) -> float:
         """W: the compute lost when a pipelined step is given back for a verify round;
         before one was measured, the whole step (C(1))."""
         if self.waste.count:
-            return self.waste.compute_s
+            return self._c(self.waste)
         return self.compute(1) or 0.0
 
     def compute(self, n: int) -> float | None:
@@ -170,7 +190,7 @@ class CostModel:
         c = self._compute(n)
         if c is None:
             return None
-        smaller = [self.passes[m].compute_s for m in self.passes if m < n]
+        smaller = [self._c(self.passes[m]) for m in self.passes if m < n]
         return max([c, *smaller])
 
     def _compute(self, n: int) -> float | None:
@@ -179,9 +199,9 @@ class CostModel:
         one = self.passes.get(1)
         if len(self.passes) == 1 or (n not in self.passes and one is None):
             m = next(iter(self.passes))
-            c = self.passes[m].compute_s
+            c = self._c(self.passes[m])
             return c * (1 + PRIOR_SLOPE * (n - 1)) / (1 + PRIOR_SLOPE * (m - 1))
-        return self._between(n, "compute_s")
+        return self._between(n, "compute_s") * (self.pace or 1.0)
 
     def _between(self, n: int, attr: str) -> float:
         """A figure at size n: measured, or linear between (beyond: along) the two nearest
@@ -232,7 +252,7 @@ class CostModel:
         if c is None:
             return None
         t = c + self.read_s(n)
-        smaller = [self.passes[m].compute_s + self.read_s(m) for m in self.passes if m < n]
+        smaller = [self._c(self.passes[m]) + self.read_s(m) for m in self.passes if m < n]
         return max([t, *smaller])
 
 
@@ -250,11 +270,14 @@ class Governor:
     are on offer (fewer: as many as there are), the price is not asked."""
 
     def __init__(self, costs: CostModel, acceptance: Acceptance, fixed: int | None = None,
-                 rerun: bool = False) -> None:  # fmt: skip
+                 rerun: bool = False, chains: bool = False) -> None:  # fmt: skip
         self.costs = costs
         self.acceptance = acceptance
         self.fixed = fixed
         self.rerun = rerun  # a partly accepted chunk is re-run (non-trimmable KV cache)
+        # a verify round builds the next step on its last sample (verify.py, "Chaining"):
+        # the next d = 0 round is cold only when a draft is rejected
+        self.chains = chains
 
     def choose(self, offered: int, pending: bool = False) -> Choice:
         """The depth of this round; `pending`: a pipelined d = 0 step is already built
@@ -270,8 +293,8 @@ class Governor:
             return Choice(0, 1.0, base)  # the first decode pass is measured before drafting
         loss = self.costs.pipeline_loss()
         if pending:  # d = 0 is the built step; a verify round gives it back (W) and leaves
-            extra = loss + self.costs.give_back_s()  # the next d = 0 round cold (L)
-        else:  # after a verify round: d = 0 is cold too, whatever this round does
+            extra = self.costs.give_back_s()  # the next d = 0 round cold (L, below)
+        else:  # after a verify round: d = 0 is cold, it costs L itself
             base, extra = base + loss, 0.0
         best = Choice(0, 1.0, base)
         best_rate = (1.0 / base) * (1 + MARGIN)
@@ -279,7 +302,10 @@ class Governor:
             t = self.costs.pass_s(d + 1)
             if t is None:
                 continue
-            t += extra
+            if self.chains:  # the round after is cold only when a draft is rejected
+                t += extra + (1 - a**d) * loss
+            elif pending:  # it is always cold (once cold, it stays so: no L again)
+                t += extra + loss
             if self.rerun:
                 t += (1 - a**d) * (self.costs.compute(d) or 0.0)
             tokens = geometric_tokens(a, d)

@@ -11,6 +11,13 @@ Recurrent state (the Mamba and gated-delta layers of nemotron_h and qwen3_5_moe:
 back, and the kept prefix is run again as one chunk (its experts were just read: a
 compute-only pass). A cache that can do neither (a window that would evict, a nested
 `CacheList`) gets no drafts: every round is d = 0.
+
+Chaining: where d = 0 steps are pipelined, the caller may pass `chain`, which builds the
+next one-token step on the chunk's last sample (lazily, before the chunk is waited for),
+as a pipelined step is built on the one before. When every draft is kept that step is
+the next round's, already computing; else it is given back (one more position trimmed)
+and wasted. Without it a verify round leaves the next d = 0 round cold, and on the CPU
+demo that cold step cost about what the drafts saved (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ class SpecStats:
     verify_passes: int = 0
     rerun_passes: int = 0
     given_back: int = 0  # pipelined d = 0 steps given back for a verify round
+    chained: int = 0  # verify rounds whose chained next step stood (every draft kept)
     drafted: int = 0  # draft tokens verified
     accepted: int = 0  # of them, kept
     tokens: int = 0  # tokens the decode passes produced
@@ -82,6 +90,7 @@ class SpecStats:
             "verify_passes": self.verify_passes,
             "rerun_passes": self.rerun_passes,
             "given_back": self.given_back,
+            "chained": self.chained,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance": None if acc is None else round(acc, 4),
@@ -102,6 +111,7 @@ class Verified:
     kept: int
     reran: bool
     rerun_s: float = 0.0  # the re-run's seconds (a non-trimmable cache)
+    chained: bool = False  # the chained next step stands (every chunk position kept)
 
 
 def verify_chunk(
@@ -115,11 +125,14 @@ def verify_chunk(
     stop_ids: set[int] | frozenset = frozenset(),
     on_chunk: Callable[[int, int], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    chain: Callable[[mx.array], None] | None = None,
 ) -> Verified:
     """Run `[tok] + drafts` as one chunk into `cache`, sample every position, keep the
     longest agreeing prefix. `keep_most`: positions the caller can still use (the turn's
     token budget); an end-of-sequence sample ends what is kept too. `on_chunk(start, n)`
-    is told each pass's chunk (trace-driven routing follows it); `clock` times a re-run."""
+    is told each pass's chunk (trace-driven routing follows it); `clock` times a re-run.
+    `chain(last)`: build the next step on the lazy last sample (a trimmable cache only:
+    it is given back by trimming one more position when not every position is kept)."""
     d = len(drafts)
     mode = rewind_mode(cache, d + 1)
     undo = ChunkUndo(cache) if mode == UNDO else None
@@ -131,10 +144,14 @@ def verify_chunk(
         seen = window.seen
         rows = [window(x[i : i + 1], logits[i : i + 1]) for i in range(d + 1)]
         logprobs = [r - mx.logsumexp(r, axis=-1, keepdims=True) for r in rows]
-        ys = [int(sampler(lp).item()) for lp in logprobs]
+        samples = mx.concatenate([sampler(lp).reshape(-1) for lp in logprobs])
     else:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        ys = sampler(logprobs).tolist()
+        samples = sampler(logprobs).reshape(-1)
+    if chain is not None:  # the window has seen the whole chunk: the step sees it too
+        assert mode == TRIM, "a chained step is given back by trimming"
+        chain(samples[d:])
+    ys = samples.tolist()
     n = 0
     while n < d and ys[n] == drafts[n]:
         n += 1
@@ -147,10 +164,12 @@ def verify_chunk(
         out = out[: max(keep_most, 1)]
     kept = len(out)  # chunk positions the cache keeps: tok and the drafts before the last
     reran, rerun_s = False, 0.0
+    chained = chain is not None and kept == d + 1
     if kept < d + 1:
         if mode == TRIM:
+            extra = int(chain is not None)  # the chained step's position goes too
             for c in cache:
-                c.trim(d + 1 - kept)
+                c.trim(d + 1 - kept + extra)
         else:
             assert undo is not None
             t0 = clock()
@@ -160,6 +179,6 @@ def verify_chunk(
             model(x[None, :kept], cache=cache)
             mx.eval([c.state for c in cache])
             reran, rerun_s = True, clock() - t0
-    if window is not None:
+    if window is not None and not chained:  # (a chained step has seen its own input)
         window.seen = mx.concatenate([seen, x[:kept]])[-window.size :]
-    return Verified(out, n, kept, reran, rerun_s)
+    return Verified(out, n, kept, reran, rerun_s, chained)
