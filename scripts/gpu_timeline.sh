@@ -9,9 +9,13 @@
 #   model  the model's own routing, K = 8 (router guesses: read-ahead v2)
 #   trace  the real Qwen3-30B trace, K = 6 (co-occurrence guesses: read-ahead v1, which
 #          `ssdmoe trace replay --prefetch` simulates; a router cannot foresee a trace)
-# Run after an uncapped compile pass (e.g. STEPS=q30,quick scripts/gpu_speed.sh), in one call:
+#   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
+#          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
+# Call 1 (cold machine): the Q30 build, then the compile pass:
 #
-#   OUT=/root/res/tl DEADLINE_S=470 bash scripts/gpu_timeline.sh
+#   STEPS=q30 bash scripts/gpu_pipeline.sh $OUT/build && STEPS=compile bash scripts/gpu_timeline.sh
+#
+# Call 2 (<= 8 minutes): OUT=... DEADLINE_S=470 bash scripts/gpu_timeline.sh
 #
 # Environment: Q30 (/root/q30), CACHE (4G), ROUNDS (3), DECODE (32), STEPS (model,trace),
 # SSDMOE_PREFETCH_TOP / SSDMOE_PREFETCH_COLD (the governor's guesses a layer, cold tokens).
@@ -38,6 +42,10 @@ one() {  # one NAME SECONDS [bench args...]
 }
 
 [ -f "$Q30/config.json" ] || { log "no checkpoint at $Q30: run scripts/gpu_pipeline.sh step q30 first"; exit 1; }
+if want compile; then
+  ROUNDS=1 DECODE=4 one compile-model "$(( $(left) / 2 ))" --k 8
+  ROUNDS=1 DECODE=4 one compile-trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"
+fi
 if want model; then one model "$(( $(left) / 2 ))" --k 8; fi
 if want trace; then one trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"; fi
 tail -n 3 "$OUT"/timeline-*.txt >&2
