@@ -69,6 +69,10 @@ ARGUMENTS: tuple[Adder, ...] = (
          "1-P; P as 0..1 or 70%%), none (never drafts: the speculative loop's own cost)"),
     flag("--draft-depth", type=arg_type(parse_depth_list), default=None, metavar="D[,...]",
          help="with --speculate: draft depths, auto (the governor, the default) and/or 1..8"),
+    flag("--timeline", action="store_true",
+         help="the per-layer decode timeline (sync wait, reads, hits, read-ahead) on one "
+         "engine, with --prefetch off, on or both (rounds alternating; each run from an "
+         "empty cache), and a bare-sync probe; first --k and --expert-cache"),
     flag("--prompt-file", default=None, metavar="FILE",
          help="with --speculate: this text as a chat-templated user turn instead of the "
          "fixed prompt"),
@@ -210,6 +214,8 @@ def _run(args: argparse.Namespace, dist) -> int:
         return _run_quick(args)
     if args.speculate:
         return _run_speculate(args)
+    if args.timeline:
+        return _run_timeline(args)
     opts = _bench_options(args, dist)
     quiet = not opts.root  # only rank 0 reports
 
@@ -310,6 +316,38 @@ def _run_speculate(args: argparse.Namespace) -> int:
             runner, prompt, args.decode_tokens or 64, args.speculate, args.draft_depth or [None],
             args.rounds or 3, log, on_round=save,
         )  # fmt: skip
+    finally:
+        runner.close()
+    result["load"] = _load_average()
+    if args.json_out:
+        atomic_write_text(Path(args.json_out), json.dumps(result, indent=1) + "\n")
+        log(f"JSON written to {args.json_out}")
+    print(table(result))
+    return 0
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    """`--timeline`: the per-layer decode timeline, read-ahead off and on (bench/timeline.py)."""
+    from ssdmoe_tui.atomic import atomic_write_text
+    from ssdmoe_tui.bench.bench import fixed_prompt
+    from ssdmoe_tui.bench.timeline import run_timeline, table
+    from ssdmoe_tui.commands.common import resolve_model_path
+    from ssdmoe_tui.engine.run.open import open_engine
+    from ssdmoe_tui.options import CacheBudget
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    path = resolve_model_path(args.model)
+    k = args.k[0] if args.k else None
+    budget = args.expert_cache[0] if args.expert_cache else CacheBudget()
+    opts = engine_options(args, model=str(path), k=k, expert_cache=budget, prefetch=True)
+    runner = open_engine(opts, notice=lambda m: log(f"note: {m}"))
+    try:
+        prompt = fixed_prompt(runner.sm.tokenizer, args.prompt_tokens or 64)
+        result = run_timeline(
+            runner, prompt, args.decode_tokens or 32, args.rounds or 3, args.prefetch, log
+        )
     finally:
         runner.close()
     result["load"] = _load_average()

@@ -223,7 +223,10 @@ def test_missing_model_is_one_line(tmp_path, capsys):
     assert "\n" not in err and "nope" in err
 
 
-def test_prefetch_both_reports_precision_recall_and_net_gain(tiny, tmp_path, capsys):
+def test_prefetch_both_reports_precision_recall_and_net_gain(tiny, tmp_path, capsys, monkeypatch):
+    from ssdmoe_tui.engine.experts.prefetch import COLD_ENV
+
+    monkeypatch.setenv(COLD_ENV, "0")  # guesses only take slots not asked for this token
     out = tmp_path / "pf.json"
     rc = main(
         [

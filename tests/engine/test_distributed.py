@@ -422,13 +422,15 @@ def _prefill_union_and_decode(path: Path) -> tuple[dict, list]:
 
 
 @pytest.mark.slow  # a two-rank launch (mlx.launch): `make test-slow`
-def test_trace_prefetch_and_routing_trace_on_two_ranks(checkpoints, tmp_path, capsys):
+def test_trace_prefetch_and_routing_trace_on_two_ranks(checkpoints, tmp_path, capsys, monkeypatch):
     """`--trace` and `--prefetch` with `--distributed`: rank 0 records the routing every
     rank sees (the same trace as one process), each rank prefetches its own experts, and
     the tokens are one process's. Then `--routing-trace` of that trace on both ranks: one
     process's trace-routed tokens, the lookups split between the ranks."""
     from ssdmoe_tui import cli
+    from ssdmoe_tui.engine.experts.prefetch import COLD_ENV
 
+    monkeypatch.setenv(COLD_ENV, "0")  # decode guesses take slots not asked for this token
     path = checkpoints("qwen3_moe")
     gen = ["generate", "--raw", "--prompt", "hello there you", "--max-tokens", "6"]
     gen += ["--expert-cache", "216K", "--model", str(path), "--json", "--prefetch"]
@@ -462,16 +464,18 @@ def test_trace_prefetch_and_routing_trace_on_two_ranks(checkpoints, tmp_path, ca
 
 @pytest.mark.parametrize("routed", [False, True])
 def test_one_rank_group_records_prefetches_and_replays_as_one_process(
-    checkpoints, tmp_path, routed
+    checkpoints, tmp_path, routed, monkeypatch
 ):
     """The distributed switch on a group of one (it owns every expert) against the
     single-process switch, with a trace recorder, prefetch (the next router's lookahead;
     co-occurrence when trace-routed) and, `routed`, a routing trace: the same tokens, the
     same recorded routing and the very same cache lookups, hits, misses and prefetches."""
+    from ssdmoe_tui.engine.experts.prefetch import COLD_ENV
     from ssdmoe_tui.engine.policy.traces import TraceWriter
     from ssdmoe_tui.engine.run.open import open_engine
     from ssdmoe_tui.options import CacheBudget, EngineOptions
 
+    monkeypatch.setenv(COLD_ENV, "0")  # decode guesses take slots not asked for this token
     path = checkpoints("qwen3_moe")
     trace = tmp_path / "model.jsonl"
     # 20 of 48 slots: a prefill's union fits (one process would feed the co-occurrence

@@ -59,10 +59,19 @@ def test_mixtral_matches_mlx_lm(checkpoints, budget):
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "mixtral"])
-def test_prefetch_keeps_output_exact(checkpoints, arch):
-    """Prefetch only changes what is resident, never the arithmetic."""
+def test_prefetch_keeps_output_exact(checkpoints, arch, monkeypatch):
+    """Prefetch only changes what is resident, never the arithmetic. Decode guesses
+    take only cold slots: a third of the experts, and every slot not asked for in this
+    token counts as cold ($SSDMOE_PREFETCH_COLD=0), so guesses are read."""
+    from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
+    from ssdmoe_tui.engine.experts.index import build_index
+    from ssdmoe_tui.engine.experts.prefetch import COLD_ENV
+
+    monkeypatch.setenv(COLD_ENV, "0")
     path = checkpoints(arch)
-    sm = load_streamed(path, expert_cache="1", prefetch=True)
+    index = build_index(path)
+    third = slot_memory_bytes(index, mx.float32) * index.num_experts * index.num_layers // 3
+    sm = load_streamed(path, expert_cache=str(third), prefetch=True)
     runner = Runner(sm)
     prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
     res = runner.generate(prompt, max_tokens=MAX_TOKENS)

@@ -220,3 +220,23 @@ def test_budget_holding_every_expert_needs_no_sync_under_trace_routing(qwen_cut)
         assert res.stats.decode_misses == 0 and res.stats.decode_hits == 6 * LAYERS * 7
     finally:
         sm.close()
+
+
+def test_bench_timeline_on_a_trace_toggles_cooccurrence_read_ahead(qwen_cut, tmp_path) -> None:
+    """`bench --timeline` on a trace-driven engine: the off rounds read nothing ahead, the
+    on rounds read co-occurrence guesses (read-ahead v1, as the replay simulates)."""
+    import mlx.core as mx
+
+    from ssdmoe_tui.cli import main
+    from ssdmoe_tui.engine.experts.index import load_index
+
+    path, trace = qwen_cut
+    budget = 400 * slot_memory_bytes(load_index(path)[0], mx.float32)
+    out = tmp_path / "tl.json"
+    rc = main(["bench", "--timeline", "--model", str(path), "--routing-trace", str(trace),
+               "--prefetch", "both", "--expert-cache", str(budget), "--rounds", "1",
+               "--prompt-tokens", "8", "--decode-tokens", "8", "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["modes"]["off"]["prefetch_issued"] == 0 < res["modes"]["on"]["prefetch_issued"]
+    assert len(res["modes"]["on"]["timeline"]["layers"]) == LAYERS

@@ -70,7 +70,14 @@ class DistributedSwitch(StreamedSwitch):
         if self._mass is not None:
             self._mass.kept(self._layer, indices)  # a reference only (routing_mass.py)
         pred = None
-        if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
+        gov = cache.governor
+        if (
+            predict is not None
+            and gov is not None
+            and gov.enabled
+            and x.ndim >= 2
+            and x.shape[-2] == 1
+        ):
             pred = predict(x)  # decode only: the next layer's routing, in the same sync
             mx.eval(indices, pred)
         host = np.array(indices, copy=False)  # the layer's one host sync, as in one process
@@ -95,15 +102,20 @@ class DistributedSwitch(StreamedSwitch):
 
     def _prefetch(self, host, wanted, mine, pred) -> None:
         """Read the next layer's predicted experts that this rank owns (one process's
-        rule: lookahead by the next router, or co-occurrence in trace-driven decode)."""
+        rule: the next router's guesses, or co-occurrence in trace-driven decode)."""
         nxt_owned = self._owned_next
         cache = self._cache
         if nxt_owned is None:
             return
         nxt = None
-        if pred is not None:
-            nxt = np.unique(np.array(pred, copy=False))
-        elif cache.predictor is not None and host.size == host.shape[-1]:
+        if pred is not None:  # read-ahead v2: a few guesses, cold slots only (prefetch.py)
+            flat = np.array(pred, copy=False).reshape(-1)
+            _, first = np.unique(flat, return_index=True)
+            ranked = flat[np.sort(first)]
+            ranked = ranked[nxt_owned[ranked]]
+            cache.prefetch_cold(self._layer + 1, ranked, {(self._layer, int(e)) for e in mine})
+            return
+        if cache.predictor is not None and host.size == host.shape[-1]:
             ids = cache.predictor.predict(self._layer, wanted.tolist(), len(wanted))
             nxt = np.array(ids, dtype=np.int64) if ids else None
         if nxt is None:

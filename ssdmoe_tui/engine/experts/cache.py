@@ -53,6 +53,7 @@ class CacheCounters:
     prefetch_issued: int = 0  # experts read ahead on the next layer's predicted routing
     prefetch_used: int = 0  # of those, experts the layer then really needed
     prefetch_wait_s: float = 0.0  # time a layer waited for its prefetch to land
+    demand_read_s: float = 0.0  # engine thread: reading a layer's misses (`complete`)
     ensure_s: float = 0.0  # time in `ensure` (lookups, eviction policy, reads)
 
     def snapshot(self) -> CacheCounters:
@@ -292,9 +293,20 @@ class ExpertCache:
         self.predictor = None  # a CooccurrencePredictor learning from the lookups (prefetch)
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
         self._inflight = None  # (layer, Future) of the prefetch being read
+        # Decode read-ahead v2 (engine/experts/prefetch.py): the token each slot was last
+        # asked for (cold slots are the ones a guess may take), and the per-layer governor.
+        self._token = 0
+        self._last_use = np.full(capacity, -(1 << 40), dtype=np.int64)
+        self.governor = None  # a prefetch.PrefetchGovernor while decode read-ahead is on
+        self._guessed: tuple[int, np.ndarray] | None = None  # (layer, ids read ahead for it)
         self._pool = None
         self._split_min = _env_split()
         self._local = threading.local()  # per-thread staging rows (`_staging`)
+
+    @property
+    def token(self) -> int:
+        """Tokens decoded since the load (`step`)."""
+        return self._token
 
     @property
     def num_banks(self) -> int:
@@ -393,7 +405,9 @@ class ExpertCache:
             if self.holds_everything:
                 self._maybe_freeze_layer(pending.layer)
         finally:
-            self.counters.ensure_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.counters.ensure_s += dt
+            self.counters.demand_read_s += dt
 
     def _lookup(self, layer: int, experts: np.ndarray, observe: bool = True) -> Pending:
         n = len(experts)
@@ -428,6 +442,14 @@ class ExpertCache:
                 self.policy.hit(key)
         # An expert that had to come from disk is a miss, even when prefetch read it early.
         self.counters.prefetch_used += used_prefetch
+        self._last_use[slots] = self._token
+        guessed = self._guessed
+        if guessed is not None and guessed[0] == layer:
+            self._guessed = None
+            if self.governor is not None:
+                self.governor.settle(
+                    layer, len(guessed[1]), int(np.isin(guessed[1], experts).sum())
+                )
         self.counters.hits += n - len(miss_pos) - used_prefetch
         self.counters.misses += len(miss_pos) + used_prefetch
         if not miss_pos:
@@ -512,6 +534,82 @@ class ExpertCache:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
         exp = np.array([k[1] for k in keys], dtype=np.int64)
         self._inflight = self._pool.submit(self._read, layer, exp, slots)
+
+    def prefetch_cold(self, layer: int, ranked: np.ndarray, pinned: set) -> int:
+        """Decode read-ahead v2: read up to `governor.limit` of `layer`'s predicted
+        experts (`ranked`, most likely first) that are not resident, into free slots or
+        cold ones (`PrefetchGovernor.cold_tokens`: not asked for in that many tokens; the
+        coldest first), never evicting a warm expert nor one of `pinned`; nothing where
+        the governor has the layer off. Returns the experts issued (read in the
+        background; the layer's `lookup` waits for them and tells the governor how many
+        it used)."""
+        gov = self.governor
+        self.wait_prefetch()
+        if gov is None or not gov.allowed(layer):
+            return 0
+        slot_of = self._slot_of
+        want = [int(e) for e in ranked if (layer, int(e)) not in slot_of][: gov.limit]
+        if not want:
+            return 0
+        slots: list[int] = []
+        while self._free and len(slots) < len(want):
+            slots.append(self._free.pop())
+        if len(slots) < len(want):
+            cold = np.flatnonzero(self._last_use < self._token - gov.cold_tokens)
+            cold = cold[np.argsort(self._last_use[cold], kind="stable")]
+            for s in cold.tolist():
+                if len(slots) == len(want):
+                    break
+                key = self._key_of[s]
+                if key is None or key in pinned:
+                    continue
+                self.policy.remove(key)
+                self._prefetched.discard(key)
+                del slot_of[key]
+                self._layer_count[key[0]] -= 1
+                slots.append(s)
+        keys = [(layer, e) for e in want[: len(slots)]]
+        if not keys:
+            return 0
+        for key, s in zip(keys, slots, strict=True):
+            self._layer_count[layer] += 1
+            slot_of[key] = s
+            self._key_of[s] = key
+            self.policy.insert(key)
+        arr = np.array(slots, dtype=np.int64)
+        self._last_use[arr] = -(1 << 40)  # cold until asked for: an unused guess goes first
+        self._prefetched.update(keys)
+        self.counters.prefetch_issued += len(keys)
+        exp = np.array([k[1] for k in keys], dtype=np.int64)
+        self._guessed = (layer, exp)
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
+        self._inflight = self._pool.submit(self._read, layer, exp, arr)
+        return len(keys)
+
+    def clear(self) -> None:
+        """Forget every resident expert and the policy's state (a bench round starts
+        from an empty cache, as a fresh engine would). Engine thread, between turns."""
+        from ssdmoe_tui.engine.policy.policies import make_policy
+
+        self.wait_prefetch()
+        cap, layers = self.capacity, self.index.num_layers
+        self._slot_of = {}
+        self._key_of = [None] * cap
+        self._free = list(range(cap - 1, -1, -1))
+        self._layer_count = [0] * layers
+        self._device_lut = [None] * layers
+        self._layer_rows = [None] * layers
+        self._prefetched.clear()
+        self._guessed = None
+        self._last_use[:] = -(1 << 40)
+        self.policy = make_policy(self.policy_name, cap, layers)
+        if self.predictor is not None:
+            self.predictor.reset_token()
+        if self.governor is not None:
+            self.governor.reset()
 
     def wait_prefetch(self) -> None:
         fut = self._inflight
@@ -634,7 +732,9 @@ class ExpertCache:
         # they go in least wanted first: the most wanted end up the last to be evicted.
         for key in reversed(keys[: len(slots)]):
             self.policy.insert(key)
-        return np.array(slots, dtype=np.int64)
+        out = np.array(slots, dtype=np.int64)
+        self._last_use[out] = self._token  # wanted: warm, no read-ahead guess takes them
+        return out
 
     def _evict(self, key: tuple[int, int]) -> int:
         self.policy.remove(key)
@@ -653,6 +753,9 @@ class ExpertCache:
     def step(self) -> None:
         """Called once per generated token (policy aging)."""
         self.policy.step()
+        self._token += 1
+        if self.governor is not None:
+            self.governor.step()
         if self.predictor is not None:
             self.predictor.reset_token()
 

@@ -29,6 +29,7 @@ from ssdmoe_tui.engine.experts.cache import (
 )
 from ssdmoe_tui.engine.experts.device_memory import is_cuda
 from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
+from ssdmoe_tui.engine.experts.prefetch import PrefetchGovernor
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.engine.model import routing_mass as _routing_mass
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
@@ -37,8 +38,11 @@ from ssdmoe_tui.engine.model.streamed import (
     ProjQuant,
     StepTimes,
     StreamedSwitch,
+    prefetch_rescale,
+    ranked_predictor,
     routing_predictor,
 )
+from ssdmoe_tui.engine.model.timeline import Timeline, timeline_on
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
 from ssdmoe_tui.options import check_k, parse_bytes
 
@@ -322,6 +326,10 @@ def load_streamed(
     cache = ExpertCache(read_index, path, capacity, rd, policy=policy, act_dtype=act_dtype)
     gate = PrefillGate()
     blocks = _install_switches(specs, cache, partition, times, prefetch, gate, family)
+    if prefetch:
+        cache.governor = PrefetchGovernor.from_env(index.num_layers)
+    if timeline_on():
+        times.timeline = Timeline()
 
     progress("loading resident weights")
     weights = _resident_weights(path, index, model)
@@ -373,6 +381,7 @@ class _SwitchSpec:
     orig: nn.Module
     kind: str
     quant: dict[str, ProjQuant]
+    norm: nn.Module | None = None  # the RMSNorm before the block (decode read-ahead's rescale)
 
 
 def _switch_specs(
@@ -388,7 +397,8 @@ def _switch_specs(
     for li, layer in enumerate(index.layers):
         try:
             holder = _find_module(model, layer.prefix)
-            block = _find_module(model, arch.routing_block_path(layer.prefix, family))
+            block_path = arch.routing_block_path(layer.prefix, family)
+            block = _find_module(model, block_path)
         except (AttributeError, KeyError, IndexError, ValueError) as e:
             raise UnsupportedModelError(
                 f"{layer.prefix}: expert tensors do not match any module of {config['model_type']}"
@@ -413,7 +423,11 @@ def _switch_specs(
             )
             for p in projs
         }
-        specs.append(_SwitchSpec(li, block, holder, orig, kind, quant))
+        norm = None
+        if "." in block_path:
+            parent = _find_module(model, block_path.rsplit(".", 1)[0])
+            norm = getattr(parent, "post_attention_layernorm", None)
+        specs.append(_SwitchSpec(li, block, holder, orig, kind, quant, norm))
     return specs
 
 
@@ -464,10 +478,14 @@ def _install_switches(
         sw.set_gate(gate)
         blocks.append(s.block)
         switches.append(sw)
-    for sw, nxt, nxt_sw in zip(switches[:-1], blocks[1:], switches[1:], strict=True):
+    rescale = prefetch_rescale()
+    for i, (sw, nxt, nxt_sw) in enumerate(
+        zip(switches[:-1], blocks[1:], switches[1:], strict=True)
+    ):
         predict = routing_predictor(nxt, nxt_sw) if family.up == 0 else None
-        if prefetch:
-            sw.set_predictor(predict)
+        if prefetch and predict is not None:
+            norms = (specs[i].norm, specs[i + 1].norm) if rescale else (None, None)
+            sw.set_predictor(ranked_predictor(nxt, nxt_sw, family.router, *norms))
         # prefill chunks read the next layer's predicted union while this one computes
         sw.set_lookahead(predict)
     return blocks

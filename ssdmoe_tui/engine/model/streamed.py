@@ -20,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ssdmoe_tui.engine.experts.cache import ExpertCache
+from ssdmoe_tui.engine.model.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class StepTimes:
     pipelined_calls: int = 0
     staged_calls: int = 0  # many-row calls computed from a device copy of their slots
     readahead_calls: int = 0  # prefill chunks whose next layer's union was read ahead
+    timeline: Timeline | None = None  # per-layer decode rows while on (model/timeline.py)
 
 
 class PrefillStopped(Exception):
@@ -448,14 +450,27 @@ class StreamedSwitch(nn.Module):
             return self._run(x, lut[indices], indices.shape, cache.bank_arrays(bank))
         pred = chunk_pred = None
         t0 = time.perf_counter()
-        if predict is not None and x.ndim >= 2 and x.shape[-2] == 1:
-            pred = predict(x)  # decode only: one token's routing for the next layer
+        gov = cache.governor
+        if (
+            predict is not None
+            and gov is not None
+            and gov.enabled
+            and x.ndim >= 2
+            and x.shape[-2] == 1
+        ):
+            pred = predict(x)  # decode only: the next layer's routing, most likely first
             mx.eval(indices, pred)  # still one host sync: both come back together
         elif self._lookahead is not None and routing is None and indices.size >= LONG_CHUNK_ROWS:
             chunk_pred = self._lookahead(x)  # a prefill chunk: the next layer's union
             mx.eval(indices, chunk_pred)
         host = np.array(indices, copy=False)  # the one host sync of this layer
-        times.router_sync_s += time.perf_counter() - t0
+        t_sync = time.perf_counter()
+        times.router_sync_s += t_sync - t0
+        tl = times.timeline
+        if tl is not None:
+            c = cache.counters
+            before = (c.hits, c.misses, c.prefetch_used, c.demand_read_s, c.prefetch_wait_s,
+                      c.prefetch_issued)  # fmt: skip
         if stop is not None and stop():
             raise PrefillStopped
         times.calls += 1
@@ -500,10 +515,17 @@ class StreamedSwitch(nn.Module):
                 y = self._run_slots(x, sl, stage=self._stage and host.size >= LONG_CHUNK_ROWS)
             # Read the next layer's likely experts while this layer computes: predicted by
             # its router (lookahead) or, in decode (one token) of trace-driven runs, by
-            # co-occurrence with this layer's ids.
+            # co-occurrence with this layer's ids. The router's guesses in decode: a few,
+            # into cold slots only (`ExpertCache.prefetch_cold`, experts/prefetch.py).
             nxt = None
             if pred is not None:
-                nxt = np.unique(np.array(pred, copy=False))
+                flat = np.array(pred, copy=False).reshape(-1)
+                _, first = np.unique(flat, return_index=True)
+                ranked = flat[np.sort(first)]  # each row's most likely first
+                if tl is not None:
+                    tl.expect(self._layer + 1, ranked)
+                pinned = {(self._layer, int(e)) for e in uniq}
+                cache.prefetch_cold(self._layer + 1, ranked, pinned)
             elif chunk_pred is not None:
                 # Read the next layer's predicted union while this chunk's layer computes
                 # (started first), into free or evictable slots only: `prefetch` pins
@@ -511,16 +533,41 @@ class StreamedSwitch(nn.Module):
                 mx.async_eval(y)
                 self._times.readahead_calls += 1
                 nxt = np.unique(np.array(chunk_pred, copy=False))
-            elif cache.predictor is not None and host.size == host.shape[-1]:
+            elif (
+                cache.predictor is not None
+                and host.size == host.shape[-1]
+                and (gov is None or gov.enabled)
+            ):
+                # A trace-driven run keeps read-ahead v1 (every guess, any evictable
+                # slot): what `ssdmoe trace replay --prefetch` simulates, checked equal.
                 ids = cache.predictor.predict(self._layer, uniq.tolist(), len(uniq))
                 nxt = np.array(ids, dtype=np.int64) if ids else None
+                if nxt is not None and tl is not None:
+                    tl.expect(self._layer + 1, nxt)
             if nxt is not None:
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, nxt, pinned)
+            if tl is not None and host.size == host.shape[-1]:
+                self._record(tl, t0, t_sync, before, len(pending.read_experts), uniq)
             return y
         if extra is not None and len(extra):
             uniq = np.concatenate([uniq, extra])
         return self._grouped(x, host, uniq)
+
+    def _record(self, tl: Timeline, t0: float, t_sync: float, before: tuple, nread: int,
+                uniq: np.ndarray) -> None:  # fmt: skip
+        """One timeline row for this one-token layer call (`StepTimes.timeline`)."""
+        cache = self._cache
+        c = cache.counters
+        hits, misses, used, read_s, wait_s, issued = before
+        pred_hit, pred_n = tl.scored(self._layer, uniq)
+        tl.record(
+            cache.token, self._layer,
+            (t_sync - t0) * 1e3, (c.demand_read_s - read_s) * 1e3,
+            (c.prefetch_wait_s - wait_s) * 1e3, (time.perf_counter() - t0) * 1e3,
+            nread * cache.index.expert_bytes, c.hits - hits, c.misses - misses,
+            c.prefetch_issued - issued, c.prefetch_used - used, pred_hit, pred_n,
+        )  # fmt: skip
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
         """Union of experts larger than the cache (big prefill chunks, tiny budgets).
@@ -582,5 +629,55 @@ def routing_predictor(block: nn.Module, switch: StreamedSwitch):
         finally:
             object.__setattr__(switch, "_capture", False)
         return None  # the block did not route this call (never for a MoE block)
+
+    return predict
+
+
+RESCALE_ENV = "SSDMOE_PREFETCH_RESCALE"
+
+
+def prefetch_rescale() -> bool:
+    """$SSDMOE_PREFETCH_RESCALE: `on` (default) or `off` (see `ranked_predictor`)."""
+    from ssdmoe_tui.errors import BadValueError
+
+    text = os.environ.get(RESCALE_ENV, "").strip().lower() or "on"
+    if text not in ("on", "off"):
+        raise BadValueError(f"{RESCALE_ENV}={text!r}: use on or off")
+    return text == "on"
+
+
+def ranked_predictor(block: nn.Module, switch: StreamedSwitch, router: str,
+                     norm: nn.Module | None = None, next_norm: nn.Module | None = None):  # fmt: skip
+    """Decode read-ahead's guess: the next MoE block's routing applied to this layer's
+    block input, each row's experts most likely first.
+
+    Where the next router is a linear layer of logits, its top-K logits in descending
+    order (the block's own selection for softmax/top-K routers; for others only the
+    guess may differ, never the tokens): one matmul and one sort, K read off the block's
+    routing graph, which is built but never evaluated. Elsewhere the block's routing
+    itself (`routing_predictor`), in its own order.
+
+    The block input is this layer's `post_attention_layernorm(h)`, and the routing block
+    applies no norm of its own: the next layer's router sees `h'/rms(h') * w_next`, not
+    `h/rms(h) * w_this`. With both norms given, the input is rescaled by `w_next / w_this`
+    first (streamlx's rescale), so only the residual's change between the layers is
+    left to guess. The ratio is taken once, at the first call (the weights are loaded by
+    then)."""
+    base = routing_predictor(block, switch)
+    ratio: list[mx.array] = []
+
+    def predict(x: mx.array) -> mx.array | None:
+        if norm is not None and next_norm is not None:
+            if not ratio:
+                w, wn = norm.weight, next_norm.weight
+                safe = mx.where(mx.abs(w) > 1e-6, w, 1)
+                ratio.append(mx.where(mx.abs(w) > 1e-6, wn / safe, 1).astype(x.dtype))
+                mx.eval(ratio[0])
+            x = x * ratio[0]
+        inds = base(x)  # a graph only: evaluated where the router is not linear
+        gate = getattr(block, router, None)
+        if inds is None or not isinstance(gate, nn.Linear | nn.QuantizedLinear):
+            return inds
+        return mx.argsort(-gate(x), axis=-1)[..., : inds.shape[-1]]
 
     return predict

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 43 item 1 on the H200: what a streamed decode token's router sync is made of, and
+# whether decode read-ahead v2 (a few guesses of the next layer's experts into cold slots,
+# engine/experts/prefetch.py) pays there. Each step is one `ssdmoe bench --timeline` on the
+# Q30 shape (built by `scripts/gpu_pipeline.sh` step q30), 4 GiB cache, one engine, rounds
+# alternating read-ahead off / on (each run from an empty cache; medians), writing
+# $OUT/timeline-NAME.json (per-layer medians: sync wait, read wait, bytes, hits, misses,
+# guesses issued/used, the next-gate prediction's precision; the bare-sync probe) and .txt:
+#   model  the model's own routing, K = 8 (router guesses: read-ahead v2)
+#   trace  the real Qwen3-30B trace, K = 6 (co-occurrence guesses: read-ahead v1, which
+#          `ssdmoe trace replay --prefetch` simulates; a router cannot foresee a trace)
+#   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
+#          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
+# Call 1 (cold machine): the Q30 build, then the compile pass:
+#
+#   STEPS=q30 bash scripts/gpu_pipeline.sh $OUT/build && STEPS=compile bash scripts/gpu_timeline.sh
+#
+# Call 2 (<= 8 minutes): OUT=... DEADLINE_S=470 bash scripts/gpu_timeline.sh
+#
+# Environment: Q30 (/root/q30), CACHE (4G), ROUNDS (3), DECODE (32), STEPS (model,trace),
+# SSDMOE_PREFETCH_TOP / SSDMOE_PREFETCH_COLD (the governor's guesses a layer, cold tokens).
+set -u
+OUT=${OUT:-/root/res/tl}
+STEPS=${STEPS:-model,trace}
+DEADLINE_S=${DEADLINE_S:-470}
+TAG=timeline
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
+CACHE=${CACHE:-4G}
+ROUNDS=${ROUNDS:-3}
+DECODE=${DECODE:-32}
+
+one() {  # one NAME SECONDS [bench args...]
+  local name=$1 secs=$2; shift 2
+  [ "$(left)" -gt 60 ] || { log "$name skipped: deadline"; return; }
+  (( secs > $(left) - 10 )) && secs=$(( $(left) - 10 ))
+  log "$name: bench --timeline, cache $CACHE, $ROUNDS rounds x $DECODE tokens, $*"
+  timeout "$secs" "$PY" -m ssdmoe_tui.cli bench --timeline --prefetch both --model "$Q30" \
+    --expert-cache "$CACHE" --rounds "$ROUNDS" --prompt-tokens 64 --decode-tokens "$DECODE" \
+    "$@" --json "$OUT/timeline-$name.json" > "$OUT/timeline-$name.txt" 2> "$OUT/timeline-$name.err"
+  log "$name exit $?"
+}
+
+[ -f "$Q30/config.json" ] || { log "no checkpoint at $Q30: run scripts/gpu_pipeline.sh step q30 first"; exit 1; }
+if want compile; then
+  ROUNDS=1 DECODE=4 one compile-model "$(( $(left) / 2 ))" --k 8
+  ROUNDS=1 DECODE=4 one compile-trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"
+fi
+if want model; then one model "$(( $(left) / 2 ))" --k 8; fi
+if want trace; then one trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"; fi
+tail -n 3 "$OUT"/timeline-*.txt >&2

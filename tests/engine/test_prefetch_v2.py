@@ -1,0 +1,144 @@
+"""Decode read-ahead v2 (engine/experts/prefetch.py): a few guesses into cold slots only,
+a per-layer governor, greedy tokens unchanged; and the per-layer decode timeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import ssdmoe_tui
+from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
+from ssdmoe_tui.engine.experts.index import build_index
+from ssdmoe_tui.engine.experts.prefetch import COLD_ENV, LIMIT_ENV, PrefetchGovernor
+from ssdmoe_tui.engine.model.loader import load_streamed
+from ssdmoe_tui.engine.model.timeline import FIELDS, Timeline, summarize
+from ssdmoe_tui.engine.run.runner import Runner
+from ssdmoe_tui.errors import BadValueError
+from tests.helpers.exact import MAX_TOKENS, PROMPT, reference_tokens
+
+DEMO = Path(ssdmoe_tui.__file__).parent / "models" / "demo_trained"
+
+
+def _share(path, share: float) -> str:
+    """A budget of `share` of the checkpoint's experts, in slots."""
+    index = build_index(path)
+    return str(
+        int(slot_memory_bytes(index, mx.float32) * index.num_experts * index.num_layers * share)
+    )
+
+
+def test_governor_switches_a_layer_off_and_probes_it_again() -> None:
+    gov = PrefetchGovernor(3, window=4, min_precision=0.5, reprobe_tokens=2)
+    gov.settle(1, 2, 2)
+    gov.settle(1, 2, 1)  # 3 of 4 used: stays on
+    assert gov.allowed(1)
+    gov.settle(1, 2, 0)
+    gov.settle(1, 2, 1)  # 1 of 4: off for 2 tokens
+    assert not gov.allowed(1) and gov.allowed(2)
+    gov.step()
+    assert not gov.allowed(1)
+    gov.step()
+    assert gov.allowed(1)  # probed again
+    assert gov.figures()["switched_off"] == [0, 1, 0]
+    assert gov.figures()["precision"][1] == pytest.approx(4 / 8)
+    gov.enabled = False
+    assert not gov.allowed(2)
+
+
+def test_governor_settings_from_env(monkeypatch) -> None:
+    monkeypatch.setenv(LIMIT_ENV, "3")
+    monkeypatch.setenv(COLD_ENV, "0")
+    gov = PrefetchGovernor.from_env(4)
+    assert (gov.limit, gov.cold_tokens) == (3, 0)
+    monkeypatch.setenv(LIMIT_ENV, "0")
+    with pytest.raises(BadValueError, match=LIMIT_ENV):
+        PrefetchGovernor.from_env(4)
+
+
+def test_guesses_take_free_or_cold_slots_and_never_a_warm_one(checkpoints) -> None:
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=_share(path, 0.5))
+    cache = sm.cache
+    e = cache.index.num_experts
+    cache.governor = gov = PrefetchGovernor(cache.index.num_layers, limit=2, cold_tokens=1)
+    cache.clear()
+    # Fill every slot, layer 0 first: a token asks for `per` experts of each layer.
+    per = cache.capacity // cache.index.num_layers
+    for layer in range(cache.index.num_layers):
+        cache.ensure(layer, np.arange(per, dtype=np.int64))
+    cache.step()
+    cache.step()  # everything is now cold (not asked for in the last token)...
+    warm = [(0, int(x)) for x in range(per)]
+    cache.ensure(0, np.arange(per, dtype=np.int64))  # ...but layer 0's experts
+    assert not cache._free
+    before = set(cache._slot_of)
+    guess = np.arange(e - 3, e, dtype=np.int64)  # three of layer 1 not resident
+    assert cache.prefetch_cold(1, guess, pinned=set()) == 2  # the limit
+    cache.wait_prefetch()
+    gone = before - set(cache._slot_of)
+    assert len(gone) == 2 and not gone & set(warm)
+    assert all(cache.resident(1, int(x)) for x in guess[:2])
+    # The layer then uses one: a hit read ahead (counted as a miss), and the governor knows.
+    c0 = cache.counters.snapshot()
+    cache.ensure(1, guess[:1])
+    assert cache.counters.prefetch_used - c0.prefetch_used == 1
+    assert cache.counters.bytes_read == c0.bytes_read  # nothing read on demand
+    assert (gov.issued[1], gov.used[1]) == (2, 1)
+    # Only warm slots left outside the free list: no guess is read.
+    cache.step()
+    for layer in range(cache.index.num_layers):
+        cache.ensure(layer, np.array([cache._key_of[s][1] for s in range(cache.capacity)
+                                      if cache._key_of[s][0] == layer], dtype=np.int64))  # fmt: skip
+    assert cache.prefetch_cold(2, np.array([e - 1]), pinned=set()) == 0
+    sm.close()
+
+
+@pytest.mark.parametrize("share", [0.2, 0.4])
+def test_demo_guesses_are_read_and_used_and_tokens_do_not_change(monkeypatch, share) -> None:
+    """The trained demo's own routing is predictable from the previous layer: guesses
+    are read and used, and the greedy tokens are plain mlx-lm's, as without read-ahead."""
+    monkeypatch.setenv(COLD_ENV, "1")
+    budget = _share(DEMO, share)
+    runs = {}
+    for pf in (False, True):
+        sm = load_streamed(DEMO, expert_cache=budget, prefetch=pf)
+        sm.times.timeline = Timeline()
+        prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+        runs[pf] = (sm, Runner(sm).generate(prompt, max_tokens=MAX_TOKENS))
+    sm, on = runs[True]
+    c = sm.cache.counters
+    assert c.prefetch_issued > 0 and c.prefetch_used > 0
+    assert max(sm.cache.governor.issued) <= 2 * MAX_TOKENS  # at most `limit` a layer a token
+    assert on.tokens == runs[False][1].tokens == reference_tokens(DEMO, None, mx.float32, prompt)
+    rows = sm.times.timeline.array()
+    assert rows.shape[1] == 2 + len(FIELDS) and len(rows) > 0
+    s = summarize(rows)
+    assert [d["layer"] for d in s["layers"]] == list(range(sm.index.num_layers))
+    assert s["layers"][0]["pred_precision"] is None  # nothing predicts layer 0
+    assert all(d["pred_precision"] > 0.3 for d in s["layers"][1:])  # chance: K/E = 1/8
+    for _, (m, _) in runs.items():
+        m.close()
+
+
+def test_bench_timeline_writes_per_layer_medians(tmp_path, capsys, monkeypatch) -> None:
+    from ssdmoe_tui.cli import main
+
+    monkeypatch.setenv("SSDMOE_LOCK_DIR", str(tmp_path / "locks"))
+    out = tmp_path / "tl.json"
+    rc = main(["bench", "--timeline", "--model", str(DEMO), "--prefetch", "both",
+               "--expert-cache", _share(DEMO, 0.3), "--rounds", "1", "--prompt-tokens", "16",
+               "--decode-tokens", "6", "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["modes"]) == {"off", "on"}
+    assert all(m["same_tokens"] for m in res["modes"].values())
+    assert res["modes"]["off"]["prefetch_issued"] == 0
+    layers = res["modes"]["on"]["timeline"]["layers"]
+    assert len(layers) == 4 and {"sync_ms", "read_ms", "pf_issued_mean"} <= set(layers[0])
+    assert res["sync_probe"]["bare_sync_ms"] >= 0
+    text = capsys.readouterr().out
+    assert "sync probe: bare" in text and "read-ahead on:" in text and "on / off" in text
