@@ -18,7 +18,8 @@ scripts/gpu_batch_bench.sh for the 8 GiB host-memory cap):
         tests/fixtures/models/qwen3-30b-a3b/config.json --cache 4G --decode-tokens 64 \\
         --check
 
-`--check` reruns every row alone afterwards and counts tokens that differ (GPU kernels may
+`--join-tokens 1024` then lets a 1,024-token prompt join each B's rows (issue 43: its
+stall of them, JSON `join_probe`). `--check` reruns every row alone afterwards and counts tokens that differ (GPU kernels may
 change with the number of rows; on the CPU they do not).
 """
 
@@ -84,6 +85,9 @@ def main() -> int:
     ap.add_argument("--prefill-step", type=int, default=512)
     ap.add_argument("--routing", default="model,trace", help="model, trace, or both")
     ap.add_argument("--check", action="store_true", help="rerun each row alone (tokens equal?)")
+    ap.add_argument("--join-tokens", type=int, default=0,
+                    help="then an N-token prompt joins the B rows: the longest token gap "
+                    "of a decoding row while it prefills (bench --batch-join)")  # fmt: skip
     ap.add_argument("--build-only", action="store_true", help="build the checkpoint and stop")
     args = ap.parse_args()
 
@@ -108,6 +112,8 @@ def main() -> int:
             cmd += ["--k", "6"]  # the trace's K, so both routings compare at one K
         if args.check:
             cmd.append("--batch-check")
+        if args.join_tokens:
+            cmd += ["--batch-join", str(args.join_tokens)]
         print("+", " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
         if rc != 0:

@@ -24,10 +24,21 @@
 #   trace  the real Qwen3-30B-A3B trace (K = 6, row i at offset len(trace) i / B), a 4 GiB
 #          expert cache, under a CAP_GIB (12) host-memory cap, B = 1,4: `bench --batch`
 #          (aggregate and per-stream tok/s, MiB/token per sequence, join stall) after a
-#          short uncapped compile pass (OUTDIR/batch-trace.json, trace.txt)
-# Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), VS_ROUNDS (12), VS_S (150),
-# DECODE_TOKENS (48), PROMPT_TOKENS (64), INV_BATCH (4), TRACE_BATCH (1,4), WARMUP (1),
-# PYTHON (python3), STEPS (q30,vs,trace).
+#          short uncapped compile pass (WARMUP_TOKENS, 32 a row: rows join one after
+#          another, each in chunks sized to a time budget, and every row is held open
+#          until the last has joined, so the pass always has steps of all B rows); then,
+#          at each B > 1, a JOIN_TOKENS (1024) prompt joins the B decoding rows: JSON
+#          batch[].join_probe (max_token_gap_s against median_token_gap_before_s,
+#          max_join_stall_s; cut short after 150 s) (OUTDIR/batch-trace.json, trace.txt)
+# Environment: Q30 (/root/q30), CAP_GIB (12; 0: no cgroup), DEADLINE_S (360), VS_ROUNDS
+# (12), VS_S (150), DECODE_TOKENS (48), PROMPT_TOKENS (64), INV_BATCH (4), TRACE_BATCH
+# (1,4), TRACE_CACHE (4G), JOIN_TOKENS (1024; 0: no join probe), WARMUP (1), WARMUP_TOKENS
+# (32), PYTHON (python3), STEPS (q30,vs,trace).
+# On a CPU (the plumbing, small sizes): SMALL_LAYERS=4 SMALL_HIDDEN=128 build a small
+# qwen3_moe with the trace's 128 experts at Q30 instead of the real shape, e.g.
+#   Q30=/tmp/q-small SMALL_LAYERS=4 SMALL_HIDDEN=128 CAP_GIB=0 TRACE_CACHE=8M \
+#   VS_ROUNDS=2 DECODE_TOKENS=32 PROMPT_TOKENS=32 JOIN_TOKENS=256 \
+#   SSDMOE_HOME=/tmp/h PYTHON=.venv/bin/python bash scripts/gpu_batch.sh /tmp/gb
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_batch.sh OUTDIR}
 CAP_GIB=${CAP_GIB:-12}
@@ -40,7 +51,16 @@ TAG=gpu_batch
 source "$(dirname "$0")/gpu_common.sh"
 export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
 
-if want q30; then build_q30_batch_bench; fi
+if want q30; then
+  if [ -n "${SMALL_HIDDEN:-}" ] && [ ! -f "$Q30/config.json" ]; then
+    log "building a small qwen3_moe at $Q30 (${SMALL_LAYERS:-4} layers, hidden $SMALL_HIDDEN)"
+    "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" --layers "${SMALL_LAYERS:-4}" \
+      --hidden "$SMALL_HIDDEN" --build-only > "$OUT/build.log" 2>&1
+    log "build exit $?"
+  else
+    build_q30_batch_bench
+  fi
+fi
 
 if want vs; then
   if [ "$(left)" -gt 150 ]; then
@@ -60,15 +80,17 @@ if want trace; then
       # the first process meeting these kernel shapes compiles them with ~3 GiB more
       # anonymous memory (docs/benchmarks.md): uncapped and short, so the capped one doesn't
       timeout "$(( $(left) - 70 ))" "$PY" scripts/batch_bench.py --out "$OUT/compile" \
-        --model "$Q30" --cache 4G --batch "${TRACE_BATCH:-1,4}" --decode-tokens 8 \
+        --model "$Q30" --cache "${TRACE_CACHE:-4G}" --batch "${TRACE_BATCH:-1,4}" \
+        --decode-tokens "${WARMUP_TOKENS:-32}" \
         --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace > "$OUT/trace-compile.txt" 2>&1
       log "trace compile pass exit $?"
     fi
-    make_cg ssdmoe-gpu-batch "$CAP_GIB"
-    log "trace: 4G cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED)), B ${TRACE_BATCH:-1,4}"
+    if [ "$CAP_GIB" -gt 0 ]; then make_cg ssdmoe-gpu-batch "$CAP_GIB"; else cg=""; fi
+    log "trace: ${TRACE_CACHE:-4G} cache, cap $CAP_GIB GiB ($([ -n "$cg" ] && echo "$cg" || echo UNCAPPED)), B ${TRACE_BATCH:-1,4}"
     run_capped "$(( $(left) - 5 ))" "$PY" scripts/batch_bench.py --out "$OUT" --model "$Q30" \
-      --cache 4G --batch "${TRACE_BATCH:-1,4}" --decode-tokens "${DECODE_TOKENS:-48}" \
-      --prompt-tokens "${PROMPT_TOKENS:-64}" --routing trace > "$OUT/trace.txt" 2> "$OUT/trace.err"
+      --cache "${TRACE_CACHE:-4G}" --batch "${TRACE_BATCH:-1,4}" \
+      --decode-tokens "${DECODE_TOKENS:-48}" --prompt-tokens "${PROMPT_TOKENS:-64}" \
+      --join-tokens "${JOIN_TOKENS:-1024}" --routing trace > "$OUT/trace.txt" 2> "$OUT/trace.err"
     log "trace exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   else log "trace skipped: deadline"; fi
 fi

@@ -2,16 +2,22 @@
 
 Each configuration runs on a fresh engine: B different prompts (the bench's fixed prompt,
 each rotated by another offset, so routing differs), greedy, each asked for the bench's
-decode tokens. Rows join one after another (one prefill at a time); the measured window
-is the steady state from the step the last row joined to the step the first row ended,
-so every step in it decodes B rows. Trace-driven runs (`--routing-trace`) start each row
+decode tokens. Rows join one after another (one prefill at a time), and a row's
+`max_tokens` is held at its tokens + the decode tokens until the last row has joined, so
+every row decodes that many tokens beside all the others whatever the joins cost (a join
+sized to a time budget takes several steps; 8 decode tokens at B = 4 once left no step
+with all four rows). The measured window is the steady state from the step the last row
+joined to the step the first row ended, so every step in it decodes B rows. Trace-driven runs (`--routing-trace`) start each row
 at another offset of the trace (`len(trace) * i / B`).
 
 Reported per configuration: aggregate decode tok/s (tokens of all rows / window time),
 per-stream tok/s (steps / time), requested and device MiB/token per sequence (window bytes
 / tokens of all rows), experts looked up per MoE layer per step (the union over the rows),
 the expert cache's hit rate, and the longest stall of a join (one prefill chunk plus its
-first token, run between two decode steps). With `check_alone`, every row is run again
+first token, run between two decode steps). With a `join_prompt` (`--batch-join N`),
+`join_probe` then measures what issue 43 bounds: B rows decode while an N-token prompt
+joins them; the longest gap between two tokens of a decoding row against their median
+gap before it joined. With `check_alone`, every row is run again
 alone (a batch of one, from its own trace offset) on the same engine and the tokens
 compared (`rows_equal_alone`, `token_mismatch_rate`): the measurement of exactness on a
 GPU, where a kernel may change with the number of rows. When the model fits, bench.py
@@ -24,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S, JOIN_CHUNK
 from ssdmoe_tui.options import CacheBudget
 
 Log = Callable[[str], None]
@@ -70,8 +77,9 @@ def run_batch_config(
     b: int,
     log: Log,
     check_alone: bool = False,
+    join_prompt: list[int] | None = None,
 ) -> dict:
-    """B rows on `runner`; the steady-state window's figures."""
+    """B rows on `runner`; the steady-state window's figures (and the join probe's)."""
     from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
 
     k, sm = runner.k, runner.sm
@@ -83,10 +91,14 @@ def run_batch_config(
         span = len(routing.decode) if routing is not None else 0
         prompts = row_prompts(prompt, b)
         offsets = [(span * i) // b for i in range(b)]
-        for i, p in enumerate(prompts):
-            batch.add(SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=offsets[i]))
+        specs = [
+            SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=offsets[i])
+            for i, p in enumerate(prompts)
+        ]
+        for spec in specs:
+            batch.add(spec)
         t_all = time.perf_counter()
-        results, w, full_steps, union = _steady_window(batch, sm, b)
+        results, w, full_steps, union = _steady_window(batch, sm, b, specs, decode_tokens)
         total_s = time.perf_counter() - t_all
         row_tokens = full_steps * b
         fig = batch.figures
@@ -110,30 +122,41 @@ def run_batch_config(
             "token_ids": [results[i].tokens for i in range(b)],
         }
         if check_alone:
-            specs = [
-                SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=off)
+            alone = [
+                SeqSpec(i, p, max_tokens=len(results[i].tokens), trace_offset=off)
                 for i, (p, off) in enumerate(zip(prompts, offsets, strict=True))
             ]
-            out |= _against_alone(runner, specs, [results[i].tokens for i in range(b)])
+            out |= _against_alone(runner, alone, [results[i].tokens for i in range(b)])
         log(_row_line(out, k, budget, b, w.hit_rate, fig.max_stall_s))
+        if join_prompt and b > 1:  # the others: rows already decoding
+            out["join_probe"] = join_probe(runner, prompts, join_prompt, offsets)
+            log(_join_line(out["join_probe"]))
         return out
     finally:
         sm.tokenizer.eos_token_ids = eos
 
 
-def _steady_window(batch, sm, b: int):  # noqa: ANN001, ANN202 - BatchRunner, StreamedModel
+def _steady_window(batch, sm, b: int, specs: list, decode_tokens: int):  # noqa: ANN001, ANN202
     """Run `batch` to the end; (results by row, the Snapshot difference over the steps
-    that decoded all `b` rows, how many steps that was, union experts per layer call)."""
-    from ssdmoe_tui.engine.run.runner import Done, Snapshot
+    that decoded all `b` rows, how many steps that was, union experts per layer call).
+    Until the last row joins, each row's `max_tokens` is held at its tokens + the decode
+    tokens, so all of them decode together for that many steps."""
+    from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
 
     results = {}
     start = end = None
     u0 = c0 = u1 = c1 = 0
     full_steps = steps0 = 0
+    made = [0] * len(specs)
     while not batch.idle:
         for uid, ev in batch.step():
-            if isinstance(ev, Done):
+            if isinstance(ev, TokenEvent):
+                made[uid] += 1
+            elif isinstance(ev, Done):
                 results[uid] = ev.result
+        if start is None and not (batch.rows == b and not batch.waiting):
+            for spec, n in zip(specs, made, strict=True):
+                spec.max_tokens = n + decode_tokens if n else decode_tokens
         if start is None and batch.rows == b and not batch.waiting:
             start = Snapshot.take(sm)
             u0, c0 = sm.times.union_experts, sm.times.union_calls
@@ -148,6 +171,95 @@ def _steady_window(batch, sm, b: int):  # noqa: ANN001, ANN202 - BatchRunner, St
         )
     union = _round((u1 - u0) / (c1 - c0), 3) if c1 > c0 else None
     return results, end - start, full_steps, union
+
+
+JOIN_PROBE_S = 240.0  # a join that has not reached its first token by then is cut short
+
+
+def join_probe(
+    runner,  # noqa: ANN001 - a Runner
+    prompts: list[list[int]],
+    join_prompt: list[int],
+    offsets: list[int],
+    *,
+    join_budget_s: float | None = JOIN_BUDGET_S,
+    join_chunk: int | None = JOIN_CHUNK,
+    deadline_s: float = JOIN_PROBE_S,
+) -> dict:
+    """`prompts` decode (greedy) until steady, then `join_prompt` joins them: the longest
+    gap between two tokens of a decoding row while it prefills, against their median gap
+    before (issue 43: a 1k-token prompt must not stall the others more than 0.3 s).
+    `join_budget_s` / `join_chunk`: the BatchRunner's (None, 128: the token cap alone)."""
+    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
+    from ssdmoe_tui.engine.run.runner import PrefillProgress, TokenEvent
+
+    b = len(prompts)
+    batch = BatchRunner(runner, max_batch=b + 1, join_chunk=join_chunk, join_budget_s=join_budget_s)
+    specs = [
+        SeqSpec(i, p, max_tokens=1 << 30, trace_offset=off)
+        for i, (p, off) in enumerate(zip(prompts, offsets, strict=True))
+    ]
+    for spec in specs:
+        batch.add(spec)
+    last: dict[int, float] = {}
+    before: list[float] = []  # decoding rows' gaps before the join
+    during: list[float] = []  # ... while it prefills (until its first token)
+    chunks: list[int] = []
+    joined_at = first_token_s = None
+    stall0, steady = 0.0, 0
+    t_end = time.perf_counter() + deadline_s
+    while time.perf_counter() < t_end:
+        events = batch.step()
+        now = time.perf_counter()
+        for uid, ev in events:
+            if uid == b:
+                if isinstance(ev, PrefillProgress):
+                    chunks.append(ev.done)
+                elif isinstance(ev, TokenEvent):
+                    first_token_s = now - joined_at
+            elif isinstance(ev, TokenEvent):
+                if uid in last:
+                    (during if joined_at is not None else before).append(now - last[uid])
+                last[uid] = now
+        if first_token_s is not None:
+            break
+        if joined_at is None and batch.rows == b:
+            steady += 1
+            if steady == 4:  # a few steps of all rows: the join starts
+                stall0 = batch.figures.max_stall_s
+                batch.figures.max_stall_s = 0.0
+                batch.add(SeqSpec(b, join_prompt, max_tokens=1, trace_offset=offsets[0]))
+                joined_at = time.perf_counter()
+    # The batch is left as it is (the rows' caches are dropped with it): a join cut short
+    # by the deadline would go on prefilling in a drain.
+    sizes = [y - x for x, y in zip(chunks, chunks[1:], strict=False) if y > x]
+    med = sorted(before)[len(before) // 2] if before else None
+    return {
+        "join_tokens": len(join_prompt),
+        "rows_decoding": b,
+        "join_budget_s": join_budget_s,
+        "join_chunk": join_chunk,
+        "median_token_gap_before_s": _round(med),
+        "max_token_gap_s": _round(max(during)) if during else None,
+        "max_join_stall_s": round(batch.figures.max_stall_s, 4),
+        "first_joins_max_stall_s": round(stall0, 4),
+        "join_first_token_s": _round(first_token_s, 3),
+        "chunks": len(sizes),
+        "chunk_tokens_max": max(sizes) if sizes else None,
+        "prefilled_tokens": chunks[-1] if chunks else 0,
+        "finished": first_token_s is not None,
+    }
+
+
+def _join_line(j: dict) -> str:
+    gap = j["max_token_gap_s"] or 0.0
+    return (
+        f"  join probe: a {j['join_tokens']}-token prompt joining {j['rows_decoding']} rows: "
+        f"longest token gap {gap * 1e3:.0f} ms (median before "
+        f"{(j['median_token_gap_before_s'] or 0) * 1e3:.0f} ms), stall <= "
+        f"{j['max_join_stall_s'] * 1e3:.0f} ms, {j['chunks']} chunks, its first token after "
+        f"{j['join_first_token_s']} s" + ("" if j["finished"] else " (cut short)")
+    )
 
 
 def _against_alone(runner, specs: list, batched: list[list[int]]) -> dict:  # noqa: ANN001

@@ -82,6 +82,7 @@ class BenchOptions:
     quality_tokens: int = 512
     batch: list[int] = field(default_factory=list)  # also B sequences together (bench/batch.py)
     batch_check: bool = False  # with batch: run each row alone again and compare tokens
+    batch_join: int = 0  # with batch: then an N-token prompt joins the rows (its stall)
     fit: Path | None = None  # also B, a lower-bit copy, resident in mlx-lm (bench/fit.py)
 
     def __post_init__(self) -> None:
@@ -884,8 +885,16 @@ def _run_batches(opts, s, k, budget, result, prepare, log) -> None:  # noqa: ANN
         log(f"config K={k} expert cache {budget} batch {b} [{state}]")
         runner = _open(opts, budget, k, False, log)
         try:
+            join = fixed_prompt(runner.sm.tokenizer, opts.batch_join) if opts.batch_join else None
             r = run_batch_config(
-                runner, opts.decode_tokens, budget, s.prompt, b, log, check_alone=opts.batch_check
+                runner,
+                opts.decode_tokens,
+                budget,
+                s.prompt,
+                b,
+                log,
+                check_alone=opts.batch_check,
+                join_prompt=join,
             )
         finally:
             _close(runner)
@@ -934,8 +943,8 @@ def _resident_batches(opts, s, k: int, rows: list[dict], log: Log) -> None:  # n
         m = dict(memo[(k, r["batch"])])
         mine, theirs = r["aggregate_decode_tok_s"], m["aggregate_decode_tok_s"]
         m["engine_vs_resident"] = round(mine / theirs, 3) if mine and theirs else None
-        m["tokens_equal_engine"] = sum(
-            a == b for a, b in zip(m.pop("token_ids"), r["token_ids"], strict=True)
+        m["tokens_equal_engine"] = sum(  # engine rows held open for later joins are longer
+            a == b[: len(a)] for a, b in zip(m.pop("token_ids"), r["token_ids"], strict=True)
         )
         r["resident_batch_generator"] = m
 

@@ -124,6 +124,9 @@ ARGUMENTS: tuple[Adder, ...] = (
          "sequence"),
     flag("--batch-check", action="store_true",
          help="with --batch: run every row alone afterwards and count tokens that differ"),
+    flag("--batch-join", type=_count("--batch-join"), default=0, metavar="N",
+         help="with --batch: then an N-token prompt joins the B decoding rows; the longest "
+         "gap between two of their tokens while it prefills (JSON join_probe)"),
     flag("--fit", default=None, metavar="MODEL",
          help="also B, a lower-bit copy of --model (`ssdmoe requant`), resident in plain "
          "mlx-lm beside the streamed row: speed, memory, size and with --quality agreement "
@@ -200,6 +203,7 @@ def _bench_options(args: argparse.Namespace, dist) -> BenchOptions:
         quality_tokens=args.quality_tokens,
         batch=args.batch or [],
         batch_check=args.batch_check,
+        batch_join=args.batch_join,
         fit=Path(fit) if fit is not None else None,
     )
 

@@ -335,7 +335,9 @@ def test_batch_reports_aggregate_per_stream_and_bytes_per_sequence(tiny, tmp_pat
             b * r["per_stream_decode_tok_s"], rel=1e-3
         )
         assert r["rows_equal_alone"] == b and r["token_mismatch_rate"] == 0
-        assert len(r["token_ids"]) == b and all(len(t) == 10 for t in r["token_ids"])
+        # rows are held open until the last has joined, then decode 10 more together
+        assert len(r["token_ids"]) == b and all(len(t) >= 10 for t in r["token_ids"])
+        assert len(r["token_ids"][-1]) == 10
         bg = r["resident_batch_generator"]
         assert bg["status"] == "ran" and bg["tokens_equal_engine"] == b
         assert bg["aggregate_decode_tok_s"] > 0 and bg["engine_vs_resident"] > 0

@@ -32,7 +32,9 @@ def prompts(sm) -> list[list[int]]:
 
 
 def run_batch(runner, specs, max_batch):
-    batch = BatchRunner(runner, max_batch=max_batch)
+    # token-capped joins: a time budget makes how many steps a join takes (so which rows
+    # meet) depend on the machine's speed; test_a_join_is_chunked_to_a_time_budget has it
+    batch = BatchRunner(runner, max_batch=max_batch, join_budget_s=None)
     for spec in specs:
         batch.add(spec)
     results, events = {}, {}
@@ -94,7 +96,7 @@ def test_batch_invariant_mode_rows_equal_alone(checkpoints, budget):
     runner = Runner(sm)
     ps = prompts(sm)[:3]
     alone = [runner.generate(p, max_tokens=n).tokens for p, n in zip(ps, MAX_TOKENS, strict=False)]
-    batch = BatchRunner(runner, max_batch=3, invariant=True)
+    batch = BatchRunner(runner, max_batch=3, invariant=True, join_budget_s=None)
     for i, p in enumerate(ps):
         batch.add(SeqSpec(i, p, max_tokens=MAX_TOKENS[i]))
     results = {uid: ev.result for uid, ev in batch.drain() if isinstance(ev, Done)}
@@ -135,7 +137,7 @@ def test_cancel_frees_the_row_and_others_go_on(checkpoints, budget):
     stop = {"flag": False}
     specs = [SeqSpec(i, p, max_tokens=16) for i, p in enumerate(ps)]
     specs[1].should_stop = lambda: stop["flag"]
-    batch = BatchRunner(runner, max_batch=3)
+    batch = BatchRunner(runner, max_batch=3, join_budget_s=None)
     for s in specs:
         batch.add(s)
     results = {}
@@ -221,7 +223,7 @@ def _service_run(path, kv_budget: int):
             ids = prompt_tokens(tok, [{"role": "user", "content": text}])
             svc.submit(
                 P.Generate(
-                    f"r{i}", prompt_tokens=tuple(ids), sampling=SamplingOptions(max_tokens=10)
+                    f"r{i}", prompt_tokens=tuple(ids), sampling=SamplingOptions(max_tokens=24)
                 )
             )
         done = {}
@@ -244,7 +246,7 @@ def test_service_batches_and_the_kv_budget_counts_every_sequence(checkpoints):
     tight, fig1 = _service_run(path, 40_000)  # about one short sequence's KV (4 layers)
     assert fig1["max_rows"] == 1
     for rid in roomy:
-        assert tight[rid].token_ids == roomy[rid].token_ids and len(roomy[rid].token_ids) == 10
+        assert tight[rid].token_ids == roomy[rid].token_ids and len(roomy[rid].token_ids) == 24
         assert roomy[rid].stats["batch"]["max_rows"] >= 1
 
 
@@ -279,3 +281,52 @@ def test_a_join_stalls_the_decoding_rows_one_bounded_chunk(checkpoints, budget):
     assert tokens_0_between[-1] > tokens_0_between[1]  # row 0 decoded between the chunks
     assert [results[0].tokens, results[1].tokens] == alone
     assert batch.figures.max_stall_s > 0
+
+
+@pytest.mark.parametrize("budget_s", [1e-6, 30.0])
+def test_a_join_is_chunked_to_a_time_budget(checkpoints, budget_s):
+    """While rows decode, a joining prompt's chunks are sized to `join_budget_s` from the
+    last chunk's measured time (engine/run/join_chunks.py): a budget no chunk fits gives
+    one-token chunks after the first (8 tokens, nothing measured yet); a budget every chunk
+    fits grows them by `GROWTH` a chunk. Chunk sizes never change a token: every row equals its run alone."""
+    from ssdmoe_tui.engine.run.join_chunks import FIRST_JOIN_CHUNK, GROWTH
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1")
+    runner = Runner(sm)
+    ps = prompts(sm)[:2]
+    long = ps[1] + ps[0] * 4  # ~100 tokens
+    alone = [
+        runner.generate(ps[0], max_tokens=40).tokens,
+        runner.generate(long, max_tokens=6).tokens,
+    ]
+    batch = BatchRunner(runner, max_batch=2, join_chunk=None, join_budget_s=budget_s)
+    batch.add(SeqSpec(0, ps[0], max_tokens=40))
+    batch.add(SeqSpec(1, long, max_tokens=6))
+    done_at, results = [], {}
+    for uid, ev in batch.drain():
+        if uid == 1 and isinstance(ev, PrefillProgress) and 0 not in results:
+            done_at.append(ev.done)  # the joiner's progress while row 0 decodes
+        if isinstance(ev, Done):
+            results[uid] = ev.result
+    chunks = [b - a for a, b in zip(done_at, done_at[1:], strict=False) if b > a]
+    assert chunks[0] == FIRST_JOIN_CHUNK
+    if budget_s < 1:
+        assert len(chunks) > 20 and set(chunks[1:]) == {1}
+    else:
+        second = int(GROWTH * FIRST_JOIN_CHUNK)
+        assert chunks[1:3] == [second, int(GROWTH * second)]
+    assert [results[0].tokens, results[1].tokens] == alone
+
+
+def test_join_sizer_converges_to_the_budget():
+    """t(n) = a + b n: the size converges to (budget - a) / b, to 1 where a exceeds it."""
+    from ssdmoe_tui.engine.run.join_chunks import JoinSizer
+
+    for a, b, want in ((0.05, 0.002, 100), (0.4, 0.002, 1)):
+        s = JoinSizer(budget_s=0.25, cap=512)
+        for _ in range(40):
+            n = s.size()
+            s.measure(n, a + b * n)
+        assert abs(s.size() - want) <= 2, (a, b, s.size())
+    with pytest.raises(ValueError, match="join_budget_s"):
+        BatchRunner(None, join_budget_s=0)  # type: ignore[arg-type]

@@ -13,8 +13,10 @@ Continuous: `add` queues a sequence; each `step` runs one prefill chunk of the f
 waiting sequence (alone, `Runner.begin`: the same code and arithmetic as one sequence),
 then one decode step of the running ones. A sequence joins at the token boundary after
 its prefill (and its first token, which the prefill's last step samples), so the
-running ones stall for at most one prefill chunk per step, and while rows decode those
-chunks hold at most `join_chunk` tokens (`JOIN_CHUNK`); it leaves when it ends
+running ones stall for at most one prefill chunk (or that first token) per step. While
+rows decode, those chunks are sized to a time budget per step (`join_budget_s`,
+engine/run/join_chunks.py: from the last chunk's measured time) and hold at most
+`join_chunk` tokens (`JOIN_CHUNK`); it leaves when it ends
 (end of sequence, max tokens, `should_stop`), and its KV cache is extracted for reuse.
 
 K per sequence: rows are grouped by K and each group runs its own forward pass per
@@ -53,6 +55,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S, JOIN_CHUNK, JoinSizer
 from ssdmoe_tui.engine.run.runner import (
     Begun,
     Done,
@@ -122,10 +125,11 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     cache: list | None = None  # its own cache, while its group has no batch cache
     dstart: float = 0.0
-    prefill: Snapshot | None = None  # its counters at the end of its prefill
+    prefill: Snapshot | None = None  # its prefill's work (counters at its end - at its start)
     trace_pos: int = 0
     fed: int = 0  # generated tokens its KV cache holds
     started: bool = False  # its prefill's first (work-free) progress event is out
+    prefilled: int = 0  # prompt tokens its prefill has done (its last progress event)
 
     @property
     def uid(self) -> Hashable:
@@ -204,11 +208,6 @@ class BatchFigures:
 
 RowEvent = tuple[Hashable, RunnerEvent]
 
-# Tokens in one prefill chunk of a sequence joining rows that decode: each chunk runs
-# between two of their steps, so this bounds a join's stall (a chunk's compute grows
-# with it; its expert reads, the union of its tokens' experts, grow more slowly).
-JOIN_CHUNK = 128
-
 
 def merge_caches(caches: list[list]) -> list:
     """Per-layer batch caches from per-sequence ones (mlx-lm's `merge` of each layer's
@@ -226,16 +225,21 @@ class BatchRunner:
         *,
         invariant: bool = False,
         join_chunk: int | None = JOIN_CHUNK,
+        join_budget_s: float | None = JOIN_BUDGET_S,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         if join_chunk is not None and join_chunk < 1:
             raise ValueError("join_chunk must be at least 1 token")
+        if join_budget_s is not None and not join_budget_s > 0:
+            raise ValueError("join_budget_s must be a positive number of seconds")
         self.runner = runner
         self.max_batch = max_batch
         self.invariant = invariant  # every row its own pass (B = 1 shapes)
         # a joining sequence's prefill chunks while rows decode (None: the prefill step)
         self.join_chunk = join_chunk
+        # ... sized to a time budget per step (None: `join_chunk` tokens each)
+        self._join = None if join_budget_s is None else JoinSizer(join_budget_s, join_chunk)
         self._waiting: deque[_Row] = deque()  # FIFO; the first prefills, one at a time
         # K -> its rows' group; invariant: (K, row) -> a group of that row alone
         self._groups: dict[Hashable, _Group] = {}
@@ -284,11 +288,14 @@ class BatchRunner:
         self._follow_live_k(events)
         t0 = time.perf_counter()
         decoding = self.rows > 0  # a chunk stalls only the rows already decoding
-        if self._prefill_one(events):
+        chunk = self._prefill_one(events)
+        if chunk is not None:
             stall = time.perf_counter() - t0
             self.figures.prefill_chunk_s += stall
             if decoding:
                 self.figures.max_stall_s = max(self.figures.max_stall_s, stall)
+                if self._join is not None and chunk > 0:
+                    self._join.measure(chunk, stall)
         if self._groups:
             self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
         return events
@@ -299,14 +306,15 @@ class BatchRunner:
             yield from self.step()
 
     # ------------------------------------------------------------------ prefill / join
-    def _prefill_one(self, events: list[RowEvent]) -> bool:
-        """Advance the first waiting sequence by one chunk; True if it ran one."""
+    def _prefill_one(self, events: list[RowEvent]) -> int | None:
+        """Advance the first waiting sequence by one chunk: the prompt tokens it prefilled
+        (0: its first token, the last prompt token's step), None if nothing ran."""
         if not self._waiting:
-            return False
+            return None
         row = self._waiting[0]
         if row.gen is None:
             if self.rows >= self.max_batch or (self.rows and not self.admit(row.spec)):
-                return False
+                return None
             spec = row.spec
             row.gen = self.runner.begin(
                 spec.prompt,
@@ -333,8 +341,9 @@ class BatchRunner:
                 if ev.done == ev.total:  # the first token is out: Begun comes next
                     next(row.gen)
                     raise AssertionError("Runner.begin went on after its first token")
+                done, row.prefilled = row.prefilled, ev.done
                 if row.started:
-                    break
+                    return ev.done - done
                 row.started = True  # that was the work-free first event: go on
         except StopIteration as stop:
             self._waiting.popleft()
@@ -342,12 +351,14 @@ class BatchRunner:
         finally:
             if routing is not None:
                 routing.rows = None
-        return True
+        return 0
 
     def _join_cap(self) -> int | None:
-        """A joining sequence's chunk bound: `join_chunk` while rows decode (each chunk
-        stalls them), none while nothing does."""
-        return self.join_chunk if self.rows else None
+        """A joining sequence's chunk bound while rows decode (each chunk stalls them):
+        the time budget's size (`JoinSizer`) or `join_chunk`; none while nothing does."""
+        if not self.rows:
+            return None
+        return self.join_chunk if self._join is None else self._join.size()
 
     @property
     def idle_decoding(self) -> bool:
@@ -362,7 +373,7 @@ class BatchRunner:
             events.append((row.uid, Done(runner.finish(begun, [], row.detok, "cancelled", 0))))
             return
         begun.decode_share = DecodeShare()
-        row.prefill = Snapshot.take(runner.sm)
+        row.prefill = Snapshot.take(runner.sm) - begun.start
         row.dstart = time.perf_counter()
         row.trace_pos += 1
         finish = self._emit(row, begun.token, events)
@@ -447,7 +458,9 @@ class BatchRunner:
         sm = self.runner.sm
         times = sm.times
         u0, c0 = times.union_experts, times.union_calls
-        before = Snapshot.take(sm)
+        # live: device bytes read from /proc at most every LIVE_IO_AGE_S, not twice a step
+        # (a pread and a parse, ~50 us, the largest host cost a step had beyond mlx-lm's)
+        before = Snapshot.take(sm, live=True)
         pipeline = self.runner._can_pipeline()
         ready: list[tuple[_Group, list[_Row], _Pass]] = []
         for group in groups:
@@ -539,7 +552,7 @@ class BatchRunner:
         mx.eval(
             [p.tokens for _, _, p in ready] + [p.mass for _, _, p in ready if p.mass is not None]
         )
-        d = Snapshot.take(self.runner.sm) - before
+        d = Snapshot.take(self.runner.sm, live=True) - before
         rows_now = sum(len(rows) for _, rows, _ in ready)
         fig = self.figures
         fig.rounds += 1
@@ -600,8 +613,7 @@ def _share_into(stats, row: _Row) -> None:
     stats.decode_hits, stats.decode_misses = round(s.hits), round(s.misses)
     stats.decode_requested_bytes = round(s.bytes_read)
     stats.decode_device_bytes = None if s.device_bytes is None else round(s.device_bytes)
-    p = row.prefill - row.begun.start
-    _totals(stats, p)
+    _totals(stats, row.prefill)
     stats.hits += stats.decode_hits
     stats.misses += stats.decode_misses
     stats.requested_bytes += stats.decode_requested_bytes

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -215,11 +215,27 @@ class Snapshot:
         )
 
     def __sub__(self, other: Snapshot) -> Snapshot:
-        out = {}
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            out[f.name] = None if a is None or b is None else a - b
-        return Snapshot(**out)
+        # spelt out, not a loop over dataclasses.fields: a batch step and every token of
+        # a turn take differences (the loop cost ~13 us a call on two CPU cores)
+        dev = (
+            None
+            if self.device_bytes is None or other.device_bytes is None
+            else self.device_bytes - other.device_bytes
+        )
+        return Snapshot(
+            self.t - other.t,
+            self.hits - other.hits,
+            self.misses - other.misses,
+            self.bytes_read - other.bytes_read,
+            self.read_s - other.read_s,
+            self.read_calls - other.read_calls,
+            self.ensure_s - other.ensure_s,
+            self.router_sync_s - other.router_sync_s,
+            dev,
+            self.prefetch_issued - other.prefetch_issued,
+            self.prefetch_used - other.prefetch_used,
+            self.prefetch_wait_s - other.prefetch_wait_s,
+        )
 
     @property
     def hit_rate(self) -> float:
