@@ -233,6 +233,12 @@ class LoadedConfig:
     path: Path
     warnings: tuple[str, ...] = ()
     writable: bool = True  # False: the file exists but did not parse; never write it
+    # Which key each of `warnings` is about (same order; "" for the file as a whole or a
+    # key nobody knows): F10 says why no [mcp_servers] table could be used.
+    keys: tuple[str, ...] = ()
+
+    def warnings_about(self, key: str) -> tuple[str, ...]:
+        return tuple(w for w, k in zip(self.warnings, self.keys, strict=False) if k == key)
 
 
 @dataclass
@@ -319,14 +325,13 @@ def load_config(path: Path | None = None) -> LoadedConfig:
     except (tomllib.TOMLDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         return LoadedConfig(Config(), path, (f"{path}: bad TOML ({e}); using defaults",), False)
     values: dict[str, object] = {}
-    warnings: list[str] = []
+    warnings: list[tuple[str, str]] = []  # (the line, the key it is about)
     known = {f.name for f in fields(Config)}
     for key in data:
         if key not in known:  # kept in the file (a newer version's key?) and ignored
             shown = key if len(key) <= 40 else key[:37] + "..."
-            warnings.append(
-                f"{path}: unknown key {shown!r} ignored (known: {', '.join(sorted(known))})"
-            )
+            line = f"{path}: unknown key {shown!r} ignored (known: {', '.join(sorted(known))})"
+            warnings.append((line, ""))
     for f in fields(Config):
         if f.name not in data:
             continue
@@ -336,13 +341,14 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         except ValueError as e:
             shown = shown_value(f.name, value)  # cut: the warning stays one short line
             named = f.name if shown is None else f"{f.name} = {shown}"
-            warnings.append(f"{path}: {named} is not valid ({e})")
+            warnings.append((f"{path}: {named} is not valid ({e})", f.name))
             continue
         if isinstance(checked, Kept):
-            warnings += [f"{path}: {line}" for line in checked.problems]
+            warnings += [(f"{path}: {line}", f.name) for line in checked.problems]
             checked = checked.value
         values[f.name] = checked
-    return LoadedConfig(replace(Config(), **values), path, tuple(warnings))
+    lines, keys = tuple(w for w, _ in warnings), tuple(k for _, k in warnings)
+    return LoadedConfig(replace(Config(), **values), path, lines, keys=keys)
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}

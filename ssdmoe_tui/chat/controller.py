@@ -34,6 +34,7 @@ from ssdmoe_tui.engine.run.protocol import (
 from ssdmoe_tui.errors import user_message
 from ssdmoe_tui.options import CacheBudget, check_k
 from ssdmoe_tui.prompting.message import Message
+from ssdmoe_tui.tools.choice import ToolChoice
 
 
 class Refused(Exception):
@@ -55,6 +56,7 @@ class SessionStore(Protocol):
         model: str = "",
         settings: dict[str, Any] | None = None,
         thinking_tokens: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> None:
         """Called after every finished reply with the whole conversation so far."""
         ...
@@ -131,7 +133,11 @@ class ChatController:
     engine_starting: bool = False  # the app builds the engine (after its first frame)
     _warm_for: str | None = None  # a resumed conversation whose experts are not warmed yet
     tools: Any = None  # tools.loop.ToolLoop when MCP servers are configured
+    # The open conversation's servers and tools turned off (F10): saved with it
+    # (`Conversation.tool_choice`), read back when it is opened again.
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
     _sent: int = 0  # messages the request in flight appended to the history
+    cannot_use_tools: str = ""  # why the loaded model cannot use the MCP tools ("" it can)
 
     def __post_init__(self) -> None:
         self.gen = self.defaults()
@@ -166,6 +172,7 @@ class ChatController:
         reply streams (the app refuses that first)."""
         old, self.engine = self.engine, engine
         self.model = None
+        self.cannot_use_tools = ""
         self.tokenizer = None
         self.loading = loading
         self._pending_cache = None
@@ -221,17 +228,37 @@ class ChatController:
             self.settings.expert_cache = self._pending_cache  # stored once it worked
             self._pending_cache = None
         self.warm()
+        self.cannot_use_tools = self._why_no_tools()
+        said = (self.cannot_use_tools,) if self.cannot_use_tools else ()
         wanted, self._wanted_k = self._wanted_k, None
         if wanted is None or wanted == info.k:
-            return Loaded(info.k)
+            return Loaded(info.k, said)
         try:
             self.set_k(wanted)
         except Exception as e:  # noqa: BLE001 - the model works at its own K
             why = str(e) if isinstance(e, Refused) else user_message(e)
             if self.settings.k == wanted:
                 self.settings.k = None  # a bad value is not kept (nor offered again)
-            return Loaded(info.k, (f"k = {wanted} not used ({why}); K is {info.k}",))
-        return Loaded(wanted)
+            return Loaded(info.k, (f"k = {wanted} not used ({why}); K is {info.k}", *said))
+        return Loaded(wanted, said)
+
+    def _why_no_tools(self) -> str:
+        """One line when MCP servers are configured but the loaded model cannot use their
+        tools (its template drops them, or writes no call the parser reads), else "". A
+        server's model says so itself, in each reply's warnings."""
+        from ssdmoe_tui.prompting.tool_support import why_no_tools
+
+        loop = self.tools
+        if loop is None or not loop.servers.configured or self.remote or self.model is None:
+            return ""
+        why = why_no_tools(self.tokenizer) if self.tokenizer is not None else None
+        if why is None:
+            return ""
+        names = ", ".join(n for n, s in loop.servers.servers.items() if s.config.enabled)
+        return (
+            f"{self.model.name} cannot use the tools of the MCP servers configured ({names}): "
+            f"{why}. F4 picks another model."
+        )
 
     def engine_error(self, error: EngineError) -> Failure:
         """A failed reply gives its turn back (the user can send it again); a failed load
@@ -303,10 +330,24 @@ class ChatController:
             self._warn(f"tool result not saved: {user_message(e)}")
 
     def tool_specs(self) -> list[dict]:
-        """The tools offered to the model now, as the chat template takes them."""
+        """The tools offered to the model now (those this conversation has on), as the
+        chat template takes them."""
         if self.tools is None:
             return []
-        return [t.for_template() for t in self.tools.servers.tools()]
+        return [t.for_template() for t in self.tools.offered(self.tool_choice)]
+
+    def set_tool_choice(self, choice: ToolChoice) -> None:
+        """The servers and tools this conversation has off from now on (F10), saved with
+        it; the next prompt offers the model only the others."""
+        if choice == self.tool_choice:
+            return
+        self.tool_choice = choice
+        save = getattr(self.sessions, "save_tool_choice", None)  # a store may keep none
+        if save is not None and self.session_id is not None:
+            try:
+                save(self.session_id, choice)
+            except Exception as e:  # noqa: BLE001 - it still applies in this window
+                self._warn(f"tool choice not saved: {user_message(e)}")
 
     def split_reply(self, text: str, calls: tuple[dict[str, str], ...] = ()) -> Any:
         """A reply's text and the tool calls in it (`tools.calls.SplitReply`): none when
@@ -398,7 +439,7 @@ class ChatController:
         without = len(prompt_tokens(self.tokenizer, [m.for_template() for m in messages], **bare))
         if without >= ctx:
             return
-        servers = Counter(t.server for t in self.tools.servers.tools())
+        servers = Counter(t.server for t in self.tools.offered(self.tool_choice))
         named = ", ".join(f"{name} ({count:,})" for name, count in servers.most_common(4))
         raise Refused(
             f"the prompt is {n:,} tokens but the model's context is {ctx:,}: the "
@@ -446,6 +487,7 @@ class ChatController:
                         model,
                         self.gen.as_dict(),
                         thinking_tokens=thinking,
+                        tool_choice=self.tool_choice,
                     )
                 except Exception as e:  # noqa: BLE001 - persistence must not stop the chat
                     self._warn(f"session not saved: {user_message(e)}")
@@ -511,6 +553,10 @@ class ChatController:
             for t in chat
         ]
         self.gen = GenSettings.from_saved(saved, self.defaults())
+        choice_of = getattr(self.sessions, "tool_choice_of", None)
+        self.tool_choice = (
+            choice_of(session_id) if resume is not None and choice_of else ToolChoice()
+        )
         self._warm_for = session_id if resume is not None else None
         self.warm()
         return turns
@@ -575,6 +621,7 @@ class ChatController:
         self.abandon_reply()
         self.history.clear()
         self.gen = self.defaults()
+        self.tool_choice = ToolChoice()
 
     def _warn(self, text: str) -> None:
         if self.on_warning is not None:

@@ -41,6 +41,7 @@ from ssdmoe_tui.prompting.chat_format import (
     render,
     turn_delta,
 )
+from ssdmoe_tui.prompting.tool_support import shows_tools, tools_not_given
 from ssdmoe_tui.server.errors import bad_request
 from ssdmoe_tui.server.schema import ChatMessage, ChatRequest, CompletionRequest
 
@@ -244,6 +245,7 @@ class PromptBuilder:
         self.vocab_size = min(limits) if limits else None
         self.max_token_bytes = _max_token_bytes(tokenizer)
         self._reads: dict[tuple[str, str], bool] = {}  # _template_reads' answers
+        self._tools_shown: bool | None = None  # _shows_tools' answer
 
     def floor(self, req: ChatRequest | CompletionRequest) -> int:
         """At most the request's prompt tokens, from sizes alone: what refuses a request far
@@ -280,11 +282,8 @@ class PromptBuilder:
         tools, a template switch (`enable_thinking`, `reasoning_effort`, ...). One line
         each, for the reply's warnings; a template that cannot be probed says nothing."""
         out = []
-        if req.tools and not self._template_reads("tools", None):
-            out.append(
-                f"the model's chat template cannot show tools: the {len(req.tools)} tools "
-                "sent were not given to the model"
-            )
+        if req.tools and not self._shows_tools():
+            out.append(tools_not_given(len(req.tools)))
         items = sorted(req.template_kwargs.items())
         if len(items) > PROBED_KEYS_MAX:  # each probe renders the template 2-3 times
             out.append(
@@ -300,9 +299,15 @@ class PromptBuilder:
                 )
         return out
 
+    def _shows_tools(self) -> bool:
+        """The template shows tools to the model (`prompting.tool_support`); probed once."""
+        if self._tools_shown is None:
+            self._tools_shown = shows_tools(self.tokenizer)
+        return self._tools_shown
+
     def _template_reads(self, key: str, value: Any) -> bool:
-        """Whether rendering a probe chat changes with template variable `key` (tools:
-        one probe tool; a bool: both values; else the value against none). Cached."""
+        """Whether rendering a probe chat changes with template variable `key` (a bool:
+        both values; else the value against none). Cached."""
         try:
             cache_key = (key, json.dumps(value, sort_keys=True))
         except (TypeError, ValueError):
@@ -311,12 +316,7 @@ class PromptBuilder:
         if known is not None:
             return known
         probe = [{"role": "user", "content": "probe"}]
-        if key == "tools":
-            tool = {"type": "function", "function": {"name": "ssdmoe_probe_tool",
-                    "description": "probe", "parameters": {"type": "object"}}}  # fmt: skip
-            variants = [{}, {"tools": [tool]}]
-        else:
-            variants = [{}, {key: value}] + ([{key: not value}] if isinstance(value, bool) else [])
+        variants = [{}, {key: value}] + ([{key: not value}] if isinstance(value, bool) else [])
         try:
             texts = {render(self.tokenizer, probe, add_generation_prompt=True, **v)
                      for v in variants}  # fmt: skip

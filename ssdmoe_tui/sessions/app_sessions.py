@@ -10,6 +10,8 @@ gets token ids only. The engine side (`kv_hooks.SessionKV`) keeps the KV checkpo
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,6 +31,15 @@ from ssdmoe_tui.sessions.store import (
     new_id,
 )
 from ssdmoe_tui.sessions.turns import build_prompt
+from ssdmoe_tui.tools.choice import ToolChoice
+
+
+def tools_key(tools: Sequence[dict] | None) -> str:
+    """Names the tools a prompt was templated with ("" for none)."""
+    if not tools:
+        return ""
+    text = json.dumps(list(tools), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class AppSessions:
@@ -79,6 +90,19 @@ class AppSessions:
             conv.settings = dict(settings)
             self.store.save(conv, touch=False)
 
+    def tool_choice_of(self, session_id: str) -> ToolChoice:
+        """The servers and tools the saved conversation leaves off (none for a new one)."""
+        conv = self._stored(session_id)
+        return conv.tool_choice if conv is not None else ToolChoice()
+
+    def save_tool_choice(self, session_id: str, choice: ToolChoice) -> None:
+        """Keep a changed choice with a saved conversation (a new one gets it with its
+        first reply)."""
+        conv = self._stored(session_id)
+        if conv is not None and conv.tool_choice != choice:
+            conv.tool_choice = choice
+            self.store.save(conv, touch=False)
+
     def prompt(
         self,
         session_id: str,
@@ -110,7 +134,7 @@ class AppSessions:
         if stored != [(m["role"], m["content"]) for m in chat[:start]]:
             return None
         before = (conv.model_id, conv.fingerprint, conv.model_path, conv.tokenizer_id,
-                  conv.system_prompt)  # fmt: skip
+                  conv.system_prompt, conv.tools_key)  # fmt: skip
         if conv.system_prompt != system:
             # A system prompt set mid-conversation (F9): the stored ids were made under
             # the old one, so every turn is rebuilt under the new one. The whole history
@@ -119,6 +143,13 @@ class AppSessions:
                 conv.earlier_systems.append([conv.system_since, conv.system_prompt])
                 conv.system_since = len(conv.turns)
             conv.system_prompt, conv.tokenizer_id = system, ""
+        offered = tools_key((template_kwargs or {}).get("tools"))
+        if conv.tools_key is not None and conv.tools_key != offered and conv.turns:
+            # Other tools than the stored ids were made with (F10 turned some off, a
+            # server stopped offering them): the history is templated again, so the
+            # model is told only of the tools it has now (its cached prefix is lost).
+            conv.tokenizer_id = ""
+        conv.tools_key = offered  # None (an older file): taken as it is, not rebuilt
         conv.model_id, conv.fingerprint = info.name, info.fingerprint
         conv.model_path = getattr(info, "path", "")
         try:
@@ -126,7 +157,7 @@ class AppSessions:
         except ChatFormatError:
             return None
         after = (conv.model_id, conv.fingerprint, conv.model_path, conv.tokenizer_id,
-                 conv.system_prompt)  # fmt: skip
+                 conv.system_prompt, conv.tools_key)  # fmt: skip
         if after != before:
             conv.turns += kept
             self.store.save(conv, touch=False)
@@ -178,6 +209,7 @@ class AppSessions:
         model: str = "",
         settings: dict[str, Any] | None = None,
         thinking_tokens: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> None:
         """Save the exchange `done` answered. `messages` is the app's chat so far (the
         reply last, if it kept one). The stored turns mirror the app's history; their ids
@@ -201,6 +233,8 @@ class AppSessions:
             conv = self.store.create(system_prompt=system, conv_id=session_id)
         if settings is not None:
             conv.settings = dict(settings)
+        if tool_choice is not None:
+            conv.tool_choice = tool_choice
         prompt = list(done.prompt_token_ids)
         history = conv.history_tokens()
         prior = [(m.role, m.content) for m in chat[:start]]

@@ -37,6 +37,7 @@ from ssdmoe_tui.atomic import atomic_write_text, atomic_write_via, private_dirs
 from ssdmoe_tui.chat.attachments import split_attached
 from ssdmoe_tui.errors import BadValueError, SsdmoeError
 from ssdmoe_tui.terminal_text import visible
+from ssdmoe_tui.tools.choice import ToolChoice
 from ssdmoe_tui.user_files import (
     CONVERSATION_MAX,
     SMALL_STATE_MAX,
@@ -255,6 +256,12 @@ class Conversation:
     settings: dict[str, Any] = field(default_factory=dict)
     # Exchanges taken out by a regenerate or an edit, oldest first: never lost.
     replaced: list[list[Turn]] = field(default_factory=list)
+    # The MCP servers and tools this conversation leaves off (F10; all on by default).
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    # The tools the stored ids were templated with (a hash; "" none, None not recorded:
+    # a conversation of an older version): when the tools offered change (F10), the
+    # history is templated again, so a tool turned off leaves the model's context.
+    tools_key: str | None = None
 
     @property
     def display_title(self) -> str:
@@ -300,6 +307,8 @@ class Conversation:
             "turns": [asdict(t) for t in self.turns],
             "settings": dict(self.settings),
             "replaced": [[asdict(t) for t in group] for group in self.replaced],
+            "tool_choice": self.tool_choice.as_dict(),
+            "tools_key": self.tools_key,
         }
 
     @classmethod
@@ -329,6 +338,8 @@ class Conversation:
             tokenizer_id=_str(d, "tokenizer_id"),
             settings=_settings(d.get("settings", {})),
             replaced=_replaced(d.get("replaced", [])),
+            tool_choice=ToolChoice.from_dict(d.get("tool_choice", {})),
+            tools_key=_tools_key(d.get("tools_key")),
         )
 
 
@@ -351,6 +362,12 @@ def _replaced(value: Any) -> list[list[Turn]]:
     if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
         raise ValueError("replaced must be a list of exchanges")
     return [[Turn.from_dict(t) for t in group] for group in value]
+
+
+def _tools_key(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError("tools_key must be a string")
+    return value
 
 
 def _settings(value: Any) -> dict[str, Any]:

@@ -8,17 +8,23 @@ what a denied or failed call tells the model, and when the loop stops.
     why = loop.next_round(max_rounds)     # None: run them; else one line, stop
 
 Approvals are remembered per conversation ("always" for one tool in one conversation),
-for as long as the app runs."""
+for as long as the app runs. Which tools a conversation has on is its `ToolChoice`
+(tools/choice.py), passed in: a tool it has off is not offered, and a call to it is
+answered "not enabled" without asking."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ssdmoe_tui.tools.calls import ToolCall
-from ssdmoe_tui.tools.servers import STOPPED_TEXT, ToolResult, ToolServers
+from ssdmoe_tui.tools.choice import ToolChoice
+from ssdmoe_tui.tools.servers import STOPPED_TEXT, ToolResult, ToolServers, ToolSpec
 
 ONCE, ALWAYS, DENY = "once", "always", "deny"
 DENIED_TEXT = "The user denied this tool call; it was not run."
+OFFERED, NOT_ENABLED, UNKNOWN = "offered", "not enabled", "unknown tool"  # a call's standing
+_NOT_ENABLED = re.compile(r"^Error: the tool '.*' is not enabled in this conversation", re.S)
 
 
 def result_state(text: str | None) -> str:
@@ -30,7 +36,9 @@ def result_state(text: str | None) -> str:
     if text == DENIED_TEXT:
         return "denied"
     if text.startswith("Error: unknown tool "):
-        return "unknown tool"
+        return UNKNOWN
+    if _NOT_ENABLED.match(text):
+        return NOT_ENABLED
     return "failed" if text.startswith("Error:") else "done"
 
 
@@ -43,11 +51,28 @@ class ToolLoop:
     def begin(self) -> None:
         self.rounds = 0
 
-    def offered(self, tool: str) -> bool:
-        """Whether a running server offers this tool (its allow-list included): a call to
-        any other name (unknown, not enabled, differing by case) is answered "unknown
-        tool" without asking the user about it."""
-        return any(t.name == tool for t in self.servers.tools())
+    def offered(self, choice: ToolChoice) -> list[ToolSpec]:
+        """The running servers' tools (allow-lists applied) the conversation has on."""
+        return [t for t in self.servers.tools() if choice.allows(t.server, t.name)]
+
+    def standing(self, tool: str, choice: ToolChoice) -> str:
+        """OFFERED: the call may be asked about and run. NOT_ENABLED: a running server
+        offers it but the conversation has it off. UNKNOWN: no running server offers it
+        (unknown, left out by an allow-list, differing by case). Neither of the last two
+        is asked about: the model is told why (`not_run`)."""
+        spec = next((t for t in self.servers.tools() if t.name == tool), None)
+        if spec is None:
+            return UNKNOWN
+        return OFFERED if choice.allows(spec.server, spec.name) else NOT_ENABLED
+
+    def not_run(self, call: ToolCall, standing: str, choice: ToolChoice) -> ToolResult:
+        """The result of a call that is not asked about: unknown, or not enabled here."""
+        if standing != NOT_ENABLED:
+            return self.servers.call(call.name, {})  # the server side's "unknown tool"
+        on = ", ".join(t.name for t in self.offered(choice)) or "none"
+        msg = f"the tool {call.name!r} is not enabled in this conversation (enabled: {on})"
+        note = f"{call.name} is off in this conversation (F10): the model was told so"
+        return ToolResult(f"Error: {msg}", True, note)
 
     def needs_approval(self, conversation: str | None, tool: str) -> bool:
         return tool not in self.always.get(conversation or "", set())

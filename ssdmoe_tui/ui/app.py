@@ -567,9 +567,7 @@ class SsdmoeApp(App[int]):
         tools.stop(self.chat_pane)
 
     def action_tools(self) -> None:
-        from ssdmoe_tui.ui.screens.tools import ToolsScreen
-
-        self.push_screen(ToolsScreen(self.chat.tools.servers if self.chat.tools else None))
+        tools.show(self)
 
     def action_new_chat(self) -> None:
         # A worker: the reply in flight is settled first, and its end comes on the queue.

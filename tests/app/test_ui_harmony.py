@@ -12,9 +12,9 @@ import pytest
 
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
-from tests.helpers.pilot import SIZE, errors, loaded, wait_until
+from tests.helpers.pilot import SIZE, errors, loaded
 from tests.helpers.scripted_gpt_oss import ANSWER, write_gpt_oss_tool_model
-from tests.helpers.tool_chat import answered, make_app
+from tests.helpers.tool_chat import answered, make_app, resumed, saved
 from tests.tools.mcp_test_server import FORECAST
 
 THOUGHT = "Need the weather."
@@ -43,14 +43,9 @@ async def test_reasoning_apart_and_the_tool_loop(gpt_oss_model):
         assert "<|start|>functions.get_weather to=assistant<|channel|>commentary" in prompt
         assert [m.role for m in app.chat.history] == ["user", "assistant", "tool", "assistant"]
         assert not errors(app)
-        conv_id = app.chat.session_id
-        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
+        conv_id = await saved(pilot, app)
     # resumed: the replies are split again from their saved text, the call a block again
-    again = make_app(gpt_oss_model, resume="")
-    async with again.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: again.chat.session_id == conv_id, what="the resume")
-        await loaded(pilot, again)
-        await wait_until(pilot, lambda: again.query(ToolCallBlock), what="the restored call")
+    async with resumed(gpt_oss_model, conv_id) as (pilot, again):
         first, second = again.query(AssistantMessage)
         assert (first.split.thinking, first.answer, second.answer) == (THOUGHT, "", ANSWER)
         assert [b.call.name for b in again.query(ToolCallBlock)] == ["get_weather"]

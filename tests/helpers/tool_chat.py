@@ -3,6 +3,10 @@ wait for the reply made with the tool's result (tests/tools)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.mcp_config import check_mcp_servers
 from ssdmoe_tui.sessions.app_sessions import AppSessions
@@ -13,7 +17,7 @@ from ssdmoe_tui.ui.screens.tool_approval import ToolApprovalScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
 from ssdmoe_tui.ui.widgets.transcript import AssistantMessage
 from tests.helpers.mcp_servers import stdio_server
-from tests.helpers.pilot import loaded, type_and_send, wait_until
+from tests.helpers.pilot import SIZE, loaded, type_and_send, wait_until
 
 QUESTION = "What is the weather in Paris?"
 
@@ -53,11 +57,34 @@ def replies(app: SsdmoeApp) -> list[str]:
     return [m.text for m in app.query(AssistantMessage)]
 
 
-async def resumed_with_the_call(pilot, app: SsdmoeApp, conv_id: str, result: str) -> None:
-    """Wait until `app` has resumed `conv_id` and loaded its model; its one get_weather
-    call and `result` are shown (the call is a block again once the tokenizer is here)."""
+async def saved(pilot, app: SsdmoeApp) -> str:
+    """The open conversation's id, once the engine has written what the turn saves (its
+    KV checkpoint): the app may quit then, and a resume finds it all."""
+    await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
+    assert app.chat.session_id is not None
+    return app.chat.session_id
+
+
+async def restored(pilot, app: SsdmoeApp, conv_id: str) -> None:
+    """Wait until `app` has resumed `conv_id`, loaded its model and shown its tool calls
+    as blocks again (they are, once the model's tokenizer is here)."""
     await wait_until(pilot, lambda: app.chat.session_id == conv_id, what="the resume")
     await loaded(pilot, app)
-    assert [b.text for b in app.query(ToolResultBlock)] == [result]
     await wait_until(pilot, lambda: app.query(ToolCallBlock), what="the restored call")
+
+
+@asynccontextmanager
+async def resumed(model, conv_id: str, **settings) -> AsyncIterator[tuple[Any, SsdmoeApp]]:
+    """The app started again on `model` with `--resume` (the last conversation, which
+    must be `conv_id`): (pilot, app) once it is `restored`."""
+    app = make_app(model, resume=settings.pop("resume", ""), **settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await restored(pilot, app, conv_id)
+        yield pilot, app
+
+
+async def resumed_with_the_call(pilot, app: SsdmoeApp, conv_id: str, result: str) -> None:
+    """`restored`, with its one get_weather call and `result` shown."""
+    await restored(pilot, app, conv_id)
+    assert [b.text for b in app.query(ToolResultBlock)] == [result]
     assert [b.call.name for b in app.query(ToolCallBlock)] == ["get_weather"]

@@ -36,6 +36,8 @@ from tests.helpers.tool_chat import (
     ask_and_answer,
     make_app,
     replies,
+    resumed,
+    saved,
     settled,
 )
 
@@ -244,13 +246,8 @@ async def test_m8_resumed_tool_call_blocks_keep_their_state(tool_model, key, sta
         await loaded(pilot, app)
         await answered(pilot, app, key)
         assert app.query_one(ToolCallBlock).state == state
-        conv_id = app.chat.session_id
-        await wait_until(pilot, lambda: not app.chat.engine.busy, what="the saves")
-    again = make_app(tool_model, resume="")
-    async with again.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: again.chat.session_id == conv_id, what="the resume")
-        await loaded(pilot, again)
-        await wait_until(pilot, lambda: again.query(ToolCallBlock), what="the restored call")
+        conv_id = await saved(pilot, app)
+    async with resumed(tool_model, conv_id) as (pilot, again):
         (block,) = again.query(ToolCallBlock)
         assert block.call.name == "get_weather" and block.state == state
         assert f"[{state}]" in str(block.title)

@@ -15,7 +15,8 @@ from ssdmoe_tui.chat.controller import Refused
 from ssdmoe_tui.errors import printable, user_message
 from ssdmoe_tui.prompting.message import Message
 from ssdmoe_tui.tools.calls import ToolCall
-from ssdmoe_tui.tools.loop import DENY, ONCE
+from ssdmoe_tui.tools.choice import ToolChoice
+from ssdmoe_tui.tools.loop import DENY, OFFERED, ONCE
 from ssdmoe_tui.tools.servers import ToolResult
 from ssdmoe_tui.ui.screens.tool_approval import STOP, ToolApprovalScreen
 from ssdmoe_tui.ui.widgets.tool_blocks import ToolCallBlock, ToolResultBlock
@@ -63,6 +64,33 @@ def start_at_launch(app: Any) -> None:
             app.call_from_thread(app.notify, line, severity="error", markup=False, timeout=10)
 
     app.run_worker(start, thread=True, group="mcp-start", exit_on_error=False)
+
+
+def show(app: Any) -> None:
+    """F10: the servers, their tools, and the open conversation's choice of them; the
+    choice made there is kept with that conversation when the screen closes."""
+    from ssdmoe_tui.ui.screens.tools import ToolsScreen
+
+    chat = app.chat
+    servers = chat.tools.servers if chat.tools is not None else None
+    conversation = chat.session_id
+    config = app.settings.config
+    refused = config.warnings_about("mcp_servers") if config is not None else ()
+
+    def chosen(choice: ToolChoice | None) -> None:
+        if choice is None or choice == chat.tool_choice or chat.session_id != conversation:
+            return  # no change, or another conversation is open now
+        chat.set_tool_choice(choice)
+        on = len(chat.tool_specs())
+        app.notify(f"Tools for this conversation: {on} offered to the model.", timeout=4)
+
+    screen = ToolsScreen(
+        servers,
+        chat.tool_choice if servers is not None else None,
+        refused=refused,
+        cannot_use=chat.cannot_use_tools,
+    )
+    app.push_screen(screen, chosen)
 
 
 def begin_round(pane: Any, calls: tuple[ToolCall, ...]) -> None:
@@ -132,12 +160,12 @@ async def _answer(pane: Any, loop: Any, call: ToolCall) -> ToolResult | None:
     tool ("unknown tool"), else asked (unless "always"), then run or denied; None when
     the user stopped the loop in the dialog."""
     transcript, chat = pane.transcript, pane.chat
-    offered = loop.offered(call.name)
-    block = ToolCallBlock(call, "waiting for approval" if offered else "unknown tool")
+    standing = loop.standing(call.name, chat.tool_choice)
+    block = ToolCallBlock(call, "waiting for approval" if standing == OFFERED else standing)
     await transcript.mount(block)
     transcript.scroll_end(animate=False)
-    if not offered:  # nothing to approve: no server runs it; the model is told so
-        result = loop.servers.call(call.name, {})
+    if standing != OFFERED:  # nothing to approve: unknown, or off here; the model is told
+        result = loop.not_run(call, standing, chat.tool_choice)
         pane.notify(result.note, severity="warning", markup=False)
         return result
     choice = ONCE
