@@ -114,6 +114,6 @@ def test_kill_9_in_the_tool_loop_three_times(tool_model, tmp_path):
     _kill_loop(tool_model, tmp_path, 3)
 
 
-@pytest.mark.slow  # twenty kills, ~8 s each: `make test-slow`
+@pytest.mark.slow  # twenty kills, 136 s on this machine: `make test-slow`
 def test_kill_9_in_the_tool_loop_twenty_times(tool_model, tmp_path):
     _kill_loop(tool_model, tmp_path, 20)
