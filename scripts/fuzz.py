@@ -44,6 +44,8 @@ _MODULES = {
     "experts": ["ssdmoe_tui.sessions.expert_set"],
     "server_json": ["ssdmoe_tui.chat.wire"],
     "terminal_text": ["ssdmoe_tui.terminal_text", "ssdmoe_tui.errors"],
+    "mcp_config": ["ssdmoe_tui.mcp_config", "ssdmoe_tui.config"],
+    "tool_call": ["ssdmoe_tui.tools.calls", "ssdmoe_tui.tools.loop", "mlx_lm.tool_parsers"],
 }
 
 

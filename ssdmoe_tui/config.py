@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.errors import printable
 from ssdmoe_tui.mcp_config import McpServer, read_mcp_servers
 from ssdmoe_tui.options import CacheBudget, SamplingOptions, parse_temp, parse_top_p
-from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular_text
+from ssdmoe_tui.user_files import CONFIG_TOML_MAX, read_regular, read_regular_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -135,6 +135,10 @@ def _keymap(value: object) -> Kept:
         raise ValueError(f"{len(value):,} entries, more than {MAX_KEYMAP}")
     kept, problems = {}, []
     for k, v in value.items():
+        nested = _keymap_entry_problem(k, v)
+        if nested is not None:
+            problems.append(nested)
+            continue
         keys = [p.strip() for p in v.split(",")] if isinstance(v, str) and len(v) <= 200 else []
         bad = next((p for p in keys if not _KEY.fullmatch(p)), None)
         if len(k) <= 100 and keys and bad is None:
@@ -146,8 +150,78 @@ def _keymap(value: object) -> Kept:
             '(e.g. "ctrl+s", "f5,escape"); that entry is ignored'
         )
     return Kept(kept, tuple(problems))
-    # Which ids exist and which keys clash is the app's to say (ui.actions.keys), with
-    # the file named: this layer does not know the bindings.
+    # Which ids exist and which keys clash needs the app's bindings: `keymap_problems`,
+    # run by `load_config` when the app gives them (`Bindings`).
+
+
+def _top_level_keys() -> set[str]:
+    return {f.name for f in fields(Config)}
+
+
+def _keymap_entry_problem(k: object, v: object) -> str | None:
+    """Why a [keymap] entry that is no key list is there, when TOML's nesting explains
+    it: an unquoted dotted id (`app.stop = "f9"` is the table app = {stop = "f9"}), or a
+    top-level key written below the [keymap] header (TOML puts it into that table)."""
+    name = printable(str(k), 40)
+    if isinstance(v, dict):
+        inner = next(iter(v), "")
+        dotted = printable(f"{k}.{inner}", 60)
+        return (
+            f'[keymap] {dotted}: write the id in quotes, as in "{dotted}" = "f9" '
+            "(unquoted, TOML reads its dots as tables); that entry is ignored"
+        )
+    if k in _top_level_keys() and k not in ("keymap", "mcp_servers"):
+        return (
+            f"[keymap] {name!r} is a top-level key, not a binding id: move it above the "
+            "first [table] (TOML puts every key below [keymap] into that table); that "
+            "entry is ignored"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One key binding as the keymap check needs it (the app's Textual `Binding`s,
+    given by `ui.actions.keys.app_bindings`: this layer imports no Textual)."""
+
+    id: str  # "" when it cannot be remapped
+    action: str
+    keys: str  # its default keys, comma-separated
+
+
+@dataclass(frozen=True)
+class Bindings:
+    """What the app binds, by scope: bindings that answer in the same place (one screen
+    or widget), where two on one key shadow each other."""
+
+    scopes: tuple[tuple[Binding, ...], ...]
+
+    def ids(self) -> set[str]:
+        return {b.id for scope in self.scopes for b in scope if b.id}
+
+
+def keymap_problems(bindings: Bindings, keymap: dict[str, str]) -> list[str]:
+    """One line per [keymap] problem only the app's bindings show (the loader names the
+    file): ids no binding has, and a remapped key another binding of its scope answers."""
+    out = []
+    unknown = sorted(set(keymap) - bindings.ids())
+    if unknown:
+        shown = ", ".join(repr(printable(u, 40)) for u in unknown[:5])
+        more = " ..." if len(unknown) > 5 else ""
+        out.append(f"[keymap]: unknown binding id(s) {shown}{more} ignored (F1 lists them)")
+    for scope in bindings.scopes:
+        owner: dict[str, str] = {}
+        for b in scope:
+            name = b.id or b.action
+            keys = keymap.get(b.id, b.keys) if b.id else b.keys
+            for key in (k.strip() for k in keys.split(",") if k.strip()):
+                first = owner.setdefault(key, name)
+                if first != name and (first in keymap or name in keymap):
+                    out.append(
+                        f"[keymap]: {first} and {name} are both on {key!r} "
+                        "(one shadows the other; F1 shows the keys)"
+                    )
+    return out
 
 
 def _mcp_servers(value: object) -> Kept:
@@ -308,18 +382,31 @@ def ensure_config_file(path: Path | None = None) -> str | None:
     return None
 
 
-def load_config(path: Path | None = None) -> LoadedConfig:
-    """Read the config; never raises for anything the user wrote."""
+def load_config(path: Path | None = None, bindings: Bindings | None = None) -> LoadedConfig:
+    """Read the config; never raises for anything the user wrote. `bindings`: what the
+    app binds, so that a [keymap] id no binding has, or a key two bindings of one scope
+    would share, is said here, once, with the file (the app only applies the keymap)."""
     path = path or config_path()
     try:
-        text = read_regular_text(path, CONFIG_TOML_MAX)
+        raw = read_regular(path, CONFIG_TOML_MAX)
     except FileNotFoundError:
         return LoadedConfig(Config(), path)
-    except (OSError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or type(e).__name__
+    except OSError as e:
+        reason = e.strerror or str(e)
         return LoadedConfig(
             Config(), path, (f"{path}: unreadable ({reason}); using defaults",), False
         )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = _where(raw, e.start)
+        return LoadedConfig(
+            Config(),
+            path,
+            (f"{path}: not UTF-8 ({where}: byte 0x{raw[e.start]:02x}); save it as UTF-8; "
+             "using defaults",),
+            False,
+        )  # fmt: skip
     try:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
@@ -339,16 +426,63 @@ def load_config(path: Path | None = None) -> LoadedConfig:
         try:
             checked = f.metadata["check"](value)
         except ValueError as e:
-            shown = shown_value(f.name, value)  # cut: the warning stays one short line
-            named = f.name if shown is None else f"{f.name} = {shown}"
-            warnings.append((f"{path}: {named} is not valid ({e})", f.name))
+            warnings.append((f"{path}: {_invalid(f, value, e)}", f.name))
             continue
         if isinstance(checked, Kept):
             warnings += [(f"{path}: {line}", f.name) for line in checked.problems]
             checked = checked.value
         values[f.name] = checked
+    if bindings is not None and values.get("keymap"):
+        problems = keymap_problems(bindings, values["keymap"])
+        warnings += [(f"{path} {line}", "keymap") for line in problems]
     lines, keys = tuple(w for w, _ in warnings), tuple(k for _, k in warnings)
     return LoadedConfig(replace(Config(), **values), path, lines, keys=keys)
+
+
+_KINDS = {str: "a string", bool: "true or false", int: "a number", float: "a number",
+          list: "a list"}  # fmt: skip
+
+
+def _invalid(f: Any, value: object, e: ValueError) -> str:
+    """Why `value` is no value of key `f` (the file is named by the caller): a table
+    where a value belongs, or a value where a table does, is said as such (TOML's
+    nesting: a `[model]` header, or `keymap = "..."`); else the value (when it may be
+    quoted) and what was expected."""
+    table = isinstance(f.default_factory(), dict) if f.default_factory is not MISSING else False
+    if isinstance(value, dict) and not table:
+        return (
+            f"{f.name} takes a value, not a table (a [{f.name}] header or a dotted "
+            f"{f.name}.x = ... makes one): {e}, e.g. {f.name} = {f.metadata['example']}"
+        )
+    if table and not isinstance(value, dict):
+        kind = _KINDS.get(type(value), type(value).__name__)
+        return f"{f.name} is a table, not {kind}: write [{f.name}] and its entries below it"
+    shown = shown_value(f.name, value)  # cut: the warning stays one short line
+    named = f.name if shown is None else f"{f.name} = {shown}"
+    return f"{named} is not valid ({e})"
+
+
+_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\n]*"|'[^'\n]*')"""
+_KEY_LINE = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
+_HEADER_LINE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]")
+
+
+def _where(raw: bytes, offset: int) -> str:
+    """Where byte `offset` of a TOML file is, as a user finds it: "line N, key K" (K
+    with its table: `keymap."app.stop"`), or "line N" when no key starts that line."""
+    lines = raw.split(b"\n")
+    at = raw.count(b"\n", 0, offset)
+    text = lines[at].decode("utf-8", "replace")
+    key = _KEY_LINE.match(text)
+    if key is None:
+        return f"line {at + 1:,}"
+    name = key.group(1)
+    for prior in reversed(lines[:at]):
+        header = _HEADER_LINE.match(prior.decode("utf-8", "replace"))
+        if header is not None:
+            name = f"{header.group(1)}.{name}"
+            break
+    return f"line {at + 1:,}, key {printable(name, 60)}"
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}

@@ -161,7 +161,10 @@ def check_server(name: str, raw: object) -> tuple[McpServer, list[str]]:
     if not NAME.match(name):
         raise ValueError(f"server name {printable(name, 40)!r}: use letters, digits, '-' and '_'")
     if not isinstance(raw, dict):
-        raise ValueError(f"{name}: expected a table ([mcp_servers.{name}])")
+        raise ValueError(
+            f"{name} is a value, not a server's table: each server is a table of its own, "
+            f"[mcp_servers.NAME] with command or url below it"
+        )
     ignored = []
     for key in sorted(set(raw) - _KEYS):
         why = "a Codex key this app does not use" if key in _CODEX_UNUSED else "unknown key"

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from ssdmoe_tui.chat.remote import ChatTurn
 from ssdmoe_tui.chat.replies import ReplyStats, ShownTurn
 from ssdmoe_tui.chat.thinking import prompt_opens_thinking, template_kwargs, thinking_tokens
+from ssdmoe_tui.chat.tool_overflow import results_past_context
 from ssdmoe_tui.config import ChatSettings, GenSettings
 from ssdmoe_tui.engine.run.protocol import (
     EngineClient,
@@ -418,6 +419,7 @@ class ChatController:
             if not ids:
                 ids = prompt_tokens(self.tokenizer, [m.for_template() for m in messages], **kw)
             self._check_tools_fit(len(ids), messages, kw)
+            self._check_results_fit(len(ids), messages)
             return ids
         except Refused:
             self._forget_if_empty()  # made for this first turn, which does not go
@@ -447,6 +449,16 @@ class ChatController:
             f"{named}{', ...' if len(servers) > 4 else ''}); offer fewer with enabled_tools "
             "in config.toml"
         )
+
+    def _check_results_fit(self, n: int, messages: tuple[Message, ...]) -> None:
+        """A tool round's turn past the context is refused naming the tools whose
+        results overflow it, before anything is sent (the engine's refusal told the
+        user to shorten a message they had not written)."""
+        ctx = self.model.max_context if self.model is not None else 0
+        if ctx and n >= ctx:
+            numbers = f"the prompt would be {n:,} tokens of {ctx:,}"
+            if why := results_past_context(messages, numbers):
+                raise Refused(why)
 
     def submit(self, request: Generate | ChatTurn) -> None:
         assert self.engine is not None

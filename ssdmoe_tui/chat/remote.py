@@ -31,7 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ssdmoe_tui.chat import wire
-from ssdmoe_tui.chat.wire import BadReply, error_message
+from ssdmoe_tui.chat.tool_overflow import results_past_context
+from ssdmoe_tui.chat.wire import BadReply, error_code, error_message
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.options import SamplingOptions, server_url
 from ssdmoe_tui.prompting.message import Message
@@ -63,11 +64,13 @@ class ChatTurn:
 
 
 class ServerError(Exception):
-    """The server answered with an error status; the message is its own."""
+    """The server answered with an error status; the message is its own, `code` the
+    envelope's (`context_length_exceeded`...; "" when none)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
 
 
 class DeadlinePassed(TimeoutError):
@@ -311,7 +314,8 @@ class RemoteEngine:
                 conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
                 resp = conn.getresponse()
                 if resp.status != 200:
-                    raise ServerError(resp.status, error_message(resp.read(MAX_BODY)))
+                    body = resp.read(MAX_BODY)
+                    raise ServerError(resp.status, error_message(body), error_code(body))
                 while True:
                     if self._cancel.is_set():  # stopped before the socket could be shut
                         raise EOFError("stopped")
@@ -491,7 +495,10 @@ class RemoteEngine:
             self._emit(P.GenerationDone(turn.request_id, reply.text, (), (), "cancelled", ()))
             return
         if isinstance(e, (ServerError, BadReply)):  # it answers, but not with a reply
-            self._emit(P.EngineError(self._why(e), request_id=turn.request_id))
+            why = self._why(e)
+            if isinstance(e, ServerError) and e.code == "context_length_exceeded":
+                why = results_past_context(turn.messages, str(e)) or why  # a tool's doing
+            self._emit(P.EngineError(why, request_id=turn.request_id))
             return
         if reply.text:
             self._emit(P.GenerationDone(turn.request_id, reply.text, (), (), "cancelled", ()))

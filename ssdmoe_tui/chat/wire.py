@@ -263,6 +263,18 @@ def turn_stats(stats: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def error_code(body: bytes) -> str:
+    """The `code` of an OpenAI error envelope, when it is a short word ("" otherwise):
+    what the app tells refusals apart by (`context_length_exceeded`)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    err = data.get("error") if isinstance(data, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) and code.isidentifier() and len(code) <= 64 else ""
+
+
 def error_message(body: bytes) -> str:
     """The `message` of an OpenAI (or Anthropic) error envelope, else the body's start
     (one line, at most MESSAGE_LIMIT characters)."""

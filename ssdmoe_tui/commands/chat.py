@@ -83,8 +83,17 @@ def merge(config: Config, args: argparse.Namespace) -> Config:
     return replace(config, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def read_config() -> LoadedConfig:
+    """config.toml as the app takes it: its [keymap] checked against the app's own
+    bindings where the file is read, so each problem is said once, naming the file."""
+    from ssdmoe_tui.ui.actions.keys import app_bindings
+    from ssdmoe_tui.ui.app import SsdmoeApp
+
+    return load_config(bindings=app_bindings(SsdmoeApp))
+
+
 def build_settings(args: argparse.Namespace, loaded: LoadedConfig | None = None) -> ChatSettings:
-    loaded = loaded or load_config()
+    loaded = loaded or read_config()
     cfg = merge(loaded.config, args)
     values = {f.name: getattr(cfg, f.name) for f in fields(Config)}
     values["keymap"] = dict(cfg.keymap)

@@ -11,12 +11,60 @@ and runs."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ssdmoe_tui.errors import SsdmoeError, printable
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter
 from ssdmoe_tui.prompting.reply_format import reply_format_for
+
+
+class BadArguments(SsdmoeError, ValueError):
+    """A call's arguments are no JSON object a tool server can be sent (one line: the
+    model gets it as the call's error result, the user as its note)."""
+
+
+_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number",
+          bool: "true or false", type(None): "null"}  # fmt: skip
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: Python reads it as inf, which JSON has no way to send
+        raise ValueError(f"{text[:20]} is out of range")
+    return value
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    """The one reader of a tool call's arguments as the model (or an attached server)
+    wrote them: a JSON object of strict JSON ({} for none), or BadArguments. Strict, as
+    what is parsed is sent on to an MCP server: NaN and Infinity (which Python's reader
+    takes), a number past a float's range (1e400) and a lone surrogate (`"\\ud800"`: no UTF-8 encodes it) are refused here, so a
+    hostile reply cannot break the server's connection (issue 45)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise BadArguments("the arguments are nested too deeply") from None
+    except ValueError as e:  # not JSON, a number of 5,000 digits, NaN
+        raise BadArguments(f"the arguments are not JSON ({printable(str(e), 120)})") from None
+    if not isinstance(value, dict):
+        kind = _KINDS.get(type(value), type(value).__name__)
+        raise BadArguments(f"the arguments are {kind}, not a JSON object")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadArguments("the arguments hold a lone surrogate, which is not text") from None
+    except RecursionError:
+        raise BadArguments("the arguments are nested too deeply") from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -26,11 +74,8 @@ class ToolCall:
     arguments: str  # JSON text, as the model wrote it (normalized by the parser)
 
     def args(self) -> dict[str, Any]:
-        """The arguments as an object ({} for none); ValueError when they are not one."""
-        value = json.loads(self.arguments) if self.arguments.strip() else {}
-        if not isinstance(value, dict):
-            raise ValueError("the arguments are not a JSON object")
-        return value
+        """The arguments as an object ({} for none); BadArguments when they are not one."""
+        return parse_arguments(self.arguments)
 
     def as_dict(self) -> dict[str, str]:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}

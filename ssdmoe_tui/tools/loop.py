@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ssdmoe_tui.tools.calls import ToolCall
+from ssdmoe_tui.errors import printable
+from ssdmoe_tui.tools.calls import BadArguments, ToolCall
 from ssdmoe_tui.tools.choice import ToolChoice
 from ssdmoe_tui.tools.servers import STOPPED_TEXT, ToolResult, ToolServers, ToolSpec
 
@@ -86,8 +87,8 @@ class ToolLoop:
         `servers.ticket()` taken where the call was approved."""
         try:
             args = call.args()
-        except (ValueError, RecursionError) as e:
-            msg = f"{call.name}: arguments are not a JSON object ({e})"
+        except BadArguments as e:
+            msg = f"{printable(call.name, 60)}: {e}"
             return ToolResult(f"Error: {msg}", True, msg)
         return self.servers.call(call.name, args, ticket)
 

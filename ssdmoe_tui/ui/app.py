@@ -229,8 +229,7 @@ class SsdmoeApp(App[int]):
     async def on_mount(self) -> None:
         self._catch_sigterm(True)
         self.themes.apply(self.settings.theme)
-        cfg = self.settings.config
-        apply_keymap(self, self.settings.keymap, str(cfg.path) if cfg else "config.toml")
+        apply_keymap(self, self.settings.keymap)
         for warning in (*self.settings.warnings, *self._theme_warnings):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane

@@ -147,22 +147,26 @@ def test_user_themes_are_loaded_and_bad_ones_skipped(ssdmoe_home):
 
 async def test_keymap_clashes_and_unknown_ids_are_one_warning_each(ssdmoe_home, demo_model):
     """Issue 23: a [keymap] that puts two actions of one screen on one key, or names an
-    action that does not exist, says so (file named) instead of saying nothing."""
-    from ssdmoe_tui.config import LoadedConfig
-    from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
+    action that does not exist, says so (file named) instead of saying nothing. Issue 45:
+    said where the file is read (the loader, given the app's bindings), and once: the
+    app shows the loader's lines and does not check them again."""
+    from ssdmoe_tui.ui.app import SsdmoeApp
 
     path = config_path()
-    settings = ChatSettings(
-        model=str(demo_model),
-        keymap={"app.stop": "ctrl+n", "app.teleport": "f9", "prompt.nope": "f10"},
-        config=LoadedConfig(Config(), path),
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        '[keymap]\n"app.stop" = "ctrl+n"\n"app.teleport" = "f9"\n"prompt.nope" = "f10"\n'
     )
+    assert load_config().warnings == ()  # without the bindings nothing can be said
+    settings = chat.build_settings(parse("--model", str(demo_model)))
+    keymap = [w for w in settings.warnings if "[keymap]" in w]
+    assert len(keymap) == 2, settings.warnings
+    assert all(w.startswith(str(path)) and "\n" not in w for w in keymap)
+    assert any("app.teleport" in w and "prompt.nope" in w and "unknown" in w for w in keymap)
+    assert any("app.new_chat" in w and "app.stop" in w and "ctrl+n" in w for w in keymap)
     app = SsdmoeApp(settings)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         said = [n.message for n in app._notifications if n.severity == "warning"]
-    keymap = [w for w in said if "[keymap]" in w]
-    assert len(keymap) == 2, said
-    assert all(str(path) in w and "\n" not in w for w in keymap)
-    assert any("app.teleport" in w and "prompt.nope" in w and "unknown" in w for w in keymap)
-    assert any("app.new_chat" in w and "app.stop" in w and "ctrl+n" in w for w in keymap)
+        assert app._keymap == {"app.stop": "ctrl+n"}  # the known id applied, clash and all
+    assert [w for w in said if "[keymap]" in w] == keymap  # each once

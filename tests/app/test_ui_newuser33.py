@@ -11,11 +11,11 @@ from rich.console import Console
 
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import add_arguments, build_settings, engine_factory
-from ssdmoe_tui.config import config_path, ensure_config_file, load_config
+from ssdmoe_tui.config import config_path, ensure_config_file, keymap_problems, load_config
 from ssdmoe_tui.models.demo import ensure_demo_model
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
-from ssdmoe_tui.ui.actions.keys import keymap_problems
+from ssdmoe_tui.ui.actions.keys import app_bindings
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
 from ssdmoe_tui.ui.screens.dialogs import ConfirmScreen
 from tests.helpers import pace
@@ -52,7 +52,7 @@ async def test_n1_n2_a_theme_chosen_in_the_app_stays_a_setting_once_keymap_is_un
     assert loaded.config.theme == "ssdmoe-light"  # N1: not swallowed by [keymap]
     keymap = loaded.config.keymap
     assert keymap and "app.k_up" in keymap
-    assert keymap_problems(SsdmoeApp, keymap, str(path)) == []  # N2: no key it shadows
+    assert keymap_problems(app_bindings(SsdmoeApp), keymap) == []  # N2: no key it shadows
     # A file an older version wrote (the theme appended under the commented table) is
     # mended by the next theme the app saves: one theme line, above the table.
     path.write_text(ensure_template_with('theme = "ssdmoe-light"'))

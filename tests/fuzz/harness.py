@@ -339,6 +339,138 @@ def _terminal_text(data: bytes, work: Path) -> None:
             raise Finding(f"printable left an unprintable character: {line[:100]!r}")
 
 
+def _keys_of(value: object) -> set[str]:
+    """Every table key anywhere in a parsed TOML document."""
+    if isinstance(value, dict):
+        return set(value).union(*(_keys_of(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_keys_of(v) for v in value))
+    return set()
+
+
+def _secrets_of(data: object) -> set[str]:
+    """The values a line about `[mcp_servers]` must never quote: every string under an
+    `env` or `http_headers` table, and a URL's query (long enough to be told apart)."""
+    out: set[str] = set()
+    tables = data.get("mcp_servers") if isinstance(data, dict) else None
+    for server in tables.values() if isinstance(tables, dict) else ():
+        if not isinstance(server, dict):
+            continue
+        for key in ("env", "http_headers"):
+            held = server.get(key)
+            if isinstance(held, dict):
+                out |= {v for v in held.values() if isinstance(v, str)}
+        url = server.get("url")
+        if isinstance(url, str) and "?" in url:
+            out.add(url.split("?", 1)[1])
+    return {v for v in out if len(v) >= 8}
+
+
+def _mcp_config(data: bytes, work: Path) -> None:
+    """The MCP config reader (`mcp_config.read_mcp_servers`, through `load_config` as the
+    app reads config.toml, and on the parsed table itself): typed servers, or one line
+    per problem that quotes no `env` or header value, no URL query; never a traceback."""
+    import sys
+
+    from ssdmoe_tui.config import load_config
+    from ssdmoe_tui.mcp_config import McpServer, read_mcp_servers
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    (work / "config.toml").write_bytes(data)
+    loaded = load_config(work / "config.toml")
+    try:
+        parsed = tomllib.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # not UTF-8, not TOML: load_config said so
+        parsed = None
+    secrets = _secrets_of(parsed) - _keys_of(parsed)  # a key's name may be quoted
+    lines = list(loaded.warnings)
+    if parsed is not None and "mcp_servers" in parsed:
+        try:
+            servers, problems = read_mcp_servers(parsed["mcp_servers"])
+        except ValueError as e:  # only when mcp_servers is no table at all
+            servers, problems = {}, [str(e)]
+        lines += problems
+        if servers != loaded.config.mcp_servers:
+            raise Finding("read_mcp_servers and load_config disagree")
+    for line in lines:
+        _check_message(line, "MCP config reader")
+        leaked = next((v for v in secrets if v in line), None)
+        if leaked is not None:
+            raise Finding(f"a line quotes a secret value: {line[:200]!r}")
+    env = {"SEARCH_TOKEN": "t", "OTHER_TOKEN": "o"}
+    for server in loaded.config.mcp_servers.values():
+        if not isinstance(server, McpServer) or not 0 < server.timeout <= 86_400:
+            raise Finding(f"MCP config reader kept {server!r:.200}")
+        if not all(type(a) is str for a in server.args) or bool(server.url) == bool(server.command):
+            raise Finding(f"MCP config reader kept {server!r:.200}")
+        server.environment(env)
+        try:
+            server.headers(env)
+        except ValueError as e:  # a variable that is not set: named
+            _check_message(str(e), "MCP server headers")
+
+
+_CALL_FORMATS = {
+    "json_tools": ["<tool_call>\n{\"name\": \"f\", \"arguments\": @ARGS@}\n</tool_call>",
+                   "<tool_call>\n@ARGS@\n</tool_call>"],
+    "qwen3_coder": ["<tool_call>\n<function=f>\n<parameter=city>\n@ARGS@\n</parameter>\n"
+                    "</function>\n</tool_call>"],
+    "glm47": ["<tool_call>f\n<arg_key>city</arg_key>\n<arg_value>@ARGS@</arg_value>\n</tool_call>"],
+    "deepseek": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>@ARGS@"
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"],
+    "harmony": ["<|channel|>commentary to=functions.f <|constrain|>json<|message|>@ARGS@<|call|>"],
+}  # fmt: skip
+_CALL_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}}}}]  # fmt: skip
+
+
+def _tool_call(data: bytes, work: Path) -> None:
+    """The tool-call argument parser (`tools.calls.parse_arguments`, what the tool loop
+    runs a model's or an attached server's call with): a strict JSON object, or one
+    BadArguments line; and the input as a call's arguments in each reply format the app
+    reads, through the reply filter (a call or text, never an exception) and the loop
+    (an error result with a one-line note, never a call sent with bad arguments)."""
+    from ssdmoe_tui.prompting.output import Call, OutputFilter, named_format
+    from ssdmoe_tui.prompting.reply_format import DEEPSEEK
+    from ssdmoe_tui.tools.calls import BadArguments, ToolCall
+    from ssdmoe_tui.tools.loop import ToolLoop
+    from ssdmoe_tui.tools.servers import ToolServers
+
+    def checked(call: ToolCall) -> None:
+        try:
+            value = call.args()
+        except BadArguments as e:
+            _check_message(str(e), "tool-call arguments")
+            result = ToolLoop(ToolServers({})).run(call)
+            if not result.is_error or not result.text.startswith("Error: "):
+                raise Finding(f"bad arguments ran: {result!r:.200}") from None
+            _check_message(result.note, "tool loop")
+            return
+        if not isinstance(value, dict):
+            raise Finding(f"arguments parsed to {type(value).__name__}")
+        try:
+            json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (ValueError, UnicodeEncodeError) as e:
+            raise Finding(f"arguments a server cannot be sent: {e}") from None
+
+    text = data.decode("utf-8", "replace")
+    checked(ToolCall("call_1", "f", text))
+    cut = len(text) // 2
+    for name, layouts in _CALL_FORMATS.items():
+        fmt = DEEPSEEK if name == "deepseek" else None if name == "harmony" else named_format(name)
+        for layout in layouts:
+            reply = layout.replace("@ARGS@", text)
+            filt = OutputFilter((), fmt, _CALL_TOOLS, harmony=name == "harmony")
+            pieces = filt.feed(reply[:cut]) + filt.feed(reply[cut:]) + filt.finish()
+            for piece in pieces:
+                if isinstance(piece, Call):
+                    checked(ToolCall(piece.call.id, piece.call.name, piece.call.arguments))
+
+
 _FRAMED = {"safetensors", "kv_checkpoint"}
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -354,6 +486,8 @@ TARGETS: dict[str, Target] = {
         Target("experts", _experts, "*.json"),
         Target("server_json", _server_json, "*.json"),
         Target("terminal_text", _terminal_text, "*"),
+        Target("mcp_config", _mcp_config, "*.toml"),
+        Target("tool_call", _tool_call, "*.json"),
     )
 }
 

@@ -24,7 +24,7 @@ import signal
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,13 +236,19 @@ def kv_file(header: dict | str, data: bytes = b"") -> Callable[[Path], None]:
 KV_META = {"0.ssdmoe_format": "1", "0.fingerprint": "fp", "0.n_tokens": "4"}
 
 
-def config_case(id: str, what: str, text: bytes, named: str) -> Bad:
+def config_case(id: str, what: str, text: bytes, named: str, reason: str = "") -> Bad:
+    """config.toml as the app reads it (`commands.chat.read_config`: the [keymap]
+    checked against the app's bindings); `reason`: what the line must say besides."""
+
     def run(tmp: Path, model: Callable[[], Path]) -> Outcome:
         from ssdmoe_tui.config import load_config
+        from ssdmoe_tui.ui.actions.keys import app_bindings
+        from ssdmoe_tui.ui.app import SsdmoeApp
 
         path = tmp / "config.toml"
         path.write_bytes(text)
-        return load(lambda: load_config(path), named)
+        out = load(lambda: load_config(path, app_bindings(SsdmoeApp)), named)
+        return replace(out, reason=reason)
 
     return Bad(id, what, run)
 
@@ -858,7 +864,13 @@ CASES: list[Bad] = [
         "kv-n-tokens-word", 'n_tokens "x"', kv_file({"__metadata__": KV_META | {"0.n_tokens": "x"}})
     ),
     # ---- the config file
-    config_case("config-not-utf8", "config.toml not UTF-8", b'model = "\xff"\n', "config.toml"),
+    config_case(
+        "config-not-utf8",
+        "config.toml not UTF-8",
+        b'model = "\xff"\n',
+        "config.toml",
+        "line 1, key model",
+    ),  # fmt: skip
     config_case("config-bad-toml", "config.toml not TOML", b"model = = 1\n", "config.toml"),
     config_case(
         "config-nested", "config.toml nested 50,000 deep", ("a = " + DEEP).encode(), "config.toml"
@@ -866,12 +878,79 @@ CASES: list[Bad] = [
     config_case("config-k-0", "k = 0", b"k = 0\n", "k = 0"),
     config_case("config-k-word", 'k = "x"', b'k = "x"\n', "k = 'x'"),
     config_case("config-max-tokens", "max_tokens = -1", b"max_tokens = -1\n", "max_tokens = -1"),
-    config_case("config-keymap", "keymap = 3", b"keymap = 3\n", "keymap = 3"),
+    config_case(
+        "config-keymap", "keymap = 3", b"keymap = 3\n", "keymap", "is a table, not a number"
+    ),
     config_case("config-k-10**30", "k = 10**30", f"k = {10**30}\n".encode(), "k = " + str(10**30)),
     config_case("config-unknown-key", "an unknown key", b"temprature = 0.7\n", "temprature"),
     config_case(
         "config-keymap-empty", 'a keymap entry of ""', b'[keymap]\n"app.stop" = ""\n', "keymap"
     ),
+    # issue 45: keys TOML nested where the user did not mean to, and what only the app's
+    # bindings show, said where the file is read
+    config_case(
+        "config-not-utf8-keymap",
+        "config.toml: a Latin-1 byte in a keymap entry",
+        b'k = 3\n[keymap]\n"app.stop" = "f\xe99"\n',
+        "config.toml",
+        'line 3, key keymap."app.stop"',
+    ),
+    config_case(
+        "config-table-for-value",
+        "a [model] table where model takes a value",
+        b'[model]\npath = "/models/a"\n',
+        "model",
+        "not a table",
+    ),
+    config_case(
+        "config-dotted-value",
+        "k.x = 3: a dotted key makes k a table",
+        b"k.x = 3\n",
+        "k",
+        "not a table",
+    ),
+    config_case(
+        "config-value-for-table",
+        'keymap = "ctrl+s": a value where a table belongs',
+        b'keymap = "ctrl+s"\n',
+        "keymap",
+        "is a table, not a string",
+    ),
+    config_case(
+        "config-mcp-value",
+        "[mcp_servers] command = ...: a server without its table",
+        b'[mcp_servers]\ncommand = "npx"\n',
+        "command",
+        "[mcp_servers.NAME]",
+    ),
+    config_case(
+        "config-keymap-dotted",
+        "app.stop = ... unquoted under [keymap]: a table",
+        b'[keymap]\napp.stop = "f9"\n',
+        "app.stop",
+        "in quotes",
+    ),
+    config_case(
+        "config-keymap-top-level",
+        "theme = ... written below [keymap]",
+        b'[keymap]\n"app.stop" = "f9"\ntheme = "ssdmoe-light"\n',
+        "theme",
+        "top-level key",
+    ),
+    config_case(
+        "config-keymap-unknown-id",
+        "a keymap id no binding has",
+        b'[keymap]\n"app.teleport" = "f9"\n',
+        "app.teleport",
+        "unknown binding id",
+    ),
+    config_case(
+        "config-keymap-clash",
+        "a remapped key another binding of its screen answers",
+        b'[keymap]\n"app.stop" = "ctrl+n"\n',
+        "app.new_chat",
+        "app.stop",
+    ),  # fmt: skip
     # ---- special files (FIFO, /dev/zero, a folder, a link loop) as any user file
     *_special_cases(),
     *(template_case(*t) for t in HOSTILE_TEMPLATES),

@@ -1,13 +1,15 @@
 """The app in a process of its own, stopped with a tool's result on screen, for
 tests/tools/test_tool_crash.py to SIGKILL there.
 
-    python tests/helpers/tool_kill_worker.py MODEL MARK    (SSDMOE_HOME set by the caller)
+    python tests/helpers/tool_kill_worker.py MODEL MARK [MODE]   (SSDMOE_HOME set by the caller)
 
 It runs the real app (Textual's pilot, headless), the real engine on the scripted
 checkpoint (tests/helpers/scripted_model.py) and the real MCP server over stdio: asks the
 weather, approves the call, and once the result block is in the transcript (the call
 answered, the model's next reply not asked for yet) writes the conversation id to MARK
-and holds the UI there, so the kill lands in that window every time.
+and holds the UI there, so the kill lands in that window every time. MODE "call" holds
+inside the approved call instead (the MCP call not yet sent), "save" inside the tool
+result's save (its temp file written, not yet renamed: `atomic._pause_point`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 HOLD_S = 300.0  # the caller kills it long before; bounded all the same
 
 
-async def main(model: str, mark: Path) -> int:
+async def main(model: str, mark: Path, mode: str = "shown") -> int:
+    from ssdmoe_tui import atomic
     from ssdmoe_tui.ui.widgets.tool_blocks import ToolResultBlock
     from tests.helpers.pilot import SIZE, loaded
     from tests.helpers.tool_chat import ask_and_answer, make_app
@@ -31,20 +34,35 @@ async def main(model: str, mark: Path) -> int:
     app = make_app(model)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot, app)
-        transcript = app.chat_pane.transcript
-        mount = transcript.mount
 
-        async def mount_then_hold(*widgets, **kw):  # noqa: ANN002, ANN003, ANN202
-            await mount(*widgets, **kw)
-            if any(isinstance(w, ToolResultBlock) for w in widgets):
-                mark.write_text(str(app.chat.session_id))
-                time.sleep(HOLD_S)  # blocks the UI loop: nothing goes on until the kill
+        def hold(*_: object) -> None:
+            mark.write_text(str(app.chat.session_id))
+            time.sleep(HOLD_S)  # nothing goes on here until the kill
 
-        transcript.mount = mount_then_hold  # type: ignore[method-assign]
+        if mode == "call":
+            app.chat.tools.servers.call = hold  # type: ignore[method-assign]
+        elif mode == "save":
+            keep = app.chat.sessions.keep_tool_results
+
+            def keep_and_hold(*args: object) -> None:
+                atomic._pause_point = hold  # the result's write stops before its rename
+                keep(*args)
+
+            app.chat.sessions.keep_tool_results = keep_and_hold  # type: ignore[method-assign]
+        else:
+            transcript = app.chat_pane.transcript
+            mount = transcript.mount
+
+            async def mount_then_hold(*widgets, **kw):  # noqa: ANN002, ANN003, ANN202
+                await mount(*widgets, **kw)
+                if any(isinstance(w, ToolResultBlock) for w in widgets):
+                    hold()  # blocks the UI loop
+
+            transcript.mount = mount_then_hold  # type: ignore[method-assign]
         await ask_and_answer(pilot, app, "y")
         await asyncio.sleep(HOLD_S)
     return 1  # not reached: killed
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(sys.argv[1], Path(sys.argv[2]))))
+    sys.exit(asyncio.run(main(sys.argv[1], Path(sys.argv[2]), *sys.argv[3:4])))

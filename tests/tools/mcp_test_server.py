@@ -12,8 +12,9 @@ prompt keeps the tools it was made for).
 With PID_FILE set, the server writes its process id there (orphan checks); with
 HOSTILE set, `get_weather` answers HOSTILE_FORECAST, which holds terminal escapes
 (HOSTILE=error: it fails with that text); with WEATHER_DELAY, get_weather sleeps that
-many seconds first (a tool still running); with STARTUP_DELAY, the server sleeps that
-long before it answers at all.
+many seconds first (a tool still running); with WEATHER_REPEAT=N, it answers the forecast N times over,
+one a line (a result too long for the context); with STARTUP_DELAY, the server sleeps
+that long before it answers at all.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def get_weather(city: str) -> str:
     hostile = os.environ.get("HOSTILE")
     if hostile == "error":
         raise ToolError(HOSTILE_FORECAST)  # its text reaches the client (a RuntimeError's does not)
+    if repeat := int(os.environ.get("WEATHER_REPEAT", "0")):  # a result past any context
+        return "\n".join([FORECAST] * repeat)
     return HOSTILE_FORECAST if hostile else FORECAST
 
 

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ssdmoe_tui.sessions.store import SessionStore
 from tests.helpers.mcp_servers import ROOT
 from tests.helpers.pilot import SIZE, type_and_send, wait_until
@@ -23,12 +25,12 @@ from tests.tools.mcp_test_server import FORECAST
 WORKER = ROOT / "tests" / "helpers" / "tool_kill_worker.py"
 
 
-def _killed_with_a_result_on_screen(tool_model, tmp_path) -> str:
-    """Run the worker until its result block is shown, SIGKILL it; the conversation id."""
-    mark = tmp_path / "shown"
+def _killed_with_a_result_on_screen(tool_model, tmp_path, mode: str = "shown") -> str:
+    """Run the worker until it holds where `mode` says, SIGKILL it; the conversation id."""
+    mark = tmp_path / mode
     log = (tmp_path / "worker.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, str(WORKER), str(tool_model), str(mark)],
+        [sys.executable, str(WORKER), str(tool_model), str(mark), mode],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -71,3 +73,47 @@ async def test_a_tool_result_on_screen_survives_kill_9_and_resume_shows_it(tool_
     assert conv.history_tokens() == list(app.chat.last_done.prompt_token_ids) + list(
         app.chat.last_done.token_ids
     )
+
+
+def _kill_loop(tool_model, tmp_path, runs: int) -> None:
+    """`runs` kill -9s of the app's tool loop, cycling through its moments: during the
+    approved call, during the result's save (temp written, not renamed), with the result
+    on screen. After each: the next start's sweep leaves no temp file; the conversation
+    loads; nothing said before the kill is lost (the question, the reply with its call;
+    the result once its save returned); `--resume` (AppSessions.open, what the app
+    resumes through) shows exactly the stored turns."""
+    from ssdmoe_tui.atomic import remove_orphan_temps_at_startup
+    from ssdmoe_tui.sessions.app_sessions import AppSessions
+    from tests.helpers.tool_chat import QUESTION
+
+    modes = ("call", "save", "shown")
+    for i in range(runs):
+        mode = modes[i % 3]
+        run_dir = tmp_path / f"run{i}"
+        run_dir.mkdir()
+        conv_id = _killed_with_a_result_on_screen(tool_model, run_dir, mode)
+        folder = SessionStore().folder(conv_id)
+        temps = [p for p in folder.iterdir() if ".tmp" in p.name]
+        assert bool(temps) == (mode == "save"), (mode, temps)
+        remove_orphan_temps_at_startup()
+        assert not [p for p in folder.iterdir() if ".tmp" in p.name], mode
+        conv = SessionStore().get(conv_id)
+        roles = ["user", "assistant", "tool"] if mode == "shown" else ["user", "assistant"]
+        assert [t.role for t in conv.turns] == roles, mode
+        assert conv.turns[0].text == QUESTION and "<tool_call>" in conv.turns[1].text
+        if mode == "shown":
+            assert conv.turns[2].text == FORECAST
+        resumed_id, shown = AppSessions(SessionStore()).open(conv_id)
+        assert resumed_id == conv_id
+        assert [(t.role, t.content) for t in shown] == [(t.role, t.text) for t in conv.turns]
+
+
+def test_kill_9_in_the_tool_loop_three_times(tool_model, tmp_path):
+    """Issue 45: kill -9 during an approved call, during a result's save, with a result
+    on screen; each time the conversation is consistent and nothing is lost."""
+    _kill_loop(tool_model, tmp_path, 3)
+
+
+@pytest.mark.slow  # twenty kills, 136 s on this machine: `make test-slow`
+def test_kill_9_in_the_tool_loop_twenty_times(tool_model, tmp_path):
+    _kill_loop(tool_model, tmp_path, 20)

@@ -42,7 +42,7 @@ def test_denied_and_bad_arguments_are_results_for_the_model():
     call = ToolCall("call_1", "get_weather", "[1, 2]")
     assert tl.denied(call).text == DENIED_TEXT and tl.denied(call).is_error
     bad = tl.run(call)
-    assert bad.is_error and "not a JSON object" in bad.text and "\n" not in bad.note
+    assert bad.is_error and "a list, not a JSON object" in bad.text and "\n" not in bad.note
     unknown = tl.run(ToolCall("call_2", "nope", "{}"))  # no server running
     assert unknown.is_error and "unknown tool 'nope'" in unknown.text
 
@@ -65,3 +65,31 @@ def test_split_reply_takes_the_calls_out_with_the_servers_parser(tmp_path):
     broken = "<tool_call>not json</tool_call>"
     assert split_reply(broken, tok, []).calls == ()
     assert split_reply(broken, tok, []).content == broken  # kept as text
+
+
+def test_arguments_no_server_can_be_sent_are_refused_and_the_server_lives_on():
+    """Issue 45: a model's call whose arguments held a lone surrogate (`"\\ud800"`, valid
+    JSON, no UTF-8) was sent on; the MCP SDK could not encode it and closed the
+    connection, so this call and every later one answered "Connection closed" while the
+    server still showed as running. NaN and 1e400 (no JSON number) likewise. The
+    arguments' one reader (tools.calls.parse_arguments) refuses them: the call is an
+    error result naming why, one line, and the real server answers the next call."""
+    from tests.helpers.mcp_servers import stdio_server
+    from tests.tools.mcp_test_server import FORECAST
+
+    tl = ToolLoop(ToolServers(check_mcp_servers({"weather": stdio_server()})))
+    try:
+        assert tl.servers.start() == []
+        for args, why in (
+            ('{"city": "\\ud800"}', "lone surrogate"),
+            ('{"city": NaN}', "NaN is not a JSON number"),
+            ('{"city": 1e400}', "out of range"),
+            ('"Paris"', "a string, not a JSON object"),
+        ):
+            bad = tl.run(ToolCall("call_1", "get_weather", args))
+            assert bad.is_error and why in bad.note and "\n" not in bad.note, bad
+            assert bad.note.startswith("get_weather: ")
+        good = tl.run(ToolCall("call_2", "get_weather", '{"city": "Paris"}'))
+        assert good == type(good)(FORECAST)  # the connection is whole
+    finally:
+        tl.servers.close()

@@ -6,6 +6,8 @@ from typing import Any
 
 from textual.binding import Binding
 
+from ssdmoe_tui.config import Binding as ConfigBinding
+from ssdmoe_tui.config import Bindings
 from ssdmoe_tui.ui.screens.conversations import ConversationsScreen
 from ssdmoe_tui.ui.screens.dialogs import AskScreen, ConfirmScreen
 from ssdmoe_tui.ui.screens.gen_settings import GenSettingsScreen
@@ -35,43 +37,29 @@ def binding_groups(app_class: type) -> list[tuple[str, list[Binding]]]:
     ]
 
 
-def _scopes(app_class: type) -> list[list[Binding]]:
-    """Bindings that answer in the same place (one screen or widget): two of them on one
-    key shadow each other; the same key in two scopes is ordinary (focus decides)."""
+def app_bindings(app_class: type) -> Bindings:
+    """The app's bindings by scope (`config.Bindings`), so the config loader checks the
+    [keymap] where it reads the file: bindings that answer in the same place (one screen
+    or widget) shadow each other on one key; the same key in two scopes is ordinary
+    (focus decides)."""
     classes = [app_class, PromptInput, Transcript, ChatMessage, KSlider, ConfirmScreen,
                AskScreen, GenSettingsScreen, ConversationsScreen, ModelsScreen,
                ToolApprovalScreen, ToolsScreen]  # fmt: skip
-    return [[b for b in cls.BINDINGS if isinstance(b, Binding)] for cls in classes]
+    return Bindings(
+        tuple(
+            tuple(
+                ConfigBinding(b.id or "", b.action, b.key)
+                for b in cls.BINDINGS
+                if isinstance(b, Binding)
+            )
+            for cls in classes
+        )
+    )
 
 
-def keymap_problems(app_class: type, keymap: dict[str, str], source: str) -> list[str]:
-    """One line per problem of the config's [keymap] (`source`: the file): ids no binding
-    has, and a remapped key that another binding of the same scope already answers."""
-    known = {b.id for _, bindings in binding_groups(app_class) for b in bindings if b.id}
-    out = []
-    unknown = sorted(set(keymap) - known)
-    if unknown:
-        shown = ", ".join(repr(u[:40]) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        out.append(f"{source} [keymap]: unknown binding id(s) {shown} ignored (F1 lists them)")
-    for scope in _scopes(app_class):
-        owner: dict[str, str] = {}
-        for b in scope:
-            name = b.id or b.action
-            keys = keymap.get(b.id, b.key) if b.id else b.key
-            for key in (k.strip() for k in keys.split(",") if k.strip()):
-                first = owner.setdefault(key, name)
-                if first != name and (first in keymap or name in keymap):
-                    out.append(
-                        f"{source} [keymap]: {first} and {name} are both on {key!r} "
-                        f"(one shadows the other; F1 shows the keys)"
-                    )
-    return out
-
-
-def apply_keymap(app: Any, keymap: dict[str, str], source: str = "config.toml") -> None:
-    """The config's [keymap]: binding id -> keys; each problem is one warning naming the
-    file, an unknown id is skipped (a clash is kept: the user asked for it)."""
-    for line in keymap_problems(type(app), keymap, source):
-        app.notify(line, severity="warning", timeout=10, markup=False)
-    known = {b.id for _, bindings in binding_groups(type(app)) for b in bindings if b.id}
+def apply_keymap(app: Any, keymap: dict[str, str]) -> None:
+    """The config's [keymap]: binding id -> keys; an unknown id is skipped (a clash is
+    kept: the user asked for it). Its problems were said once, by the config loader
+    (`config.load_config` with `app_bindings`), not here again."""
+    known = app_bindings(type(app)).ids()
     app.set_keymap({k: v for k, v in keymap.items() if k in known})
