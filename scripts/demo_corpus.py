@@ -186,6 +186,44 @@ def man_texts() -> list[str]:
     return paras
 
 
+_DANGLING = {"of", "the", "a", "an", "for", "to", "into", "and", "or", "with", "in", "on"}
+_NAME_LINE = re.compile(r"^\.SH\s+\"?NAME\"?\s*$", re.M)
+
+
+def man_summaries() -> list[tuple[str, str]]:
+    """(command, what it does) from the NAME line of each section-1 and -8 manual page
+    ("cp \\- copy files and directories"): the facts the demo's plain answers are made
+    of (scripts/demo_dialogues.py). Held-out pages and gcloud's generated ones are left
+    out; the summary must read as words (no markup, 12 to 80 characters)."""
+    out: dict[str, str] = {}
+    for sec in ("man1", "man8"):
+        for f in sorted((MAN_DIR / sec).glob("*.gz")):
+            name = f.name.split(".")[0]
+            if name in HELDOUT_MAN_PAGES or name.startswith("gcloud") or f.is_symlink():
+                continue
+            try:
+                src = gzip.decompress(f.read_bytes()).decode("utf-8", "replace")
+            except (OSError, EOFError):
+                continue
+            m = _NAME_LINE.search(src)
+            if not m:
+                continue
+            line = src[m.end() :].lstrip("\n").split("\n", 1)[0]
+            cmd, sep, what = line.partition("\\-")
+            cmd, what = cmd.split(",")[0].strip().replace("\\", ""), what.strip().rstrip(".")
+            if not sep or not re.fullmatch(r"[a-z][a-z0-9_+-]{1,24}", cmd) or cmd in out:
+                continue
+            words = what.split()
+            if (
+                12 <= len(what) <= 80
+                and re.fullmatch(r"[A-Za-z][A-Za-z0-9 ,'()/-]+", what)
+                and not what.lower().startswith("manual page")
+                and words[-1] not in _DANGLING
+            ):
+                out[cmd] = what
+    return sorted(out.items())
+
+
 _DOC_SKIP = re.compile(r"(change|history|news|copyright|copying|licen[cs]e|authors|thanks)", re.I)
 _DOC_KEEP = re.compile(r"\.(md|txt|rst|html?|text)(\.gz)?$|^readme", re.I)
 

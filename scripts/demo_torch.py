@@ -182,6 +182,82 @@ def mlx_state(model) -> dict[str, Any]:  # noqa: ANN001
     return out
 
 
+def dequantize(w, scales, biases, bits: int):  # -> torch.Tensor
+    """mlx's affine dequantization (`mx.dequantize`): `w` packs 32 // bits values per
+    uint32, lowest bits first; each group of inputs has its scale and bias."""
+    import torch
+
+    if 32 % bits:
+        raise ValueError(f"{bits}-bit packing is not supported here")
+    words = w.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64)
+    q = ((words[..., None] >> shifts) & ((1 << bits) - 1)).flatten(-2).float()
+    groups = scales.shape[-1]
+    q = q.view(*q.shape[:-1], groups, q.shape[-1] // groups)
+    out = q * scales.float()[..., None]
+    if scales.dtype == torch.bfloat16:  # mx.dequantize's arithmetic: in the scales' dtype
+        return (out.bfloat16() + biases[..., None]).float().flatten(-2)
+    return (out + biases.float()[..., None]).flatten(-2)
+
+
+def fake_quantize(w, group_size: int, bits: int):  # -> torch.Tensor
+    """`w` as mlx-lm's package step leaves it: cast to bfloat16, `mx.quantize` (affine:
+    the group's larger-magnitude end is the bias and zero stays exact), then
+    `mx.dequantize`; bit-exact against mlx 0.32 on the CPU (scripts/demo_eval.py uses it
+    to judge the checkpoint that will ship, not its bfloat16 weights)."""
+    import torch
+
+    shape, n = w.shape, (1 << bits) - 1
+    g = w.bfloat16().float().reshape(-1, group_size)
+    hi, lo = g.amax(-1), g.amin(-1)
+    delta = ((hi - lo) / n).clamp_min(1e-7)
+    low_edge = lo.abs() > hi.abs()
+    scale = torch.where(low_edge, delta, -delta)
+    edge = torch.where(low_edge, lo, hi)
+    q0 = torch.round(edge / scale)
+    scale = torch.where(q0 != 0, edge / q0, scale)
+    q = torch.clamp(torch.round((g - edge[:, None]) / scale[:, None]), 0, n)
+    out = (q * scale.bfloat16().float()[:, None]).bfloat16() + edge.bfloat16()[:, None]
+    return out.float().reshape(shape)
+
+
+def read_weights(folder: Path) -> dict[str, Any]:
+    """Float weights under mlx-lm's names from a work folder (trained-NN.safetensors) or
+    a quantized checkpoint folder (model*.safetensors with scales and biases, the bits
+    per module from its config.json's `quantization`)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("trained-*.safetensors")) or sorted(
+        folder.glob("model*.safetensors")
+    )
+    if not files:
+        raise SystemExit(f"{folder}: no trained-NN.safetensors or model.safetensors")
+    saved: dict[str, Any] = {}
+    for f in files:
+        saved.update(load_file(str(f)))
+    quant: dict[str, Any] = {}
+    if (folder / "config.json").is_file():
+        quant = json.loads((folder / "config.json").read_text()).get("quantization") or {}
+    out = {}
+    for key, t in saved.items():
+        if key.endswith((".scales", ".biases")):
+            continue
+        base = key.removesuffix(".weight")
+        if f"{base}.scales" in saved:
+            bits = (quant.get(base) or quant).get("bits", 4)
+            t = dequantize(t, saved[f"{base}.scales"], saved[f"{base}.biases"], bits)
+        out[key] = t.float()
+    return out
+
+
+def load_weights(model, folder: Path) -> None:  # noqa: ANN001
+    """Load `read_weights(folder)` into the trainer's model (mlx-lm's names)."""
+    saved = read_weights(folder)
+    names = {n: n + ".weight" if ".switch_mlp." in n and not n.endswith(".weight") else n
+             for n in model.state_dict()}  # fmt: skip
+    model.load_state_dict({n: saved[k].float() for n, k in names.items()})
+
+
 def save_shards(state: dict[str, Any], folder: Path, max_bytes: int = 14 << 20) -> list[str]:
     """bfloat16 safetensors in shards under max_bytes (what comes back from the GPU
     machine is at most 16 MiB a file)."""
@@ -220,14 +296,7 @@ def train_torch(work: Path, config: dict[str, Any], args: Any) -> None:
     val = torch.from_numpy(np.load(work / "val.npy").astype(np.int64)).to(dev)
     model = build(config, args.dropout)
     if args.init is not None:  # a fine-tune: the kept weights of an earlier run
-        from safetensors.torch import load_file
-
-        saved: dict[str, Any] = {}
-        for f in sorted(Path(args.init).glob("trained-*.safetensors")):
-            saved.update(load_file(str(f)))
-        names = {n: n + ".weight" if ".switch_mlp." in n and not n.endswith(".weight") else n
-                 for n in model.state_dict()}  # fmt: skip
-        model.load_state_dict({n: saved[k].float() for n, k in names.items()})
+        load_weights(model, Path(args.init))
     model = model.to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters on {dev}", flush=True)

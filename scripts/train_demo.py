@@ -160,13 +160,12 @@ def prepare(
     seed: int,
     dialogues: int,
     tokenizer_from: Path | None = None,
-    no_fit: float = 1 / 6,
 ) -> None:
-    """Corpus, tokenizer (into `out`), token ids (train and validation, uint16) and the
-    held-out texts into `work`."""
+    """Corpus, tokenizer (into `out`: trained, or `tokenizer_from`'s for a fine-tune),
+    token ids (train and validation, uint16) and the held-out texts into `work`."""
     import numpy as np
-    from demo_corpus import Decontaminator, heldout_texts, training_sources
-    from demo_dialogues import chat_with_tools, render, tool_dialogue
+    from demo_corpus import Decontaminator, heldout_texts, man_summaries, training_sources
+    from demo_dialogues import chat_with_tools, mix, render
     from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(seed)
@@ -180,7 +179,6 @@ def prepare(
     for name, paras in sources.items():  # each paragraph once (man pages repeat a lot)
         sources[name] = [p for p in paras if not (p in seen or seen.add(p))]
     every = [p for paras in sources.values() for p in paras]
-    tok = train_tokenizer(every, out, CONFIG["vocab_size"], rng)
     if tokenizer_from is not None:  # a fine-tune keeps its model's tokenizer
         from tokenizers import Tokenizer
 
@@ -188,13 +186,15 @@ def prepare(
 
         copy_tokenizer(tokenizer_from, out)
         tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(every, out, CONFIG["vocab_size"], rng)
     eot = tok.token_to_id("<|endoftext|>")
     hf = PreTrainedTokenizerFast.from_pretrained(str(out))
     docs = as_documents(sources, rng, lambda q, a: render(hf, *chat_with_tools(rng, q, a)))
     rng.shuffle(docs)
     n_val = max(50, len(docs) // 50)
     val, docs = docs[:n_val], docs[n_val:]
-    chats = [render(hf, *tool_dialogue(rng, no_fit)) for _ in range(dialogues)]
+    chats = mix(hf, dialogues, man_summaries(), rng)
     docs += chats
     rng.shuffle(docs)
 
@@ -212,8 +212,8 @@ def prepare(
         "paragraphs": {name: len(p) for name, p in sources.items()},
         "chars": {name: sum(map(len, p)) for name, p in sources.items()},
         "dropped_for_heldout_overlap": clean.dropped,
-        "tool_dialogues": dialogues,
-        "tool_dialogue_tokens": int(sum(len(e.ids) for e in tok.encode_batch(chats))),
+        "chat_dialogues": dialogues,
+        "chat_dialogue_tokens": int(sum(len(e.ids) for e in tok.encode_batch(chats))),
         "train_tokens": int(train_ids.size),
         "val_tokens": int(val_ids.size),
         "heldout": sorted(held),
@@ -358,6 +358,22 @@ def tree_map_f32(params):  # noqa: ANN001, ANN201
     )
 
 
+def earlier_runs(previous: Path, training: dict) -> dict:
+    """The runs a fine-tune's weights come from, read from the training.json that
+    `prepare --tokenizer-from` copied beside the tokenizer: `pretraining` (the first run)
+    and `finetunes` (those between it and this one). Empty for a run from scratch, or
+    when that file already records this run (package run twice)."""
+    if not previous.is_file():
+        return {}
+    prev = json.loads(previous.read_text())
+    if prev.get("training") == training:
+        return {k: prev[k] for k in ("pretraining", "finetunes") if k in prev}
+    if "pretraining" not in prev:  # the base was itself trained from scratch
+        return {"pretraining": prev["training"]} if "training" in prev else {}
+    return {"pretraining": prev["pretraining"],
+            "finetunes": [*prev.get("finetunes", []), prev["training"]]}  # fmt: skip
+
+
 def package(out: Path, work: Path, group_size: int, bits: int) -> None:
     """bfloat16, then mlx-lm's quantize_model (the model's own predicate: the router
     stays at 8 bits as in mlx-community's Qwen3 MoE checkpoints), then one shard."""
@@ -391,6 +407,7 @@ def package(out: Path, work: Path, group_size: int, bits: int) -> None:
         "training": json.loads((work / "train.json").read_text()),
         "quantization": {"bits": bits, "group_size": group_size, "mode": "affine"},
     }
+    summary.update(earlier_runs(out / "training.json", summary["training"]))
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out} ({total / 2**20:.1f} MiB of weights)", flush=True)
 
@@ -415,18 +432,22 @@ def main(argv: list[str] | None = None) -> int:
         help="load-balancing coefficient (0: none, the shipped demo)",
     )
     ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--dialogues", type=int, default=4000, help="tool-use dialogues in the mix")
+    ap.add_argument(
+        "--dialogues", type=int, default=10000,
+        help="chat dialogues in the mix (scripts/demo_dialogues.py: small talk, plain"
+        " answers, tool calls, tools listed and not needed)",
+    )  # fmt: skip
     ap.add_argument(
         "--backend", default="torch", choices=("torch", "mlx"),
         help="train with PyTorch (the GPU machine's own; no kernels to compile) or mlx",
     )  # fmt: skip
     ap.add_argument("--dropout", type=float, default=0.0, help="torch: residual dropout")
-    ap.add_argument(
-        "--no-fit", type=float, default=1 / 6,
-        help="share of tool dialogues whose question no offered tool fits (answered in words)",
-    )  # fmt: skip
     ap.add_argument("--tokenizer-from", type=Path, default=None, help="prepare: reuse it")
-    ap.add_argument("--init", type=Path, default=None, help="torch: start from these weights")
+    ap.add_argument(
+        "--init", type=Path, default=None,
+        help="torch: start from these weights (a work folder's trained-NN.safetensors, or a"
+        " quantized checkpoint folder such as the shipped demo, dequantized)",
+    )  # fmt: skip
     ap.add_argument(
         "--doc-starts", type=float, default=0.0,
         help="torch: share of a batch's rows that begin at a document (0: random starts)",
@@ -446,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     if args.phase in ("all", "prepare"):
-        prepare(out, work, args.seed, args.dialogues, args.tokenizer_from, args.no_fit)
+        prepare(out, work, args.seed, args.dialogues, args.tokenizer_from)
     if args.phase in ("all", "train"):
         if args.backend == "torch":
             from demo_torch import train_torch

@@ -454,7 +454,8 @@ def _demo_readme() -> str:
     cfg = json.loads((TRAINED_DIR / "config.json").read_text())
     info = json.loads((TRAINED_DIR / "training.json").read_text())
     train = info["training"]
-    runs = [r for r in (info.get("pretraining"), train) if r]  # a fine-tune follows its base
+    # a fine-tune follows its base (and the fine-tunes between)
+    runs = [r for r in (info.get("pretraining"), *info.get("finetunes", []), train) if r]
     steps = sum(r["kept_step"] for r in runs)
     tokens = sum(r["kept_step"] * r["batch"] * r["seq"] for r in runs)
     return DEMO_README.format(
