@@ -25,7 +25,7 @@ from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.paths import demo_model_dir
 from ssdmoe_tui.units import human_bytes
 
-DEMO_VERSION = 6
+DEMO_VERSION = 7
 
 #: Where the trained demo ships inside the package.
 TRAINED_DIR = Path(__file__).resolve().parent / "demo_trained"

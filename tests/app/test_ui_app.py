@@ -64,7 +64,7 @@ async def test_prompt_streams_markdown_reply_and_panel_shows_decode_rate():
         assert "loading the demo model" in status or "demo-model" in status, status
         welcome = app.chat_pane.welcome
         text = " ".join(str(w.render()) for w in welcome.query(Static))
-        for part in ("trained here", "babbles", "--model mlx-community/", "models fetch"):
+        for part in ("trained here", "knows little", "--model mlx-community/", "models fetch"):
             assert part in text, part
         assert "F4" in text and "qwen3_moe" in text and "mixtral" in text
         assert welcome.query_one(ProgressBar).display or "demo-model" in status

@@ -1,5 +1,5 @@
 """The first screen on the demo model: what is happening (a progress bar while the demo
-model is written and loaded), what the demo is (tiny, trained here: it babbles but has learned)
+model is written and loaded), what the demo is (tiny, trained here: short answers, no knowledge)
 and how to run a real model. Shown at the top of the transcript from the first frame."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ EXAMPLE_REPO = "mlx-community/Qwen3-30B-A3B-4bit"
 # What the first lines say, whatever the size: the essentials come first (at 80x24 the
 # chat column has about 18 rows and 40 columns), the details after them.
 TITLE = "ssdmoe · demo model: tiny, trained here"
-ABOUT = "It babbles, but it has learned: it is here to show the engine at work."
+ABOUT = "It knows little, answers briefly: it is here to show the engine at work."
 # One argument has no space, so a narrow card wraps the command between arguments.
 REAL_MODEL = "A real model: F4 here, or ssdmoe --model <folder-or-repo-id>."
 TOOLS = "Tools: MCP servers from config.toml (F10); a call runs once you approve it."
