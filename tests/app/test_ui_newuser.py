@@ -50,7 +50,12 @@ async def test_page_keys_scroll_the_transcript_while_the_prompt_has_focus():
         await wait_until(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y)
 
 
-FIRST_SCREEN = ("demo model: tiny, trained here", "knows little", "A real model: F4 here", "--model")
+FIRST_SCREEN = (
+    "demo model: tiny, trained here",
+    "knows little",
+    "A real model: F4 here",
+    "--model",
+)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)])
