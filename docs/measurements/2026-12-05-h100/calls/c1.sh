@@ -1,0 +1,1 @@
+mkdir -p /root/stash && cp .whlA/* .whlC/* /root/stash/ 2>/dev/null; ls -la /root/stash && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'; nproc; free -g | head -2
