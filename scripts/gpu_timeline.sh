@@ -9,6 +9,8 @@
 #   model  the model's own routing, K = 8 (router guesses: read-ahead v2)
 #   trace  the real Qwen3-30B trace, K = 6 (co-occurrence guesses: read-ahead v1, which
 #          `ssdmoe trace replay --prefetch` simulates; a router cannot foresee a trace)
+#   managed  (not in the default STEPS) `model` with SSDMOE_SLOT_PLACEMENT=managed (slots in
+#          GPU memory, misses migrated by page faults) against the default host slots
 #   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
 #          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
 # Call 1 (cold machine): the Q30 build, then the compile pass:
@@ -48,4 +50,11 @@ if want compile; then
 fi
 if want model; then one model "$(( $(left) / 2 ))" --k 8; fi
 if want trace; then one trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"; fi
+# The same model-routing timeline with the slots in GPU memory (`managed`): 2026-12-05's
+# H100 run (host slots) showed the sync is the layer's compute reading host slots over
+# PCIe (1.22 ms behind a layer, 0.07 ms bare); this says what HBM-resident hits buy and
+# what the page-fault migration of the misses costs, per layer (issue 43 item 1 c).
+if want managed; then
+  SSDMOE_SLOT_PLACEMENT=managed one managed "$(( $(left) - 10 ))" --k 8
+fi
 tail -n 3 "$OUT"/timeline-*.txt >&2
