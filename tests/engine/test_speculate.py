@@ -377,3 +377,53 @@ def test_the_pace_prices_passes_at_todays_speed():
     for _ in range(40):
         costs.measure(1, 0.008, 0.0, 16, 0, 0)
     assert costs.compute(3) == pytest.approx(0.016, rel=0.01)
+
+
+def test_oracle_follows_the_reply_not_the_position():
+    """A reply that leaves the reference (a near-tie flipped on MLX-CUDA) is not drafted
+    the reference's tokens by position from there on: the drafter follows a reference the
+    reply still equals, else re-anchors on the longest suffix found in one, else drafts
+    nothing, and says where the reply left."""
+    ref = list(range(100, 140))
+    o = OracleDrafter(ref, 1.0, vocab=500)
+    o.extend([1, 2, 3])  # the prompt
+    o.extend(ref[:5])
+    assert o.propose(3) == ref[5:8] and o.diverged_at is None
+    o.extend([7])  # the flip: the reply is another text from here
+    assert o.diverged_at == 5
+    assert o.propose(3) == []  # by position it would draft ref[6:9], all wrong now
+    o.extend([8, 9])
+    assert o.propose(2) == [] and o.unanchored == 2
+    o.extend(ref[20:23])  # the reply meets the reference again: 3 tokens re-anchor it
+    assert o.propose(3) == ref[23:26] and o.reanchored == 1
+    # another run's reply that the reply still equals is drafted from, whole
+    other = [*ref[:5], 7, 8, 9, *ref[20:30]]
+    o2 = OracleDrafter(ref, 1.0, vocab=500, also=[other])
+    o2.extend([1, 2, 3])
+    o2.extend(other[:6])
+    assert o2.propose(4) == other[6:10] and o2.diverged_at == 5
+    assert o2.figures() == {"references": 2, "diverged_at": 5, "reanchored": 0, "unanchored": 0}
+
+
+def test_oracle_drafts_the_reply_after_it_left_the_reference(checkpoints):
+    """The CPU stand-in for the MLX-CUDA flip: a reference that leaves greedy decode at
+    token 3 (another reply from there). Position-aligned drafts were then wrong for the rest
+    of the reply (acceptance ~0 after token 3, the H100's 1.8 %); aligned by context the
+    oracle stops drafting there, and drafts the greedy reply once a run of it is known."""
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm)
+    plain = runner.generate(PROMPT, max_tokens=N).tokens
+    other = runner.generate(PROMPT[::-1], max_tokens=N).tokens
+    flipped = [*plain[:3], (plain[3] + 1) % 64, *other[: N - 4]]
+    spec = Speculation("oracle", 2, 1.0)
+    alone = runner.generate(PROMPT, max_tokens=N, speculate=spec, draft_reference=flipped)
+    assert alone.tokens == plain
+    fig = alone.stats.spec
+    assert fig.oracle["diverged_at"] == 3 and fig.drafted <= 4  # nothing drafted after
+    both = runner.generate(
+        PROMPT, max_tokens=N, speculate=spec, draft_reference=flipped, draft_also=[plain]
+    )
+    assert both.tokens == plain and both.stats.spec.oracle["diverged_at"] == 3
+    assert both.stats.spec.acceptance > 0.8 and both.stats.spec.drafted > N // 2
+    sm.close()
