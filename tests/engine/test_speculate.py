@@ -16,7 +16,7 @@ from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.policy import trace_routing
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.engine.spec.drafts import NgramDrafter, OracleDrafter
-from ssdmoe_tui.engine.spec.governor import Acceptance, CostModel, Governor
+from ssdmoe_tui.engine.spec.governor import Acceptance, Choice, CostModel, Governor
 from ssdmoe_tui.engine.spec.mtp import check_mtp
 from ssdmoe_tui.engine.spec.verify import verify_chunk
 from ssdmoe_tui.errors import BadValueError
@@ -427,3 +427,74 @@ def test_oracle_drafts_the_reply_after_it_left_the_reference(checkpoints):
     assert both.tokens == plain and both.stats.spec.oracle["diverged_at"] == 3
     assert both.stats.spec.acceptance > 0.8 and both.stats.spec.drafted > N // 2
     sm.close()
+
+
+def _simulate(tokens, c1=0.0017, chunk_x=2.0, cold=0.0017, waste=0.0017, accept=True,
+              first_chunk_s=0.0):  # fmt: skip
+    """The spec loop's pricing on synthetic pass costs (the governor is a pure function of
+    its measurements): every round has 4 drafts on offer, all right (`accept`) or all
+    wrong; a d = 0 step costs c1 pipelined, c1 + cold after a verify round; a chunk of 5
+    costs chunk_x * c1 (linear from c1 at 1), a given-back step `waste`; each chunk size's
+    first pass costs `first_chunk_s` more (a shape compiling on MLX-CUDA). Returns the
+    speedup over plain decode at c1 a token, the depths used and the probes."""
+    costs = CostModel(num_experts=32, k=4, expert_bytes=1 << 16, all_held=True)
+    acc = Acceptance()
+    gov = Governor(costs, acc)
+    pending, spent, made, depths, probes, compiled = False, 0.0, 0, {}, 0, set()
+    while made < tokens:
+        choice = gov.choose(4, pending) if made else Choice(0, 1.0, None)
+        d = choice.depth
+        probes += choice.probe
+        depths[d] = depths.get(d, 0) + 1
+        if d == 0:
+            if pending or not made:
+                costs.measure(1, c1, 0.0, 16, 0, 0)
+                spent += c1
+            else:
+                costs.measure_cold(c1 + cold)
+                spent += c1 + cold
+            acc.observe(int(accept), 1)  # the shadow trial
+            made, pending = made + 1, True
+        else:
+            if pending:
+                costs.measure_waste(waste)
+                spent += waste
+            c = c1 * (1 + (chunk_x - 1) * d / 4) + (first_chunk_s if d not in compiled else 0)
+            compiled.add(d)
+            costs.measure(d + 1, c, 0.0, 16, 0, 0)
+            spent += c
+            acc.observe(d if accept else 0, d if accept else 1)
+            made, pending = made + (d + 1 if accept else 1), False
+    return made * c1 / spent, depths, probes
+
+
+@pytest.mark.parametrize("chunk_x", [1.2, 1.5, 2.0])
+def test_governor_drafts_at_h100_pass_costs(chunk_x):
+    """The H100's demo figures: 1.7 ms a token, a chunk of 5 at 1.2-2x a token, the cold
+    step after a verify round and a given-back step about a token each. At 100 %
+    acceptance the governor must find depth 4 and pay >= 1.8x (issue 43 item 3), and
+    give a built step back for it."""
+    speedup, depths, probes = _simulate(200, chunk_x=chunk_x)
+    assert speedup >= 1.8 and depths.get(4, 0) >= 35 and depths.get(0, 0) <= 3, depths
+    costs = CostModel(num_experts=32, k=4, expert_bytes=1 << 16, all_held=True)
+    for _ in range(15):
+        costs.measure(1, 0.0017, 0.0, 16, 0, 0)
+        costs.measure(5, 0.0017 * chunk_x, 0.0, 16, 0, 0)
+        costs.measure_cold(0.0034)
+        costs.measure_waste(0.0017)
+    assert Governor(costs, Acceptance(hits=19, trials=20)).choose(4, pending=True).depth == 4
+
+
+def test_governor_probes_a_stale_price_and_not_where_drafts_fail():
+    """A chunk shape compiling (100 ms on its first pass) priced drafting out for good:
+    the H100's {0: 194, 4: 1} at 0.78x. The governor re-measures after PROBE_EVERY
+    refused rounds and drafts again; where drafts never match it never probes, and
+    where a chunk is truly dear its probes back off (a round in hundreds)."""
+    speedup, depths, probes = _simulate(200, first_chunk_s=0.1)
+    assert probes >= 1 and depths.get(4, 0) >= 25 and speedup > 1.0, (speedup, depths)
+    speedup, depths, probes = _simulate(1000, first_chunk_s=0.1)
+    assert speedup >= 1.8, (speedup, depths)
+    speedup, depths, probes = _simulate(300, accept=False)
+    assert probes == 0 and depths.get(0, 0) >= 290 and speedup > 0.97, depths
+    speedup, depths, probes = _simulate(1000, chunk_x=8.0, cold=0.0)
+    assert probes <= 5 and speedup >= 0.97, (speedup, depths, probes)

@@ -161,7 +161,9 @@ def spec_loop(
                     trims and routing is None and len(offer) <= len(drafts) + 1
                     and room > len(drafts) + 1 and runner._can_pipeline()
                 )  # fmt: skip
-                d = governor.choose(len(drafts), pending is not None).depth
+                choice = governor.choose(len(drafts), pending is not None)
+                d = choice.depth
+                figures.probes += choice.probe
         wasted = 0.0
         if d and pending is not None:  # drafts pay: give the pipelined step back
             tw = clock()
