@@ -314,10 +314,16 @@ def test_auto_drafts_nothing_on_mlx_cuda(checkpoints, monkeypatch):
     sm.close()
 
 
-def test_bench_rounds_alternate_and_none_never_drafts(checkpoints):
+def test_bench_rounds_alternate_and_none_never_drafts(checkpoints, tmp_path):
     """`ssdmoe bench --speculate none,oracle`: plain runs first in even rounds and last in
     odd ones (ABBA), every row pairs with its round's plain run, `none` never drafts, and
-    greedy tokens stay the plain run's."""
+    greedy tokens stay the plain run's; scripts/spec_summary.py reads the JSON (what the
+    GPU script prints: a line a row, the oracle's alignment, the target met or not)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from ssdmoe_tui.bench.speculate import run_speculate
 
     sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
@@ -331,7 +337,16 @@ def test_bench_rounds_alternate_and_none_never_drafts(checkpoints):
     assert res["rounds"] == 2 and res["plain_same_tokens"]
     none, oracle = res["rows"]
     assert none["depths"] == {"0": 2 * 11} and none["same_tokens"] and none["ratio"] > 0
-    assert oracle["same_tokens"]
+    assert oracle["same_tokens"] and oracle["oracle_diverged_at"] == [None, None]
+    assert "oracle" not in none and none["probes"] == 0
+    (tmp_path / "spec-demo-oracle.json").write_text(json.dumps(res))
+    script = Path(__file__).parents[2] / "scripts" / "spec_summary.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "spec-demo-oracle.json")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "oracle: left plain at [None, None], references 1" in out
+    assert "target oracle:1 auto >= 1.8: " in out and "none       depth auto" in out
 
 
 def test_a_chained_step_stands_when_every_draft_is_kept(checkpoints):
