@@ -5,8 +5,11 @@ Each round runs the prompt once without speculation (greedy) and each (drafter, 
 configuration once, plain first in even rounds and last in odd ones (ABBA); a configuration's ratio is its decode tok/s over that round's
 plain run, the row gives medians over the rounds. The oracle (`oracle[:P]`) drafts from
 the first plain run's tokens, each draft token wrong with probability 1 - P
-(engine/spec/drafts.py). Every row says whether its tokens equal the plain run's
-(greedy output must not change). With `--routing-trace` every run starts at the trace's
+(engine/spec/drafts.py), aligned by context: where a reply leaves that run's tokens (on
+MLX-CUDA a verify chunk flips near-ties) it drafts from any earlier run's reply it still
+equals, else from the longest suffix match, else nothing; a row's `oracle_diverged_at`
+says where each run left the first plain run. Every row says whether its tokens equal
+the plain run's (greedy output must not change on CPU). With `--routing-trace` every run starts at the trace's
 first step, so every run routes alike and the oracle's tokens stay the right ones.
 """
 
@@ -41,7 +44,7 @@ def _restart_routing(sm) -> None:  # noqa: ANN001
 
 
 def one_run(runner, prompt: list[int], n: int, spec: Speculation | None,
-            reference: list[int]) -> Run:  # noqa: ANN001  # fmt: skip
+            reference: list[int], also: list[list[int]] | None = None) -> Run:  # noqa: ANN001  # fmt: skip
     """One greedy run of `n` tokens; figures over the decode (after the first token)."""
     from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
 
@@ -50,7 +53,10 @@ def one_run(runner, prompt: list[int], n: int, spec: Speculation | None,
     first: tuple[Snapshot, float] | None = None
     last: tuple[Snapshot, float] | None = None
     result = None
-    for ev in runner.stream(prompt, max_tokens=n, speculate=spec, draft_reference=reference):
+    stream = runner.stream(
+        prompt, max_tokens=n, speculate=spec, draft_reference=reference, draft_also=also or ()
+    )
+    for ev in stream:
         if isinstance(ev, TokenEvent):
             if ev.stats.generated_tokens == 1:
                 first = (Snapshot.take(sm), time.process_time())
@@ -101,6 +107,13 @@ def run_speculate(
     configs = [Speculation(s.mode, d, s.p) for s in specs for d in depths]
     plain: list[Run] = []
     runs: dict[int, list[Run]] = {i: [] for i in range(len(configs))}
+    also: list[list[int]] = []  # every other reply seen: the oracle drafts from them too
+
+    def seen(run: Run) -> Run:
+        if run.tokens != reference and run.tokens not in also:
+            also.append(run.tokens)
+        return run
+
     for r in range(rounds):
         # ABBA: plain first in even rounds, last in odd ones, so no configuration always
         # runs in the same place of a round (measured: the plain-first order alone gave a
@@ -108,11 +121,11 @@ def run_speculate(
         order = [-1, *range(len(configs))]
         for i in order if r % 2 == 0 else order[::-1]:
             if i < 0:
-                plain.append(one_run(runner, prompt, decode_tokens, None, reference))
+                plain.append(seen(one_run(runner, prompt, decode_tokens, None, reference)))
                 log(f"round {r + 1}/{rounds}: plain {plain[-1].decode_tok_s:.1f} tok/s")
                 continue
             c = configs[i]
-            runs[i].append(one_run(runner, prompt, decode_tokens, c, reference))
+            runs[i].append(seen(one_run(runner, prompt, decode_tokens, c, reference, also)))
             log(f"  {c}: {runs[i][-1].decode_tok_s:.1f} tok/s")
             if on_round is not None:  # after every run: a timeout keeps what ran
                 on_round(_result(runner, prompt, decode_tokens, rounds, configs, plain, runs,
@@ -149,6 +162,8 @@ def _result(runner, prompt, decode_tokens, rounds, configs, plain, runs, referen
             "ms_per_token": last.get("ms_per_token"),
             "depths": depth_counts,
             "same_tokens": all(m.tokens == reference for m in mine),
+            "probes": sum((m.spec or {}).get("probes", 0) for m in mine),
+            **_oracle_figures(mine),
         })  # fmt: skip
     _mark_governor(rows)
     return {
@@ -160,6 +175,20 @@ def _result(runner, prompt, decode_tokens, rounds, configs, plain, runs, referen
         "conditions": runner.conditions(),
         "plain_same_tokens": all(p.tokens == reference for p in plain),
         "rows": rows,
+    }
+
+
+def _oracle_figures(mine: list[Run]) -> dict:
+    """An oracle row's alignment over its runs: where each left the first plain run's
+    tokens (None: never), and its proposals re-anchored by a suffix match or left empty."""
+    figs = [m.spec["oracle"] for m in mine if m.spec and "oracle" in m.spec]
+    if not figs:
+        return {}
+    return {
+        "oracle_diverged_at": [f["diverged_at"] for f in figs],
+        "oracle_references": figs[-1]["references"],
+        "oracle_reanchored": sum(f["reanchored"] for f in figs),
+        "oracle_unanchored": sum(f["unanchored"] for f in figs),
     }
 
 

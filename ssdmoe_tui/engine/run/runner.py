@@ -413,11 +413,13 @@ class Runner:
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
         speculate: Speculation | None = None,
         draft_reference: Sequence[int] = (),
+        draft_also: Sequence[Sequence[int]] = (),
     ) -> Iterator[RunnerEvent]:
         """Generate from `prompt`; `cache` (if given) already holds `prompt[:reused_tokens]`.
         `logits_processors`: mlx-lm's (tokens so far, logits) -> logits (penalties).
         `speculate`: draft and verify several tokens per pass (engine/spec; greedy output
-        unchanged); `draft_reference`: the oracle's tokens (a previous greedy run).
+        unchanged); `draft_reference`: the oracle's tokens (a previous greedy run),
+        `draft_also`: other runs' tokens it may draft from once the reply leaves it.
         `should_stop` (None: nothing stops this turn) is asked between tokens and, during
         prefill, at every MoE layer (`begin`).
 
@@ -444,7 +446,7 @@ class Runner:
 
             finish, fed_generated = yield from spec_loop(
                 self, begun, sampler, tokens, detok, max_tokens, should_stop or _never,
-                speculate, draft_reference,
+                speculate, draft_reference, draft_also,
             )  # fmt: skip
         else:
             finish, fed_generated = yield from self._decode_loop(

@@ -34,12 +34,29 @@ when it beats d = 0 by MARGIN, so estimation noise does not turn into a loss (at
 no depth can). Acceptance is measured on every round, d = 0 included: the drafter's
 first proposal is checked against the token the step produced (a shadow trial that
 costs nothing), so a governor that stopped drafting sees when drafts would pay again.
+
+Probing: a price is only re-measured when the governor drafts at that size, so one
+expensive sample (a chunk shape compiling on MLX-CUDA, a burst of load) priced drafting
+out for good: on the H100 (2026-12-05) `auto` drafted once in 195 rounds at 100 %
+acceptance, 0.78x; a simulation with a 100 ms first chunk gives the same {0: 195, 4: 1}.
+After PROBE_EVERY rounds in a row that had drafts on offer and drafted none, where the
+prior prices (C(n) = C(1) (1 + PRIOR_SLOPE (n - 1)), with the measured C(1), L, W and
+acceptance) say a depth would pay, the governor forgets its n > 1 figures and drafts
+that depth once (a probe: `probes` in the figures); a probe that still finds no gain
+doubles the wait (at most PROBE_MAX rounds), so where refusing is right it costs a
+round in hundreds. At acceptance 0 the prior never pays: no probe.
+
+Cost when nothing is drafted: the prices of every depth are kept in a table, rebuilt when
+a figure other than the one-token pass moved (a verify round, a cold or given-back step,
+a disk read) or every REPRICE rounds (the pace); a round then costs a few float
+operations, and none where even the best depth at this acceptance could not pay.
 docs/engine.md, "The governor".
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -51,11 +68,17 @@ EMA = 0.3  # weight of a new disk-rate measurement
 WINDOW = 15  # passes of one size whose median prices the next
 PACE = 0.2  # weight of a new one-token pass in the pace (CostModel.pace)
 PRIOR_SLOPE = 0.15  # C(n) / C(1) - 1 per extra token before any n > 1 was measured
+PROBE_EVERY = 32  # refused rounds with drafts on offer before a probe (then doubling)
+PROBE_MAX = 512  # the longest wait between probes
+REPRICE = 8  # rounds a price table serves while no figure but the one-token pass moved
 
 
 def geometric_tokens(a: float, d: int) -> float:
-    """A(d): expected tokens from a round of depth d at per-token acceptance a."""
-    return float(sum(a**i for i in range(d + 1)))
+    """A(d): expected tokens from a round of depth d at per-token acceptance a (the sum in
+    closed form: it is asked every round that has drafts on offer)."""
+    if a == 1.0:
+        return float(d + 1)
+    return (1.0 - a ** (d + 1)) / (1.0 - a)
 
 
 @dataclass
@@ -139,6 +162,9 @@ class CostModel:
     # measured alone cost what a warm one did (the governor then declined the repeat
     # check's drafts: 0.97-1.12x where fixed depth 4 gave 1.15-1.21x).
     pace: float | None = None
+    # bumped whenever a figure other than the one-token pass (and the pace) moves: the
+    # governor's price table is rebuilt then
+    version: int = 0
 
     def measure(self, n: int, compute_s: float, read_s: float, lookups: int, misses: int,
                 bytes_read: int) -> None:  # fmt: skip
@@ -150,7 +176,10 @@ class CostModel:
         self.passes.setdefault(n, PassFigures()).update(
             compute / unit, float(lookups), float(misses)
         )
+        if n > 1 or misses:
+            self.version += 1
         if bytes_read > 0 and read_s > 0:
+            self.version += 1
             rate = bytes_read / read_s
             self.disk_bytes_s = (
                 rate if self.disk_bytes_s is None
@@ -160,10 +189,27 @@ class CostModel:
     def measure_cold(self, compute_s: float) -> None:
         """A d = 0 round that found no step built for it, where d = 0 rounds pipeline."""
         self.cold.update(max(compute_s, 0.0) / (self.pace or 1.0), 0.0, 0.0)
+        self.version += 1
 
     def measure_waste(self, seconds: float) -> None:
         """The wait for a pipelined step that was given back for a verify round."""
         self.waste.update(max(seconds, 0.0) / (self.pace or 1.0), 0.0, 0.0)
+        self.version += 1
+
+    def forget_chunks(self) -> None:
+        """Drop every figure of passes of n > 1 tokens (a probe re-measures them: they may
+        date from a chunk shape's compilation or a burst of load)."""
+        for n in [m for m in self.passes if m > 1]:
+            del self.passes[n]
+        self.version += 1
+
+    def prior_pass_s(self, n: int) -> float | None:
+        """T(n) as if no pass of n > 1 tokens had been measured: C(1) scaled by the
+        prior, plus the reads M(n) (a probe's what-if)."""
+        one = self.passes.get(1)
+        if one is None or not one.count:
+            return None
+        return self._c(one) * (1 + PRIOR_SLOPE * (n - 1)) + self.read_s(n)
 
     def _c(self, figures: PassFigures) -> float:
         """A figure's compute seconds at today's pace (samples are kept in its units)."""
@@ -261,6 +307,7 @@ class Choice:
     depth: int
     expected_tokens: float
     expected_s: float | None  # None: nothing measured yet
+    probe: bool = False  # drafted to re-measure, against the measured prices (see above)
 
 
 class Governor:
@@ -278,36 +325,102 @@ class Governor:
         # a verify round builds the next step on its last sample (verify.py, "Chaining"):
         # the next d = 0 round is cold only when a draft is rejected
         self.chains = chains
+        self.idle = 0  # rounds in a row with drafts on offer that drafted none
+        self.probe_after = PROBE_EVERY
+        self._table: _Table | None = None
 
     def choose(self, offered: int, pending: bool = False) -> Choice:
         """The depth of this round; `pending`: a pipelined d = 0 step is already built
         (a verify round gives it back, its compute lost: W)."""
         if offered <= 0:
-            return Choice(0, 1.0, self.costs.pass_s(1))
+            return Choice(0, 1.0, None)
         if self.fixed is not None:
             d = min(self.fixed, offered)
             return Choice(d, geometric_tokens(self.acceptance.rate, d), self.costs.pass_s(d + 1))
         a = self.acceptance.rate
-        base = self.costs.pass_s(1)
+        table = self._prices(min(offered, AUTO_DEPTH), pending)
+        if table is None:
+            return Choice(0, 1.0, None)  # the first decode pass is measured before drafting
+        best = table.best(a)
+        if best.depth:
+            self.idle, self.probe_after = 0, PROBE_EVERY
+            return best
+        self.idle += 1
+        if self.idle < self.probe_after:
+            return best
+        self.idle = 0
+        prior = self._build(table.depths, pending, self.costs.prior_pass_s)
+        trial = prior.best(a) if prior is not None else best
+        if not trial.depth:
+            return best
+        self.probe_after = min(self.probe_after * 2, PROBE_MAX)
+        self.costs.forget_chunks()
+        return Choice(trial.depth, trial.expected_tokens, trial.expected_s, probe=True)
+
+    def _prices(self, depths: int, pending: bool) -> _Table | None:
+        """The price table for these conditions: kept while only the one-token figures
+        moved, for at most REPRICE rounds."""
+        c = self.costs
+        key = (c.version, c.all_held, depths, pending, self.chains, self.rerun)
+        t = self._table
+        if t is None or t.key != key or t.uses >= REPRICE:
+            t = self._table = self._build(depths, pending, c.pass_s)
+            if t is None:
+                return None
+            t.key = key
+        t.uses += 1
+        return t
+
+    def _build(self, depths: int, pending: bool, pass_s: Callable[[int], float | None]) -> _Table | None:  # fmt: skip
+        """Each depth's cost, split into what does not depend on the acceptance a and the
+        coefficient of (1 - a^d): T(d) = fixed + (1 - a^d) * per_miss."""
+        base = pass_s(1)
         if base is None or base <= 0:
-            return Choice(0, 1.0, base)  # the first decode pass is measured before drafting
-        loss = self.costs.pipeline_loss()
+            return None
+        costs = self.costs
+        loss = costs.pipeline_loss()
         if pending:  # d = 0 is the built step; a verify round gives it back (W) and leaves
-            extra = self.costs.give_back_s()  # the next d = 0 round cold (L, below)
+            extra = costs.give_back_s()  # the next d = 0 round cold (L, below)
         else:  # after a verify round: d = 0 is cold, it costs L itself
             base, extra = base + loss, 0.0
-        best = Choice(0, 1.0, base)
-        best_rate = (1.0 / base) * (1 + MARGIN)
-        for d in range(1, min(offered, AUTO_DEPTH) + 1):
-            t = self.costs.pass_s(d + 1)
+        rows: list[tuple[int, float, float]] = []
+        for d in range(1, depths + 1):
+            t = pass_s(d + 1)
             if t is None:
                 continue
+            per_miss = 0.0
             if self.chains:  # the round after is cold only when a draft is rejected
-                t += extra + (1 - a**d) * loss
+                t, per_miss = t + extra, loss
             elif pending:  # it is always cold (once cold, it stays so: no L again)
                 t += extra + loss
             if self.rerun:
-                t += (1 - a**d) * (self.costs.compute(d) or 0.0)
+                per_miss += costs.compute(d) or 0.0
+            rows.append((d, t, per_miss))
+        return _Table(depths, base, rows)
+
+
+class _Table:
+    """A governor's prices for one set of conditions: d = 0 costs `base`; depth d costs
+    fixed + (1 - a^d) * per_miss. `best(a)` is the choice at acceptance a."""
+
+    def __init__(self, depths: int, base: float, rows: list[tuple[int, float, float]]) -> None:
+        self.depths, self.base, self.rows = depths, base, rows
+        self.key: tuple = ()
+        self.uses = 0
+        self.bar = (1.0 / base) * (1 + MARGIN)  # d > 0 must beat this rate
+        self.zero = Choice(0, 1.0, base)
+        # no depth can pay where even the most tokens over the cheapest round fall short
+        self.cheapest = min((t for _, t, _ in rows), default=0.0)
+
+    def best(self, a: float) -> Choice:
+        zero = self.zero
+        if not self.rows or self.cheapest <= 0:
+            return zero
+        if geometric_tokens(a, self.depths) / self.cheapest <= self.bar:
+            return zero
+        best, best_rate = zero, self.bar
+        for d, fixed, per_miss in self.rows:
+            t = fixed + (1 - a**d) * per_miss if per_miss else fixed
             tokens = geometric_tokens(a, d)
             if t > 0 and tokens / t > best_rate:
                 best, best_rate = Choice(d, tokens, t), tokens / t

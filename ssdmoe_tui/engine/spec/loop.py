@@ -40,7 +40,8 @@ class SpecMemory:
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
 
 
-def make_drafter(sm, spec: Speculation, reference: Sequence[int]) -> Drafter:  # noqa: ANN001
+def make_drafter(sm, spec: Speculation, reference: Sequence[int],  # noqa: ANN001
+                 also: Sequence[Sequence[int]] = ()) -> Drafter:  # fmt: skip
     if spec.mode == "mtp":
         from ssdmoe_tui.engine.spec.mtp import check_mtp
 
@@ -51,7 +52,7 @@ def make_drafter(sm, spec: Speculation, reference: Sequence[int]) -> Drafter:  #
         from ssdmoe_tui.checkpoint.arch import text_config
 
         vocab = int(text_config(sm.config).get("vocab_size") or 2)
-        return OracleDrafter(reference, spec.p, vocab)
+        return OracleDrafter(reference, spec.p, vocab, also=also)
     if spec.mode == "none":
         return NoDrafter()
     return NgramDrafter()  # auto: no MTP drafter is built (mtp.py), so prompt lookup
@@ -81,6 +82,7 @@ def spec_loop(
     should_stop: Callable[[], bool],
     spec: Speculation,
     reference: Sequence[int],
+    also: Sequence[Sequence[int]] = (),
 ) -> Generator:
     """Runner._decode_loop with speculative rounds; returns (finish, generated tokens the
     KV cache holds).
@@ -91,7 +93,7 @@ def spec_loop(
     (one token: trimmed, or the recurrent state put back) and the round verifies."""
     sm, stats, start = runner.sm, begun.stats, begun.start
     cache, counters, routing = begun.cache, sm.cache.counters, sm.cache.routing
-    drafter = make_drafter(sm, spec, reference)
+    drafter = make_drafter(sm, spec, reference, also)
     mem = memory(runner)
     costs = mem.costs
     costs.k = runner.k
@@ -159,7 +161,9 @@ def spec_loop(
                     trims and routing is None and len(offer) <= len(drafts) + 1
                     and room > len(drafts) + 1 and runner._can_pipeline()
                 )  # fmt: skip
-                d = governor.choose(len(drafts), pending is not None).depth
+                choice = governor.choose(len(drafts), pending is not None)
+                d = choice.depth
+                figures.probes += choice.probe
         wasted = 0.0
         if d and pending is not None:  # drafts pay: give the pipelined step back
             tw = clock()
@@ -245,6 +249,8 @@ def spec_loop(
         figures.tokens += len(emit)
         runner.window_figures(stats, dstart, start)
     stats.decode_s = time.perf_counter() - dstart.t
+    if isinstance(drafter, OracleDrafter):
+        figures.oracle = drafter.figures()
     runner.window_figures(stats, dstart, start, live=False)
     runner._masses.clear()
     # a step scheduled on the last token: the cache holds it too

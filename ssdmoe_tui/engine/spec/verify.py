@@ -71,6 +71,8 @@ class SpecStats:
     accepted: int = 0  # of them, kept
     tokens: int = 0  # tokens the decode passes produced
     depths: dict[int, int] = field(default_factory=dict)  # rounds per chosen depth
+    probes: int = 0  # rounds the governor drafted to re-measure a pass size (governor.py)
+    oracle: dict | None = None  # the oracle drafter's alignment (drafts.OracleDrafter)
 
     @property
     def acceptance(self) -> float | None:
@@ -98,6 +100,8 @@ class SpecStats:
             "bytes_per_token": round(decode_bytes / n),
             "ms_per_token": round(decode_s * 1e3 / n, 3),
             "depths": {str(d): c for d, c in sorted(self.depths.items())},
+            "probes": self.probes,
+            **({"oracle": self.oracle} if self.oracle is not None else {}),
         }
 
 
