@@ -184,12 +184,8 @@ class ToolsScreen(ModalScreen[ToolChoice | None]):
         self.dismiss(self.choice)
 
     def action_start(self) -> None:
-        if self.servers is not None and self.servers.pending() + self._failed():
+        if self.servers is not None and self.servers.restartable():
             self._start()
-
-    def _failed(self) -> list[str]:
-        assert self.servers is not None
-        return [n for n, s in self.servers.servers.items() if s.state == "failed"]
 
     @work(thread=True, exclusive=True, exit_on_error=False)
     def _start(self) -> None:
