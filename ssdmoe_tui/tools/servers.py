@@ -22,6 +22,8 @@ import asyncio
 import atexit
 import concurrent.futures
 import json
+import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -32,7 +34,7 @@ from typing import Any
 from ssdmoe_tui.errors import printable
 from ssdmoe_tui.mcp_config import McpServer
 from ssdmoe_tui.tools.stderr_log import StderrLog
-from ssdmoe_tui.tools.stdio_watch import Watch, stdio_transport
+from ssdmoe_tui.tools.stdio_watch import Watch, pydantic_line, stdio_transport, watched
 
 CLOSE_TIMEOUT = 8.0  # the SDK gives a stdio server 2 s after stdin closes, then kills it
 RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
@@ -91,6 +93,7 @@ class ServerState:
     tools: list[ToolSpec] = field(default_factory=list)
     hidden: int = 0  # tools the server lists that the allow-list leaves out
     cut: int = 0  # allowed tools past TOOLS_MAX or SCHEMA_BYTES_MAX: not offered
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # listed, unusable: (name, why)
     _client: Any = None
     _watch: Watch | None = None
     _stop: asyncio.Event | None = None
@@ -102,11 +105,24 @@ def _one_line(e: BaseException) -> str:
     while getattr(e, "exceptions", None):  # an ExceptionGroup (3.11+; anyio's backport)
         e = e.exceptions[0]  # type: ignore[attr-defined]
     text = " ".join(str(e).split()) or type(e).__name__
-    if isinstance(e, FileNotFoundError) and e.filename:
+    if type(e).__name__ == "ValidationError" and hasattr(e, "title"):  # pydantic's, via the SDK
+        text = f"it sent an {pydantic_line(e)}"  # not the SDK's page of validation text
+    elif isinstance(e, FileNotFoundError) and e.filename:
         text = f"command not found: {e.filename}"
     elif isinstance(e, (TimeoutError, asyncio.TimeoutError)):
         text = "timed out"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def quiet_sdk_logs() -> None:
+    """The SDK logs what it drops (a line on a server's stdout that is not JSON-RPC: a
+    whole traceback) through `logging`, which nothing here configures, so Python printed
+    it on stderr: on the terminal of `ssdmoe generate`. What matters reaches the user as
+    a server's state and one line (`Watch`); the SDK's own log is not shown."""
+    log = logging.getLogger("mcp")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
 
 
 def within_bounds(tools: list[ToolSpec]) -> tuple[list[ToolSpec], int]:
@@ -130,6 +146,19 @@ def cut_line(name: str, offered: int, cut: int) -> str:
         f"model, {cut:,} left out (at most {TOOLS_MAX} tools and {SCHEMA_BYTES_MAX >> 10} "
         "KiB of schemas a server: choose them with enabled_tools in config.toml)"
     )
+
+
+def left_out_line(name: str, left_out: list[tuple[str, str]]) -> str:
+    """One line naming the tools server `name` listed that cannot be used, and why (each
+    reason once, the names it applies to before it)."""
+    by_why: dict[str, list[str]] = {}
+    for tool, why in left_out:
+        by_why.setdefault(why, []).append(tool)
+    parts = []
+    for why, tools in by_why.items():
+        more = f" and {len(tools) - 3} more" if len(tools) > 3 else ""
+        parts.append(f"{', '.join(tools[:3])}{more}: {why}")
+    return f"MCP server {name}: {len(left_out)} of its tools left out: {'; '.join(parts)}"
 
 
 def result_text(result: Any) -> str:
@@ -209,6 +238,7 @@ class ToolServers:
             if self._closed:
                 raise RuntimeError("the tool servers are closed")
             if self._loop is None:
+                quiet_sdk_logs()
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="ssdmoe-mcp", daemon=True)
                 thread.start()
@@ -250,8 +280,11 @@ class ToolServers:
                     s.state, s.error = "failed", _one_line(e)
             if s.state == "failed":
                 failed.append(f"MCP server {s.config.name}: {s.error}")
-            elif s.cut:  # running, but offering only part of its tools: said too
-                failed.append(cut_line(s.config.name, len(s.tools), s.cut))
+            else:  # running, but offering only part of its tools: said too
+                if s.left_out:
+                    failed.append(left_out_line(s.config.name, s.left_out))
+                if s.cut:
+                    failed.append(cut_line(s.config.name, len(s.tools), s.cut))
             self._changed()
         return failed
 
@@ -260,11 +293,17 @@ class ToolServers:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future = loop.create_future()
         s._stop = asyncio.Event()
+        s._watch = Watch()
         s._task = asyncio.ensure_future(self._hold(s, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), s.config.startup_timeout)
         except (TimeoutError, asyncio.TimeoutError):
             s.state, s.error = "failed", f"did not start in {s.config.startup_timeout:g} s"
+            if said := s._watch.bad_output:  # it did answer: not in MCP
+                s.error += (
+                    f": it wrote {said} on its stdout, which is not MCP (a server speaks "
+                    "JSON-RPC there; its own messages go to stderr)"
+                )
             s._stop.set()
             s._task.cancel()
 
@@ -273,13 +312,18 @@ class ToolServers:
         from mcp import Client, StdioServerParameters
 
         c = s.config
+        if not c.url and c.cwd and not os.path.isdir(c.cwd):  # not "command not found"
+            s.state, s.error = "failed", f"cwd {printable(c.cwd)}: no such folder"
+            ready.set_result(None)
+            self._changed()
+            return
         errlog = None
         log_start = self._log_size(c)
-        watch = s._watch = Watch()
+        watch = s._watch = s._watch or Watch()
         try:
             if c.url:
                 headers = c.headers()  # ValueError names a variable that is not set
-                target: Any = _with_headers(c.url, headers) if headers else c.url
+                target: Any = watched(_http_transport(c.url, headers), watch)
             else:
                 env = c.environment()
                 target = StdioServerParameters(
@@ -295,6 +339,7 @@ class ToolServers:
                     ToolSpec(c.name, t.name, t.description or "", dict(t.input_schema or {}))
                     for t in listed.tools
                 ]
+                s.left_out = list(watch.left_out)  # unusable, not in `listed`
                 allowed = [t for t in tools if c.allows(t.name)]
                 s.hidden = len(tools) - len(allowed)
                 s.tools, s.cut = within_bounds(allowed)
@@ -499,15 +544,18 @@ class ToolServers:
                 pass
 
 
-def _with_headers(url: str, headers: dict[str, str]) -> Any:
+def _http_transport(url: str, headers: dict[str, str]) -> Any:
     """A streamable HTTP transport that sends `headers` (a bearer token, the config's
     http_headers) with every request: the SDK's client over an HTTP client made with
     them, as its docs say to configure headers (the SDK's own timeouts: 30 s, a stream's
-    read 300 s)."""
+    read 300 s); without headers, the SDK's own."""
     from contextlib import asynccontextmanager
 
     import httpx2  # the mcp SDK's HTTP client
     from mcp.client.streamable_http import streamable_http_client
+
+    if not headers:
+        return streamable_http_client(url)
 
     @asynccontextmanager
     async def transport():  # noqa: ANN202 - the SDK's Transport shape

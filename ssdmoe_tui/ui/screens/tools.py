@@ -79,6 +79,8 @@ def servers_table(servers: ToolServers) -> Table:
         tools = tool_lines(s.tools) if s.state == "running" else ""
         if s.hidden:
             tools += f"\n(+{s.hidden} not allowed)"
+        if s.left_out:  # listed, but unusable (tools/servers.py left_out_line says why)
+            tools += f"\n(+{len(s.left_out)} unusable: {', '.join(n for n, _ in s.left_out[:3])})"
         where = f"{s.config.transport}: {s.config.describe()}"
         # Text, not str: names, errors and command lines come from outside (a server, the
         # config) and a str cell is parsed as markup ('[/x]' raised MarkupError); their
