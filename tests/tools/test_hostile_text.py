@@ -224,7 +224,7 @@ def _three_calls(denied: str, approved: str) -> object:
         parts = (
             [_sse({"tool_calls": [
                 {"index": i, "id": f"call_{i}", "function": {"name": n, "arguments": json.dumps(a)}}
-                for i, (n, a) in enumerate(zip(names, args))
+                for i, (n, a) in enumerate(zip(names, args, strict=True))
             ]}), _sse({}, "tool_calls")]
             if first else [_sse({"content": "All done."}), _sse({}, "stop")]
         )  # fmt: skip
@@ -289,3 +289,54 @@ async def test_three_calls_in_one_reply_each_asked_the_denied_one_never_run(tmp_
             await pilot.press("ctrl+q")
     finally:
         hostile.close()
+
+
+# ------------------------------------------------- `ssdmoe generate` on a terminal
+
+EVIL_SCRIPT = "Look\x1b]0;pwned\x07 see\x1b[2J then\x9bK ok"
+
+
+def test_generate_escapes_a_models_control_bytes_on_a_terminal_not_in_a_pipe(tmp_path):
+    """A model's text holding a title change, a clear screen and a C1 CSI: escaped on a
+    terminal (a pty), exact into a pipe."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.scripted_model import write_tool_model
+
+    model = write_tool_model(tmp_path / "evil", call=EVIL_SCRIPT, answer="Sure")
+    cmd = [sys.executable, "-m", "ssdmoe_tui.cli", "generate", "--model", str(model),
+           "--prompt", "hi", "--max-tokens", "40"]  # fmt: skip
+    master, slave = os.openpty()
+    proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.DEVNULL)
+    os.close(slave)
+    out = b""
+    while chunk := _read(master):
+        out += chunk
+    os.close(master)
+    assert proc.wait(120) == 0
+    text = out.decode()
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "Look\\x1b]0;pwned\\x07 see\\x1b[2J then\\x9bK ok" in text
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    assert EVIL_SCRIPT in piped.stdout  # into a pipe or a file: the exact text
+
+
+def _read(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # the pty's other end closed (EIO)
+        return b""
+
+
+def test_the_servers_log_lines_are_escaped(capsys):
+    """`ssdmoe serve`'s one log writer: a line quoting what a client sent (a path, an
+    error's words) reaches the server's terminal escaped."""
+    from ssdmoe_tui.server.serving_engine import _log
+
+    _log("internal error on POST /v1/\x1b]0;pwned\x07x: \x9b2J")
+    err = capsys.readouterr().err
+    assert err == "ssdmoe serve: internal error on POST /v1/\\x1b]0;pwned\\x07x: \\x9b2J\n"
