@@ -88,10 +88,11 @@ class Watch:
         return getattr(self.process, "returncode", None)
 
     def exit_words(self) -> str:
-        """'exited with status 3', 'killed by signal 9 (SIGKILL)', or why not known."""
+        """'exited with status 3', 'killed by signal 9 (SIGKILL)', or, with no process
+        known (streamable HTTP, or an SDK whose spawn function moved), what is known."""
         code = self.returncode
         if code is None:
-            return "exited (exit status unknown)" if self.process is None else "stopped answering"
+            return "its connection closed" if self.process is None else "stopped answering"
         if code < 0:
             try:
                 name = f" ({signal.Signals(-code).name})"
