@@ -192,7 +192,10 @@ def check_server(name: str, raw: object) -> tuple[McpServer, list[str]]:
     for header, var in env_headers.items():
         _env_name(var, f"{name}.env_http_headers.{header}")
     bearer = raw.get("bearer_token_env_var", "")
-    timeout = raw.get("timeout", raw.get("tool_timeout_sec", DEFAULT_TOOL_TIMEOUT))
+    timeout_key = (
+        "timeout" if "timeout" in raw or "tool_timeout_sec" not in raw else "tool_timeout_sec"
+    )
+    timeout = raw.get(timeout_key, DEFAULT_TOOL_TIMEOUT)  # named as written (Codex's key too)
     if "startup_timeout_ms" in raw and "startup_timeout_sec" not in raw:
         startup = _seconds(raw["startup_timeout_ms"], f"{name}.startup_timeout_ms", 0.001)
     else:
@@ -212,7 +215,7 @@ def check_server(name: str, raw: object) -> tuple[McpServer, list[str]]:
         http_headers=headers,
         env_http_headers=env_headers,
         enabled=_flag(raw.get("enabled", True), f"{name}.enabled"),
-        timeout=_seconds(timeout, f"{name}.timeout"),
+        timeout=_seconds(timeout, f"{name}.{timeout_key}"),
         startup_timeout=startup,
         enabled_tools=None
         if enabled_tools is None

@@ -19,6 +19,9 @@ HEAVY = (
     "server/",
     "tools/test_ui_tools.py",
     "tools/test_attach_tools.py",
+    "tools/test_hostile_text.py",  # the app, a pty'd `ssdmoe generate`
+    "tools/test_hostile_servers.py",  # MCP servers that stall for their startup timeout
+    "tools/test_server_deaths.py",  # MCP servers killed, the app
     "cli/test_bench.py",  # benchmarks on built checkpoints
     "cli/test_requant_fit.py",
     "engine/test_distributed.py",

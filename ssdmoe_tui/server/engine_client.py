@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from ssdmoe_tui.engine.run import protocol as P
 from ssdmoe_tui.server.errors import ApiError
+from ssdmoe_tui.terminal_text import visible
 
 
 class ServiceLike(P.EngineClient, Protocol):
@@ -116,7 +117,9 @@ class AsyncEngine:
         self.phase: P.PhaseChanged = P.PhaseChanged("idle")
         self.last_sample: P.StatsSample | None = None
         self.notices: collections.deque[str] = collections.deque(maxlen=20)
-        self.on_notice: Callable[[str], None] = lambda msg: print(f"ssdmoe: {msg}", file=sys.stderr)
+        self.on_notice: Callable[[str], None] = lambda msg: print(
+            f"ssdmoe: {visible(msg)}", file=sys.stderr
+        )  # a notice may quote a file's name: escaped
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: asyncio.Future | None = None
         self._jobs: dict[str, Job] = {}

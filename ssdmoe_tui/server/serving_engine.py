@@ -36,6 +36,7 @@ from ssdmoe_tui.server.prompt_cache import SESSION_KEY, ServerKV
 from ssdmoe_tui.server.prompts import Prompt, PromptBuilder
 from ssdmoe_tui.server.schema import ChatRequest, Sampling, unknown_fields
 from ssdmoe_tui.server.schema_messages import MessagesRequest
+from ssdmoe_tui.terminal_text import visible
 
 STATS_HEADER = "x-ssdmoe-stats"
 K_HEADER = "x-ssdmoe-k"
@@ -93,7 +94,9 @@ def warning_header(warnings: Any) -> dict[str, str]:
 
 
 def _log(line: str) -> None:
-    print(f"ssdmoe serve: {line}", file=sys.stderr, flush=True)
+    """The server's one log writer: a line may quote what a client sent (a path, an
+    error's words), shown with its control characters escaped, never raw."""
+    print(f"ssdmoe serve: {visible(line)}", file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -22,6 +22,8 @@ import asyncio
 import atexit
 import concurrent.futures
 import json
+import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -32,6 +34,7 @@ from typing import Any
 from ssdmoe_tui.errors import printable
 from ssdmoe_tui.mcp_config import McpServer
 from ssdmoe_tui.tools.stderr_log import StderrLog
+from ssdmoe_tui.tools.stdio_watch import Watch, pydantic_line, stdio_transport, watched
 
 CLOSE_TIMEOUT = 8.0  # the SDK gives a stdio server 2 s after stdin closes, then kills it
 RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
@@ -40,6 +43,7 @@ RESULT_CHARS_MAX = 64_000  # what one tool result may put in the context
 TOOLS_MAX = 128
 SCHEMA_BYTES_MAX = 128 << 10  # the tools' JSON as the template gets it (~32k tokens)
 STOPPED_TEXT = "Error: the call was stopped by the user"
+GONE_WAIT = 4.0  # a call whose server died waits this long for how it ended
 _OPEN: weakref.WeakSet[ToolServers] = weakref.WeakSet()
 
 
@@ -85,11 +89,13 @@ class ToolResult:
 class ServerState:
     config: McpServer
     state: str = "stopped"  # stopped, starting, running, failed, disabled
-    error: str = ""
+    error: str = ""  # why it failed, or how it stopped on its own ("exited with status 3 ...")
     tools: list[ToolSpec] = field(default_factory=list)
     hidden: int = 0  # tools the server lists that the allow-list leaves out
     cut: int = 0  # allowed tools past TOOLS_MAX or SCHEMA_BYTES_MAX: not offered
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # listed, unusable: (name, why)
     _client: Any = None
+    _watch: Watch | None = None
     _stop: asyncio.Event | None = None
     _task: asyncio.Future | None = None
 
@@ -99,11 +105,24 @@ def _one_line(e: BaseException) -> str:
     while getattr(e, "exceptions", None):  # an ExceptionGroup (3.11+; anyio's backport)
         e = e.exceptions[0]  # type: ignore[attr-defined]
     text = " ".join(str(e).split()) or type(e).__name__
-    if isinstance(e, FileNotFoundError) and e.filename:
+    if type(e).__name__ == "ValidationError" and hasattr(e, "title"):  # pydantic's, via the SDK
+        text = f"it sent an {pydantic_line(e)}"  # not the SDK's page of validation text
+    elif isinstance(e, FileNotFoundError) and e.filename:
         text = f"command not found: {e.filename}"
     elif isinstance(e, (TimeoutError, asyncio.TimeoutError)):
         text = "timed out"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def quiet_sdk_logs() -> None:
+    """The SDK logs what it drops (a line on a server's stdout that is not JSON-RPC: a
+    whole traceback) through `logging`, which nothing here configures, so Python printed
+    it on stderr: on the terminal of `ssdmoe generate`. What matters reaches the user as
+    a server's state and one line (`Watch`); the SDK's own log is not shown."""
+    log = logging.getLogger("mcp")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
 
 
 def within_bounds(tools: list[ToolSpec]) -> tuple[list[ToolSpec], int]:
@@ -127,6 +146,19 @@ def cut_line(name: str, offered: int, cut: int) -> str:
         f"model, {cut:,} left out (at most {TOOLS_MAX} tools and {SCHEMA_BYTES_MAX >> 10} "
         "KiB of schemas a server: choose them with enabled_tools in config.toml)"
     )
+
+
+def left_out_line(name: str, left_out: list[tuple[str, str]]) -> str:
+    """One line naming the tools server `name` listed that cannot be used, and why (each
+    reason once, the names it applies to before it)."""
+    by_why: dict[str, list[str]] = {}
+    for tool, why in left_out:
+        by_why.setdefault(why, []).append(tool)
+    parts = []
+    for why, tools in by_why.items():
+        more = f" and {len(tools) - 3} more" if len(tools) > 3 else ""
+        parts.append(f"{', '.join(tools[:3])}{more}: {why}")
+    return f"MCP server {name}: {len(left_out)} of its tools left out: {'; '.join(parts)}"
 
 
 def result_text(result: Any) -> str:
@@ -164,6 +196,9 @@ class ToolServers:
             for name, c in config.items()
         }
         self.on_change = on_change  # called (any thread) when a server's state changes
+        # called (the servers' thread) with one line when a running server stops on its
+        # own: the app shows it as a toast
+        self.on_stopped: Callable[[str], None] | None = None
         self.log_dir = log_dir  # stdio servers' stderr goes to NAME.log here (else dropped)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -188,8 +223,13 @@ class ToolServers:
         return list(seen.values())
 
     def pending(self) -> list[str]:
-        """Enabled servers not started yet (nor failed)."""
-        return [n for n, s in self.servers.items() if s.state == "stopped"]
+        """Enabled servers not started yet (nor failed, nor stopped on their own: those
+        wait for the user to start them again, F10 `s`, so what they said stays shown)."""
+        return [n for n, s in self.servers.items() if s.state == "stopped" and not s.error]
+
+    def restartable(self) -> list[str]:
+        """Servers F10's `s` starts: those pending, failed, or stopped on their own."""
+        return [n for n, s in self.servers.items() if s.state in ("stopped", "failed")]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -198,6 +238,7 @@ class ToolServers:
             if self._closed:
                 raise RuntimeError("the tool servers are closed")
             if self._loop is None:
+                quiet_sdk_logs()
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="ssdmoe-mcp", daemon=True)
                 thread.start()
@@ -239,8 +280,11 @@ class ToolServers:
                     s.state, s.error = "failed", _one_line(e)
             if s.state == "failed":
                 failed.append(f"MCP server {s.config.name}: {s.error}")
-            elif s.cut:  # running, but offering only part of its tools: said too
-                failed.append(cut_line(s.config.name, len(s.tools), s.cut))
+            else:  # running, but offering only part of its tools: said too
+                if s.left_out:
+                    failed.append(left_out_line(s.config.name, s.left_out))
+                if s.cut:
+                    failed.append(cut_line(s.config.name, len(s.tools), s.cut))
             self._changed()
         return failed
 
@@ -249,11 +293,17 @@ class ToolServers:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future = loop.create_future()
         s._stop = asyncio.Event()
+        s._watch = Watch()
         s._task = asyncio.ensure_future(self._hold(s, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), s.config.startup_timeout)
         except (TimeoutError, asyncio.TimeoutError):
             s.state, s.error = "failed", f"did not start in {s.config.startup_timeout:g} s"
+            if said := s._watch.bad_output:  # it did answer: not in MCP
+                s.error += (
+                    f": it wrote {said} on its stdout, which is not MCP (a server speaks "
+                    "JSON-RPC there; its own messages go to stderr)"
+                )
             s._stop.set()
             s._task.cancel()
 
@@ -262,12 +312,18 @@ class ToolServers:
         from mcp import Client, StdioServerParameters
 
         c = s.config
+        if not c.url and c.cwd and not os.path.isdir(c.cwd):  # not "command not found"
+            s.state, s.error = "failed", f"cwd {printable(c.cwd)}: no such folder"
+            ready.set_result(None)
+            self._changed()
+            return
         errlog = None
         log_start = self._log_size(c)
+        watch = s._watch = s._watch or Watch()
         try:
             if c.url:
                 headers = c.headers()  # ValueError names a variable that is not set
-                target: Any = _with_headers(c.url, headers) if headers else c.url
+                target: Any = watched(_http_transport(c.url, headers), watch)
             else:
                 env = c.environment()
                 target = StdioServerParameters(
@@ -276,13 +332,14 @@ class ToolServers:
             errlog = self._errlog(c)
             kwargs: dict[str, Any] = {"read_timeout_seconds": c.startup_timeout}
             if errlog is not None and not c.url:
-                target = _with_errlog(target, errlog)
+                target = stdio_transport(target, errlog, watch)
             async with Client(target, **kwargs) as client:
                 listed = await client.list_tools()
                 tools = [
                     ToolSpec(c.name, t.name, t.description or "", dict(t.input_schema or {}))
                     for t in listed.tools
                 ]
+                s.left_out = list(watch.left_out)  # unusable, not in `listed`
                 allowed = [t for t in tools if c.allows(t.name)]
                 s.hidden = len(tools) - len(allowed)
                 s.tools, s.cut = within_bounds(allowed)
@@ -292,11 +349,17 @@ class ToolServers:
                 if not ready.done():
                     ready.set_result(None)
                 assert s._stop is not None
-                await s._stop.wait()
+                await _first_of(s._stop.wait(), watch.gone.wait())
+                if not s._stop.is_set():  # its output ended: the server is gone
+                    s._client = None  # no call goes to it from here
+            # leaving the client reaped the process (the SDK's shutdown)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - the SDK's task groups raise groups
             s.state, s.error = "failed", _one_line(e)
+            if watch.gone.is_set():  # a stdio server whose output ended: how it ended
+                closed = s.error == "Connection closed"  # the SDK's words for just that
+                s.error = watch.exit_words() if closed else f"{s.error}; {watch.exit_words()}"
             if log_start is not None:  # a stdio server: what it said, and where
                 if errlog is not None:  # its copy into the log ends with the server
                     await asyncio.to_thread(errlog.close, 2.0)
@@ -304,7 +367,17 @@ class ToolServers:
             if not ready.done():
                 ready.set_result(None)
         else:
-            if s.state == "running":
+            if s.state == "running" and s._stop is not None and not s._stop.is_set():
+                # it died (mid-call or later): stopped, saying how, what it said last
+                # and where its log is, until the user starts it again (F10, s)
+                s.error = watch.exit_words()
+                if log_start is not None:
+                    if errlog is not None:
+                        await asyncio.to_thread(errlog.close, 2.0)
+                    s.error = f"{s.error} ({self._stderr_note(c, log_start)})"
+                s.state = "stopped"
+                self._said(f"MCP server {c.name} stopped: {s.error}")
+            elif s.state == "running":
                 s.state = "stopped"
         finally:
             s._client = None
@@ -326,9 +399,8 @@ class ToolServers:
             return 0
 
     def _stderr_note(self, c: McpServer, start: int) -> str:
-        """A failed stdio server's last line on stderr in this run, and its log's path: a
-        server that exits at once ('Connection closed') usually says why there. (The
-        SDK does not hand out the process, so its exit status is not known here.)"""
+        """A stopped stdio server's last line on stderr in this run, and its log's path:
+        a server that exits (its status: `stdio_watch.Watch`) usually says why there."""
         path = self._log_path(c)
         assert path is not None
         try:
@@ -378,7 +450,7 @@ class ToolServers:
             fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
             self._calls.add(fut)
         try:
-            result = fut.result(timeout=timeout + 2.0)
+            result = fut.result(timeout=timeout + 2.0 + GONE_WAIT)
         except concurrent.futures.CancelledError:  # cancel_calls / close
             return stopped
         except Exception as e:  # noqa: BLE001 - any failure is the model's error result
@@ -402,10 +474,18 @@ class ToolServers:
         client = s._client
         if client is None:
             raise RuntimeError("the server has stopped")
-        return await asyncio.wait_for(
-            client.call_tool(name, arguments, read_timeout_seconds=s.config.timeout),
-            s.config.timeout,
-        )
+        try:
+            return await asyncio.wait_for(
+                client.call_tool(name, arguments, read_timeout_seconds=s.config.timeout),
+                s.config.timeout,
+            )
+        except Exception:
+            watch, task = s._watch, s._task
+            if watch is None or not watch.gone.is_set() or task is None:
+                raise
+            # the server died during the call ("Connection closed"): say how it ended
+            await asyncio.wait({task}, timeout=GONE_WAIT)
+            raise RuntimeError(f"its server stopped ({watch.exit_words()})") from None
 
     def cancel_calls(self) -> None:
         """Stop the tool calls in flight (Esc): their callers get an error result now, and
@@ -449,6 +529,13 @@ class ToolServers:
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT - 1.0)
 
+    def _said(self, line: str) -> None:
+        if self.on_stopped is not None:
+            try:
+                self.on_stopped(line)
+            except Exception:  # noqa: BLE001, S110 - a UI gone away must not stop a server
+                pass
+
     def _changed(self) -> None:
         if self.on_change is not None:
             try:
@@ -457,31 +544,18 @@ class ToolServers:
                 pass
 
 
-def _with_errlog(params: Any, errlog: StderrLog) -> Any:
-    """StdioServerParameters whose server's stderr goes to `errlog` (not the terminal the
-    TUI draws on): the SDK's `stdio_client` as a transport with that errlog."""
-    from contextlib import asynccontextmanager
-
-    from mcp.client.stdio import stdio_client
-
-    @asynccontextmanager
-    async def transport():  # noqa: ANN202 - the SDK's Transport shape
-        async with stdio_client(params, errlog=errlog.writer) as streams:
-            errlog.spawned()  # the server holds the pipe now: its end ends the log's copy
-            yield streams
-
-    return transport()
-
-
-def _with_headers(url: str, headers: dict[str, str]) -> Any:
+def _http_transport(url: str, headers: dict[str, str]) -> Any:
     """A streamable HTTP transport that sends `headers` (a bearer token, the config's
     http_headers) with every request: the SDK's client over an HTTP client made with
     them, as its docs say to configure headers (the SDK's own timeouts: 30 s, a stream's
-    read 300 s)."""
+    read 300 s); without headers, the SDK's own."""
     from contextlib import asynccontextmanager
 
     import httpx2  # the mcp SDK's HTTP client
     from mcp.client.streamable_http import streamable_http_client
+
+    if not headers:
+        return streamable_http_client(url)
 
     @asynccontextmanager
     async def transport():  # noqa: ANN202 - the SDK's Transport shape
@@ -491,6 +565,16 @@ def _with_headers(url: str, headers: dict[str, str]) -> Any:
                 yield streams
 
     return transport()
+
+
+async def _first_of(*waits: Any) -> None:
+    """Wait until the first of `waits` (coroutines) is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 @atexit.register

@@ -234,6 +234,7 @@ class SsdmoeApp(App[int]):
             self.notify(warning, severity="warning", timeout=10, markup=False)
         pane = self.chat_pane
         pane.prompt.focus()
+        tools.watch_stops(self)
         tools.start_at_launch(self)
         await pane.open_session(self.settings.resume)
         path = self.settings.model

@@ -14,13 +14,15 @@ HOSTILE set, `get_weather` answers HOSTILE_FORECAST, which holds terminal escape
 (HOSTILE=error: it fails with that text); with WEATHER_DELAY, get_weather sleeps that
 many seconds first (a tool still running); with WEATHER_REPEAT=N, it answers the forecast N times over,
 one a line (a result too long for the context); with STARTUP_DELAY, the server sleeps
-that long before it answers at all.
+that long before it answers at all; with EXIT_WHEN set, it says why on stderr and exits
+with status 7 once that file exists (a server that dies while the app runs).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -99,8 +101,19 @@ def secret() -> str:
     return "hidden"
 
 
+def exit_when(path: str) -> None:
+    """Exit with status 7 once `path` exists (its reason on stderr first)."""
+    while not os.path.exists(path):
+        time.sleep(0.05)
+    sys.stderr.write("bye: the database is gone\n")
+    sys.stderr.flush()
+    os._exit(7)
+
+
 def main() -> None:
     time.sleep(float(os.environ.get("STARTUP_DELAY", "0")))  # a server slow to start
+    if when := os.environ.get("EXIT_WHEN"):
+        threading.Thread(target=exit_when, args=(when,), daemon=True).start()
     if pid_file := os.environ.get("PID_FILE"):
         with open(pid_file, "w") as f:
             f.write(str(os.getpid()))

@@ -202,3 +202,141 @@ async def test_a_model_folder_named_with_escapes_is_listed_escaped(
         out = terminal_output(app)
         assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out
         assert "model\\x1b]0;pwned\\x07\\x1b[2J" in screen_text(app)
+
+
+# ------------------------------------------- many calls in one reply, one after a denial
+
+EVIL_CITY = "Oslo\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J\x9b2J"
+
+
+def _three_calls(denied: str, approved: str) -> object:
+    """The first request: one reply holding three calls (mark `denied`, mark `approved`,
+    get_weather with a hostile city); the next: a plain answer."""
+    calls = iter(range(100))
+
+    def send(h) -> None:
+        first = next(calls) == 0
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.end_headers()
+        args = [{"path": denied}, {"path": approved}, {"city": EVIL_CITY}]
+        names = ["mark", "mark", "get_weather"]
+        parts = (
+            [_sse({"tool_calls": [
+                {"index": i, "id": f"call_{i}", "function": {"name": n, "arguments": json.dumps(a)}}
+                for i, (n, a) in enumerate(zip(names, args, strict=True))
+            ]}), _sse({}, "tool_calls")]
+            if first else [_sse({"content": "All done."}), _sse({}, "stop")]
+        )  # fmt: skip
+        for p in [*parts, DONE]:
+            h.wfile.write(p)
+            h.wfile.flush()
+
+    return send
+
+
+async def test_three_calls_in_one_reply_each_asked_the_denied_one_never_run(tmp_path):
+    """Issue 45, Do 2: many calls in one reply, a call after a denial. Each call is asked
+    about on its own; the denied one never reaches the server (its file is not written),
+    the one after it runs once approved, and the third's hostile arguments are shown
+    escaped in the approval dialog and its block (done-when: dialogs)."""
+    denied, approved = tmp_path / "denied", tmp_path / "approved"
+    hostile = Hostile({"/v1/chat/completions": _three_calls(str(denied), str(approved))})
+    try:
+        servers = check_mcp_servers({"weather": stdio_server()})
+        app = SsdmoeApp(
+            ChatSettings(attach=hostile.url, max_tokens=400, mcp_servers=servers),
+            engine_factory=None,
+            session_store=AppSessions(SessionStore()),
+        )
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.chat.model is not None, what="the attach")
+            app.chat_pane.prompt.focus()
+            await pilot.press("h", "i", "enter")
+            asked = []
+            for key in ["n", "y", "y"]:
+                await wait_until(
+                    pilot,
+                    lambda: (
+                        isinstance(app.screen, ToolApprovalScreen)
+                        and app.screen.call.id not in asked
+                    ),
+                    90,
+                    "the next approval",
+                )
+                asked.append(app.screen.call.id)
+                if app.screen.call.name == "get_weather":
+                    await pilot.pause(0.3)
+                    out, shown = terminal_output(app), screen_text(app)
+                    assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out
+                    assert not any(0x80 <= ord(c) <= 0x9F for c in out)
+                    # the dialog shows the arguments as JSON: C0 as \u escapes, C1 as \x9b
+                    assert "\\u001b]52;c;cm0gLXJmIH4K\\u0007\\u001b[2J\\x9b2J" in shown
+                await pilot.press(key)
+            assert asked == ["call_0", "call_1", "call_2"]
+            await wait_until(
+                pilot, lambda: len(app.query(AssistantMessage)) == 2 and settled(app), 90, "reply"
+            )
+            assert not denied.exists() and approved.read_text() == "ran"
+            states = [b.state for b in app.query(ToolCallBlock)]
+            assert states == ["denied", "done", "done"]
+            results = [b.text for b in app.query(ToolResultBlock)]
+            assert results[1:] == ["marked", f"{EVIL_CITY}: no data"]  # exact, shown escaped
+            expand_all(app)
+            await pilot.pause(0.3)
+            out = terminal_output(app)
+            assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out
+            await pilot.press("ctrl+q")
+    finally:
+        hostile.close()
+
+
+# ------------------------------------------------- `ssdmoe generate` on a terminal
+
+EVIL_SCRIPT = "Look\x1b]0;pwned\x07 see\x1b[2J then\x9bK ok"
+
+
+def test_generate_escapes_a_models_control_bytes_on_a_terminal_not_in_a_pipe(tmp_path):
+    """A model's text holding a title change, a clear screen and a C1 CSI: escaped on a
+    terminal (a pty), exact into a pipe."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.scripted_model import write_tool_model
+
+    model = write_tool_model(tmp_path / "evil", call=EVIL_SCRIPT, answer="Sure")
+    cmd = [sys.executable, "-m", "ssdmoe_tui.cli", "generate", "--model", str(model),
+           "--prompt", "hi", "--max-tokens", "40"]  # fmt: skip
+    master, slave = os.openpty()
+    proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.DEVNULL)
+    os.close(slave)
+    out = b""
+    while chunk := _read(master):
+        out += chunk
+    os.close(master)
+    assert proc.wait(120) == 0
+    text = out.decode()
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "Look\\x1b]0;pwned\\x07 see\\x1b[2J then\\x9bK ok" in text
+    piped = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    assert EVIL_SCRIPT in piped.stdout  # into a pipe or a file: the exact text
+
+
+def _read(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # the pty's other end closed (EIO)
+        return b""
+
+
+def test_the_servers_log_lines_are_escaped(capsys):
+    """`ssdmoe serve`'s one log writer: a line quoting what a client sent (a path, an
+    error's words) reaches the server's terminal escaped."""
+    from ssdmoe_tui.server.serving_engine import _log
+
+    _log("internal error on POST /v1/\x1b]0;pwned\x07x: \x9b2J")
+    err = capsys.readouterr().err
+    assert err == "ssdmoe serve: internal error on POST /v1/\\x1b]0;pwned\\x07x: \\x9b2J\n"

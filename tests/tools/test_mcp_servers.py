@@ -289,3 +289,29 @@ def test_no_server_outlives_the_app(tmp_path, how):
         if app.poll() is None:
             app.kill()
             app.wait(5)
+
+
+# issue 45, Do 2: a value of the wrong type for every key a server's table takes
+_WRONG = {
+    "command": 5, "args": "run", "env": ["A=1"], "env_vars": "HOME", "cwd": ["/tmp"],
+    "url": 8080, "bearer_token_env_var": 1, "http_headers": "x", "env_http_headers": 3,
+    "enabled": "yes", "timeout": "60", "tool_timeout_sec": [60], "startup_timeout_sec": True,
+    "startup_timeout_ms": "10000", "enabled_tools": "get_weather", "disabled_tools": {"a": 1},
+    "start_at_launch": 1,
+}  # fmt: skip
+
+
+def test_every_key_of_the_wrong_type_is_one_line_naming_it_and_no_value():
+    from ssdmoe_tui.mcp_config import _KEYS
+
+    assert set(_WRONG) == _KEYS  # every key the reader takes
+    for key, value in _WRONG.items():
+        base = {"url": "http://127.0.0.1:1/mcp"} if key in (
+            "bearer_token_env_var", "http_headers", "env_http_headers"
+        ) else {"command": "server"}  # fmt: skip
+        table = {"x": {**base, key: value}} if key not in base else {"x": {key: value}}
+        with pytest.raises(ValueError) as e:
+            check_mcp_servers(table)
+        line = str(e.value)
+        assert "\n" not in line and f"x.{key}" in line, (key, line)
+        assert "Traceback" not in line and len(line) < 300

@@ -66,6 +66,22 @@ def start_at_launch(app: Any) -> None:
     app.run_worker(start, thread=True, group="mcp-start", exit_on_error=False)
 
 
+def watch_stops(app: Any) -> None:
+    """A server that stops on its own (it exited, mid-call or later) is one toast saying
+    how and where its log is; F10 shows it stopped, the same words beside it."""
+    loop = app.chat.tools
+    if loop is None:
+        return
+
+    def said(line: str) -> None:
+        try:
+            app.call_from_thread(app.notify, line, severity="error", markup=False, timeout=10)
+        except RuntimeError:  # the app is not running (any more)
+            pass
+
+    loop.servers.on_stopped = said
+
+
 def show(app: Any) -> None:
     """F10: the servers, their tools, and the open conversation's choice of them; the
     choice made there is kept with that conversation when the screen closes."""

@@ -79,6 +79,8 @@ def servers_table(servers: ToolServers) -> Table:
         tools = tool_lines(s.tools) if s.state == "running" else ""
         if s.hidden:
             tools += f"\n(+{s.hidden} not allowed)"
+        if s.left_out:  # listed, but unusable (tools/servers.py left_out_line says why)
+            tools += f"\n(+{len(s.left_out)} unusable: {', '.join(n for n, _ in s.left_out[:3])})"
         where = f"{s.config.transport}: {s.config.describe()}"
         # Text, not str: names, errors and command lines come from outside (a server, the
         # config) and a str cell is parsed as markup ('[/x]' raised MarkupError); their
@@ -184,12 +186,8 @@ class ToolsScreen(ModalScreen[ToolChoice | None]):
         self.dismiss(self.choice)
 
     def action_start(self) -> None:
-        if self.servers is not None and self.servers.pending() + self._failed():
+        if self.servers is not None and self.servers.restartable():
             self._start()
-
-    def _failed(self) -> list[str]:
-        assert self.servers is not None
-        return [n for n, s in self.servers.servers.items() if s.state == "failed"]
 
     @work(thread=True, exclusive=True, exit_on_error=False)
     def _start(self) -> None:
