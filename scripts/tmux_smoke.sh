@@ -64,7 +64,7 @@ quit_app() {
 start_app 120 40
 # First run: the welcome panel says what happens and what the demo is, at once.
 wait_for "demo model: tiny, trained here" 10
-wait_for "It babbles" 2
+wait_for "It knows little" 2
 wait_for "A real model: F4 here" 2
 wait_for "ssdmoe --model mlx-community/Qwen3-30B-A3B-4bit" 2
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.tmux import tmux, wait_pane
+from tests.helpers.tmux import REPLY_DONE, tmux, wait_pane
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "tmux_smoke.sh"
@@ -43,7 +43,7 @@ def test_sigterm_restores_the_terminal_and_saves_like_ctrl_q(tmp_path):
         tmux(sock, "send-keys", "-t", "t", "-l", "hello from tmux")
         time.sleep(0.5)
         tmux(sock, "send-keys", "-t", "t", "Enter")
-        wait_pane(sock, "tok/s · K", 90)
+        wait_pane(sock, REPLY_DONE, 90)
         # A second prompt, long enough that SIGTERM comes during its prefill.
         tmux(sock, "send-keys", "-t", "t", "-l", " ".join(f"disk {i} reads" for i in range(300)))
         time.sleep(0.5)
