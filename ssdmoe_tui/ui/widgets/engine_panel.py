@@ -257,9 +257,10 @@ class EnginePanel(VerticalScroll):
         if event.phase == "prefill" and event.done == 0:
             self._last_generated = 0
 
-    def show_prefill(self, clock: PrefillClock) -> None:
-        """A prefill: tokens (estimated between the engine's reports), rate, time left."""
-        label = f"{PHASE_LABELS['prefill']}  {clock.text()}"
+    def show_prefill(self, clock: PrefillClock, note: str = "") -> None:
+        """A prefill: tokens (estimated between the engine's reports), rate, time left;
+        `note` on its own line (MLX-CUDA's first run: the kernels compiling)."""
+        label = f"{PHASE_LABELS['prefill']}  {clock.text()}" + (f"\n{note}" if note else "")
         self.query_one("#phase", Static).update(label)
         self.shown["phase"] = label
         bar = self.query_one("#phase-progress", ProgressBar)
