@@ -258,8 +258,10 @@ async def test_m16_every_panel_label_stays_whole_at_80_columns():
         for key, text in WIDEST.items():
             panel._set(key, text)
         spec = {"acceptance": 1.0, "accepted": 9999, "drafted": 9999, "tokens_per_pass": 16.0}
-        panel._show_spec(spec | {"bytes_per_token": 999.99 * 2**20, "ms_per_token": 999.9})
+        spec |= {"bytes_per_token": 999.99 * 2**20, "ms_per_token": 999.9, "speedup": 99.99}
+        panel._show_spec(spec)
         await pilot.pause(0.3)
+        assert panel.shown["spec_gain"] == "≈99.99x"
         for row in panel.query(Row):
             label = row.query_one(".row-label", Label)
             value = row.query_one(".row-value", Static)

@@ -99,7 +99,7 @@ def spec_loop(
     costs.k = runner.k
     acceptance = mem.acceptance.setdefault(acceptance_key(spec), Acceptance())
     governor = Governor(costs, acceptance, spec.depth)
-    figures = stats.spec = SpecStats(str(spec))
+    figures = stats.spec = SpecStats(str(spec), costs=costs)
     step = runner._decode_step(begun, sampler)
     eos = runner.eos_ids()
     meter = sm.routing_mass

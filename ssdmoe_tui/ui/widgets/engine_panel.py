@@ -51,6 +51,7 @@ ROWS = {
     "spec_accept": "drafts kept",
     "spec_pass": "tokens per pass",
     "spec_cost": "per token",
+    "spec_gain": "speed vs plain",
 }
 
 TOOLTIPS = {
@@ -69,8 +70,13 @@ TOOLTIPS = {
     "one-token decode (up to 0.28 on the H200), so near-ties may flip tokens.",
     "spec_pass": "Tokens each forward pass produced this reply (1 without speculation).",
     "spec_cost": "Expert bytes read and milliseconds per token this reply.",
+    "spec_gain": "What speculation bought: a plain one-token step's time, as this engine "
+    "measures it on the speculative loop's own undrafted steps, over this reply's time per "
+    "token (an estimate; below 1.00x it cost). The governor drafts only where it expects "
+    "at least 5 % more tokens per second.",
 }
 
+SPEC_ROWS = ("spec_accept", "spec_pass", "spec_cost", "spec_gain")
 K_ECHO_GRACE_S = 1.0  # samples this soon after a K change may predate it: not reflected
 
 
@@ -170,7 +176,7 @@ class EnginePanel(VerticalScroll):
         yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="context-meter")
         # speculative decoding (F9): shown while a reply speculates
         yield Static("speculation", classes="section-title", id="spec-title")
-        for key in ("spec_accept", "spec_pass", "spec_cost"):
+        for key in SPEC_ROWS:
             yield Row(key, ROWS[key])
 
     def on_mount(self) -> None:
@@ -323,11 +329,11 @@ class EnginePanel(VerticalScroll):
         self._show_spec(s.speculation)
 
     def _show_spec(self, sp: dict | None) -> None:
-        """The speculation rows: acceptance, tokens per pass, bytes and ms per token
-        (hidden while replies do not speculate)."""
+        """The speculation rows: acceptance, tokens per pass, bytes and ms per token, and
+        the speed it bought against a plain step (hidden while replies do not speculate)."""
         shown = sp is not None
         self.query_one("#spec-title").display = shown
-        for key in ("spec_accept", "spec_pass", "spec_cost"):
+        for key in SPEC_ROWS:
             self.query_one(f"#row-{key}").display = shown
         if sp is None:
             return
@@ -341,6 +347,8 @@ class EnginePanel(VerticalScroll):
             f"{_short(sp.get('bytes_per_token', 0) / 2**20)} MiB · "
             f"{_short(sp.get('ms_per_token', 0))} ms",
         )
+        gain = sp.get("speedup")
+        self._set("spec_gain", "—" if gain is None else f"≈{gain:.2f}x")
 
     def show_ranks(self, d: dict | None) -> None:
         """Per-rank figures of a distributed reply (its stats' `distributed`); None: hide."""
