@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
+from ssdmoe_tui.checkpoint import arch
 from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
@@ -77,6 +78,19 @@ TOOLTIPS = {
 }
 
 SPEC_ROWS = ("spec_accept", "spec_pass", "spec_cost", "spec_gain")
+MASS_NOT_MEASURED = (
+    "Not measured for {family}: its router is neither a softmax over the experts nor "
+    "DeepSeek-V3's biased sigmoid, the functions the meter computes (checkpoint/arch.py)."
+)
+
+
+def mass_measured(model_type: str) -> bool:
+    """Whether the engine measures the router mass of this family (its routing function
+    is one the meter computes); an unknown type is taken to be measured ("—" until then)."""
+    entry = arch.ARCHITECTURES.get(model_type)
+    return entry is None or entry.routing != "none"
+
+
 K_ECHO_GRACE_S = 1.0  # samples this soon after a K change may predate it: not reflected
 
 
@@ -135,6 +149,7 @@ class EnginePanel(VerticalScroll):
         self.mass_history: deque[float] = deque(maxlen=HISTORY)
         self.last_sample: StatsSample | None = None
         self.info: ModelInfo | None = None
+        self.mass_measured = True  # False: the model's family has no router-mass function
         self._last_generated = 0
         self.phase = "idle"
         self._context_unknown = False  # a resumed conversation before its next turn
@@ -199,6 +214,10 @@ class EnginePanel(VerticalScroll):
             # clear_cached_dimensions until mounted): "weights 9", "context 0" in 2 of 8.
             value.styles.width = max(1, cell_len(text))
 
+    def _mass(self, value: float | None) -> str:
+        """The router mass kept, "—" until measured, "n/a" for a family never measured."""
+        return fmt_pct(value) if self.mass_measured else "n/a"
+
     def show_model(self, info: ModelInfo | None, k: int | None = None) -> None:
         """Show a loaded model (None: no model); `k` is the K it runs at."""
         self.info = info
@@ -223,6 +242,11 @@ class EnginePanel(VerticalScroll):
             self._set(key, "—")
         self.last_sample = None
         self.clear_history()
+        self.mass_measured = mass_measured(info.model_type)
+        self.query_one("#row-mass", Row).tooltip = TOOLTIPS["mass"] + (
+            "" if self.mass_measured else f" {MASS_NOT_MEASURED.format(family=info.model_type)}"
+        )
+        self._set("mass", self._mass(None))
         self._set("mem_resident", fmt_bytes(info.resident_bytes))
         self._set("cache_used", f"— / {fmt_bytes(info.expert_cache_budget)}")
         self._show_context_unknown()
@@ -232,8 +256,9 @@ class EnginePanel(VerticalScroll):
         the one before (its context, KV hit, router mass, sparklines) go. A resumed one's
         context is shown once its next turn has run (its KV checkpoint loads then)."""
         self.clear_history()
-        for key in ("kv_hit", "mass", "decode", "prefill", "ssd", "page_cache", "cache_hit"):
+        for key in ("kv_hit", "decode", "prefill", "ssd", "page_cache", "cache_hit"):
             self._set(key, "—")
+        self._set("mass", self._mass(None))
         self._context_unknown = resumed
         self._between = True
         self._show_context_unknown()
@@ -318,7 +343,7 @@ class EnginePanel(VerticalScroll):
         self._set("prefill", fmt_rate(s.prefill_tok_s) if s.prefill_tok_s > 0 else "—")
         self._set("ssd", fmt_mib(s.ssd_mib_per_token) if ran else "—")
         self._set("page_cache", fmt_mib(page_cache_mib(s)) if ran else "—")
-        self._set("mass", fmt_pct(s.routing_mass))
+        self._set("mass", self._mass(s.routing_mass))
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate) if ran else "—")
         self._set("kv_hit", fmt_pct(s.kv_hit_rate) if ran else "—")
         if self._context_unknown:
