@@ -23,7 +23,7 @@ from ssdmoe_tui.prompting.harmony import parse_header, parse_reply
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning, ThinkFormat
 from ssdmoe_tui.prompting.reply_format import DEEPSEEK, reply_format_for
 from ssdmoe_tui.tools.calls import split_reply
-from tests.helpers.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS, genuine_template
 from tests.helpers.harmony_tokenizer import write_harmony_tokenizer
 from tests.helpers.tools import CALLS, TOOLS, run_filter
 
@@ -287,13 +287,6 @@ GENUINE = {
     "kimi-k2": "kimi_k2",
     "minimax-m2": "minimax_m2",
 }
-
-
-def genuine_template(family: str) -> str:
-    folder = MODELS / family
-    if (folder / "chat_template.jinja").is_file():
-        return (folder / "chat_template.jinja").read_text()
-    return json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
 
 
 @pytest.mark.parametrize("family", GENUINE)
