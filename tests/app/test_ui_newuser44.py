@@ -360,7 +360,7 @@ async def test_item3_a_first_run_on_mlx_cuda_says_the_kernels_compile(monkeypatc
         assert app.load_progress.compiling and app.compiling_kernels
         status = str(app.query_one("#welcome-status", Static).render())
         assert "is ready" in status and COMPILING in status
-        assert FIRST_REPLY_NOTE in notices(app)
+        await wait_until(pilot, lambda: FIRST_REPLY_NOTE in notices(app), what="the notice")
 
         await send(pilot, "hello")
         shown = [p for p in phases if p.startswith(("prefill", "decoding"))]
