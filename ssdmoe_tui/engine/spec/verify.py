@@ -76,6 +76,11 @@ class SpecStats:
     oracle: dict | None = None  # the oracle drafter's alignment (drafts.OracleDrafter)
     # The governor's measured costs: a plain one-token step's price, T(1), against which
     # the reply's own ms per token says what speculation bought (the app's panel shows it)
+    # What speculation bought (the app's panel shows it): this turn's pipelined d = 0
+    # rounds, plain one-token steps, by their whole cycles, against the turn's ms per
+    # token; before the turn has one, the governor's price of one, T(1) at today's pace
+    plain_s: float = 0.0
+    plain_rounds: int = 0
     costs: CostModel | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -87,13 +92,17 @@ class SpecStats:
         return self.tokens / self.passes if self.passes else None
 
     def as_dict(self, decode_bytes: int, decode_s: float) -> dict:
-        """The figures; `speedup` is the plain step's price (T(1) at today's pace, measured
-        on this engine's d = 0 rounds) over this reply's ms per token: an estimate of the
-        speed speculation bought, below 1 where it cost (None before either is known)."""
+        """The figures; `speedup` is a plain step's time (the mean cycle of this turn's
+        d = 0 rounds; before one, the governor's T(1)) over this reply's ms per token: an
+        estimate of the speed speculation bought, below 1 where it cost (None before
+        either is known)."""
         n = max(self.tokens, 1)
         acc = self.acceptance
         tpp = self.tokens_per_pass
-        plain = self.costs.pass_s(1) if self.costs is not None else None
+        if self.plain_rounds:
+            plain: float | None = self.plain_s / self.plain_rounds
+        else:
+            plain = self.costs.pass_s(1) if self.costs is not None else None
         ms = decode_s * 1e3 / n
         gain = plain * 1e3 / ms if plain and self.tokens and ms > 0 else None
         return {

@@ -71,10 +71,10 @@ TOOLTIPS = {
     "one-token decode (up to 0.28 on the H200), so near-ties may flip tokens.",
     "spec_pass": "Tokens each forward pass produced this reply (1 without speculation).",
     "spec_cost": "Expert bytes read and milliseconds per token this reply.",
-    "spec_gain": "What speculation bought: a plain one-token step's time, as this engine "
-    "measures it on the speculative loop's own undrafted steps, over this reply's time per "
-    "token (an estimate; below 1.00x it cost). The governor drafts only where it expects "
-    "at least 5 % more tokens per second.",
+    "spec_gain": "What speculation bought: this reply's undrafted one-token steps (their "
+    "mean time) over its time per token; below 1.00x it cost. An estimate: those steps "
+    "carry the governor's own work, so it leans high by that much. The governor drafts "
+    "only where it expects at least 5 % more tokens per second.",
 }
 
 SPEC_ROWS = ("spec_accept", "spec_pass", "spec_cost", "spec_gain")
