@@ -385,3 +385,28 @@ async def test_item3_f1_says_what_a_cuda_user_meets_first():
         text = str(app.screen.query_one("#keys-notes", Static).render())
         for part in ("MLX-CUDA", "compiles the GPU kernels, once", "near-ties may flip"):
             assert part in text, (part, text)
+
+
+@pytest.mark.parametrize("device", ["gpu/CUDA", "gpu/Metal"])
+async def test_item2_choosing_speculation_on_mlx_cuda_says_what_it_does_there(device):
+    """F9's save and the palette's entry say, on MLX-CUDA only, that a verify pass may
+    flip near-ties (ngram) or that auto drafts nothing there; the tooltip says it always."""
+    from ssdmoe_tui.engine.run.protocol import ModelLoaded
+    from ssdmoe_tui.ui.actions import gen_settings
+    from tests.helpers.ui_events import INFO
+
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        app.feed(ModelLoaded(replace(INFO, device=device)))
+        await wait_until(pilot, lambda: app.chat.model is not None, what="the model")
+        said = record_notifications(app)
+        screen = await open_settings(pilot)
+        await save_settings(pilot, screen, speculate="ngram")
+        gen_settings.set_speculate(app, "auto")
+        gen_settings.set_speculate(app, "off")
+        texts = [text for _, text in said]
+        cuda = device == "gpu/CUDA"
+        assert texts[0].startswith("Settings saved for this conversation.")
+        assert ("near-ties may flip tokens" in texts[0]) is cuda, texts
+        assert ("auto drafts nothing" in texts[1]) is cuda, texts
+        assert "MLX-CUDA" not in texts[2], texts  # off: nothing to say
