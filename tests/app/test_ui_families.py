@@ -52,11 +52,12 @@ async def test_f4_lists_every_streamed_family_with_its_size_and_mib_per_token(
         assert len(folders) == len(arch.STREAMED) == 41
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "minimax"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "minimax"])
 async def test_the_panels_router_mass_follows_the_familys_routing_function(checkpoints, family):
-    """softmax (qwen3_moe) and sigmoid (deepseek_v3) families show the mass the engine
-    measured, below 100 % under the trained K; a family with no routing function the
-    meter computes (minimax) shows "n/a", says why, and draws no sparkline."""
+    """A sigmoid family (deepseek_v3) shows the mass the engine measured, below 100 %
+    under the trained K, as a softmax one does (tests/engine/test_routing_mass.py, on
+    qwen3_moe); a family with no routing function the meter computes (minimax) shows
+    "n/a", says why, and draws no sparkline."""
     routing = arch.ARCHITECTURES[family].routing
     app = SsdmoeApp(
         ChatSettings(model=str(checkpoints(family)), k=1, max_tokens=8),
@@ -77,7 +78,7 @@ async def test_the_panels_router_mass_follows_the_familys_routing_function(check
             assert last.routing_mass is None and panel.shown["mass"] == "n/a"
             assert f"Not measured for {family}" in tip and not spark.data
         else:
-            assert routing == ("softmax" if family == "qwen3_moe" else "sigmoid")
+            assert routing == "sigmoid"
             assert last.k == 1 and last.routing_mass is not None and 0 < last.routing_mass < 1
             assert panel.shown["mass"] == fmt_pct(last.routing_mass)
             assert "Not measured" not in tip and spark.data
