@@ -208,6 +208,10 @@ class SsdmoeApp(App[int]):
         # MLX-CUDA's first run: the first reply compiles the GPU kernels (minutes); its
         # phases say so until it is done (chat/progress.py COMPILING)
         self.compiling_kernels = False
+        # What the chat waits on that is not the engine (an approval, a tool running; set
+        # by ui/actions/tools.show_phase): the engine's late "saving"/"idle" of the reply
+        # before it does not replace it in the header (it read "idle" at the approval)
+        self.app_phase = ""
         self._prefill_timer: Timer | None = None
         self.events_seen: dict[str, int] = {}
         self._quitting = False
@@ -394,6 +398,9 @@ class SsdmoeApp(App[int]):
             self.panel.show_load(self.load_progress)
             if welcome := self.chat_pane.welcome:
                 welcome.show_progress(event.phase, event.done, event.total, event.detail)
+        if event.phase in ("idle", "saving") and self.app_phase:
+            self._stop_prefill_clock()
+            return  # the tool loop's phase stands until it ends or a reply starts
         if event.phase == "prefill" and event.total:
             self.prefill_clock.report(event.done, event.total)
             self._show_prefill()
