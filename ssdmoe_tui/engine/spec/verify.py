@@ -74,8 +74,6 @@ class SpecStats:
     depths: dict[int, int] = field(default_factory=dict)  # rounds per chosen depth
     probes: int = 0  # rounds the governor drafted to re-measure a pass size (governor.py)
     oracle: dict | None = None  # the oracle drafter's alignment (drafts.OracleDrafter)
-    # The governor's measured costs: a plain one-token step's price, T(1), against which
-    # the reply's own ms per token says what speculation bought (the app's panel shows it)
     # What speculation bought (the app's panel shows it): this turn's pipelined d = 0
     # rounds, plain one-token steps, by their whole cycles, against the turn's ms per
     # token; before the turn has one, the governor's price of one, T(1) at today's pace
