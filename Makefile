@@ -78,6 +78,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check ssdmoe_tui tests scripts
+	$(VENV)/bin/ruff format --check ssdmoe_tui tests scripts
 
 # `make fuzz FUZZ_SECONDS=600`: fuzz the readers of user files (scripts/fuzz.py) with
 # atheris where it installs, else the seeded mutator; findings land in tests/fuzz/crashes/.

@@ -30,6 +30,14 @@ LABELS = {
     "tokenizer": "loading the tokenizer",
     "kernels": "compiling GPU kernels, once: the first reply on a new model takes minutes",
 }
+#: MLX-CUDA's first run (the loader said it compiles): the first reply's phases say so,
+#: and the transcript says what it costs. Figures: docs/app.md, "First run on a GPU".
+COMPILING = "compiling GPU kernels, once"
+FIRST_REPLY_NOTE = (
+    "First run of MLX-CUDA here: the first reply compiles the GPU kernels, once (the "
+    "demo: about 2 minutes on an H100, its prefill at a fraction of a token a second). "
+    "They are kept: later runs start in seconds."
+)
 _SHARD = re.compile(r"wrote \S+ \((\d+)/(\d+)")
 
 
@@ -61,11 +69,13 @@ class LoadProgress:
     fraction: float = 0.0
     label: str = "starting"
     started: float = field(default_factory=time.monotonic)
+    compiling: bool = False  # the loader said MLX-CUDA compiles at the first pass
 
     def update(self, phase: str, done: int, total: int, detail: str) -> None:
         step = "index" if phase == "indexing" else step_of(detail, total)
         if step is None:
             return
+        self.compiling = self.compiling or step == "kernels"
         start, end = STEPS[step]
         if end <= self.fraction:
             return  # an earlier step: the bar never goes back

@@ -35,7 +35,12 @@ from textual.widgets import Footer
 from ssdmoe_tui import paths
 from ssdmoe_tui.atomic import atomic_write_text
 from ssdmoe_tui.chat.controller import ChatController, Refused, SessionStore
-from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
+from ssdmoe_tui.chat.progress import (
+    COMPILING,
+    FIRST_REPLY_NOTE,
+    LoadProgress,
+    PrefillClock,
+)
 from ssdmoe_tui.config import ChatSettings
 from ssdmoe_tui.engine.run.protocol import EngineClient, EngineError, ModelInfo
 from ssdmoe_tui.errors import user_message
@@ -200,6 +205,13 @@ class SsdmoeApp(App[int]):
         self.chat.tools = tool_loop(self.settings)
         self.load_progress = LoadProgress()
         self.prefill_clock = PrefillClock()
+        # MLX-CUDA's first run: the first reply compiles the GPU kernels (minutes); its
+        # phases say so until it is done (chat/progress.py COMPILING)
+        self.compiling_kernels = False
+        # What the chat waits on that is not the engine (an approval, a tool running; set
+        # by ui/actions/tools.show_phase): the engine's late "saving"/"idle" of the reply
+        # before it does not replace it in the header (it read "idle" at the approval)
+        self.app_phase = ""
         self._prefill_timer: Timer | None = None
         self.events_seen: dict[str, int] = {}
         self._quitting = False
@@ -386,6 +398,9 @@ class SsdmoeApp(App[int]):
             self.panel.show_load(self.load_progress)
             if welcome := self.chat_pane.welcome:
                 welcome.show_progress(event.phase, event.done, event.total, event.detail)
+        if event.phase in ("idle", "saving") and self.app_phase:
+            self._stop_prefill_clock()
+            return  # the tool loop's phase stands until it ends or a reply starts
         if event.phase == "prefill" and event.total:
             self.prefill_clock.report(event.done, event.total)
             self._show_prefill()
@@ -398,12 +413,16 @@ class SsdmoeApp(App[int]):
         label = PHASE_LABELS.get(event.phase, event.phase)
         if event.total and event.phase in ("loading", "indexing"):
             label += f" {event.done}/{event.total}"
+        if self.compiling_kernels and event.phase == "decoding":
+            label += f" · {COMPILING}"
         self.status_bar.phase = label
 
     def _show_prefill(self) -> None:
         clock = self.prefill_clock
-        self.status_bar.phase = f"{PHASE_LABELS['prefill']} {clock.text(rate=False)}"
-        self.panel.show_prefill(clock)
+        note = COMPILING if self.compiling_kernels else ""
+        phase = f"{PHASE_LABELS['prefill']} {clock.text(rate=False)}"
+        self.status_bar.phase = f"{phase} · {note}" if note else phase
+        self.panel.show_prefill(clock, note)
 
     def _stop_prefill_clock(self) -> None:
         if self._prefill_timer is not None:
@@ -414,7 +433,11 @@ class SsdmoeApp(App[int]):
     @while_mounted
     async def _reply_done(self, message: ReplyDone) -> None:
         self._stop_prefill_clock()  # a reply stopped during its prefill
-        self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
+        if self.compiling_kernels:  # its prefill rate was the compiler's: forgotten
+            self.compiling_kernels = False
+            self.prefill_clock.rate = None
+        else:
+            self.prefill_clock.learn((message.event.stats or {}).get("prefill_tok_s"))
         self.panel.show_ranks((message.event.stats or {}).get("distributed"))
         await self.chat_pane.reply_done(message.event)
 
@@ -423,13 +446,16 @@ class SsdmoeApp(App[int]):
     async def _model_ready(self, message: ModelReady) -> None:
         info = message.event.info
         loaded = self.chat.model_loaded(info, message.event.tokenizer)
+        self.compiling_kernels = self.load_progress.compiling
         if welcome := self.chat_pane.welcome:
-            welcome.loaded(info.name)
+            welcome.loaded(info.name, compiling=self.compiling_kernels)
         self.panel.show_model(info, k=loaded.k)
         self.status_bar.loading = ""
         self.status_bar.k = loaded.k
         self.status_bar.info = info
         await self.chat_pane.transcript.add_notice(loaded_notice(info, loaded.k))
+        if self.compiling_kernels:
+            await self.chat_pane.transcript.add_notice(FIRST_REPLY_NOTE)
         await self.chat_pane.split_restored()
         if self.chat_pane.welcome is not None and not self.chat.history:
             # The card's top says what the demo is: the notice must not scroll it away

@@ -258,8 +258,10 @@ async def test_m16_every_panel_label_stays_whole_at_80_columns():
         for key, text in WIDEST.items():
             panel._set(key, text)
         spec = {"acceptance": 1.0, "accepted": 9999, "drafted": 9999, "tokens_per_pass": 16.0}
-        panel._show_spec(spec | {"bytes_per_token": 999.99 * 2**20, "ms_per_token": 999.9})
+        spec |= {"bytes_per_token": 999.99 * 2**20, "ms_per_token": 999.9, "speedup": 99.99}
+        panel._show_spec(spec)
         await pilot.pause(0.3)
+        assert panel.shown["spec_gain"] == "≈99.99x"
         for row in panel.query(Row):
             label = row.query_one(".row-label", Label)
             value = row.query_one(".row-value", Static)
@@ -337,3 +339,74 @@ def test_n3_attached_in_a_real_terminal_the_panel_shows_weights_and_context_whol
         stop(served.proc)
     whole = re.compile(r"weights \d+(\.\d+)? [KMG]iB\|context 0 / \d+(,\d{3})*")
     assert all(whole.fullmatch("|".join(rows)) for rows in seen), seen
+
+
+async def test_item3_a_first_run_on_mlx_cuda_says_the_kernels_compile(monkeypatch, tmp_path):
+    """MLX-CUDA compiles its kernels during the first reply (142 s for the demo on an H100
+    against 16 s once kept): the loader decides it (a CUDA device, no PTX kept for this
+    MLX version; forced here on the CPU: the device said CUDA, the kernel folder empty),
+    and the welcome card, a notice, and the first reply's prefill and decode phases say
+    it. The second reply's do not, and its prefill estimate ignores the first's rate."""
+    from ssdmoe_tui.chat.progress import COMPILING, FIRST_REPLY_NOTE
+    from ssdmoe_tui.engine.model import loader
+
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "ptx"))  # none kept
+    monkeypatch.setattr(loader, "is_cuda", lambda: True)
+    app = SsdmoeApp(ChatSettings(max_tokens=8))  # the demo, its welcome card
+    async with app.run_test(size=SIZE) as pilot:
+        phases: list[str] = []
+        app.watch(app.status_bar, "phase", lambda p: phases.append(p), init=False)
+        await loaded(pilot, app)
+        assert app.load_progress.compiling and app.compiling_kernels
+        status = str(app.query_one("#welcome-status", Static).render())
+        assert "is ready" in status and COMPILING in status
+        await wait_until(pilot, lambda: FIRST_REPLY_NOTE in notices(app), what="the notice")
+
+        await send(pilot, "hello")
+        shown = [p for p in phases if p.startswith(("prefill", "decoding"))]
+        assert any(p.startswith("prefill") and p.endswith(COMPILING) for p in shown), shown
+        assert all(p.endswith(COMPILING) for p in shown), shown
+        assert not app.compiling_kernels and app.prefill_clock.rate is None
+        phases.clear()
+        await send(pilot, "again")
+        shown = [p for p in phases if p.startswith(("prefill", "decoding"))]
+        assert shown and not any(COMPILING in p for p in shown), shown
+        assert app.prefill_clock.rate is not None
+
+
+async def test_item3_f1_says_what_a_cuda_user_meets_first():
+    """F1 names the first run's compilation on MLX-CUDA and what speculation keeps exact."""
+    from ssdmoe_tui.ui.screens.keys import KeysScreen
+    from tests.helpers.ui_events import open_by_key
+
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_by_key(pilot, "f1", KeysScreen)
+        text = str(app.screen.query_one("#keys-notes", Static).render())
+        for part in ("MLX-CUDA", "compiles the GPU kernels, once", "near-ties may flip"):
+            assert part in text, (part, text)
+
+
+@pytest.mark.parametrize("device", ["gpu/CUDA", "gpu/Metal"])
+async def test_item2_choosing_speculation_on_mlx_cuda_says_what_it_does_there(device):
+    """F9's save and the palette's entry say, on MLX-CUDA only, that a verify pass may
+    flip near-ties (ngram) or that auto drafts nothing there; the tooltip says it always."""
+    from ssdmoe_tui.engine.run.protocol import ModelLoaded
+    from ssdmoe_tui.ui.actions import gen_settings
+    from tests.helpers.ui_events import INFO
+
+    app = SsdmoeApp(ChatSettings(), engine_factory=None)
+    async with app.run_test(size=SIZE) as pilot:
+        app.feed(ModelLoaded(replace(INFO, device=device)))
+        await wait_until(pilot, lambda: app.chat.model is not None, what="the model")
+        said = record_notifications(app)
+        screen = await open_settings(pilot)
+        await save_settings(pilot, screen, speculate="ngram")
+        gen_settings.set_speculate(app, "auto")
+        gen_settings.set_speculate(app, "off")
+        texts = [text for _, text in said]
+        cuda = device == "gpu/CUDA"
+        assert texts[0].startswith("Settings saved for this conversation.")
+        assert ("near-ties may flip tokens" in texts[0]) is cuda, texts
+        assert ("auto drafts nothing" in texts[1]) is cuda, texts
+        assert "MLX-CUDA" not in texts[2], texts  # off: nothing to say

@@ -4,6 +4,8 @@ shows its acceptance, tokens per pass and cost per token; greedy replies are unc
 
 from __future__ import annotations
 
+import pytest
+
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.ui.actions import gen_settings
 from ssdmoe_tui.ui.app import ChatSettings, SsdmoeApp
@@ -56,6 +58,14 @@ async def test_f9_speculation_per_conversation_and_the_panel(demo_model):
         await wait_until(pilot, lambda: panel.query_one("#spec-title").display, what="panel")
         assert panel.shown.get("spec_pass") == f"{sp['tokens_per_pass']:.2f}"
         assert "ms" in panel.shown.get("spec_cost", "")
+        # the speed it bought (issue 44 item 2): a plain step's measured time over the
+        # reply's own time per token
+        assert sp["plain_ms_per_token"] > 0 and sp["speedup"] > 0
+        assert sp["speedup"] == pytest.approx(
+            sp["plain_ms_per_token"] / sp["ms_per_token"], rel=0.01
+        )
+        assert panel.shown.get("spec_gain") == f"≈{sp['speedup']:.2f}x"
+        assert "What speculation bought" in str(panel.query_one("#row-spec_gain").tooltip)
         assert "near-ties may flip" in str(panel.query_one("#row-spec_accept").tooltip)
 
         gen_settings.set_speculate(app, "off")

@@ -6,8 +6,17 @@ runs the whole suite.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
 TRACES = FIXTURES / "traces"
+
+
+def genuine_template(family: str) -> str:
+    """A model's own chat template, copied into tests/fixtures/models/FAMILY."""
+    folder = MODELS / family
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    return json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]

@@ -22,6 +22,7 @@ and the server run it as any other checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -93,26 +94,74 @@ def unique_tokens(vocab: dict[str, int], text: str, used: set[int]) -> list[int]
     return found
 
 
-def write_tool_model(out: Path, call: str = CALL, answer: str = ANSWER) -> Path:
-    """Write the scripted checkpoint into `out` (tokenizer, template, config, weights)."""
+def script_tokens(
+    vocab: dict[str, int], added: dict[str, int], text: str, used: set[int]
+) -> list[int]:
+    """`text` as token ids: its added tokens (`added`, e.g. GLM's `<arg_key>`) whole, the
+    text between them spelt by `unique_tokens` (no id twice in the whole script)."""
+    names = sorted(added, key=len, reverse=True)
+    pattern = "(" + "|".join(re.escape(n) for n in names) + ")"
+    ids: list[int] = []
+    for part in re.split(pattern, text):
+        if part in added:
+            if added[part] in used:
+                raise ValueError(f"{part} occurs twice in the script")
+            used.add(added[part])
+            ids.append(added[part])
+        elif part:
+            ids += unique_tokens(vocab, part, used)
+    return ids
+
+
+def write_tool_model(
+    out: Path,
+    call: str = CALL,
+    answer: str = ANSWER,
+    *,
+    template: str | None = None,
+    new_tokens: tuple[str, ...] = (),
+    starts: tuple[str, ...] = (),
+    thought: str = "",
+    wrap: tuple[str, str] = ("<tool_call>", "</tool_call>"),
+    marker: str = "<tool_response>",
+) -> Path:
+    """Write the scripted checkpoint into `out` (tokenizer, template, config, weights).
+
+    Qwen3's by default. Another family's format: `template` (its chat template),
+    `new_tokens` (its special tokens Qwen3's vocabulary lacks, added after it, as the
+    family's own tokenizer has them whole), `starts` (the token(s) that end its
+    generation prompt), `thought` (reasoning in <think> before the call), `wrap` (the
+    tokens around a call) and `marker` (the token only a tool's result brings)."""
     from ssdmoe_tui.models.demo import copy_tokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(QWEN3, out)
     tok_config = json.loads((QWEN3 / "tokenizer_config.json").read_text())
-    tok_config["chat_template"] = (QWEN3 / "chat_template.jinja").read_text()
+    tok_config["chat_template"] = template or (QWEN3 / "chat_template.jinja").read_text()
+    decoder = tok_config["added_tokens_decoder"]
+    for name in new_tokens:
+        decoder[str(max(map(int, decoder)) + 1)] = {
+            "content": name, "lstrip": False, "normalized": False, "rstrip": False,
+            "single_word": False, "special": False,
+        }  # fmt: skip
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
     (out / "chat_template.jinja").unlink(missing_ok=True)
     vocab = json.loads((QWEN3 / "vocab.json").read_text())
-    added = {v["content"]: int(k) for k, v in tok_config["added_tokens_decoder"].items()}
+    added = {v["content"]: int(k) for k, v in decoder.items()}
 
-    end, marker = added["<|im_end|>"], added["<tool_response>"]
-    starts = [vocab["Ċ"], vocab["ĊĊ"]]  # "\n" after "assistant", "\n\n" after an empty think
-    used = set(starts) | {end, marker}
-    call_ids = [added["<tool_call>"], *unique_tokens(vocab, call, used), added["</tool_call>"]]
-    answer_ids = unique_tokens(vocab, answer, used)
-    script = starts + [marker] + call_ids + answer_ids
+    end, marker_id = added["<|im_end|>"], added[marker]
+    # "\n" after "assistant", "\n\n" after an empty think (Qwen3's generation prompts)
+    starts_ids = [added[t] for t in starts] or [vocab["Ċ"], vocab["ĊĊ"]]
+    used = set(starts_ids) | {end, marker_id}
+    think = (
+        [added["<think>"], *script_tokens(vocab, added, thought, used), added["</think>"]]
+        if thought
+        else []
+    )
+    call_ids = [*think, *script_tokens(vocab, added, wrap[0] + call + wrap[1], used)]
+    answer_ids = script_tokens(vocab, added, answer, used)
+    script = starts_ids + [marker_id] + call_ids + answer_ids
     hidden = CONFIG["hidden_size"]
     flag = hidden - 1
     if len(script) > flag:
@@ -128,18 +177,18 @@ def write_tool_model(out: Path, call: str = CALL, answer: str = ANSWER) -> Path:
     for chain in chains:
         for cur, nxt in zip(chain, chain[1:], strict=False):
             head[nxt, dim[cur]] = 1.0
-    for s in starts:
+    for s in starts_ids:
         head[call_ids[0], dim[s]] = 1.0  # no tool result in context: the call
     head[answer_ids[0], flag] = 2.0  # a tool result in context: the answer
     # Layer 0, head 0 (kv head 0): the reply's first position looks for <tool_response>.
     slow = CONFIG["head_dim"] // 2 - 1  # RoPE's slowest pair
     att = "model.layers.0.self_attn."
-    for s in starts:
+    for s in starts_ids:
         a[att + "q_proj.weight"][slow, dim[s]] = 1.0
-    a[att + "k_proj.weight"][slow, dim[marker]] = 1.0
+    a[att + "k_proj.weight"][slow, dim[marker_id]] = 1.0
     a[att + "q_norm.weight"][:] = 4.0
     a[att + "k_norm.weight"][:] = 4.0
-    a[att + "v_proj.weight"][0, dim[marker]] = 1.0 / np.sqrt(hidden)
+    a[att + "v_proj.weight"][0, dim[marker_id]] = 1.0 / np.sqrt(hidden)
     a[att + "o_proj.weight"][flag, 0] = 1.0
     save_scripted(model, a, CONFIG, out)
     (out / "SCRIPT.json").write_text(

@@ -22,8 +22,9 @@ from ssdmoe_tui.prompting.chat_format import encode, first_turn_tokens, render, 
 from ssdmoe_tui.prompting.harmony import parse_header, parse_reply
 from ssdmoe_tui.prompting.output import Call, Content, OutputFilter, Reasoning, ThinkFormat
 from ssdmoe_tui.prompting.reply_format import DEEPSEEK, reply_format_for
+from ssdmoe_tui.prompting.tool_support import NOT_READ, NOT_SHOWN, why_no_tools
 from ssdmoe_tui.tools.calls import split_reply
-from tests.helpers.fixture_paths import MODELS
+from tests.helpers.fixture_paths import MODELS, genuine_template
 from tests.helpers.harmony_tokenizer import write_harmony_tokenizer
 from tests.helpers.tools import CALLS, TOOLS, run_filter
 
@@ -289,13 +290,6 @@ GENUINE = {
 }
 
 
-def genuine_template(family: str) -> str:
-    folder = MODELS / family
-    if (folder / "chat_template.jinja").is_file():
-        return (folder / "chat_template.jinja").read_text()
-    return json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
-
-
 @pytest.mark.parametrize("family", GENUINE)
 def test_calls_as_each_genuine_template_renders_them_parse_back(family, tmp_path):
     """The template's own rendering of an assistant's calls (what the model learned to
@@ -370,3 +364,30 @@ def test_the_app_shows_harmony_reasoning_apart_and_finds_its_calls(harmony_tok, 
     ids = harmony_tok.encode(text, add_special_tokens=False)
     analysis = harmony_tok.encode(text[: text.index("<|end|>") + 7], add_special_tokens=False)
     assert thinking_tokens(ids, harmony_tok, text) == len(analysis)
+
+
+# A template that shows the tools to the model but asks for calls in no format ssdmoe
+# (or mlx-lm) reads: the tools reach the prompt, a call would stay text.
+TOOLS_NO_FORMAT = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<|im_start|>system\nYou may call: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_model_says_whether_it_can_use_tools(tmp_path, harmony_tok):
+    """Issue 44 item 4: the one owner of 'this model cannot use tools' (prompting/
+    tool_support.py, which the app's notice and the server's warning word from): every
+    genuine template that calls tools can; ChatML (shows none) and a template that shows
+    them with no call format cannot, each with its reason. DeepSeek-V3/R1/V3.1's genuine
+    templates render no tools at all (their model cards have the client write a tools
+    section into the system prompt): the app says so, though their calls parse."""
+    from tests.helpers.chat_templates import CHATML
+
+    for family in (*GENUINE, "qwen3-30b-a3b", "qwen3.5-35b-a3b"):
+        tok = qwen_with_template(tmp_path / family, genuine_template(family))
+        want = NOT_SHOWN if family.startswith("deepseek") else None
+        assert why_no_tools(tok) == want, family
+    assert why_no_tools(harmony_tok) is None  # gpt-oss's genuine template
+    assert why_no_tools(qwen_with_template(tmp_path / "c", CHATML)) == NOT_SHOWN
+    assert why_no_tools(qwen_with_template(tmp_path / "n", TOOLS_NO_FORMAT)) == NOT_READ

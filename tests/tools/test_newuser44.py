@@ -12,6 +12,7 @@ import pytest
 from ssdmoe_tui import paths
 from ssdmoe_tui.commands.chat import engine_factory
 from ssdmoe_tui.config import config_path, ensure_config_file, load_config
+from ssdmoe_tui.engine.run.protocol import PhaseChanged
 from ssdmoe_tui.mcp_config import check_mcp_servers
 from ssdmoe_tui.sessions.app_sessions import AppSessions
 from ssdmoe_tui.sessions.store import SessionStore
@@ -290,6 +291,12 @@ async def test_m5_m15_the_header_says_what_the_chat_waits_on(tool_model):
         await type_and_send(pilot, QUESTION)
         await wait_until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), 90, "approval")
         assert "starting MCP servers…" in seen
+        assert app.status_bar.phase == "waiting for approval: get_weather"
+        # the engine's end of the call's reply, late (as SSDMOE_TEST_PACE=fast sends it):
+        # the header went back to "idle" with the dialog up
+        app.feed(PhaseChanged("saving"))
+        app.feed(PhaseChanged("idle"))
+        await pilot.pause(0.1)
         assert app.status_bar.phase == "waiting for approval: get_weather"
         await pilot.press("y")
         await wait_until(pilot, lambda: len(replies(app)) == 2 and settled(app), 90, "answer")

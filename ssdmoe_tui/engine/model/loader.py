@@ -44,6 +44,7 @@ from ssdmoe_tui.engine.model.streamed import (
 )
 from ssdmoe_tui.engine.model.timeline import Timeline, timeline_on
 from ssdmoe_tui.errors import BadValueError, ModelError, UnsupportedModelError
+from ssdmoe_tui.gpu_kernels import first_run_note
 from ssdmoe_tui.options import check_k, parse_bytes
 
 
@@ -337,12 +338,9 @@ def load_streamed(
 
     progress("loading tokenizer")
     tokenizer = load_tokenizer(path)
-    if is_cuda():
-        from ssdmoe_tui.gpu_kernels import first_run_note
-
-        note = first_run_note()  # MLX-CUDA compiles at the first forward pass: say so
-        if note:
-            progress(note)
+    # MLX-CUDA compiles its kernels at the first forward pass (minutes): say so first
+    if note := first_run_note(is_cuda()):
+        progress(note)
 
     sm = StreamedModel(
         model=model,

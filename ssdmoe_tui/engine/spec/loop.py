@@ -99,7 +99,7 @@ def spec_loop(
     costs.k = runner.k
     acceptance = mem.acceptance.setdefault(acceptance_key(spec), Acceptance())
     governor = Governor(costs, acceptance, spec.depth)
-    figures = stats.spec = SpecStats(str(spec))
+    figures = stats.spec = SpecStats(str(spec), costs=costs)
     step = runner._decode_step(begun, sampler)
     eos = runner.eos_ids()
     meter = sm.routing_mass
@@ -138,7 +138,7 @@ def spec_loop(
             break
         t0 = clock()
         if last is not None:  # the round before, priced by its whole cycle (see above)
-            _price(costs, t0, *last)
+            _price(costs, figures, t0, *last)
         h0, m0, b0, r0 = counters.hits, counters.misses, counters.bytes_read, counters.read_s
         tok = tokens[-1]
         room = max_tokens - len(tokens)  # tokens this turn may still produce
@@ -257,16 +257,20 @@ def spec_loop(
     return finish, len(tokens) - 1 + (pending is not None)
 
 
-def _price(costs: CostModel, now: float, t0: float, n: int, apart_s: float, read_s: float,
-           lookups: int, misses: int, bytes_read: int) -> None:  # fmt: skip
+def _price(costs: CostModel, figures: SpecStats, now: float, t0: float, n: int, apart_s: float,
+           read_s: float, lookups: int, misses: int, bytes_read: int) -> None:  # fmt: skip
     """Measure a round that began at `t0` and ended its cycle `now`: n = 0 is a d = 0 round
     that found no step built where they pipeline (L), else a pass of n tokens. `apart_s`:
-    a re-run and a given-back step's wait (W), priced apart."""
+    a re-run and a given-back step's wait (W), priced apart. A plain step's whole cycle
+    is kept for the turn too (what the speed speculation bought is priced against)."""
     spent = now - t0 - apart_s
     if n == 0:
         costs.measure_cold(spent)
     else:
         costs.measure(n, spent - read_s, read_s, lookups, misses, bytes_read)
+        if n == 1:
+            figures.plain_s += spent
+            figures.plain_rounds += 1
 
 
 def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, clock, chain):  # noqa: ANN001, ANN202

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
+from ssdmoe_tui.engine.spec.governor import CostModel
 
 TRIM, UNDO = "trim", "undo"
 
@@ -73,6 +74,12 @@ class SpecStats:
     depths: dict[int, int] = field(default_factory=dict)  # rounds per chosen depth
     probes: int = 0  # rounds the governor drafted to re-measure a pass size (governor.py)
     oracle: dict | None = None  # the oracle drafter's alignment (drafts.OracleDrafter)
+    # What speculation bought (the app's panel shows it): this turn's pipelined d = 0
+    # rounds, plain one-token steps, by their whole cycles, against the turn's ms per
+    # token; before the turn has one, the governor's price of one, T(1) at today's pace
+    plain_s: float = 0.0
+    plain_rounds: int = 0
+    costs: CostModel | None = field(default=None, repr=False, compare=False)
 
     @property
     def acceptance(self) -> float | None:
@@ -83,9 +90,19 @@ class SpecStats:
         return self.tokens / self.passes if self.passes else None
 
     def as_dict(self, decode_bytes: int, decode_s: float) -> dict:
+        """The figures; `speedup` is a plain step's time (the mean cycle of this turn's
+        d = 0 rounds; before one, the governor's T(1)) over this reply's ms per token: an
+        estimate of the speed speculation bought, below 1 where it cost (None before
+        either is known)."""
         n = max(self.tokens, 1)
         acc = self.acceptance
         tpp = self.tokens_per_pass
+        if self.plain_rounds:
+            plain: float | None = self.plain_s / self.plain_rounds
+        else:
+            plain = self.costs.pass_s(1) if self.costs is not None else None
+        ms = decode_s * 1e3 / n
+        gain = plain * 1e3 / ms if plain and self.tokens and ms > 0 else None
         return {
             "mode": self.mode,
             "passes": self.passes,
@@ -98,7 +115,9 @@ class SpecStats:
             "acceptance": None if acc is None else round(acc, 4),
             "tokens_per_pass": None if tpp is None else round(tpp, 4),
             "bytes_per_token": round(decode_bytes / n),
-            "ms_per_token": round(decode_s * 1e3 / n, 3),
+            "ms_per_token": round(ms, 3),
+            "plain_ms_per_token": round(plain * 1e3, 3) if plain else None,
+            "speedup": None if gain is None else round(gain, 3),
             "depths": {str(d): c for d, c in sorted(self.depths.items())},
             "probes": self.probes,
             **({"oracle": self.oracle} if self.oracle is not None else {}),

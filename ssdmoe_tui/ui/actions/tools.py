@@ -43,8 +43,10 @@ async def ensure_servers(pane: Any) -> None:
 def show_phase(pane: Any, text: str) -> None:
     """The header's phase while the app, not the engine, is what the chat waits on (a
     server starting, the user's approval, a tool running); the engine's next phase
-    replaces it."""
+    replaces it, but not its "saving" or "idle" (those of the reply before, which come
+    late on a slow machine): the round's end sets "idle" itself."""
     try:
+        pane.app.app_phase = "" if text == "idle" else text  # held against the engine's idle
         pane.app.status_bar.phase = text
     except NoMatches:  # the app is closing
         pass

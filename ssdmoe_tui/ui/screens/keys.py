@@ -24,6 +24,15 @@ FIXED_KEYS: tuple[tuple[str, str, str], ...] = (
     ("prompt", "ctrl+home  ctrl+end", "transcript top / follow the reply again"),
 )
 
+#: What a user on an NVIDIA GPU should know before a reply looks hung or changes
+#: (docs/app.md, "First run on a GPU"; "Generation settings").
+GPU_NOTES = (
+    "On MLX-CUDA (NVIDIA): the first reply on a machine compiles the GPU kernels, once "
+    "(the demo: about 2 minutes on an H100, 16 s a run once kept in ssdmoe's cache "
+    "folder); the header says so meanwhile. Speculative decoding (F9) keeps greedy "
+    "replies exact on the CPU; on MLX-CUDA near-ties may flip tokens."
+)
+
 
 def bindings_table(
     app: App, groups: list[tuple[str, list[Binding]]], keymap: dict[str, str]
@@ -61,4 +70,5 @@ class KeysScreen(ModalScreen[None]):
             with VerticalScroll():
                 self.table = bindings_table(self.app, self.groups, self.keymap)
                 yield Static(self.table, id="keys-table")
+                yield Static(GPU_NOTES, id="keys-notes", markup=False)
             yield Label("esc closes", classes="dialog-hint")

@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from ssdmoe_tui.chat.progress import LoadProgress, PrefillClock
+from ssdmoe_tui.checkpoint import arch
 from ssdmoe_tui.engine.run.protocol import ModelInfo, PhaseChanged, StatsSample
 from ssdmoe_tui.ui.child import child
 from ssdmoe_tui.ui.fmt import fmt_bytes, fmt_count, fmt_mib, fmt_pct, fmt_rate
@@ -51,6 +52,7 @@ ROWS = {
     "spec_accept": "drafts kept",
     "spec_pass": "tokens per pass",
     "spec_cost": "per token",
+    "spec_gain": "speed vs plain",
 }
 
 TOOLTIPS = {
@@ -69,7 +71,25 @@ TOOLTIPS = {
     "one-token decode (up to 0.28 on the H200), so near-ties may flip tokens.",
     "spec_pass": "Tokens each forward pass produced this reply (1 without speculation).",
     "spec_cost": "Expert bytes read and milliseconds per token this reply.",
+    "spec_gain": "What speculation bought: this reply's undrafted one-token steps (their "
+    "mean time) over its time per token; below 1.00x it cost. An estimate: those steps "
+    "carry the governor's own work, so it leans high by that much. The governor drafts "
+    "only where it expects at least 5 % more tokens per second.",
 }
+
+SPEC_ROWS = ("spec_accept", "spec_pass", "spec_cost", "spec_gain")
+MASS_NOT_MEASURED = (
+    "Not measured for {family}: its router is neither a softmax over the experts nor "
+    "DeepSeek-V3's biased sigmoid, the functions the meter computes (checkpoint/arch.py)."
+)
+
+
+def mass_measured(model_type: str) -> bool:
+    """Whether the engine measures the router mass of this family (its routing function
+    is one the meter computes); an unknown type is taken to be measured ("—" until then)."""
+    entry = arch.ARCHITECTURES.get(model_type)
+    return entry is None or entry.routing != "none"
+
 
 K_ECHO_GRACE_S = 1.0  # samples this soon after a K change may predate it: not reflected
 
@@ -129,6 +149,7 @@ class EnginePanel(VerticalScroll):
         self.mass_history: deque[float] = deque(maxlen=HISTORY)
         self.last_sample: StatsSample | None = None
         self.info: ModelInfo | None = None
+        self.mass_measured = True  # False: the model's family has no router-mass function
         self._last_generated = 0
         self.phase = "idle"
         self._context_unknown = False  # a resumed conversation before its next turn
@@ -170,7 +191,7 @@ class EnginePanel(VerticalScroll):
         yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="context-meter")
         # speculative decoding (F9): shown while a reply speculates
         yield Static("speculation", classes="section-title", id="spec-title")
-        for key in ("spec_accept", "spec_pass", "spec_cost"):
+        for key in SPEC_ROWS:
             yield Row(key, ROWS[key])
 
     def on_mount(self) -> None:
@@ -192,6 +213,10 @@ class EnginePanel(VerticalScroll):
             # Textual had cached for the "—" before it (Widget.refresh skips
             # clear_cached_dimensions until mounted): "weights 9", "context 0" in 2 of 8.
             value.styles.width = max(1, cell_len(text))
+
+    def _mass(self, value: float | None) -> str:
+        """The router mass kept, "—" until measured, "n/a" for a family never measured."""
+        return fmt_pct(value) if self.mass_measured else "n/a"
 
     def show_model(self, info: ModelInfo | None, k: int | None = None) -> None:
         """Show a loaded model (None: no model); `k` is the K it runs at."""
@@ -217,6 +242,11 @@ class EnginePanel(VerticalScroll):
             self._set(key, "—")
         self.last_sample = None
         self.clear_history()
+        self.mass_measured = mass_measured(info.model_type)
+        self.query_one("#row-mass", Row).tooltip = TOOLTIPS["mass"] + (
+            "" if self.mass_measured else f" {MASS_NOT_MEASURED.format(family=info.model_type)}"
+        )
+        self._set("mass", self._mass(None))
         self._set("mem_resident", fmt_bytes(info.resident_bytes))
         self._set("cache_used", f"— / {fmt_bytes(info.expert_cache_budget)}")
         self._show_context_unknown()
@@ -226,8 +256,9 @@ class EnginePanel(VerticalScroll):
         the one before (its context, KV hit, router mass, sparklines) go. A resumed one's
         context is shown once its next turn has run (its KV checkpoint loads then)."""
         self.clear_history()
-        for key in ("kv_hit", "mass", "decode", "prefill", "ssd", "page_cache", "cache_hit"):
+        for key in ("kv_hit", "decode", "prefill", "ssd", "page_cache", "cache_hit"):
             self._set(key, "—")
+        self._set("mass", self._mass(None))
         self._context_unknown = resumed
         self._between = True
         self._show_context_unknown()
@@ -257,9 +288,10 @@ class EnginePanel(VerticalScroll):
         if event.phase == "prefill" and event.done == 0:
             self._last_generated = 0
 
-    def show_prefill(self, clock: PrefillClock) -> None:
-        """A prefill: tokens (estimated between the engine's reports), rate, time left."""
-        label = f"{PHASE_LABELS['prefill']}  {clock.text()}"
+    def show_prefill(self, clock: PrefillClock, note: str = "") -> None:
+        """A prefill: tokens (estimated between the engine's reports), rate, time left;
+        `note` on its own line (MLX-CUDA's first run: the kernels compiling)."""
+        label = f"{PHASE_LABELS['prefill']}  {clock.text()}" + (f"\n{note}" if note else "")
         self.query_one("#phase", Static).update(label)
         self.shown["phase"] = label
         bar = self.query_one("#phase-progress", ProgressBar)
@@ -311,7 +343,7 @@ class EnginePanel(VerticalScroll):
         self._set("prefill", fmt_rate(s.prefill_tok_s) if s.prefill_tok_s > 0 else "—")
         self._set("ssd", fmt_mib(s.ssd_mib_per_token) if ran else "—")
         self._set("page_cache", fmt_mib(page_cache_mib(s)) if ran else "—")
-        self._set("mass", fmt_pct(s.routing_mass))
+        self._set("mass", self._mass(s.routing_mass))
         self._set("cache_hit", fmt_pct(s.expert_cache_hit_rate) if ran else "—")
         self._set("kv_hit", fmt_pct(s.kv_hit_rate) if ran else "—")
         if self._context_unknown:
@@ -322,11 +354,11 @@ class EnginePanel(VerticalScroll):
         self._show_spec(s.speculation)
 
     def _show_spec(self, sp: dict | None) -> None:
-        """The speculation rows: acceptance, tokens per pass, bytes and ms per token
-        (hidden while replies do not speculate)."""
+        """The speculation rows: acceptance, tokens per pass, bytes and ms per token, and
+        the speed it bought against a plain step (hidden while replies do not speculate)."""
         shown = sp is not None
         self.query_one("#spec-title").display = shown
-        for key in ("spec_accept", "spec_pass", "spec_cost"):
+        for key in SPEC_ROWS:
             self.query_one(f"#row-{key}").display = shown
         if sp is None:
             return
@@ -340,6 +372,8 @@ class EnginePanel(VerticalScroll):
             f"{_short(sp.get('bytes_per_token', 0) / 2**20)} MiB · "
             f"{_short(sp.get('ms_per_token', 0))} ms",
         )
+        gain = sp.get("speedup")
+        self._set("spec_gain", "—" if gain is None else f"≈{gain:.2f}x")
 
     def show_ranks(self, d: dict | None) -> None:
         """Per-rank figures of a distributed reply (its stats' `distributed`); None: hide."""

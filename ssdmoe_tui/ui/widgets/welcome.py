@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from ssdmoe_tui.chat.progress import LoadProgress
+from ssdmoe_tui.chat.progress import COMPILING, LoadProgress
 from ssdmoe_tui.models.registry import SUPPORTED_ARCHITECTURES
 
 EXAMPLE_REPO = "mlx-community/Qwen3-30B-A3B-4bit"
@@ -106,10 +106,12 @@ class Welcome(Vertical):
         self.query_one("#welcome-bar", ProgressBar).update(progress=self.progress.fraction * 100)
         self.query_one("#welcome-status", Static).update(self.progress.text())
 
-    def loaded(self, name: str) -> None:
+    def loaded(self, name: str, *, compiling: bool = False) -> None:
+        """`compiling`: MLX-CUDA's first run, whose first reply compiles the GPU kernels."""
         self.query_one("#welcome-bar", ProgressBar).display = False
+        first = f" Its first reply is slow: {COMPILING} (minutes)." if compiling else ""
         self.query_one("#welcome-status", Static).update(
-            f"{name} is ready: type a message below, Enter sends."
+            f"{name} is ready: type a message below, Enter sends.{first}"
         )
 
     def failed(self, why: str) -> None:
