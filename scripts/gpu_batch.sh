@@ -17,7 +17,7 @@
 #   vs     every expert held (64G: all 6144 slots, managed), uncapped: the engine's batch
 #          against mlx-lm's resident BatchGenerator in one process, B = 1,2,4,8, rounds
 #          alternating (order of B and of the two flips each round) until VS_ROUNDS or
-#          VS_S seconds, medians; the batch-invariant mode at B = INV_BATCH beside them;
+#          VS_S seconds after its warm-up, medians; the batch-invariant mode at B = INV_BATCH beside them;
 #          then invariance: each row alone (ours: Runner.generate; mlx-lm's:
 #          stream_generate), rows equal alone and the top-2 margin at each first flip
 #          (scripts/batch_vs_mlx.py -> OUTDIR/batch_vs_mlx-held.json, vs.txt)

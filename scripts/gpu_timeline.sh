@@ -13,6 +13,8 @@
 #          GPU memory, misses migrated by page faults) against the default host slots
 #   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
 #          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
+#   compile_model  (not in the default STEPS) the K = 8 model-routing run of `compile` alone,
+#          bound by DEADLINE_S (on the H100 the model run compiled for more than 77 s)
 # Call 1 (cold machine): the Q30 build, then the compile pass:
 #
 #   STEPS=q30 bash scripts/gpu_pipeline.sh $OUT/build && STEPS=compile bash scripts/gpu_timeline.sh
@@ -44,6 +46,9 @@ one() {  # one NAME SECONDS [bench args...]
 }
 
 [ -f "$Q30/config.json" ] || { log "no checkpoint at $Q30: run scripts/gpu_pipeline.sh step q30 first"; exit 1; }
+if want compile_model; then  # the model-routing shapes only (steps model, managed)
+  ROUNDS=1 DECODE=4 one compile-model "$(( $(left) - 10 ))" --k 8
+fi
 if want compile; then
   ROUNDS=1 DECODE=4 one compile-model "$(( $(left) / 2 ))" --k 8
   ROUNDS=1 DECODE=4 one compile-trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"

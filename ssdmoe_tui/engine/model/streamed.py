@@ -20,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ssdmoe_tui.engine.experts.cache import ExpertCache
+from ssdmoe_tui.engine.model import qmm_guard
 from ssdmoe_tui.engine.model.timeline import Timeline
 
 
@@ -234,6 +235,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_compact", _compact(mode))
         placement = getattr(getattr(cache, "placement", None), "placement", "none")
         object.__setattr__(self, "_stage", stages(prefill_stage_mode(), placement))
+        object.__setattr__(self, "_qmm_pad", qmm_guard.pads(qmm_guard.pad_mode()))
 
     def set_gate(self, gate: PrefillGate) -> None:
         """Ask `gate` at this layer during prefill chunks (the loader shares one per model)."""
@@ -277,13 +279,26 @@ class StreamedSwitch(nn.Module):
             y = y + mx.expand_dims(bias[idx], -2)
         return y
 
+    def _slack(self, name: str, x: mx.array, idx: mx.array, arrays: dict) -> mx.array:
+        """`x` with room behind it where MLX-CUDA's tiled kernel reads a row past its end
+        (qmm_guard.py); `x` itself elsewhere (the CPU, gather_qmv's calls)."""
+        if not self._qmm_pad:
+            return x
+        q = self._quant[name]
+        rows = idx.size * x.shape[-2]
+        if qmm_guard.tiled(x, rows, arrays[name][0].shape[-2], q.bits, q.group_size, q.mode):
+            return qmm_guard.with_slack(x)
+        return x
+
     def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, arrays: dict) -> mx.array:
         if self._kind == "glu":
+            x = self._slack("up_proj", x, idx, arrays)  # one copy serves up and gate
             x_up = self._proj("up_proj", x, idx, do_sort, arrays)
             x_gate = self._proj("gate_proj", x, idx, do_sort, arrays)
-            return self._proj("down_proj", self.activation(x_up, x_gate), idx, do_sort, arrays)
-        x = self._proj("fc1", x, idx, do_sort, arrays)
-        x = self.activation(x)
+            h = self._slack("down_proj", self.activation(x_up, x_gate), idx, arrays)
+            return self._proj("down_proj", h, idx, do_sort, arrays)
+        x = self._proj("fc1", self._slack("fc1", x, idx, arrays), idx, do_sort, arrays)
+        x = self._slack("fc2", self.activation(x), idx, arrays)
         return self._proj("fc2", x, idx, do_sort, arrays)
 
     def _run(

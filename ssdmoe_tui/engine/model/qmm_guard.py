@@ -1,0 +1,84 @@
+"""Slack behind the activations of an expert matmul that MLX-CUDA's tiled kernel reads past.
+
+MLX-CUDA 0.32's `gather_qmm` runs `qmm_sm80_kernel` for calls of 8 rows or more (fewer go
+to `gather_qmv`) when the output width is a multiple of 128 and the input width a multiple
+of max(64, group size), 4 or 8 bits, affine, float16 or bfloat16. Each batch of such a call
+is one row (the streamed layer's shapes, as mlx-lm's SwitchGLU), and the kernel tiles 16
+rows: at the last batch it reads the row after x's end. MLX's CUDA allocator rounds a buffer
+to a power of two under 16 KiB and to whole 16 KiB pages above, so an x whose size is
+already such a size has no slack, and the read leaves the allocation. Measured on the H200
+(2026-12-05, `compute-sanitizer`, the demo's speculative verify): "Invalid __global__ read
+of size 16 bytes ... 1 bytes after the nearest allocation ... of size 49,152 bytes" (the
+down projection's input, 192 rows x 128 bfloat16 of a 48-token prompt), and without the
+sanitizer the process aborts with "an illegal memory access was encountered". Whether it
+faults depends on what the allocator placed behind x: the H100 run of the same command
+did not. mlx-lm's own resident layers call the same kernel (upstream: ml-explore/mlx
+#3487, the kernels' M/N boundary reads).
+
+The guard copies x into a buffer `PAD_ROWS` rows longer and hands the call a view of its
+first rows: the same shape and strides, so MLX picks the same kernel and every row's
+arithmetic is unchanged (greedy tokens stay mlx-lm's); the copy is one small kernel per
+guarded call, on MLX-CUDA only. `SSDMOE_QMM_PAD`: `auto` (default: on under MLX-CUDA),
+`on` (everywhere: the tests run the padded path on the CPU), `off` (for A/B runs on the
+GPU)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import mlx.core as mx
+
+PAD_ENV = "SSDMOE_QMM_PAD"
+PAD_MODES = ("auto", "on", "off")
+# The kernel's smallest row tile (16) bounds how far past a batch's one row it reads.
+PAD_ROWS = 16
+# gather_qmm's dispatch (mlx/backend/cuda/quantized/quantized.cpp): fewer rows -> gather_qmv
+MIN_TILED_ROWS = 8
+
+
+@lru_cache(maxsize=1)
+def _cuda_available() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_available())
+    except Exception:  # noqa: BLE001 - an MLX without the probe has no CUDA backend
+        return False
+
+
+def pad_mode() -> str:
+    """`$SSDMOE_QMM_PAD`, checked: one clear line for a bad value."""
+    from ssdmoe_tui.errors import BadValueError
+
+    text = os.environ.get(PAD_ENV, "").strip().lower() or "auto"
+    if text not in PAD_MODES:
+        raise BadValueError(f"{PAD_ENV}={text!r}: use one of {', '.join(PAD_MODES)}")
+    return text
+
+
+def pads(mode: str) -> bool:
+    """Whether calls are guarded in `mode`: `auto` on MLX-CUDA's GPU only."""
+    if mode == "auto":
+        return _cuda_available() and mx.default_device() == mx.gpu
+    return mode == "on"
+
+
+def tiled(x: mx.array, rows: int, out_width: int, bits: int, group_size: int, mode: str) -> bool:
+    """True when MLX-CUDA would run this `gather_qmm` call on `qmm_sm80_kernel`."""
+    k = x.shape[-1]
+    return (
+        rows >= MIN_TILED_ROWS
+        and x.dtype in (mx.float16, mx.bfloat16)
+        and bits in (4, 8)
+        and mode == "affine"
+        and out_width % 128 == 0
+        and k % max(64, group_size) == 0
+    )
+
+
+def with_slack(x: mx.array) -> mx.array:
+    """`x` as a view of the first rows of a copy `PAD_ROWS` rows longer (zeros behind)."""
+    k = x.shape[-1]
+    flat = x.reshape(-1, k)
+    padded = mx.pad(flat, [(0, PAD_ROWS), (0, 0)])
+    return padded[: flat.shape[0]].reshape(x.shape)

@@ -1,0 +1,91 @@
+"""The slack behind an expert matmul's activations (engine/model/qmm_guard.py): the padded
+view computes bit for bit what the plain array does, the guard fires exactly where MLX-CUDA
+dispatches `gather_qmm` to its tiled kernel, and a bad `SSDMOE_QMM_PAD` is one line. The
+over-read itself only happens on MLX-CUDA: scripts/gpu_qmm_guard.sh checks it there under
+compute-sanitizer."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ssdmoe_tui.engine.model import qmm_guard
+from ssdmoe_tui.errors import BadValueError
+
+E, N, D = 8, 256, 128
+
+
+def _weights(bits: int = 4, group_size: int = 32):
+    w = mx.random.normal((E, N, D), key=mx.random.key(1)).astype(mx.bfloat16)
+    return mx.quantize(w, group_size=group_size, bits=bits)
+
+
+@pytest.mark.parametrize("rows", [12, 192])
+@pytest.mark.parametrize("sort", [True, False])
+def test_the_padded_view_computes_the_same_bits(rows: int, sort: bool) -> None:
+    wq, scales, biases = _weights()
+    if sort:  # the sorted prefill path: one row per batch, indices in order
+        x = mx.random.normal((rows, 1, D), key=mx.random.key(2)).astype(mx.bfloat16)
+        idx = mx.sort(mx.random.randint(0, E, (rows,), key=mx.random.key(3))).astype(mx.uint32)
+    else:  # decode / verify: tokens x top-k against one row of x per token
+        x = mx.random.normal((1, rows // 4, 1, 1, D), key=mx.random.key(2)).astype(mx.bfloat16)
+        idx = mx.random.randint(0, E, (1, rows // 4, 4), key=mx.random.key(3)).astype(mx.uint32)
+    padded = qmm_guard.with_slack(x)
+    assert padded.shape == x.shape and padded.dtype == x.dtype
+    kw = dict(rhs_indices=idx, transpose=True, group_size=32, bits=4, sorted_indices=sort)
+    plain = mx.gather_qmm(x, wq, scales, biases, **kw)
+    guarded = mx.gather_qmm(padded, wq, scales, biases, **kw)
+    assert np.array_equal(np.array(plain.astype(mx.float32)), np.array(guarded.astype(mx.float32)))
+    assert qmm_guard.tiled(x, idx.size * x.shape[-2], N, 4, 32, "affine")
+
+
+def test_the_guard_fires_where_mlx_cuda_tiles_and_nowhere_else() -> None:
+    x = mx.zeros((1, 3, 1, 1, D), dtype=mx.bfloat16)
+    assert qmm_guard.tiled(x, 12, N, 4, 32, "affine")
+    assert qmm_guard.tiled(x, 8, N, 8, 64, "affine")
+    assert not qmm_guard.tiled(x, 7, N, 4, 32, "affine")  # gather_qmv's calls
+    assert not qmm_guard.tiled(x.astype(mx.float32), 12, N, 4, 32, "affine")  # CPU's float32
+    assert not qmm_guard.tiled(x, 12, 200, 4, 32, "affine")  # width not a multiple of 128
+    assert not qmm_guard.tiled(x, 12, N, 4, 256, "affine")  # D not a multiple of the group
+    assert not qmm_guard.tiled(x, 12, N, 3, 32, "affine")
+    assert not qmm_guard.tiled(x, 12, N, 4, 32, "mxfp4")
+
+
+def test_the_mode_is_read_once_and_a_bad_value_is_one_line(monkeypatch) -> None:
+    monkeypatch.setenv(qmm_guard.PAD_ENV, "sometimes")
+    with pytest.raises(
+        BadValueError, match=r"SSDMOE_QMM_PAD='sometimes': use one of auto, on, off"
+    ):
+        qmm_guard.pad_mode()
+    monkeypatch.setenv(qmm_guard.PAD_ENV, " ON ")
+    assert qmm_guard.pad_mode() == "on"
+    assert qmm_guard.pads("on") and not qmm_guard.pads("off")
+    assert not qmm_guard.pads("auto")  # this process runs MLX on the CPU
+
+
+def test_a_bfloat16_streamed_run_with_the_guard_forced_on_stays_exact(
+    checkpoints, monkeypatch
+) -> None:
+    """The layer's wiring: forced on, a bfloat16 run (the dtype MLX-CUDA runs) pads the
+    down projection's input (this checkpoint's only tiled shape: 128 wide, 64 in) on the
+    prompt's sorted call, and decodes plain mlx-lm's tokens, as it does unguarded."""
+    from tests.helpers.exact import engine_tokens, reference_tokens
+
+    path = checkpoints("qwen3_moe")
+    fired = []
+    real = qmm_guard.with_slack
+
+    def counted(x: mx.array) -> mx.array:
+        fired.append(tuple(x.shape))
+        return real(x)
+
+    monkeypatch.setattr(qmm_guard, "with_slack", counted)
+    tokens = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv(qmm_guard.PAD_ENV, mode)
+        fired.clear()
+        _sm, prompt, res = engine_tokens(path, None, "1G", dtype="bfloat16")
+        tokens[mode] = res.tokens
+        assert bool(fired) == (mode == "on")
+    assert tokens["on"] == tokens["off"] == reference_tokens(path, None, mx.bfloat16, prompt)
