@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
 from ssdmoe_tui.engine.spec.drafts import Drafter, NgramDrafter, NoDrafter, OracleDrafter
+from ssdmoe_tui.engine.spec.exact import ExactVerify
 from ssdmoe_tui.engine.spec.governor import (
     AUTO_DEPTH,
     Acceptance,
@@ -38,6 +39,13 @@ class SpecMemory:
 
     costs: CostModel
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
+    exact: ExactVerify | None = None  # built on the first `--exact-verify` turn
+
+    def exact_verify(self, model) -> ExactVerify:  # noqa: ANN001 - the streamed model
+        """The model's exact-verify module table (one walk of its modules, then kept)."""
+        if self.exact is None:
+            self.exact = ExactVerify(model)
+        return self.exact
 
 
 def make_drafter(sm, spec: Speculation, reference: Sequence[int],  # noqa: ANN001
@@ -218,7 +226,8 @@ def spec_loop(
                     built.append((nxt, seen))
 
             v = _verify(
-                runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing, clock, chain
+                runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing, clock, chain,
+                mem.exact_verify(sm.model) if spec.exact else None,
             )  # fmt: skip
             if meter is not None:
                 meter.clear()  # a chunk's mass is not measured
@@ -273,9 +282,11 @@ def _price(costs: CostModel, figures: SpecStats, now: float, t0: float, n: int, 
             figures.plain_rounds += 1
 
 
-def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, clock, chain):  # noqa: ANN001, ANN202
+def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, clock, chain,  # noqa: ANN001, ANN202
+            exact):  # fmt: skip
     """One verify round (verify.py) at the live K, the trace (if any) following it;
-    `chain`: verify_chunk's (the next step built on the chunk's last sample)."""
+    `chain`, `exact`: verify_chunk's (the next step built on the chunk's last sample;
+    the chunk in decode's shapes)."""
     sm = runner.sm
     runner._use_k(runner.k)
     sm.cache.step()
@@ -288,6 +299,7 @@ def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, cloc
     v = verify_chunk(
         sm.model, cache, tok, drafts, sampler, begun.window, keep_most=room, stop_ids=eos,
         on_chunk=on_chunk if routing is not None else None, clock=clock, chain=chain,
+        exact=exact,
     )  # fmt: skip
     if routing is not None:
         routing.position = p0
