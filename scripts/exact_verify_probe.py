@@ -14,16 +14,18 @@ Two parts, one process:
    |chunk - decode| over the rows, the rows whose argmax differs (flips) and the top-2
    margin at each flip, and the median seconds of a chunk pass (built and evaluated).
    Variants: `plain` (the verify pass as it runs), `f32` (qwisp's recipe: the chunk's
-   attention and conv1d in float32, no row splitting), and the exact parts alone and
+   attention and conv1d in float32, no row splitting), `sdpa` (only the attention kernel
+   split per query row: enough where the device's matmuls are row-invariant, and much
+   cheaper than `mixers`), and the exact parts alone and
    together (`mixers`: token mixers token by token; `dense`: Linear / QuantizedLinear
    row by row; `norms`: RMSNorm row by row; `exact` = all three, what `--exact-verify`
    runs; `exact+experts`: the MoE blocks row by row too, each row its own expert call,
    should a device's gather_qmm depend on its batch). `decode_repeat` is decode against itself (0.0 unless the device is
    nondeterministic): the floor every variant is read against.
 2. speed (`--speed-rounds` > 0): `bench --speculate`'s ABBA rounds (bench/speculate.py)
-   with each configuration plain and exact side by side: ngram on the prompt, oracle:1
-   at auto and depth 4; `ratio` is spec over plain tok/s, `same_tokens` whether greedy
-   tokens equal plain greedy.
+   with each configuration plain and exact side by side: ngram on the prompt and oracle:1,
+   each at auto and depth 4; `ratio` is spec over plain tok/s, `same_tokens` whether
+   greedy tokens equal plain greedy. `--speed-parts sdpa` (any parts) times another recipe.
 
 What to read: `logits.<variant>.<k>.flips` (0 means the chunk's argmax was decode's at
 every row compared) and `max_abs_diff` (0.0: bit-identical); `speed.rows` of both
@@ -48,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 VARIANTS = {
     "plain": None,
     "f32": {"f32"},
+    "sdpa": {"sdpa"},
     "mixers": {"mixers"},
     "dense": {"dense"},
     "norms": {"norms"},
@@ -187,11 +190,15 @@ def _score(r: dict, got, want, dt: float) -> None:  # noqa: ANN001
 def speed_part(runner, prompt: list[int], args: argparse.Namespace, log) -> dict:  # noqa: ANN001
     """Part 2: bench/speculate.py's rounds, plain and exact verify side by side."""
     from ssdmoe_tui.bench.speculate import run_speculate
+    from ssdmoe_tui.engine.spec.exact import ExactVerify
+    from ssdmoe_tui.engine.spec.loop import memory
     from ssdmoe_tui.options import Speculation
 
+    if args.speed_parts:  # the exact rows split these parts instead of the flag's
+        memory(runner).exact = ExactVerify(runner.sm.model, set(args.speed_parts.split(",")))
     out = {}
     for name, specs, depths in (
-        ("ngram", [Speculation("ngram")], [None]),
+        ("ngram", [Speculation("ngram")], [None, 4]),
         ("oracle", [Speculation("oracle", None, 1.0)], [None, 4]),
     ):
         out[name] = run_speculate(
@@ -217,6 +224,13 @@ def main() -> int:
     ap.add_argument("--max-k", type=int, default=5)
     ap.add_argument("--speed-rounds", type=int, default=3, help="0: the logits part only")
     ap.add_argument("--decode-tokens", type=int, default=200)
+    ap.add_argument(
+        "--speed-parts",
+        default=None,
+        help="the exact rows split these parts (e.g. sdpa) instead of --exact-verify's "
+        "mixers,dense,norms: what a cheaper recipe would cost, once the logits part shows "
+        "it exact on this device",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -253,6 +267,7 @@ def main() -> int:
                 + (f" {r['pass_vs_plain']}x" if r.get("pass_vs_plain") else "")
                 for k, r in by_k.items()))  # fmt: skip
         if args.speed_rounds > 0:
+            result["speed_parts"] = args.speed_parts or "mixers,dense,norms"
             result["speed"] = speed_part(Runner(sm), prompt, args, log)
             for name, res in result["speed"].items():
                 for r in res["rows"]:

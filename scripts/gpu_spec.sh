@@ -43,7 +43,10 @@
 #          Read: logits.variants.plain.<k>.flips / max_abs_diff (the 0.28 and near-tie flips
 #          of 2026-12-04), .exact.<k> (0 flips and 0.0 = bit-identical: exact verify holds on
 #          this device), .mixers / .dense / .norms / mixers+dense (which parts are needed),
-#          .f32 (qwisp's float32 attention + conv1d: closer, or equal?), each variant's
+#          .sdpa (only the attention kernel split: if it reads 0 flips / 0.0 the matmuls are
+#          row-invariant here and a far cheaper recipe suffices: time it with the probe's
+#          `--speed-parts sdpa`), .exact+experts (if .exact is not 0.0: the routed experts'
+#          gather_qmm depends on its batch), .f32 (qwisp's float32 attention + conv1d), each variant's
 #          pass_vs_plain (a chunk's cost against plain verify's), decode_repeat (decode
 #          against itself: must be 0); speed.<ngram|oracle>.rows: ratio / same_tokens for
 #          exact_verify false and true side by side (the oracle's acceptance with exact

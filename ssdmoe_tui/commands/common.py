@@ -334,7 +334,8 @@ def add_speculate_arguments(p: argparse.ArgumentParser, *, oracle: bool = False)
         help=f"speculative decoding ({modes}): draft tokens from the conversation (ngram) "
         "and verify them in one pass, greedy output unchanged on CPU; on MLX-CUDA a verify "
         "pass's logits differ from one-token decode (up to 0.28 on the H200), so near-ties "
-        "may flip tokens there, and auto drafts nothing; auto: the best drafter the "
+        "may flip tokens there, and auto drafts nothing (unless --exact-verify); auto: the "
+        "best drafter the "
         "checkpoint has (docs/engine.md, 'Speculative decoding')",
     )  # fmt: skip
     p.add_argument(

@@ -29,8 +29,11 @@ compute each element or row alone. Two parts are not in the default, for the pro
 (scripts/exact_verify_probe.py) to measure on a device: `experts` splits each MoE block
 (router, routed experts, shared expert) row by row too, in case a device's `gather_qmm`
 kernel depends on its batch (each row then syncs and looks up its experts alone, as
-decode does); `f32` is qwisp's recipe instead of splitting: the chunk's attention (SDPA)
-and conv1d in float32, cast back (a closer value, not decode's kernels).
+decode does); `sdpa` splits only the attention kernel, each query row against the keys
+up to its position with no mask (decode's one-query call), the projections around it
+left batched: the cheap answer should a device's matmuls prove row-invariant and its
+attention not; `f32` is qwisp's recipe instead of splitting: the chunk's attention
+(SDPA) and conv1d in float32, cast back (a closer value, not decode's kernels).
 
 The swap is per call: each module's class is replaced by a subclass that splits rows,
 and put back on leaving (so decode steps run mlx-lm's classes untouched and a class
@@ -46,8 +49,8 @@ from contextlib import contextmanager
 import mlx.core as mx
 import mlx.nn as nn
 
-MIXERS, DENSE, NORMS, EXPERTS, F32 = "mixers", "dense", "norms", "experts", "f32"
-PARTS = (MIXERS, DENSE, NORMS, EXPERTS, F32)
+MIXERS, DENSE, NORMS, EXPERTS, SDPA, F32 = "mixers", "dense", "norms", "experts", "sdpa", "f32"
+PARTS = (MIXERS, DENSE, NORMS, EXPERTS, SDPA, F32)
 DEFAULT_PARTS = frozenset({MIXERS, DENSE, NORMS})
 
 
@@ -167,6 +170,30 @@ def _f32_sdpa(sdpa):  # noqa: ANN001, ANN202
     return call
 
 
+def _split_sdpa(sdpa):  # noqa: ANN001, ANN202
+    def call(q, k, v, *a, mask=None, **kw):  # noqa: ANN001, ANN202
+        n = q.shape[2]
+        if n == 1 or q.shape[0] != 1 or not (mask is None or isinstance(mask, str)):
+            return sdpa(q, k, v, *a, mask=mask, **kw)
+        off = k.shape[2] - n  # the keys before the chunk
+        return mx.concatenate(
+            [
+                sdpa(
+                    q[:, :, i : i + 1],
+                    k[:, :, : off + i + 1],
+                    v[:, :, : off + i + 1],
+                    *a,
+                    mask=None,
+                    **kw,
+                )
+                for i in range(n)
+            ],
+            axis=2,
+        )
+
+    return call
+
+
 class ExactVerify:
     """The modules of one model that `rows()` splits (built once per model: a walk of
     its module tree; entering costs one class assignment per module)."""
@@ -176,10 +203,15 @@ class ExactVerify:
         if unknown:
             raise ValueError(f"exact verify: unknown parts {sorted(unknown)}")
         self.parts = frozenset(parts)
+        self.model = model
         self._targets: list[tuple[nn.Module, str]] = []
         mixers: set[int] = set()
-        inner = getattr(model, "model", model)
-        for layer in getattr(model, "layers", None) or getattr(inner, "layers", []):
+        layers = list(getattr(model, "layers", None) or [])  # mlx-lm's models all say
+        if not layers:
+            from ssdmoe_tui.errors import ModelError
+
+            raise ModelError(f"--exact-verify: {type(model).__name__} lists no decoder layers")
+        for layer in layers:
             for child in layer.children().values():
                 if isinstance(child, nn.Module) and _takes_cache(child):
                     mixers.add(id(child))
@@ -189,7 +221,7 @@ class ExactVerify:
         from ssdmoe_tui.engine.model.streamed import StreamedSwitch
 
         if EXPERTS in self.parts:  # a layer's child holding routed experts: its block
-            for layer in getattr(model, "layers", None) or getattr(inner, "layers", []):
+            for layer in layers:
                 for child in layer.children().values():
                     if (
                         id(child) not in mixers
@@ -235,6 +267,8 @@ class ExactVerify:
                 put.append((m, cls))
             if F32 in self.parts:
                 mx.fast.scaled_dot_product_attention = _f32_sdpa(sdpa)
+            elif SDPA in self.parts:
+                mx.fast.scaled_dot_product_attention = _split_sdpa(sdpa)
             yield
         finally:
             mx.fast.scaled_dot_product_attention = sdpa

@@ -35,17 +35,29 @@ from ssdmoe_tui.options import Speculation
 
 @dataclass
 class SpecMemory:
-    """What a Runner keeps between turns: the cost model and each drafter's acceptance."""
+    """What a Runner keeps between turns: the cost model and each drafter's acceptance;
+    with `--exact-verify`, the model's exact-verify table and a cost model of its own (an
+    exact chunk costs more than a plain one: turns of both, as the bench alternates
+    them, would otherwise price each other's passes)."""
 
     costs: CostModel
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
     exact: ExactVerify | None = None  # built on the first `--exact-verify` turn
+    exact_costs: CostModel | None = None
 
     def exact_verify(self, model) -> ExactVerify:  # noqa: ANN001 - the streamed model
         """The model's exact-verify module table (one walk of its modules, then kept)."""
-        if self.exact is None:
+        if self.exact is None or self.exact.model is not model:
             self.exact = ExactVerify(model)
         return self.exact
+
+    def costs_for(self, exact: bool) -> CostModel:
+        if not exact:
+            return self.costs
+        if self.exact_costs is None:
+            c = self.costs
+            self.exact_costs = CostModel(c.num_experts, c.k, c.expert_bytes)
+        return self.exact_costs
 
 
 def make_drafter(sm, spec: Speculation, reference: Sequence[int],  # noqa: ANN001
@@ -103,7 +115,7 @@ def spec_loop(
     cache, counters, routing = begun.cache, sm.cache.counters, sm.cache.routing
     drafter = make_drafter(sm, spec, reference, also)
     mem = memory(runner)
-    costs = mem.costs
+    costs = mem.costs_for(spec.exact)
     costs.k = runner.k
     acceptance = mem.acceptance.setdefault(acceptance_key(spec), Acceptance())
     governor = Governor(costs, acceptance, spec.depth)

@@ -174,6 +174,10 @@ def verify_chunk(
         rows = [window(x[i : i + 1], logits[i : i + 1]) for i in range(d + 1)]
         logprobs = [r - mx.logsumexp(r, axis=-1, keepdims=True) for r in rows]
         samples = mx.concatenate([sampler(lp).reshape(-1) for lp in logprobs])
+    elif exact is not None:  # the log-softmax and the sampler in decode's (1, vocab) too
+        rows = [logits[i : i + 1] for i in range(d + 1)]
+        logprobs = [r - mx.logsumexp(r, keepdims=True) for r in rows]  # decode's call
+        samples = mx.concatenate([sampler(lp).reshape(-1) for lp in logprobs])
     else:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samples = sampler(logprobs).reshape(-1)
