@@ -219,6 +219,11 @@ def _run(args: argparse.Namespace, dist) -> int:
     if args.quick:
         _check_quick(args)
         return _run_quick(args)
+    if args.exact_verify and not args.speculate:
+        from ssdmoe_tui.errors import BadValueError
+        from ssdmoe_tui.options import EXACT_NEEDS_SPECULATE
+
+        raise BadValueError(EXACT_NEEDS_SPECULATE)
     if args.speculate:
         return _run_speculate(args)
     if args.timeline:

@@ -65,6 +65,25 @@ def test_exact_verify_keeps_greedy_tokens_where_a_chunk_differs(checkpoints, bud
     sm.close()
 
 
+def test_bench_measures_both_verifies_in_the_same_rounds(checkpoints):
+    """`bench --speculate oracle:1 --exact-verify`: each configuration twice, plain and
+    exact verify, in every round; on Nemotron-H bf16 only the exact row keeps plain
+    greedy's tokens."""
+    from ssdmoe_tui.bench.speculate import run_speculate, table
+
+    sm = load_streamed(checkpoints("nemotron_h"), expert_cache="1G", dtype="bfloat16")
+    lines: list[str] = []
+    res = run_speculate(Runner(sm), PROMPT, N, [Speculation("oracle", None, 1.0)], [4], 1,
+                        lines.append, exact=True)  # fmt: skip
+    sm.close()
+    plain, exact = res["rows"]
+    assert (plain["exact_verify"], exact["exact_verify"]) == (False, True)
+    assert not plain["same_tokens"] and exact["same_tokens"]
+    assert exact["acceptance"] == 1.0  # the oracle's drafts are plain greedy's: all kept
+    assert "oracle:1 exact" in table(res)
+    assert [ln.strip().split(":")[0] for ln in lines[1:]] == ["round 1/1", "oracle", "oracle"]
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
 def test_exact_verify_splits_mixers_dense_and_norms(checkpoints, arch):
     """Every token mixer (attention, gated delta), the router / shared expert / head

@@ -1027,6 +1027,7 @@ CASES: list[Bad] = [
         ["serve", "--speculate", "off", "--exact-verify"],
         "--exact-verify",
     ),  # fmt: skip
+    option_case("bench-exact-verify-alone", ["bench", "--exact-verify"], "--exact-verify"),
 ]
 
 
