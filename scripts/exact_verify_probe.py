@@ -16,21 +16,23 @@ Two parts, one process:
    Variants: `plain` (the verify pass as it runs), `f32` (qwisp's recipe: the chunk's
    attention and conv1d in float32, no row splitting), `sdpa` (only the attention kernel
    split per query row: enough where the device's matmuls are row-invariant, and much
-   cheaper than `mixers`), and the exact parts alone and
-   together (`mixers`: token mixers token by token; `dense`: Linear / QuantizedLinear
-   row by row; `norms`: RMSNorm row by row; `exact` = all three, what `--exact-verify`
-   runs; `exact+experts`: the MoE blocks row by row too, each row its own expert call,
-   should a device's gather_qmm depend on its batch). `decode_repeat` is decode against itself (0.0 unless the device is
-   nondeterministic): the floor every variant is read against.
+   cheaper than `mixers`), and the exact parts alone and together (`mixers`: token
+   mixers token by token; `dense`: Linear / QuantizedLinear row by row; `norms`: RMSNorm
+   row by row; `exact` = all three, what `--exact-verify` runs; `exact+experts`: the MoE
+   blocks row by row too, each row its own expert call, should a device's gather_qmm
+   depend on its batch). `decode_repeat` is decode against itself (0.0 unless the device
+   is nondeterministic): the floor every variant is read against.
 2. speed (`--speed-rounds` > 0): `bench --speculate`'s ABBA rounds (bench/speculate.py)
    with each configuration plain and exact side by side: ngram on the prompt and oracle:1,
    each at auto and depth 4; `ratio` is spec over plain tok/s, `same_tokens` whether
    greedy tokens equal plain greedy. `--speed-parts sdpa` (any parts) times another recipe.
 
-What to read: `logits.<variant>.<k>.flips` (0 means the chunk's argmax was decode's at
+What to read: `verdict` (one line: is plain verify decode here, and the cheapest variant
+that is), `logits.<variant>.<k>.flips` (0 means the chunk's argmax was decode's at
 every row compared) and `max_abs_diff` (0.0: bit-identical); `speed.rows` of both
-verifies' `ratio`, `same_tokens`. On the CPU every variant reads 0.0 (MLX's CPU kernels
-do not depend on the row count); on MLX-CUDA the plain row is the 0.28 of 2026-12-04.
+verifies' `ratio`, `same_tokens`. On the CPU in float32 every variant but `f32` reads
+0.0 (MLX's CPU kernels do not depend on the row count, but for Nemotron-H's Mamba mixer,
+7e-06, and 0.438 in bfloat16); on MLX-CUDA plain read up to 0.28 on 2026-12-04.
 """
 
 from __future__ import annotations
@@ -187,6 +189,26 @@ def _score(r: dict, got, want, dt: float) -> None:  # noqa: ANN001
         r["pass_s"].append(dt)
 
 
+def verdict(variants: dict) -> str:
+    """One line: whether plain verify is decode's here, and the cheapest variant that is
+    (bit-identical logits at every row compared), with its chunk cost against plain's."""
+
+    def same(name: str) -> bool:
+        return all(r["flips"] == 0 and r["max_abs_diff"] == 0.0 for r in variants[name].values())
+
+    def cost(name: str) -> str:
+        c = [r.get("pass_vs_plain") for r in variants[name].values() if r.get("pass_vs_plain")]
+        return f" (a chunk {min(c):.2f}-{max(c):.2f}x plain's)" if c else ""
+
+    if not all(r["max_abs_diff"] == 0.0 for r in variants["decode_repeat"].values()):
+        return "decode is not deterministic on this device: nothing can equal it"
+    head = "plain verify IS decode here" if same("plain") else "plain verify is NOT decode here"
+    for name in ("sdpa", "mixers", "mixers+dense", "exact", "exact+experts"):
+        if same(name):
+            return f"{head}; the cheapest exact variant: {name}{cost(name)}"
+    return f"{head}; no variant equals decode (exact+experts neither): read the figures"
+
+
 def speed_part(runner, prompt: list[int], args: argparse.Namespace, log) -> dict:  # noqa: ANN001
     """Part 2: bench/speculate.py's rounds, plain and exact verify side by side."""
     from ssdmoe_tui.bench.speculate import run_speculate
@@ -201,6 +223,8 @@ def speed_part(runner, prompt: list[int], args: argparse.Namespace, log) -> dict
         ("ngram", [Speculation("ngram")], [None, 4]),
         ("oracle", [Speculation("oracle", None, 1.0)], [None, 4]),
     ):
+        if name not in args.speed_modes.split(","):
+            continue
         out[name] = run_speculate(
             runner, prompt, args.decode_tokens, specs, depths, args.speed_rounds, log, exact=True
         )
@@ -219,11 +243,13 @@ def main() -> int:
     ap.add_argument("--expert-cache", default="auto")
     ap.add_argument("--prompt-file", default=None)
     ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--positions", type=int, default=48, help="decode positions walked")
+    ap.add_argument("--positions", type=int, default=48,
+                    help="decode positions walked (0: the speed part only)")  # fmt: skip
     ap.add_argument("--stride", type=int, default=4, help="a chunk every STRIDE positions")
     ap.add_argument("--max-k", type=int, default=5)
     ap.add_argument("--speed-rounds", type=int, default=3, help="0: the logits part only")
     ap.add_argument("--decode-tokens", type=int, default=200)
+    ap.add_argument("--speed-modes", default="ngram,oracle", help="drafters the speed part runs")
     ap.add_argument(
         "--speed-parts",
         default=None,
@@ -257,15 +283,18 @@ def main() -> int:
                       dtype=str(args.dtype or "device default"))  # fmt: skip
         prompt = _prompt(sm, args)
         result["prompt_tokens"] = len(prompt)
-        t0 = time.perf_counter()
-        result["logits"] = logits_part(sm, prompt, args)
-        result["logits"]["seconds"] = round(time.perf_counter() - t0, 1)
-        save()
-        for name, by_k in result["logits"]["variants"].items():
-            log(f"{name:>14}: " + "  ".join(
-                f"k{k} flips {r['flips']}/{r['rows']} max {r['max_abs_diff']:.3g}"
-                + (f" {r['pass_vs_plain']}x" if r.get("pass_vs_plain") else "")
-                for k, r in by_k.items()))  # fmt: skip
+        if args.positions > 0:
+            t0 = time.perf_counter()
+            result["logits"] = logits_part(sm, prompt, args)
+            result["logits"]["seconds"] = round(time.perf_counter() - t0, 1)
+            result["verdict"] = verdict(result["logits"]["variants"])
+            save()
+            for name, by_k in result["logits"]["variants"].items():
+                log(f"{name:>14}: " + "  ".join(
+                    f"k{k} flips {r['flips']}/{r['rows']} max {r['max_abs_diff']:.3g}"
+                    + (f" {r['pass_vs_plain']}x" if r.get("pass_vs_plain") else "")
+                    for k, r in by_k.items()))  # fmt: skip
+            log(f"verdict: {result['verdict']}")
         if args.speed_rounds > 0:
             result["speed_parts"] = args.speed_parts or "mixers,dense,norms"
             result["speed"] = speed_part(Runner(sm), prompt, args, log)
