@@ -104,6 +104,25 @@ def test_exact_verify_splits_mixers_dense_and_norms(checkpoints, arch):
     sm.close()
 
 
+def test_array_masks_and_refused_mixers(checkpoints):
+    """DeepSeek-V3 passes its chunk an array mask (`return_array=True`): each token gets
+    its row up to itself, or None where that row masks nothing, as decode does; in bf16
+    its chunk is 5.6 off decode and exact verify makes it 0.0. A mixer that takes another
+    per-chunk argument (Hunyuan's shared KV states) cannot be split: one line, naming it."""
+    from ssdmoe_tui.errors import ModelError
+
+    sm = load_streamed(checkpoints("deepseek_v3"), expert_cache="1G", dtype="bfloat16")
+    chunk, steps = _chunk_and_steps(sm.model, [13, 14, 15, 16], None)
+    assert float(mx.max(mx.abs(chunk - steps)).item()) > 0
+    chunk, steps = _chunk_and_steps(sm.model, [13, 14, 15, 16], ExactVerify(sm.model))
+    assert mx.array_equal(chunk, steps).item()
+    sm.close()
+    sm = load_streamed(checkpoints("hunyuan"), expert_cache="1G")
+    with pytest.raises(ModelError, match=r"^--exact-verify: Attention also takes kv_states: "):
+        ExactVerify(sm.model)
+    sm.close()
+
+
 def test_exact_verify_is_refused_without_speculation():
     with pytest.raises(BadValueError, match=r"--exact-verify .* needs --speculate"):
         Speculation("off", exact=True)

@@ -54,11 +54,49 @@ PARTS = (MIXERS, DENSE, NORMS, EXPERTS, SDPA, F32)
 DEFAULT_PARTS = frozenset({MIXERS, DENSE, NORMS})
 
 
-def _takes_cache(module: nn.Module) -> bool:
+MASKS = ("mask", "attention_mask")
+
+
+def _params(cls: type) -> list[str] | None:
+    """The names of `cls.__call__`'s parameters after self (None: not introspectable)."""
     try:
-        return "cache" in inspect.signature(type(module).__call__).parameters
+        return list(inspect.signature(cls.__call__).parameters)[1:]
     except (TypeError, ValueError):  # pragma: no cover - a builtin __call__
-        return False
+        return None
+
+
+def _takes_cache(module: nn.Module) -> bool:
+    return "cache" in (_params(type(module)) or [])
+
+
+def _mixer_refusal(module: nn.Module) -> str | None:
+    """Why this mixer cannot be run token by token as decode runs it, or None. Supported:
+    called as (x[, mask], cache). Another argument (a position offset, a shared KV state,
+    a per-position scale) is per chunk, not per token: splitting would be wrong."""
+    names = _params(type(module)) or []
+    extra = [n for n in names[1:] if n not in (*MASKS, "cache")]
+    if extra:
+        return f"{type(module).__name__} also takes {', '.join(extra)}"
+    return None
+
+
+def _token_mask(mask, i: int, n: int, memo: dict):  # noqa: ANN001, ANN202
+    """Decode's mask for chunk token i of n: None where the chunk's is None or "causal"
+    (decode passes none for one token), else the chunk mask's row i over the keys up to
+    that token (attention: (..., n, S) -> (..., 1, S - n + i + 1); a state-space mask,
+    (B, n) -> (B, 1)), and None where that row masks nothing (what decode passes then,
+    but for a windowed KVCache before its window bites, which passes the all-true row)."""
+    if mask is None or isinstance(mask, str):
+        return None
+    key = (id(mask), i)
+    if key not in memo:
+        if mask.ndim >= 2 and mask.shape[-2] == n:
+            row = mask[..., i : i + 1, : mask.shape[-1] - n + i + 1]
+        else:
+            row = mask[..., i : i + 1]
+        free = mx.all(row) if row.dtype == mx.bool_ else mx.all(row == 0)
+        memo[key] = None if free.item() else row
+    return memo[key]
 
 
 def _rows(x: mx.array) -> list[mx.array] | None:
@@ -84,6 +122,7 @@ def _join(parts: list[mx.array], x: mx.array) -> mx.array:
 
 
 _CLASSES: dict[tuple[type, str], type] = {}
+_MEMO: dict = {}  # per `rows()`: each chunk mask's per-token rows (one host read each)
 
 
 def _exact_class(cls: type, part: str) -> type:
@@ -92,21 +131,25 @@ def _exact_class(cls: type, part: str) -> type:
     if key in _CLASSES:
         return _CLASSES[key]
     if part == MIXERS:
+        names = _params(cls) or []
+        arg = names[0]
+        mask_name = next((n for n in names if n in MASKS), None)
 
-        def __call__(self, x, mask=None, cache=None, **kw):  # noqa: ANN001, ANN202
+        def __call__(self, *args, **kw):  # noqa: ANN002, ANN003, ANN202
             base = super(sub, self).__call__
-            if (
-                x.ndim != 3
-                or x.shape[0] != 1
-                or x.shape[1] == 1
-                or not (mask is None or isinstance(mask, str))
-            ):
-                # one token already, a batch, or a mask decode would not pass: as it is
-                self._ssdmoe_unsplit = getattr(self, "_ssdmoe_unsplit", 0) + 1
-                return base(x, mask, cache, **kw)
-            return mx.concatenate(
-                [base(x[:, i : i + 1], None, cache, **kw) for i in range(x.shape[1])], axis=1
-            )
+            bound = inspect.signature(base).bind(*args, **kw)
+            bound.apply_defaults()
+            a = bound.arguments
+            x, mask = a[arg], a.get(mask_name) if mask_name else None
+            if x.ndim != 3 or x.shape[0] != 1 or x.shape[1] == 1:
+                return base(*args, **kw)  # one token already, or a batch: as it is
+            n, outs = x.shape[1], []
+            for i in range(n):
+                a[arg] = x[:, i : i + 1]
+                if mask_name:
+                    a[mask_name] = _token_mask(mask, i, n, _MEMO)
+                outs.append(base(*bound.args, **bound.kwargs))
+            return mx.concatenate(outs, axis=1)
 
         attrs = {"__call__": __call__}
     elif part == "head":
@@ -160,6 +203,21 @@ def _exact_class(cls: type, part: str) -> type:
     return sub
 
 
+def _children(layer: nn.Module) -> list[nn.Module]:
+    """A decoder layer's child modules, those in a list (two attentions) included."""
+    out = []
+    for c in layer.children().values():
+        out += [m for m in c if isinstance(m, nn.Module)] if isinstance(c, list | tuple) else [c]
+    return [m for m in out if isinstance(m, nn.Module)]
+
+
+def _is_norm(m: nn.Module) -> bool:
+    """RMSNorm / LayerNorm, or a family's own norm of one input (named ...Norm)."""
+    if isinstance(m, nn.RMSNorm | nn.LayerNorm):
+        return True
+    return type(m).__name__.endswith("Norm") and len(_params(type(m)) or []) == 1
+
+
 def _f32_sdpa(sdpa):  # noqa: ANN001, ANN202
     def call(q, k, v, *a, **kw):  # noqa: ANN001, ANN202
         if q.dtype == mx.float32:
@@ -211,22 +269,31 @@ class ExactVerify:
             from ssdmoe_tui.errors import ModelError
 
             raise ModelError(f"--exact-verify: {type(model).__name__} lists no decoder layers")
+        refusals = []
         for layer in layers:
-            for child in layer.children().values():
-                if isinstance(child, nn.Module) and _takes_cache(child):
+            for child in _children(layer):
+                if _takes_cache(child):
                     mixers.add(id(child))
                     if MIXERS in self.parts:
+                        why = _mixer_refusal(child)
+                        if why:
+                            refusals.append(why)
                         self._targets.append((child, MIXERS))
+        if refusals:
+            from ssdmoe_tui.errors import ModelError
+
+            raise ModelError(
+                f"--exact-verify: {refusals[0]}: its verify chunk cannot be computed token by "
+                "token as decode computes it (exact verify runs mixers called as (x, mask, cache))"
+            )
         skip = set(mixers)
         from ssdmoe_tui.engine.model.streamed import StreamedSwitch
 
         if EXPERTS in self.parts:  # a layer's child holding routed experts: its block
             for layer in layers:
-                for child in layer.children().values():
-                    if (
-                        id(child) not in mixers
-                        and isinstance(child, nn.Module)
-                        and any(isinstance(m, StreamedSwitch) for _, m in child.named_modules())
+                for child in _children(layer):
+                    if id(child) not in mixers and any(
+                        isinstance(m, StreamedSwitch) for _, m in child.named_modules()
                     ):
                         self._targets.append((child, EXPERTS))
                         skip.add(id(child))
@@ -246,7 +313,7 @@ class ExactVerify:
                 self._targets.append((m, DENSE))
             elif isinstance(m, nn.Embedding | nn.QuantizedEmbedding) and DENSE in self.parts:
                 self._targets.append((m, "head"))  # a tied head: as_linear
-            elif isinstance(m, nn.RMSNorm) and NORMS in self.parts:
+            elif _is_norm(m) and NORMS in self.parts:
                 self._targets.append((m, NORMS))
         if F32 in self.parts:
             self._targets += [
@@ -260,6 +327,7 @@ class ExactVerify:
         graph is built here; MLX evaluates it lazily later, with the same kernels)."""
         put: list[tuple[nn.Module, type]] = []
         sdpa = mx.fast.scaled_dot_product_attention
+        _MEMO.clear()
         try:
             for m, part in self._targets:
                 cls = type(m)
@@ -272,5 +340,6 @@ class ExactVerify:
             yield
         finally:
             mx.fast.scaled_dot_product_attention = sdpa
+            _MEMO.clear()
             for m, cls in reversed(put):
                 m.__class__ = cls

@@ -118,6 +118,8 @@ def spec_loop(
     costs = mem.costs_for(spec.exact)
     costs.k = runner.k
     acceptance = mem.acceptance.setdefault(acceptance_key(spec), Acceptance())
+    # built (or refused, in one line: a mixer it cannot split) before the turn's first token
+    exact = mem.exact_verify(sm.model) if spec.exact else None
     governor = Governor(costs, acceptance, spec.depth)
     figures = stats.spec = SpecStats(str(spec), costs=costs)
     step = runner._decode_step(begun, sampler)
@@ -239,7 +241,7 @@ def spec_loop(
 
             v = _verify(
                 runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing, clock, chain,
-                mem.exact_verify(sm.model) if spec.exact else None,
+                exact,
             )  # fmt: skip
             if meter is not None:
                 meter.clear()  # a chunk's mass is not measured
