@@ -131,13 +131,14 @@ def _exact_class(cls: type, part: str) -> type:
     if key in _CLASSES:
         return _CLASSES[key]
     if part == MIXERS:
-        names = _params(cls) or []
+        sig = inspect.signature(cls.__call__)  # once per class: binding is per call
+        names = list(sig.parameters)[1:]
         arg = names[0]
         mask_name = next((n for n in names if n in MASKS), None)
 
         def __call__(self, *args, **kw):  # noqa: ANN002, ANN003, ANN202
             base = super(sub, self).__call__
-            bound = inspect.signature(base).bind(*args, **kw)
+            bound = sig.bind(self, *args, **kw)
             bound.apply_defaults()
             a = bound.arguments
             x, mask = a[arg], a.get(mask_name) if mask_name else None
@@ -148,7 +149,7 @@ def _exact_class(cls: type, part: str) -> type:
                 a[arg] = x[:, i : i + 1]
                 if mask_name:
                     a[mask_name] = _token_mask(mask, i, n, _MEMO)
-                outs.append(base(*bound.args, **bound.kwargs))
+                outs.append(base(*bound.args[1:], **bound.kwargs))
             return mx.concatenate(outs, axis=1)
 
         attrs = {"__call__": __call__}
