@@ -32,10 +32,33 @@
 #                                        a row, the targets met / NOT met
 #          on a fresh machine, two calls: STEPS=demo_compile DEADLINE_S=560, then
 #          STEPS=demo DEADLINE_S=560 DEMO_COMPILE_S=120 scripts/gpu_spec.sh OUTDIR
+#   exact  issue 43 item 3's exact verify (engine/spec/exact.py), scripts/exact_verify_probe.py,
+#          after the demo compile pass (`STEPS=demo_compile,exact` on a fresh machine; ~3-5
+#          min): per (variant, k = 2..5) a verify chunk's logits against one-token decode's
+#          at the same positions, and plain vs exact verify's speed, ABBA rounds:
+#          OUTDIR/exact-demo.json   the trained demo (bf16 on the GPU), repeat.txt, 200 tokens
+#          OUTDIR/exact-q30.json    the random Qwen3-30B-A3B shape at Q30 if built (every expert
+#                                   held, 64G), 32 tokens (EXACT_Q30_ROUNDS rounds, default 2)
+#          OUTDIR/exact-q30-4g.json the same with a 4 GiB cache (streaming, every layer syncs):
+#                                   oracle:1 speed only, plain vs exact verify, 1 round
+#          OUTDIR/exact-*.txt       the one-line-a-variant summary the probe prints
+#          Read first: each JSON's `verdict` (is plain verify decode on this device, and the
+#          cheapest variant that is). Then logits.variants: .plain.<k>.flips / max_abs_diff
+#          (the 0.28 and near-tie flips of 2026-12-04); .exact.<k> (0 flips and 0.0 =
+#          bit-identical: exact verify holds here); .mixers / .dense / .norms / mixers+dense
+#          (which parts are needed); .sdpa (only the attention kernel split: 0 flips / 0.0
+#          means the matmuls are row-invariant here and a far cheaper recipe suffices: time
+#          it with the probe's `--speed-parts sdpa`); .exact+experts (where .exact is not
+#          0.0: the routed experts' gather_qmm depends on its batch); .f32 (qwisp's float32
+#          attention + conv1d); each variant's pass_vs_plain (its chunk's cost against
+#          plain's); decode_repeat (decode against itself: must be 0). speed.<ngram|oracle>
+#          .rows: ratio / same_tokens for exact_verify false and true side by side (exact
+#          verify's oracle acceptance should be ~100 % where plain's flips dropped it, and
+#          same_tokens true).
 # Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), HELD_ROUNDS (3),
 # TRACE_ROUNDS (1), DECODE_TOKENS (64), TRACE_TOKENS (32), PROMPT_TOKENS (64),
-# DEMO_ROUNDS (6), DEMO_COMPILE_S, PYTHON (python3), STEPS (q30,held,trace; demo,
-# demo_compile by name).
+# DEMO_ROUNDS (6), DEMO_COMPILE_S, EXACT_ROUNDS (4), EXACT_Q30_ROUNDS (2), PYTHON (python3),
+# STEPS (q30,held,trace; demo, demo_compile, exact by name).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
 CAP_GIB=${CAP_GIB:-12}
@@ -118,5 +141,31 @@ if want demo || want demo_compile; then
       --prompt-file scripts/spec_prompts/repeat.txt --rounds "$R"
     "$PY" scripts/spec_summary.py "$OUT"/spec-demo-*.json | tee "$OUT/demo-summary.txt"
   elif want demo; then log "demo skipped: deadline"; fi
+fi
+if want exact; then
+  if [ "$(left)" -gt 90 ]; then
+    log "exact: the demo, logits of chunks vs decode, plain vs exact verify"
+    timeout "$(( $(left) * 3 / 5 ))" "$PY" scripts/exact_verify_probe.py \
+      --prompt-file scripts/spec_prompts/repeat.txt --positions 48 \
+      --speed-rounds "${EXACT_ROUNDS:-4}" --decode-tokens 200 --json "$OUT/exact-demo.json" \
+      > "$OUT/exact-demo.txt" 2>&1
+    log "exact demo exit $?"
+  else log "exact demo skipped: deadline"; fi
+  if [ -f "$Q30/config.json" ] && [ "$(left)" -gt 60 ]; then
+    timeout "$(( $(left) - 10 ))" "$PY" scripts/exact_verify_probe.py --model "$Q30" \
+      --expert-cache 64G --prompt-tokens "${PROMPT_TOKENS:-64}" --positions 24 \
+      --speed-rounds "${EXACT_Q30_ROUNDS:-2}" --decode-tokens 32 --json "$OUT/exact-q30.json" \
+      > "$OUT/exact-q30.txt" 2>&1
+    log "exact q30 exit $?"
+  else log "exact q30 skipped: no $Q30 or deadline"; fi
+  if [ -f "$Q30/config.json" ] && [ "$(left)" -gt 60 ]; then
+    # streaming: a 4 GiB cache, every layer syncs; exact verify keeps a chunk's one sync
+    # and one union read per layer, plain verify's flips kept the oracle at 0 % (12-02)
+    timeout "$(( $(left) - 5 ))" "$PY" scripts/exact_verify_probe.py --model "$Q30" \
+      --expert-cache 4G --prompt-tokens "${PROMPT_TOKENS:-64}" --positions 0 \
+      --speed-rounds 1 --speed-modes oracle --decode-tokens 32 \
+      --json "$OUT/exact-q30-4g.json" > "$OUT/exact-q30-4g.txt" 2>&1
+    log "exact q30 4G exit $?"
+  fi
 fi
 log "done"

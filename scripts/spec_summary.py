@@ -27,7 +27,7 @@ def row_line(r: dict) -> str:
     acc = "-" if r.get("acceptance") is None else f"{r['acceptance']:.0%}"
     depths = ",".join(f"{d}:{n}" for d, n in sorted(r.get("depths", {}).items()))
     line = (
-        f"  {r['speculate']:<10} depth {r['depth']!s:<4} ratio {r.get('ratio') or 0:.2f} "
+        f"  {r['speculate'] + (' exact' if r.get('exact_verify') else ''):<10} depth {r['depth']!s:<4} ratio {r.get('ratio') or 0:.2f} "
         f"(cpu {r.get('cpu_ratio') or 0:.2f})  accept {acc:>4}  same {r['same_tokens']}  "
         f"probes {r.get('probes', 0)}  depths {depths}"
     )
@@ -51,6 +51,8 @@ def summary(path: Path) -> list[str]:
     out += [row_line(r) for r in rows]
     for label, depth, least in TARGETS.get(path.stem, []):
         for r in rows:
+            if r.get("exact_verify"):
+                continue  # the targets are plain verify's; exact rows say what it costs
             if (label is None or r["speculate"] == label) and str(r["depth"]) == depth:
                 met = (r.get("ratio") or 0) >= least
                 out.append(

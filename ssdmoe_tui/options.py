@@ -325,11 +325,15 @@ MAX_DRAFT_DEPTH = 8
 class Speculation:
     """Speculative decoding of one turn (engine/spec): where drafts come from, and the
     draft depth (None: the governor prices each round; a number: that many drafts every
-    round they are on offer). `p`: the oracle's acceptance (bench only)."""
+    round they are on offer). `p`: the oracle's acceptance (bench only). `exact`
+    (`--exact-verify`): each verify chunk computed in one-token decode's shapes
+    (engine/spec/exact.py), so its tokens are decode's on a device whose kernels depend
+    on the row count (MLX-CUDA, Metal); on the CPU they already are."""
 
     mode: str = "off"  # off | auto | ngram | mtp | oracle
     depth: int | None = None
     p: float = 1.0
+    exact: bool = False
 
     def __post_init__(self) -> None:
         parse_choice(self.mode, (*SPECULATE_MODES, *BENCH_MODES), "--speculate")
@@ -339,6 +343,8 @@ class Speculation:
             raise BadValueError(
                 f"--speculate oracle:{self.p:g}: the acceptance must be within 0..1"
             )
+        if self.exact and not self.on:
+            raise BadValueError(EXACT_NEEDS_SPECULATE)
 
     @property
     def on(self) -> bool:
@@ -346,7 +352,15 @@ class Speculation:
 
     def __str__(self) -> str:
         mode = f"oracle:{self.p:g}" if self.mode == "oracle" else self.mode
+        if self.exact:
+            mode += " exact"
         return mode if self.depth is None or not self.on else f"{mode} (depth {self.depth})"
+
+
+EXACT_NEEDS_SPECULATE = (
+    "--exact-verify changes only how drafts are verified: it needs --speculate "
+    "(add --speculate ngram, auto or mtp, or drop --exact-verify)"
+)
 
 
 def check_draft_depth(depth: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ssdmoe_tui.options import Speculation
 
@@ -97,14 +97,18 @@ def run_speculate(
     rounds: int,
     log: Log,
     on_round: Callable[[dict], None] | None = None,
+    exact: bool = False,
 ) -> dict:
     """Rounds of [plain, every (spec, depth)] on `runner`; a result dict with `rows`
-    (`on_round` gets the result so far after each run: a timeout keeps it)."""
+    (`on_round` gets the result so far after each run: a timeout keeps it). `exact`:
+    each configuration also with `--exact-verify`, next to it in every round."""
     sm = runner.sm
     sm.tokenizer.eos_token_ids = set()  # exactly decode_tokens tokens
     log("warm-up and reference: one plain greedy run")
     reference = one_run(runner, prompt, decode_tokens, None, []).tokens
-    configs = [Speculation(s.mode, d, s.p) for s in specs for d in depths]
+    configs = [replace(s, depth=d) for s in specs for d in depths]
+    if exact:
+        configs = [x for c in configs for x in (c, replace(c, exact=True))]
     plain: list[Run] = []
     runs: dict[int, list[Run]] = {i: [] for i in range(len(configs))}
     also: list[list[int]] = []  # every other reply seen: the oracle drafts from them too
@@ -151,6 +155,7 @@ def _result(runner, prompt, decode_tokens, rounds, configs, plain, runs, referen
         rows.append({
             "speculate": _label(c),
             "depth": "auto" if c.depth is None else c.depth,
+            "exact_verify": c.exact,
             "plain_tok_s": round(statistics.median(p.decode_tok_s for p in plain), 3),
             "spec_tok_s": round(statistics.median(m.decode_tok_s for m in mine), 3),
             "ratio": round(statistics.median(ratios), 4) if ratios else None,
@@ -195,9 +200,9 @@ def _oracle_figures(mine: list[Run]) -> dict:
 def _mark_governor(rows: list[dict]) -> None:
     """`governor_choice` on each fixed-depth row whose depth the governor (the same
     drafter's auto row) used most."""
-    auto = {r["speculate"]: r for r in rows if r["depth"] == "auto"}
+    auto = {(r["speculate"], r["exact_verify"]): r for r in rows if r["depth"] == "auto"}
     for r in rows:
-        a = auto.get(r["speculate"])
+        a = auto.get((r["speculate"], r["exact_verify"]))
         r["governor_choice"] = False
         if a is None or r["depth"] == "auto" or not a["depths"]:
             continue
@@ -222,7 +227,7 @@ def table(result: dict) -> str:
             else ""
         )
         lines.append(
-            f"{r['speculate']:<12} {str(r['depth']) + mark:>5} {r['plain_tok_s']:>11.1f} "
+            f"{r['speculate'] + (' exact' if r.get('exact_verify') else ''):<12} {str(r['depth']) + mark:>5} {r['plain_tok_s']:>11.1f} "
             f"{r['spec_tok_s']:>10.1f} {r['ratio'] or 0:>6.2f} {r['cpu_ratio'] or 0:>5.2f} {acc:>6} "
             f"{tpp:>8} {mib:>13} {'yes' if r['same_tokens'] else 'NO':>4}  {depths}"
         )  # fmt: skip

@@ -69,6 +69,9 @@ ARGUMENTS: tuple[Adder, ...] = (
          "1-P; P as 0..1 or 70%%), none (never drafts: the speculative loop's own cost)"),
     flag("--draft-depth", type=arg_type(parse_depth_list), default=None, metavar="D[,...]",
          help="with --speculate: draft depths, auto (the governor, the default) and/or 1..8"),
+    flag("--exact-verify", action="store_true",
+         help="with --speculate: every configuration also with its verify passes in one-token "
+         "decode's shapes (rows marked exact, in the same rounds): what exact verify costs"),
     flag("--timeline", action="store_true",
          help="the per-layer decode timeline (sync wait, reads, hits, read-ahead) on one "
          "engine, with --prefetch off, on or both (rounds alternating; each run from an "
@@ -216,6 +219,11 @@ def _run(args: argparse.Namespace, dist) -> int:
     if args.quick:
         _check_quick(args)
         return _run_quick(args)
+    if args.exact_verify and not args.speculate:
+        from ssdmoe_tui.errors import BadValueError
+        from ssdmoe_tui.options import EXACT_NEEDS_SPECULATE
+
+        raise BadValueError(EXACT_NEEDS_SPECULATE)
     if args.speculate:
         return _run_speculate(args)
     if args.timeline:
@@ -318,7 +326,7 @@ def _run_speculate(args: argparse.Namespace) -> int:
 
         result = run_speculate(
             runner, prompt, args.decode_tokens or 64, args.speculate, args.draft_depth or [None],
-            args.rounds or 3, log, on_round=save,
+            args.rounds or 3, log, on_round=save, exact=args.exact_verify,
         )  # fmt: skip
     finally:
         runner.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from ssdmoe_tui import options as O
 from ssdmoe_tui.engine.policy.policies import parse_policy
@@ -333,7 +334,8 @@ def add_speculate_arguments(p: argparse.ArgumentParser, *, oracle: bool = False)
         help=f"speculative decoding ({modes}): draft tokens from the conversation (ngram) "
         "and verify them in one pass, greedy output unchanged on CPU; on MLX-CUDA a verify "
         "pass's logits differ from one-token decode (up to 0.28 on the H200), so near-ties "
-        "may flip tokens there, and auto drafts nothing; auto: the best drafter the "
+        "may flip tokens there, and auto drafts nothing (unless --exact-verify); auto: the "
+        "best drafter the "
         "checkpoint has (docs/engine.md, 'Speculative decoding')",
     )  # fmt: skip
     p.add_argument(
@@ -341,15 +343,27 @@ def add_speculate_arguments(p: argparse.ArgumentParser, *, oracle: bool = False)
         help=f"draft tokens per round, 1..{O.MAX_DRAFT_DEPTH} (default auto: the governor "
         "prices each round and drafts only where it pays)",
     )  # fmt: skip
+    p.add_argument(
+        "--exact-verify", action="store_true",
+        help="with --speculate: compute each verify pass in one-token decode's shapes "
+        "(attention and recurrent layers token by token, dense matmuls row by row), so "
+        "greedy tokens equal plain decode's on MLX-CUDA too, and auto drafts there; it "
+        "costs part of what a verify pass saves (docs/engine.md, 'Exact verify')",
+    )  # fmt: skip
 
 
 def speculation(args: argparse.Namespace) -> O.Speculation:
-    """The --speculate / --draft-depth pair as one value (one line when bad; a depth
-    without speculation drafts nothing, so it is refused rather than ignored)."""
+    """--speculate / --draft-depth / --exact-verify as one value (one line when bad; a
+    depth or an exact verify without speculation does nothing, so it is refused rather
+    than ignored)."""
     spec = O.parse_speculate(args.speculate, depth=args.draft_depth)
     if args.draft_depth is not None and not spec.on:
         raise BadValueError(
             f"--draft-depth {args.draft_depth} drafts nothing without --speculate "
             "(add --speculate ngram, auto or mtp, or drop --draft-depth)"
         )
+    if getattr(args, "exact_verify", False):
+        if not spec.on:
+            raise BadValueError(O.EXACT_NEEDS_SPECULATE)
+        spec = replace(spec, exact=True)
     return spec

@@ -1018,6 +1018,16 @@ CASES: list[Bad] = [
         "Content-Type: application/json",
     ),
     request_case("serve-no-type", {}, "Content-Type: application/json"),
+    # ---- issue 43: an exact verify without speculation verifies nothing
+    option_case(
+        "exact-verify-alone", ["generate", "--exact-verify", "--prompt", "hi"], "--exact-verify"
+    ),  # fmt: skip
+    option_case(
+        "serve-exact-verify-off",
+        ["serve", "--speculate", "off", "--exact-verify"],
+        "--exact-verify",
+    ),  # fmt: skip
+    option_case("bench-exact-verify-alone", ["bench", "--exact-verify"], "--exact-verify"),
 ]
 
 

@@ -9,7 +9,7 @@ Everything here is plain data: no MLX arrays, no Textual objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ssdmoe_tui.options import (
@@ -66,8 +66,10 @@ class Generate:
         if self.speculate is None:
             if self.draft_depth is None:
                 return default
-            return Speculation(default.mode, parse_draft_depth(self.draft_depth), default.p)
-        return parse_speculate(self.speculate, depth=parse_draft_depth(self.draft_depth))
+            return replace(default, depth=parse_draft_depth(self.draft_depth))
+        spec = parse_speculate(self.speculate, depth=parse_draft_depth(self.draft_depth))
+        # `serve --exact-verify` is the service's: a request that drafts verifies exactly
+        return replace(spec, exact=default.exact) if spec.on else spec
 
 
 @dataclass(frozen=True)

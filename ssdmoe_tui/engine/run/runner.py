@@ -782,8 +782,9 @@ def auto_stands_down(spec: Speculation) -> bool:
     its first position disagree with greedy decode in every round (random weights;
     docs/engine.md, "Speculative decoding"), so drafting would change greedy output.
     An explicit mode (ngram, oracle) still drafts there, as asked: it is documented as
-    inexact on MLX-CUDA."""
-    if spec.mode != "auto":
+    inexact on MLX-CUDA. With `--exact-verify` the chunk computes decode's shapes
+    (engine/spec/exact.py), so auto drafts there too."""
+    if spec.mode != "auto" or spec.exact:
         return False
     from ssdmoe_tui.engine.experts.device_memory import is_cuda
 

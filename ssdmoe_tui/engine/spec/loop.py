@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
 from ssdmoe_tui.engine.spec.drafts import Drafter, NgramDrafter, NoDrafter, OracleDrafter
+from ssdmoe_tui.engine.spec.exact import ExactVerify
 from ssdmoe_tui.engine.spec.governor import (
     AUTO_DEPTH,
     Acceptance,
@@ -34,10 +35,29 @@ from ssdmoe_tui.options import Speculation
 
 @dataclass
 class SpecMemory:
-    """What a Runner keeps between turns: the cost model and each drafter's acceptance."""
+    """What a Runner keeps between turns: the cost model and each drafter's acceptance;
+    with `--exact-verify`, the model's exact-verify table and a cost model of its own (an
+    exact chunk costs more than a plain one: turns of both, as the bench alternates
+    them, would otherwise price each other's passes)."""
 
     costs: CostModel
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
+    exact: ExactVerify | None = None  # built on the first `--exact-verify` turn
+    exact_costs: CostModel | None = None
+
+    def exact_verify(self, model) -> ExactVerify:  # noqa: ANN001 - the streamed model
+        """The model's exact-verify module table (one walk of its modules, then kept)."""
+        if self.exact is None or self.exact.model is not model:
+            self.exact = ExactVerify(model)
+        return self.exact
+
+    def costs_for(self, exact: bool) -> CostModel:
+        if not exact:
+            return self.costs
+        if self.exact_costs is None:
+            c = self.costs
+            self.exact_costs = CostModel(c.num_experts, c.k, c.expert_bytes)
+        return self.exact_costs
 
 
 def make_drafter(sm, spec: Speculation, reference: Sequence[int],  # noqa: ANN001
@@ -95,9 +115,11 @@ def spec_loop(
     cache, counters, routing = begun.cache, sm.cache.counters, sm.cache.routing
     drafter = make_drafter(sm, spec, reference, also)
     mem = memory(runner)
-    costs = mem.costs
+    costs = mem.costs_for(spec.exact)
     costs.k = runner.k
     acceptance = mem.acceptance.setdefault(acceptance_key(spec), Acceptance())
+    # built (or refused, in one line: a mixer it cannot split) before the turn's first token
+    exact = mem.exact_verify(sm.model) if spec.exact else None
     governor = Governor(costs, acceptance, spec.depth)
     figures = stats.spec = SpecStats(str(spec), costs=costs)
     step = runner._decode_step(begun, sampler)
@@ -218,7 +240,8 @@ def spec_loop(
                     built.append((nxt, seen))
 
             v = _verify(
-                runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing, clock, chain
+                runner, cache, tok, drafts[:d], sampler, begun, room, eos, routing, clock, chain,
+                exact,
             )  # fmt: skip
             if meter is not None:
                 meter.clear()  # a chunk's mass is not measured
@@ -273,9 +296,11 @@ def _price(costs: CostModel, figures: SpecStats, now: float, t0: float, n: int, 
             figures.plain_rounds += 1
 
 
-def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, clock, chain):  # noqa: ANN001, ANN202
+def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, clock, chain,  # noqa: ANN001, ANN202
+            exact):  # fmt: skip
     """One verify round (verify.py) at the live K, the trace (if any) following it;
-    `chain`: verify_chunk's (the next step built on the chunk's last sample)."""
+    `chain`, `exact`: verify_chunk's (the next step built on the chunk's last sample;
+    the chunk in decode's shapes)."""
     sm = runner.sm
     runner._use_k(runner.k)
     sm.cache.step()
@@ -288,6 +313,7 @@ def _verify(runner, cache, tok, drafts, sampler, begun, room, eos, routing, cloc
     v = verify_chunk(
         sm.model, cache, tok, drafts, sampler, begun.window, keep_most=room, stop_ids=eos,
         on_chunk=on_chunk if routing is not None else None, clock=clock, chain=chain,
+        exact=exact,
     )  # fmt: skip
     if routing is not None:
         routing.position = p0

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from ssdmoe_tui.engine.run.prefill_stop import ChunkUndo
+from ssdmoe_tui.engine.spec.exact import ExactVerify
 from ssdmoe_tui.engine.spec.governor import CostModel
 
 TRIM, UNDO = "trim", "undo"
@@ -149,24 +151,32 @@ def verify_chunk(
     on_chunk: Callable[[int, int], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     chain: Callable[[mx.array], None] | None = None,
+    exact: ExactVerify | None = None,
 ) -> Verified:
     """Run `[tok] + drafts` as one chunk into `cache`, sample every position, keep the
     longest agreeing prefix. `keep_most`: positions the caller can still use (the turn's
     token budget); an end-of-sequence sample ends what is kept too. `on_chunk(start, n)`
     is told each pass's chunk (trace-driven routing follows it); `clock` times a re-run.
     `chain(last)`: build the next step on the lazy last sample (a trimmable cache only:
-    it is given back by trimming one more position when not every position is kept)."""
+    it is given back by trimming one more position when not every position is kept).
+    `exact` (`--exact-verify`): the chunk, and a re-run of its kept prefix, computed in
+    one-token decode's shapes (exact.py); the chained step is a plain step either way."""
     d = len(drafts)
     mode = rewind_mode(cache, d + 1)
     undo = ChunkUndo(cache) if mode == UNDO else None
     x = mx.array([tok, *drafts], dtype=mx.uint32)
     if on_chunk is not None:
         on_chunk(0, d + 1)
-    logits = model(x[None], cache=cache)[0]  # (d + 1, vocab)
+    with exact.rows() if exact is not None else nullcontext():
+        logits = model(x[None], cache=cache)[0]  # (d + 1, vocab)
     if window is not None:
         seen = window.seen
         rows = [window(x[i : i + 1], logits[i : i + 1]) for i in range(d + 1)]
         logprobs = [r - mx.logsumexp(r, axis=-1, keepdims=True) for r in rows]
+        samples = mx.concatenate([sampler(lp).reshape(-1) for lp in logprobs])
+    elif exact is not None:  # the log-softmax and the sampler in decode's (1, vocab) too
+        rows = [logits[i : i + 1] for i in range(d + 1)]
+        logprobs = [r - mx.logsumexp(r, keepdims=True) for r in rows]  # decode's call
         samples = mx.concatenate([sampler(lp).reshape(-1) for lp in logprobs])
     else:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -199,7 +209,8 @@ def verify_chunk(
             undo.restore()
             if on_chunk is not None:
                 on_chunk(0, kept)
-            model(x[None, :kept], cache=cache)
+            with exact.rows() if exact is not None else nullcontext():
+                model(x[None, :kept], cache=cache)
             mx.eval([c.state for c in cache])
             reran, rerun_s = True, clock() - t0
     if window is not None and not chained:  # (a chained step has seen its own input)
