@@ -37,7 +37,9 @@
 #   STEPS=place,prefetch,q35,sweep,exact35,split scripts/gpu_pipeline.sh OUTDIR2
 # (split last: skipped if the deadline comes first).
 # Environment: Q30 (/root/q30), Q35 (/root/q35), CAP_GIB (8), CAP12_GIB (12),
-# DEADLINE_S (480), PYTHON (python3), STEPS, DECODE (40: decode tokens per trace config).
+# DEADLINE_S (480), PYTHON (python3), STEPS, DECODE (40: decode tokens per trace config),
+# PREFILL_TOKENS (4096; the 16k prompt: PREFILL_TOKENS=16384 PREFILL_MODES="warm cold"
+# STEPS=prefill, files prefill-MODE-16384.*), PREFILL_STEP (4096: the chunk), PREFILL_MODES.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_pipeline.sh OUTDIR}
 DEADLINE_S=${DEADLINE_S:-480}
@@ -76,17 +78,19 @@ if want pipe; then
   traced pipe-cap8 "$CAP_GIB" 80 -- --pipeline both
 fi
 if want prefill; then
-  for mode in warm cold cold-noreadahead; do
+  ptok=${PREFILL_TOKENS:-4096}; pstep=${PREFILL_STEP:-4096}
+  ptag=""; [ "$ptok" = 4096 ] || ptag="-$ptok"  # e.g. prefill-warm-16384.json
+  for mode in ${PREFILL_MODES:-warm cold cold-noreadahead}; do
     [ "$(left)" -gt 60 ] || { log "prefill-$mode skipped: deadline"; continue; }
     cold=(); [ "$mode" != warm ] && cold=(--cold)
     ra=auto; [ "$mode" = cold-noreadahead ] && ra=off
-    log "prefill-$mode: 4096 tokens, chunk 4096, 4G, resident in the same call"
+    log "prefill-$mode$ptag: $ptok tokens, chunk $pstep, 4G, resident in the same call"
     SSDMOE_PREFILL_READAHEAD=$ra timeout "$(( $(left) - 5 ))" "$PY" -m ssdmoe_tui.cli bench \
       --model "$Q30" --k 8 \
-      --expert-cache 4G --prompt-tokens 4096 --prefill-step 4096 --decode-tokens 4 \
-      --disk-mib 256 --baseline force "${cold[@]}" --wide --json "$OUT/prefill-$mode.json" \
-      > "$OUT/prefill-$mode.txt" 2> "$OUT/prefill-$mode.err"
-    log "prefill-$mode exit $?"
+      --expert-cache 4G --prompt-tokens "$ptok" --prefill-step "$pstep" --decode-tokens 4 \
+      --disk-mib 256 --baseline force "${cold[@]}" --wide --json "$OUT/prefill-$mode$ptag.json" \
+      > "$OUT/prefill-$mode$ptag.txt" 2> "$OUT/prefill-$mode$ptag.err"
+    log "prefill-$mode$ptag exit $?"
   done
 fi
 if want exact; then
