@@ -11,6 +11,13 @@
 #          `ssdmoe trace replay --prefetch` simulates; a router cannot foresee a trace)
 #   managed  (not in the default STEPS) `model` with SSDMOE_SLOT_PLACEMENT=managed (slots in
 #          GPU memory, misses migrated by page faults) against the default host slots
+#   device  (not in the default STEPS) `model` with SSDMOE_SLOT_PLACEMENT=device (host slots
+#          the reader writes, a device-resident mirror the layers compute from, each miss
+#          copied host -> mirror once: engine/experts/mirror.py). With STEPS=model,managed,device
+#          one call gives the three placements' per-layer timelines on one machine:
+#          timeline-model (host), timeline-managed, timeline-device (.json/.txt); the .txt's
+#          "mirror:" line and the JSON's modes.*.mirror_mib_per_token / mirror_ms_per_token
+#          say what the copies moved and cost; sync_probe.one_layer_compute_ms the hits' side
 #   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
 #          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
 #   compile_model  (not in the default STEPS) the K = 8 model-routing run of `compile` alone,
@@ -20,6 +27,11 @@
 #   STEPS=q30 bash scripts/gpu_pipeline.sh $OUT/build && STEPS=compile bash scripts/gpu_timeline.sh
 #
 # Call 2 (<= 8 minutes): OUT=... DEADLINE_S=470 bash scripts/gpu_timeline.sh
+#
+# The placements side by side (issue 43 item 1 (c), one warm call after the compile pass;
+# each step gets its share of DEADLINE_S, read-ahead off/on alternating as above):
+#
+#   OUT=... DEADLINE_S=560 STEPS=model,managed,device bash scripts/gpu_timeline.sh
 #
 # Environment: Q30 (/root/q30), CACHE (4G), ROUNDS (3), DECODE (32), STEPS (model,trace),
 # SSDMOE_PREFETCH_TOP / SSDMOE_PREFETCH_COLD (the governor's guesses a layer, cold tokens).
@@ -53,13 +65,23 @@ if want compile; then
   ROUNDS=1 DECODE=4 one compile-model "$(( $(left) / 2 ))" --k 8
   ROUNDS=1 DECODE=4 one compile-trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"
 fi
-if want model; then one model "$(( $(left) / 2 ))" --k 8; fi
+if want model; then  # a third of the time when two placements follow it, else half
+  if want managed && want device; then secs=$(( $(left) / 3 )); else secs=$(( $(left) / 2 )); fi
+  one model "$secs" --k 8
+fi
 if want trace; then one trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"; fi
 # The same model-routing timeline with the slots in GPU memory (`managed`): 2026-12-05's
 # H100 run (host slots) showed the sync is the layer's compute reading host slots over
 # PCIe (1.22 ms behind a layer, 0.07 ms bare); this says what HBM-resident hits buy and
 # what the page-fault migration of the misses costs, per layer (issue 43 item 1 c).
 if want managed; then
-  SSDMOE_SLOT_PLACEMENT=managed one managed "$(( $(left) - 10 ))" --k 8
+  if want device; then secs=$(( $(left) / 2 )); else secs=$(( $(left) - 10 )); fi
+  SSDMOE_SLOT_PLACEMENT=managed one managed "$secs" --k 8
+fi
+# The slots the reader writes stay on the host; the layers compute from a device mirror
+# that gets each miss's rows copied over once (`device`, opt-in): does it keep managed's
+# 0.21 ms a layer for the hits without managed's page faults on the misses?
+if want device; then
+  SSDMOE_SLOT_PLACEMENT=device one device "$(( $(left) - 10 ))" --k 8
 fi
 tail -n 3 "$OUT"/timeline-*.txt >&2

@@ -331,6 +331,14 @@ def _config_figures(
         "pipelined_calls": sm.times.pipelined_calls,
         "staged_calls": sm.times.staged_calls,
         "slot_placement_note": cache.placement.note,
+        # `device` placement's mirror (engine/experts/mirror.py), since the load
+        "slot_mirror": None
+        if cache.mirror is None
+        else {
+            "rows": cache.mirror.rows,
+            "copied_mib": round(cache.mirror.rows * cache.mirror.row_bytes / 2**20, 2),
+            "sync_s": round(cache.mirror.seconds, 4),
+        },
         "direct_io": cache.reader.direct_active,
         "load_s": round(load_s, 3),
         "prompt_tokens": st.prompt_tokens,

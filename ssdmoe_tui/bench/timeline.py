@@ -40,13 +40,16 @@ def _run(runner, prompt: list[int], n: int, on: bool) -> dict:  # noqa: ANN001
             if ev.stats.generated_tokens == 1:
                 tl.clear()  # the decode's rows only
             if ev.stats.generated_tokens in (1, n):
-                marks[ev.stats.generated_tokens] = (Snapshot.take(sm), time.process_time())
+                marks[ev.stats.generated_tokens] = (Snapshot.take(sm), time.process_time(),
+                                                    _mirror_state(cache))  # fmt: skip
         elif isinstance(ev, Done):
             result = ev.result
     assert result is not None and 1 in marks and n in marks
     d = marks[n][0] - marks[1][0]
     steps = max(n - 1, 1)
     used = d.prefetch_used
+    (rows0, s0), (rows1, s1) = marks[1][2], marks[n][2]
+    row_mib = cache.mirror.row_bytes / 2**20 if cache.mirror is not None else 0.0
     return {
         "tokens": result.tokens,
         "decode_tok_s": steps / d.t if d.t > 0 else 0.0,
@@ -59,10 +62,20 @@ def _run(runner, prompt: list[int], n: int, on: bool) -> dict:  # noqa: ANN001
         "prefetch_used": used,
         "router_sync_ms_per_token": d.router_sync_s * 1e3 / steps,
         "read_ms_per_token": d.read_s * 1e3 / steps,
+        # `device` placement: rows copied host -> mirror, and the host time of those
+        # copies (the stream wait before them included: engine/experts/mirror.py)
+        "mirror_mib_per_token": (rows1 - rows0) * row_mib / steps,
+        "mirror_ms_per_token": (s1 - s0) * 1e3 / steps,
         "rows": tl.array(),
         "governor": cache.governor.figures(),
         "summary": summarize(tl.array()),
     }
+
+
+def _mirror_state(cache) -> tuple[int, float]:  # noqa: ANN001
+    """(rows copied, seconds) of the cache's mirror so far; zeros without one."""
+    m = cache.mirror
+    return (m.rows, m.seconds) if m is not None else (0, 0.0)
 
 
 def _probe(sm) -> dict:  # noqa: ANN001
@@ -115,7 +128,8 @@ def run_timeline(runner, prompt: list[int], decode_tokens: int, rounds: int, mod
         "modes": {},
     }
     keys = ("decode_tok_s", "cpu_ms_per_token", "hit_rate", "demand_misses_per_token",
-            "mib_per_token", "router_sync_ms_per_token", "read_ms_per_token")  # fmt: skip
+            "mib_per_token", "router_sync_ms_per_token", "read_ms_per_token",
+            "mirror_mib_per_token", "mirror_ms_per_token")  # fmt: skip
     for on, mine in runs.items():
         name = "on" if on else "off"
         issued = sum(m["prefetch_issued"] for m in mine)
@@ -158,6 +172,9 @@ def table(result: dict) -> str:
             f"/token, {m['mib_per_token']:.2f} MiB/token, guesses {m['prefetch_issued']} "
             f"(used {prec}), same tokens {'yes' if m['same_tokens'] else 'NO'}"
         )
+        if m.get("mirror_mib_per_token"):
+            lines.append(f"  mirror: {m['mirror_mib_per_token']:.2f} MiB/token copied host -> "
+                         f"device, {m['mirror_ms_per_token']:.2f} ms/token in its syncs")  # fmt: skip
         head = (f"{'layer':>5} {'sync ms':>8} {'read ms':>8} {'pf wait':>8} {'layer ms':>8} "
                 f"{'read KiB':>9} {'hits':>5} {'miss':>5} {'pf iss':>6} {'pf use':>6} {'pred':>5}")  # fmt: skip
         lines += [head, "-" * len(head)]

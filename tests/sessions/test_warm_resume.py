@@ -13,6 +13,7 @@ import stat
 import time
 
 import numpy as np
+import pytest
 
 from ssdmoe_tui.engine.experts.warm import WarmUp
 from ssdmoe_tui.engine.run import protocol as P
@@ -78,7 +79,11 @@ def small_cache(model) -> str:
     return str(3 * budget)
 
 
-def test_working_set_saved_then_warmed_after_a_restart(demo_model):
+@pytest.mark.parametrize("mirror", ["auto", "on"])
+def test_working_set_saved_then_warmed_after_a_restart(demo_model, monkeypatch, mirror):
+    """`on`: the layers compute from a slot mirror (engine/experts/mirror.py), so the
+    warm-up's rows, read on its own thread, must reach the mirror before the reply."""
+    monkeypatch.setenv("SSDMOE_SLOT_MIRROR", mirror)
     cache = small_cache(demo_model)
     sessions = AppSessions(SessionStore())
     a = Engine(demo_model, cache)
@@ -118,6 +123,7 @@ def test_working_set_saved_then_warmed_after_a_restart(demo_model):
         (la, list(ids)) for la, ids in saved
     ]
     warm = b.reply(sessions, conv_id, turn2)
+    assert (b.cache.mirror is not None) == (mirror == "on")
     b.close()
 
     # The same restart without it.

@@ -32,6 +32,7 @@ import numpy as np
 
 from ssdmoe_tui.engine.experts.device_memory import PlacementResult, place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
+from ssdmoe_tui.engine.experts.mirror import SlotMirror, mirror_mode, mirrors
 from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address, split_requests
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.memory import available_memory_bytes
@@ -271,6 +272,13 @@ class ExpertCache:
         self.placement = _place_banks(
             self.banks, placement, share=capacity / (index.num_experts * index.num_layers)
         )
+        # `device` placement: the compute reads a device-resident twin of the banks, the
+        # rows a read fills copied over before use (mirror.py); None: it reads the banks.
+        self.mirror = (
+            SlotMirror(self.banks, self.bank_slots)
+            if mirrors(mirror_mode(), self.placement.placement)
+            else None
+        )
         self._layout = _Layout.of(comps, self.banks)
         self._widen = _widen_views(comps, widen, self.banks)
         # Per layer: file handle and file offset of expert 0 for each component.
@@ -284,7 +292,8 @@ class ExpertCache:
         # A frozen layer whose experts sit in rows r..r+E-1 of one bank in id order: its
         # own views of those rows, so it runs mlx-lm's call with the router's indices.
         self._layer_rows: list[dict | None] = [None] * index.num_layers
-        self._bank_arrays: list[dict] = [_by_projection(bank) for bank in self.banks]
+        computed = self.banks if self.mirror is None else self.mirror.banks
+        self._bank_arrays: list[dict] = [_by_projection(bank) for bank in computed]
         self._layer_count = [0] * index.num_layers  # resident experts per layer
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
@@ -337,7 +346,7 @@ class ExpertCache:
 
     def bank_arrays(self, bank: int) -> dict[str, tuple]:
         """Projection name -> (weight, scales, biases, bias; None where absent) of one bank
-        (built once)."""
+        (built once): the bank's mirror where there is one, which is what compute reads."""
         return self._bank_arrays[bank]
 
     def layer_arrays(self, layer: int) -> dict[str, tuple] | None:
@@ -347,6 +356,7 @@ class ExpertCache:
     def _maybe_freeze_layer(self, layer: int) -> None:
         e = self.index.num_experts
         if self._layer_count[layer] == e and self._device_lut[layer] is None:
+            self.sync_mirror()  # its rows in the mirror before a table points at them
             slots = np.array([self._slot_of[(layer, i)] for i in range(e)], dtype=np.int64)
             banks = slots // self.bank_slots
             if (banks != banks[0]).any():
@@ -357,7 +367,9 @@ class ExpertCache:
             mx.eval(lut)
             self._device_lut[layer] = (b, lut)
             r0 = int(rows[0])
-            if (rows == r0 + np.arange(e)).all():
+            # Views would hold the mirror's buffer, and every later copy into that bank
+            # would then copy the whole bank (mirror.py): a mirrored layer uses the table.
+            if self.mirror is None and (rows == r0 + np.arange(e)).all():
                 views = {
                     proj: tuple(None if a is None else a[r0 : r0 + e] for a in arrays)
                     for proj, arrays in self._bank_arrays[b].items()
@@ -390,9 +402,11 @@ class ExpertCache:
         and no other cache call may come between the two."""
         t0 = time.perf_counter()
         try:
-            return self._lookup(layer, experts, observe)
+            pending = self._lookup(layer, experts, observe)
         finally:
             self.counters.ensure_s += time.perf_counter() - t0
+        self.sync_mirror()  # read-ahead guesses that landed, a warm resume's rows
+        return pending
 
     def complete(self, pending: Pending) -> None:
         """The second half of `ensure`: read the misses of `pending` (one batched reader
@@ -402,12 +416,19 @@ class ExpertCache:
         t0 = time.perf_counter()
         try:
             self._read(pending.layer, pending.read_experts, pending.read_slots)
-            if self.holds_everything:
-                self._maybe_freeze_layer(pending.layer)
         finally:
             dt = time.perf_counter() - t0
             self.counters.ensure_s += dt
             self.counters.demand_read_s += dt
+        self.sync_mirror()  # the misses, copied to the mirror before their compute
+        if self.holds_everything:
+            self._maybe_freeze_layer(pending.layer)
+
+    def sync_mirror(self) -> None:
+        """Copy the rows reads filled since the last call into the mirror (queued on the
+        device before any compute that may read them); nothing without a mirror."""
+        if self.mirror is not None:
+            self.mirror.sync()
 
     def _lookup(self, layer: int, experts: np.ndarray, observe: bool = True) -> Pending:
         n = len(experts)
@@ -633,7 +654,8 @@ class ExpertCache:
     def read_into(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> int:
         """Read `layer`'s `experts` into `slots` (one batched reader call, scales widened
         where the slots hold float32); returns the bytes read. No bookkeeping and no MLX
-        call, so the warm-up's thread may run it while the engine thread is idle."""
+        call (a mirror is only told which rows changed), so the warm-up's thread may run
+        it while the engine thread is idle."""
         lay = self._layout
         ncomp = len(lay.names)
         n = len(experts)
@@ -658,6 +680,15 @@ class ExpertCache:
                 fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min
             )
         nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
+        self._widen_rows(staging, slots, n)
+        if self.mirror is not None:
+            self.mirror.mark(slots)  # copied to the mirror before any compute reads them
+        return int(nbytes)
+
+    def _widen_rows(self, staging: list[np.ndarray], slots: np.ndarray, n: int) -> None:
+        """The widened components' staged bytes into their slots, as float32."""
+        if not self._widen:
+            return
         bank, row = np.divmod(slots.astype(np.int64), self.bank_slots)
         # Widened straight into each slot's row, no temporaries: on the loaded 2-core VM
         # the whole-batch version (astype, shift, gather, scatter: fresh arrays that
@@ -669,7 +700,6 @@ class ExpertCache:
                     np.left_shift(buf[k], 16, out=dst, dtype=np.uint32)
                 else:
                     np.copyto(dst.view(np.float32), buf[k].view(np.float16))
-        return int(nbytes)
 
     def _staging(self, j: int, n: int, width: int) -> np.ndarray:
         """The reading thread's own staging rows for widened component `j` (at least
@@ -767,6 +797,8 @@ class ExpertCache:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self.banks.clear()
+        if self.mirror is not None:
+            self.mirror.close()
         self._bank_arrays.clear()
         self._layer_rows = [None] * len(self._layer_rows)
         self._device_lut = [None] * len(self._device_lut)

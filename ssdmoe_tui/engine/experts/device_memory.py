@@ -10,6 +10,9 @@ Placements (`SSDMOE_SLOT_PLACEMENT` or the `placement` argument):
 - `managed`: leave the pages to the driver's fault-driven migration (MLX's default);
 - `host`: preferred location = host, mapped for the GPU (`SetAccessedBy`): reads
   land in host RAM with no fault and kernels read the slots over the bus, once;
+- `device`: the slots placed as `host` (the reader's target), and a device-resident
+  mirror of each bank that the compute reads, the rows a read filled copied host ->
+  mirror before use (engine/experts/mirror.py). Opt-in: not measured yet;
 - `auto`: on MLX-CUDA, `host` when the cache holds under half of the expert set
   (misses dominate), `managed` otherwise (hits dominate, and a slot on the GPU is
   read at HBM speed); nothing elsewhere (CPU, Metal: unified memory).
@@ -37,7 +40,7 @@ import mlx.core as mx
 
 from ssdmoe_tui.errors import BadValueError
 
-PLACEMENTS = ("auto", "managed", "host")
+PLACEMENTS = ("auto", "managed", "host", "device")
 
 # CUmem_advise values (cuda.h)
 _SET_PREFERRED_LOCATION = 3
@@ -54,7 +57,7 @@ class _MemLocation(ctypes.Structure):
 
 @dataclass(frozen=True)
 class PlacementResult:
-    placement: str  # what was applied: "host", "managed" or "none"
+    placement: str  # what was applied: "host", "device", "managed" or "none"
     note: str = ""  # why a requested placement was not applied
 
 
@@ -117,7 +120,8 @@ HOST_BELOW_SHARE = 0.5  # `auto`: host placement below this share of the expert 
 
 
 def choose_placement(want: str, share: float, cuda: bool) -> str:
-    """The placement to apply: "none" off MLX-CUDA; `auto` resolved by the cache's share."""
+    """The placement to apply: "none" off MLX-CUDA; `auto` resolved by the cache's share
+    (never `device`: opt-in until the H200 measures it, scripts/gpu_timeline.sh)."""
     if not cuda:
         return "none"
     if want == "auto":
@@ -130,7 +134,8 @@ def place_slots(
 ) -> PlacementResult:
     """Apply the placement to slot buffers given as (address, bytes).
 
-    `share`: the cache's slots over all experts of the model (1.0: holds them all)."""
+    `share`: the cache's slots over all experts of the model (1.0: holds them all).
+    `device` advises the slots as `host` does; the mirror is the cache's (mirror.py)."""
     want = requested_placement(placement)
     got = choose_placement(want, share, is_cuda())
     if got == "none":
@@ -148,4 +153,4 @@ def place_slots(
             rc = drv.advise(ptr, size, _SET_ACCESSED_BY, False, dev)
         if rc != 0:
             return PlacementResult("managed", f"cuMemAdvise failed (CUresult {rc})")
-    return PlacementResult("host")
+    return PlacementResult(got)
