@@ -17,7 +17,8 @@
 #          one call gives the three placements' per-layer timelines on one machine:
 #          timeline-model (host), timeline-managed, timeline-device (.json/.txt); the .txt's
 #          "mirror:" line and the JSON's modes.*.mirror_mib_per_token / mirror_ms_per_token
-#          say what the copies moved and cost; sync_probe.one_layer_compute_ms the hits' side
+#          say what the copies moved and cost; sync_probe.one_layer_compute_ms the hits' side;
+#          peak_memory_gib above managed's by about a bank: the copies were not in place
 #   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
 #          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
 #   compile_model  (not in the default STEPS) the K = 8 model-routing run of `compile` alone,

@@ -24,6 +24,8 @@ MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 def _run(runner, prompt: list[int], n: int, on: bool) -> dict:  # noqa: ANN001
     """One run from an empty cache: figures over the decode (after the first token)."""
+    import mlx.core as mx
+
     from ssdmoe_tui.bench.speculate import _restart_routing
     from ssdmoe_tui.engine.model.timeline import summarize
     from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
@@ -33,6 +35,7 @@ def _run(runner, prompt: list[int], n: int, on: bool) -> dict:  # noqa: ANN001
     cache.clear()
     cache.governor.enabled = on
     _restart_routing(sm)
+    mx.reset_peak_memory()
     marks: dict[int, tuple] = {}
     result = None
     for ev in runner.stream(prompt, max_tokens=n):
@@ -66,6 +69,9 @@ def _run(runner, prompt: list[int], n: int, on: bool) -> dict:  # noqa: ANN001
         # copies (the stream wait before them included: engine/experts/mirror.py)
         "mirror_mib_per_token": (rows1 - rows0) * row_mib / steps,
         "mirror_ms_per_token": (s1 - s0) * 1e3 / steps,
+        # MLX's peak over the run: a mirror copy that was not in place (a whole bank
+        # copied) would show here as a bank's size above the other placements' peak
+        "peak_memory_gib": mx.get_peak_memory() / 2**30,
         "rows": tl.array(),
         "governor": cache.governor.figures(),
         "summary": summarize(tl.array()),
@@ -129,7 +135,7 @@ def run_timeline(runner, prompt: list[int], decode_tokens: int, rounds: int, mod
     }
     keys = ("decode_tok_s", "cpu_ms_per_token", "hit_rate", "demand_misses_per_token",
             "mib_per_token", "router_sync_ms_per_token", "read_ms_per_token",
-            "mirror_mib_per_token", "mirror_ms_per_token")  # fmt: skip
+            "mirror_mib_per_token", "mirror_ms_per_token", "peak_memory_gib")  # fmt: skip
     for on, mine in runs.items():
         name = "on" if on else "off"
         issued = sum(m["prefetch_issued"] for m in mine)
@@ -174,7 +180,8 @@ def table(result: dict) -> str:
         )
         if m.get("mirror_mib_per_token"):
             lines.append(f"  mirror: {m['mirror_mib_per_token']:.2f} MiB/token copied host -> "
-                         f"device, {m['mirror_ms_per_token']:.2f} ms/token in its syncs")  # fmt: skip
+                         f"device, {m['mirror_ms_per_token']:.2f} ms/token in its syncs, MLX "
+                         f"peak {m['peak_memory_gib']:.2f} GiB")  # fmt: skip
         head = (f"{'layer':>5} {'sync ms':>8} {'read ms':>8} {'pf wait':>8} {'layer ms':>8} "
                 f"{'read KiB':>9} {'hits':>5} {'miss':>5} {'pf iss':>6} {'pf use':>6} {'pred':>5}")  # fmt: skip
         lines += [head, "-" * len(head)]

@@ -15,6 +15,10 @@ def test_auto_puts_small_caches_on_the_host_and_large_ones_in_managed_memory() -
     assert dm.choose_placement("host", 1.0, cuda=True) == "host"  # an explicit choice wins
     assert dm.choose_placement("managed", 0.1, cuda=True) == "managed"
     assert dm.choose_placement("host", 0.1, cuda=False) == "none"  # CPU, Metal
+    # `device` (a mirror the compute reads, engine/experts/mirror.py): asked for only
+    assert dm.choose_placement("device", 0.1, cuda=True) == "device"
+    assert dm.choose_placement("device", 0.1, cuda=False) == "none"
+    assert all(dm.choose_placement("auto", s, cuda=True) != "device" for s in (0.01, 0.5, 1.0))
 
 
 def test_bad_placement_value_is_one_line_naming_the_variable(monkeypatch) -> None:
