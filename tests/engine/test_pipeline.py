@@ -133,6 +133,19 @@ def test_staging_is_chosen_by_placement() -> None:
     assert stages("on", "none") and not stages("off", "host")
 
 
+def test_staging_follows_where_the_layers_compute_from() -> None:
+    """A mirror (`device`) is device memory: nothing to stage; `device` with its mirror
+    off computes from the host slots, as `host` does."""
+    from types import SimpleNamespace as NS
+
+    from ssdmoe_tui.engine.model.streamed import computed_from
+
+    assert computed_from(NS(mirror=object(), placement=NS(placement="device"))) == "device"
+    assert computed_from(NS(mirror=None, placement=NS(placement="device"))) == "host"
+    assert computed_from(NS(mirror=None, placement=NS(placement="managed"))) == "managed"
+    assert computed_from(NS(mirror=object(), placement=NS(placement="none"))) == "device"
+
+
 @pytest.mark.parametrize("readahead", ["on", "off"])
 def test_prefill_reads_the_next_layers_union_ahead(checkpoints, monkeypatch, readahead) -> None:
     """A long prefill chunk (`LONG_CHUNK_ROWS` rows and more) reads the next layer's predicted

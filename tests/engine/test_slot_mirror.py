@@ -219,3 +219,30 @@ def test_trace_routed_run_matches_the_run_without_a_mirror(tmp_path_factory, mon
             sm.close()
     assert runs["on"] == runs["off"]
     assert runs["on"][2] > 0 and runs["on"][3] > 0
+
+
+@pytest.mark.parametrize("stage", ["on", "off"])
+def test_a_long_prefill_chunk_reads_ahead_into_the_mirror(checkpoints, monkeypatch, stage):
+    """A long chunk reads the next layer's predicted union while a layer computes
+    (prefill read-ahead): those rows reach the mirror at the next layer's lookup; staged
+    or not, the chunk's tokens stay mlx-lm's."""
+    from mlx_lm import load, stream_generate
+
+    from ssdmoe_tui.engine.model.loader import cast_model
+    from ssdmoe_tui.engine.model.streamed import LONG_CHUNK_ROWS, READAHEAD_ENV, STAGE_ENV
+
+    monkeypatch.setenv(READAHEAD_ENV, "on")
+    monkeypatch.setenv(STAGE_ENV, stage)
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=_budget(path, 0.5))
+    try:
+        prompt = [5 + (i * 7) % 500 for i in range(LONG_CHUNK_ROWS // sm.trained_k + 8)]
+        res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
+        assert sm.times.readahead_calls > 0 and sm.cache.counters.prefetch_used > 0
+        assert (sm.times.staged_calls > 0) == (stage == "on")
+    finally:
+        sm.close()
+    model, tok = load(str(path))
+    cast_model(model, mx.float32)
+    ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
+    assert res.tokens == [r.token for r in ref]

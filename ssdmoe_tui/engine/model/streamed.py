@@ -124,6 +124,16 @@ def stages(mode: str, placement: str) -> bool:
     return mode == "on"
 
 
+def computed_from(cache) -> str:  # noqa: ANN001 - an ExpertCache, or a test's stand-in
+    """Where the layers' matmuls read the slots: "device" with a mirror (whatever the
+    placement: engine/experts/mirror.py), "host" for `device` placement whose mirror is
+    off ($SSDMOE_SLOT_MIRROR=off), else the placement applied."""
+    if getattr(cache, "mirror", None) is not None:
+        return "device"
+    placement = getattr(getattr(cache, "placement", None), "placement", "none")
+    return "host" if placement == "device" else placement
+
+
 READAHEAD_ENV = "SSDMOE_PREFILL_READAHEAD"
 # A long chunk: at least this many rows (tokens x K). It reads the next layer's predicted
 # union ahead (its union is most of the layer, so the prediction wastes few reads; a
@@ -233,8 +243,7 @@ class StreamedSwitch(nn.Module):
         mode = pipeline_mode()  # read once: a bad value fails the load, in one line
         object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
-        placement = getattr(getattr(cache, "placement", None), "placement", "none")
-        object.__setattr__(self, "_stage", stages(prefill_stage_mode(), placement))
+        object.__setattr__(self, "_stage", stages(prefill_stage_mode(), computed_from(cache)))
         object.__setattr__(self, "_qmm_pad", qmm_guard.pads(qmm_guard.pad_mode()))
 
     def set_gate(self, gate: PrefillGate) -> None:
