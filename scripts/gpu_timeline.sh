@@ -23,6 +23,9 @@
 #          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
 #   compile_model  (not in the default STEPS) the K = 8 model-routing run of `compile` alone,
 #          bound by DEADLINE_S (on the H100 the model run compiled for more than 77 s)
+#   compile_device  (not in the default STEPS) the same short run under `device` placement:
+#          the mirror's row copies add MLX-CUDA's gather and scatter kernels (JIT-compiled on
+#          first use; the `device` step's uncounted warm-up run compiles them otherwise)
 # Call 1 (cold machine): the Q30 build, then the compile pass:
 #
 #   STEPS=q30 bash scripts/gpu_pipeline.sh $OUT/build && STEPS=compile bash scripts/gpu_timeline.sh
@@ -32,6 +35,7 @@
 # The placements side by side (issue 43 item 1 (c), one warm call after the compile pass;
 # each step gets its share of DEADLINE_S, read-ahead off/on alternating as above):
 #
+#   OUT=... DEADLINE_S=150 STEPS=compile_model,compile_device bash scripts/gpu_timeline.sh
 #   OUT=... DEADLINE_S=560 STEPS=model,managed,device bash scripts/gpu_timeline.sh
 #
 # Environment: Q30 (/root/q30), CACHE (4G), ROUNDS (3), DECODE (32), STEPS (model,trace),
@@ -61,6 +65,9 @@ one() {  # one NAME SECONDS [bench args...]
 [ -f "$Q30/config.json" ] || { log "no checkpoint at $Q30: run scripts/gpu_pipeline.sh step q30 first"; exit 1; }
 if want compile_model; then  # the model-routing shapes only (steps model, managed)
   ROUNDS=1 DECODE=4 one compile-model "$(( $(left) - 10 ))" --k 8
+fi
+if want compile_device; then  # the mirror's gather / scatter kernels (step device)
+  SSDMOE_SLOT_PLACEMENT=device ROUNDS=1 DECODE=4 one compile-device "$(( $(left) - 10 ))" --k 8
 fi
 if want compile; then
   ROUNDS=1 DECODE=4 one compile-model "$(( $(left) / 2 ))" --k 8
