@@ -27,6 +27,7 @@
 #define SSDMOE_BOUNCE_MAX ((int64_t)8 << 20) /* per-thread bounce buffer cap */
 #define SSDMOE_MAX_CHUNK ((int64_t)1 << 30)  /* pread size cap (macOS rejects > INT_MAX) */
 #define SSDMOE_MAX_QUEUE 1024
+#define SSDMOE_WIDEN_CHUNK ((int64_t)64 << 10) /* 16-bit floats read per pass: stays in L2 */
 
 enum { MODE_BUFFERED = 0, MODE_ODIRECT = 1, MODE_NOCACHE = 2 };
 
@@ -42,6 +43,7 @@ typedef struct {
     const int64_t *offsets;
     const int64_t *lengths;
     void *const *dests;
+    const int *kinds; /* NULL: every request a plain copy */
     int64_t *status;
     int64_t next; /* next request index; claimed with an atomic fetch-add */
 } batch_t;
@@ -53,6 +55,7 @@ typedef struct {
     struct ssdmoe_reader *r;
     void *bounce; /* 4096-aligned, for O_DIRECT reads of unaligned ranges */
     size_t bounce_size;
+    void *raw; /* 4096-aligned, SSDMOE_WIDEN_CHUNK bytes: 16-bit floats before widening */
 } worker_t;
 
 struct ssdmoe_reader {
@@ -172,12 +175,75 @@ static int64_t read_one(struct ssdmoe_reader *r, worker_t *w, int fd, int64_t of
     return read_full(fd, (char *)dest, off, len, 1); /* buffered */
 }
 
+/* IEEE half -> float32 bits, numpy's npy_halfbits_to_floatbits: exact, NaN payloads
+ * kept (no quieting), subnormal halves normalized. */
+static uint32_t half_to_float_bits(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t exp = h & 0x7c00u;
+    uint32_t sig = h & 0x03ffu;
+    if (exp == 0x7c00u) return sign | 0x7f800000u | (sig << 13); /* inf, NaN */
+    if (exp != 0) return sign + ((((uint32_t)h & 0x7fffu) + 0x1c000u) << 13);
+    if (sig == 0) return sign; /* signed zero */
+    uint32_t shift = 0;        /* subnormal: normalize */
+    sig <<= 1;
+    while ((sig & 0x0400u) == 0) {
+        sig <<= 1;
+        shift++;
+    }
+    return sign + ((127u - 15u - shift) << 23) + ((sig & 0x03ffu) << 13);
+}
+
+/* bf16 in blocks of 16 (a fixed count the compiler vectorizes at -O2; a loop of unknown
+ * count it leaves scalar there: 9.1 against 3.0 us per 64 KiB on the dev VM), then the tail. */
+static void widen(const uint16_t *restrict src, uint32_t *restrict dst, int64_t count,
+                  int kind) {
+    int64_t i = 0;
+    if (kind == SSDMOE_WIDEN_BF16) {
+        for (; i + 16 <= count; i += 16)
+            for (int j = 0; j < 16; j++) dst[i + j] = (uint32_t)src[i + j] << 16;
+        for (; i < count; i++) dst[i] = (uint32_t)src[i] << 16;
+    } else {
+        for (; i < count; i++) dst[i] = half_to_float_bits(src[i]);
+    }
+}
+
+/* Reads len bytes of 16-bit floats at off, chunk by chunk into the thread's raw buffer,
+ * and writes them widened to float32 at dest. Returns len, -errno or a short code (the
+ * bytes of the file read before it ended, as for a copy). */
+static int64_t read_widened(struct ssdmoe_reader *r, worker_t *w, int fd, int64_t off,
+                            int64_t len, void *dest, int kind) {
+    if (kind != SSDMOE_WIDEN_BF16 && kind != SSDMOE_WIDEN_F16) return -EINVAL;
+    if (len % 2 != 0 || ((uintptr_t)dest % 4) != 0) return -EINVAL;
+    if (len == 0) return 0;
+    if (!dest) return -EFAULT;
+    if (!w->raw) {
+        void *p = NULL;
+        if (posix_memalign(&p, (size_t)SSDMOE_ALIGN, (size_t)SSDMOE_WIDEN_CHUNK) != 0)
+            return -ENOMEM;
+        w->raw = p;
+    }
+    int64_t done = 0;
+    while (done < len) {
+        int64_t chunk = len - done < SSDMOE_WIDEN_CHUNK ? len - done : SSDMOE_WIDEN_CHUNK;
+        int64_t got = read_one(r, w, fd, off + done, chunk, w->raw);
+        if (got <= -SSDMOE_SHORT_READ_BASE) return short_code(done - got - SSDMOE_SHORT_READ_BASE);
+        if (got < 0) return got;
+        widen((const uint16_t *)w->raw, (uint32_t *)dest + done / 2, chunk / 2, kind);
+        done += chunk;
+    }
+    return len;
+}
+
 static void run_batch(struct ssdmoe_reader *r, worker_t *w) {
     batch_t *b = &r->batch;
     for (;;) {
         int64_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
         if (i >= b->n) break;
-        b->status[i] = read_one(r, w, b->fds[i], b->offsets[i], b->lengths[i], b->dests[i]);
+        int kind = b->kinds ? b->kinds[i] : SSDMOE_COPY;
+        b->status[i] =
+            kind == SSDMOE_COPY
+                ? read_one(r, w, b->fds[i], b->offsets[i], b->lengths[i], b->dests[i])
+                : read_widened(r, w, b->fds[i], b->offsets[i], b->lengths[i], b->dests[i], kind);
     }
 }
 
@@ -185,6 +251,12 @@ static void *worker_main(void *arg) {
     worker_t *w = (worker_t *)arg;
     struct ssdmoe_reader *r = w->r;
     uint64_t seen = 0;
+    /* Named, so profilers and /proc/<pid>/task/<tid>/comm tell the reader's CPU apart. */
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), "ssdmoe-read");
+#elif defined(__APPLE__)
+    pthread_setname_np("ssdmoe-read");
+#endif
     pthread_mutex_lock(&r->lock);
     for (;;) {
         while (!r->shutdown && !(r->batch_open && r->gen != seen))
@@ -238,9 +310,11 @@ void ssdmoe_reader_destroy(ssdmoe_reader *r) {
     for (int i = 0; i < r->nworkers; i++) {
         pthread_join(r->workers[i].thread, NULL);
         free(r->workers[i].bounce);
+        free(r->workers[i].raw);
     }
     free(r->workers);
     free(r->caller.bounce);
+    free(r->caller.raw);
     for (int fd = 0; fd < r->fdcap; fd++) {
         if (!r->fdtab[fd].registered) continue;
         if (r->fdtab[fd].dfd >= 0) close(r->fdtab[fd].dfd);
@@ -338,6 +412,12 @@ int ssdmoe_close(ssdmoe_reader *r, int fd) {
 
 int ssdmoe_read_batch(ssdmoe_reader *r, int n, const int *fds, const int64_t *offsets,
                       const int64_t *lengths, void *const *dests, int64_t *status_out) {
+    return ssdmoe_read_batch_kinds(r, n, fds, offsets, lengths, dests, NULL, status_out);
+}
+
+int ssdmoe_read_batch_kinds(ssdmoe_reader *r, int n, const int *fds, const int64_t *offsets,
+                            const int64_t *lengths, void *const *dests, const int *kinds,
+                            int64_t *status_out) {
     if (!r || n < 0) return -EINVAL;
     if (n == 0) return 0;
     if (!fds || !offsets || !lengths || !dests || !status_out) return -EINVAL;
@@ -350,6 +430,7 @@ int ssdmoe_read_batch(ssdmoe_reader *r, int n, const int *fds, const int64_t *of
     b->offsets = offsets;
     b->lengths = lengths;
     b->dests = dests;
+    b->kinds = kinds;
     b->status = status_out;
     b->next = 0;
     if (helpers > 0) {

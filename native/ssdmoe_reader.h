@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or a status code changes; reader.py checks it. */
-#define SSDMOE_ABI_VERSION 1
+#define SSDMOE_ABI_VERSION 2
 
 /* A short read (the file ended first) is reported as -(SSDMOE_SHORT_READ_BASE + got),
  * where got is how many bytes were read; errno failures are -errno (errno < 4096). */
@@ -51,6 +51,24 @@ int ssdmoe_close(ssdmoe_reader *r, int fd);
  * or -EINVAL for bad arguments. */
 int ssdmoe_read_batch(ssdmoe_reader *r, int n, const int *fds, const int64_t *offsets,
                       const int64_t *lengths, void *const *dests, int64_t *status_out);
+
+/* What a request of ssdmoe_read_batch_kinds does with its bytes. */
+enum {
+    SSDMOE_COPY = 0,       /* lengths[i] bytes land in dests[i] as they are */
+    SSDMOE_WIDEN_BF16 = 1, /* lengths[i] bytes of bfloat16 -> float32 at dests[i] */
+    SSDMOE_WIDEN_F16 = 2   /* lengths[i] bytes of IEEE half -> float32 at dests[i] */
+};
+
+/* ssdmoe_read_batch with a kind per request (kinds NULL: all SSDMOE_COPY). A widening
+ * request reads lengths[i] bytes (an even count, else -EINVAL) of little-endian 16-bit
+ * floats through the reading thread's own buffer and writes each as a float32, so
+ * dests[i] receives 2 * lengths[i] bytes; status_out[i] counts the bytes read. The
+ * widening is exact and bit for bit numpy's astype(float32): bf16 is the top half of a
+ * float32; f16 keeps subnormals, infinities, signed zeros and NaN payloads. Done in the
+ * reading threads so the caller's thread spends nothing on it. */
+int ssdmoe_read_batch_kinds(ssdmoe_reader *r, int n, const int *fds, const int64_t *offsets,
+                            const int64_t *lengths, void *const *dests, const int *kinds,
+                            int64_t *status_out);
 
 #ifdef __cplusplus
 }

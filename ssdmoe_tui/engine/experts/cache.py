@@ -22,7 +22,6 @@ current call are pinned for that call.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,14 @@ import numpy as np
 from ssdmoe_tui.engine.experts.device_memory import PlacementResult, place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
 from ssdmoe_tui.engine.experts.mirror import SlotMirror, mirror_mode, mirrors
-from ssdmoe_tui.engine.experts.reader import Reader, ReadError, buffer_address, split_requests
+from ssdmoe_tui.engine.experts.reader import (
+    COPY,
+    WIDEN_KIND,
+    Reader,
+    ReadError,
+    buffer_address,
+    split_requests,
+)
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.memory import available_memory_bytes
 
@@ -185,17 +191,30 @@ def _open_layer_files(
 @dataclass
 class _Layout:
     names: list[str]
-    strides: np.ndarray  # int64 per component (bytes of one slot in memory's file units)
+    strides: np.ndarray  # int64 per component: bytes of one expert in the file
+    mem_strides: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.int64)
+    )  # bytes of one slot in memory (twice the file's where widened to float32)
+    kinds: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.intc)
+    )  # the reader's request kind per component (COPY, or WIDEN_* into float32)
     bases: np.ndarray = field(
         default_factory=lambda: np.zeros((0, 0), np.int64)
     )  # [bank, comp] slot-0 address
 
     @classmethod
-    def of(cls, comps, banks: list[dict[str, mx.array]]) -> _Layout:
-        """The components' names and strides, and every bank's slot-0 address of each."""
+    def of(cls, comps, widen: list[bool], banks: list[dict[str, mx.array]]) -> _Layout:
+        """The components' names, strides and read kinds, and every bank's slot-0
+        address of each."""
+        strides = np.array([c.stride for c in comps], dtype=np.int64)
         return cls(
             names=[c.name for c in comps],
-            strides=np.array([c.stride for c in comps], dtype=np.int64),
+            strides=strides,
+            mem_strides=strides * np.array([2 if w else 1 for w in widen], dtype=np.int64),
+            kinds=np.array(
+                [WIDEN_KIND[c.dtype] if w else COPY for c, w in zip(comps, widen, strict=True)],
+                dtype=np.intc,
+            ),
             bases=np.array(
                 [[buffer_address(memoryview(bank[c.name])) for c in comps] for bank in banks],
                 dtype=np.int64,
@@ -212,27 +231,6 @@ def _place_banks(
         placement,
         share=share,
     )
-
-
-def _widen_views(
-    comps, widen: list[bool], banks: list[dict[str, mx.array]]
-) -> list[tuple[int, str, list[np.ndarray]]]:
-    """The components read into a staging buffer and widened to float32: (index, file
-    dtype, each bank's slots as rows of 32-bit words)."""
-    return [
-        (
-            i,
-            c.dtype,
-            [
-                np.frombuffer(memoryview(bank[c.name]), dtype=np.uint32).reshape(
-                    bank[c.name].shape[0], -1
-                )
-                for bank in banks
-            ],
-        )
-        for i, (c, w) in enumerate(zip(comps, widen, strict=True))
-        if w
-    ]
 
 
 class ExpertCache:
@@ -279,8 +277,8 @@ class ExpertCache:
             if mirrors(mirror_mode(), self.placement.placement)
             else None
         )
-        self._layout = _Layout.of(comps, self.banks)
-        self._widen = _widen_views(comps, widen, self.banks)
+        self._layout = _Layout.of(comps, widen, self.banks)
+        self._widens = any(widen)
         # Per layer: file handle and file offset of expert 0 for each component.
         self._fds, self._offsets, self._steps = _open_layer_files(index, model_dir, reader)
         self._slot_of: dict[tuple[int, int], int] = {}
@@ -310,7 +308,6 @@ class ExpertCache:
         self._guessed: tuple[int, np.ndarray] | None = None  # (layer, ids read ahead for it)
         self._pool = None
         self._split_min = _env_split()
-        self._local = threading.local()  # per-thread staging rows (`_staging`)
 
     @property
     def token(self) -> int:
@@ -652,66 +649,31 @@ class ExpertCache:
         self.counters.bytes_read += int(nbytes)
 
     def read_into(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> int:
-        """Read `layer`'s `experts` into `slots` (one batched reader call, scales widened
-        where the slots hold float32); returns the bytes read. No bookkeeping and no MLX
-        call (a mirror is only told which rows changed), so the warm-up's thread may run
-        it while the engine thread is idle."""
+        """Read `layer`'s `experts` into `slots` (one batched reader call; bf16/f16 scales
+        widened to float32 by the reader's threads where the slots hold float32); returns
+        the bytes read. No bookkeeping and no MLX call (a mirror is only told which rows
+        changed), so the warm-up's thread may run it while the engine thread is idle.
+
+        The widening was numpy's on the calling thread, through staging rows (issue 29);
+        in the reader it costs the engine thread nothing and copies nothing twice: on the
+        loaded 2-core VM it was 258 numpy calls a token of the 8-layer Qwen3-30B shape."""
         lay = self._layout
-        ncomp = len(lay.names)
         n = len(experts)
-        e = experts.astype(np.int64)[:, None]
-        s = slots.astype(np.int64)[:, None]
-        fds = np.broadcast_to(self._fds[layer][None, :], (n, ncomp))
-        offsets = self._offsets[layer][None, :] + e * self._steps[layer][None, :]
-        lengths = np.broadcast_to(lay.strides[None, :], (n, ncomp))
-        bank, row = np.divmod(s, self.bank_slots)
-        dests = lay.bases[bank[:, 0]] + row * lay.strides[None, :]
-        staging = []
-        if self._widen:
-            dests = dests.copy()
-            for j, (i, _, _) in enumerate(self._widen):
-                buf = self._staging(j, n, int(lay.strides[i]) // 2)
-                dests[:, i] = buf.ctypes.data + np.arange(n, dtype=np.int64) * buf.strides[0]
-                staging.append(buf)
-        fds, lengths = np.ascontiguousarray(fds).ravel(), np.ascontiguousarray(lengths).ravel()
-        offsets, dests = offsets.ravel(), dests.ravel()
+        e = np.asarray(experts, dtype=np.int64)[:, None]
+        bank, row = np.divmod(np.asarray(slots, dtype=np.int64), self.bank_slots)
+        offsets = (self._offsets[layer] + e * self._steps[layer]).ravel()
+        dests = (lay.bases[bank] + row[:, None] * lay.mem_strides).ravel()
+        fds = np.tile(self._fds[layer], n)
+        lengths = np.tile(lay.strides, n)
+        kinds = np.tile(lay.kinds, n) if self._widens else None
         if self._split_min:  # a layer's few misses as more, smaller reads ($SSDMOE_READ_SPLIT)
-            fds, offsets, lengths, dests = split_requests(
-                fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min
+            fds, offsets, lengths, dests, kinds = split_requests(
+                fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min, kinds
             )
-        nbytes = self.reader.read_batch(fds, offsets, lengths, dests)
-        self._widen_rows(staging, slots, n)
+        nbytes = self.reader.read_batch(fds, offsets, lengths, dests, kinds)
         if self.mirror is not None:
             self.mirror.mark(slots)  # copied to the mirror before any compute reads them
         return int(nbytes)
-
-    def _widen_rows(self, staging: list[np.ndarray], slots: np.ndarray, n: int) -> None:
-        """The widened components' staged bytes into their slots, as float32."""
-        if not self._widen:
-            return
-        bank, row = np.divmod(slots.astype(np.int64), self.bank_slots)
-        # Widened straight into each slot's row, no temporaries: on the loaded 2-core VM
-        # the whole-batch version (astype, shift, gather, scatter: fresh arrays that
-        # page-fault) took a third of a layer's read time (11 of 32 ms for 5 experts).
-        for (_, dtype, views), buf in zip(self._widen, staging, strict=True):
-            for k in range(n):
-                dst = views[bank[k]][row[k]]
-                if dtype == "BF16":  # bf16 is the top half of a float32: exact
-                    np.left_shift(buf[k], 16, out=dst, dtype=np.uint32)
-                else:
-                    np.copyto(dst.view(np.float32), buf[k].view(np.float16))
-
-    def _staging(self, j: int, n: int, width: int) -> np.ndarray:
-        """The reading thread's own staging rows for widened component `j` (at least
-        `n` x `width` uint16), kept between calls: a fresh array page-faults each time.
-        Per thread: the warm-up's thread may read while the engine thread does."""
-        bufs = getattr(self._local, "bufs", None)
-        if bufs is None:
-            bufs = self._local.bufs = {}
-        buf = bufs.get(j)
-        if buf is None or buf.shape[0] < n:
-            buf = bufs[j] = np.empty((max(n, 16), width), dtype=np.uint16)
-        return buf[:n]
 
     def forget(self, slots: np.ndarray) -> None:
         """Give `slots` back as free, forgetting the experts mapped to them (a failed read,

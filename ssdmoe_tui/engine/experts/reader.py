@@ -11,6 +11,12 @@ expert slice it needs and gets them read in parallel. Two implementations:
   edited since) builds one at run time, into the user cache.
 * ``PythonReader``: ``os.preadv`` on a thread pool; the fallback when no compiler exists.
 
+A request may also widen: its bytes are 16-bit floats (``WIDEN_BF16``, ``WIDEN_F16``, a
+``kinds`` array beside the others) written to the destination as float32, twice the bytes
+read, exactly as numpy's ``astype(np.float32)``. The engine's CPU slots hold bf16 scales and
+biases as float32; widening in the reading threads keeps that work off the engine thread
+and needs no staging copy (issue 43).
+
 ``direct=True`` bypasses the page cache (Linux ``O_DIRECT`` through aligned bounce
 buffers, macOS ``F_NOCACHE``). A filesystem that refuses it (``direct_active`` turns
 False and ``direct_fallback_reason`` says why) is read buffered instead: bytes are the same.
@@ -38,11 +44,15 @@ import numpy as np
 
 from ssdmoe_tui.errors import BadValueError, SsdmoeError
 
-ABI_VERSION = 1  # must match SSDMOE_ABI_VERSION in ssdmoe_reader.h
+ABI_VERSION = 2  # must match SSDMOE_ABI_VERSION in ssdmoe_reader.h
 SHORT_READ_BASE = 1 << 40  # must match SSDMOE_SHORT_READ_BASE
 ALIGN = 4096
 _BOUNCE_MAX = 8 << 20
 _MAX_CHUNK = 1 << 30
+# Request kinds (SSDMOE_COPY, SSDMOE_WIDEN_BF16, SSDMOE_WIDEN_F16 in ssdmoe_reader.h).
+COPY, WIDEN_BF16, WIDEN_F16 = 0, 1, 2
+#: The kind that widens a safetensors dtype to float32 (`ExpertCache`'s float32 slots).
+WIDEN_KIND = {"BF16": WIDEN_BF16, "F16": WIDEN_F16}
 
 #: The C source in a source checkout (editable install); absent from an installed wheel.
 PACKAGE_NATIVE_DIR = Path(__file__).resolve().parents[3] / "native"
@@ -205,6 +215,7 @@ _SIGNATURES: dict[str, tuple[list, type | None]] = {
     "ssdmoe_direct_fallbacks": ([_VP], _I64),
     "ssdmoe_close": ([_VP, _INT], _INT),
     "ssdmoe_read_batch": ([_VP, _INT, _VP, _VP, _VP, _VP, _VP], _INT),
+    "ssdmoe_read_batch_kinds": ([_VP, _INT, _VP, _VP, _VP, _VP, _VP, _VP], _INT),
 }
 
 
@@ -260,30 +271,35 @@ def split_requests(
     dests: np.ndarray,
     want: int,
     min_piece: int = SPLIT_MIN_BYTES,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    kinds: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Cut large requests into pieces so a batch holds about `want` requests.
 
     A layer with one or two misses hands the reader 6-18 requests, a few of them large,
     so most of the pool's threads idle while those few run: the disk delivers its
     bandwidth only with many requests in flight. Pieces are multiples of 4096 bytes
     (aligned pieces of an aligned request stay aligned) and at least `min_piece`; the
-    bytes and their destinations are the same, only in more, smaller reads."""
+    bytes and their destinations are the same, only in more, smaller reads (a widening
+    request's piece lands at twice its offset: float32 out of 16-bit). Returns the five
+    arrays `read_batch` takes (`kinds` as given: None stays None)."""
     n = len(lengths)
     if n == 0 or n >= want:
-        return fds, offsets, lengths, dests
+        return fds, offsets, lengths, dests, kinds
     piece = max(min_piece, -(-int(lengths.sum()) // want))
     piece = -(-piece // ALIGN) * ALIGN
     counts = np.maximum(1, -(-lengths // piece))
     if (counts == 1).all():
-        return fds, offsets, lengths, dests
+        return fds, offsets, lengths, dests, kinds
     rep = np.repeat(np.arange(n), counts)
     first = np.repeat(np.cumsum(counts) - counts, counts)
     start = (np.arange(len(rep)) - first) * piece
+    scale = 1 if kinds is None else np.where(kinds[rep] == COPY, 1, 2)
     return (
         fds[rep],
         offsets[rep] + start,
         np.minimum(piece, lengths[rep] - start),
-        dests[rep] + start,
+        dests[rep] + start * scale,
+        None if kinds is None else kinds[rep],
     )
 
 
@@ -315,9 +331,16 @@ class Reader(ABC):
 
     @abstractmethod
     def read_batch(
-        self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
+        self,
+        fds: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dests: np.ndarray,
+        kinds: np.ndarray | None = None,
     ) -> int:
-        """Read every request; total bytes, or ReadError for the first that failed."""
+        """Read every request; total bytes read, or ReadError for the first that failed.
+        `kinds` (None: all COPY): WIDEN_BF16/WIDEN_F16 requests write their `lengths`
+        bytes of 16-bit floats as float32 (2 x lengths bytes at a 4-aligned dest)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -354,11 +377,13 @@ class _Staging:
         self.offsets = np.zeros(capacity, dtype=np.int64)
         self.lengths = np.zeros(capacity, dtype=np.int64)
         self.dests = np.zeros(capacity, dtype=np.int64)
+        self.kinds = np.zeros(capacity, dtype=np.intc)
         self.status = np.zeros(capacity, dtype=np.int64)
         self.fds_p = self.fds.ctypes.data
         self.offsets_p = self.offsets.ctypes.data
         self.lengths_p = self.lengths.ctypes.data
         self.dests_p = self.dests.ctypes.data
+        self.kinds_p = self.kinds.ctypes.data
         self.status_p = self.status.ctypes.data
 
 
@@ -408,11 +433,18 @@ class NativeReader(Reader):
         return self._staging
 
     def read_batch(
-        self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
+        self,
+        fds: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dests: np.ndarray,
+        kinds: np.ndarray | None = None,
     ) -> int:
         n = len(fds)
         if not (len(offsets) == len(lengths) == len(dests) == n):
             raise ValueError("fds, offsets, lengths and dests must have the same length")
+        if kinds is not None and len(kinds) != n:
+            raise ValueError("kinds must have one entry per request")
         if n == 0:
             return 0
         with self._lock:  # the staging arrays are shared; the C side serializes anyway
@@ -423,9 +455,17 @@ class NativeReader(Reader):
             st.offsets[:n] = offsets
             st.lengths[:n] = lengths
             st.dests[:n] = dests
-            failed = self._lib.ssdmoe_read_batch(
-                self._handle(), n, st.fds_p, st.offsets_p, st.lengths_p, st.dests_p, st.status_p
-            )
+            if kinds is None:
+                failed = self._lib.ssdmoe_read_batch(
+                    self._handle(), n, st.fds_p, st.offsets_p, st.lengths_p, st.dests_p,
+                    st.status_p,
+                )  # fmt: skip
+            else:
+                st.kinds[:n] = kinds
+                failed = self._lib.ssdmoe_read_batch_kinds(
+                    self._handle(), n, st.fds_p, st.offsets_p, st.lengths_p, st.dests_p,
+                    st.kinds_p, st.status_p,
+                )  # fmt: skip
             if failed == 0:
                 return int(st.lengths[:n].sum())
             if failed < 0:
@@ -542,6 +582,30 @@ class PythonReader(Reader):
             pos += got
         return length if done >= length else -(SHORT_READ_BASE + done)
 
+    def _read_widened(self, fd: int, off: int, length: int, dest: int, kind: int) -> int:
+        """The pure-Python twin of the native widening: the bytes into this thread's
+        staging buffer (kept: a fresh one page-faults), then numpy's exact astype."""
+        if kind not in (WIDEN_BF16, WIDEN_F16) or length % 2 or dest % 4:
+            return -errno_mod.EINVAL
+        if length == 0:
+            return 0
+        if not dest:
+            return -errno_mod.EFAULT
+        stage = getattr(self._local, "widen", None)
+        if stage is None or stage.nbytes < length:
+            stage = self._local.widen = np.empty(max(length, 64 << 10) // 2, dtype=np.uint16)
+        got = self._read_one(fd, off, length, stage.ctypes.data)
+        if got != length:
+            return got
+        count = length // 2
+        src = stage[:count]
+        out = np.ctypeslib.as_array((ctypes.c_uint32 * count).from_address(dest))
+        if kind == WIDEN_BF16:  # bf16 is the top half of a float32: exact
+            np.left_shift(src, 16, out=out, dtype=np.uint32)
+        else:
+            np.copyto(out.view(np.float32), src.view(np.float16))
+        return length
+
     def _read_one(self, fd: int, off: int, length: int, dest: int) -> int:
         if off < 0 or length < 0:
             return -errno_mod.EINVAL
@@ -560,7 +624,12 @@ class PythonReader(Reader):
         return self._read_buffered(fd, off, length, dest)
 
     def read_batch(
-        self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray
+        self,
+        fds: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dests: np.ndarray,
+        kinds: np.ndarray | None = None,
     ) -> int:
         if self._closed:
             raise ValueError("reader is closed")
@@ -571,6 +640,9 @@ class PythonReader(Reader):
         n = len(fl)
         if not (len(ol) == len(ll) == len(dl) == n):
             raise ValueError("fds, offsets, lengths and dests must have the same length")
+        kl = [COPY] * n if kinds is None else np.asarray(kinds).tolist()
+        if len(kl) != n:
+            raise ValueError("kinds must have one entry per request")
         status = [0] * n
         counter = itertools.count()  # next() is atomic under the GIL
 
@@ -578,7 +650,10 @@ class PythonReader(Reader):
             for i in counter:
                 if i >= n:
                     return
-                status[i] = self._read_one(fl[i], ol[i], ll[i], dl[i])
+                if kl[i] == COPY:
+                    status[i] = self._read_one(fl[i], ol[i], ll[i], dl[i])
+                else:
+                    status[i] = self._read_widened(fl[i], ol[i], ll[i], dl[i], kl[i])
 
         workers = min(self.queue_depth, n)
         if self._pool is None or workers <= 1:
