@@ -232,7 +232,7 @@ def speed_part(runner, prompt: list[int], args: argparse.Namespace, log) -> dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default="", help="a model folder (default: the embedded demo)")
     ap.add_argument(
         "--arch",
