@@ -9,6 +9,16 @@ alike. Aggregate decode tok/s over the steady window (every step decodes all B r
 Also the batch-invariant mode (`BatchRunner(invariant=True)`: every row in the B = 1
 shapes) with `--invariant-mode`.
 
+`--bg-streamed` adds a third side: `BatchGenerator` over the engine's own model (its
+frozen streamed layers, experts in the cache's slots). Against the engine's batch only the
+loop around the model differs; against `BatchGenerator` over mlx-lm's model only the layer
+and where its weights sit. So a gap on the GPU is placed: in the loop (host work per step)
+or in the layer (the device's work). `--host-split` times each side's forward calls
+(graph building, `TimedModel`) and reads the engine's build/sync split (BatchFigures):
+JSON `summary[].host_ms_per_step[kind]` = {step, model, build, queue, sync} ms per step of
+the window (on a GPU, a host-bound pipelined step: build + queue ~ step, sync ~ 0; a
+device-bound one: sync large; on the CPU `queue` is the compute itself).
+
 `--invariance` then runs every batched row alone (ours: `Runner.generate`; mlx-lm's:
 `stream_generate`) and records, for each row that differs, the top-2 log-prob margin at
 its first differing token (bench/batch_compare.py).
@@ -75,6 +85,10 @@ def main() -> int:
     )
     ap.add_argument("--no-speed", action="store_true", help="invariance only")
     ap.add_argument(
+        "--bg-streamed", action="store_true", help="also BatchGenerator over the engine's model"
+    )
+    ap.add_argument("--host-split", action="store_true", help="time the forward calls per step")
+    ap.add_argument(
         "--deadline-s",
         type=float,
         default=1e9,
@@ -89,6 +103,7 @@ def main() -> int:
     from ssdmoe_tui.bench.batch import row_prompts
     from ssdmoe_tui.bench.batch_compare import (
         ResidentBatch,
+        TimedModel,
         engine_alone,
         engine_batch,
         invariance_rows,
@@ -115,6 +130,11 @@ def main() -> int:
     runner = Runner(sm, k=args.k)
     k = runner.k
     resident = ResidentBatch(model, sm.dtype, k)
+    if args.host_split:  # both sides' forward calls timed alike (~1 us a call)
+        sm.model = TimedModel(sm.model)
+        resident.model = TimedModel(resident.model)
+    # BatchGenerator over the engine's own model (frozen layers after the warm-up)
+    streamed = ResidentBatch.over(sm.model, sm.tokenizer) if args.bg_streamed else None
     base = fixed_prompt(sm.tokenizer, args.prompt_tokens)[: args.prompt_tokens]
     n = args.decode_tokens
     print(f"model {model}: {sm.cache.capacity} slots, all frozen after warm-up: ", end="")
@@ -124,6 +144,9 @@ def main() -> int:
         if args.invariant_mode and b in inv_bs:
             engine_batch(runner, row_prompts(base, b), min(n, 8), invariant=True)
         resident.batch(row_prompts(base, b), min(n, 8))
+    if streamed is not None:  # after the engine's warm-up: every layer frozen by now
+        for b in bs:
+            streamed.batch(row_prompts(base, b), min(n, 8))
     print(sm.cache.all_frozen, flush=True)
     # the rounds' budget counts from here: on a fresh MLX-CUDA machine the warm-up above
     # compiles for minutes (the H200 on 2026-12-05: 188 s, and a budget counted from the
@@ -148,7 +171,8 @@ def main() -> int:
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(out_json)
 
-    kinds = ["engine", "mlx"] + (["invariant"] if args.invariant_mode else [])
+    kinds = (["engine", "mlx"] + (["invariant"] if args.invariant_mode else [])
+             + (["mlx_streamed"] if streamed is not None else []))  # fmt: skip
     tokens_equal: dict[int, bool] = {}
     for rnd in range(0 if args.no_speed else args.rounds):
         if time.perf_counter() - t_begin > args.deadline_s:
@@ -163,10 +187,14 @@ def main() -> int:
                     continue
                 if kind == "mlx":
                     r = resident.batch(ps, n)
+                elif kind == "mlx_streamed":
+                    r = streamed.batch(ps, n)
                 else:
                     r = engine_batch(runner, ps, n, invariant=kind == "invariant")
                 row[f"{kind}:{b}"] = r.aggregate_tok_s
                 row[f"cpu_ms/{kind}:{b}"] = r.cpu_ms_per_token
+                if args.host_split:
+                    row[f"split/{kind}:{b}"] = r.host_split()
                 if kind == "engine":
                     eng_tokens = r.tokens
                 elif kind == "mlx" and rnd == 0:
@@ -176,7 +204,9 @@ def main() -> int:
                 tokens_equal[b] = eng_tokens == mlx_tokens
         result["rounds"].append(row)
         line = "  ".join(
-            f"{key} {v:.1f}" for key, v in sorted(row.items()) if v and not key.startswith("cpu")
+            f"{key} {v:.1f}"
+            for key, v in sorted(row.items())
+            if v and not key.startswith(("cpu", "split"))
         )
         print(f"round {rnd}: {line}", flush=True)
         save()
@@ -187,18 +217,33 @@ def main() -> int:
         cpu = {
             kind: median([r.get(f"cpu_ms/{kind}:{b}") for r in result["rounds"]]) for kind in kinds
         }
-        ratios = [
-            r[f"engine:{b}"] / r[f"mlx:{b}"]
-            for r in result["rounds"]
-            if r.get(f"engine:{b}") and r.get(f"mlx:{b}")
-        ]
+
+        def ratios(a: str, z: str, b: int = b) -> list[float]:
+            return [r[f"{a}:{b}"] / r[f"{z}:{b}"] for r in result["rounds"]
+                    if r.get(f"{a}:{b}") and r.get(f"{z}:{b}")]  # fmt: skip
+
+        split = None
+        if args.host_split:
+            split = {
+                kind: {
+                    part: median(
+                        [(r.get(f"split/{kind}:{b}") or {}).get(part) for r in result["rounds"]]
+                    )
+                    for part in ("step", "model", "build", "queue", "sync")
+                }
+                for kind in kinds
+            }
         summary.append({
             "batch": b,
             "engine_tok_s": med["engine"],
             "mlx_batch_generator_tok_s": med["mlx"],
-            "engine_vs_mlx": median(ratios),
+            "engine_vs_mlx": median(ratios("engine", "mlx")),
             "invariant_tok_s": med.get("invariant"),
             "cpu_ms_per_token": cpu,  # the process's CPU time (steadier on a loaded CPU)
+            "mlx_streamed_tok_s": med.get("mlx_streamed"),  # --bg-streamed
+            "engine_vs_mlx_streamed": median(ratios("engine", "mlx_streamed")),
+            "mlx_streamed_vs_mlx": median(ratios("mlx_streamed", "mlx")),
+            "host_ms_per_step": split,  # --host-split: {kind: {step, model, build, queue, sync}}
             "tokens_equal_mlx": tokens_equal.get(b),
         })  # fmt: skip
     one = {s["batch"]: s for s in summary}.get(1)
@@ -222,6 +267,23 @@ def main() -> int:
                   f"{s['invariant_tok_s']} | {s['invariant_vs_b1']} | "
                   f"{s['tokens_equal_mlx']} | {s['cpu_ms_per_token']['engine']} / "
                   f"{s['cpu_ms_per_token']['mlx']} |")  # fmt: skip
+        if streamed is not None:
+            print("\n| B | BG over the engine's model tok/s | engine / it | it / BG | "
+                  "CPU ms/token it |\n|---|---|---|---|---|")  # fmt: skip
+            for s in summary:
+                print(f"| {s['batch']} | {s['mlx_streamed_tok_s']} | "
+                      f"{s['engine_vs_mlx_streamed']} | {s['mlx_streamed_vs_mlx']} | "
+                      f"{s['cpu_ms_per_token'].get('mlx_streamed')} |")  # fmt: skip
+        if args.host_split:
+            print("\nms per step (window medians): step / in the model's forward call "
+                  "[/ engine: build / queue / sync wait]")  # fmt: skip
+            for s in summary:
+                cells = []
+                for kind, v in (s["host_ms_per_step"] or {}).items():
+                    extra = (f" / {v['build']} / {v['queue']} / {v['sync']}"
+                             if v.get("build") is not None else "")  # fmt: skip
+                    cells.append(f"{kind} {v['step']} / {v['model']}{extra}")
+                print(f"B={s['batch']}: " + "; ".join(cells))
 
     if args.invariance:
         # one set of rows for every B (B's rows: the first B), so each runs alone once

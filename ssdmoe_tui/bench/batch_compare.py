@@ -59,6 +59,14 @@ class BatchRun:
     window_tokens: int = 0
     window_s: float = 0.0
     window_cpu_s: float = 0.0  # the process's CPU time (all threads) in the window
+    # in the window, where measured: time in the model's forward calls (graph building,
+    # `TimedModel`), and the engine's figures: building its passes, queueing them,
+    # waiting in its step's sync (BatchFigures.build_s / queue_s / sync_s)
+    window_model_s: float | None = None
+    window_build_s: float | None = None
+    window_queue_s: float | None = None
+    window_sync_s: float | None = None
+    window_steps: int = 0
     margins: list[list[tuple[float, float]]] = field(default_factory=list)  # when recorded
 
     @property
@@ -69,6 +77,43 @@ class BatchRun:
     def cpu_ms_per_token(self) -> float | None:
         """CPU time a token costs (steadier than wall time on a loaded machine)."""
         return 1e3 * self.window_cpu_s / self.window_tokens if self.window_tokens else None
+
+    def host_split(self) -> dict:
+        """Milliseconds per step of the window: wall, in the model's forward call, and
+        (engine) building its passes, queueing them, waiting in its sync; None: not measured."""
+        n = self.window_steps
+
+        def ms(x: float | None) -> float | None:
+            return round(1e3 * x / n, 4) if x is not None and n else None
+
+        return {"step": ms(self.window_s), "model": ms(self.window_model_s),
+                "build": ms(self.window_build_s), "queue": ms(self.window_queue_s),
+                "sync": ms(self.window_sync_s)}  # fmt: skip
+
+
+class TimedModel:
+    """A model whose forward calls are timed (seconds summed in `seconds`): the host's
+    graph building of a step, on either side alike. Everything else is the model's."""
+
+    def __init__(self, model) -> None:  # noqa: ANN001 - an mlx-lm model
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "seconds", 0.0)
+
+    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        t = time.perf_counter()
+        try:
+            return self._model(*args, **kwargs)
+        finally:
+            object.__setattr__(self, "seconds", self.seconds + time.perf_counter() - t)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+
+def window_index(steps: Sequence[tuple[float, float, int]], b: int) -> tuple[int, int] | None:
+    """Indices of the first and last step that gave all B rows a token (None: < 2)."""
+    full = [i for i, (_, _, rows) in enumerate(steps) if rows == b]
+    return (full[0], full[-1]) if len(full) >= 2 else None
 
 
 def steady_window(steps: Sequence[tuple[float, float, int]], b: int) -> tuple[int, float, float]:
@@ -124,13 +169,17 @@ def engine_batch(
         batch.add(SeqSpec(i, p, max_tokens=n, sampler=samplers[i]))
     out: dict[int, list[int]] = {}
     steps: list[tuple[float, float, int]] = []
+    split: list[tuple[float, float, float, float]] = []  # (model, build, queue, sync) so far
+    timed = runner.sm.model if isinstance(runner.sm.model, TimedModel) else None
+    fig = batch.figures
     bound = 4 * b * (n + max(len(p) for p in prompts)) + 64
     for _ in range(bound):
         if batch.idle:
             break
-        before = batch.figures.row_tokens
+        before = fig.row_tokens
         events = batch.step()
-        steps.append((time.perf_counter(), time.process_time(), batch.figures.row_tokens - before))
+        steps.append((time.perf_counter(), time.process_time(), fig.row_tokens - before))
+        split.append((timed.seconds if timed else 0.0, fig.build_s, fig.queue_s, fig.sync_s))
         for uid, ev in events:
             if isinstance(ev, Done):
                 out[uid] = ev.result.tokens
@@ -138,6 +187,12 @@ def engine_batch(
         raise RuntimeError(f"batch of {b} did not finish in {bound} steps")
     run = BatchRun([out[i] for i in range(b)])
     run.window_tokens, run.window_s, run.window_cpu_s = steady_window(steps, b)
+    w = window_index(steps, b)
+    if w is not None:
+        (m0, b0, q0, s0), (m1, b1, q1, s1) = split[w[0]], split[w[1]]
+        run.window_steps = w[1] - w[0]
+        run.window_model_s = m1 - m0 if timed else None
+        run.window_build_s, run.window_queue_s, run.window_sync_s = b1 - b0, q1 - q0, s1 - s0
     if record:
         run.margins = [s.margins() for s in samplers]
     return run
@@ -168,6 +223,18 @@ class ResidentBatch:
         if k is not None:
             set_model_k(self.model, k)
 
+    @classmethod
+    def over(cls, model, tokenizer) -> ResidentBatch:  # noqa: ANN001
+        """`BatchGenerator` over a model already loaded: the engine's own (`sm.model`,
+        every layer frozen: no host sync, its experts in the cache's slots), so its loop
+        and mlx-lm's run the same layers: what differs from `BatchGenerator` over mlx-lm's
+        model is the streamed layer and where its weights sit; what differs from the
+        engine's batch is the loop around the model (`scripts/batch_vs_mlx.py
+        --bg-streamed`). Only `batch` is meant for it (the tokenizer is the engine's)."""
+        self = cls.__new__(cls)
+        self.model, self.tokenizer = model, tokenizer
+        return self
+
     def batch(self, prompts: list[list[int]], n: int, *, record: bool = False) -> BatchRun:
         """`BatchGenerator` with every prompt inserted at once (it prefills them together),
         greedy, no stop tokens; the window: steps that returned all B rows' tokens."""
@@ -182,11 +249,14 @@ class ResidentBatch:
             tokens: list[list[int]] = [[] for _ in prompts]
             tops: list[list] = [[] for _ in prompts]
             steps: list[tuple[float, float, int]] = []
+            timed = self.model if isinstance(self.model, TimedModel) else None
+            model_s: list[float] = []
             for _ in range(4 * (n + max(len(p) for p in prompts)) + 64):
                 resps = gen.next_generated()
                 if not resps:
                     break
                 steps.append((time.perf_counter(), time.process_time(), len(resps)))
+                model_s.append(timed.seconds if timed else 0.0)
                 for r in resps:
                     i = index[r.uid]
                     tokens[i].append(int(r.token))
@@ -198,6 +268,10 @@ class ResidentBatch:
             gen.close()
         run = BatchRun(tokens)
         run.window_tokens, run.window_s, run.window_cpu_s = steady_window(steps, b)
+        w = window_index(steps, b)
+        if w is not None:
+            run.window_steps = w[1] - w[0]
+            run.window_model_s = model_s[w[1]] - model_s[w[0]] if timed else None
         if record:
             run.margins = [
                 [tuple(x) for x in mx.concatenate(t).tolist()] if t else [] for t in tops

@@ -330,3 +330,29 @@ def test_join_sizer_converges_to_the_budget():
         assert abs(s.size() - want) <= 2, (a, b, s.size())
     with pytest.raises(ValueError, match="join_budget_s"):
         BatchRunner(None, join_budget_s=0)  # type: ignore[arg-type]
+
+
+def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
+    """What scripts/batch_vs_mlx.py's `--host-split --bg-streamed` rest on: the batch
+    step's build / queue / sync figures cover its steps, mlx-lm's `BatchGenerator` runs
+    over the engine's own frozen model (timed, as over mlx-lm's) and its rows' greedy
+    tokens are the engine's batch's and those of `BatchGenerator` over mlx-lm's model."""
+    from ssdmoe_tui.bench.batch import row_prompts
+    from ssdmoe_tui.bench.batch_compare import ResidentBatch, TimedModel, engine_batch
+
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache="1G")
+    sm.tokenizer.eos_token_ids = set()
+    runner = Runner(sm)
+    ps = row_prompts(prompts(sm)[0], 3)
+    engine_batch(runner, ps, 4)  # the warm-up: every layer read, frozen
+    assert sm.cache.all_frozen
+    sm.model = TimedModel(sm.model)
+    ours = engine_batch(runner, ps, 24)
+    split = ours.host_split()
+    assert ours.window_steps >= 6 and all(split[k] > 0 for k in ("step", "model", "build"))
+    assert split["model"] <= split["build"] and split["queue"] >= 0 and split["sync"] >= 0
+    over = ResidentBatch.over(sm.model, sm.tokenizer).batch(ps, 24)
+    assert over.host_split()["model"] > 0
+    theirs = ResidentBatch(path, sm.dtype).batch(ps, 24)
+    assert over.tokens == ours.tokens == theirs.tokens

@@ -101,16 +101,23 @@ class DecodeShare:
     batch_rows: int = 0  # sum over its steps of the rows in the step (mean batch = / steps)
     steps: int = 0
 
-    def add(self, d: Snapshot, rows: int) -> None:
-        self.hits += d.hits / rows
-        self.misses += d.misses / rows
-        self.bytes_read += d.bytes_read / rows
+    @staticmethod
+    def part(d: Snapshot, rows: int) -> tuple:
+        """One step's share of each of its `rows` (divided once a step, not once a row)."""
+        dev = None if d.device_bytes is None else d.device_bytes / rows
+        return (d.hits / rows, d.misses / rows, d.bytes_read / rows, dev,
+                d.read_s / rows, d.router_sync_s / rows, rows)  # fmt: skip
+
+    def add(self, part: tuple) -> None:
+        """Add one step's `part` (from `part`)."""
+        hits, misses, bytes_read, dev, read_s, sync_s, rows = part
+        self.hits += hits
+        self.misses += misses
+        self.bytes_read += bytes_read
         if self.device_bytes is not None:
-            self.device_bytes = (
-                None if d.device_bytes is None else self.device_bytes + d.device_bytes / rows
-            )
-        self.read_s += d.read_s / rows
-        self.router_sync_s += d.router_sync_s / rows
+            self.device_bytes = None if dev is None else self.device_bytes + dev
+        self.read_s += read_s
+        self.router_sync_s += sync_s
         self.batch_rows += rows
         self.steps += 1
 
@@ -156,6 +163,7 @@ class _Group:
     cache: list | None = None
     pending: _Pass | None = None
     _plan: list[tuple[Callable, list[int] | None]] | None = None  # samplers -> rows
+    _windows: list[tuple[int, Any]] | None = None  # (row, its logits window) of rows with one
 
     def sample_plan(self) -> list[tuple[Callable, list[int] | None]]:
         """Rows grouped by sampler object (None: all rows, in order); made once per
@@ -168,8 +176,18 @@ class _Group:
             self._plan = [(plan[0][0], None)] if len(plan) == 1 else plan
         return self._plan
 
+    def windows(self) -> list[tuple[int, Any]]:
+        """(row index, its logits processors' window) of the rows that have one; made
+        once per change of the rows, as the plan."""
+        if self._windows is None:
+            self._windows = [
+                (i, r.begun.window) for i, r in enumerate(self.rows) if r.begun.window is not None
+            ]
+        return self._windows
+
     def changed(self) -> None:
         self._plan = None
+        self._windows = None
 
 
 @dataclass
@@ -181,6 +199,13 @@ class BatchFigures:
     row_tokens: int = 0  # tokens they produced (sum of the rows of each step)
     max_rows: int = 0
     decode_s: float = 0.0  # wall time in decode steps
+    # ... of it: building the passes (the host's Python; a layer that syncs waits there
+    # too), queueing the next (`mx.async_eval`: kernel launches on a GPU; on the CPU the
+    # work itself), and waiting in the step's one sync (the device's work not yet done;
+    # a host-bound pipelined step waits ~0 there). scripts/batch_vs_mlx.py reports them
+    build_s: float = 0.0
+    queue_s: float = 0.0
+    sync_s: float = 0.0
     prefill_chunk_s: float = 0.0  # wall time in the prefill chunks of joining rows
     max_stall_s: float = 0.0  # longest prefill chunk (+ first token) run between two decode steps
     requested_bytes: int = 0  # during decode steps
@@ -463,6 +488,7 @@ class BatchRunner:
         before = Snapshot.take(sm, live=True)
         pipeline = self.runner._can_pipeline()
         ready: list[tuple[_Group, list[_Row], _Pass]] = []
+        t_build, queued = before.t, 0.0
         for group in groups:
             rows = list(group.rows)
             cur, group.pending = group.pending, None
@@ -484,8 +510,13 @@ class BatchRunner:
                     )
                 )
                 group.pending = self._build(group, rows, nxt)
+                t_queue = time.perf_counter()
                 mx.async_eval(group.pending.tokens)
+                queued += time.perf_counter() - t_queue
             ready.append((group, rows[:n], cur))
+        fig = self.figures
+        fig.build_s += time.perf_counter() - t_build - queued
+        fig.queue_s += queued
         self._deliver(ready, before, times.union_experts - u0, times.union_calls - c0, events)
 
     def _build(self, group: _Group, rows: list[_Row], inputs: mx.array | None) -> _Pass:
@@ -510,7 +541,7 @@ class BatchRunner:
             row.trace_pos += 1
         meter = sm.routing_mass
         mass = meter.take() if meter is not None else None
-        windows = [(i, r.begun.window) for i, r in enumerate(rows) if r.begun.window is not None]
+        windows = group.windows()
         if windows:  # penalties: each row's own processors over its own tokens
             parts = [logits[i : i + 1] for i in range(len(rows))]
             for i, window in windows:
@@ -549,12 +580,15 @@ class BatchRunner:
         events: list[RowEvent],
     ) -> None:
         """The step's one host sync, then each row's token out (and the rows that end)."""
+        t_sync = time.perf_counter()
         mx.eval(
             [p.tokens for _, _, p in ready] + [p.mass for _, _, p in ready if p.mass is not None]
         )
-        d = Snapshot.take(self.runner.sm, live=True) - before
+        after = Snapshot.take(self.runner.sm, live=True)
+        d = after - before
         rows_now = sum(len(rows) for _, rows, _ in ready)
         fig = self.figures
+        fig.sync_s += after.t - t_sync
         fig.rounds += 1
         fig.steps += len(ready)
         fig.row_tokens += rows_now
@@ -563,30 +597,41 @@ class BatchRunner:
         fig.requested_bytes += d.bytes_read
         fig.union_experts += union
         fig.union_calls += union_calls
+        # per row: only what its turn needs (its token, text piece and live figures);
+        # the step's share is divided once, and its clock (the snapshot's) read once
+        part = DecodeShare.part(d, rows_now)
+        now = after.t
+        emit = self._emit
         for group, rows, p in ready:
             toks = p.tokens.tolist()
             masses = p.mass.tolist() if p.mass is not None else None
+            k = p.k
             for i, row in enumerate(rows):
-                stats = row.begun.stats
-                stats.k_per_token.append(p.k)
+                begun = row.begun
+                stats = begun.stats
+                stats.k_per_token.append(k)
                 if stats.mass_log is not None:
                     stats.mass_log.append_value(None if masses is None else float(masses[i]))
-                row.begun.decode_share.add(d, rows_now)
-                finish = self._emit(row, int(toks[i]), events)
+                begun.decode_share.add(part)
+                finish = emit(row, toks[i], events, now)
                 if finish is not None:
                     events.append((row.uid, Done(self._leave(group, row, finish))))
 
-    def _emit(self, row: _Row, tok: int, events: list[RowEvent]) -> str | None:
-        """Record a generated token, yield its event; the finish reason if it was the last."""
+    def _emit(
+        self, row: _Row, tok: int, events: list[RowEvent], now: float | None = None
+    ) -> str | None:
+        """Record a generated token, yield its event; the finish reason if it was the last.
+        `now`: the step's clock (one read for all its rows), else read here."""
         row.tokens.append(tok)
         stats = row.begun.stats
         if tok in self._eos:
             piece, finish = "", "stop"
         else:
-            row.detok.add_token(tok)
-            piece, finish = row.detok.last_segment, None
+            detok = row.detok
+            detok.add_token(tok)
+            piece, finish = detok.last_segment, None
         stats.generated_tokens = len(row.tokens)
-        stats.decode_s = time.perf_counter() - row.dstart
+        stats.decode_s = (time.perf_counter() if now is None else now) - row.dstart
         _share_into(stats, row)
         events.append((row.uid, TokenEvent(tok, piece, stats)))
         if finish is None and len(row.tokens) >= row.spec.max_tokens:
