@@ -25,9 +25,10 @@ GPU)."""
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
 import mlx.core as mx
+
+from ssdmoe_tui.engine.experts.device_memory import is_cuda
 
 PAD_ENV = "SSDMOE_QMM_PAD"
 PAD_MODES = ("auto", "on", "off")
@@ -35,15 +36,6 @@ PAD_MODES = ("auto", "on", "off")
 PAD_ROWS = 16
 # gather_qmm's dispatch (mlx/backend/cuda/quantized/quantized.cpp): fewer rows -> gather_qmv
 MIN_TILED_ROWS = 8
-
-
-@lru_cache(maxsize=1)
-def _cuda_available() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    try:
-        return bool(cuda is not None and cuda.is_available())
-    except Exception:  # noqa: BLE001 - an MLX without the probe has no CUDA backend
-        return False
 
 
 def pad_mode() -> str:
@@ -59,7 +51,7 @@ def pad_mode() -> str:
 def pads(mode: str) -> bool:
     """Whether calls are guarded in `mode`: `auto` on MLX-CUDA's GPU only."""
     if mode == "auto":
-        return _cuda_available() and mx.default_device() == mx.gpu
+        return is_cuda()
     return mode == "on"
 
 

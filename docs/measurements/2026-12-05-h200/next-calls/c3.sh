@@ -1,5 +1,5 @@
 # the timeline: host / managed / device slots per layer (dev43's step), model routing
-T0=$(date +%s); source gpucalls/env.sh
+T0=$(date +%s); source docs/measurements/2026-12-05-h200/next-calls/env.sh
 for i in $(seq 1 60); do pgrep -f "batch_bench" >/dev/null || break; sleep 5; done
 OUT=/root/res/tl STEPS=compile_model,compile_device DEADLINE_S=150 bash scripts/gpu_timeline.sh > /root/res/tl-compile.log 2>&1
 echo "compile exit $? +$(( $(date +%s)-T0 ))s"
