@@ -296,7 +296,9 @@ def main() -> int:
                     for k, r in by_k.items()))  # fmt: skip
             log(f"verdict: {result['verdict']}")
         if args.speed_rounds > 0:
-            result["speed_parts"] = args.speed_parts or "mixers,dense,norms"
+            from ssdmoe_tui.engine.spec.exact import device_parts
+
+            result["speed_parts"] = args.speed_parts or ",".join(sorted(device_parts()))
             result["speed"] = speed_part(Runner(sm), prompt, args, log)
             for name, res in result["speed"].items():
                 for r in res["rows"]:

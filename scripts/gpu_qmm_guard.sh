@@ -20,7 +20,7 @@
 #   spec     the demo's speculation rows (scripts/gpu_spec.sh step demo, guard on):
 #            OUT/spec/demo-summary.txt (targets: oracle auto >= 1.8, chat rows >= 0.97)
 # Environment: OUT (/root/res/qg), STEPS (kernel,sanitize,dense,spec), DEADLINE_S (560),
-# PYTHON (python3), DEMO_COMPILE_S (150), DEMO_ROUNDS (10: the H200 drifts, 6 rounds read auto at 1.03x).
+# SANITIZE_MODES (off on), PYTHON (python3), DEMO_COMPILE_S (150), DEMO_ROUNDS (10: the H200 drifts, 6 rounds read auto at 1.03x).
 set -u
 OUT=${OUT:-/root/res/qg}
 STEPS=${STEPS:-kernel,sanitize,dense,spec}
@@ -50,7 +50,7 @@ PY
 fi
 
 if want sanitize; then
-  for mode in off on; do
+  for mode in ${SANITIZE_MODES:-off on}; do
     [ "$(left)" -gt 90 ] || { log "sanitize $mode skipped: deadline"; continue; }
     SSDMOE_QMM_PAD=$mode timeout 120 $SAN "$PY" -m ssdmoe_tui.cli bench --speculate oracle:1 \
       --draft-depth 2 --prompt-file scripts/spec_prompts/chat.txt --decode-tokens 8 --rounds 1 \
@@ -74,7 +74,7 @@ PY
 fi
 
 if want spec && [ "$(left)" -gt 150 ]; then
-  STEPS=demo DEMO_ROUNDS=${DEMO_ROUNDS:-10} DEMO_COMPILE_S=${DEMO_COMPILE_S:-150} \
+  STEPS=demo DEMO_ROWS=${DEMO_ROWS:-oracle chat repeat} DEMO_ROUNDS=${DEMO_ROUNDS:-10} DEMO_COMPILE_S=${DEMO_COMPILE_S:-150} \
     DEADLINE_S=$(( $(left) - 5 )) bash "$(dirname "$0")/gpu_spec.sh" "$OUT/spec" > "$OUT/spec.log" 2>&1
   log "spec exit $?"; cat "$OUT/spec/demo-summary.txt" 2>/dev/null | tee -a "$OUT/steps.log" >&2
 fi

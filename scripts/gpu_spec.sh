@@ -57,7 +57,7 @@
 #          same_tokens true).
 # Environment: Q30 (/root/q30), CAP_GIB (12), DEADLINE_S (360), HELD_ROUNDS (3),
 # TRACE_ROUNDS (1), DECODE_TOKENS (64), TRACE_TOKENS (32), PROMPT_TOKENS (64),
-# DEMO_ROUNDS (6), DEMO_COMPILE_S, EXACT_ROUNDS (4), EXACT_Q30_ROUNDS (2), PYTHON (python3),
+# DEMO_ROUNDS (6), DEMO_ROWS (oracle chat repeat), DEMO_COMPILE_S, EXACT_ROUNDS (4), EXACT_Q30_ROUNDS (2), PYTHON (python3),
 # STEPS (q30,held,trace; demo, demo_compile, exact by name).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_spec.sh OUTDIR}
@@ -133,12 +133,17 @@ if want demo || want demo_compile; then
   fi
   if want demo && [ "$(left)" -gt 120 ]; then
     R=${DEMO_ROUNDS:-6}
-    demo "$(( $(left) * 2 / 5 ))" oracle --speculate oracle:1 --draft-depth auto,2,4 \
-      --prompt-file scripts/spec_prompts/chat.txt --rounds "$R"
-    demo "$(( $(left) / 2 ))" chat --speculate none,ngram,auto \
-      --prompt-file scripts/spec_prompts/chat.txt --rounds "$R"
-    demo "$(( $(left) - 10 ))" repeat --speculate ngram --draft-depth auto,2,4 \
-      --prompt-file scripts/spec_prompts/repeat.txt --rounds "$R"
+    for row in ${DEMO_ROWS:-oracle chat repeat}; do  # DEMO_ROWS: which rows, in that order
+      case $row in
+        oracle) demo "$(( $(left) * 2 / 5 ))" oracle --speculate oracle:1 --draft-depth auto,2,4 \
+          --prompt-file scripts/spec_prompts/chat.txt --rounds "$R" ;;
+        chat) demo "$(( $(left) / 2 ))" chat --speculate none,ngram,auto \
+          --prompt-file scripts/spec_prompts/chat.txt --rounds "$R" ;;
+        repeat) demo "$(( $(left) - 10 ))" repeat --speculate ngram --draft-depth auto,2,4 \
+          --prompt-file scripts/spec_prompts/repeat.txt --rounds "$R" ;;
+        *) log "DEMO_ROWS: unknown row $row (oracle, chat, repeat)" ;;
+      esac
+    done
     "$PY" scripts/spec_summary.py "$OUT"/spec-demo-*.json | tee "$OUT/demo-summary.txt"
   elif want demo; then log "demo skipped: deadline"; fi
 fi

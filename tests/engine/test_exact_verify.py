@@ -142,3 +142,26 @@ def test_auto_drafts_on_mlx_cuda_with_exact_verify(monkeypatch):
     monkeypatch.setattr(device_memory, "is_cuda", lambda: True)
     assert auto_stands_down(Speculation("auto"))
     assert not auto_stands_down(Speculation("auto", exact=True))
+
+
+def test_mlx_cuda_splits_the_routed_experts_too(checkpoints, monkeypatch):
+    """On MLX-CUDA gather_qmm's kernel depends on the row count (tiled from 8 rows), so
+    the experts are split there as well (the H100 probe: 1.78 logits off without, 0.0
+    with); the split experts still give decode's logits and plain greedy's tokens."""
+    from ssdmoe_tui.engine.experts import device_memory
+    from ssdmoe_tui.engine.spec.exact import DEFAULT_PARTS, EXPERTS, device_parts
+
+    assert device_parts() == DEFAULT_PARTS  # this CPU
+    monkeypatch.setattr(device_memory, "is_cuda", lambda: True)
+    assert EXPERTS in device_parts()
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache="1G")
+    sm.tokenizer.eos_token_ids = set()
+    ex = ExactVerify(sm.model)
+    assert EXPERTS in ex.parts and ex.counts["experts"] == len(sm.model.layers)
+    chunk, steps = _chunk_and_steps(sm.model, [13, 14, 15], ex)
+    assert mx.array_equal(chunk, steps).item()
+    plain = Runner(sm).generate(PROMPT, max_tokens=N)
+    res = Runner(sm).generate(PROMPT, max_tokens=N, draft_reference=plain.tokens,
+                              speculate=Speculation("oracle", 3, 1.0, exact=True))  # fmt: skip
+    assert res.tokens == plain.tokens and res.stats.spec.verify_passes > 0
+    sm.close()

@@ -15,14 +15,15 @@ def test_bank_size_stays_under_2_gib_and_rounds_to_whole_layers() -> None:
     n = bank_slot_count(512 << 10, 40 * 256, 256)
     assert n * (512 << 10) < 2 << 30 and n % 256 == 0 and n == 3840
     assert bank_slot_count(512 << 10, 100, 256) == 100  # a small cache is one bank
-    assert bank_slot_count(4096, 48, 16, bank_bytes=20_000) == 4  # below one layer: no rounding
+    # below one layer: no rounding; 4 slots and the spare (slack.py) fit 20,000 bytes
+    assert bank_slot_count(4096, 48, 16, bank_bytes=20_000) == 3
 
 
 @pytest.mark.parametrize(
     ("bank_bytes", "budget", "frozen"),
     [
         ("20K", "1G", False),  # 5-slot banks: layers spread over banks, host lookups
-        ("64K", "1G", True),  # one layer per bank: device-side lookup per layer
+        ("68K", "1G", True),  # one layer (64K) and the spare slot per bank: device-side lookup
         ("20K", "24K", False),  # a small cache over several banks, with evictions
     ],
 )

@@ -40,6 +40,7 @@ from ssdmoe_tui.engine.experts.reader import (
     buffer_address,
     split_requests,
 )
+from ssdmoe_tui.engine.experts.slack import SPARE_SLOTS, slot_array
 from ssdmoe_tui.errors import ModelError
 from ssdmoe_tui.memory import available_memory_bytes
 
@@ -92,12 +93,13 @@ BANK_BYTES_ENV = "SSDMOE_SLOT_BANK_BYTES"
 def bank_slot_count(
     slot_bytes_max: int, capacity: int, num_experts: int, bank_bytes: int | None = None
 ) -> int:
-    """Slots per bank: as many as fit under the bank size in the largest component,
-    rounded down to whole layers (multiples of `num_experts`) when at least one fits, so
-    a layer read whole (a budget holding every expert) lands in one bank."""
+    """Slots per bank: as many as fit under the bank size in the largest component with
+    the bank's spare slot (slack.py), rounded down to whole layers (multiples of
+    `num_experts`) when at least one fits, so a layer read whole (a budget holding every
+    expert) lands in one bank."""
     limit = bank_bytes if bank_bytes is not None else _env_bank_bytes()
     limit = min(limit, MAX_BANK_BYTES)
-    n = max(1, limit // max(1, slot_bytes_max))
+    n = max(1, limit // max(1, slot_bytes_max) - SPARE_SLOTS)
     if n >= num_experts:
         n -= n % num_experts
     return min(n, capacity)
@@ -160,10 +162,10 @@ def _make_banks(comps, dtypes: list, capacity: int, bank_slots: int) -> list[dic
     banks: list[dict[str, mx.array]] = []
     for start in range(0, capacity, bank_slots):
         n = min(bank_slots, capacity - start)
+        # each with a spare slot behind its last (slack.py: the kernel reads past the end)
         banks.append(
-            {c.name: mx.zeros((n, *c.shape), dtype=dt) for c, dt in zip(comps, dtypes, strict=True)}
+            {c.name: slot_array(n, tuple(c.shape), dt) for c, dt in zip(comps, dtypes, strict=True)}
         )
-        mx.eval(list(banks[-1].values()))
     return banks
 
 

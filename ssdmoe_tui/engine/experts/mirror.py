@@ -35,6 +35,8 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.experts.slack import slot_array
+
 MIRROR_ENV = "SSDMOE_SLOT_MIRROR"
 MIRROR_MODES = ("auto", "on", "off")
 
@@ -65,9 +67,12 @@ class SlotMirror:
         self.bank_slots = bank_slots
         self.banks: list[dict[str, mx.array]] = []
         for bank in banks:
-            # made by a fill kernel: on MLX-CUDA its pages are first touched on the device
-            twin = {name: mx.zeros(a.shape, dtype=a.dtype) for name, a in bank.items()}
-            mx.eval(list(twin.values()))
+            # made by a fill kernel: on MLX-CUDA its pages are first touched on the device;
+            # a spare slot behind, as the host bank's (slack.py)
+            twin = {
+                name: slot_array(a.shape[0], tuple(a.shape[1:]), a.dtype)
+                for name, a in bank.items()
+            }
             self.banks.append(twin)
         self._row_bytes = sum(int(a.nbytes) // a.shape[0] for a in banks[0].values())
         self._dirty: list[np.ndarray] = []

@@ -52,6 +52,18 @@ import mlx.nn as nn
 MIXERS, DENSE, NORMS, EXPERTS, SDPA, F32 = "mixers", "dense", "norms", "experts", "sdpa", "f32"
 PARTS = (MIXERS, DENSE, NORMS, EXPERTS, SDPA, F32)
 DEFAULT_PARTS = frozenset({MIXERS, DENSE, NORMS})
+# On MLX-CUDA the routed experts depend on the row count too: gather_qmm runs its tiled
+# kernel from 8 rows (a 2-token chunk at K = 4) where decode's K rows run gather_qmv. On
+# the H100 (2026-12-05, the demo, scripts/exact_verify_probe.py) the default parts left a
+# chunk 1.78 logits from decode; with the experts split too, 0.0 at 2-5 tokens.
+CUDA_PARTS = DEFAULT_PARTS | {EXPERTS}
+
+
+def device_parts() -> frozenset[str]:
+    """The parts `--exact-verify` splits on this device (CUDA_PARTS under MLX-CUDA)."""
+    from ssdmoe_tui.engine.experts.device_memory import is_cuda
+
+    return CUDA_PARTS if is_cuda() else DEFAULT_PARTS
 
 
 MASKS = ("mask", "attention_mask")
@@ -257,7 +269,9 @@ class ExactVerify:
     """The modules of one model that `rows()` splits (built once per model: a walk of
     its module tree; entering costs one class assignment per module)."""
 
-    def __init__(self, model: nn.Module, parts: frozenset[str] | set[str] = DEFAULT_PARTS) -> None:
+    def __init__(self, model: nn.Module, parts: frozenset[str] | set[str] | None = None) -> None:
+        """`parts`: what to split (None: this device's, `device_parts()`)."""
+        parts = device_parts() if parts is None else parts
         unknown = set(parts) - set(PARTS)
         if unknown:
             raise ValueError(f"exact verify: unknown parts {sorted(unknown)}")
