@@ -38,6 +38,18 @@ def _chunk_and_steps(model, tokens, exact):  # noqa: ANN001, ANN202
     return chunk, steps
 
 
+def _exact_as_decode(sm, ex, p: float) -> None:  # noqa: ANN001
+    """A chunk split by `ex` is decode bit for bit, and an oracle turn at acceptance `p`
+    with exact verify gives plain greedy's tokens; closes `sm`."""
+    chunk, steps = _chunk_and_steps(sm.model, [13, 14, 15], ex)
+    assert mx.array_equal(chunk, steps).item()
+    plain = Runner(sm).generate(PROMPT, max_tokens=N)
+    res = Runner(sm).generate(PROMPT, max_tokens=N, draft_reference=plain.tokens,
+                              speculate=Speculation("oracle", 3, p, exact=True))  # fmt: skip
+    assert res.tokens == plain.tokens and res.stats.spec.verify_passes > 0
+    sm.close()
+
+
 @pytest.mark.parametrize("budget", ["1G", "1"])  # every expert, and the minimum cache
 def test_exact_verify_keeps_greedy_tokens_where_a_chunk_differs(checkpoints, budget):
     sm = load_streamed(checkpoints("nemotron_h"), expert_cache=budget, dtype="bfloat16")
@@ -95,13 +107,7 @@ def test_exact_verify_splits_mixers_dense_and_norms(checkpoints, arch):
     assert ex.counts["mixers"] == layers
     assert ex.counts["norms"] == 2 * layers + 1  # input, post-attention, final
     assert ex.counts["dense"] >= layers  # a router per MoE layer (and a head or tied one)
-    chunk, steps = _chunk_and_steps(sm.model, [13, 14, 15], ex)
-    assert mx.array_equal(chunk, steps).item()
-    plain = Runner(sm).generate(PROMPT, max_tokens=N)
-    res = Runner(sm).generate(PROMPT, max_tokens=N, draft_reference=plain.tokens,
-                              speculate=Speculation("oracle", 3, 0.7, exact=True))  # fmt: skip
-    assert res.tokens == plain.tokens and res.stats.spec.verify_passes > 0
-    sm.close()
+    _exact_as_decode(sm, ex, 0.7)
 
 
 def test_array_masks_and_refused_mixers(checkpoints):
@@ -158,10 +164,4 @@ def test_mlx_cuda_splits_the_routed_experts_too(checkpoints, monkeypatch):
     sm.tokenizer.eos_token_ids = set()
     ex = ExactVerify(sm.model)
     assert EXPERTS in ex.parts and ex.counts["experts"] == len(sm.model.layers)
-    chunk, steps = _chunk_and_steps(sm.model, [13, 14, 15], ex)
-    assert mx.array_equal(chunk, steps).item()
-    plain = Runner(sm).generate(PROMPT, max_tokens=N)
-    res = Runner(sm).generate(PROMPT, max_tokens=N, draft_reference=plain.tokens,
-                              speculate=Speculation("oracle", 3, 1.0, exact=True))  # fmt: skip
-    assert res.tokens == plain.tokens and res.stats.spec.verify_passes > 0
-    sm.close()
+    _exact_as_decode(sm, ex, 1.0)
