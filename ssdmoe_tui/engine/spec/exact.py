@@ -22,11 +22,13 @@ would, with decode's shapes:
   experts, dense MLPs, the LM head; a tied head's `as_linear`) runs one row per call;
 - `norms`: every RMSNorm outside the mixers, one row per call.
 
-The routed experts are left as they are: mlx-lm's `gather_qmm` already computes each
-(token, expert) pair as its own one-row product at a chunk's sizes (below the sort
-threshold of 64 rows), as decode does. Elementwise ops, softmax and top-k over a row
-compute each element or row alone. Two parts are not in the default, for the probe
-(scripts/exact_verify_probe.py) to measure on a device: `experts` splits each MoE block
+On the CPU the routed experts are left as they are: mlx-lm's `gather_qmm` already
+computes each (token, expert) pair as its own one-row product at a chunk's sizes (below
+the sort threshold of 64 rows), as decode does; on MLX-CUDA it does not (a tiled kernel
+from 8 rows), so `device_parts()` splits them there too. Elementwise ops, softmax and
+top-k over a row compute each element or row alone. Two parts are not in the CPU
+default, for the probe (scripts/exact_verify_probe.py) to measure on a device: `experts`
+splits each MoE block
 (router, routed experts, shared expert) row by row too, in case a device's `gather_qmm`
 kernel depends on its batch (each row then syncs and looks up its experts alone, as
 decode does); `sdpa` splits only the attention kernel, each query row against the keys
