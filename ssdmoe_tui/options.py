@@ -12,6 +12,7 @@ current model is dropped. Nothing here imports MLX.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
 
@@ -180,6 +181,16 @@ def parse_top_p(text: str | float) -> float:
 def parse_choice(text: str, choices: tuple[str, ...], what: str) -> str:
     if text not in choices:
         raise BadValueError(f"{what} {text!r}: use one of {', '.join(choices)}")
+    return text
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str = "auto") -> str:
+    """`$name`, lower-cased (unset or blank: `default`), one of `choices`: the engine's
+    mode switches (`SSDMOE_PIPELINE`, `SSDMOE_QMM_PAD`, ...), each one clear line naming
+    the variable for a bad value."""
+    text = os.environ.get(name, "").strip().lower() or default
+    if text not in choices:
+        raise BadValueError(f"{name}={text!r}: use one of {', '.join(choices)}")
     return text
 
 

@@ -28,7 +28,6 @@ that the mirror's buffers never move.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -43,12 +42,9 @@ MIRROR_MODES = ("auto", "on", "off")
 
 def mirror_mode() -> str:
     """`$SSDMOE_SLOT_MIRROR`, checked: one clear line for a bad value."""
-    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import env_choice
 
-    text = os.environ.get(MIRROR_ENV, "").strip().lower() or "auto"
-    if text not in MIRROR_MODES:
-        raise BadValueError(f"{MIRROR_ENV}={text!r}: use one of {', '.join(MIRROR_MODES)}")
-    return text
+    return env_choice(MIRROR_ENV, MIRROR_MODES)
 
 
 def mirrors(mode: str, placement: str) -> bool:

@@ -24,8 +24,6 @@ GPU)."""
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 
 from ssdmoe_tui.engine.experts.device_memory import is_cuda
@@ -40,12 +38,9 @@ MIN_TILED_ROWS = 8
 
 def pad_mode() -> str:
     """`$SSDMOE_QMM_PAD`, checked: one clear line for a bad value."""
-    from ssdmoe_tui.errors import BadValueError
+    from ssdmoe_tui.options import env_choice
 
-    text = os.environ.get(PAD_ENV, "").strip().lower() or "auto"
-    if text not in PAD_MODES:
-        raise BadValueError(f"{PAD_ENV}={text!r}: use one of {', '.join(PAD_MODES)}")
-    return text
+    return env_choice(PAD_ENV, PAD_MODES)
 
 
 def pads(mode: str) -> bool:

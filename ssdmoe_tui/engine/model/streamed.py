@@ -22,6 +22,7 @@ import numpy as np
 from ssdmoe_tui.engine.experts.cache import ExpertCache
 from ssdmoe_tui.engine.model import qmm_guard
 from ssdmoe_tui.engine.model.timeline import Timeline
+from ssdmoe_tui.options import env_choice
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,7 @@ def pipeline_mode() -> str:
     CPU: `_pipelines`), `on` (pipelined: full-shape calls on a GPU, compact on the CPU),
     `off` (read the misses, then compute: the serial layer), `full` or `compact` (on,
     with the partial calls' shape forced: tests run both on the CPU)."""
-    from ssdmoe_tui.errors import BadValueError
-
-    text = os.environ.get(PIPELINE_ENV, "").strip().lower() or "auto"
-    if text not in PIPELINE_MODES:
-        raise BadValueError(f"{PIPELINE_ENV}={text!r}: use one of {', '.join(PIPELINE_MODES)}")
-    return text
+    return env_choice(PIPELINE_ENV, PIPELINE_MODES)
 
 
 STAGE_ENV = "SSDMOE_PREFILL_STAGE"
@@ -102,12 +98,7 @@ STAGE_MODES = ("auto", "on", "off")
 
 def prefill_stage_mode() -> str:
     """$SSDMOE_PREFILL_STAGE: `auto` (default), `on`, `off` (see `stages`)."""
-    from ssdmoe_tui.errors import BadValueError
-
-    text = os.environ.get(STAGE_ENV, "").strip().lower() or "auto"
-    if text not in STAGE_MODES:
-        raise BadValueError(f"{STAGE_ENV}={text!r}: use one of {', '.join(STAGE_MODES)}")
-    return text
+    return env_choice(STAGE_ENV, STAGE_MODES)
 
 
 def stages(mode: str, placement: str) -> bool:
@@ -148,11 +139,8 @@ def readahead_on() -> bool:
     prefill waits on the disk between layers; off on the CPU, where it measured no gain:
     docs/benchmarks.md), `on`, `off`."""
     from ssdmoe_tui.engine.experts.device_memory import is_cuda
-    from ssdmoe_tui.errors import BadValueError
 
-    text = os.environ.get(READAHEAD_ENV, "").strip().lower() or "auto"
-    if text not in STAGE_MODES:
-        raise BadValueError(f"{READAHEAD_ENV}={text!r}: use one of {', '.join(STAGE_MODES)}")
+    text = env_choice(READAHEAD_ENV, STAGE_MODES)
     return is_cuda() if text == "auto" else text == "on"
 
 
