@@ -2,8 +2,10 @@
 engine, the runs alternating round by round so both see the same machine.
 
 Each round runs the prompt once without speculation (greedy) and each (drafter, depth)
-configuration once, plain first in even rounds and last in odd ones (ABBA); a configuration's ratio is its decode tok/s over that round's
-plain run, the row gives medians over the rounds. The oracle (`oracle[:P]`) drafts from
+configuration once, in a Williams order (bench/order.py: over a cycle of rounds each run sits
+at every place of a round and after every other run equally often; with one configuration
+it is ABBA); a configuration's ratio is its decode tok/s over that round's plain run, the
+row gives medians over the rounds. The oracle (`oracle[:P]`) drafts from
 the first plain run's tokens, each draft token wrong with probability 1 - P
 (engine/spec/drafts.py), aligned by context: where a reply leaves that run's tokens (on
 MLX-CUDA a verify chunk flips near-ties) it drafts from any earlier run's reply it still
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from ssdmoe_tui.bench.order import round_order
 from ssdmoe_tui.options import Speculation
 
 Log = Callable[[str], None]
@@ -119,11 +122,12 @@ def run_speculate(
         return run
 
     for r in range(rounds):
-        # ABBA: plain first in even rounds, last in odd ones, so no configuration always
-        # runs in the same place of a round (measured: the plain-first order alone gave a
-        # never-drafting loop 0.92x wall at 1.02x CPU time against plain on the CPU demo)
-        order = [-1, *range(len(configs))]
-        for i in order if r % 2 == 0 else order[::-1]:
+        # a balanced order, so no configuration always runs in the same place of a round
+        # or after the same one (measured: plain first in every round gave a never-drafting
+        # loop 0.92x wall at 1.02x CPU time against plain on the CPU demo; ABBA over four
+        # runs gave `none`, plain's own code, 1.22x on the H100)
+        items = [-1, *range(len(configs))]
+        for i in (items[k] for k in round_order(len(items), r)):
             if i < 0:
                 plain.append(seen(one_run(runner, prompt, decode_tokens, None, reference)))
                 log(f"round {r + 1}/{rounds}: plain {plain[-1].decode_tok_s:.1f} tok/s")
