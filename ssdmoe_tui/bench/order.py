@@ -28,7 +28,7 @@ def _williams_row(n: int, r: int) -> list[int]:
 
 def cycle_length(n: int) -> int:
     """Rounds after which `round_order(n, .)` is balanced: n for even n, 2n for odd n."""
-    return max(n, 1) if n % 2 == 0 or n <= 1 else 2 * n
+    return 2 * n if n % 2 == 1 and n > 1 else max(n, 1)
 
 
 def round_order(n: int, r: int) -> list[int]:
