@@ -3,7 +3,7 @@
 # (872a4b0); then the Q30 build starts in the background (d.sh waits for it)
 T0=$(date +%s)
 bash scripts/gpu_install.sh || exit 1
-source docs/measurements/2026-12-06-gpu/calls/env.sh
+source scripts/gpu_env.sh
 echo "install +$(( $(date +%s)-T0 ))s"
 for i in 1 2; do
   STEPS=demo DEMO_ROWS=chat DEMO_ROUNDS=24 DEMO_COMPILE_S=$([ $i = 1 ] && echo 110 || echo 10) \
