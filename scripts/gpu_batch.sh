@@ -64,7 +64,12 @@ if want q30; then
   fi
 fi
 
-if want vs; then
+# the vs and trace steps need the built Q30: without it batch_bench.py would build a small
+# 12-layer model there (its CPU recipe) while a q30 build of another call may be writing it
+# (2026-12-06: a background build from the call before raced the trace step's compile pass)
+have_q30() { [ -f "$Q30/config.json" ] || { log "$1 skipped: no $Q30/config.json (the q30 step first)"; return 1; }; }
+
+if want vs && have_q30 vs; then
   if [ "$(left)" -gt 150 ]; then
     log "vs: every expert held vs resident BatchGenerator, B 1,2,4,8, invariant mode at B ${INV_BATCH:-4}"
     timeout "$(( $(left) - 100 ))" "$PY" scripts/batch_vs_mlx.py --out "$OUT" --model "$Q30" \
@@ -76,7 +81,7 @@ if want vs; then
   else log "vs skipped: deadline"; fi
 fi
 
-if want trace; then
+if want trace && have_q30 trace; then
   if [ "$(left)" -gt 80 ]; then
     if [ "${WARMUP:-1}" = 1 ]; then
       # the first process meeting these kernel shapes compiles them with ~3 GiB more

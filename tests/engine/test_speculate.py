@@ -209,6 +209,55 @@ def test_ngram_drafter_proposes_the_latest_continuation():
     assert d.propose(4) == []
 
 
+def _latest_continuation(seq: list[int], depth: int) -> list[int]:
+    """What prompt lookup proposes, by a search of the whole sequence: after the latest
+    earlier occurrence of its last 3 tokens, else of its last 2."""
+    for n in (3, 2):
+        if len(seq) < n:
+            continue
+        for at in range(len(seq) - 1, n - 1, -1):
+            if seq[at - n : at] == seq[-n:]:
+                return seq[at : at + depth]
+    return []
+
+
+def test_ngram_drafter_equals_a_search_of_the_sequence():
+    """The index, whose keys are kept from the last tokens, against a plain search, over
+    sequences fed in pieces of 0-3 tokens (small alphabets: many repeats)."""
+    rng = np.random.default_rng(5)
+    for case in range(60):
+        alphabet = int(rng.choice([2, 3, 8, 40]))
+        seq = [int(t) for t in rng.integers(0, alphabet, int(rng.integers(0, 30)))]
+        d = NgramDrafter()
+        d.extend(seq)
+        for _ in range(120):
+            piece = [int(t) for t in rng.integers(0, alphabet, int(rng.integers(0, 4)))]
+            d.extend(piece)
+            seq += piece
+            depth = int(rng.integers(-1, 7))
+            want = _latest_continuation(seq, depth) if depth > 0 else []
+            assert d.propose(depth) == want, (case, len(seq), depth)
+
+
+def test_cost_model_folds_deferred_steps_as_measured_one_by_one():
+    """The loop keeps pipelined one-token rounds and folds them when a price is asked
+    (CostModel.measure_steps): the same figures as measuring each as it ran."""
+    rng = np.random.default_rng(2)
+    steps = [(float(s), int(k)) for s, k in zip(rng.uniform(1e-3, 4e-3, 40), rng.integers(0, 9, 40), strict=True)]  # fmt: skip
+    one, folded = CostModel(128, 8, 1 << 20), CostModel(128, 8, 1 << 20)
+    for c in (one, folded):
+        c.measure(3, 0.005, 0.0, 20, 0, 0)
+    for s, k in steps:
+        one.measure(1, s, 0.0, k, 0, 0)
+    kept = list(steps)
+    folded.measure_steps(kept)
+    assert kept == []
+    assert folded.pace == one.pace and folded.version == one.version
+    for n in (1, 2, 3, 5):
+        assert folded.compute(n) == one.compute(n)
+    assert folded.passes[1].lookups == one.passes[1].lookups
+
+
 def test_oracle_drafts_are_wrong_at_rate_one_minus_p():
     ref = list(range(2000))
     o = OracleDrafter(ref, 0.7, vocab=5000, seed=1)

@@ -17,8 +17,6 @@ from typing import Protocol
 
 import numpy as np
 
-NGRAM_MAX = 3  # longest suffix looked up (the issue's measure: a 3-gram lookup)
-NGRAM_MIN = 2  # shortest: a 1-gram match is too often wrong to be worth a draft
 # the oracle's re-anchoring (a reply that left every reference): the longest suffix of
 # the reply found in a reference, down to ANCHOR_MIN tokens (shorter ones match by chance)
 ANCHOR_MAX, ANCHOR_MIN = 8, 3
@@ -36,39 +34,49 @@ class Drafter(Protocol):
 
 class NgramDrafter:
     """Prompt lookup: the continuation after the most recent earlier occurrence of the
-    sequence's last n tokens (n = NGRAM_MAX down to NGRAM_MIN), from an index kept up to
-    date one token at a time (O(1) per token, however long the conversation)."""
+    sequence's last 3 tokens (a 3-gram lookup), else of its last 2 (a 1-gram match is too
+    often wrong to be worth a draft), from an index kept up to date one token at a time (O(1) per token, however long the conversation).
+
+    The keys of the next position (the last 2 and 3 tokens) are kept as tuples, built
+    from the previous ones and the new token, and `propose` looks exactly those up: no
+    slice of the sequence per token. It runs on every token of a speculating turn, also
+    where nothing is drafted, and on a 1 ms GPU token a few microseconds showed (the
+    demo's chat reply with `ngram`, nothing drafted: 0.96-0.97x plain on the H100)."""
 
     name = "ngram"
 
-    def __init__(self, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> None:
-        self.n_max, self.n_min = n_max, n_min
+    def __init__(self) -> None:
         self.tokens: list[int] = []
-        # n -> (the n tokens before position i) -> i, for the latest such i
-        self._index: dict[int, dict[tuple[int, ...], int]] = {
-            n: {} for n in range(n_min, n_max + 1)
-        }
+        # (the 3 / 2 tokens before position i) -> i, for the latest such i
+        self._at3: dict[tuple[int, int, int], int] = {}
+        self._at2: dict[tuple[int, int], int] = {}
+        self._last3: tuple[int, int, int] | None = None  # the sequence's last 3 tokens
+        self._last2: tuple[int, int] | None = None  # and its last 2
 
     def extend(self, tokens: Sequence[int]) -> None:
-        ctx = self.tokens
+        ctx, at3, at2 = self.tokens, self._at3, self._at2
+        last3, last2 = self._last3, self._last2
         for t in tokens:
             i = len(ctx)
-            for n, index in self._index.items():
-                if i >= n:
-                    index[tuple(ctx[i - n : i])] = i
-            ctx.append(int(t))
+            if last3 is not None:
+                at3[last3] = i
+            if last2 is not None:
+                at2[last2] = i
+            t = int(t)
+            ctx.append(t)
+            if last2 is not None:
+                last3 = (last2[0], last2[1], t)
+            last2 = (ctx[i - 1], t) if i else None
+        self._last3, self._last2 = last3, last2
 
     def propose(self, depth: int) -> list[int]:
-        ctx = self.tokens
         if depth <= 0:
             return []
-        for n in range(self.n_max, self.n_min - 1, -1):
-            if len(ctx) < n:
-                continue
-            at = self._index[n].get(tuple(ctx[-n:]))
-            if at is not None:
-                return ctx[at : at + depth]
-        return []
+        last3, last2 = self._last3, self._last2
+        at = self._at3.get(last3) if last3 is not None else None
+        if at is None and last2 is not None:
+            at = self._at2.get(last2)
+        return [] if at is None else self.tokens[at : at + depth]
 
 
 class OracleDrafter:

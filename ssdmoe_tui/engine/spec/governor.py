@@ -186,6 +186,14 @@ class CostModel:
                 else self.disk_bytes_s + EMA * (rate - self.disk_bytes_s)
             )  # fmt: skip
 
+    def measure_steps(self, steps: list[tuple[float, int]]) -> None:
+        """Pipelined one-token rounds that read nothing, (seconds, lookups) each, folded
+        in the order they ran as `measure(1, s, 0.0, lookups, 0, 0)` one at a time would;
+        empties `steps` (the loop keeps them until a price is asked: spec/loop.py)."""
+        for seconds, lookups in steps:
+            self.measure(1, seconds, 0.0, lookups, 0, 0)
+        steps.clear()
+
     def measure_cold(self, compute_s: float) -> None:
         """A d = 0 round that found no step built for it, where d = 0 rounds pipeline."""
         self.cold.update(max(compute_s, 0.0) / (self.pace or 1.0), 0.0, 0.0)
