@@ -6,9 +6,9 @@ T0=$(date +%s)
 bash scripts/gpu_install.sh || exit 1
 source scripts/gpu_env.sh
 echo "install +$(( $(date +%s)-T0 ))s"
-for i in 1 2; do
-  STEPS=demo DEMO_ROWS=chat DEMO_ROUNDS=24 DEMO_COMPILE_S=$([ $i = 1 ] && echo 110 || echo 10) \
+for i in $(seq 1 ${G_PROCS:-2}); do
+  STEPS=demo DEMO_ROWS=chat DEMO_ROUNDS=${G_ROUNDS:-24} DEMO_COMPILE_S=$([ $i = 1 ] && echo 110 || echo 10) \
     DEADLINE_S=$([ $i = 1 ] && echo 330 || echo 200) bash scripts/gpu_spec.sh /root/res/chat$i > /root/res/chat$i.log 2>&1
   echo "chat $i exit $? +$(( $(date +%s)-T0 ))s"; cat /root/res/chat$i/demo-summary.txt
 done
-tar czf $OUT/g.tgz -C /root/res chat1 chat2 chat1.log chat2.log
+cd /root/res && tar czf $OUT/g.tgz chat*
