@@ -243,7 +243,8 @@ def test_cost_model_folds_deferred_steps_as_measured_one_by_one():
     """The loop keeps pipelined one-token rounds and folds them when a price is asked
     (CostModel.measure_steps): the same figures as measuring each as it ran."""
     rng = np.random.default_rng(2)
-    steps = [(float(s), int(k)) for s, k in zip(rng.uniform(1e-3, 4e-3, 40), rng.integers(0, 9, 40), strict=True)]  # fmt: skip
+    seconds, lookups = rng.uniform(1e-3, 4e-3, 40), rng.integers(0, 9, 40)
+    steps = [(float(s), int(k)) for s, k in zip(seconds, lookups, strict=True)]
     one, folded = CostModel(128, 8, 1 << 20), CostModel(128, 8, 1 << 20)
     for c in (one, folded):
         c.measure(3, 0.005, 0.0, 20, 0, 0)

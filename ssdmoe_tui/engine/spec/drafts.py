@@ -35,7 +35,8 @@ class Drafter(Protocol):
 class NgramDrafter:
     """Prompt lookup: the continuation after the most recent earlier occurrence of the
     sequence's last 3 tokens (a 3-gram lookup), else of its last 2 (a 1-gram match is too
-    often wrong to be worth a draft), from an index kept up to date one token at a time (O(1) per token, however long the conversation).
+    often wrong to be worth a draft), from an index kept up to date one token at a time
+    (O(1) per token, however long the conversation).
 
     The keys of the next position (the last 2 and 3 tokens) are kept as tuples, built
     from the previous ones and the new token, and `propose` looks exactly those up: no
