@@ -15,6 +15,7 @@ result's save (its temp file written, not yet renamed: `atomic._pause_point`).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,12 @@ async def main(model: str, mark: Path, mode: str = "shown") -> int:
         await loaded(pilot, app)
 
         def hold(*_: object) -> None:
-            mark.write_text(str(app.chat.session_id))
+            # whole or not at all: the caller kills as soon as MARK exists, and a plain
+            # write_text once let it read '' (created, not yet written; 2026-12-06, one
+            # full run of four). Not atomic.py's writer: this is its pause point in "save".
+            part = mark.with_name(mark.name + ".part")
+            part.write_text(str(app.chat.session_id))
+            os.replace(part, mark)
             time.sleep(HOLD_S)  # nothing goes on here until the kill
 
         if mode == "call":
