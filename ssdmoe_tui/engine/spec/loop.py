@@ -153,7 +153,6 @@ def spec_loop(
     # `costs` in order (CostModel.measure_steps) before anything reads them, not through
     # `_price` each round: on a 1 ms GPU token the speculative loop's bookkeeping showed
     # (the demo's chat reply, nothing drafted: `none` 0.97-0.98x plain on the H100)
-    first = True  # the turn's first round (it carries the turn's start)
     fast_t0: float | None = None  # such a round's start, when the round before was one
     steps: list[tuple[float, int]] = []  # (seconds, lookups) of those not folded yet
     h0 = m0 = 0  # the cache's lookups when the round began (each round sets them)
@@ -286,15 +285,13 @@ def spec_loop(
             n_pass, rerun_s = d + 1, v.rerun_s
         if d == 0 and pipelines and not cold:  # nothing read, nothing apart: a step's cycle
             fast_t0, last = t0, None
-        else:
-            fast_t0 = None
-            last = (
-                t0, 0 if cold and pipelines and not first else n_pass, rerun_s + wasted,
-                counters.read_s - r0,
+        else:  # a cold round is L unless it is the turn's first (no round before it)
+            cold_l = cold and pipelines and (last is not None or fast_t0 is not None)
+            fast_t0, last = None, (
+                t0, 0 if cold_l else n_pass, rerun_s + wasted, counters.read_s - r0,
                 counters.hits + counters.misses - h0 - m0, counters.misses - m0,
                 counters.bytes_read - b0,
             )  # fmt: skip
-        first = False
         figures.passes += 1
         figures.tokens += len(emit)
         runner.window_figures(stats, dstart, start)
