@@ -16,7 +16,7 @@ from ssdmoe_tui.engine.model.loader import cast_model, load_streamed
 from ssdmoe_tui.engine.policy import trace_routing
 from ssdmoe_tui.engine.run.runner import Runner
 from ssdmoe_tui.engine.spec.drafts import NgramDrafter, OracleDrafter
-from ssdmoe_tui.engine.spec.governor import Acceptance, Choice, CostModel, Governor
+from ssdmoe_tui.engine.spec.governor import AUTO_DEPTH, Acceptance, Choice, CostModel, Governor
 from ssdmoe_tui.engine.spec.mtp import check_mtp
 from ssdmoe_tui.engine.spec.verify import verify_chunk
 from ssdmoe_tui.errors import BadValueError
@@ -240,23 +240,33 @@ def test_ngram_drafter_equals_a_search_of_the_sequence():
 
 
 def test_cost_model_folds_deferred_steps_as_measured_one_by_one():
-    """The loop keeps pipelined one-token rounds and folds them when a price is asked
-    (CostModel.measure_steps): the same figures as measuring each as it ran."""
+    """The cost model keeps pipelined one-token rounds (CostModel.note_step) and folds
+    them when a price is built or another figure measured: the same figures as measuring
+    each as it ran, whatever the number kept (fewer or more than a window's)."""
     rng = np.random.default_rng(2)
-    seconds, lookups = rng.uniform(1e-3, 4e-3, 40), rng.integers(0, 9, 40)
-    steps = [(float(s), int(k)) for s, k in zip(seconds, lookups, strict=True)]
-    one, folded = CostModel(128, 8, 1 << 20), CostModel(128, 8, 1 << 20)
-    for c in (one, folded):
-        c.measure(3, 0.005, 0.0, 20, 0, 0)
-    for s, k in steps:
-        one.measure(1, s, 0.0, k, 0, 0)
-    kept = list(steps)
-    folded.measure_steps(kept)
-    assert kept == []
-    assert folded.pace == one.pace and folded.version == one.version
-    for n in (1, 2, 3, 5):
-        assert folded.compute(n) == one.compute(n)
-    assert folded.passes[1].lookups == one.passes[1].lookups
+    for count in (3, 15, 16, 40, 150):
+        seconds, lookups = rng.uniform(1e-3, 4e-3, count), rng.integers(0, 9, count)
+        steps = [(float(s), int(k)) for s, k in zip(seconds, lookups, strict=True)]
+        one, folded = CostModel(128, 8, 1 << 20), CostModel(128, 8, 1 << 20)
+        for c in (one, folded):
+            c.measure(1, 0.002, 0.0, 8, 0, 0)
+            c.measure(3, 0.005, 0.0, 20, 0, 0)
+        half = count // 2
+        for s, k in steps[:half]:
+            one.measure(1, s, 0.0, k, 0, 0)
+            folded.note_step(s, k)
+        one.measure_cold(0.004)  # another figure: the kept rounds are folded before it
+        folded.measure_cold(0.004)
+        for s, k in steps[half:]:
+            one.measure(1, s, 0.0, k, 0, 0)
+            folded.note_step(s, k)
+        governor = Governor(folded, Acceptance())
+        governor.choose(2)  # a price is built: every kept round is folded first
+        assert folded.pace == one.pace and folded.version == one.version, count
+        for n in (1, 2, 3, 5):
+            assert folded.compute(n) == one.compute(n), (count, n)
+        assert folded.pipeline_loss() == one.pipeline_loss()
+        assert list(folded.passes[1]._samples) == list(one.passes[1]._samples)
 
 
 def test_oracle_drafts_are_wrong_at_rate_one_minus_p():
@@ -287,6 +297,51 @@ def test_governor_prices_rounds_and_falls_back_to_zero():
     disk.measure(3, 0.005, 0.025, 48 * 20, 25, 25 << 20)
     assert Governor(disk, Acceptance(hits=6, trials=10)).choose(4).depth == 0
     assert Governor(disk, Acceptance(hits=6, trials=10), fixed=2).choose(4).depth == 2
+
+
+class _CountingGovernor(Governor):
+    """A governor that counts its price-table builds at measured prices (not a probe's)."""
+
+    builds = 0
+
+    def _build(self, pending, pass_s):  # noqa: ANN001, ANN202
+        self.builds += pass_s == self.costs.pass_s
+        return super()._build(pending, pass_s)
+
+
+def test_kept_price_tables_choose_as_fresh_ones():
+    """Price tables kept by conditions (pending, chains) and across offers of 1-4 drafts
+    choose as a governor built afresh each round, at every acceptance; while the
+    acceptance is far from paying they are not rebuilt every REPRICE rounds."""
+    costs = CostModel(num_experts=128, k=8, expert_bytes=1 << 20, all_held=True)
+    costs.measure(1, 0.001, 0.0, 48 * 8, 0, 0)  # a chunk costs about a step per row
+    costs.measure(3, 0.0026, 0.0, 48 * 20, 0, 0)
+    costs.measure(5, 0.0042, 0.0, 48 * 30, 0, 0)
+    costs.measure_cold(0.0011)
+    costs.measure_waste(0.0009)
+    acceptance = Acceptance(hits=0.0, trials=10.0)
+    kept = _CountingGovernor(costs, acceptance)
+    rng = np.random.default_rng(7)
+    chosen = set()
+    for i in range(600):
+        costs.note_step(0.001, 48 * 8)  # the same step: prices do not move
+        if i < 300:  # far from paying, then rising to 100 %
+            acceptance.observe(0, 1)
+        else:
+            acceptance.observe(1, 1)
+        if i == 299:
+            assert kept.builds <= 4  # one per set of conditions, not one per 8 rounds
+        offered, pending = int(rng.integers(1, 6)), bool(rng.integers(0, 2))
+        kept.chains = bool(rng.integers(0, 2))
+        fresh = Governor(costs, acceptance, chains=kept.chains)
+        want = fresh.choose(offered, pending)
+        got = kept.choose(offered, pending)
+        if got.probe:  # a probe re-measures (a governor's own wait, not its prices)
+            continue
+        assert (got.depth, got.expected_tokens) == (want.depth, want.expected_tokens), i
+        assert got.depth <= min(offered, AUTO_DEPTH)
+        chosen.add(got.depth)
+    assert 0 in chosen and len(chosen) > 1  # both sides of paying were met
 
 
 def test_acceptance_falls_with_rejections():

@@ -46,10 +46,14 @@ that depth once (a probe: `probes` in the figures); a probe that still finds no 
 doubles the wait (at most PROBE_MAX rounds), so where refusing is right it costs a
 round in hundreds. At acceptance 0 the prior never pays: no probe.
 
-Cost when nothing is drafted: the prices of every depth are kept in a table, rebuilt when
-a figure other than the one-token pass moved (a verify round, a cold or given-back step,
-a disk read) or every REPRICE rounds (the pace); a round then costs a few float
-operations, and none where even the best depth at this acceptance could not pay.
+Cost when nothing is drafted: the prices of every depth are kept in a table per set of
+conditions (a step pending, chaining, re-running), rebuilt when a figure other than the
+one-token pass moved (a verify round, a cold or given-back step, a disk read), or every
+REPRICE rounds (the pace) unless even NEAR more acceptance would not draft (the prices
+then move with the pace together, the choice stands); a round then costs a few float
+operations, and none where even the best depth at this acceptance could not pay. The
+one-token rounds a table is priced from are kept unfolded until it is built
+(CostModel.note_step).
 docs/engine.md, "The governor".
 """
 
@@ -71,6 +75,12 @@ PRIOR_SLOPE = 0.15  # C(n) / C(1) - 1 per extra token before any n > 1 was measu
 PROBE_EVERY = 32  # refused rounds with drafts on offer before a probe (then doubling)
 PROBE_MAX = 512  # the longest wait between probes
 REPRICE = 8  # rounds a price table serves while no figure but the one-token pass moved
+# ... and longer while even this much more acceptance would not draft: its prices move
+# with the pace together (no reads: a read moves `version`), so its choice stands
+NEAR = 0.1
+# pipelined one-token rounds a cost model keeps before folding them (CostModel.note_step;
+# they are folded whenever a price is built or another figure measured)
+FOLD_EVERY = 64
 
 
 def geometric_tokens(a: float, d: int) -> float:
@@ -95,6 +105,10 @@ class Acceptance:
 
     def observe(self, accepted: int, trials: int) -> None:
         """`trials` draft tokens were judged, the first `accepted` of them were right."""
+        if trials == 1:  # a d = 0 round's shadow trial: most rounds with drafts on offer
+            self.hits = self.hits * DECAY + (1.0 if accepted > 0 else 0.0)
+            self.trials = self.trials * DECAY + 1.0
+            return
         for i in range(trials):
             self.hits = self.hits * DECAY + (1.0 if i < accepted else 0.0)
             self.trials = self.trials * DECAY + 1.0
@@ -165,10 +179,15 @@ class CostModel:
     # bumped whenever a figure other than the one-token pass (and the pace) moves: the
     # governor's price table is rebuilt then
     version: int = 0
+    # pipelined one-token rounds that read nothing, (seconds, lookups), not folded yet
+    _steps: list[tuple[float, int]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     def measure(self, n: int, compute_s: float, read_s: float, lookups: int, misses: int,
                 bytes_read: int) -> None:  # fmt: skip
         """One pass of `n` tokens computed for `compute_s` and read `bytes_read` in `read_s`."""
+        self.fold()  # the rounds before this one first: the pace moves in order
         compute = max(compute_s, 0.0)
         if n == 1:
             self.pace = compute if self.pace is None else self.pace + PACE * (compute - self.pace)
@@ -186,21 +205,45 @@ class CostModel:
                 else self.disk_bytes_s + EMA * (rate - self.disk_bytes_s)
             )  # fmt: skip
 
-    def measure_steps(self, steps: list[tuple[float, int]]) -> None:
-        """Pipelined one-token rounds that read nothing, (seconds, lookups) each, folded
-        in the order they ran as `measure(1, s, 0.0, lookups, 0, 0)` one at a time would;
-        empties `steps` (the loop keeps them until a price is asked: spec/loop.py)."""
-        for seconds, lookups in steps:
-            self.measure(1, seconds, 0.0, lookups, 0, 0)
+    def note_step(self, seconds: float, lookups: int) -> None:
+        """A pipelined one-token round that read nothing: kept, and folded (`fold`) only
+        when a price is built or another figure is measured. Most rounds of a speculating
+        turn are such rounds, and on a 1 ms GPU token the loop's bookkeeping showed (the
+        demo's chat reply with `ngram`, nothing drafted: 0.95-0.97x plain on the H100
+        while each round with drafts on offer folded and priced)."""
+        steps = self._steps
+        steps.append((seconds, lookups))
+        if len(steps) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """The kept one-token rounds, in the order they ran, with the figures
+        `measure(1, s, 0.0, lookups, 0, 0)` one at a time would give: the pace moves with
+        each; only the last WINDOW stay in the pass's window (the others would be pushed
+        out of it), each in units of the pace it was taken at."""
+        steps = self._steps
+        if not steps:
+            return
+        pace = self.pace
+        figures = self.passes.setdefault(1, PassFigures())
+        keep_from = len(steps) - WINDOW
+        for i, (seconds, lookups) in enumerate(steps):
+            compute = max(seconds, 0.0)
+            pace = compute if pace is None else pace + PACE * (compute - pace)
+            if i >= keep_from:
+                figures.update(compute / (pace or 1.0), float(lookups), 0.0)
+        self.pace = pace
         steps.clear()
 
     def measure_cold(self, compute_s: float) -> None:
         """A d = 0 round that found no step built for it, where d = 0 rounds pipeline."""
+        self.fold()
         self.cold.update(max(compute_s, 0.0) / (self.pace or 1.0), 0.0, 0.0)
         self.version += 1
 
     def measure_waste(self, seconds: float) -> None:
         """The wait for a pipelined step that was given back for a verify round."""
+        self.fold()
         self.waste.update(max(seconds, 0.0) / (self.pace or 1.0), 0.0, 0.0)
         self.version += 1
 
@@ -335,7 +378,10 @@ class Governor:
         self.chains = chains
         self.idle = 0  # rounds in a row with drafts on offer that drafted none
         self.probe_after = PROBE_EVERY
-        self._table: _Table | None = None
+        # price tables by conditions (all held, pending, chains, rerun): a round's
+        # conditions alternate (whether the drafts run out decides `chains`), and one
+        # table, rebuilt at each change, cost ~14 us a round where drafts were on offer
+        self._tables: dict[tuple[bool, bool, bool, bool], _Table] = {}
 
     def choose(self, offered: int, pending: bool = False) -> Choice:
         """The depth of this round; `pending`: a pipelined d = 0 step is already built
@@ -343,13 +389,15 @@ class Governor:
         if offered <= 0:
             return Choice(0, 1.0, None)
         if self.fixed is not None:
+            self.costs.fold()
             d = min(self.fixed, offered)
             return Choice(d, geometric_tokens(self.acceptance.rate, d), self.costs.pass_s(d + 1))
         a = self.acceptance.rate
-        table = self._prices(min(offered, AUTO_DEPTH), pending)
+        depths = min(offered, AUTO_DEPTH)
+        table = self._prices(pending, a)
         if table is None:
             return Choice(0, 1.0, None)  # the first decode pass is measured before drafting
-        best = table.best(a)
+        best = table.best(a, depths)
         if best.depth:
             self.idle, self.probe_after = 0, PROBE_EVERY
             return best
@@ -357,31 +405,40 @@ class Governor:
         if self.idle < self.probe_after:
             return best
         self.idle = 0
-        prior = self._build(table.depths, pending, self.costs.prior_pass_s)
-        trial = prior.best(a) if prior is not None else best
+        prior = self._build(pending, self.costs.prior_pass_s)
+        trial = prior.best(a, depths) if prior is not None else best
         if not trial.depth:
             return best
         self.probe_after = min(self.probe_after * 2, PROBE_MAX)
         self.costs.forget_chunks()
         return Choice(trial.depth, trial.expected_tokens, trial.expected_s, probe=True)
 
-    def _prices(self, depths: int, pending: bool) -> _Table | None:
+    def _prices(self, pending: bool, a: float) -> _Table | None:
         """The price table for these conditions: kept while only the one-token figures
-        moved, for at most REPRICE rounds."""
+        moved, for REPRICE rounds, or longer while acceptance `a` is NEAR from none of its
+        depths paying (a rebuild cost ~50-75 us in the CPU demo's loop, on one round in
+        eight of those with drafts on offer)."""
         c = self.costs
-        key = (c.version, c.all_held, depths, pending, self.chains, self.rerun)
-        t = self._table
-        if t is None or t.key != key or t.uses >= REPRICE:
-            t = self._table = self._build(depths, pending, c.pass_s)
+        key = (c.all_held, pending, self.chains, self.rerun)
+        t = self._tables.get(key)
+        if (
+            t is not None and t.version == c.version and t.uses >= REPRICE
+            and not t.best(min(a + NEAR, 1.0), AUTO_DEPTH).depth
+        ):  # fmt: skip
+            t.uses = 0
+        if t is None or t.version != c.version or t.uses >= REPRICE:
+            t = self._build(pending, c.pass_s)
             if t is None:
                 return None
-            t.key = key
+            t.version = c.version
+            self._tables[key] = t
         t.uses += 1
         return t
 
-    def _build(self, depths: int, pending: bool, pass_s: Callable[[int], float | None]) -> _Table | None:  # fmt: skip
-        """Each depth's cost, split into what does not depend on the acceptance a and the
-        coefficient of (1 - a^d): T(d) = fixed + (1 - a^d) * per_miss."""
+    def _build(self, pending: bool, pass_s: Callable[[int], float | None]) -> _Table | None:
+        """Each depth's cost up to AUTO_DEPTH, split into what does not depend on the
+        acceptance a and the coefficient of (1 - a^d): T(d) = fixed + (1 - a^d) * per_miss."""
+        self.costs.fold()  # the one-token rounds kept since the last price
         base = pass_s(1)
         if base is None or base <= 0:
             return None
@@ -392,7 +449,7 @@ class Governor:
         else:  # after a verify round: d = 0 is cold, it costs L itself
             base, extra = base + loss, 0.0
         rows: list[tuple[int, float, float]] = []
-        for d in range(1, depths + 1):
+        for d in range(1, AUTO_DEPTH + 1):
             t = pass_s(d + 1)
             if t is None:
                 continue
@@ -404,30 +461,41 @@ class Governor:
             if self.rerun:
                 per_miss += costs.compute(d) or 0.0
             rows.append((d, t, per_miss))
-        return _Table(depths, base, rows)
+        return _Table(base, rows)
 
 
 class _Table:
-    """A governor's prices for one set of conditions: d = 0 costs `base`; depth d costs
-    fixed + (1 - a^d) * per_miss. `best(a)` is the choice at acceptance a."""
+    """A governor's prices for one set of conditions: d = 0 costs `base`; depth d (1 up
+    to AUTO_DEPTH) costs fixed + (1 - a^d) * per_miss. `best(a, depths)` is the choice at
+    acceptance a with `depths` drafts on offer."""
 
-    def __init__(self, depths: int, base: float, rows: list[tuple[int, float, float]]) -> None:
-        self.depths, self.base, self.rows = depths, base, rows
-        self.key: tuple = ()
+    def __init__(self, base: float, rows: list[tuple[int, float, float]]) -> None:
+        self.base, self.rows = base, rows
+        self.version = -1  # the cost model's version it was built at
         self.uses = 0
         self.bar = (1.0 / base) * (1 + MARGIN)  # d > 0 must beat this rate
         self.zero = Choice(0, 1.0, base)
-        # no depth can pay where even the most tokens over the cheapest round fall short
-        self.cheapest = min((t for _, t, _ in rows), default=0.0)
+        # no depth can pay where even the most tokens over the cheapest round fall short:
+        # the cheapest round of depth <= n, for each n
+        self.cheapest = [0.0] * (AUTO_DEPTH + 1)
+        low = None
+        for n in range(1, AUTO_DEPTH + 1):
+            for d, t, _ in rows:
+                if d == n:
+                    low = t if low is None else min(low, t)
+            self.cheapest[n] = low or 0.0
 
-    def best(self, a: float) -> Choice:
+    def best(self, a: float, depths: int) -> Choice:
         zero = self.zero
-        if not self.rows or self.cheapest <= 0:
+        cheapest = self.cheapest[min(depths, AUTO_DEPTH)]
+        if cheapest <= 0:
             return zero
-        if geometric_tokens(a, self.depths) / self.cheapest <= self.bar:
+        if geometric_tokens(a, depths) / cheapest <= self.bar:
             return zero
         best, best_rate = zero, self.bar
         for d, fixed, per_miss in self.rows:
+            if d > depths:
+                break
             t = fixed + (1 - a**d) * per_miss if per_miss else fixed
             tokens = geometric_tokens(a, d)
             if t > 0 and tokens / t > best_rate:

@@ -32,10 +32,6 @@ from ssdmoe_tui.engine.spec.verify import (
 )
 from ssdmoe_tui.options import Speculation
 
-# pipelined one-token rounds kept before they are folded into the cost model (a bound:
-# they are folded whenever a price is asked, and at the turn's end)
-FOLD_EVERY = 64
-
 
 @dataclass
 class SpecMemory:
@@ -149,12 +145,11 @@ def spec_loop(
     # cold too, but carries the turn's start: it prices C(1), not L.
     last: tuple | None = None
     # A pipelined d = 0 round (the next step already built, every expert held: it reads
-    # nothing) is priced as a one-token pass: its cycle is kept here and folded into
-    # `costs` in order (CostModel.measure_steps) before anything reads them, not through
-    # `_price` each round: on a 1 ms GPU token the speculative loop's bookkeeping showed
-    # (the demo's chat reply, nothing drafted: `none` 0.97-0.98x plain on the H100)
+    # nothing) is priced as a one-token pass: its cycle is kept by `costs` and folded in
+    # order only when a price is built (CostModel.note_step), not through `_price` each
+    # round: on a 1 ms GPU token the speculative loop's bookkeeping showed (the demo's
+    # chat reply, nothing drafted: `none` 0.97-0.98x plain on the H100)
     fast_t0: float | None = None  # such a round's start, when the round before was one
-    steps: list[tuple[float, int]] = []  # (seconds, lookups) of those not folded yet
     h0 = m0 = 0  # the cache's lookups when the round began (each round sets them)
     while True:
         for t in emit:
@@ -173,13 +168,10 @@ def spec_loop(
         t0 = clock()
         if fast_t0 is not None:  # the round before, priced by its whole cycle (see above)
             spent = t0 - fast_t0  # no engine work since the round's end: its lookups
-            steps.append((spent, counters.hits + counters.misses - h0 - m0))
+            costs.note_step(spent, counters.hits + counters.misses - h0 - m0)
             figures.plain_s += spent
             figures.plain_rounds += 1
-            if len(steps) >= FOLD_EVERY:
-                costs.measure_steps(steps)
         elif last is not None:
-            costs.measure_steps(steps)
             _price(costs, figures, t0, *last)
         h0, m0, b0, r0 = counters.hits, counters.misses, counters.bytes_read, counters.read_s
         tok = tokens[-1]
@@ -203,7 +195,6 @@ def spec_loop(
                     trims and routing is None and len(offer) <= len(drafts) + 1
                     and room > len(drafts) + 1 and runner._can_pipeline()
                 )  # fmt: skip
-                costs.measure_steps(steps)
                 choice = governor.choose(len(drafts), pending is not None)
                 d = choice.depth
                 figures.probes += choice.probe
@@ -295,7 +286,7 @@ def spec_loop(
         figures.passes += 1
         figures.tokens += len(emit)
         runner.window_figures(stats, dstart, start)
-    costs.measure_steps(steps)
+    costs.fold()
     stats.decode_s = time.perf_counter() - dstart.t
     if isinstance(drafter, OracleDrafter):
         figures.oracle = drafter.figures()
