@@ -105,10 +105,6 @@ class Acceptance:
 
     def observe(self, accepted: int, trials: int) -> None:
         """`trials` draft tokens were judged, the first `accepted` of them were right."""
-        if trials == 1:  # a d = 0 round's shadow trial: most rounds with drafts on offer
-            self.hits = self.hits * DECAY + (1.0 if accepted > 0 else 0.0)
-            self.trials = self.trials * DECAY + 1.0
-            return
         for i in range(trials):
             self.hits = self.hits * DECAY + (1.0 if i < accepted else 0.0)
             self.trials = self.trials * DECAY + 1.0
