@@ -446,7 +446,7 @@ class ExpertCache:
         slot_of = self._slot_of
         prefetched = self._prefetched
         used_prefetch = 0
-        guard = set(pinned)
+        guard = frozenset(pinned)  # frozen: the policy sets pinned entries aside (policies.py)
         for i, key in enumerate(pinned):
             s = slot_of.get(key)
             if s is None:
@@ -494,13 +494,15 @@ class ExpertCache:
         e = self.index.num_experts
         keys = [(layer, i) for i in range(e)]
         slots = np.empty(e, dtype=np.int64)
-        self._assign(keys, list(range(e)), slots, set(keys))
+        self._assign(keys, list(range(e)), slots, frozenset(keys))
         self.counters.misses += len(experts)
         return Pending(
             layer, slots[np.asarray(experts, dtype=np.int64)], np.arange(e, dtype=np.int64), slots
         )
 
-    def _assign(self, keys: list, positions: list[int], slots: np.ndarray, pinned: set) -> None:
+    def _assign(
+        self, keys: list, positions: list[int], slots: np.ndarray, pinned: frozenset
+    ) -> None:
         slot_of = self._slot_of
         for i in positions:
             if self._free:
@@ -535,7 +537,7 @@ class ExpertCache:
         from ssdmoe_tui.engine.policy.policies import NoVictimError
 
         slots = np.empty(len(keys), dtype=np.int64)
-        guard = pinned | set(keys)
+        guard = frozenset(pinned).union(keys)  # frozen: see `lookup`
         n = 0
         while n < len(keys):  # best effort: stop where no slot can be freed
             try:
