@@ -847,7 +847,11 @@ class PredictivePolicy:
         self.predictor = CooccurrencePredictor(num_layers, reuse_weight=reuse)
         self._layer: int | None = None
         self._ids: list[int] = []
-        self._pred_for: tuple[int, frozenset[Key]] | None = None
+        # (hash of the pins' layer and ids, the prediction, the frozen pins it was for)
+        self._pred_for: tuple[int, frozenset[Key], frozenset | None] | None = None
+        # (pins, guard, both): the union kept while the same frozen pins and guard come,
+        # so the base's heaps can set pinned entries aside (LFUDecayPolicy.coldest)
+        self._both: tuple[frozenset, frozenset, frozenset] | None = None
 
     def _see(self, key: Key) -> None:
         if key[0] != self._layer:
@@ -884,18 +888,30 @@ class PredictivePolicy:
         """Keys of the next layer predicted from the selection being served."""
         if not pinned:
             return frozenset()
+        kept = self._pred_for
+        if kept is not None and kept[2] is pinned:  # the same frozen pins: no sort again
+            return kept[1]
         layer = next(iter(pinned))[0]
         ids = tuple(sorted(e for _, e in pinned))
-        if self._pred_for is None or self._pred_for[0] != hash((layer, ids)):
+        if kept is None or kept[0] != hash((layer, ids)):
             pred = self.predictor.predict(layer, ids, self._protect)
-            self._pred_for = (hash((layer, ids)), frozenset((layer + 1, e) for e in pred))
-        return self._pred_for[1]
+            kept = (hash((layer, ids)), frozenset((layer + 1, e) for e in pred), None)
+        frozen = pinned if type(pinned) is frozenset else None
+        self._pred_for = kept = (kept[0], kept[1], frozen)
+        return kept[1]
 
     def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
         guard = self.protected(pinned)
         if guard:
+            both = self._both
+            if both is None or both[0] is not pinned or both[1] is not guard:
+                union = frozenset(pinned) | guard
+                if type(pinned) is frozenset:
+                    self._both = both = (pinned, guard, union)
+                else:  # pins that may change: no union kept
+                    both = (frozenset(), guard, union)
             try:
-                return self._base.victim(set(pinned) | guard, incoming)
+                return self._base.victim(both[2], incoming)
             except NoVictimError:
                 pass
         return self._base.victim(pinned, incoming)
