@@ -1,4 +1,5 @@
-# carry [".whlB", ".devsite", ".benchcfg"], after a.sh and b.sh of ../../2026-12-06-gpu/calls:
+# carry [".whlB", ".devsite", ".benchcfg"] after a.sh and b.sh of ../../2026-12-06-gpu/calls
+# (after p1.sh on the same machine: [".devsite", ".benchcfg"]):
 # install, build Q30, compile the K = 8 model-routing shapes, host and device placement
 # (issue 43 item 1 (c): a device mirror of the slots against host slots)
 T0=$(date +%s)
