@@ -14,8 +14,8 @@ layer of one token, with `pinned` = every expert the router selected for that la
 
 Every operation is O(1) or amortised O(log n), plus skipping pinned keys (once per set
 of pins where `pinned` is a frozenset, as the cache passes it: the LFU heaps set pinned
-entries aside until other pins come); the one exception is layer-lru borrowing a slot (a layer under quota), which walks back over the
-layers. The LFU partitions choose across layers with a segment tree, O(log layers). Why
+entries aside until other pins come); the one exception is layer-lru borrowing a slot
+(a layer under quota), which walks back over the layers. The LFU partitions choose across layers with a segment tree, O(log layers). Why
 the default is what it is, with measured hit rates and costs: docs/cache-policy.md.
 """
 
