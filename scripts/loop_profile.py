@@ -84,7 +84,7 @@ def profile(path: Path, rate: float) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("raw", type=Path, help="py-spy's --format raw output")
     ap.add_argument("--rate", type=float, default=1000.0, help="py-spy's --rate (samples/s)")
     ap.add_argument("--json", type=Path, default=None)
