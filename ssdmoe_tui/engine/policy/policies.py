@@ -202,8 +202,8 @@ class LFUDecayPolicy:
             else:
                 return score, key
         # pinned entries: set aside under a frozen pin set, else pushed back at the end
-        held = self._aside if self._aside_for is not None else []
-        keep = held is self._aside
+        keep = self._aside_for is not None
+        held = self._aside if keep else []
         try:
             while heap:
                 entry = heap[0]
@@ -851,7 +851,7 @@ class PredictivePolicy:
         self._pred_for: tuple[int, frozenset[Key], frozenset | None] | None = None
         # (pins, guard, both): the union kept while the same frozen pins and guard come,
         # so the base's heaps can set pinned entries aside (LFUDecayPolicy.coldest)
-        self._both: tuple[frozenset, frozenset, frozenset] | None = None
+        self._both: tuple[Collection[Key], frozenset, frozenset] | None = None
 
     def _see(self, key: Key) -> None:
         if key[0] != self._layer:
@@ -893,23 +893,23 @@ class PredictivePolicy:
             return kept[1]
         layer = next(iter(pinned))[0]
         ids = tuple(sorted(e for _, e in pinned))
-        if kept is None or kept[0] != hash((layer, ids)):
+        key = hash((layer, ids))
+        if kept is None or kept[0] != key:
             pred = self.predictor.predict(layer, ids, self._protect)
-            kept = (hash((layer, ids)), frozenset((layer + 1, e) for e in pred), None)
-        frozen = pinned if type(pinned) is frozenset else None
-        self._pred_for = kept = (kept[0], kept[1], frozen)
-        return kept[1]
+            guard = frozenset((layer + 1, e) for e in pred)
+        else:
+            guard = kept[1]
+        self._pred_for = (key, guard, pinned if type(pinned) is frozenset else None)
+        return guard
 
     def victim(self, pinned: Collection[Key], incoming: Key | None = None) -> Key:
         guard = self.protected(pinned)
         if guard:
             both = self._both
             if both is None or both[0] is not pinned or both[1] is not guard:
-                union = frozenset(pinned) | guard
-                if type(pinned) is frozenset:
-                    self._both = both = (pinned, guard, union)
-                else:  # pins that may change: no union kept
-                    both = (frozenset(), guard, union)
+                both = (pinned, guard, frozenset(pinned) | guard)
+                if type(pinned) is frozenset:  # pins that may change: no union kept
+                    self._both = both
             try:
                 return self._base.victim(both[2], incoming)
             except NoVictimError:
