@@ -16,11 +16,14 @@
 #   pipe     trace-driven decode (qwen.route.csv, K = 6), cold, `--pipeline both`: each
 #            cache serial then pipelined in one process, 4G then 2G, one process under a
 #            CAP_GIB (8) cap and one under CAP12_GIB (12); slots as `auto` places them
-#            (host at 2 and 4 GiB); decode/ceiling in the JSON's achieved_over_ceiling
+#            (under half the experts: a device mirror where the GPU has room, host slots
+#            before 2026-12-06 fifth session); decode/ceiling in achieved_over_ceiling
 #   prefill  4096-token prompt, chunk 4096, 4G cache, uncapped, resident mlx-lm in the
 #            same call: warm (page cache filled), then cold (--cold); `auto` everything
-#            (host slots, so prefill chunks are computed from a device copy: staged_calls;
-#            the next layer's union read ahead), then cold with SSDMOE_PREFILL_READAHEAD=off
+#            (a device mirror of the slots, each chunk's misses copied to it; under host
+#            slots, SSDMOE_SLOT_PLACEMENT=host, chunks compute from a device copy of their
+#            union: staged_calls; the next layer's union read ahead), then cold with
+#            SSDMOE_PREFILL_READAHEAD=off
 #   exact    greedy tokens, resident mlx-lm vs the engine at 4G and 2G (pipelined layer,
 #            full-shape calls) and at 4G with the pipeline off (exact.jsonl)
 #   place    the same trace-driven runs as `pipe`, pipelined, with managed slots

@@ -10,12 +10,13 @@
 #   trace  the real Qwen3-30B trace, K = 6 (co-occurrence guesses: read-ahead v1, which
 #          `ssdmoe trace replay --prefetch` simulates; a router cannot foresee a trace)
 #   managed  (not in the default STEPS) `model` with SSDMOE_SLOT_PLACEMENT=managed (slots in
-#          GPU memory, misses migrated by page faults) against the default host slots
+#          GPU memory, misses migrated by page faults) against host slots
 #   device  (not in the default STEPS) `model` with SSDMOE_SLOT_PLACEMENT=device (host slots
 #          the reader writes, a device-resident mirror the layers compute from, each miss
 #          copied host -> mirror once: engine/experts/mirror.py). With STEPS=model,managed,device
 #          one call gives the three placements' per-layer timelines on one machine:
-#          timeline-model (host), timeline-managed, timeline-device (.json/.txt); the .txt's
+#          timeline-model (host: the step pins it when `device` runs too; alone, `model` runs
+#          what `auto` picks), timeline-managed, timeline-device (.json/.txt); the .txt's
 #          "mirror:" line and the JSON's modes.*.mirror_mib_per_token / mirror_ms_per_token
 #          say what the copies moved and cost; sync_probe.one_layer_compute_ms the hits' side;
 #          peak_memory_gib above managed's by about a bank: the copies were not in place
@@ -75,7 +76,13 @@ if want compile; then
 fi
 if want model; then  # a third of the time when two placements follow it, else half
   if want managed && want device; then secs=$(( $(left) / 3 )); else secs=$(( $(left) / 2 )); fi
-  one model "$secs" --k 8
+  # beside `device` and `managed`, `model` is the host row (`auto` mirrors small caches
+  # on the device since the H100's side by side of 2026-12-06); alone, what `auto` picks
+  if want device; then
+    SSDMOE_SLOT_PLACEMENT=host one model "$secs" --k 8
+  else
+    one model "$secs" --k 8
+  fi
 fi
 if want trace; then one trace "$(( $(left) - 10 ))" --k 6 --routing-trace "$TRACE"; fi
 # The same model-routing timeline with the slots in GPU memory (`managed`): 2026-12-05's
@@ -87,7 +94,7 @@ if want managed; then
   SSDMOE_SLOT_PLACEMENT=managed one managed "$secs" --k 8
 fi
 # The slots the reader writes stay on the host; the layers compute from a device mirror
-# that gets each miss's rows copied over once (`device`, opt-in): does it keep managed's
+# that gets each miss's rows copied over once (`device`): does it keep managed's
 # 0.21 ms a layer for the hits without managed's page faults on the misses?
 if want device; then
   SSDMOE_SLOT_PLACEMENT=device one device "$(( $(left) - 10 ))" --k 8

@@ -12,10 +12,17 @@ Placements (`SSDMOE_SLOT_PLACEMENT` or the `placement` argument):
   land in host RAM with no fault and kernels read the slots over the bus, once;
 - `device`: the slots placed as `host` (the reader's target), and a device-resident
   mirror of each bank that the compute reads, the rows a read filled copied host ->
-  mirror before use (engine/experts/mirror.py). Opt-in: not measured yet;
-- `auto`: on MLX-CUDA, `host` when the cache holds under half of the expert set
-  (misses dominate), `managed` otherwise (hits dominate, and a slot on the GPU is
-  read at HBM speed); nothing elsewhere (CPU, Metal: unified memory).
+  mirror before use (engine/experts/mirror.py);
+- `auto`: on MLX-CUDA, `device` when the cache holds under half of the expert set
+  (misses dominate) and the GPU has room for the mirror (`MIRROR_ROOM_SHARE` of its free
+  memory), else `host` there, `managed` from half the expert set on (hits dominate, and a
+  slot on the GPU is read at HBM speed); nothing elsewhere (CPU, Metal: unified memory).
+
+Measured on an H100 (Qwen3-30B-A3B shape, 4 GiB cache = 26 % of the experts, K = 8,
+the model's routing, one process after a compile pass, docs/benchmarks.md 2026-12-06
+fifth session): `device` 7.81 tok/s, `host` 6.21, `managed` 3.77 (read-ahead off; on:
+6.20 / 5.65 / 4.07), the same tokens; the sync a layer 0.5 ms against host's 1.36. The
+prefill under `device` is measured next (docs/measurements/2026-12-06-h100-fifth/calls).
 
 Measured on an H200 (Qwen3.5-35B-A3B shape, bf16, docs/benchmarks.md): with a cache of
 24 % of the experts (27 % hits) `host` decodes 31-41 % faster than `managed`; with 71 %
@@ -116,17 +123,37 @@ def _get_driver() -> _Driver:
     return _driver
 
 
-HOST_BELOW_SHARE = 0.5  # `auto`: host placement below this share of the expert set
+HOST_BELOW_SHARE = 0.5  # `auto`: host-side slots below this share of the expert set
+# `auto` mirrors the slots on the device only where the mirror takes at most this share of
+# the GPU's free memory at load: the rest stays for the KV cache, activations and kernels.
+MIRROR_ROOM_SHARE = 0.5
 
 
-def choose_placement(want: str, share: float, cuda: bool) -> str:
+def choose_placement(want: str, share: float, cuda: bool, mirror_fits: bool = False) -> str:
     """The placement to apply: "none" off MLX-CUDA; `auto` resolved by the cache's share
-    (never `device`: opt-in until the H200 measures it, scripts/gpu_timeline.sh)."""
+    of the expert set and whether a device mirror of it fits (`mirror_fits`)."""
     if not cuda:
         return "none"
     if want == "auto":
-        return "host" if share < HOST_BELOW_SHARE else "managed"
+        if share >= HOST_BELOW_SHARE:
+            return "managed"
+        return "device" if mirror_fits else "host"
     return want
+
+
+def gpu_free_bytes() -> int | None:
+    """The GPU's free memory as MLX reports it (MLX-CUDA's `device_info`), or None."""
+    try:
+        info = dict(mx.device_info())
+    except Exception:  # noqa: BLE001 - older MLX, or no device info
+        return None
+    free = info.get("free_memory")
+    return int(free) if isinstance(free, int) and free > 0 else None
+
+
+def mirror_fits(nbytes: int, free: int | None) -> bool:
+    """Whether a device mirror of `nbytes` of slots leaves the GPU room (unknown: no)."""
+    return free is not None and nbytes <= MIRROR_ROOM_SHARE * free
 
 
 def place_slots(
@@ -137,11 +164,18 @@ def place_slots(
     `share`: the cache's slots over all experts of the model (1.0: holds them all).
     `device` advises the slots as `host` does; the mirror is the cache's (mirror.py)."""
     want = requested_placement(placement)
-    got = choose_placement(want, share, is_cuda())
+    cuda = is_cuda()
+    nbytes = sum(size for _, size in buffers)
+    free = gpu_free_bytes() if cuda and want == "auto" else None
+    got = choose_placement(want, share, cuda, mirror_fits(nbytes, free))
     if got == "none":
         return PlacementResult("none", "" if want == "auto" else "not on MLX-CUDA")
     if got == "managed":
         return PlacementResult("managed")
+    note = ""
+    if want == "auto" and got == "host":
+        room = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
+        note = f"no GPU room for a device mirror of {nbytes / 2**30:.1f} GiB (free: {room})"
     try:
         drv = _get_driver()
     except (OSError, AttributeError) as e:
@@ -153,4 +187,4 @@ def place_slots(
             rc = drv.advise(ptr, size, _SET_ACCESSED_BY, False, dev)
         if rc != 0:
             return PlacementResult("managed", f"cuMemAdvise failed (CUresult {rc})")
-    return PlacementResult(got)
+    return PlacementResult(got, note)
