@@ -147,6 +147,8 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
               f"x res {c.get('ratio_prefill_vs_resident')}",
               f"over bound {c.get('prefill_time_over_bound')}",
               f"staged {c.get('staged_calls')}", f"pipelined {c.get('pipelined_calls')}",
+              f"prestaged {c.get('prestaged_calls')} ({c.get('prestaged_experts')} experts,"
+              f" {c.get('prestage_missed_experts')} gathered after)",
               *([f"prefetch precision {c.get('prefetch_precision')}",
                  f"recall {c.get('prefetch_recall')}",
                  f"x off {c.get('prefetch_decode_vs_off')}"] if c.get("prefetch") else []))

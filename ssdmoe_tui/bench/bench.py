@@ -330,6 +330,11 @@ def _config_figures(
         "pipeline": bool(sm.blocks and getattr(sm.switches[0], "_pipe", False)),
         "pipelined_calls": sm.times.pipelined_calls,
         "staged_calls": sm.times.staged_calls,
+        # SSDMOE_PREFILL_STAGE=ahead (prestage.py): calls that used a copy queued a layer
+        # early, and the union's experts taken from it / gathered then
+        "prestaged_calls": sm.times.prestaged_calls,
+        "prestaged_experts": sm.times.prestaged_experts,
+        "prestage_missed_experts": sm.times.prestage_missed_experts,
         "slot_placement_note": cache.placement.note,
         # `device` placement's mirror (engine/experts/mirror.py), since the load
         "slot_mirror": None

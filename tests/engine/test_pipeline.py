@@ -75,7 +75,7 @@ def test_pipeline_off_is_the_serial_layer(checkpoints, monkeypatch) -> None:
     ("env", "choices"),
     [
         (PIPELINE_ENV, "auto, on, off, full, compact"),
-        ("SSDMOE_PREFILL_STAGE", "auto, on, off"),
+        ("SSDMOE_PREFILL_STAGE", "auto, on, off, ahead"),
         ("SSDMOE_PREFILL_READAHEAD", "auto, on, off"),
     ],
 )
@@ -104,6 +104,49 @@ def test_staged_prefill_matches_mlx_lm(checkpoints, monkeypatch, budget, banks) 
     assert (sm.times.grouped_calls > 0) == (budget == "1")
     assert res.tokens == _reference_long(path, prompt)
     sm.close()
+
+
+@pytest.mark.parametrize(("budget", "banks"), [("half", None), ("half", "20K"), ("tight", None)])
+def test_prefill_staged_ahead_matches_mlx_lm(checkpoints, monkeypatch, budget, banks) -> None:
+    """`SSDMOE_PREFILL_STAGE=ahead` (prestage.py): each layer's copy of its predicted
+    union is queued on a second stream while the layer before computes, and the layer
+    computes from it plus the experts it lacked. The same tokens as mlx-lm's, over one
+    bank and several, and with a cache small enough that the read-ahead cannot hold a
+    whole predicted union (the copy then lacks experts the layer gathers itself)."""
+    from ssdmoe_tui.engine.model.streamed import STAGE_ENV
+
+    monkeypatch.setenv(STAGE_ENV, "ahead")  # the prefill read-ahead follows it ("auto")
+    if banks:
+        monkeypatch.setenv(BANK_BYTES_ENV, banks)
+    path = checkpoints("qwen3_moe")
+    index = build_index(path)
+    # tight: a layer and a half of slots, so the read-ahead, with this layer's union
+    # pinned, has room for half of the next one's
+    tight = slot_memory_bytes(index, mx.float32) * index.num_experts * 3 // 2
+    sm = load_streamed(path, expert_cache=str(_half_budget(path) if budget == "half" else tight))
+    prompt = _long_prompt(sm)
+    res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
+    t = sm.times
+    assert t.readahead_calls > 0 and t.prestaged_calls > 0 and t.prestaged_experts > 0
+    if budget == "tight":
+        assert t.prestage_missed_experts > 0
+    assert res.tokens == _reference_long(path, prompt)
+    sm.close()
+
+
+def test_a_prestaged_copy_serves_the_next_call_of_its_layer_only() -> None:
+    """A copy made for layer l by call c is taken by layer l at call c + 1 and by nothing
+    else; taking drops whatever was held (a stopped chunk's copy frees its memory)."""
+    import numpy as np
+
+    from ssdmoe_tui.engine.model.prestage import Prestage, Prestaged
+
+    p = Prestage()
+    copy = Prestaged(3, 10, np.array([1, 2]), {})
+    for layer, call, got in [(3, 11, copy), (4, 11, None), (3, 12, None), (3, 10, None)]:
+        p._held = copy
+        assert p.take(layer, call) is got
+        assert p.take(layer, call) is None  # held once
 
 
 def _long_prompt(sm) -> list[int]:

@@ -376,6 +376,12 @@ class ExpertCache:
                 mx.eval([a for t in views.values() for a in t if a is not None])
                 self._layer_rows[layer] = views
 
+    def slots_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """The slot holding each of `layer`'s `experts` now, -1 where it is not resident
+        (no bookkeeping: a read-ahead's guesses count only when looked up)."""
+        get = self._slot_of.get
+        return np.array([get((layer, int(e)), -1) for e in experts], dtype=np.int64)
+
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
 

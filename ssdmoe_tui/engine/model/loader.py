@@ -32,6 +32,7 @@ from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.experts.prefetch import PrefetchGovernor
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.engine.model import routing_mass as _routing_mass
+from ssdmoe_tui.engine.model.prestage import Prestage
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
 from ssdmoe_tui.engine.model.streamed import (
     PrefillGate,
@@ -39,6 +40,7 @@ from ssdmoe_tui.engine.model.streamed import (
     StepTimes,
     StreamedSwitch,
     prefetch_rescale,
+    prefill_stage_mode,
     ranked_predictor,
     routing_predictor,
 )
@@ -476,6 +478,10 @@ def _install_switches(
         sw.set_gate(gate)
         blocks.append(s.block)
         switches.append(sw)
+    if partition is None and cache.mirror is None and prefill_stage_mode() == "ahead":
+        ahead = Prestage()  # one copy stream and one copy in flight for the model
+        for sw in switches:
+            sw.set_prestage(ahead)
     rescale = prefetch_rescale()
     for i, (sw, nxt, nxt_sw) in enumerate(
         zip(switches[:-1], blocks[1:], switches[1:], strict=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ssdmoe_tui.engine.experts.cache import ExpertCache
 from ssdmoe_tui.engine.model import qmm_guard
+from ssdmoe_tui.engine.model.prestage import Prestage, Prestaged, combine
 from ssdmoe_tui.engine.model.timeline import Timeline
 from ssdmoe_tui.options import env_choice
 
@@ -47,6 +48,11 @@ class StepTimes:
     # layer calls whose hits were queued before their misses were read (the pipeline)
     pipelined_calls: int = 0
     staged_calls: int = 0  # many-row calls computed from a device copy of their slots
+    # staged calls that used the copy the layer before queued ahead (prestage.py), and
+    # the union's experts they took from it and gathered then
+    prestaged_calls: int = 0
+    prestaged_experts: int = 0
+    prestage_missed_experts: int = 0
     readahead_calls: int = 0  # prefill chunks whose next layer's union was read ahead
     timeline: Timeline | None = None  # per-layer decode rows while on (model/timeline.py)
 
@@ -93,11 +99,13 @@ def pipeline_mode() -> str:
 
 
 STAGE_ENV = "SSDMOE_PREFILL_STAGE"
-STAGE_MODES = ("auto", "on", "off")
+STAGE_MODES = ("auto", "on", "off", "ahead")
 
 
 def prefill_stage_mode() -> str:
-    """$SSDMOE_PREFILL_STAGE: `auto` (default), `on`, `off` (see `stages`)."""
+    """$SSDMOE_PREFILL_STAGE: `auto` (default), `on`, `off` (see `stages`), `ahead`
+    (staged, and each layer's copy queued on a second stream while the layer before
+    computes: prestage.py)."""
     return env_choice(STAGE_ENV, STAGE_MODES)
 
 
@@ -109,10 +117,11 @@ def stages(mode: str, placement: str) -> bool:
     4096-token prompt on the H200, issue 29); the copy reads each over the bus once and
     the matmuls then read device memory. Elsewhere the slots are already where the
     compute reads (CPU, managed, Metal): nothing to gain. `on` forces it (tests on the
-    CPU: the same arithmetic, only the arrays differ)."""
+    CPU: the same arithmetic, only the arrays differ); `ahead` as `on`, the copies queued
+    a layer early (prestage.py)."""
     if mode == "auto":
         return placement == "host"
-    return mode == "on"
+    return mode in ("on", "ahead")
 
 
 def computed_from(cache) -> str:  # noqa: ANN001 - an ExpertCache, or a test's stand-in
@@ -134,14 +143,20 @@ READAHEAD_ENV = "SSDMOE_PREFILL_READAHEAD"
 LONG_CHUNK_ROWS = 1024
 
 
+READAHEAD_MODES = ("auto", "on", "off")
+
+
 def readahead_on() -> bool:
     """$SSDMOE_PREFILL_READAHEAD: `auto` (default: on under MLX-CUDA, where a cold
-    prefill waits on the disk between layers; off on the CPU, where it measured no gain:
+    prefill waits on the disk between layers, and wherever staging runs `ahead`, which
+    copies what it read; off on the CPU otherwise, where it measured no gain:
     docs/benchmarks.md), `on`, `off`."""
     from ssdmoe_tui.engine.experts.device_memory import is_cuda
 
-    text = env_choice(READAHEAD_ENV, STAGE_MODES)
-    return is_cuda() if text == "auto" else text == "on"
+    text = env_choice(READAHEAD_ENV, READAHEAD_MODES)
+    if text == "auto":
+        return is_cuda() or prefill_stage_mode() == "ahead"
+    return text == "on"
 
 
 def _compact(mode: str) -> bool:
@@ -228,6 +243,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
         object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
         object.__setattr__(self, "_capture", False)  # routing_predictor asks for indices only
+        object.__setattr__(self, "_prestage", None)  # the model's Prestage under `ahead`
         mode = pipeline_mode()  # read once: a bad value fails the load, in one line
         object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
@@ -237,6 +253,11 @@ class StreamedSwitch(nn.Module):
     def set_gate(self, gate: PrefillGate) -> None:
         """Ask `gate` at this layer during prefill chunks (the loader shares one per model)."""
         object.__setattr__(self, "_gate", gate)
+
+    def set_prestage(self, prestage: Prestage | None) -> None:
+        """Stage long chunks a layer ahead through `prestage` (the loader shares one per
+        model under SSDMOE_PREFILL_STAGE=ahead, prestage.py); None: staged in place."""
+        object.__setattr__(self, "_prestage", prestage)
 
     def set_routing(self, routing) -> None:
         """Look up the trace's ids for this layer (engine/policy/trace_routing.py)."""
@@ -338,24 +359,52 @@ class StreamedSwitch(nn.Module):
         rows in slot order, is made by the device, so it lands in device memory, and
         every row's arithmetic is the call's as on the slots (one call of mlx-lm's shape,
         whatever the banks)."""
-        cache = self._cache
         self._times.staged_calls += 1
         used = np.unique(slots)
+        idx = mx.array(np.searchsorted(used, slots).astype(np.uint32))
+        return self._run(x, idx, slots.shape, self._gather_slots(used), do_sort)
+
+    def _gather_slots(self, used: np.ndarray) -> dict[str, tuple]:
+        """Projection -> the rows of slots `used` (in that order), copied by the device."""
+        cache = self._cache
         bank, row = np.divmod(used, cache.bank_slots)
         banks = np.unique(bank)
         picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in banks]
+        first = cache.bank_arrays(int(banks[0]))
         arrays = {}
-        for proj in cache.bank_arrays(int(banks[0])):
+        for proj, proj_parts in first.items():
             parts = []
-            for i in range(len(cache.bank_arrays(int(banks[0]))[proj])):
-                if cache.bank_arrays(int(banks[0]))[proj][i] is None:
+            for i, part in enumerate(proj_parts):
+                if part is None:
                     parts.append(None)
                     continue
                 got = [cache.bank_arrays(b)[proj][i][r] for b, r in picks]
                 parts.append(got[0] if len(got) == 1 else mx.concatenate(got, axis=0))
             arrays[proj] = tuple(parts)
-        idx = mx.array(np.searchsorted(used, slots).astype(np.uint32))
-        return self._run(x, idx, slots.shape, arrays, do_sort)
+        return arrays
+
+    def _run_prestaged(
+        self, x: mx.array, host: np.ndarray, uniq: np.ndarray, pre: Prestaged
+    ) -> mx.array:
+        """`_run_staged` over the copy the layer before queued (prestage.py): the union's
+        experts it holds come from it, the others are gathered now and appended; one call
+        of mlx-lm's shape over both."""
+        times = self._times
+        times.staged_calls += 1
+        times.prestaged_calls += 1
+        lacking = uniq[~np.isin(uniq, pre.experts)]
+        times.prestaged_experts += len(uniq) - len(lacking)
+        times.prestage_missed_experts += len(lacking)
+        extra = None
+        if len(lacking):
+            # slots in ascending order, as `_gather_slots` lays its rows out
+            slots = self._lut[lacking]
+            order = np.argsort(slots, kind="stable")
+            lacking = lacking[order]
+            extra = self._gather_slots(slots[order])
+        arrays, pos = combine(pre, lacking, extra, self._num_experts)
+        idx = mx.array(pos[host].astype(np.uint32))
+        return self._run(x, idx, host.shape, arrays)
 
     def _masked_calls(
         self,
@@ -521,11 +570,18 @@ class StreamedSwitch(nn.Module):
                 if self._pipe and len(pending.read_slots) and host.size <= PIPELINE_MAX_ROWS
                 else None
             )
+            pre = None
+            if self._prestage is not None:  # the copy the layer before queued, if for us
+                pre = self._prestage.take(self._layer, times.calls)
             if missed is not None and not missed.all():
                 y = self._pipelined(x, sl, pending, missed)  # compute the hits while reading
             else:
                 cache.complete(pending)
-                y = self._run_slots(x, sl, stage=self._stage and host.size >= LONG_CHUNK_ROWS)
+                long_chunk = self._stage and host.size >= LONG_CHUNK_ROWS
+                if pre is not None and long_chunk:
+                    y = self._run_prestaged(x, host, uniq, pre)
+                else:
+                    y = self._run_slots(x, sl, stage=long_chunk)
             # Read the next layer's likely experts while this layer computes: predicted by
             # its router (lookahead) or, in decode (one token) of trace-driven runs, by
             # co-occurrence with this layer's ids. The router's guesses in decode: a few,
@@ -560,6 +616,10 @@ class StreamedSwitch(nn.Module):
             if nxt is not None:
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, nxt, pinned)
+                if chunk_pred is not None and self._prestage is not None and self._stage:
+                    # the next layer's predicted rows copied on the second stream while
+                    # this layer computes (prestage.py: why the rows stay right)
+                    self._prestage.make(cache, self._layer + 1, nxt, times.calls)
             if tl is not None and host.size == host.shape[-1]:
                 self._record(tl, t0, t_sync, before, len(pending.read_experts), uniq)
             return y

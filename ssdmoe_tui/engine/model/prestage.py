@@ -1,0 +1,117 @@
+"""A long prefill chunk's next layer staged ahead, on a second stream
+(`SSDMOE_PREFILL_STAGE=ahead`, opt-in until a GPU measures it).
+
+Under MLX-CUDA `host` placement a long chunk's layer computes from a device copy of the
+slots its union uses (`StreamedSwitch._run_staged`): at 4k tokens the union is the whole
+layer, so every chunk moves the experts of every layer over PCIe (17 GB for the
+Qwen3-30B-A3B shape), in the compute's own stream, one layer's copy after the layer
+before has computed. On an H100 that copy is what keeps the warm 4k prefill at
+0.75-0.79x resident mlx-lm (docs/benchmarks.md, 2026-12-06 fifth session).
+
+Staged ahead, layer l's switch, once it has queued its compute and read layer l+1's
+predicted union ahead (prefill read-ahead), waits for those reads and queues a copy of
+the rows now holding l+1's predicted experts on a stream of its own: the copy crosses
+the bus while layer l computes. Layer l+1 takes the copy (`Prestage.take`), gathers the
+few experts of its union that were not predicted from the banks as before, and runs
+mlx-lm's one call over both (one concatenation in device memory). MLX orders the two
+streams: l+1's compute waits for the copy.
+
+Why the rows it copies hold the right bytes when the copy runs (which may be after the
+host has moved on): the copy is queued only once the read-ahead's reads have landed,
+and only for experts resident then. An expert of l+1's union keeps its slot until
+l+1's compute is queued (`ExpertCache.lookup` never evicts the union it is looking up;
+the read-ahead before it pinned this layer's union and its own keys), and the reads
+that could reuse its slot come after a later router sync, which waits for l+1's
+compute, which waits for the copy. A predicted expert outside the union may lose its
+slot while the copy is still queued: its row in the copy is then wrong, and unused.
+
+A copy is for the very next MoE call of the same forward pass only (`take` checks the
+layer and the call count; a stopped chunk's copy is dropped by the next call), and
+at most one is held, so its device memory is a layer's union at most.
+Not under a mirror (`device` placement): there the compute reads the mirror, which the
+read-ahead's rows reach anyway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Prestaged:
+    """Copies of `layer`'s predicted experts' rows: row i holds expert `experts[i]`."""
+
+    layer: int
+    call: int  # `StepTimes.calls` when it was made: valid for the next call only
+    experts: np.ndarray
+    arrays: dict[str, tuple]  # projection -> (weight, scales, biases, bias) rows
+
+
+class Prestage:
+    """One per model, shared by its switches: the copy stream and the copy in flight."""
+
+    def __init__(self) -> None:
+        self.stream = mx.new_stream(mx.default_device())
+        self._held: Prestaged | None = None
+
+    def make(self, cache, layer: int, experts: np.ndarray, call: int) -> None:  # noqa: ANN001
+        """Queue on the copy stream a copy of the rows holding `layer`'s resident
+        `experts` (read-ahead's reads waited for first). `cache`: an ExpertCache."""
+        self._held = None
+        cache.wait_prefetch()  # the bytes are in the banks before the copy reads them
+        slots = cache.slots_of(layer, experts)
+        keep = slots >= 0
+        if not keep.any():
+            return
+        experts, slots = np.asarray(experts)[keep], slots[keep]
+        bank, row = np.divmod(slots, cache.bank_slots)
+        order = np.lexsort((row, bank))  # rows grouped by bank: one gather per bank
+        experts, bank, row = experts[order], bank[order], row[order]
+        picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in np.unique(bank)]
+        s = self.stream
+        arrays: dict[str, tuple] = {}
+        queued = []
+        for proj, parts in cache.bank_arrays(picks[0][0]).items():
+            out = []
+            for i, part in enumerate(parts):
+                if part is None:
+                    out.append(None)
+                    continue
+                got = [
+                    mx.take(cache.bank_arrays(b)[proj][i], r, axis=0, stream=s) for b, r in picks
+                ]
+                a = got[0] if len(got) == 1 else mx.concatenate(got, axis=0, stream=s)
+                out.append(a)
+                queued.append(a)
+            arrays[proj] = tuple(out)
+        mx.async_eval(queued)
+        self._held = Prestaged(layer, call, experts, arrays)
+
+    def take(self, layer: int, call: int) -> Prestaged | None:
+        """The copy made for `layer` by the call just before this one, or None; a copy
+        held for anything else is dropped."""
+        held, self._held = self._held, None
+        if held is None or held.layer != layer or held.call + 1 != call:
+            return None
+        return held
+
+
+def combine(pre: Prestaged, extra_experts: np.ndarray, extra: dict[str, tuple] | None,
+            num_experts: int) -> tuple[dict[str, tuple], np.ndarray]:  # fmt: skip
+    """The copy's rows followed by `extra`'s (the union's experts it lacks, rows in
+    `extra_experts` order), and expert id -> row in them (-1: in neither)."""
+    pos = np.full(num_experts, -1, dtype=np.int64)
+    pos[pre.experts] = np.arange(len(pre.experts))
+    if extra is None or not len(extra_experts):
+        return pre.arrays, pos
+    pos[extra_experts] = len(pre.experts) + np.arange(len(extra_experts))
+    arrays = {
+        proj: tuple(
+            None if a is None else mx.concatenate([a, b], axis=0)
+            for a, b in zip(parts, extra[proj], strict=True)
+        )
+        for proj, parts in pre.arrays.items()
+    }
+    return arrays, pos
