@@ -76,13 +76,17 @@ sample_cg() {  # sample_cg FILE: the capped cgroup's memory split every 2 s, in 
 }
 stop_sampler() { [ -n "$sampler" ] && kill "$sampler" 2>/dev/null; sampler=""; }
 
+# SWEEP_ARGS: more bench arguments, e.g. "--prefetch both" (decode read-ahead off / on
+# per K: at K = 2 a layer's ~1.5 misses are read one small batch after another, where
+# reading the next layer's guesses beside the compute may pay when it did not at K = 8)
 sweep_q35() {  # sweep_q35 MARGIN [NOTE]: the uniform-routing K sweep on Q35 (gpu_speed, gpu_pipeline)
   [ "$(left)" -gt 90 ] || { log "sweep skipped: deadline"; return; }
   make_cg ssdmoe-sweep "$CAP12_GIB"; sample_cg "$OUT/sweep.mem"
-  log "sweep: uniform routing, K 8,4,2, 4G, cold, cap $CAP12_GIB GiB${2:+, $2}"
+  log "sweep: uniform routing, K 8,4,2, 4G, cold, cap $CAP12_GIB GiB${2:+, $2} ${SWEEP_ARGS:-}"
+  # shellcheck disable=SC2086 # SWEEP_ARGS is words on purpose
   run_capped "$(( $(left) - $1 ))" "$PY" -m ssdmoe_tui.cli bench --model "$Q35" --k 8,4,2 \
     --expert-cache 4G --prompt-tokens 32 --decode-tokens 32 --disk-mib 256 --cold \
-    --baseline skip --wide --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2> "$OUT/sweep.err"
+    --baseline skip --wide ${SWEEP_ARGS:-} --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2> "$OUT/sweep.err"
   log "sweep exit $?; cgroup peak $(cat "$peak_file" 2>/dev/null)"
   stop_sampler
 }
