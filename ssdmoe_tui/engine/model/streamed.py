@@ -365,7 +365,8 @@ class StreamedSwitch(nn.Module):
         return self._run(x, idx, slots.shape, self._gather_slots(used), do_sort)
 
     def _gather_slots(self, used: np.ndarray) -> dict[str, tuple]:
-        """Projection -> the rows of slots `used` (in that order), copied by the device."""
+        """Projection -> the rows of slots `used` (ascending: the rows come in that order,
+        bank by bank), copied by the device."""
         cache = self._cache
         bank, row = np.divmod(used, cache.bank_slots)
         banks = np.unique(bank)
