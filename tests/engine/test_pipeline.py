@@ -134,19 +134,33 @@ def test_prefill_staged_ahead_matches_mlx_lm(checkpoints, monkeypatch, budget, b
     sm.close()
 
 
-def test_a_prestaged_copy_serves_the_next_call_of_its_layer_only() -> None:
-    """A copy made for layer l by call c is taken by layer l at call c + 1 and by nothing
-    else; taking drops whatever was held (a stopped chunk's copy frees its memory)."""
+def test_a_prestaged_copy_serves_its_own_layer_and_call_only() -> None:
+    """A prediction asked for layer l by call c is copied only at the start of layer l's
+    call (calls still c), and that copy is taken only by the same call once it has
+    counted itself (c + 1); anything else is dropped, as is all on `drop` (a stopped
+    chunk), so no copy outlives the pass it was made for."""
     import numpy as np
 
     from ssdmoe_tui.engine.model.prestage import Prestage, Prestaged
 
+    class NoCache:  # fulfil must not touch the cache unless the ask matches
+        def __getattr__(self, name):
+            raise AssertionError(f"cache.{name} used for a prediction of another call")
+
     p = Prestage()
+    for layer, call in [(4, 10), (3, 11), (3, 9)]:
+        p.ask(3, np.array([1, 2]), 10)
+        p.fulfil(NoCache(), layer, call)
+        assert p._asked is None and p._held is None
     copy = Prestaged(3, 10, np.array([1, 2]), {})
     for layer, call, got in [(3, 11, copy), (4, 11, None), (3, 12, None), (3, 10, None)]:
         p._held = copy
         assert p.take(layer, call) is got
         assert p.take(layer, call) is None  # held once
+    p.ask(3, np.array([1]), 10)
+    p._held = copy
+    p.drop()
+    assert p._asked is None and p._held is None
 
 
 def _long_prompt(sm) -> list[int]:

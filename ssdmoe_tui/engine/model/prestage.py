@@ -8,28 +8,33 @@ Qwen3-30B-A3B shape), in the compute's own stream, one layer's copy after the la
 before has computed. On an H100 that copy is what keeps the warm 4k prefill at
 0.75-0.79x resident mlx-lm (docs/benchmarks.md, 2026-12-06 fifth session).
 
-Staged ahead, layer l's switch, once it has queued its compute and read layer l+1's
-predicted union ahead (prefill read-ahead), waits for those reads and queues a copy of
-the rows now holding l+1's predicted experts on a stream of its own: the copy crosses
-the bus while layer l computes. Layer l+1 takes the copy (`Prestage.take`), gathers the
-few experts of its union that were not predicted from the banks as before, and runs
+Staged ahead, layer l's switch, once it has queued its compute and started reading
+layer l+1's predicted union ahead (prefill read-ahead), leaves the prediction here
+(`ask`). Layer l+1's switch queues its attention and router first (`mx.async_eval`),
+then waits for those reads and queues a copy of the rows now holding its predicted
+experts on a stream of its own (`fulfil`): the copy crosses the bus while the device
+finishes layer l and computes l+1's attention, and the host's wait for the reads no
+longer holds that work back (a cold prefill's reads take longer than a layer's
+compute). Layer l+1 then looks up its union, takes the copy (`take`), gathers the few
+experts of its union that were not predicted from the banks as before, and runs
 mlx-lm's one call over both (one concatenation in device memory). MLX orders the two
-streams: l+1's compute waits for the copy.
+streams: the compute waits for the copy.
 
 Why the rows it copies hold the right bytes when the copy runs (which may be after the
 host has moved on): the copy is queued only once the read-ahead's reads have landed,
 and only for experts resident then. An expert of l+1's union keeps its slot until
 l+1's compute is queued (`ExpertCache.lookup` never evicts the union it is looking up;
-the read-ahead before it pinned this layer's union and its own keys), and the reads
-that could reuse its slot come after a later router sync, which waits for l+1's
-compute, which waits for the copy. A predicted expert outside the union may lose its
-slot while the copy is still queued: its row in the copy is then wrong, and unused.
+nothing else evicts between the copy and that lookup), and the reads that could reuse
+its slot come after a later router sync, which waits for l+1's compute, which waits for
+the copy. A predicted expert outside the union may lose its slot while the copy is still
+queued: its row in the copy is then wrong, and unused.
 
-A copy is for the very next MoE call of the same forward pass only (`take` checks the
-layer and the call count; a stopped chunk's copy is dropped by the next call), and
-at most one is held, so its device memory is a layer's union at most.
-Not under a mirror (`device` placement): there the compute reads the mirror, which the
-read-ahead's rows reach anyway."""
+A prediction and its copy serve the same layer in the same forward pass only (`fulfil`
+and `take` check the layer and `StepTimes.calls`; a stopped chunk drops them, `drop`).
+Device memory: the copy in use, its concatenation with the rows it lacked, and the next
+layer's copy may coexist while queued work still holds them: up to about three of a
+layer's unions. Not under a mirror (`device` placement): there the compute reads the
+mirror, which the read-ahead's rows reach anyway."""
 
 from __future__ import annotations
 
@@ -44,22 +49,40 @@ class Prestaged:
     """Copies of `layer`'s predicted experts' rows: row i holds expert `experts[i]`."""
 
     layer: int
-    call: int  # `StepTimes.calls` when it was made: valid for the next call only
+    call: int  # `StepTimes.calls` before the layer's own call counted itself
     experts: np.ndarray
     arrays: dict[str, tuple]  # projection -> (weight, scales, biases, bias) rows
 
 
 class Prestage:
-    """One per model, shared by its switches: the copy stream and the copy in flight."""
+    """One per model, shared by its switches: the copy stream, the prediction asked for
+    and the copy in flight."""
 
     def __init__(self) -> None:
         self.stream = mx.new_stream(mx.default_device())
+        self._asked: tuple[int, int, np.ndarray] | None = None  # (layer, call, experts)
         self._held: Prestaged | None = None
 
-    def make(self, cache, layer: int, experts: np.ndarray, call: int) -> None:  # noqa: ANN001
-        """Queue on the copy stream a copy of the rows holding `layer`'s resident
-        `experts` (read-ahead's reads waited for first). `cache`: an ExpertCache."""
+    def ask(self, layer: int, experts: np.ndarray, call: int) -> None:
+        """`layer`'s predicted union, read ahead by the call numbered `call` (the layer
+        before): copied by `fulfil` at the start of `layer`'s call."""
+        self._asked = (layer, call, experts)
+
+    def fulfil(self, cache, layer: int, call: int) -> None:  # noqa: ANN001 - ExpertCache
+        """At the start of `layer`'s call (`StepTimes.calls` still `call`, its router
+        queued): the copy of its asked-for rows, if the call before asked for it."""
+        asked, self._asked = self._asked, None
         self._held = None
+        if asked is not None and asked[0] == layer and asked[1] == call:
+            self._make(cache, layer, asked[2], call)
+
+    def drop(self) -> None:
+        """Forget the prediction and the copy (a stopped chunk)."""
+        self._asked = self._held = None
+
+    def _make(self, cache, layer: int, experts: np.ndarray, call: int) -> None:  # noqa: ANN001
+        """Queue on the copy stream a copy of the rows holding `layer`'s resident
+        `experts` (read-ahead's reads waited for first)."""
         cache.wait_prefetch()  # the bytes are in the banks before the copy reads them
         slots = cache.slots_of(layer, experts)
         keep = slots >= 0
@@ -90,8 +113,8 @@ class Prestage:
         self._held = Prestaged(layer, call, experts, arrays)
 
     def take(self, layer: int, call: int) -> Prestaged | None:
-        """The copy made for `layer` by the call just before this one, or None; a copy
-        held for anything else is dropped."""
+        """The copy `fulfil` made for `layer`'s call numbered `call` (counted by then),
+        or None; a copy held for anything else is dropped."""
         held, self._held = self._held, None
         if held is None or held.layer != layer or held.call + 1 != call:
             return None

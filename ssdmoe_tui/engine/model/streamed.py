@@ -522,9 +522,17 @@ class StreamedSwitch(nn.Module):
         ):
             pred = predict(x)  # decode only: the next layer's routing, most likely first
             mx.eval(indices, pred)  # still one host sync: both come back together
-        elif self._lookahead is not None and routing is None and indices.size >= LONG_CHUNK_ROWS:
-            chunk_pred = self._lookahead(x)  # a prefill chunk: the next layer's union
-            mx.eval(indices, chunk_pred)
+        elif routing is None and indices.size >= LONG_CHUNK_ROWS:  # a long prefill chunk
+            want = [indices]
+            if self._lookahead is not None:
+                chunk_pred = self._lookahead(x)  # the next layer's union, read ahead below
+                want.append(chunk_pred)
+            if self._prestage is not None and self._stage:
+                # this layer's predicted rows copied on the second stream (prestage.py),
+                # its router queued before the host waits for their reads
+                mx.async_eval(want)
+                self._prestage.fulfil(cache, self._layer, times.calls)
+            mx.eval(want)
         host = np.array(indices, copy=False)  # the one host sync of this layer
         t_sync = time.perf_counter()
         times.router_sync_s += t_sync - t0
@@ -534,6 +542,8 @@ class StreamedSwitch(nn.Module):
             before = (c.hits, c.misses, c.prefetch_used, c.demand_read_s, c.prefetch_wait_s,
                       c.prefetch_issued)  # fmt: skip
         if stop is not None and stop():
+            if self._prestage is not None:
+                self._prestage.drop()  # a stopped chunk's copy: nothing will take it
             raise PrefillStopped
         times.calls += 1
         times.last_k = int(host.shape[-1])
@@ -572,7 +582,7 @@ class StreamedSwitch(nn.Module):
                 else None
             )
             pre = None
-            if self._prestage is not None:  # the copy the layer before queued, if for us
+            if self._prestage is not None:  # the copy made for this call, if any
                 pre = self._prestage.take(self._layer, times.calls)
             if missed is not None and not missed.all():
                 y = self._pipelined(x, sl, pending, missed)  # compute the hits while reading
@@ -618,9 +628,9 @@ class StreamedSwitch(nn.Module):
                 pinned = {(self._layer, int(e)) for e in uniq}
                 cache.prefetch(self._layer + 1, nxt, pinned)
                 if chunk_pred is not None and self._prestage is not None and self._stage:
-                    # the next layer's predicted rows copied on the second stream while
-                    # this layer computes (prestage.py: why the rows stay right)
-                    self._prestage.make(cache, self._layer + 1, nxt, times.calls)
+                    # the next layer copies these rows on the second stream once they
+                    # land, while this layer computes (prestage.py: why they stay right)
+                    self._prestage.ask(self._layer + 1, nxt, times.calls)
             if tl is not None and host.size == host.shape[-1]:
                 self._record(tl, t0, t_sync, before, len(pending.read_experts), uniq)
             return y
