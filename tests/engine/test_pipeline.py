@@ -134,6 +134,43 @@ def test_prefill_staged_ahead_matches_mlx_lm(checkpoints, monkeypatch, budget, b
     sm.close()
 
 
+def test_prefill_staged_ahead_under_a_mirror_defers_the_mirror(checkpoints, monkeypatch) -> None:
+    """Under a mirror (`device` placement, forced on the CPU) the long chunk stages ahead
+    from the host banks and copies nothing into the mirror: the rows it read wait, marked,
+    for the mirror's next sync, which the next one-token step's lookup makes (here the
+    prompt's last token) before anything computes from the mirror. The tokens stay
+    mlx-lm's."""
+    from ssdmoe_tui.engine.experts.mirror import MIRROR_ENV, SlotMirror
+    from ssdmoe_tui.engine.model.streamed import STAGE_ENV
+
+    monkeypatch.setenv(STAGE_ENV, "ahead")
+    monkeypatch.setenv(MIRROR_ENV, "on")
+    copied: list[tuple[int, int]] = []  # (layer calls so far, rows) per sync that copied
+    real_sync = SlotMirror.sync
+    times = []
+
+    def watched(self) -> int:
+        n = real_sync(self)
+        if n:
+            copied.append((times[0].calls, n))
+        return n
+
+    monkeypatch.setattr(SlotMirror, "sync", watched)
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=str(_half_budget(path)))
+    times.append(sm.times)
+    prompt = _long_prompt(sm)
+    try:
+        res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
+        layers = len(sm.switches)
+        assert sm.times.prestaged_calls > 0
+        assert copied and all(calls > layers for calls, _ in copied)  # none in the chunk
+        assert copied[0][1] > 0  # the chunk's rows, copied at the next step's first lookup
+    finally:
+        sm.close()
+    assert res.tokens == _reference_long(path, prompt)
+
+
 def test_a_prestaged_copy_serves_its_own_layer_and_call_only() -> None:
     """A prediction asked for layer l by call c is copied only at the start of layer l's
     call (calls still c), and that copy is taken only by the same call once it has

@@ -294,6 +294,9 @@ class ExpertCache:
         self._layer_rows: list[dict | None] = [None] * index.num_layers
         computed = self.banks if self.mirror is None else self.mirror.banks
         self._bank_arrays: list[dict] = [_by_projection(bank) for bank in computed]
+        self._host_arrays: list[dict] = (
+            self._bank_arrays if self.mirror is None else [_by_projection(b) for b in self.banks]
+        )
         self._layer_count = [0] * index.num_layers  # resident experts per layer
         self._key_of = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
@@ -348,6 +351,11 @@ class ExpertCache:
         (built once): the bank's mirror where there is one, which is what compute reads."""
         return self._bank_arrays[bank]
 
+    def host_bank_arrays(self, bank: int) -> dict[str, tuple]:
+        """As `bank_arrays`, of the banks the reader writes (the same without a mirror):
+        a copy staged from them needs no mirror row (prestage.py)."""
+        return self._host_arrays[bank]
+
     def layer_arrays(self, layer: int) -> dict[str, tuple] | None:
         """A frozen layer's experts as their own arrays (rows = expert ids), or None."""
         return self._layer_rows[layer]
@@ -400,22 +408,28 @@ class ExpertCache:
         self.complete(pending)
         return pending.slots
 
-    def lookup(self, layer: int, experts: np.ndarray, observe: bool = True) -> Pending:
+    def lookup(
+        self, layer: int, experts: np.ndarray, observe: bool = True, mirror: bool = True
+    ) -> Pending:
         """The first half of `ensure`: slots for `experts` (misses get theirs now, by
         eviction), counted as hits and misses, but nothing read yet. Until `complete`
         the missed slots hold stale bytes: only the hits' slots may be computed from,
-        and no other cache call may come between the two."""
+        and no other cache call may come between the two. `mirror` False: rows read
+        stay marked for the mirror's next sync (a caller computing from the host banks,
+        prestage.py)."""
         t0 = time.perf_counter()
         try:
             pending = self._lookup(layer, experts, observe)
         finally:
             self.counters.ensure_s += time.perf_counter() - t0
-        self.sync_mirror()  # read-ahead guesses that landed, a warm resume's rows
+        if mirror:
+            self.sync_mirror()  # read-ahead guesses that landed, a warm resume's rows
         return pending
 
-    def complete(self, pending: Pending) -> None:
+    def complete(self, pending: Pending, mirror: bool = True) -> None:
         """The second half of `ensure`: read the misses of `pending` (one batched reader
-        call) and freeze the layer where the budget holds every expert."""
+        call) and freeze the layer where the budget holds every expert. `mirror`: as
+        `lookup`'s."""
         if not len(pending.read_experts):
             return
         t0 = time.perf_counter()
@@ -425,7 +439,8 @@ class ExpertCache:
             dt = time.perf_counter() - t0
             self.counters.ensure_s += dt
             self.counters.demand_read_s += dt
-        self.sync_mirror()  # the misses, copied to the mirror before their compute
+        if mirror:
+            self.sync_mirror()  # the misses, copied to the mirror before their compute
         if self.holds_everything:
             self._maybe_freeze_layer(pending.layer)
 
@@ -772,6 +787,7 @@ class ExpertCache:
         if self.mirror is not None:
             self.mirror.close()
         self._bank_arrays.clear()
+        self._host_arrays = []
         self._layer_rows = [None] * len(self._layer_rows)
         self._device_lut = [None] * len(self._device_lut)
         self.reader.close()

@@ -478,7 +478,7 @@ def _install_switches(
         sw.set_gate(gate)
         blocks.append(s.block)
         switches.append(sw)
-    if partition is None and cache.mirror is None and prefill_stage_mode() == "ahead":
+    if partition is None and prefill_stage_mode() == "ahead":
         ahead = Prestage()  # one copy stream and one copy in flight for the model
         for sw in switches:
             sw.set_prestage(ahead)

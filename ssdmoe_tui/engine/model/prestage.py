@@ -33,8 +33,12 @@ A prediction and its copy serve the same layer in the same forward pass only (`f
 and `take` check the layer and `StepTimes.calls`; a stopped chunk drops them, `drop`).
 Device memory: the copy in use, its concatenation with the rows it lacked, and the next
 layer's copy may coexist while queued work still holds them: up to about three of a
-layer's unions. Not under a mirror (`device` placement): there the compute reads the
-mirror, which the read-ahead's rows reach anyway."""
+layer's unions.
+
+Under a mirror (`device` placement) the long chunks stage ahead from the host banks the
+reader writes, and their lookups leave the rows read marked for the mirror instead of
+copying them now: the prefill moves each row over the bus once, and the mirror catches up
+at its next sync (the first decode step's lookup, before anything computes from it)."""
 
 from __future__ import annotations
 
@@ -96,15 +100,14 @@ class Prestage:
         s = self.stream
         arrays: dict[str, tuple] = {}
         queued = []
-        for proj, parts in cache.bank_arrays(picks[0][0]).items():
+        of = cache.host_bank_arrays  # the reader's banks: a mirror's rows may lag them
+        for proj, parts in of(picks[0][0]).items():
             out = []
             for i, part in enumerate(parts):
                 if part is None:
                     out.append(None)
                     continue
-                got = [
-                    mx.take(cache.bank_arrays(b)[proj][i], r, axis=0, stream=s) for b, r in picks
-                ]
+                got = [mx.take(of(b)[proj][i], r, axis=0, stream=s) for b, r in picks]
                 a = got[0] if len(got) == 1 else mx.concatenate(got, axis=0, stream=s)
                 out.append(a)
                 queued.append(a)

@@ -366,12 +366,14 @@ class StreamedSwitch(nn.Module):
 
     def _gather_slots(self, used: np.ndarray) -> dict[str, tuple]:
         """Projection -> the rows of slots `used` (ascending: the rows come in that order,
-        bank by bank), copied by the device."""
+        bank by bank), copied by the device: from the host banks when staging ahead
+        (whose long chunks leave a mirror unsynced), else from what compute reads."""
         cache = self._cache
+        of = cache.bank_arrays if self._prestage is None else cache.host_bank_arrays
         bank, row = np.divmod(used, cache.bank_slots)
         banks = np.unique(bank)
         picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in banks]
-        first = cache.bank_arrays(int(banks[0]))
+        first = of(int(banks[0]))
         arrays = {}
         for proj, proj_parts in first.items():
             parts = []
@@ -379,7 +381,7 @@ class StreamedSwitch(nn.Module):
                 if part is None:
                     parts.append(None)
                     continue
-                got = [cache.bank_arrays(b)[proj][i][r] for b, r in picks]
+                got = [of(b)[proj][i][r] for b, r in picks]
                 parts.append(got[0] if len(got) == 1 else mx.concatenate(got, axis=0))
             arrays[proj] = tuple(parts)
         return arrays
@@ -567,7 +569,12 @@ class StreamedSwitch(nn.Module):
                 extra = np.setdiff1d(uniq, cell)
                 uniq = cell
         if len(uniq) <= cache.capacity:
-            pending = cache.lookup(self._layer, uniq)
+            long_chunk = self._stage and host.size >= LONG_CHUNK_ROWS
+            # Staged ahead, a long chunk computes from the host banks only: the rows it
+            # reads reach a mirror at the mirror's next sync (decode's first lookup)
+            # instead of crossing the bus twice now.
+            from_host = long_chunk and self._prestage is not None
+            pending = cache.lookup(self._layer, uniq, mirror=not from_host)
             slots = pending.slots
             lut = self._lut  # only the entries set here are read
             lut[uniq] = slots
@@ -587,8 +594,7 @@ class StreamedSwitch(nn.Module):
             if missed is not None and not missed.all():
                 y = self._pipelined(x, sl, pending, missed)  # compute the hits while reading
             else:
-                cache.complete(pending)
-                long_chunk = self._stage and host.size >= LONG_CHUNK_ROWS
+                cache.complete(pending, mirror=not from_host)
                 if pre is not None and long_chunk:
                     y = self._run_prestaged(x, host, uniq, pre)
                 else:

@@ -1,10 +1,11 @@
 # carry [".whlB", ".devsite", ".benchcfg"], after a.sh and b.sh of ../../2026-12-06-gpu/calls:
-# install, build Q30, then the 4k warm prefill's compile passes for the three ways a long
-# chunk can run (issue 43: warm 4k >= 0.8x resident): host slots staged in place (`host`),
-# the device mirror that `auto` picks for a 4 GiB cache since the fifth session
-# (`device`), host slots staged a layer ahead on a second stream (`ahead`:
-# SSDMOE_PREFILL_STAGE=ahead, prestage.py). Each one's first warm 4k prefill compiles its
-# shapes.
+# install, build Q30, then the 4k warm prefill's compile passes for the ways a long chunk
+# can run (issue 43: warm 4k >= 0.8x resident): host slots staged in place (`host`), the
+# device mirror that `auto` picks for a 4 GiB cache since the fifth session (`device`),
+# host slots staged a layer ahead on a second stream (`ahead`: SSDMOE_PREFILL_STAGE=ahead,
+# prestage.py) and the mirror with its long chunks staged ahead from the host banks
+# (`devahead`: its copies into the mirror deferred to decode). Each one's first warm 4k
+# prefill compiles its shapes (`devahead` shares `ahead`'s and `device`'s: compiled last).
 T0=$(date +%s)
 bash scripts/gpu_install.sh || exit 1
 source scripts/gpu_env.sh
