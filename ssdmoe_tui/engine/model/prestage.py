@@ -37,8 +37,11 @@ layer's unions.
 
 Under a mirror (`device` placement) the long chunks stage ahead from the host banks the
 reader writes, and their lookups leave the rows read marked for the mirror instead of
-copying them now: the prefill moves each row over the bus once, and the mirror catches up
-at its next sync (the first decode step's lookup, before anything computes from it)."""
+copying them now: a chunk moves each row it uses over the bus once (as host staging
+does, per chunk), not once for the mirror and again for the compute, and the mirror
+catches up at its next sync (the next one-token step's lookup, before anything computes
+from it: up to the whole cache in one copy after a long prompt). Where the budget holds
+every expert a layer still syncs the mirror as it freezes."""
 
 from __future__ import annotations
 
