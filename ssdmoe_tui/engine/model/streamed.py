@@ -48,8 +48,8 @@ class StepTimes:
     # layer calls whose hits were queued before their misses were read (the pipeline)
     pipelined_calls: int = 0
     staged_calls: int = 0  # many-row calls computed from a device copy of their slots
-    # staged calls that used the copy the layer before queued ahead (prestage.py), and
-    # the union's experts they took from it and gathered then
+    # staged calls that used a copy queued ahead of their sync (prestage.py), and the
+    # union's experts they took from it and gathered after it
     prestaged_calls: int = 0
     prestaged_experts: int = 0
     prestage_missed_experts: int = 0
@@ -389,9 +389,9 @@ class StreamedSwitch(nn.Module):
     def _run_prestaged(
         self, x: mx.array, host: np.ndarray, uniq: np.ndarray, pre: Prestaged
     ) -> mx.array:
-        """`_run_staged` over the copy the layer before queued (prestage.py): the union's
-        experts it holds come from it, the others are gathered now and appended; one call
-        of mlx-lm's shape over both."""
+        """`_run_staged` over the copy of this layer's predicted rows queued at the start
+        of its call (prestage.py): the union's experts it holds come from it, the others
+        are gathered now and appended; one call of mlx-lm's shape over both."""
         times = self._times
         times.staged_calls += 1
         times.prestaged_calls += 1
