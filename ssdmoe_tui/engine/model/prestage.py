@@ -96,26 +96,11 @@ class Prestage:
         if not keep.any():
             return
         experts, slots = np.asarray(experts)[keep], slots[keep]
-        bank, row = np.divmod(slots, cache.bank_slots)
-        order = np.lexsort((row, bank))  # rows grouped by bank: one gather per bank
-        experts, bank, row = experts[order], bank[order], row[order]
-        picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in np.unique(bank)]
-        s = self.stream
-        arrays: dict[str, tuple] = {}
-        queued = []
-        of = cache.host_bank_arrays  # the reader's banks: a mirror's rows may lag them
-        for proj, parts in of(picks[0][0]).items():
-            out = []
-            for i, part in enumerate(parts):
-                if part is None:
-                    out.append(None)
-                    continue
-                got = [mx.take(of(b)[proj][i], r, axis=0, stream=s) for b, r in picks]
-                a = got[0] if len(got) == 1 else mx.concatenate(got, axis=0, stream=s)
-                out.append(a)
-                queued.append(a)
-            arrays[proj] = tuple(out)
-        mx.async_eval(queued)
+        order = np.argsort(slots)  # ascending: one gather per bank (`gather_rows`)
+        experts, slots = experts[order], slots[order]
+        # the reader's banks: a mirror's rows may lag them
+        arrays = gather_rows(cache.host_bank_arrays, cache.bank_slots, slots, self.stream)
+        mx.async_eval([a for parts in arrays.values() for a in parts if a is not None])
         self._held = Prestaged(layer, call, experts, arrays)
 
     def take(self, layer: int, call: int) -> Prestaged | None:
@@ -125,6 +110,25 @@ class Prestage:
         if held is None or held.layer != layer or held.call + 1 != call:
             return None
         return held
+
+
+def gather_rows(of, bank_slots: int, slots: np.ndarray, stream=None) -> dict[str, tuple]:  # noqa: ANN001
+    """Projection -> (weight, scales, biases, bias) rows of `slots` (ascending: the rows
+    come in that order, bank by bank), copied by the device from `of(bank)` (a cache's
+    `bank_arrays` or `host_bank_arrays`), on `stream` (None: the default one)."""
+    bank, row = np.divmod(slots, bank_slots)
+    picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in np.unique(bank)]
+    arrays = {}
+    for proj, proj_parts in of(picks[0][0]).items():
+        parts = []
+        for i, part in enumerate(proj_parts):
+            if part is None:
+                parts.append(None)
+                continue
+            got = [mx.take(of(b)[proj][i], r, axis=0, stream=stream) for b, r in picks]
+            parts.append(got[0] if len(got) == 1 else mx.concatenate(got, axis=0, stream=stream))
+        arrays[proj] = tuple(parts)
+    return arrays
 
 
 def combine(pre: Prestaged, extra_experts: np.ndarray, extra: dict[str, tuple] | None,

@@ -21,7 +21,7 @@ import numpy as np
 
 from ssdmoe_tui.engine.experts.cache import ExpertCache
 from ssdmoe_tui.engine.model import qmm_guard
-from ssdmoe_tui.engine.model.prestage import Prestage, Prestaged, combine
+from ssdmoe_tui.engine.model.prestage import Prestage, Prestaged, combine, gather_rows
 from ssdmoe_tui.engine.model.timeline import Timeline
 from ssdmoe_tui.options import env_choice
 
@@ -365,26 +365,12 @@ class StreamedSwitch(nn.Module):
         return self._run(x, idx, slots.shape, self._gather_slots(used), do_sort)
 
     def _gather_slots(self, used: np.ndarray) -> dict[str, tuple]:
-        """Projection -> the rows of slots `used` (ascending: the rows come in that order,
-        bank by bank), copied by the device: from the host banks when staging ahead
-        (whose long chunks leave a mirror unsynced), else from what compute reads."""
+        """Projection -> the rows of slots `used` (ascending), copied by the device
+        (`prestage.gather_rows`): from the host banks when staging ahead (whose long
+        chunks leave a mirror unsynced), else from what compute reads."""
         cache = self._cache
         of = cache.bank_arrays if self._prestage is None else cache.host_bank_arrays
-        bank, row = np.divmod(used, cache.bank_slots)
-        banks = np.unique(bank)
-        picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in banks]
-        first = of(int(banks[0]))
-        arrays = {}
-        for proj, proj_parts in first.items():
-            parts = []
-            for i, part in enumerate(proj_parts):
-                if part is None:
-                    parts.append(None)
-                    continue
-                got = [of(b)[proj][i][r] for b, r in picks]
-                parts.append(got[0] if len(got) == 1 else mx.concatenate(got, axis=0))
-            arrays[proj] = tuple(parts)
-        return arrays
+        return gather_rows(of, cache.bank_slots, used)
 
     def _run_prestaged(
         self, x: mx.array, host: np.ndarray, uniq: np.ndarray, pre: Prestaged
