@@ -377,6 +377,7 @@ def _config_figures(
         "prefill_read_s": round(pre.read_s, 4),
         "prefill_read_gb_s": _gb_s(pre),
         "peak_mlx_memory_bytes": int(st.peak_memory_bytes),
+        "prefill_peak_mlx_memory_bytes": int(st.prefill_peak_memory_bytes),
         # The memory target: peak within 10% of resident + cache budget + KV.
         "resident_memory_bytes": int(sm.resident_bytes),
         "kv_cache_bytes": kv_bytes,

@@ -97,6 +97,8 @@ def test_arithmetic_is_consistent(bench_json):
         else:
             assert r["io_ceiling_note"] == "no reads (hit rate 100%)"
         assert r["peak_mlx_memory_bytes"] > 0 and r["peak_rss_bytes"] > 0
+        # the prompt's peak is part of the turn's (decode can only add to it)
+        assert 0 < r["prefill_peak_mlx_memory_bytes"] <= r["peak_mlx_memory_bytes"]
         assert r["memory_bound_bytes"] == (
             r["resident_memory_bytes"] + r["expert_cache_budget_bytes"] + r["kv_cache_bytes"]
         )

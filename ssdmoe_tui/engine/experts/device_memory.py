@@ -14,15 +14,19 @@ Placements (`SSDMOE_SLOT_PLACEMENT` or the `placement` argument):
   mirror of each bank that the compute reads, the rows a read filled copied host ->
   mirror before use (engine/experts/mirror.py);
 - `auto`: on MLX-CUDA, `device` when the cache holds under half of the expert set
-  (misses dominate) and the GPU has room for the mirror (`MIRROR_ROOM_SHARE` of its free
-  memory), else `host` there, `managed` from half the expert set on (hits dominate, and a
-  slot on the GPU is read at HBM speed); nothing elsewhere (CPU, Metal: unified memory).
+  (misses dominate) and the GPU has room for the mirror at its peak (`MIRROR_PEAK_FACTOR`
+  times its size within `MIRROR_ROOM_SHARE` of the free memory), else `host` there,
+  `managed` from half the expert set on (hits dominate, and a slot on the GPU is read at
+  HBM speed); nothing elsewhere (CPU, Metal: unified memory).
 
 Measured on an H100 (Qwen3-30B-A3B shape, 4 GiB cache = 26 % of the experts, K = 8,
 the model's routing, one process after a compile pass, docs/benchmarks.md 2026-12-06
 fifth session): `device` 7.81 tok/s, `host` 6.21, `managed` 3.77 (read-ahead off; on:
-6.20 / 5.65 / 4.07), the same tokens; the sync a layer 0.5 ms against host's 1.36. The
-prefill under `device` is measured next (docs/measurements/2026-12-06-h100-fifth/calls).
+6.20 / 5.65 / 4.07), the same tokens; the sync a layer 0.5 ms against host's 1.36. A
+4k-token prompt (warm) under `device` 0.765-0.774x resident against host's 0.792-0.793x,
+its MLX peak 13.5-13.8 GiB against 6.46; the real trace decoding cold from disk under 8
+and 12 GiB caps, host ahead of `device` (docs/benchmarks.md, 2026-12-06 sixth session):
+the mirror wins where the router sync bounds a token, not where the disk does.
 
 Measured on an H200 (Qwen3.5-35B-A3B shape, bf16, docs/benchmarks.md): with a cache of
 24 % of the experts (27 % hits) `host` decodes 31-41 % faster than `managed`; with 71 %
@@ -124,9 +128,15 @@ def _get_driver() -> _Driver:
 
 
 HOST_BELOW_SHARE = 0.5  # `auto`: host-side slots below this share of the expert set
-# `auto` mirrors the slots on the device only where the mirror takes at most this share of
-# the GPU's free memory at load: the rest stays for the KV cache, activations and kernels.
+# `auto` mirrors the slots on the device only where the mirror at its peak takes at most
+# this share of the GPU's free memory at load: the rest stays for the KV cache,
+# activations and kernels.
 MIRROR_ROOM_SHARE = 0.5
+# The mirror's peak over its own size: on the H100 a 4k-token prompt under `device` peaked
+# 7.2 GiB above `host` placement's peak for a 4 GiB mirror (13.5-13.8 against 6.46 GiB of
+# MLX memory), 10.7 GiB with its long chunks staged ahead (17.2), i.e. the mirror and
+# transient copies of 1.8-2.7 times it (docs/benchmarks.md, 2026-12-06 sixth session).
+MIRROR_PEAK_FACTOR = 3.0
 
 
 def choose_placement(want: str, share: float, cuda: bool, mirror_fits: bool = False) -> str:
@@ -152,8 +162,9 @@ def gpu_free_bytes() -> int | None:
 
 
 def mirror_fits(nbytes: int, free: int | None) -> bool:
-    """Whether a device mirror of `nbytes` of slots leaves the GPU room (unknown: no)."""
-    return free is not None and nbytes <= MIRROR_ROOM_SHARE * free
+    """Whether a device mirror of `nbytes` of slots, at its measured peak, leaves the GPU
+    room (unknown: no)."""
+    return free is not None and MIRROR_PEAK_FACTOR * nbytes <= MIRROR_ROOM_SHARE * free
 
 
 def place_slots(

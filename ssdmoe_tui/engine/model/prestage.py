@@ -1,12 +1,16 @@
 """A long prefill chunk's next layer staged ahead, on a second stream
-(`SSDMOE_PREFILL_STAGE=ahead`, opt-in until a GPU measures it).
+(`SSDMOE_PREFILL_STAGE=ahead`, opt-in: on an H100 it measured the same as staging in
+place, 0.786-0.800x resident against 0.792-0.793x, its copies on time; docs/benchmarks.md
+2026-12-06 sixth session, and `scripts/cuda_overlap_probe.py` for the question it left:
+does MLX-CUDA run the second stream's copy beside the compute at all?).
 
 Under MLX-CUDA `host` placement a long chunk's layer computes from a device copy of the
 slots its union uses (`StreamedSwitch._run_staged`): at 4k tokens the union is the whole
 layer, so every chunk moves the experts of every layer over PCIe (17 GB for the
 Qwen3-30B-A3B shape), in the compute's own stream, one layer's copy after the layer
-before has computed. On an H100 that copy is what keeps the warm 4k prefill at
-0.75-0.79x resident mlx-lm (docs/benchmarks.md, 2026-12-06 fifth session).
+before has computed. On an H100 that copy was read, from the time budget, as what keeps
+the warm 4k prefill at 0.75-0.79x resident mlx-lm (docs/benchmarks.md, 2026-12-06 fifth
+session).
 
 Staged ahead, layer l's switch, once it has queued its compute and started reading
 layer l+1's predicted union ahead (prefill read-ahead), leaves the prediction here

@@ -44,6 +44,9 @@ class TurnStats:
     decode_hits: int = 0
     decode_misses: int = 0
     peak_memory_bytes: int = 0
+    # MLX's peak when the prompt was in (before the first decode step): whether a layout's
+    # extra memory (a device mirror's copies) comes with the long chunks or with decode
+    prefill_peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
     k_per_token: list[int] = field(default_factory=list)
     # router mass kept at the running K vs the trained K, per generated token
@@ -699,6 +702,7 @@ class Runner:
         stats.k_per_token.append(sm.times.last_k)
         self._record_mass(stats)
         stats.prefill_s = time.perf_counter() - begun.start.t
+        stats.prefill_peak_memory_bytes = int(mx.get_peak_memory())
         _totals(stats, Snapshot.take(sm) - begun.start)
 
     def finish(

@@ -20,3 +20,4 @@ for way in ahead devahead host device; do
   echo "cold $way exit $? +$(( $(date +%s)-T0 ))s"; grep -h "prefill-cold K" /root/res/pk-$way/summary.txt
 done
 cd /root/res && tar czf $OUT/p3b.tgz pw-* pk-*
+( cd /root && tar cf - ptx | gzip -1 > $OUT/ptx.tgz ); du -sh /root/ptx

@@ -20,3 +20,4 @@ for way in host device ahead; do
   n=$(( n - 1 ))
 done
 cd /root/res && tar czf $OUT/p3a.tgz build.log pc-*
+( cd /root && tar cf - ptx | gzip -1 > $OUT/ptx.tgz ); du -sh /root/ptx
