@@ -18,6 +18,10 @@
 #            CAP_GIB (8) cap and one under CAP12_GIB (12); slots as `auto` places them
 #            (under half the experts: a device mirror where the GPU has room, host slots
 #            before 2026-12-06 fifth session); decode/ceiling in achieved_over_ceiling
+#   modelcold (not in the default STEPS) the model's own routing, K = 8, 4G then 2G, cold,
+#            under the CAP12_GIB cap, decode read-ahead off / on (`--prefetch both`), one
+#            process with host slots and one with `device` (a mirror): where the disk and
+#            the router sync both count, which placement wins (modelcold-host/-device)
 #   prefill  4096-token prompt, chunk 4096, 4G cache, uncapped, resident mlx-lm in the
 #            same call: warm (page cache filled), then cold (--cold); `auto` everything
 #            (a device mirror of the slots, each chunk's misses copied to it; under host
@@ -54,18 +58,26 @@ source "$(dirname "$0")/gpu_common.sh"
 
 # traced NAME GIB SECONDS_NEEDED [ENV=VALUE...] -- BENCH_ARGS: one trace-driven bench,
 # caches 4G,2G cold, under a GIB memory cap
-traced() {
+# capped NAME GIB NEED [ENV=V ...] -- BENCH ARGS: one cold Q30 bench (4G,2G, 32-token
+# prompt, DECODE tokens) in a cgroup of GIB, if NEED seconds are left
+capped() {
   local name=$1 gib=$2 need=$3; shift 3
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   [ "$(left)" -gt "$need" ] || { log "$name skipped: deadline ($(left) s left)"; return; }
   make_cg "ssdmoe-$name" "$gib"; sample_cg "$OUT/$name.mem"
-  log "$name: trace-driven, 4G,2G cold, cap $gib GiB ${envs[*]} $*"
+  log "$name: 4G,2G cold, cap $gib GiB ${envs[*]} $*"
   run_capped "$(( $(left) - 5 ))" env "${envs[@]}" "$PY" -m ssdmoe_tui.cli bench --model "$Q30" \
-    --routing-trace "$TRACE" --k 6 --expert-cache 4G,2G --prompt-tokens 32 \
+    --expert-cache 4G,2G --prompt-tokens 32 \
     --decode-tokens "$DECODE" --disk-mib 256 --baseline skip --cold --wide "$@" \
     --json "$OUT/$name.json" > "$OUT/$name.txt" 2> "$OUT/$name.err"
   log "$name exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
   stop_sampler
+}
+# the same, routed by the real trace at its K = 6
+traced() {
+  local name=$1 gib=$2 need=$3; shift 3
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  capped "$name" "$gib" "$need" "${envs[@]}" -- --routing-trace "$TRACE" --k 6 "$@"
 }
 
 if want q30; then build "$Q30" .benchcfg/q30/config.json "$(( $(left) - 60 ))"; fi
@@ -79,6 +91,11 @@ fi
 if want pipe; then
   traced pipe-cap12 "$CAP12_GIB" 80 -- --pipeline both
   traced pipe-cap8 "$CAP_GIB" 80 -- --pipeline both
+fi
+if want modelcold; then
+  for place in host device; do
+    capped "modelcold-$place" "$CAP12_GIB" 80 SSDMOE_SLOT_PLACEMENT=$place -- --k 8 --prefetch both
+  done
 fi
 if want prefill; then
   ptok=${PREFILL_TOKENS:-4096}; pstep=${PREFILL_STEP:-4096}
