@@ -56,10 +56,8 @@ TAG=gpu_pipeline
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
 
-# traced NAME GIB SECONDS_NEEDED [ENV=VALUE...] -- BENCH_ARGS: one trace-driven bench,
-# caches 4G,2G cold, under a GIB memory cap
-# capped NAME GIB NEED [ENV=V ...] -- BENCH ARGS: one cold Q30 bench (4G,2G, 32-token
-# prompt, DECODE tokens) in a cgroup of GIB, if NEED seconds are left
+# capped NAME GIB SECONDS_NEEDED [ENV=VALUE...] -- BENCH_ARGS: one cold Q30 bench, caches
+# 4G,2G, a 32-token prompt, DECODE tokens, under a GIB memory cap
 capped() {
   local name=$1 gib=$2 need=$3; shift 3
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
@@ -73,7 +71,8 @@ capped() {
   log "$name exit $?; cgroup peak $(cat "$cg/memory.peak" 2>/dev/null)"
   stop_sampler
 }
-# the same, routed by the real trace at its K = 6
+# traced NAME GIB SECONDS_NEEDED [ENV=VALUE...] -- BENCH_ARGS: the same, routed by the
+# real trace at its K = 6
 traced() {
   local name=$1 gib=$2 need=$3; shift 3
   local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift

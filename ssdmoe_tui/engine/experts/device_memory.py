@@ -186,7 +186,10 @@ def place_slots(
     note = ""
     if want == "auto" and got == "host":
         room = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
-        note = f"no GPU room for a device mirror of {nbytes / 2**30:.1f} GiB (free: {room})"
+        note = (
+            f"no GPU room for a device mirror of {nbytes / 2**30:.1f} GiB (its copies at"
+            f" their peak: {MIRROR_PEAK_FACTOR:g}x; free: {room})"
+        )
     try:
         drv = _get_driver()
     except (OSError, AttributeError) as e:
