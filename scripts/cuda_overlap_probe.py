@@ -13,8 +13,12 @@ max(compute, copy) the copy overlaps; about their sum, it does not.
 
     python3 scripts/cuda_overlap_probe.py [--rounds 7] [--rows 128] [--placement host]
 
-One JSON line per case (median ms over the rounds) and a verdict line. On the CPU it runs
-too (both streams share the cores: no overlap to expect), which is how it is tested.
+One JSON line per case (median ms over the rounds) and a summary line. Under MLX-CUDA
+with host-placed slots it also times the other way to move the same rows: migrating
+their pages to the GPU with `cuMemPrefetchAsync` (the copy engines' DMA, not a kernel
+reading over the bus) and back, the rate a prefill that computed from migrated slots
+would get (`migrate_gb_s` against `copy_gb_s`). On the CPU it runs too (both streams
+share the cores: no overlap to expect; no migration), which is how it is tried.
 """
 
 from __future__ import annotations
@@ -31,6 +35,24 @@ from ssdmoe_tui.engine.experts import device_memory as dm
 from ssdmoe_tui.engine.experts.reader import buffer_address
 
 H, INTER, GS, BITS = 2048, 768, 64, 4  # Qwen3-30B-A3B expert: 2.53 MiB with scales
+
+
+def _migrate_ms(slots: mx.array, rows: np.ndarray, rounds: int) -> dict:
+    """Median ms to prefetch `rows` of `slots` (one range each) to the GPU, then back."""
+    from cuda_slot_probe import Prefetcher  # scripts/, beside this file
+
+    pf = Prefetcher()
+    row = int(slots.nbytes) // slots.shape[0]
+    base = buffer_address(memoryview(slots))
+    ranges = [(base + int(r) * row, row) for r in rows]
+    out: dict[str, list[float]] = {"to_gpu": [], "to_host": []}
+    for _ in range(rounds):
+        for name, host in (("to_gpu", False), ("to_host", True)):
+            t0 = time.perf_counter()
+            pf.to(ranges, host=host)
+            pf.sync()
+            out[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(ms) for name, ms in out.items()}
 
 
 def _slots(n: int, placement: str) -> mx.array:
@@ -84,7 +106,8 @@ def main() -> None:
     a = ap.parse_args()
 
     slots = _slots(a.slots, a.placement)
-    rows = mx.array(np.random.default_rng(0).choice(a.slots, a.rows, replace=False))
+    picked = np.random.default_rng(0).choice(a.slots, a.rows, replace=False)
+    rows = mx.array(picked)
     q, s, b = _weights(a.experts)
     n = a.tokens * a.k
     x = mx.random.normal((n, 1, H)).astype(mx.bfloat16)
@@ -123,17 +146,18 @@ def main() -> None:
     for name, ms in got.items():
         print(json.dumps({"case": name, "ms": round(ms, 3)}))
     saved = got["compute"] + got["copy"] - got["two_streams"]
-    print(
-        json.dumps(
-            {
-                "device": str(mx.default_device()),
-                "copied_mib": round(copied / 2**20, 1),
-                "copy_gb_s": round(copied / got["copy"] / 1e6, 2),
-                "overlap_share_of_copy": round(saved / got["copy"], 3),
-                "two_over_one_stream": round(got["two_streams"] / got["one_stream"], 3),
-            }
-        )
-    )
+    summary = {
+        "device": str(mx.default_device()),
+        "copied_mib": round(copied / 2**20, 1),
+        "copy_gb_s": round(copied / got["copy"] / 1e6, 2),
+        "overlap_share_of_copy": round(saved / got["copy"], 3),
+        "two_over_one_stream": round(got["two_streams"] / got["one_stream"], 3),
+    }
+    if dm.is_cuda() and a.placement == "host":
+        mig = _migrate_ms(slots, picked, a.rounds)
+        summary["migrate_ms"] = {k: round(v, 3) for k, v in mig.items()}
+        summary["migrate_gb_s"] = round(copied / mig["to_gpu"] / 1e6, 2)
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
