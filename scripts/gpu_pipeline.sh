@@ -14,7 +14,8 @@
 #   compile  uncapped short trace-driven run (2G, 8 tokens): kernels compiled before
 #            any capped run measures (or is OOM-killed by) the compilation
 #   pipe     trace-driven decode (qwen.route.csv, K = 6), cold, `--pipeline both`: each
-#            cache serial then pipelined in one process, 4G then 2G, one process under a
+#            cache serial and pipelined in one process (4G serial first, 2G pipelined first
+#            since the sixth session of 2026-12-06), 4G then 2G, one process under a
 #            CAP_GIB (8) cap and one under CAP12_GIB (12); slots as `auto` places them
 #            (under half the experts: a device mirror where the GPU has room, host slots
 #            before 2026-12-06 fifth session); decode/ceiling in achieved_over_ceiling

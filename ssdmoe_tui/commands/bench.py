@@ -107,7 +107,8 @@ ARGUMENTS: tuple[Adder, ...] = (
          "gain)"),
     flag("--pipeline", default="auto", choices=PIPELINE_MODES,
          help="the pipelined layer (hits computed while the misses are read): as the engine "
-         "has it (auto: on a GPU), on, off, or both (each configuration serial, then on)"),
+         "has it (auto: on a GPU), on, off, or both (each configuration serial and pipelined, "
+         "which runs first alternating from one configuration to the next)"),
     flag("--disk-mib", type=_count("--disk-mib"), default=512,
          help="MiB read per K in the disk test"),
     partial(add_prefill_step_argument, default=PREFILL_STEP),

@@ -400,3 +400,19 @@ def test_batch_check_follows_each_rows_trace_offset(tiny, tmp_path, capsys):
     for r in json.loads(out.read_text())["batch"]:
         assert r["rows_equal_alone"] == r["batch"] and r["token_mismatch_rate"] == 0
     capsys.readouterr()
+
+
+def test_pipeline_both_alternates_which_runs_first(tiny, tmp_path):
+    """`--pipeline both`: each configuration serial and pipelined, the order alternating
+    from one (budget, K) to the next, so neither always runs second."""
+    out = tmp_path / "both.json"
+    rc = main(
+        ["bench", "--model", str(tiny), "--k", "4", "--expert-cache", ",".join(BUDGETS),
+         "--prompt-tokens", "8", "--decode-tokens", "2", "--disk-mib", "1",
+         "--baseline", "skip", "--no-warmup", "--pipeline", "both", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    configs = json.loads(out.read_text())["configs"]
+    assert [(c["expert_cache"], c["pipeline"]) for c in configs] == [
+        ("64K", False), ("64K", True), ("1M", True), ("1M", False)
+    ]  # fmt: skip
