@@ -94,7 +94,7 @@ def _time(fn, rounds: int) -> float:  # noqa: ANN001
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--rows", type=int, default=128, help="rows copied (a layer's union)")
     ap.add_argument("--slots", type=int, default=512, help="slot rows in the placed bank")
