@@ -166,8 +166,9 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
               f"staged {c.get('staged_calls')}", f"pipelined {c.get('pipelined_calls')}",
               f"prestaged {c.get('prestaged_calls')} ({c.get('prestaged_experts')} experts,"
               f" {c.get('prestage_missed_experts')} gathered after)",
-              f"peak MLX GiB prefill {c.get('prefill_peak_mlx_memory_bytes', 0) / 2**30:.2f}"
-              f" turn {c.get('peak_mlx_memory_bytes', 0) / 2**30:.2f}",
+              "peak MLX GiB prefill " + (f"{c['prefill_peak_mlx_memory_bytes'] / 2**30:.2f}"
+                                         if c.get("prefill_peak_mlx_memory_bytes") else "-")
+              + f" turn {c.get('peak_mlx_memory_bytes', 0) / 2**30:.2f}",
               *([f"prefetch precision {c.get('prefetch_precision')}",
                  f"recall {c.get('prefetch_recall')}",
                  f"x off {c.get('prefetch_decode_vs_off')}"] if c.get("prefetch") else []))

@@ -824,25 +824,27 @@ def _run_configs(
     on_partial(result)
     modes = {"off": [False], "on": [True], "both": [False, True]}[opts.prefetch]
     pipes = {"auto": [None], "on": ["on"], "off": ["off"], "both": ["off", "on"]}[opts.pipeline]
-    for n, (budget, k) in enumerate((b, k) for b in opts.budgets for k in s.ks):
-        # `both`: serial first, then pipelined first, and so on: the second run of a pair
-        # meets what the first left (on the H100 serial, always run first, won 8 of 8)
-        order = pipes if n % 2 == 0 else pipes[::-1]
-        for pf, pipe in [(pf, pipe) for pf in modes for pipe in order]:
-            state = prepare()
-            tag = (" +prefetch" if pf else "") + (f" pipeline {pipe}" if pipe else "")
-            log(f"config K={k} expert cache {budget}{tag} [{state}]")
-            resident = storage.residency(s.shards)
-            with _pipeline_env(pipe):
-                r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
-            r["page_cache"] = state
-            r["page_cache_resident_share"] = resident.as_dict()["resident_share"]
-            configs.append(r)
-            _derive(result, {}, s.index)
-            on_partial(result)
-            if not pf and opts.batch:
-                _run_batches(opts, s, k, budget, result, prepare, log)
+    for bi, budget in enumerate(opts.budgets):
+        for ki, k in enumerate(s.ks):
+            # `both`: serial first, then pipelined first, on a checkerboard of budgets and
+            # Ks: the second run of a pair meets what the first left (on the H100 serial,
+            # always run first, won 8 of 8)
+            order = pipes if (bi + ki) % 2 == 0 else pipes[::-1]
+            for pf, pipe in [(pf, pipe) for pf in modes for pipe in order]:
+                state = prepare()
+                tag = (" +prefetch" if pf else "") + (f" pipeline {pipe}" if pipe else "")
+                log(f"config K={k} expert cache {budget}{tag} [{state}]")
+                resident = storage.residency(s.shards)
+                with _pipeline_env(pipe):
+                    r = run_config(opts, k, budget, s.prompt, log, prefetch=pf)
+                r["page_cache"] = state
+                r["page_cache_resident_share"] = resident.as_dict()["resident_share"]
+                configs.append(r)
+                _derive(result, {}, s.index)
                 on_partial(result)
+                if not pf and opts.batch:
+                    _run_batches(opts, s, k, budget, result, prepare, log)
+                    on_partial(result)
 
 
 @contextlib.contextmanager

@@ -136,6 +136,9 @@ MIRROR_ROOM_SHARE = 0.5
 # 7.2 GiB above `host` placement's peak for a 4 GiB mirror (13.5-13.8 against 6.46 GiB of
 # MLX memory), 10.7 GiB with its long chunks staged ahead (17.2), i.e. the mirror and
 # transient copies of 1.8-2.7 times it (docs/benchmarks.md, 2026-12-06 sixth session).
+# One mirror size and one prompt length measured, the extra's source not yet known (its
+# activations are in the peak too): a cautious factor, to be revised by the
+# `prefill_peak_mlx_memory_bytes` runs.
 MIRROR_PEAK_FACTOR = 3.0
 
 

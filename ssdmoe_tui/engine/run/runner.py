@@ -45,7 +45,9 @@ class TurnStats:
     decode_misses: int = 0
     peak_memory_bytes: int = 0
     # MLX's peak when the prompt was in (before the first decode step): whether a layout's
-    # extra memory (a device mirror's copies) comes with the long chunks or with decode
+    # extra memory (a device mirror's copies) comes with the long chunks or with decode.
+    # A row joining a batch that decodes keeps the batch's peak (peaks are reset only
+    # when nothing decodes): there it includes the other rows' steps.
     prefill_peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
     k_per_token: list[int] = field(default_factory=list)
@@ -606,6 +608,7 @@ class Runner:
             begun.window = LogitsWindow(logits_processors, prompt[: len(prompt) - int(last.size)])
         if (should_stop is not None and should_stop()) or max_tokens <= 0:
             stats.prefill_s = time.perf_counter() - start.t
+            stats.prefill_peak_memory_bytes = int(mx.get_peak_memory())
             return begun
         self._first_token(begun, last, sampler, prefill_k)
         yield PrefillProgress(len(prompt), len(prompt))
