@@ -246,3 +246,42 @@ def test_a_long_prefill_chunk_reads_ahead_into_the_mirror(checkpoints, monkeypat
     cast_model(model, mx.float32)
     ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
     assert res.tokens == [r.token for r in ref]
+
+
+@pytest.mark.parametrize(("step_rows", "waits"), [(None, 0), (3, 3)])
+def test_a_large_sync_copies_in_steps_each_waited_for(monkeypatch, step_rows, waits) -> None:
+    """Many rows marked at once (the catch-up after a long prompt staged ahead, a warm
+    resume) are copied at most `SYNC_STEP_BYTES` at a time, each step waited for before
+    the next gathers its rows (their temporaries never all held at once); a decode
+    step's few rows never wait. Every row reaches the mirror, in place."""
+    import ssdmoe_tui.engine.experts.mirror as mirror_mod
+    from ssdmoe_tui.engine.experts.slack import slot_array
+
+    rng = np.random.default_rng(5)
+    banks = []
+    for _ in range(2):  # two banks of 8 slots, two components each
+        bank = {}
+        for name, shape in (("w", (4, 6)), ("s", (4,))):
+            a = slot_array(8, shape, mx.float32)
+            a[...] = mx.array(rng.standard_normal((8, *shape)).astype(np.float32))
+            mx.eval(a)
+            bank[name] = a
+        banks.append(bank)
+    mirror = SlotMirror(banks, bank_slots=8)
+    before = [buffer_address(memoryview(a)) for b in mirror.banks for a in b.values()]
+    if step_rows is not None:
+        monkeypatch.setattr(mirror_mod, "SYNC_STEP_BYTES", step_rows * mirror.row_bytes)
+    evals = []
+    real_eval = mx.eval
+    monkeypatch.setattr(mirror_mod.mx, "eval", lambda *a: (evals.append(1), real_eval(*a)))
+    mirror.mark(np.array([0, 1, 2, 3, 4, 9, 10, 11, 12, 15]))  # bank 0: 5 rows, bank 1: 5
+    assert mirror.sync() == 10
+    monkeypatch.setattr(mirror_mod.mx, "eval", real_eval)
+    # 5 rows a bank in steps of 3: (3, 2) and (3, 2), a wait before each step but the first
+    assert len(evals) == waits
+    for b, host in enumerate(banks):
+        for name, a in host.items():
+            rows = [r - 8 * b for r in (0, 1, 2, 3, 4, 9, 10, 11, 12, 15) if r // 8 == b]
+            got = np.array(mirror.banks[b][name][mx.array(rows)])
+            assert np.array_equal(got, np.array(a[mx.array(rows)]))
+    assert [buffer_address(memoryview(a)) for b in mirror.banks for a in b.values()] == before

@@ -44,8 +44,9 @@ reader writes, and their lookups leave the rows read marked for the mirror inste
 copying them now: a chunk moves each row it uses over the bus once (as host staging
 does, per chunk), not once for the mirror and again for the compute, and the mirror
 catches up at its next sync (the next one-token step's lookup, before anything computes
-from it: up to the whole cache in one copy after a long prompt). Where the budget holds
-every expert a layer still syncs the mirror as it freezes."""
+from it: up to the whole cache after a long prompt, copied in steps of at most
+`mirror.SYNC_STEP_BYTES`). Where the budget holds every expert a layer still syncs the
+mirror as it freezes."""
 
 from __future__ import annotations
 
