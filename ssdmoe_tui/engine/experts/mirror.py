@@ -125,7 +125,11 @@ class SlotMirror:
         queued = 0  # rows in `out`: a decode step's few rows never wait
         for b, part in parts:
             if queued and queued + len(part) > step:
-                mx.eval(out)  # this step's temporaries freed before the next is gathered
+                # this step's temporaries freed before the next is gathered, and (as
+                # above) its kernels' hold on the mirror released, so the next step's
+                # scatters stay in place
+                mx.eval(out)
+                mx.synchronize()
                 out, queued = [], 0
             rows = mx.array(part.astype(np.uint32))
             host, twin = self.host[b], self.banks[b]
