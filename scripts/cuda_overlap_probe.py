@@ -42,15 +42,14 @@ H, INTER, GS, BITS = 2048, 768, 64, 4  # Qwen3-30B-A3B expert: 2.53 MiB with sca
 
 
 class _Migrator:
-    """`cuMemPrefetchAsync` of slot rows on a non-blocking CUDA stream of its own."""
+    """`cuda_slot_probe.Prefetcher`'s page moves of slot rows, on a non-blocking CUDA
+    stream of their own."""
 
     def __init__(self, slots: mx.array, rows: np.ndarray) -> None:
+        from cuda_slot_probe import Prefetcher  # scripts/, beside this file
+
+        self.pf = Prefetcher()
         lib = ctypes.CDLL("libcuda.so.1")
-        self.prefetch = lib.cuMemPrefetchAsync_v2
-        self.prefetch.argtypes = [
-            ctypes.c_uint64, ctypes.c_size_t, dm._MemLocation, ctypes.c_uint, ctypes.c_void_p
-        ]  # fmt: skip
-        self.prefetch.restype = ctypes.c_int
         self.wait = lib.cuStreamSynchronize
         self.wait.argtypes = [ctypes.c_void_p]
         self.stream = ctypes.c_void_p()
@@ -62,11 +61,7 @@ class _Migrator:
         self.ranges = [(base + int(r) * row, row) for r in rows]
 
     def start(self, to_gpu: bool) -> None:
-        loc = dm._MemLocation(dm._LOC_DEVICE, 0) if to_gpu else dm._MemLocation(dm._LOC_HOST, 0)
-        for p, n in self.ranges:
-            rc = self.prefetch(p, n, loc, 0, self.stream)
-            if rc:
-                raise RuntimeError(f"cuMemPrefetchAsync_v2 -> {rc}")
+        self.pf.to(self.ranges, host=not to_gpu, stream=self.stream)
 
     def finish(self) -> None:
         self.wait(self.stream)

@@ -68,10 +68,10 @@ class Prefetcher:
         self.sync = lib.cuCtxSynchronize
         self.sync.restype = ctypes.c_int
 
-    def to(self, ranges, host: bool) -> None:
+    def to(self, ranges, host: bool, stream=None) -> None:  # noqa: ANN001 - a CUstream
         loc = dm._MemLocation(dm._LOC_HOST, 0) if host else dm._MemLocation(dm._LOC_DEVICE, 0)
         for p, n in ranges:
-            rc = self.f(p, n, loc, 0, None)
+            rc = self.f(p, n, loc, 0, stream)
             if rc:
                 raise RuntimeError(f"cuMemPrefetchAsync_v2 -> {rc}")
 

@@ -116,11 +116,10 @@ class SlotMirror:
         mx.synchronize()
         bank, row = np.divmod(slots, self.bank_slots)
         step = max(1, SYNC_STEP_BYTES // self._row_bytes)
-        parts = [
-            (b, part)
-            for b in np.unique(bank).tolist()
-            for part in np.array_split(row[bank == b], -(-int((bank == b).sum()) // step))
-        ]
+        parts = []  # (bank, its rows), at most `step` rows each
+        for b in np.unique(bank).tolist():
+            mine = row[bank == b]
+            parts += [(b, part) for part in np.array_split(mine, -(-len(mine) // step))]
         out: list[mx.array] = []
         queued = 0  # rows in `out`: a decode step's few rows never wait
         for b, part in parts:
