@@ -33,7 +33,9 @@
 # Environment: Q30 (/root/q30), CAP_GIB (12; 0: no cgroup), DEADLINE_S (360), VS_ROUNDS
 # (12), VS_S (150), DECODE_TOKENS (48), PROMPT_TOKENS (64), INV_BATCH (4), TRACE_BATCH
 # (1,4), TRACE_CACHE (4G), JOIN_TOKENS (1024; 0: no join probe), WARMUP (1), WARMUP_TOKENS
-# (32), INVARIANCE (1; 0: the vs step skips the rows-alone check, which on the H100 on
+# (32), VS_ARGS (more batch_vs_mlx.py arguments for the vs step, e.g. "--bg-streamed
+# --host-split": BatchGenerator over the engine's own layers and each side's host time per
+# step, which place a gap in the loop or in the layer), INVARIANCE (1; 0: the vs step skips the rows-alone check, which on the H100 on
 # 2026-12-05 ran ~300 s past its rounds and left the trace step no time), PYTHON (python3),
 # STEPS (q30,vs,trace).
 # On a CPU (the plumbing, small sizes): SMALL_LAYERS=4 SMALL_HIDDEN=128 build a small
@@ -76,7 +78,7 @@ if want vs && have_q30 vs; then
       --tag held --expert-cache 64G --batch 1,2,4,8 --rounds "${VS_ROUNDS:-12}" \
       --deadline-s "${VS_S:-150}" --decode-tokens "${DECODE_TOKENS:-48}" \
       --prompt-tokens "${PROMPT_TOKENS:-64}" $([ "${INVARIANCE:-1}" = 0 ] || echo --invariance) --invariant-mode \
-      --invariant-batch "${INV_BATCH:-4}" > "$OUT/vs.txt" 2> "$OUT/vs.err"
+      --invariant-batch "${INV_BATCH:-4}" ${VS_ARGS:-} > "$OUT/vs.txt" 2> "$OUT/vs.err"
     log "vs exit $?"
   else log "vs skipped: deadline"; fi
 fi

@@ -22,7 +22,9 @@
 #   modelcold (not in the default STEPS) the model's own routing, K = 8, 4G then 2G, cold,
 #            under the CAP12_GIB cap, decode read-ahead off / on (`--prefetch both`), one
 #            process with host slots and one with `device` (a mirror): where the disk and
-#            the router sync both count, which placement wins (modelcold-host/-device)
+#            the router sync both count, which placement wins (modelcold-host/-device);
+#            MODELCOLD_WAYS picks them, in order ("host device"; `devmlx`: `device` with
+#            SSDMOE_SLOT_MIRROR_COPY=mlx, the mirror's rows copied through MLX)
 #   prefill  4096-token prompt, chunk 4096, 4G cache, uncapped, resident mlx-lm in the
 #            same call: warm (page cache filled), then cold (--cold); `auto` everything
 #            (a device mirror of the slots, each chunk's misses copied to it; under host
@@ -93,8 +95,12 @@ if want pipe; then
   traced pipe-cap8 "$CAP_GIB" 80 -- --pipeline both
 fi
 if want modelcold; then
-  for place in host device; do
-    capped "modelcold-$place" "$CAP12_GIB" 80 SSDMOE_SLOT_PLACEMENT=$place -- --k 8 --prefetch both
+  for way in ${MODELCOLD_WAYS:-host device}; do
+    case $way in  # devmlx: `device` with the mirror's rows copied through MLX (A/B)
+      devmlx) envs=(SSDMOE_SLOT_PLACEMENT=device SSDMOE_SLOT_MIRROR_COPY=mlx) ;;
+      *) envs=(SSDMOE_SLOT_PLACEMENT="$way") ;;
+    esac
+    capped "modelcold-$way" "$CAP12_GIB" 80 "${envs[@]}" -- --k 8 --prefetch both
   done
 fi
 if want prefill; then
@@ -169,6 +175,8 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
               "peak MLX GiB prefill " + (f"{c['prefill_peak_mlx_memory_bytes'] / 2**30:.2f}"
                                          if c.get("prefill_peak_mlx_memory_bytes") else "-")
               + f" turn {c.get('peak_mlx_memory_bytes', 0) / 2**30:.2f}",
+              *([f"mirror {m.get('copier')} {m['rows']} rows {m['sync_s']} s"]
+                if (m := c.get("slot_mirror")) else []),
               *([f"prefetch precision {c.get('prefetch_precision')}",
                  f"recall {c.get('prefetch_recall')}",
                  f"x off {c.get('prefetch_decode_vs_off')}"] if c.get("prefetch") else []))
