@@ -70,7 +70,7 @@ def same(mirror: SlotMirror, banks, rows: np.ndarray) -> bool:  # noqa: ANN001
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--slots", type=int, default=512)
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--catchup", type=int, default=256)
