@@ -23,8 +23,7 @@
 #            under the CAP12_GIB cap, decode read-ahead off / on (`--prefetch both`), one
 #            process with host slots and one with `device` (a mirror): where the disk and
 #            the router sync both count, which placement wins (modelcold-host/-device);
-#            MODELCOLD_WAYS picks them, in order ("host device"; `devmlx`: `device` with
-#            SSDMOE_SLOT_MIRROR_COPY=mlx, the mirror's rows copied through MLX)
+#            MODELCOLD_WAYS picks the placements, in order ("host device")
 #   prefill  4096-token prompt, chunk 4096, 4G cache, uncapped, resident mlx-lm in the
 #            same call: warm (page cache filled), then cold (--cold); `auto` everything
 #            (a device mirror of the slots, each chunk's misses copied to it; under host
@@ -96,11 +95,7 @@ if want pipe; then
 fi
 if want modelcold; then
   for way in ${MODELCOLD_WAYS:-host device}; do
-    case $way in  # devmlx: `device` with the mirror's rows copied through MLX (A/B)
-      devmlx) envs=(SSDMOE_SLOT_PLACEMENT=device SSDMOE_SLOT_MIRROR_COPY=mlx) ;;
-      *) envs=(SSDMOE_SLOT_PLACEMENT="$way") ;;
-    esac
-    capped "modelcold-$way" "$CAP12_GIB" 80 "${envs[@]}" -- --k 8 --prefetch both
+    capped "modelcold-$way" "$CAP12_GIB" 80 SSDMOE_SLOT_PLACEMENT="$way" -- --k 8 --prefetch both
   done
 fi
 if want prefill; then
@@ -175,7 +170,7 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
               "peak MLX GiB prefill " + (f"{c['prefill_peak_mlx_memory_bytes'] / 2**30:.2f}"
                                          if c.get("prefill_peak_mlx_memory_bytes") else "-")
               + f" turn {c.get('peak_mlx_memory_bytes', 0) / 2**30:.2f}",
-              *([f"mirror {m.get('copier')} {m['rows']} rows {m['sync_s']} s"]
+              *([f"mirror {m['rows']} rows {m['sync_s']} s"]
                 if (m := c.get("slot_mirror")) else []),
               *([f"prefetch precision {c.get('prefetch_precision')}",
                  f"recall {c.get('prefetch_recall')}",

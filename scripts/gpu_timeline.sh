@@ -20,10 +20,6 @@
 #          "mirror:" line and the JSON's modes.*.mirror_mib_per_token / mirror_ms_per_token
 #          say what the copies moved and cost; sync_probe.one_layer_compute_ms the hits' side;
 #          peak_memory_gib above managed's by about a bank: the copies were not in place
-#   devmlx  (not in the default STEPS) `device` with the mirror's rows copied through MLX
-#          (SSDMOE_SLOT_MIRROR_COPY=mlx): with `device` run under
-#          SSDMOE_SLOT_MIRROR_COPY=direct, the A/B of the mirror's two copies
-#          (timeline-device / timeline-device-mlx)
 #   compile  (not in the default STEPS) both runs, 1 round x 4 tokens: MLX-CUDA compiles the
 #          K = 8 and K = 6 shapes, read-ahead on and off, before anything is timed
 #   compile_model  (not in the default STEPS) the K = 8 model-routing run of `compile` alone,
@@ -101,12 +97,6 @@ fi
 # that gets each miss's rows copied over once (`device`): does it keep managed's
 # 0.21 ms a layer for the hits without managed's page faults on the misses?
 if want device; then
-  if want devmlx; then secs=$(( $(left) / 2 )); else secs=$(( $(left) - 10 )); fi
-  SSDMOE_SLOT_PLACEMENT=device one device "$secs" --k 8
-fi
-# `device` with the mirror's rows copied through MLX (a gather and a scatter per
-# component), against `device` run with SSDMOE_SLOT_MIRROR_COPY=direct (row_copy.py)
-if want devmlx; then
-  SSDMOE_SLOT_PLACEMENT=device SSDMOE_SLOT_MIRROR_COPY=mlx one device-mlx "$(( $(left) - 10 ))" --k 8
+  SSDMOE_SLOT_PLACEMENT=device one device "$(( $(left) - 10 ))" --k 8
 fi
 tail -n 3 "$OUT"/timeline-*.txt >&2

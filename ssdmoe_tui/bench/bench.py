@@ -343,9 +343,6 @@ def _config_figures(
             "rows": cache.mirror.rows,
             "copied_mib": round(cache.mirror.rows * cache.mirror.row_bytes / 2**20, 2),
             "sync_s": round(cache.mirror.seconds, 4),
-            "syncs": cache.mirror.syncs,
-            "copier": cache.mirror.copier,  # SSDMOE_SLOT_MIRROR_COPY (row_copy.py)
-            "copy_note": cache.mirror.copy_note,
         },
         "direct_io": cache.reader.direct_active,
         "load_s": round(load_s, 3),

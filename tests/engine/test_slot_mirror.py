@@ -13,7 +13,6 @@ from ssdmoe_tui.engine.experts.cache import BANK_BYTES_ENV, slot_memory_bytes
 from ssdmoe_tui.engine.experts.index import build_index
 from ssdmoe_tui.engine.experts.mirror import MIRROR_ENV, SlotMirror, mirrors
 from ssdmoe_tui.engine.experts.reader import buffer_address
-from ssdmoe_tui.engine.experts.row_copy import COPY_ENV, copy_mode, row_runs
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
 from ssdmoe_tui.engine.run.runner import Runner
@@ -46,15 +45,6 @@ def test_mirror_is_chosen_by_placement_and_a_bad_value_is_one_line(checkpoints, 
     assert mirrors("auto", "device")
     assert not any(mirrors("auto", p) for p in ("host", "managed", "none"))
     assert mirrors("on", "none") and not mirrors("off", "device")
-    # rows copied directly on the CPU; through MLX on MLX-CUDA until measured there
-    assert (copy_mode(cuda=False), copy_mode(cuda=True)) == ("direct", "mlx")
-    monkeypatch.setenv(COPY_ENV, "direct")
-    assert copy_mode(cuda=True) == "direct"
-    monkeypatch.setenv(COPY_ENV, "dma")
-    with pytest.raises(SsdmoeError) as err:
-        load_streamed(checkpoints("qwen3_moe"), expert_cache="1")
-    assert str(err.value) == f"{COPY_ENV}='dma': use one of auto, direct, mlx"
-    monkeypatch.delenv(COPY_ENV)
     monkeypatch.setenv(MIRROR_ENV, "sometimes")
     with pytest.raises(SsdmoeError) as err:
         load_streamed(checkpoints("qwen3_moe"), expert_cache="1")
@@ -62,25 +52,14 @@ def test_mirror_is_chosen_by_placement_and_a_bad_value_is_one_line(checkpoints, 
 
 
 @pytest.mark.parametrize(
-    ("pipeline", "banks", "copy"),
-    [
-        ("off", None, "direct"),
-        ("full", None, "direct"),
-        ("compact", None, "mlx"),
-        ("full", "20K", "direct"),
-        ("full", "20K", "mlx"),
-    ],
+    ("pipeline", "banks"), [("off", None), ("full", None), ("compact", None), ("full", "20K")]
 )
-def test_tokens_equal_mlx_lm_computed_from_the_mirror(
-    checkpoints, monkeypatch, pipeline, banks, copy
-):
+def test_tokens_equal_mlx_lm_computed_from_the_mirror(checkpoints, monkeypatch, pipeline, banks):
     """A fifth of the experts: every token misses and refills slots. Serial and pipelined
     layers (hits computed from the mirror while the misses are read, the misses after
-    their copy), one bank and several, rows copied directly (memmove here, the driver's
-    copy engines on MLX-CUDA) and through MLX; the mirror's buffers never move (each copy
-    updates it in place, no bank is copied whole)."""
+    their copy), one bank and several; the mirror's buffers never move (each copy updates
+    it in place, no bank is copied whole)."""
     monkeypatch.setenv(PIPELINE_ENV, pipeline)
-    monkeypatch.setenv(COPY_ENV, copy)
     if banks:
         monkeypatch.setenv(BANK_BYTES_ENV, banks)
     path = checkpoints("qwen3_moe")
@@ -96,7 +75,6 @@ def test_tokens_equal_mlx_lm_computed_from_the_mirror(
         assert cache.mirror.pending == 0
         assert (sm.times.pipelined_calls > 0) == (pipeline != "off")
         assert (cache.num_banks > 2) == bool(banks)
-        assert cache.mirror.copier == ("memmove" if copy == "direct" else "mlx")
         assert _addresses(cache) == before
     finally:
         sm.close()
@@ -277,9 +255,19 @@ def test_a_large_sync_copies_in_steps_each_waited_for(monkeypatch, step_rows, wa
     the next gathers its rows (their temporaries never all held at once); a decode
     step's few rows never wait. Every row reaches the mirror, in place."""
     import ssdmoe_tui.engine.experts.mirror as mirror_mod
+    from ssdmoe_tui.engine.experts.slack import slot_array
 
-    banks = _random_banks()
-    mirror = SlotMirror(banks, bank_slots=8, copy="mlx")
+    rng = np.random.default_rng(5)
+    banks = []
+    for _ in range(2):  # two banks of 8 slots, two components each
+        bank = {}
+        for name, shape in (("w", (4, 6)), ("s", (4,))):
+            a = slot_array(8, shape, mx.float32)
+            a[...] = mx.array(rng.standard_normal((8, *shape)).astype(np.float32))
+            mx.eval(a)
+            bank[name] = a
+        banks.append(bank)
+    mirror = SlotMirror(banks, bank_slots=8)
     before = [buffer_address(memoryview(a)) for b in mirror.banks for a in b.values()]
     if step_rows is not None:
         monkeypatch.setattr(mirror_mod, "SYNC_STEP_BYTES", step_rows * mirror.row_bytes)
@@ -297,55 +285,3 @@ def test_a_large_sync_copies_in_steps_each_waited_for(monkeypatch, step_rows, wa
             got = np.array(mirror.banks[b][name][mx.array(rows)])
             assert np.array_equal(got, np.array(a[mx.array(rows)]))
     assert [buffer_address(memoryview(a)) for b in mirror.banks for a in b.values()] == before
-
-
-def _random_banks(sizes=(8, 8)) -> list[dict[str, mx.array]]:
-    """Host banks of `sizes` slots, two components each, random rows."""
-    from ssdmoe_tui.engine.experts.slack import slot_array
-
-    rng = np.random.default_rng(5)
-    banks = []
-    for n in sizes:
-        bank = {}
-        for name, shape in (("w", (4, 6)), ("s", (4,))):
-            a = slot_array(n, shape, mx.float32)
-            a[...] = mx.array(rng.standard_normal((n, *shape)).astype(np.float32))
-            mx.eval(a)
-            bank[name] = a
-        banks.append(bank)
-    return banks
-
-
-def test_row_runs() -> None:
-    first, count = row_runs(np.array([0, 1, 2, 5, 7, 8]))
-    assert first.tolist() == [0, 5, 7] and count.tolist() == [3, 1, 2]
-    assert [a.tolist() for a in row_runs(np.array([], dtype=np.int64))] == [[], []]
-
-
-def test_a_direct_sync_copies_each_run_of_rows_once_per_component(monkeypatch) -> None:
-    """`direct` copies: one memory copy per run of consecutive rows and component (a
-    smaller last bank too), done when `sync` returns; the rows marked and only they
-    reach the mirror, in place."""
-    banks = _random_banks((8, 5))
-    mirror = SlotMirror(banks, bank_slots=8, copy="direct")
-    assert mirror.copier == "memmove"
-    before = [buffer_address(memoryview(a)) for b in mirror.banks for a in b.values()]
-    calls = []
-    real = mirror._copier.copy
-    monkeypatch.setattr(
-        mirror._copier, "copy", lambda d, s, n: (calls.append(len(n)), real(d, s, n))
-    )
-    marked = [0, 1, 2, 6, 9, 10, 12]  # bank 0: runs 0-2, 6; bank 1 (5 slots): 1-2, 4
-    mirror.mark(np.array(marked[:4]))
-    mirror.mark(np.array(marked[3:]))  # a row marked twice is copied once
-    assert mirror.sync() == len(marked)
-    assert calls == [4 * 2]  # four runs, two components, one call
-    for b, host in enumerate(banks):
-        for name, a in host.items():
-            want = np.array(a)
-            got = np.array(mirror.banks[b][name])
-            for r in range(a.shape[0]):
-                copied = 8 * b + r in marked
-                assert np.array_equal(got[r], want[r]) == copied, (b, name, r)
-    assert [buffer_address(memoryview(a)) for b in mirror.banks for a in b.values()] == before
-    assert mirror.sync() == 0 and mirror.syncs == 1

@@ -10,25 +10,23 @@ The mirror keeps both halves: the host banks stay the reader's target, and each 
 has a twin made of ordinary MLX arrays (created by a device kernel, so they live in
 device memory), which is what the layers' `gather_qmm` calls read. The rows a read has
 just filled (misses, read-ahead guesses, a warm resume) are marked, and before any
-compute may use them `sync` copies exactly those rows host -> mirror. A miss crosses the
-bus once; a hit is read from device memory.
+compute may use them `sync` copies exactly those rows host -> mirror: one gather from
+the host bank and one scatter into the mirror per component and bank. A miss crosses
+the bus once; a hit is read from device memory.
 
-How rows cross (`SSDMOE_SLOT_MIRROR_COPY`, row_copy.py): `direct` copies them as plain
-memory, one copy per run of consecutive rows and component (the CUDA driver's copy
-engines on MLX-CUDA, memmove on the CPU), outside MLX's graph, and waits for them; `mlx`
-gathers them from the host bank and scatters them into the mirror through MLX, one
-gather and one scatter per component and bank, queued. `auto`: `direct` on the CPU,
-`mlx` on MLX-CUDA until the direct copies are measured there. Either way `sync` first
-waits for the stream (`mx.synchronize`): no kernel queued earlier may still read a row
-being overwritten.
+In place, not a bank copy: MLX's scatter reuses its input's buffer only when nothing
+else holds it (a queued kernel that read the mirror keeps it until it finishes), and
+otherwise copies the whole bank first (up to 2 GiB per component). So `sync` first
+waits for the stream (`mx.synchronize`, which also runs the completion handlers that
+release those kernels' hold), and the cache never keeps views of mirror rows (a frozen
+layer uses its device lookup table instead). tests/engine/test_slot_mirror.py checks
+that the mirror's buffers never move.
 
-In place, not a bank copy, under `mlx`: MLX's scatter reuses its input's buffer only
-when nothing else holds it (a queued kernel that read the mirror keeps it until it
-finishes), and otherwise copies the whole bank first (up to 2 GiB per component); the
-`mx.synchronize` also runs the completion handlers that release those kernels' hold,
-and the cache never keeps views of mirror rows (a frozen layer uses its device lookup
-table instead). tests/engine/test_slot_mirror.py checks that the mirror's buffers never
-move.
+Not the driver's copy engines: copying the rows with `cuMemcpyAsync` (one copy per run of
+rows and component, outside MLX's graph, waited for) was tried on the H200 (2026-12-06,
+seventh session; docs/benchmarks.md): the rows arrived right, but from the managed,
+host-preferred banks at 2.4-7.7 GB/s, and a decode token's syncs took 87-97 ms against
+26-27 ms for these queued MLX copies (4.95-5.42 tok/s against 7.98-8.52).
 
 `SSDMOE_SLOT_MIRROR`: `auto` (default: a mirror exactly under `device` placement),
 `on` (everywhere: the CPU tests run the mirror's bookkeeping for real), `off` (never:
@@ -42,9 +40,6 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ssdmoe_tui.engine.experts.device_memory import is_cuda
-from ssdmoe_tui.engine.experts.reader import buffer_address
-from ssdmoe_tui.engine.experts.row_copy import RowCopier, copy_mode, row_copier, row_runs
 from ssdmoe_tui.engine.experts.slack import slot_array
 
 MIRROR_ENV = "SSDMOE_SLOT_MIRROR"
@@ -74,10 +69,7 @@ class SlotMirror:
     """Per bank, an array per component shaped as the host bank's, and the slots read
     into the host banks since the last `sync` (marked from any reading thread)."""
 
-    def __init__(
-        self, banks: list[dict[str, mx.array]], bank_slots: int, copy: str | None = None
-    ) -> None:
-        """`copy`: how rows cross (`direct` or `mlx`; None: `$SSDMOE_SLOT_MIRROR_COPY`)."""
+    def __init__(self, banks: list[dict[str, mx.array]], bank_slots: int) -> None:
         self.host = banks
         self.bank_slots = bank_slots
         self.banks: list[dict[str, mx.array]] = []
@@ -90,32 +82,11 @@ class SlotMirror:
             }
             self.banks.append(twin)
         self._row_bytes = sum(int(a.nbytes) // a.shape[0] for a in banks[0].values())
-        self._copier: RowCopier | None = None
-        self.copy_note = ""  # why `direct` was asked for and not used
-        cuda = is_cuda()
-        if (copy or copy_mode(cuda)) == "direct":
-            try:
-                self._copier = row_copier(cuda)
-            except (OSError, AttributeError, RuntimeError) as e:
-                self.copy_note = f"copies through MLX: no direct row copy ({e})"
-        # per bank: (host address, mirror address, bytes a row) of each component
-        self._addrs = [
-            [
-                (_address(host[name]), _address(t), int(t.nbytes) // t.shape[0])
-                for name, t in twin.items()
-            ]
-            for host, twin in zip(banks, self.banks, strict=True)
-        ]
         self._dirty: list[np.ndarray] = []
         self._lock = threading.Lock()
         self.rows = 0  # rows copied host -> mirror since the load
         self.seconds = 0.0  # host time in `sync` (its stream wait included)
         self.syncs = 0  # `sync` calls that copied something
-
-    @property
-    def copier(self) -> str:
-        """What moves the rows: the direct copier's name, or "mlx"."""
-        return "mlx" if self._copier is None else self._copier.name
 
     @property
     def row_bytes(self) -> int:
@@ -137,10 +108,9 @@ class SlotMirror:
 
     def sync(self) -> int:
         """Copy every marked row host -> mirror, before compute may read it (engine
-        thread). `direct`: done when this returns. `mlx`: queued, not waited for (the
-        layer's compute, queued after them on the same stream, reads the new rows); only
-        past `SYNC_STEP_BYTES` of rows does each step wait for the one before. Returns
-        the rows copied."""
+        thread). The copies are queued, not waited for: the layer's compute, queued after
+        them on the same stream, reads the new rows; only past `SYNC_STEP_BYTES` of rows
+        does each step wait for the one before. Returns the rows copied."""
         with self._lock:
             dirty, self._dirty = self._dirty, []
         if not dirty:
@@ -148,31 +118,9 @@ class SlotMirror:
         t0 = time.perf_counter()
         slots = np.unique(np.concatenate(dirty))
         # Kernels queued earlier may still read the mirror: once they are done (and
-        # their hold on its buffers released) the copies below update it in place.
+        # their hold on its buffers released) the scatters below update it in place.
         mx.synchronize()
         bank, row = np.divmod(slots, self.bank_slots)
-        if self._copier is not None:
-            self._copy_direct(bank, row)
-        else:
-            self._copy_mlx(bank, row)
-        self.rows += len(slots)
-        self.syncs += 1
-        self.seconds += time.perf_counter() - t0
-        return len(slots)
-
-    def _copy_direct(self, bank: np.ndarray, row: np.ndarray) -> None:
-        """The rows as memory copies, a run of consecutive rows at a time, done on return."""
-        dsts, srcs, lengths = [], [], []
-        for b in np.unique(bank).tolist():
-            first, count = row_runs(row[bank == b])
-            for src, dst, nbytes in self._addrs[b]:
-                srcs.append(src + first * nbytes)
-                dsts.append(dst + first * nbytes)
-                lengths.append(count * nbytes)
-        self._copier.copy(np.concatenate(dsts), np.concatenate(srcs), np.concatenate(lengths))
-
-    def _copy_mlx(self, bank: np.ndarray, row: np.ndarray) -> None:
-        """The rows gathered and scattered through MLX, queued (`SYNC_STEP_BYTES` apart)."""
         step = max(1, SYNC_STEP_BYTES // self._row_bytes)
         parts = []  # (bank, its rows), at most `step` rows each
         for b in np.unique(bank).tolist():
@@ -196,15 +144,12 @@ class SlotMirror:
                 out.append(m)
             queued += len(part)
         mx.async_eval(out)
+        self.rows += len(slots)
+        self.syncs += 1
+        self.seconds += time.perf_counter() - t0
+        return len(slots)
 
     def close(self) -> None:
-        if self._copier is not None:
-            self._copier.close()
         self.banks.clear()
         with self._lock:
             self._dirty = []
-
-
-def _address(a: mx.array) -> int:
-    """Where `a`'s first row starts (the reader writes the host banks by address too)."""
-    return buffer_address(memoryview(a))
