@@ -14,10 +14,11 @@ Placements (`SSDMOE_SLOT_PLACEMENT` or the `placement` argument):
   mirror of each bank that the compute reads, the rows a read filled copied host ->
   mirror before use (engine/experts/mirror.py);
 - `auto`: on MLX-CUDA, `device` when the cache holds under half of the expert set
-  (misses dominate) and the GPU has room for the mirror at its peak (`MIRROR_PEAK_FACTOR`
-  times its size within `MIRROR_ROOM_SHARE` of the free memory), else `host` there,
-  `managed` from half the expert set on (hits dominate, and a slot on the GPU is read at
-  HBM speed); nothing elsewhere (CPU, Metal: unified memory).
+  (misses dominate), the GPU has room for the mirror at its peak (`MIRROR_PEAK_FACTOR`
+  times its size within `MIRROR_ROOM_SHARE` of the free memory) and the page cache can
+  keep the model's experts (`PAGE_CACHE_SHARE` of the memory the process may use), else
+  `host` there; `managed` from half the expert set on (hits dominate, and a slot on the
+  GPU is read at HBM speed); nothing elsewhere (CPU, Metal: unified memory).
 
 Measured on an H100 (Qwen3-30B-A3B shape, 4 GiB cache = 26 % of the experts, K = 8,
 the model's routing, one process after a compile pass, docs/benchmarks.md 2026-12-06
@@ -26,7 +27,12 @@ fifth session): `device` 7.81 tok/s, `host` 6.21, `managed` 3.77 (read-ahead off
 4k-token prompt (warm) under `device` 0.765-0.774x resident against host's 0.792-0.793x,
 its MLX peak 13.5-13.8 GiB against 6.46; the real trace decoding cold from disk under 8
 and 12 GiB caps, host ahead of `device` (docs/benchmarks.md, 2026-12-06 sixth session):
-the mirror wins where the router sync bounds a token, not where the disk does.
+the mirror wins where the router sync bounds a token, not where the disk does. On an
+H200 (seventh session), the model's routing from the page cache: `device` 7.98-8.52
+tok/s against host's 6.80; cold under a 12 GiB cap (the 16 GiB of experts cannot stay
+cached): host 3.41 / 3.32 tok/s (4 / 2 GiB) against `device`'s 2.68 / 2.71. Hence
+`auto`'s page-cache condition: a model larger than the memory it may use (what this
+project is for) reads its misses from the disk, and gets host slots.
 
 Measured on an H200 (Qwen3.5-35B-A3B shape, bf16, docs/benchmarks.md): with a cache of
 24 % of the experts (27 % hits) `host` decodes 31-41 % faster than `managed`; with 71 %
@@ -50,6 +56,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ssdmoe_tui.errors import BadValueError
+from ssdmoe_tui.memory import memory_limit
 
 PLACEMENTS = ("auto", "managed", "host", "device")
 
@@ -142,16 +149,40 @@ MIRROR_ROOM_SHARE = 0.5
 MIRROR_PEAK_FACTOR = 3.0
 
 
-def choose_placement(want: str, share: float, cuda: bool, mirror_fits: bool = False) -> str:
+# `auto` mirrors the slots only where the model's experts fit in this share of the memory
+# the process may use (MemAvailable, within its cgroup's limit): there the misses come
+# from the page cache once warm, where the mirror measured ahead; otherwise from the disk,
+# where host slots did (module docstring). The rest stays for the banks, the KV cache and
+# what else the machine runs.
+PAGE_CACHE_SHARE = 0.8
+
+
+def choose_placement(
+    want: str, share: float, cuda: bool, mirror_fits: bool = False, cached: bool = False
+) -> str:
     """The placement to apply: "none" off MLX-CUDA; `auto` resolved by the cache's share
-    of the expert set and whether a device mirror of it fits (`mirror_fits`)."""
+    of the expert set, whether a device mirror of it fits (`mirror_fits`) and whether the
+    page cache can keep the model's experts (`cached`)."""
     if not cuda:
         return "none"
     if want == "auto":
         if share >= HOST_BELOW_SHARE:
             return "managed"
-        return "device" if mirror_fits else "host"
+        return "device" if mirror_fits and cached else "host"
     return want
+
+
+def page_cache_room() -> int:
+    """Bytes the page cache may hold for this process: MemAvailable, within the memory
+    limit of its cgroup where one is set (memory.py)."""
+    lim = memory_limit()
+    room = lim.mem_available
+    return room if lim.cgroup_limit is None else min(room, lim.cgroup_limit)
+
+
+def page_cache_keeps(expert_bytes: int, room: int) -> bool:
+    """Whether `expert_bytes` of experts stay in a page cache of `room` bytes."""
+    return expert_bytes <= PAGE_CACHE_SHARE * room
 
 
 def gpu_free_bytes() -> int | None:
@@ -170,6 +201,26 @@ def mirror_fits(nbytes: int, free: int | None) -> bool:
     return free is not None and MIRROR_PEAK_FACTOR * nbytes <= MIRROR_ROOM_SHARE * free
 
 
+def host_note(
+    cached: bool, fits: bool, experts: int, room: int, nbytes: int, free: int | None
+) -> str:
+    """Why `auto` kept the slots on the host and mirrored nothing (each reason that held)."""
+    why = []
+    if not cached:
+        why.append(
+            f"the model's {experts / 2**30:.1f} GiB of experts would not stay in the page"
+            f" cache ({room / 2**30:.1f} GiB of memory to use): misses come from the disk,"
+            " where host slots measured ahead of a device mirror"
+        )
+    if not fits:
+        gpu = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
+        why.append(
+            f"no GPU room for a device mirror of {nbytes / 2**30:.1f} GiB (its copies at"
+            f" their peak: {MIRROR_PEAK_FACTOR:g}x; free: {gpu})"
+        )
+    return "; ".join(why)
+
+
 def place_slots(
     buffers: list[tuple[int, int]], placement: str | None = None, share: float = 0.0
 ) -> PlacementResult:
@@ -180,19 +231,20 @@ def place_slots(
     want = requested_placement(placement)
     cuda = is_cuda()
     nbytes = sum(size for _, size in buffers)
-    free = gpu_free_bytes() if cuda and want == "auto" else None
-    got = choose_placement(want, share, cuda, mirror_fits(nbytes, free))
+    asks = cuda and want == "auto"
+    free = gpu_free_bytes() if asks else None
+    fits = mirror_fits(nbytes, free)
+    experts = int(nbytes / share) if share > 0 else 0  # the whole expert set, in slot bytes
+    room = max(page_cache_room() - nbytes, 0) if asks else 0  # less the host banks
+    cached = asks and page_cache_keeps(experts, room)
+    got = choose_placement(want, share, cuda, fits, cached)
     if got == "none":
         return PlacementResult("none", "" if want == "auto" else "not on MLX-CUDA")
     if got == "managed":
         return PlacementResult("managed")
     note = ""
     if want == "auto" and got == "host":
-        room = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
-        note = (
-            f"no GPU room for a device mirror of {nbytes / 2**30:.1f} GiB (its copies at"
-            f" their peak: {MIRROR_PEAK_FACTOR:g}x; free: {room})"
-        )
+        note = host_note(cached, fits, experts, room, nbytes, free)
     try:
         drv = _get_driver()
     except (OSError, AttributeError) as e:
