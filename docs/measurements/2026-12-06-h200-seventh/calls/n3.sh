@@ -1,3 +1,4 @@
+# As run at c5493b2 (its mirror copy probe and the `devmlx` way were removed in ec85f09).
 # after n1.sh on the same machine (no carry), if its probe passed: the mirror's direct row
 # copies against MLX's in decode, the model's own routing, Q30, 4 GiB, K = 8, the page
 # cache warm, read-ahead off / on alternating (the fifth session's `device` 7.81 tok/s,

@@ -1,3 +1,4 @@
+# As run at c5493b2 (its mirror copy probe and the `devmlx` way were removed in ec85f09).
 # carry [".whlB", ".devsite", ".benchcfg"], after ../../2026-12-06-h100-sixth/calls/a.sh
 # (restores the PTX folder) and b.sh: install, build Q30, then
 # (1) the mirror's direct row copies (row_copy.py: cuMemcpyAsync) checked against the host

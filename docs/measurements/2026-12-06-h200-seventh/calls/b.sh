@@ -1,0 +1,2 @@
+# carry [".whlC"]
+cp .whlC/* /root/stash/ && ls /root/stash
