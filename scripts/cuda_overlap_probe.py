@@ -19,7 +19,9 @@ One JSON line per case (median ms over the rounds) and a summary line. Under MLX
 with host-placed slots it also times the other way to move the same rows: migrating
 their pages to the GPU with `cuMemPrefetchAsync` on a CUDA stream of its own (the copy
 engines' DMA, no SMs), alone (`migrate_gb_s` against `copy_gb_s`) and while the compute
-runs (`migrate_overlap_share`), the pages sent back to the host before each round. On
+runs (`migrate_overlap_share`), the way back likewise (`return_gb_s`,
+`return_overlap_share`), and the CPU writing those rows with their pages on the host or
+left on the GPU (`cpu_write_gb_s`: what a refill costs with and without the way back). On
 the CPU it runs too, small, with no migration (each MLX stream is a thread there), which
 is how it is tried.
 """
@@ -67,26 +69,45 @@ class _Migrator:
         self.wait(self.stream)
 
 
+# The timed moves: (name, pages start on the GPU, what is timed). A long chunk staged by
+# migration would send layer l+1's rows to the GPU while layer l computes, compute from
+# them in place, and send them back before the reader refills the slots: the way back
+# beside the compute, and the CPU's write to pages left on the GPU (the page faults that
+# made `managed` slots slow) against pages sent back, price that design.
+_MOVES = (
+    ("to_gpu", False, "move"),
+    ("to_host", True, "move"),
+    ("to_gpu_with_compute", False, "move+compute"),
+    ("to_host_with_compute", True, "move+compute"),
+    ("cpu_write_host_pages", False, "write"),
+    ("cpu_write_gpu_pages", True, "write"),
+)
+
+
 def _migrate_ms(slots: mx.array, rows: np.ndarray, compute, rounds: int) -> dict:  # noqa: ANN001
-    """Median ms: the rows' pages to the GPU alone; back to the host; to the GPU while
-    `compute` runs (the pages back on the host before each timed move)."""
+    """Median ms of each move in `_MOVES`: the rows' pages to the GPU or back, alone and
+    while `compute` runs, and the CPU writing the rows (as the reader refills slots) with
+    their pages on the host or on the GPU (placed there before each timed round)."""
     m = _Migrator(slots, rows)
-    out: dict[str, list[float]] = {"to_gpu": [], "to_host": [], "to_gpu_with_compute": []}
+    out: dict[str, list[float]] = {name: [] for name, _, _ in _MOVES}
     for _ in range(rounds):
-        for name in out:
-            if name != "to_host":  # start from host pages
-                m.start(False)
-                m.finish()
+        for name, on_gpu, what in _MOVES:
+            m.start(on_gpu)
+            m.finish()
             mx.synchronize()
             t0 = time.perf_counter()
-            if name == "to_gpu_with_compute":
+            if what == "write":
+                for ptr, size in m.ranges:
+                    ctypes.memset(ptr, 2, size)
+            elif what == "move+compute":
                 y = compute()
                 mx.async_eval(y)
-                m.start(True)
+                m.start(not on_gpu)
                 mx.eval(y)
+                m.finish()
             else:
-                m.start(name == "to_gpu")
-            m.finish()
+                m.start(not on_gpu)
+                m.finish()
             out[name].append((time.perf_counter() - t0) * 1e3)
     return {name: statistics.median(ms) for name, ms in out.items()}
 
@@ -199,9 +220,16 @@ def main() -> None:
         mig = _migrate_ms(slots, picked, compute, a.rounds)
         summary["migrate_ms"] = {k: round(v, 3) for k, v in mig.items()}
         summary["migrate_gb_s"] = round(copied / mig["to_gpu"] / 1e6, 2)
-        summary["migrate_overlap_share"] = round(
-            (got["compute"] + mig["to_gpu"] - mig["to_gpu_with_compute"]) / mig["to_gpu"], 3
-        )
+        for way in ("to_gpu", "to_host"):
+            key = "migrate_overlap_share" if way == "to_gpu" else "return_overlap_share"
+            summary[key] = round(
+                (got["compute"] + mig[way] - mig[f"{way}_with_compute"]) / mig[way], 3
+            )
+        summary["return_gb_s"] = round(copied / mig["to_host"] / 1e6, 2)
+        summary["cpu_write_gb_s"] = {
+            where: round(copied / mig[f"cpu_write_{where}_pages"] / 1e6, 2)
+            for where in ("host", "gpu")
+        }
     print(json.dumps(summary))
 
 
