@@ -14,7 +14,7 @@
 # Steps (STEPS picks them; each writes into OUTDIR as it finishes, so a timeout keeps what
 # ran; a step that cannot finish before DEADLINE_S is skipped and says so):
 #   q30    build the random Qwen3-30B-A3B-shaped checkpoint (48 layers) at Q30 if missing
-#   vs     every expert held (64G: all 6144 slots, managed), uncapped: the engine's batch
+#   vs     every expert held (64G: all 6144 slots, managed by `auto`), uncapped: the engine's batch
 #          against mlx-lm's resident BatchGenerator in one process, B = 1,2,4,8, rounds
 #          alternating (order of B and of the two flips each round) until VS_ROUNDS or
 #          VS_S seconds after its warm-up, medians; the batch-invariant mode at B = INV_BATCH beside them;
@@ -53,7 +53,9 @@ TAG=gpu_batch
 # the cgroup helpers: one copy
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-export SSDMOE_SLOT_PLACEMENT=${SSDMOE_SLOT_PLACEMENT:-managed}
+# slot placement: what `auto` picks for users (every expert held: managed; the trace's 4 GiB
+# under the cap, whose 16 GiB of experts cannot stay cached: host slots), unless
+# SSDMOE_SLOT_PLACEMENT says otherwise (before 2026-12-06 this script pinned managed)
 
 if want q30; then
   if [ -n "${SMALL_HIDDEN:-}" ] && [ ! -f "$Q30/config.json" ]; then
