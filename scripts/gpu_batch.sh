@@ -14,7 +14,7 @@
 # Steps (STEPS picks them; each writes into OUTDIR as it finishes, so a timeout keeps what
 # ran; a step that cannot finish before DEADLINE_S is skipped and says so):
 #   q30    build the random Qwen3-30B-A3B-shaped checkpoint (48 layers) at Q30 if missing
-#   vs     every expert held (64G: all 6144 slots, managed by `auto`), uncapped: the engine's batch
+#   vs     every expert held (64G: all 6144 slots, `auto`: managed), uncapped: the engine's batch
 #          against mlx-lm's resident BatchGenerator in one process, B = 1,2,4,8, rounds
 #          alternating (order of B and of the two flips each round) until VS_ROUNDS or
 #          VS_S seconds after its warm-up, medians; the batch-invariant mode at B = INV_BATCH beside them;
@@ -35,9 +35,9 @@
 # (1,4), TRACE_CACHE (4G), JOIN_TOKENS (1024; 0: no join probe), WARMUP (1), WARMUP_TOKENS
 # (32), VS_ARGS (more batch_vs_mlx.py arguments for the vs step, e.g. "--bg-streamed
 # --host-split": BatchGenerator over the engine's own layers and each side's host time per
-# step, which place a gap in the loop or in the layer), INVARIANCE (1; 0: the vs step skips the rows-alone check, which on the H100 on
-# 2026-12-05 ran ~300 s past its rounds and left the trace step no time), PYTHON (python3),
-# STEPS (q30,vs,trace).
+# step, which place a gap in the loop or in the layer), INVARIANCE (1; 0: the vs step
+# skips the rows-alone check, which on the H100 on 2026-12-05 ran ~300 s past its rounds
+# and left the trace step no time), PYTHON (python3), STEPS (q30,vs,trace).
 # On a CPU (the plumbing, small sizes): SMALL_LAYERS=4 SMALL_HIDDEN=128 build a small
 # qwen3_moe with the trace's 128 experts at Q30 instead of the real shape, e.g.
 #   Q30=/tmp/q-small SMALL_LAYERS=4 SMALL_HIDDEN=128 CAP_GIB=0 TRACE_CACHE=8M \
