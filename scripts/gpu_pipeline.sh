@@ -17,8 +17,9 @@
 #            cache serial and pipelined in one process (4G serial first, 2G pipelined first
 #            since the sixth session of 2026-12-06), 4G then 2G, one process under a
 #            CAP_GIB (8) cap and one under CAP12_GIB (12); slots as `auto` places them
-#            (under half the experts: a device mirror where the GPU has room, host slots
-#            before 2026-12-06 fifth session); decode/ceiling in achieved_over_ceiling
+#            (under these caps the 16 GiB of experts cannot stay cached: host slots since
+#            the seventh session of 2026-12-06; a device mirror in the fifth and sixth,
+#            host before); decode/ceiling in achieved_over_ceiling
 #   modelcold (not in the default STEPS) the model's own routing, K = 8, 4G then 2G, cold,
 #            under the CAP12_GIB cap, decode read-ahead off / on (`--prefetch both`), one
 #            process with host slots and one with `device` (a mirror): where the disk and

@@ -92,6 +92,14 @@ class MemoryLimit:
             avail = min(avail, self.cgroup_limit - (self.cgroup_usage or 0))
         return max(avail, 0)
 
+    @property
+    def cache_room(self) -> int:
+        """What the page cache may hold for this process: MemAvailable within the cgroup's
+        limit (not less its usage, which counts the page cache itself)."""
+        if self.cgroup_limit is None:
+            return self.mem_available
+        return min(self.mem_available, self.cgroup_limit)
+
     def describe(self) -> str:
         s = f"MemAvailable {human_bytes(self.mem_available)}"
         if self.cgroup_limit is not None:

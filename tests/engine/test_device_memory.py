@@ -46,7 +46,8 @@ def test_the_page_cache_keeps_the_experts_in_four_fifths_of_the_memory_to_use() 
     # this machine: MemAvailable within the cgroup's limit (memory.py), read for real
     from ssdmoe_tui.memory import memory_limit
 
-    room, lim = dm.page_cache_room(), memory_limit()
+    lim = memory_limit()
+    room = lim.cache_room
     assert 0 < room <= lim.mem_available
     assert lim.cgroup_limit is None or room <= lim.cgroup_limit
 

@@ -172,14 +172,6 @@ def choose_placement(
     return want
 
 
-def page_cache_room() -> int:
-    """Bytes the page cache may hold for this process: MemAvailable, within the memory
-    limit of its cgroup where one is set (memory.py)."""
-    lim = memory_limit()
-    room = lim.mem_available
-    return room if lim.cgroup_limit is None else min(room, lim.cgroup_limit)
-
-
 def page_cache_keeps(expert_bytes: int, room: int) -> bool:
     """Whether `expert_bytes` of experts stay in a page cache of `room` bytes."""
     return expert_bytes <= PAGE_CACHE_SHARE * room
@@ -235,7 +227,7 @@ def place_slots(
     free = gpu_free_bytes() if asks else None
     fits = mirror_fits(nbytes, free)
     experts = int(nbytes / share) if share > 0 else 0  # the whole expert set, in slot bytes
-    room = max(page_cache_room() - nbytes, 0) if asks else 0  # less the host banks
+    room = max(memory_limit().cache_room - nbytes, 0) if asks else 0  # less the host banks
     cached = asks and page_cache_keeps(experts, room)
     got = choose_placement(want, share, cuda, fits, cached)
     if got == "none":
