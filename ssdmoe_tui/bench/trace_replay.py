@@ -49,6 +49,7 @@ class ReplayResult:
     # (a prefetched expert still counts as a miss: its bytes came from disk), and wasted
     prefetch_issued: int = 0
     prefetch_used: int = 0
+    counted_steps: int = 0  # decode tokens the counted lookups come from
 
     @property
     def hit_rate(self) -> float:
@@ -79,6 +80,7 @@ class _Lookups:
     step_ends: list[int]  # index into cells after which policy.step() runs
     max_selection: int  # widest decode selection (a prefill union may be wider)
     decode: list[bool] | None = None  # per cell: a decode step's (prefetch runs there)
+    counted_steps: int = 0  # decode steps counted (after the warm-up)
 
     def grouped(self, capacity: int) -> _Lookups:
         """Cells wider than the cache split into groups of `capacity` keys, in order: what
@@ -100,7 +102,7 @@ class _Lookups:
         while nxt != -1:
             ends.append(len(cells))
             nxt = next(it, -1)
-        return _Lookups(cells, ends, self.max_selection, decode)
+        return _Lookups(cells, ends, self.max_selection, decode, self.counted_steps)
 
 
 def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
@@ -125,7 +127,7 @@ def _flatten(trace: Trace, decode_only: bool, warmup: int) -> _Lookups:
                 if step.phase == DECODE:
                     widest = max(widest, len(keys))
         ends.append(len(cells))
-    return _Lookups(cells, ends, widest, decode)
+    return _Lookups(cells, ends, widest, decode, max(0, decode_seen - warmup))
 
 
 def _run(
@@ -276,6 +278,7 @@ def replay(
         seconds=time.perf_counter() - t0,
         prefetch_issued=issued,
         prefetch_used=used,
+        counted_steps=flat.counted_steps,
     )
 
 

@@ -58,6 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also replay the engine's co-occurrence prefetch (issued, used, wasted experts)",
     )
+    r.add_argument(
+        "--rows", type=int, default=1, metavar="B",
+        help="B sequences decoding together, each from its own offset of the trace (as "
+        "`bench --batch` routes them), one cache: also prints each policy's misses per "
+        "token per sequence against one sequence's (what batching saves in bytes)",
+    )  # fmt: skip
     r.add_argument("--json", metavar="OUT", help="also write the results as JSON ('-': stdout)")
     p.set_defaults(func=run)
     r.set_defaults(func=run)
@@ -85,40 +91,108 @@ def run(args: argparse.Namespace) -> int:
         raise BadValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.decode_tokens is not None and args.decode_tokens < 1:
         raise BadValueError(f"--decode-tokens must be >= 1, got {args.decode_tokens}")
+    if args.rows < 1:
+        raise BadValueError(f"--rows must be >= 1, got {args.rows}")
+    if args.rows > 1 and args.per_layer:
+        raise BadValueError("--rows replays one global cache, not --per-layer")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     for p in policies:
         if p != BELADY:
             make_policy(p, 1, 1)  # validates the name before any work
     trace = read_trace(args.trace)
-    if args.decode_tokens is not None:
-        trace = trace.head(args.decode_tokens)
+    # rows before head: the rows' offsets spread over the whole trace, as the bench's;
+    # each row alone over the same steps is its one-sequence baseline
+    cut = (lambda t: t) if args.decode_tokens is None else (lambda t: t.head(args.decode_tokens))
+    alone = [cut(trace.rows(args.rows, i)) for i in range(args.rows)] if args.rows > 1 else []
+    trace = cut(trace.rows(args.rows))
     meta = trace.meta
     layers, k = max(1, meta.num_layers), meta.k
     if args.per_layer and args.budget_mib:
         raise BadValueError("--per-layer takes --budget (experts per layer), not --budget-mib")
     budgets = _budgets(args, meta, layers, k)
 
-    results = []
-    for label, slots in budgets:
-        for p in policies:
-            res = replay(
-                trace,
+    def replayed(tr) -> list:  # noqa: ANN001 - a Trace
+        return [
+            (label, replay(
+                tr,
                 p,
                 slots,
                 per_layer=args.per_layer,
                 decode_only=args.decode_only,
                 warmup=args.warmup,
                 prefetch=args.prefetch and p != BELADY,
-            )
-            results.append((label, res))
+            ))
+            for label, slots in budgets
+            for p in policies
+        ]  # fmt: skip
 
+    results = replayed(trace)
+    singles = [replayed(t) for t in alone] or None
     _print_header(args, trace, layers, results)
     _print_table(budgets, policies, results, per_layer=args.per_layer, layers=layers)
+    if singles is not None:
+        _print_rows(args.rows, budgets, policies, results, singles)
     if args.prefetch:
         _print_prefetch(meta, results)
     if args.json:
-        _write_json(args, trace, layers, results)
+        _write_json(args, trace, layers, results, singles)
     return 0
+
+
+def _misses_per_sequence(res, rows: int, tokens: int) -> float:  # noqa: ANN001 - ReplayResult
+    """Counted misses a decode token per sequence."""
+    return (res.lookups - res.hits) / max(1, tokens * rows)
+
+
+def _rows_figures(rows: int, results: list, singles: list[list], tokens: int) -> list[tuple]:
+    """Per (budget, policy): misses a token per sequence for `rows` rows together, the
+    mean of each row alone, and their ratio (the bytes a token per sequence batching
+    leaves, against one stream; the bench's B = 1 is row 0 alone)."""
+    out = []
+    for i, (label, res) in enumerate(results):
+        b = _misses_per_sequence(res, rows, tokens)
+        s = sum(_misses_per_sequence(one[i][1], 1, tokens) for one in singles) / len(singles)
+        out.append((label, res.policy, b, s, b / s if s else float("nan")))
+    return out
+
+
+def _print_rows(rows: int, budgets, policies, results: list, singles: list[list]) -> None:  # noqa: ANN001
+    """--rows: each policy's misses a token per sequence, B rows against one."""
+    tokens = _counted_tokens(results)
+    figures = {
+        (lb, p): (b, s, r) for lb, p, b, s, r in _rows_figures(rows, results, singles, tokens)
+    }
+    print(
+        f"misses a decode token per sequence, {rows} rows together / each alone (mean) "
+        f"(x: the bytes a token per sequence batching leaves), over {tokens} decode steps:"
+    )
+    head = ["budget", *policies]
+    table = [head] + [
+        [label]
+        + [
+            f"{figures[label, p][0]:.1f}/{figures[label, p][1]:.1f} {figures[label, p][2]:.2f}x"
+            for p in policies
+        ]
+        for label, _ in budgets
+    ]
+    _print_aligned(table)
+
+
+def _counted_tokens(results: list) -> int:
+    """The decode tokens the counted lookups come from (the same in every result)."""
+    return results[0][1].counted_steps if results else 0
+
+
+def _print_aligned(table: list[list[str]]) -> None:
+    """Rows of cells: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        print(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
 
 
 def _budgets(args: argparse.Namespace, meta, layers: int, k: int) -> list[tuple[str, int]]:  # noqa: ANN001
@@ -182,7 +256,9 @@ def _print_prefetch(meta, results: list) -> None:  # noqa: ANN001
         )
 
 
-def _write_json(args: argparse.Namespace, trace, layers: int, results: list) -> None:  # noqa: ANN001
+def _write_json(
+    args: argparse.Namespace, trace, layers: int, results: list, singles: list | None
+) -> None:  # noqa: ANN001
     """--json: the results to stdout (`-`) or atomically to a file."""
     meta = trace.meta
     doc = {
@@ -200,6 +276,19 @@ def _write_json(args: argparse.Namespace, trace, layers: int, results: list) -> 
         "decode_steps": trace.decode_steps(),
         "results": [{"budget": label, **res.to_json()} for label, res in results],
     }
+    if singles is not None:
+        tokens = _counted_tokens(results)
+        doc["rows"] = args.rows
+        doc["rows_vs_one"] = [
+            {
+                "budget": label,
+                "policy": policy,
+                "misses_per_token_per_sequence": round(b, 4),
+                "one_sequence_misses_per_token": round(s, 4),
+                "vs_one": round(r, 4),
+            }
+            for label, policy, b, s, r in _rows_figures(args.rows, results, singles, tokens)
+        ]
     text = json.dumps(doc, indent=1)
     if args.json == "-":
         print(text)
@@ -228,11 +317,4 @@ def _print_table(budgets, policies, results, *, per_layer: bool, layers: int) ->
         f"{sum(r.us_per_lookup for lb, r in results if r.policy == p) / len(budgets):.2f}"
         for p in policies
     ]
-    widths = [max(len(r[i]) for r in [head, *rows, timing]) for i in range(len(head))]
-    for r in [head, *rows, timing]:
-        print(
-            "  ".join(
-                c.rjust(w) if i else c.ljust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
+    _print_aligned([head, *rows, timing])
