@@ -1,11 +1,9 @@
-# after v.sh of ../../2026-12-06-h200-seventh/calls/ on the same machine (no carry: the
-# wheels, Q30 and the PTX folder are there): the overlap probe again (the pages' way back
-# beside the compute, the CPU's refill), then the batch gap's pad guard priced: the vs
-# step at B = 4, 8 with SSDMOE_QMM_PAD off and on, one process each, order off/auto/off
+# after x.sh on the same machine (no carry: the wheels, Q30 and the PTX folder are there):
+# the batch gap's pad guard priced: every expert held against BatchGenerator at B = 4, 8
+# with SSDMOE_QMM_PAD off and `auto` (on, under MLX-CUDA), one process each, order
+# off / auto / off (drift: compare neighbours)
 T0=$(date +%s)
 source scripts/gpu_env.sh
-timeout 150 python3 scripts/cuda_overlap_probe.py --placement host > $OUT/overlap2.jsonl 2>&1
-echo "probe exit $? +$(( $(date +%s)-T0 ))s"
 i=0
 for pad in off auto off; do
   i=$((i+1))
