@@ -40,6 +40,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.experts.banks import rows_by_bank
 from ssdmoe_tui.engine.experts.slack import slot_array
 
 MIRROR_ENV = "SSDMOE_SLOT_MIRROR"
@@ -120,11 +121,9 @@ class SlotMirror:
         # Kernels queued earlier may still read the mirror: once they are done (and
         # their hold on its buffers released) the scatters below update it in place.
         mx.synchronize()
-        bank, row = np.divmod(slots, self.bank_slots)
         step = max(1, SYNC_STEP_BYTES // self._row_bytes)
         parts = []  # (bank, its rows), at most `step` rows each
-        for b in np.unique(bank).tolist():
-            mine = row[bank == b]
+        for b, mine in rows_by_bank(slots, self.bank_slots):
             parts += [(b, part) for part in np.array_split(mine, -(-len(mine) // step))]
         out: list[mx.array] = []
         queued = 0  # rows in `out`: a decode step's few rows never wait

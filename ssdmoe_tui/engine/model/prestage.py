@@ -55,6 +55,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ssdmoe_tui.engine.experts.banks import rows_by_bank
+
 
 @dataclass(frozen=True)
 class Prestaged:
@@ -121,8 +123,7 @@ def gather_rows(of, bank_slots: int, slots: np.ndarray, stream=None) -> dict[str
     """Projection -> (weight, scales, biases, bias) rows of `slots` (ascending: the rows
     come in that order, bank by bank), copied by the device from `of(bank)` (a cache's
     `bank_arrays` or `host_bank_arrays`), on `stream` (None: the default one)."""
-    bank, row = np.divmod(slots, bank_slots)
-    picks = [(int(b), mx.array(row[bank == b].astype(np.uint32))) for b in np.unique(bank)]
+    picks = [(b, mx.array(rows.astype(np.uint32))) for b, rows in rows_by_bank(slots, bank_slots)]
     arrays = {}
     for proj, proj_parts in of(picks[0][0]).items():
         parts = []
