@@ -192,6 +192,26 @@ def unused_row(size: int, used: np.ndarray, avoid: np.ndarray) -> int:
     return int(free[0]) if len(free) else int(np.min(used))
 
 
+def dense_unique(ids: np.ndarray) -> np.ndarray:
+    """`np.unique(ids)` for small non-negative integers (expert or slot ids), in ids'
+    dtype, by counting instead of sorting: a 4,096-token chunk's 32,768 router indices
+    took 0.48-0.57 ms to sort on the 2-core VM and 0.07 ms to count, on the host while the
+    device waits for the layer."""
+    flat = ids.reshape(-1)
+    return np.flatnonzero(np.bincount(flat.astype(np.intp, copy=False))).astype(flat.dtype)
+
+
+def dense_rank(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`used`, `rank`): `used` = dense_unique(ids), and each id's position in `used`,
+    shaped as `ids`: `np.searchsorted(np.unique(ids), ids)` without the two sorts (a
+    long chunk's 32,768 slot ids: 0.18 against 2.4 ms on the 2-core VM)."""
+    flat = ids.reshape(-1)
+    present = np.bincount(flat.astype(np.intp, copy=False)) > 0
+    order = np.cumsum(present) - 1  # an id's rank among the ids present
+    used = np.flatnonzero(present).astype(flat.dtype)
+    return used, order[flat].reshape(ids.shape)
+
+
 def _combine(parts: list[tuple[mx.array, np.ndarray]], y: mx.array | None = None) -> mx.array:
     """Each row from its own call: `parts` are (y, rows taken from it) in order."""
     for yb, mine in parts:
@@ -360,8 +380,8 @@ class StreamedSwitch(nn.Module):
         every row's arithmetic is the call's as on the slots (one call of mlx-lm's shape,
         whatever the banks)."""
         self._times.staged_calls += 1
-        used = np.unique(slots)
-        idx = mx.array(np.searchsorted(used, slots).astype(np.uint32))
+        used, rank = dense_rank(slots)
+        idx = mx.array(rank.astype(np.uint32))
         return self._run(x, idx, slots.shape, self._gather_slots(used), do_sort)
 
     def _gather_slots(self, used: np.ndarray) -> dict[str, tuple]:
@@ -542,7 +562,7 @@ class StreamedSwitch(nn.Module):
             if len(uniq) > 1 and (uniq[1:] == uniq[:-1]).any():
                 uniq = np.unique(uniq)
         else:
-            uniq = np.unique(host)
+            uniq = dense_unique(host)
         if host.ndim >= 2 and host.shape[-2] == 1:
             times.union_experts += len(uniq)
             times.union_calls += 1
@@ -604,7 +624,7 @@ class StreamedSwitch(nn.Module):
                 # this layer's experts. The next layer then reads only what it missed.
                 mx.async_eval(y)
                 self._times.readahead_calls += 1
-                nxt = np.unique(np.array(chunk_pred, copy=False))
+                nxt = dense_unique(np.array(chunk_pred, copy=False))
             elif (
                 cache.predictor is not None
                 and host.size == host.shape[-1]
