@@ -274,6 +274,20 @@ def test_rows_union_the_rows_steps_from_their_offsets(qwen) -> None:
         qwen.rows(4, only=4)
 
 
+def test_rows_keep_a_later_turns_prefill_where_it_was() -> None:
+    """A two-turn recording (prefill, decode, prefill, decode): the second prompt's
+    prefill stays between the turns' decode steps, which become the rows' unions."""
+    from ssdmoe_tui.engine.policy.traces import Trace, TraceStep
+
+    steps = [TraceStep(0, PREFILL, [(0, (1, 2))]), TraceStep(1, DECODE, [(0, (3,))]),
+             TraceStep(2, PREFILL, [(0, (4, 5))]), TraceStep(3, DECODE, [(0, (6,))])]  # fmt: skip
+    two = Trace(TraceMeta(model="m", k=1, num_layers=1, num_experts=8), steps).rows(2)
+    assert [(s.token, s.phase, s.layers) for s in two.steps] == [
+        (0, PREFILL, [(0, (1, 2))]), (1, DECODE, [(0, (3, 6))]),
+        (2, PREFILL, [(0, (4, 5))]), (3, DECODE, [(0, (6, 3))]),
+    ]  # fmt: skip
+
+
 def test_cli_rows_prices_what_batching_saves(tmp_path, capsys) -> None:
     """`--rows 4` on the real Qwen3-30B trace at 4 GiB: the default policy leaves 0.85x a
     sequence's misses (the engine's batch measured 0.87-0.88x on the H200 and H100);

@@ -105,8 +105,8 @@ class Trace:
         its own offset (`decode_steps() * i // b`, wrapping), as `bench --batch` routes its
         rows (scripts/batch_bench.py): each decode step becomes one step whose layers hold
         the rows' union, in row order, what a batched pass asks the cache for. Prefill
-        steps are kept once (every row's prompt routes to the same prefill union).
-        `only`: row `only` alone, over the same steps (its one-sequence baseline)."""
+        steps are kept once, where they are (every row's prompt routes to the same prefill
+        union). `only`: row `only` alone, over the same steps (its one-sequence baseline)."""
         if b < 1:
             raise BadValueError(f"rows must be >= 1, got {b}")
         if only is not None and not 0 <= only < b:
@@ -118,14 +118,19 @@ class Trace:
         offsets = [n * i // b for i in range(b)]
         if only is not None:
             offsets = [offsets[only]]
-        steps = [s for s in self.steps if s.phase != DECODE]
-        for t in range(n):
+        steps = []
+        t = 0  # decode steps so far
+        for step in self.steps:
+            if step.phase != DECODE:
+                steps.append(step)
+                continue
             cells: dict[int, dict[int, None]] = {}
             for o in offsets:
                 for layer, ids in decode[(o + t) % n].layers:
                     cells.setdefault(layer, {}).update(dict.fromkeys(ids))
             layers = [(la, tuple(ids)) for la, ids in cells.items()]
-            steps.append(TraceStep(decode[t].token, DECODE, layers))
+            steps.append(TraceStep(step.token, DECODE, layers))
+            t += 1
         return Trace(self.meta, steps)
 
 
