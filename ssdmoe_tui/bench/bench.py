@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ssdmoe_tui.bench import storage, system, thermal
 from ssdmoe_tui.errors import BadValueError, ModelError
+from ssdmoe_tui.memory import MemoryLimit, memory_limit
 from ssdmoe_tui.options import CacheBudget, EngineOptions, check_k, parse_choice
 from ssdmoe_tui.units import human_bytes
 from ssdmoe_tui.user_files import MODEL_JSON_MAX, read_regular
@@ -512,7 +513,7 @@ def resident_baseline(
     return out
 
 
-def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: system.MemoryLimit) -> str | None:
+def _baseline_decision(opts: BenchOptions, ckpt_bytes: int, mem: MemoryLimit) -> str | None:
     """None to run the baseline; else the line saying why it cannot/does not run."""
     if opts.baseline == "skip":
         return "skipped (--baseline skip)"
@@ -630,7 +631,7 @@ class _BenchSetup:
     ks: list[int]
     routing_label: str
     ckpt_bytes: int
-    mem: system.MemoryLimit
+    mem: MemoryLimit
     shards: list[Path]
     read_index: object  # the index the cache reads through (shards or repacked copy)
     source: str
@@ -676,7 +677,7 @@ def _bench_setup(opts: BenchOptions) -> _BenchSetup:
     for k in ks:
         check_k(k, index.num_experts)
     ckpt_bytes = _checkpoint_bytes(path, index)
-    mem = system.memory_limit()
+    mem = memory_limit()
     shards = _shard_paths(path, index)
     read_index, source, source_note = resolve_expert_source(path, index, eng.experts)
     if source == "repacked":  # cold/warm handling and the disk test cover the copy read

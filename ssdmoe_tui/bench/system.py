@@ -1,9 +1,9 @@
-"""Machine conditions for `ssdmoe bench`: page-cache control, memory limits, versions.
+"""Machine conditions for `ssdmoe bench`: page-cache control, versions (the memory
+limits are `ssdmoe_tui.memory`'s).
 
 Every benchmark number is only as good as the conditions it records, so this module
 says what it did (or could not do) instead of assuming: whether the page cache was
-really dropped, which memory limit applies (cgroup limits count, MemAvailable alone
-lies inside a container), and which software measured.
+really dropped and which software measured.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ssdmoe_tui.engine.experts.iostats import reset_peak_rss  # noqa: F401 - the bench's per-run reset
-from ssdmoe_tui.memory import MemoryLimit, memory_limit  # noqa: F401 - the bench's conditions
 
 
 @dataclass(frozen=True)

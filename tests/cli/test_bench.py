@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ssdmoe_tui.bench.bench import BenchOptions, _baseline_decision, fixed_prompt
-from ssdmoe_tui.bench.system import MemoryLimit, memory_limit
 from ssdmoe_tui.cli import main
+from ssdmoe_tui.memory import MemoryLimit, memory_limit
 from ssdmoe_tui.options import EngineOptions
 
 KS = [4, 2]
