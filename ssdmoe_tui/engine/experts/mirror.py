@@ -87,7 +87,6 @@ class SlotMirror:
         self._lock = threading.Lock()
         self.rows = 0  # rows copied host -> mirror since the load
         self.seconds = 0.0  # host time in `sync` (its stream wait included)
-        self.syncs = 0  # `sync` calls that copied something
 
     @property
     def row_bytes(self) -> int:
@@ -144,7 +143,6 @@ class SlotMirror:
             queued += len(part)
         mx.async_eval(out)
         self.rows += len(slots)
-        self.syncs += 1
         self.seconds += time.perf_counter() - t0
         return len(slots)
 
