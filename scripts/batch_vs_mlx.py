@@ -15,9 +15,12 @@ loop around the model differs; against `BatchGenerator` over mlx-lm's model only
 and where its weights sit. So a gap on the GPU is placed: in the loop (host work per step)
 or in the layer (the device's work). `--host-split` times each side's forward calls
 (graph building, `TimedModel`) and reads the engine's build/sync split (BatchFigures):
-JSON `summary[].host_ms_per_step[kind]` = {step, model, build, queue, sync} ms per step of
-the window (on a GPU, a host-bound pipelined step: build + queue ~ step, sync ~ 0; a
-device-bound one: sync large; on the CPU `queue` is the compute itself).
+JSON `summary[].host_ms_per_step[kind]` = {step, model, build, queue, sync, deliver,
+to_host, other} ms per step of the window (on a GPU, a host-bound pipelined step: build +
+queue ~ step, sync ~ 0; a device-bound one: sync large; on the CPU `queue` is the compute
+itself; `deliver`: the tokens handed to the rows after the sync, `to_host` of it reading
+them; `other`: the step outside those four; the H100 of 2026-12-07 put 8-10 ms of a 31 ms
+B = 8 step there, 2 at B = 4, 0.3 at B = 1 and 2: this split places it).
 
 `--invariance` then runs every batched row alone (ours: `Runner.generate`; mlx-lm's:
 `stream_generate`) and records, for each row that differs, the top-2 log-prob margin at
@@ -57,6 +60,10 @@ def build(out: Path, hidden: int, layers: int) -> Path:
                num_key_value_heads=2, moe_intermediate_size=hidden // 2,
                vocab_size=2048)  # fmt: skip
     return write_checkpoint(cfg, out, seed=3, group_size=32, max_shard_bytes=256 << 20)
+
+
+# --host-split's figures, ms per step (BatchRun.host_split)
+SPLIT_PARTS = ("step", "model", "build", "queue", "sync", "deliver", "to_host", "other")
 
 
 def median(xs: list[float]) -> float | None:
@@ -229,7 +236,7 @@ def main() -> int:
                     part: median(
                         [(r.get(f"split/{kind}:{b}") or {}).get(part) for r in result["rounds"]]
                     )
-                    for part in ("step", "model", "build", "queue", "sync")
+                    for part in SPLIT_PARTS
                 }
                 for kind in kinds
             }
@@ -243,7 +250,8 @@ def main() -> int:
             "mlx_streamed_tok_s": med.get("mlx_streamed"),  # --bg-streamed
             "engine_vs_mlx_streamed": median(ratios("engine", "mlx_streamed")),
             "mlx_streamed_vs_mlx": median(ratios("mlx_streamed", "mlx")),
-            "host_ms_per_step": split,  # --host-split: {kind: {step, model, build, queue, sync}}
+            # --host-split: {kind: {step, model, build, queue, sync, deliver, to_host, other}}
+            "host_ms_per_step": split,
             "tokens_equal_mlx": tokens_equal.get(b),
         })  # fmt: skip
     one = {s["batch"]: s for s in summary}.get(1)
@@ -276,11 +284,12 @@ def main() -> int:
                       f"{s['cpu_ms_per_token'].get('mlx_streamed')} |")  # fmt: skip
         if args.host_split:
             print("\nms per step (window medians): step / in the model's forward call "
-                  "[/ engine: build / queue / sync wait]")  # fmt: skip
+                  "[/ engine: build / queue / sync wait / deliver (to host) / other]")  # fmt: skip
             for s in summary:
                 cells = []
                 for kind, v in (s["host_ms_per_step"] or {}).items():
-                    extra = (f" / {v['build']} / {v['queue']} / {v['sync']}"
+                    extra = (f" / {v['build']} / {v['queue']} / {v['sync']} / {v['deliver']}"
+                             f" ({v['to_host']}) / {v['other']}"
                              if v.get("build") is not None else "")  # fmt: skip
                     cells.append(f"{kind} {v['step']} / {v['model']}{extra}")
                 print(f"B={s['batch']}: " + "; ".join(cells))

@@ -61,11 +61,15 @@ class BatchRun:
     window_cpu_s: float = 0.0  # the process's CPU time (all threads) in the window
     # in the window, where measured: time in the model's forward calls (graph building,
     # `TimedModel`), and the engine's figures: building its passes, queueing them,
-    # waiting in its step's sync (BatchFigures.build_s / queue_s / sync_s)
+    # waiting in its step's sync, handing out the tokens and the part of that spent
+    # reading them to the host (BatchFigures.build_s / queue_s / sync_s / deliver_s /
+    # to_host_s)
     window_model_s: float | None = None
     window_build_s: float | None = None
     window_queue_s: float | None = None
     window_sync_s: float | None = None
+    window_deliver_s: float | None = None
+    window_to_host_s: float | None = None
     window_steps: int = 0
     margins: list[list[tuple[float, float]]] = field(default_factory=list)  # when recorded
 
@@ -80,15 +84,21 @@ class BatchRun:
 
     def host_split(self) -> dict:
         """Milliseconds per step of the window: wall, in the model's forward call, and
-        (engine) building its passes, queueing them, waiting in its sync; None: not measured."""
+        (engine) building its passes, queueing them, waiting in its sync, handing out the
+        tokens (`to_host` of it: reading them), and `other`: the step's time outside those
+        four (the loop around them); None: not measured."""
         n = self.window_steps
 
         def ms(x: float | None) -> float | None:
             return round(1e3 * x / n, 4) if x is not None and n else None
 
+        parts = (self.window_build_s, self.window_queue_s, self.window_sync_s,
+                 self.window_deliver_s)  # fmt: skip
+        other = None if None in parts else self.window_s - sum(parts)  # type: ignore[arg-type]
         return {"step": ms(self.window_s), "model": ms(self.window_model_s),
                 "build": ms(self.window_build_s), "queue": ms(self.window_queue_s),
-                "sync": ms(self.window_sync_s)}  # fmt: skip
+                "sync": ms(self.window_sync_s), "deliver": ms(self.window_deliver_s),
+                "to_host": ms(self.window_to_host_s), "other": ms(other)}  # fmt: skip
 
 
 class TimedModel:
@@ -169,7 +179,7 @@ def engine_batch(
         batch.add(SeqSpec(i, p, max_tokens=n, sampler=samplers[i]))
     out: dict[int, list[int]] = {}
     steps: list[tuple[float, float, int]] = []
-    split: list[tuple[float, float, float, float]] = []  # (model, build, queue, sync) so far
+    split: list[tuple[float, ...]] = []  # (model, build, queue, sync, deliver, to host) so far
     timed = runner.sm.model if isinstance(runner.sm.model, TimedModel) else None
     fig = batch.figures
     bound = 4 * b * (n + max(len(p) for p in prompts)) + 64
@@ -179,7 +189,8 @@ def engine_batch(
         before = fig.row_tokens
         events = batch.step()
         steps.append((time.perf_counter(), time.process_time(), fig.row_tokens - before))
-        split.append((timed.seconds if timed else 0.0, fig.build_s, fig.queue_s, fig.sync_s))
+        split.append((timed.seconds if timed else 0.0, fig.build_s, fig.queue_s, fig.sync_s,
+                      fig.deliver_s, fig.to_host_s))  # fmt: skip
         for uid, ev in events:
             if isinstance(ev, Done):
                 out[uid] = ev.result.tokens
@@ -189,10 +200,12 @@ def engine_batch(
     run.window_tokens, run.window_s, run.window_cpu_s = steady_window(steps, b)
     w = window_index(steps, b)
     if w is not None:
-        (m0, b0, q0, s0), (m1, b1, q1, s1) = split[w[0]], split[w[1]]
+        first, last = split[w[0]], split[w[1]]
         run.window_steps = w[1] - w[0]
-        run.window_model_s = m1 - m0 if timed else None
-        run.window_build_s, run.window_queue_s, run.window_sync_s = b1 - b0, q1 - q0, s1 - s0
+        m, *parts = (z - a for a, z in zip(first, last, strict=True))
+        run.window_model_s = m if timed else None
+        (run.window_build_s, run.window_queue_s, run.window_sync_s, run.window_deliver_s,
+         run.window_to_host_s) = parts  # fmt: skip
     if record:
         run.margins = [s.margins() for s in samplers]
     return run

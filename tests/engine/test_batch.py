@@ -352,6 +352,10 @@ def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
     split = ours.host_split()
     assert ours.window_steps >= 6 and all(split[k] > 0 for k in ("step", "model", "build"))
     assert split["model"] <= split["build"] and split["queue"] >= 0 and split["sync"] >= 0
+    # the tokens handed out after the sync (reading them a part of it), the rest the loop's
+    assert 0 < split["to_host"] <= split["deliver"] and split["other"] >= 0
+    parts = sum(split[k] for k in ("build", "queue", "sync", "deliver", "other"))
+    assert parts == pytest.approx(split["step"], abs=1e-3)
     over = ResidentBatch.over(sm.model, sm.tokenizer).batch(ps, 24)
     assert over.host_split()["model"] > 0
     theirs = ResidentBatch(path, sm.dtype).batch(ps, 24)

@@ -202,10 +202,14 @@ class BatchFigures:
     # ... of it: building the passes (the host's Python; a layer that syncs waits there
     # too), queueing the next (`mx.async_eval`: kernel launches on a GPU; on the CPU the
     # work itself), and waiting in the step's one sync (the device's work not yet done;
-    # a host-bound pipelined step waits ~0 there). scripts/batch_vs_mlx.py reports them
+    # a host-bound pipelined step waits ~0 there), then handing the rows their tokens
+    # (`deliver_s`: the tokens read to the host, `to_host_s` of it, and each row's event).
+    # scripts/batch_vs_mlx.py reports them; a step's time outside all four is the loop's
     build_s: float = 0.0
     queue_s: float = 0.0
     sync_s: float = 0.0
+    deliver_s: float = 0.0
+    to_host_s: float = 0.0
     prefill_chunk_s: float = 0.0  # wall time in the prefill chunks of joining rows
     max_stall_s: float = 0.0  # longest prefill chunk (+ first token) run between two decode steps
     requested_bytes: int = 0  # during decode steps
@@ -603,8 +607,10 @@ class BatchRunner:
         now = after.t
         emit = self._emit
         for group, rows, p in ready:
+            t_host = time.perf_counter()
             toks = p.tokens.tolist()
             masses = p.mass.tolist() if p.mass is not None else None
+            fig.to_host_s += time.perf_counter() - t_host
             k = p.k
             for i, row in enumerate(rows):
                 begun = row.begun
@@ -616,6 +622,7 @@ class BatchRunner:
                 finish = emit(row, toks[i], events, now)
                 if finish is not None:
                     events.append((row.uid, Done(self._leave(group, row, finish))))
+        fig.deliver_s += time.perf_counter() - now
 
     def _emit(
         self, row: _Row, tok: int, events: list[RowEvent], now: float | None = None

@@ -1,0 +1,23 @@
+# carry [".whlB", ".devsite", ".benchcfg"], after a.sh (this folder) and
+# ../../2026-12-06-h200-seventh/calls/b.sh: install, Q30, then the batch gap placed. The
+# ninth session found the engine's B = 8 step 8-10 ms longer than BatchGenerator's outside
+# its build, queue and sync (2 ms at B = 4, 0.3 at B = 1, 2); `--host-split` now splits
+# that into `deliver` (the tokens handed out after the sync, `to_host`: reading them) and
+# `other` (the loop). B = 4, 8 with BatchGenerator over the engine's model beside, then the
+# warm 4k prompt twice more on host slots. Y_END (560): the second it stops by.
+T0=$(date +%s)
+bash scripts/gpu_install.sh || exit 1
+source scripts/gpu_env.sh
+STEPS=q30 DEADLINE_S=120 bash scripts/gpu_pipeline.sh /root/res/build > /root/res/build.log 2>&1
+echo "q30 exit $? +$(( $(date +%s)-T0 ))s"
+timeout 300 python3 scripts/batch_vs_mlx.py --out /root/res/split --model /root/q30 --tag split \
+  --expert-cache 64G --batch 4,8 --rounds 8 --deadline-s 150 --decode-tokens 48 \
+  --prompt-tokens 64 --host-split --bg-streamed > /root/res/split.txt 2>&1
+echo "split exit $? +$(( $(date +%s)-T0 ))s"; tail -12 /root/res/split.txt
+for i in 1 2; do
+  left=$(( ${Y_END:-560} - ($(date +%s)-T0) )); [ "$left" -gt 100 ] || break  # the step skips under 60 s left
+  SSDMOE_SLOT_PLACEMENT=host PREFILL_MODES=warm STEPS=prefill DEADLINE_S=$(( left - 5 )) \
+    bash scripts/gpu_pipeline.sh /root/res/pw-$i > /root/res/pw-$i.log 2>&1
+  echo "pw $i exit $? +$(( $(date +%s)-T0 ))s"; grep -h "prefill-warm" /root/res/pw-$i/summary.txt
+done
+cd /root/res && tar czf $OUT/y.tgz build.log split split.txt pw-* 2>/dev/null; ls $OUT
