@@ -336,6 +336,9 @@ def _config_figures(
         "prestaged_calls": sm.times.prestaged_calls,
         "prestaged_experts": sm.times.prestaged_experts,
         "prestage_missed_experts": sm.times.prestage_missed_experts,
+        # SSDMOE_PREFILL_STAGE=migrate (page_ahead.py): layers whose rows' pages moved to
+        # the GPU ahead, and their bytes (None: no page mover, nothing moved)
+        **_pages_moved(sm),
         "slot_placement_note": cache.placement.note,
         # `device` placement's mirror (engine/experts/mirror.py), since the load
         "slot_mirror": None
@@ -1090,3 +1093,15 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
             r["resident_decode_tok_s"] = None
             r["ratio_decode_vs_resident"] = None
             r["tokens_match_resident"] = None
+
+
+def _pages_moved(sm) -> dict:  # noqa: ANN001 - a StreamedModel
+    """The page mover's figures under `migrate` (page_ahead.py), else None: layers and
+    bytes moved to the GPU, and the moves the driver refused."""
+    ahead = getattr(sm.switches[0], "_prestage", None) if sm.switches else None
+    mover = getattr(ahead, "mover", None)
+    return {
+        "pages_moved_layers": ahead.moves if mover is not None else None,
+        "pages_moved_bytes": ahead.moved_bytes if mover is not None else None,
+        "pages_move_failed": mover.failed if mover is not None else None,
+    }

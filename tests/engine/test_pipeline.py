@@ -75,7 +75,7 @@ def test_pipeline_off_is_the_serial_layer(checkpoints, monkeypatch) -> None:
     ("env", "choices"),
     [
         (PIPELINE_ENV, "auto, on, off, full, compact"),
-        ("SSDMOE_PREFILL_STAGE", "auto, on, off, ahead"),
+        ("SSDMOE_PREFILL_STAGE", "auto, on, off, ahead, migrate"),
         ("SSDMOE_PREFILL_READAHEAD", "auto, on, off"),
     ],
 )
@@ -132,6 +132,34 @@ def test_prefill_staged_ahead_matches_mlx_lm(checkpoints, monkeypatch, budget, b
         assert t.prestage_missed_experts > 0
     assert res.tokens == _reference_long(path, prompt)
     sm.close()
+
+
+def test_prefill_pages_moved_ahead_stage_in_place_with_mlx_lms_tokens(
+    checkpoints, monkeypatch
+) -> None:
+    """`SSDMOE_PREFILL_STAGE=migrate` (page_ahead.py): the long chunk stages in place, its
+    read-ahead on, each layer's predicted rows handed to the page mover at the start of
+    the layer's call; on the CPU there is no mover (nothing to move), and the tokens are
+    mlx-lm's. The bench's figure says so (None: nothing moved)."""
+    from ssdmoe_tui.bench.bench import _pages_moved
+    from ssdmoe_tui.engine.model.page_ahead import PageAhead
+    from ssdmoe_tui.engine.model.streamed import STAGE_ENV
+
+    monkeypatch.setenv(STAGE_ENV, "migrate")
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=str(_half_budget(path)))
+    ahead = sm.switches[0]._prestage
+    assert isinstance(ahead, PageAhead) and ahead.mover is None
+    assert all(sw._prestage is ahead for sw in sm.switches)
+    prompt = _long_prompt(sm)
+    try:
+        res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
+        t = sm.times
+        assert t.readahead_calls > 0 and t.staged_calls > 0 and t.prestaged_calls == 0
+        assert set(_pages_moved(sm).values()) == {None}
+    finally:
+        sm.close()
+    assert res.tokens == _reference_long(path, prompt)
 
 
 def test_prefill_staged_ahead_under_a_mirror_defers_the_mirror(checkpoints, monkeypatch) -> None:

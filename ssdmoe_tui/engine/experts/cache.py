@@ -32,6 +32,7 @@ import numpy as np
 from ssdmoe_tui.engine.experts.device_memory import PlacementResult, place_slots
 from ssdmoe_tui.engine.experts.index import ExpertIndex
 from ssdmoe_tui.engine.experts.mirror import SlotMirror, mirror_mode, mirrors
+from ssdmoe_tui.engine.experts.page_moves import slot_ranges
 from ssdmoe_tui.engine.experts.reader import (
     COPY,
     WIDEN_KIND,
@@ -389,6 +390,12 @@ class ExpertCache:
         (no bookkeeping: a read-ahead's guesses count only when looked up)."""
         get = self._slot_of.get
         return np.array([get((layer, int(e)), -1) for e in experts], dtype=np.int64)
+
+    def slot_ranges(self, slots: np.ndarray) -> list[tuple[int, int]]:
+        """(address, bytes) of `slots`' rows in the host banks the reader writes, adjacent
+        rows coalesced (page_moves.py moves them)."""
+        lay = self._layout
+        return slot_ranges(slots, self.bank_slots, lay.bases, lay.mem_strides)
 
     def resident(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of

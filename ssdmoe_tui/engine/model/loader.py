@@ -32,6 +32,7 @@ from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.experts.prefetch import PrefetchGovernor
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.engine.model import routing_mass as _routing_mass
+from ssdmoe_tui.engine.model.page_ahead import page_ahead
 from ssdmoe_tui.engine.model.prestage import Prestage
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
 from ssdmoe_tui.engine.model.streamed import (
@@ -39,6 +40,7 @@ from ssdmoe_tui.engine.model.streamed import (
     ProjQuant,
     StepTimes,
     StreamedSwitch,
+    computed_from,
     prefetch_rescale,
     prefill_stage_mode,
     ranked_predictor,
@@ -478,8 +480,10 @@ def _install_switches(
         sw.set_gate(gate)
         blocks.append(s.block)
         switches.append(sw)
-    if partition is None and prefill_stage_mode() == "ahead":
-        ahead = Prestage()  # one copy stream and one copy in flight for the model
+    stage = prefill_stage_mode()
+    if partition is None and stage in ("ahead", "migrate"):
+        # one copy stream and one copy in flight for the model, or its page mover
+        ahead = Prestage() if stage == "ahead" else page_ahead(computed_from(cache))
         for sw in switches:
             sw.set_prestage(ahead)
     rescale = prefetch_rescale()

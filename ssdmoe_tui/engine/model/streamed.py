@@ -21,6 +21,7 @@ import numpy as np
 
 from ssdmoe_tui.engine.experts.cache import ExpertCache
 from ssdmoe_tui.engine.model import qmm_guard
+from ssdmoe_tui.engine.model.page_ahead import PageAhead
 from ssdmoe_tui.engine.model.prestage import Prestage, Prestaged, combine, gather_rows
 from ssdmoe_tui.engine.model.timeline import Timeline
 from ssdmoe_tui.options import env_choice
@@ -99,13 +100,14 @@ def pipeline_mode() -> str:
 
 
 STAGE_ENV = "SSDMOE_PREFILL_STAGE"
-STAGE_MODES = ("auto", "on", "off", "ahead")
+STAGE_MODES = ("auto", "on", "off", "ahead", "migrate")
 
 
 def prefill_stage_mode() -> str:
     """$SSDMOE_PREFILL_STAGE: `auto` (default), `on`, `off` (see `stages`), `ahead`
     (staged, and each layer's copy queued on a second stream while the layer before
-    computes: prestage.py)."""
+    computes: prestage.py), `migrate` (staged in place, each layer's rows moved to the
+    GPU by page migration while the layer before computes: page_ahead.py)."""
     return env_choice(STAGE_ENV, STAGE_MODES)
 
 
@@ -118,10 +120,11 @@ def stages(mode: str, placement: str) -> bool:
     the matmuls then read device memory. Elsewhere the slots are already where the
     compute reads (CPU, managed, Metal): nothing to gain. `on` forces it (tests on the
     CPU: the same arithmetic, only the arrays differ); `ahead` as `on`, the copies queued
-    a layer early (prestage.py)."""
+    a layer early (prestage.py); `migrate` as `on`, the rows' pages moved a layer early
+    (page_ahead.py)."""
     if mode == "auto":
         return placement == "host"
-    return mode in ("on", "ahead")
+    return mode in ("on", "ahead", "migrate")
 
 
 def computed_from(cache) -> str:  # noqa: ANN001 - an ExpertCache, or a test's stand-in
@@ -149,13 +152,13 @@ READAHEAD_MODES = ("auto", "on", "off")
 def readahead_on() -> bool:
     """$SSDMOE_PREFILL_READAHEAD: `auto` (default: on under MLX-CUDA, where a cold
     prefill waits on the disk between layers, and wherever staging runs `ahead`, which
-    copies what it read; off on the CPU otherwise, where it measured no gain:
-    docs/benchmarks.md), `on`, `off`."""
+    copies what it read, or `migrate`, which moves it; off on the CPU otherwise, where
+    it measured no gain: docs/benchmarks.md), `on`, `off`."""
     from ssdmoe_tui.engine.experts.device_memory import is_cuda
 
     text = env_choice(READAHEAD_ENV, READAHEAD_MODES)
     if text == "auto":
-        return is_cuda() or prefill_stage_mode() == "ahead"
+        return is_cuda() or prefill_stage_mode() in ("ahead", "migrate")
     return text == "on"
 
 
@@ -263,7 +266,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
         object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
         object.__setattr__(self, "_capture", False)  # routing_predictor asks for indices only
-        object.__setattr__(self, "_prestage", None)  # the model's Prestage under `ahead`
+        object.__setattr__(self, "_prestage", None)  # Prestage (`ahead`) or PageAhead (`migrate`)
         mode = pipeline_mode()  # read once: a bad value fails the load, in one line
         object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
@@ -274,9 +277,10 @@ class StreamedSwitch(nn.Module):
         """Ask `gate` at this layer during prefill chunks (the loader shares one per model)."""
         object.__setattr__(self, "_gate", gate)
 
-    def set_prestage(self, prestage: Prestage | None) -> None:
+    def set_prestage(self, prestage: Prestage | PageAhead | None) -> None:
         """Stage long chunks a layer ahead through `prestage` (the loader shares one per
-        model under SSDMOE_PREFILL_STAGE=ahead, prestage.py); None: staged in place."""
+        model under SSDMOE_PREFILL_STAGE=ahead, prestage.py, or its pages moved ahead
+        under `migrate`, page_ahead.py); None: staged in place."""
         object.__setattr__(self, "_prestage", prestage)
 
     def set_routing(self, routing) -> None:

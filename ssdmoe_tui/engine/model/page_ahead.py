@@ -1,0 +1,93 @@
+"""A long prefill chunk's next layer moved to the GPU by page migration
+(`SSDMOE_PREFILL_STAGE=migrate`, opt-in, MLX-CUDA `host` placement; page_moves.py says
+why: the staging copy from host-placed slots runs on MLX's stream and adds its time,
+page migrations run beside the compute).
+
+The same hooks as staging ahead (prestage.py): layer l's switch, once its compute is
+queued and layer l+1's predicted union is being read ahead, leaves the prediction here
+(`ask`); layer l+1's switch, its attention and router queued, calls `fulfil`: the
+read-ahead's reads are waited for, and the pages of the rows holding l+1's predicted
+experts are queued to move to the GPU while the device still computes layer l. Layer
+l+1 then stages in place as before (`take` gives no copy): its gather reads device
+memory where the move has landed.
+
+Pages go back to the host two layers later: at layer l+1's `fulfil`, layer l-1's
+compute is done (layer l's router, which the host waited for, needed it), so its pages
+are queued back, beside layer l's compute; the reader refills a slot long after (the
+cache evicts the oldest layers' slots first), into host pages at host speed. The last
+two layers' pages of a chunk stay on the GPU until the next chunk's moves, or move back
+when the reader first writes them. None of this decides what a read returns (managed
+memory is coherent): only how long the gather and the refills take.
+
+`mover` None (no MLX-CUDA, or its driver API missing): nothing moves, and the chunks are
+staged in place as under `on`."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ssdmoe_tui.engine.experts.page_moves import PageMover
+
+# Moved layers left on the GPU when the next one moves: the layer before it, whose
+# compute may still be queued (the module's docstring: why the one before that is done).
+KEEP_LAYERS = 1
+
+
+class PageAhead:
+    """One per model, shared by its switches: the prediction asked for and the ranges
+    moved, oldest first."""
+
+    def __init__(self, mover: PageMover | None) -> None:
+        self.mover = mover
+        self._asked: tuple[int, int, np.ndarray] | None = None  # (layer, call, experts)
+        self._moved: deque[list[tuple[int, int]]] = deque()
+        self.moved_bytes = 0  # to the GPU, summed (bench's figure)
+        self.moves = 0  # layers moved
+
+    def ask(self, layer: int, experts: np.ndarray, call: int) -> None:
+        """`layer`'s predicted union, read ahead by the call numbered `call`."""
+        self._asked = (layer, call, experts)
+
+    def fulfil(self, cache, layer: int, call: int) -> None:  # noqa: ANN001 - ExpertCache
+        """At the start of `layer`'s call (its router queued): the older layers' pages
+        back to the host, then this layer's predicted rows to the GPU."""
+        asked, self._asked = self._asked, None
+        mover = self.mover
+        if mover is None:
+            return
+        while len(self._moved) > KEEP_LAYERS:
+            mover.to_host(self._moved.popleft())
+        if asked is None or asked[0] != layer or asked[1] != call:
+            return
+        cache.wait_prefetch()  # the bytes are in the pages before they move
+        slots = cache.slots_of(layer, asked[2])
+        ranges = cache.slot_ranges(slots[slots >= 0])
+        if not ranges:
+            return
+        mover.to_device(ranges)
+        self._moved.append(ranges)
+        self.moved_bytes += sum(n for _, n in ranges)
+        self.moves += 1
+
+    def take(self, layer: int, call: int) -> None:
+        """No copy of its own: the layer stages in place (from pages moved ahead)."""
+        return None
+
+    def drop(self) -> None:
+        """A stopped chunk: forget the prediction (moved pages return at the next moves)."""
+        self._asked = None
+
+
+def page_ahead(placement: str) -> PageAhead:
+    """The model's PageAhead: a mover where slots are host-placed under MLX-CUDA."""
+    from ssdmoe_tui.engine.experts.device_memory import is_cuda
+
+    mover = None
+    if is_cuda() and placement == "host":
+        try:
+            mover = PageMover()
+        except (OSError, AttributeError):
+            mover = None
+    return PageAhead(mover)
