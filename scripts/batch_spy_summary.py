@@ -35,9 +35,10 @@ def summarize(lines: list[str], top: int) -> dict[str, list[tuple[str, int, floa
         total = 0
         for raw in lines:
             stack, _, n = raw.rstrip("\n").rpartition(" ")
-            if marker not in stack or not n.isdigit():
-                continue
             frames = stack.split(";")
+            # the side's own frame ("batch (" is also the tail of "engine_batch (")
+            if not n.isdigit() or not any(f.startswith(marker) for f in frames):
+                continue
             at = [i for i, f in enumerate(frames) if line_re.search(f)]
             where = frames[at[-1]] if at else "(outside)"
             named = [f for f in frames if not f.startswith("0x")]  # unsymbolized: skipped

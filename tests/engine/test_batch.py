@@ -360,3 +360,34 @@ def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
     assert over.host_split()["model"] > 0
     theirs = ResidentBatch(path, sm.dtype).batch(ps, 24)
     assert over.tokens == ours.tokens == theirs.tokens
+
+
+def test_the_spy_summary_places_samples_at_the_loops_lines(tmp_path) -> None:
+    """scripts/batch_spy_summary.py, run as y.sh runs it, on a py-spy raw profile: each
+    side's samples at its deepest loop line with the innermost named native frame (bare
+    addresses skipped), shares of the side; a missing file is one line, exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    eng = "main (x.py:1);engine_batch (ssdmoe_tui/bench/batch_compare.py:190);step (ssdmoe_tui/engine/run/batch.py:329)"
+    bg = "main (x.py:2);batch (ssdmoe_tui/bench/batch_compare.py:250);next (mlx_lm/generate.py:1500);_step (mlx_lm/generate.py:1434)"
+    raw = tmp_path / "spy.txt"
+    raw.write_text(
+        f"{eng};_deliver (ssdmoe_tui/engine/run/batch.py:610);cuStreamSynchronize (libcuda.so.1);0x7f00 (libc.so.6) 30\n"
+        f"{eng};_decode (ssdmoe_tui/engine/run/batch.py:518);mlx::core::eval_impl (libmlx.so) 10\n"
+        f"{bg};mlx::core::eval_impl (libmlx.so) 5\n"
+        "main (x.py:3);other (y.py:4) 99\n",
+        encoding="utf-8",
+    )  # fmt: skip
+    script = str(root / "scripts" / "batch_spy_summary.py")
+    out = subprocess.run([sys.executable, script, str(raw)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    assert "75.0%     30  _deliver (ssdmoe_tui/engine/run/batch.py:610) | cuStreamSync" in out
+    assert "25.0%     10  _decode (ssdmoe_tui/engine/run/batch.py:518) | mlx::core::eval_" in out
+    assert "100.0%      5  _step (mlx_lm/generate.py:1434) | mlx::core::eval_impl" in out
+    assert "other (y.py" not in out
+    bad = subprocess.run([sys.executable, script, str(tmp_path / "none.txt")],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.txt" in bad.stderr
