@@ -23,7 +23,12 @@ import ctypes
 
 import numpy as np
 
-from ssdmoe_tui.engine.experts.device_memory import _LOC_DEVICE, _LOC_HOST, _MemLocation
+from ssdmoe_tui.engine.experts.device_memory import (
+    _LOC_DEVICE,
+    _LOC_HOST,
+    _get_driver,
+    _MemLocation,
+)
 
 _STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING: no implicit sync with the null stream
 
@@ -56,7 +61,8 @@ class PageMover:
     own; raises OSError / AttributeError where the CUDA driver API is missing."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
+        drv = _get_driver()  # the placement's binding of libcuda, and its device
+        lib = drv.lib
         fn = lib.cuMemPrefetchAsync_v2
         fn.argtypes = [ctypes.c_uint64, ctypes.c_size_t, _MemLocation, ctypes.c_uint,
                        ctypes.c_void_p]  # fmt: skip
@@ -64,12 +70,7 @@ class PageMover:
         self._prefetch = fn
         lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         lib.cuStreamCreate.restype = ctypes.c_int
-        lib.cuCtxGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
-        lib.cuCtxGetDevice.restype = ctypes.c_int
-        dev = ctypes.c_int(0)
-        if lib.cuCtxGetDevice(ctypes.byref(dev)) != 0:
-            raise OSError("no current CUDA context")
-        self._device = dev.value
+        self._device = drv.device()
         streams = []
         for _ in range(2):
             s = ctypes.c_void_p()
