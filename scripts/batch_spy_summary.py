@@ -21,6 +21,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from loop_profile import raw_samples  # the py-spy raw format's one reader (scripts/)
+
 _SIDES = {
     "engine": ("engine_batch (", re.compile(r"\(ssdmoe_tui/engine/run/batch\.py:\d+\)")),
     "mlx": ("batch (ssdmoe_tui/bench/batch_compare.py", re.compile(r"\(mlx_lm/generate\.py:\d+\)")),
@@ -33,17 +35,15 @@ def summarize(lines: list[str], top: int) -> dict[str, list[tuple[str, int, floa
     for side, (marker, line_re) in _SIDES.items():
         counts: Counter[str] = Counter()
         total = 0
-        for raw in lines:
-            stack, _, n = raw.rstrip("\n").rpartition(" ")
-            frames = stack.split(";")
+        for frames, n in raw_samples(lines):
             # the side's own frame ("batch (" is also the tail of "engine_batch (")
-            if not n.isdigit() or not any(f.startswith(marker) for f in frames):
+            if not any(f.startswith(marker) for f in frames):
                 continue
             at = [i for i, f in enumerate(frames) if line_re.search(f)]
             where = frames[at[-1]] if at else "(outside)"
             named = [f for f in frames if not f.startswith("0x")]  # unsymbolized: skipped
-            counts[f"{where} | {(named[-1] if named else frames[-1])[:80]}"] += int(n)
-            total += int(n)
+            counts[f"{where} | {(named[-1] if named else frames[-1])[:80]}"] += n
+            total += n
         out[side] = [(k, v, round(v / total, 4)) for k, v in counts.most_common(top)]
     return out
 

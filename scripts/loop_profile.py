@@ -23,6 +23,7 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,16 +47,21 @@ def wait_lines() -> dict[str, set[int]]:
     return out
 
 
+def raw_samples(lines: Iterable[str]) -> Iterator[tuple[list[str], int]]:
+    """(frames, outermost first; samples) of each line of a py-spy `--format raw`
+    profile ("frame;frame;... count"); lines without a count are skipped."""
+    for line in lines:
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        if count.isdigit():
+            yield stack.split(";"), int(count)
+
+
 def profile(path: Path, rate: float) -> dict:
     waits = wait_lines()
     split: dict[str, Counter] = {name: Counter() for name in LOOPS.values()}
     frame = re.compile(r"^(\S+) \((.*):(\d+)\)$")
     with path.open(encoding="utf-8") as f:
-        for line in f:
-            stack, _, count = line.rstrip("\n").rpartition(" ")
-            if not count.isdigit():
-                continue
-            frames = stack.split(";")
+        for frames, count in raw_samples(f):
             for i in range(len(frames) - 1, -1, -1):  # the innermost loop frame
                 m = frame.match(frames[i])
                 if m is None or m.group(1) not in LOOPS:
@@ -68,7 +74,7 @@ def profile(path: Path, rate: float) -> dict:
                     what = "wait"
                 else:
                     what = f"other: {below or 'the loop itself'}"
-                split[LOOPS[m.group(1)]][what] += int(count)
+                split[LOOPS[m.group(1)]][what] += count
                 break
     ms = 1e3 / rate
     return {
