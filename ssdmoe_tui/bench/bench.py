@@ -264,11 +264,13 @@ class _MeasuredRun:
     end: Snapshot
     rss_reset: bool
     decode_cpu_s: float | None = None  # process CPU time (all threads) over the decode window
+    # each prefill chunk's tokens and seconds, the first token's step last (its one token)
+    chunks: list[tuple[int, float]] = field(default_factory=list)
 
 
 def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) -> _MeasuredRun:  # noqa: ANN001
     """Stream `opts.decode_tokens` tokens, marking the first and the last one."""
-    from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
+    from ssdmoe_tui.engine.run.runner import Done, PrefillProgress, Snapshot, TokenEvent
 
     sm = runner.sm
     marks: dict[str, Snapshot] = {}
@@ -276,8 +278,15 @@ def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) 
     start = Snapshot.take(sm)
     rss_reset = system.reset_peak_rss()
     result = None
+    chunks: list[tuple[int, float]] = []
+    last: tuple[int, float] | None = None  # (tokens done, when): the prefill's first event
     for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=sampler):
-        if isinstance(ev, TokenEvent):
+        if isinstance(ev, PrefillProgress):  # one before the first chunk, one after each
+            now = time.perf_counter()
+            if last is not None:
+                chunks.append((ev.done - last[0], now - last[1]))
+            last = (ev.done, now)
+        elif isinstance(ev, TokenEvent):
             n = ev.stats.generated_tokens
             if meter is not None:
                 meter.on_token(n)
@@ -292,7 +301,7 @@ def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) 
     end = marks.get("last") or Snapshot.take(sm)
     first = marks.get("first") or end
     cpu_s = cpu["last"] - cpu["first"] if len(cpu) == 2 else None
-    return _MeasuredRun(result, start, first, end, rss_reset, cpu_s)
+    return _MeasuredRun(result, start, first, end, rss_reset, cpu_s, chunks)
 
 
 def _config_figures(
@@ -354,6 +363,9 @@ def _config_figures(
         "generated_tokens": len(result.tokens),
         "decode_steps": steps,
         "prefill_s": round(st.prefill_s, 4),
+        # [tokens, seconds] per prefill chunk, the first token's step last: where a long
+        # prompt's time goes chunk by chunk (page_ahead.py's first-chunk rule)
+        "prefill_chunks_s": [[n, round(t, 4)] for n, t in run.chunks],
         "prefill_tok_s": round(st.prefill_tok_s, 3),
         "decode_s": round(dec.t, 4),
         # the response apart: prefill (to the first token), decode (the rest), total

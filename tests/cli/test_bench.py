@@ -375,6 +375,10 @@ def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny
         assert 0 < r["first_token_s"] == pytest.approx(r["prefill_s"], abs=0.05)
         assert r["response_s"] == pytest.approx(r["first_token_s"] + r["decode_s"], abs=0.05)
         assert r["decode_cpu_ms_per_token"] > 0  # CPU time of the decode window, per step
+        # the prefill chunk by chunk: every prompt token once, the first token's step last
+        chunks = r["prefill_chunks_s"]
+        assert sum(n for n, _ in chunks) == r["prompt_tokens"] and chunks[-1][0] == 1
+        assert sum(t for _, t in chunks) == pytest.approx(r["prefill_s"], abs=0.05)
     text = summary(res, wide=True)
     assert f"| {fs['type']} on {fs['mount_point']} |" in text
     assert "response time (prefill to the first token + decode = total)" in text

@@ -162,6 +162,66 @@ def test_prefill_pages_moved_ahead_stage_in_place_with_mlx_lms_tokens(
     assert res.tokens == _reference_long(path, prompt)
 
 
+def test_auto_moves_pages_in_a_prompts_first_chunk_only(checkpoints, monkeypatch) -> None:
+    """`auto`'s rule under MLX-CUDA `host` placement (page_ahead.py): the runner tells the
+    layers each chunk's place in its prefill (`PrefillGate.chunk`), and pages move to the
+    GPU in the first long chunk only; those moved go back during the later ones. On the
+    CPU a recorder stands in for the driver's moves; the tokens stay mlx-lm's."""
+    from ssdmoe_tui.engine.model.streamed import LONG_CHUNK_ROWS, STAGE_ENV
+
+    monkeypatch.setenv(STAGE_ENV, "migrate")  # staged in place, read ahead: auto's on CUDA
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=str(_half_budget(path)))
+    gate, ahead = sm.prefill_gate, sm.switches[0]._prestage
+    calls: list[tuple[str, int | None]] = []
+
+    class Recorder:
+        def to_device(self, ranges: list) -> None:
+            calls.append(("device", gate.chunk))
+
+        def to_host(self, ranges: list) -> None:
+            calls.append(("host", gate.chunk))
+
+    ahead.mover, ahead.moves_now = Recorder(), lambda: gate.chunk == 0
+    step = LONG_CHUNK_ROWS // sm.trained_k + 8  # each chunk a long one
+    prompt = [5 + (i * 7) % 500 for i in range(3 * step + 1)]
+    try:
+        res = Runner(sm, prefill_step_size=step).generate(prompt, max_tokens=4)
+        assert gate.chunk is None  # only set around a chunk
+    finally:
+        sm.close()
+    assert {c for kind, c in calls if kind == "device"} == {0}
+    assert ("device", 0) in calls and ("host", 1) in calls  # moved, then back in the next
+    assert res.tokens == _reference_long(path, prompt, step)[:4]
+
+
+def test_auto_installs_the_first_chunk_mover_where_slots_are_host_placed_on_cuda(
+    checkpoints, monkeypatch
+) -> None:
+    """Which models `auto` gives a page mover: MLX-CUDA with the layers computing from
+    host slots (stood in for on the CPU), moving while the gate says chunk 0; nowhere
+    else (here: the CPU as it is)."""
+    from ssdmoe_tui.engine.model import loader
+    from ssdmoe_tui.engine.model.page_ahead import PageAhead
+
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache="1G")
+    assert sm.switches[0]._prestage is None
+    sm.close()
+    monkeypatch.setattr(loader, "is_cuda", lambda: True)
+    monkeypatch.setattr(loader, "computed_from", lambda cache: "host")
+    sm = load_streamed(path, expert_cache="1G")
+    try:
+        ahead = sm.switches[0]._prestage
+        assert isinstance(ahead, PageAhead) and ahead.moves_now is not None
+        assert all(sw._prestage is ahead for sw in sm.switches)
+        for chunk, moves in ((0, True), (1, False), (None, False)):
+            sm.prefill_gate.chunk = chunk
+            assert ahead.moves_now() is moves
+    finally:
+        sm.close()
+
+
 def test_prefill_staged_ahead_under_a_mirror_defers_the_mirror(checkpoints, monkeypatch) -> None:
     """Under a mirror (`device` placement, forced on the CPU) the long chunk stages ahead
     from the host banks and copies nothing into the mirror: the rows it read wait, marked,
@@ -235,15 +295,17 @@ def _long_prompt(sm) -> list[int]:
     return [5 + (i * 7) % 500 for i in range(LONG_CHUNK_ROWS // sm.trained_k + 8)]
 
 
-def _reference_long(path, prompt: list[int]) -> list[int]:
-    """Resident mlx-lm's greedy tokens with the whole prompt in one chunk, as the engine."""
+def _reference_long(path, prompt: list[int], step: int | None = None) -> list[int]:
+    """Resident mlx-lm's greedy tokens with the whole prompt in one chunk (or chunks of
+    `step`), as the engine."""
     from mlx_lm import load, stream_generate
 
     from ssdmoe_tui.engine.model.loader import cast_model
 
     model, tok = load(str(path))
     cast_model(model, mx.float32)
-    ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=len(prompt))
+    step = step or len(prompt)
+    ref = stream_generate(model, tok, mx.array(prompt), max_tokens=6, prefill_step_size=step)
     return [r.token for r in ref]
 
 

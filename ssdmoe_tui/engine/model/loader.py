@@ -480,10 +480,15 @@ def _install_switches(
         sw.set_gate(gate)
         blocks.append(s.block)
         switches.append(sw)
-    stage = prefill_stage_mode()
+    stage, placement = prefill_stage_mode(), computed_from(cache)
+    ahead = None
     if partition is None and stage in ("ahead", "migrate"):
         # one copy stream and one copy in flight for the model, or its page mover
-        ahead = Prestage() if stage == "ahead" else page_ahead(computed_from(cache))
+        ahead = Prestage() if stage == "ahead" else page_ahead(placement)
+    elif partition is None and stage == "auto" and placement == "host" and is_cuda():
+        # a prompt's first chunk gains from its pages moved ahead, later ones lose
+        ahead = page_ahead(placement, lambda: gate.chunk == 0)
+    if ahead is not None:
         for sw in switches:
             sw.set_prestage(ahead)
     rescale = prefetch_rescale()

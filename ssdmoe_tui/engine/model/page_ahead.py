@@ -1,7 +1,18 @@
-"""A long prefill chunk's next layer moved to the GPU by page migration
-(`SSDMOE_PREFILL_STAGE=migrate`, opt-in, MLX-CUDA `host` placement; page_moves.py says
-why: the staging copy from host-placed slots runs on MLX's stream and adds its time,
-page migrations run beside the compute).
+"""A long prefill chunk's next layer moved to the GPU by page migration (MLX-CUDA `host`
+placement: in a prompt's first chunk by default, in every long chunk under
+`SSDMOE_PREFILL_STAGE=migrate`; page_moves.py says why: the staging copy from
+host-placed slots runs on MLX's stream and adds its time, page migrations run beside the
+compute).
+
+Measured on an H100 (docs/benchmarks.md, 2026-12-07 tenth session; Qwen3-30B-A3B shape,
+4 GiB host slots, K = 8, warm, alternating processes): a 4,096-token prompt (one chunk)
+0.838-0.858x resident moved against 0.718-0.787x staged in place; 8,192 tokens (two
+chunks) 0.837 against 0.827x; 16,384 (four) 0.771-0.785x moved against 0.830-0.834x in
+place. The prompt totals fit a first chunk ~0.35 s faster moved and each later chunk
+~0.4 s slower (its reads into slots whose pages moved take twice as long: 3.2-3.6 s of
+reading against 1.5-1.6 in place at 16k), hence `auto`: the first chunk only
+(`moves_now`). The per-chunk split is the next GPU run's (`prefill_chunks_s` in the
+bench's JSON).
 
 The same hooks as staging ahead (prestage.py): layer l's switch, once its compute is
 queued and layer l+1's predicted union is being read ahead, leaves the prediction here
@@ -25,6 +36,7 @@ staged in place as under `on`."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,10 +49,14 @@ KEEP_LAYERS = 1
 
 class PageAhead:
     """One per model, shared by its switches: the prediction asked for and the ranges
-    moved, oldest first."""
+    moved, oldest first. `moves_now` (None: always) says whether this chunk moves pages;
+    moved ones still go back when it does not."""
 
-    def __init__(self, mover: PageMover | None) -> None:
+    def __init__(
+        self, mover: PageMover | None, moves_now: Callable[[], bool] | None = None
+    ) -> None:
         self.mover = mover
+        self.moves_now = moves_now
         self._asked: tuple[int, int, np.ndarray] | None = None  # (layer, call, experts)
         self._moved: deque[list[tuple[int, int]]] = deque()
         self.moved_bytes = 0  # to the GPU, summed (bench's figure)
@@ -61,6 +77,8 @@ class PageAhead:
             mover.to_host(self._moved.popleft())
         if asked is None or asked[0] != layer or asked[1] != call:
             return
+        if self.moves_now is not None and not self.moves_now():
+            return
         cache.wait_prefetch()  # the bytes are in the pages before they move
         slots = cache.slots_of(layer, asked[2])
         ranges = cache.slot_ranges(slots[slots >= 0])
@@ -80,7 +98,7 @@ class PageAhead:
         self._asked = None
 
 
-def page_ahead(placement: str) -> PageAhead:
+def page_ahead(placement: str, moves_now: Callable[[], bool] | None = None) -> PageAhead:
     """The model's PageAhead: a mover where slots are host-placed under MLX-CUDA."""
     from ssdmoe_tui.engine.experts.device_memory import is_cuda
 
@@ -90,4 +108,4 @@ def page_ahead(placement: str) -> PageAhead:
             mover = PageMover()
         except (OSError, AttributeError):
             mover = None
-    return PageAhead(mover)
+    return PageAhead(mover, moves_now)

@@ -80,6 +80,10 @@ class PrefillGate:
     # runner expects the chunk within `prefill_stop.FROZEN_ASK_ABOVE_S` (a GPU's chunks):
     # the stop is then asked at the chunk's end, with no sync added per layer.
     frozen_too: bool = True
+    # The chunk's place in its prompt's prefill (0: the first), set by the runner with
+    # `check`, None outside a prefill chunk: `auto` moves a long chunk's pages ahead in
+    # the first chunk only (page_ahead.py says why).
+    chunk: int | None = None
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
@@ -107,7 +111,9 @@ def prefill_stage_mode() -> str:
     """$SSDMOE_PREFILL_STAGE: `auto` (default), `on`, `off` (see `stages`), `ahead`
     (staged, and each layer's copy queued on a second stream while the layer before
     computes: prestage.py), `migrate` (staged in place, each layer's rows moved to the
-    GPU by page migration while the layer before computes: page_ahead.py)."""
+    GPU by page migration while the layer before computes, in every long chunk:
+    page_ahead.py). `auto` under MLX-CUDA `host` placement moves them in a prompt's first
+    chunk only (measured: page_ahead.py)."""
     return env_choice(STAGE_ENV, STAGE_MODES)
 
 

@@ -637,6 +637,7 @@ class Runner:
         stoppable = should_stop is not None and sm.distributed is None
         sizer = self._sizer if stoppable else None
         gate_stop = should_stop if stoppable else None
+        index = 0  # the chunk's place in this prefill (PrefillGate.chunk)
         while total - done > 1:
             step = self.prefill_step_size if sizer is None else sizer.size(self.prefill_step_size)
             cap = chunk_cap() if chunk_cap is not None else None
@@ -644,8 +645,9 @@ class Runner:
             self._use_k(prefill_k)  # a batch may have run another K since the last chunk
             t0, ensure0 = time.perf_counter(), sm.cache.counters.ensure_s
             frozen_too = sizer is None or sizer.frozen_must_ask(n)
-            if not self._prefill_chunk(todo[done : done + n], cache, gate_stop, frozen_too):
+            if not self._prefill_chunk(todo[done : done + n], cache, gate_stop, frozen_too, index):
                 break
+            index += 1
             if sizer is not None:
                 ensure_s = sm.cache.counters.ensure_s - ensure0
                 sizer.measure(n, time.perf_counter() - t0 - ensure_s)
@@ -662,9 +664,11 @@ class Runner:
         cache: list,
         should_stop: Callable[[], bool] | None,
         frozen_too: bool = True,
+        index: int = 0,
     ) -> bool:
         """One chunk's forward pass into `cache`; with `should_stop`, asked at every MoE
-        layer (`PrefillGate`). False: it stopped part-way and the cache is as before."""
+        layer (`PrefillGate`), which is also told the chunk's `index` in its prefill.
+        False: it stopped part-way and the cache is as before."""
         sm = self.sm
         routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
         undo = None
@@ -672,6 +676,7 @@ class Runner:
             undo = ChunkUndo(cache)
             sm.prefill_gate.check = should_stop
             sm.prefill_gate.frozen_too = frozen_too
+        sm.prefill_gate.chunk = index
         if routing is not None:
             routing.prefill_chunk = True
         try:
@@ -683,6 +688,7 @@ class Runner:
             return False
         finally:
             sm.prefill_gate.check = None
+            sm.prefill_gate.chunk = None
             if routing is not None:
                 routing.prefill_chunk = False
         return True
