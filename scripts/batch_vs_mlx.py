@@ -71,6 +71,18 @@ def median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
+def _detokenizer(wrapper) -> dict:  # noqa: ANN001 - mlx-lm's TokenizerWrapper
+    """The tokenizer's and the streaming detokenizer's classes, and transformers' version
+    (a slow Python tokenizer costs each row's step on the host)."""
+    import transformers
+
+    return {
+        "tokenizer": type(wrapper._tokenizer).__name__,
+        "detokenizer": type(wrapper.detokenizer).__name__,
+        "transformers": transformers.__version__,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--out", required=True, type=Path)
@@ -167,6 +179,9 @@ def main() -> int:
         "device": str(mx.default_device()),
         "expert_cache": args.expert_cache,
         "all_frozen": sm.cache.all_frozen,
+        # the engine detokenizes each row every step (BatchGenerator here does not): which
+        # tokenizer and streaming detokenizer that is, on this machine's transformers
+        "detokenizer": _detokenizer(sm.tokenizer),
         "prompt_tokens": len(base),
         "decode_tokens": n,
         "rounds": [],

@@ -1,0 +1,21 @@
+# right after z1.sh (installed, /root/q30 built from .benchcfg whose qwen3-tokenizer now
+# has a tokenizer.json: mlx-lm's BPE streaming detokenizer, as a real Qwen3 checkpoint
+# gets; the tenth session's Q30 had none, so the naive one, which decodes each row's
+# text since its last newline every step). Batches, every expert held, against
+# BatchGenerator at B = 4, 8 with the step split (`deliver` and `to_host` per step; the
+# JSON's `detokenizer` names the classes and transformers' version), then the B = 8 step
+# under py-spy: Python frames only, 100 Hz, not pausing the process (the tenth session's
+# --native at 500 Hz fell 36 s behind and timed out).
+T0=$(date +%s); source scripts/gpu_env.sh
+timeout 240 python3 scripts/batch_vs_mlx.py --out /root/res/split --model /root/q30 --tag split \
+  --expert-cache 64G --batch 4,8 --rounds 6 --deadline-s 120 --decode-tokens 48 \
+  --prompt-tokens 64 --host-split > /root/res/split.txt 2>&1
+echo "split exit $? +$(( $(date +%s)-T0 ))s"; tail -9 /root/res/split.txt
+grep -o '"detokenizer": {[^}]*}' /root/res/split/batch_vs_mlx-split.json
+timeout 200 .pyspy/py-spy record --rate 100 --nonblocking --idle --format raw -o /root/res/spy-b8.txt -- \
+  python3 scripts/batch_vs_mlx.py --out /root/res/spy --model /root/q30 --tag spy \
+  --expert-cache 64G --batch 8 --rounds 2 --deadline-s 60 --decode-tokens 48 \
+  --prompt-tokens 64 --host-split > /root/res/spy-b8.out 2>&1
+echo "spy exit $? +$(( $(date +%s)-T0 ))s"; tail -3 /root/res/spy-b8.out
+python3 scripts/batch_spy_summary.py /root/res/spy-b8.txt --top 12
+cd /root/res && tar czf $OUT/z2.tgz split split.txt spy spy-b8.*; ls $OUT
