@@ -89,6 +89,32 @@ def test_batch_tokens_equal_alone(checkpoints, arch, budget):
 
 
 @pytest.mark.parametrize("budget", ["1", "1G"])
+def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch, budget):
+    """`SSDMOE_BATCH_HOST_COPY=on`: each step's tokens and routing masses copied on the
+    CPU stream and read from there give every row the tokens, text and masses of the
+    step's own arrays, rows leaving from a queued step too (1G: every layer frozen, the
+    step pipelines)."""
+    from ssdmoe_tui.engine.run.batch import HOST_COPY_ENV
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
+    sm.measure_routing_mass(True)
+    runner = Runner(sm)
+    specs = [
+        SeqSpec(i, p, max_tokens=n)
+        for i, (p, n) in enumerate(zip(prompts(sm), MAX_TOKENS, strict=True))
+    ]
+    got = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv(HOST_COPY_ENV, mode)
+        batch, results, _ = run_batch(runner, specs, max_batch=3)
+        assert batch._host_copy == (mode == "on")
+        got[mode] = {i: (r.tokens, r.text, r.stats.mass_log.values()) for i, r in results.items()}
+    assert got["on"] == got["off"]
+    assert all(len(masses) > 1 for _, _, masses in got["on"].values())
+    sm.close()
+
+
+@pytest.mark.parametrize("budget", ["1", "1G"])
 def test_batch_invariant_mode_rows_equal_alone(checkpoints, budget):
     """`invariant=True`: each row its own pass in the B = 1 shapes (its tokens equal alone
     on any device), sharing the step's sync and the expert cache."""

@@ -67,6 +67,22 @@ from ssdmoe_tui.engine.run.runner import (
     _totals,
 )
 from ssdmoe_tui.engine.run.sampling import greedy
+from ssdmoe_tui.options import env_choice
+
+HOST_COPY_ENV = "SSDMOE_BATCH_HOST_COPY"
+
+
+def host_copy_on() -> bool:
+    """$SSDMOE_BATCH_HOST_COPY: `on` copies each step's tokens (and routing masses) on
+    the CPU stream, queued with the step, and the host reads the copy; `off` and `auto`
+    (default, for now) read the step's own arrays. Why: MLX-CUDA keeps arrays over 8
+    bytes in device memory and the host's first read of one copies it synchronously
+    (`Buffer::raw_ptr`), with the next step already queued: 1.5-4.4 ms a B = 8 step on
+    an H100 against 0.14-0.43 at B = 4 (docs/benchmarks.md, 2026-12-07 tenth session);
+    the copy moves that read to MLX's CPU worker thread, off the loop's path.
+    `scripts/cuda_tolist_probe.py` prices both ways without a model. On the CPU and
+    Metal (one memory) it changes nothing but an add a step."""
+    return env_choice(HOST_COPY_ENV, ("auto", "on", "off")) == "on"
 
 
 @dataclass
@@ -150,6 +166,20 @@ class _Pass:
     tokens: mx.array  # [rows], lazy until the step's sync
     mass: mx.array | None  # [rows] routing mass (None: not measured)
     k: int  # the K it ran at (`StepTimes.last_k`)
+    # tokens and mass copied on the CPU stream (`SSDMOE_BATCH_HOST_COPY`), what the host
+    # reads then; None: it reads `tokens` and `mass`
+    host: tuple[mx.array, mx.array | None] | None = None
+
+    def wanted(self) -> list[mx.array]:
+        """The arrays the step's sync waits for."""
+        got = [self.tokens] if self.host is None else [self.tokens, self.host[0]]
+        mass = self.mass if self.host is None else self.host[1]
+        return got if mass is None else [*got, mass]
+
+    def read(self) -> tuple[list[int], list[float] | None]:
+        """The tokens and masses on the host (after the sync)."""
+        toks, mass = (self.tokens, self.mass) if self.host is None else self.host
+        return toks.tolist(), None if mass is None else mass.tolist()
 
 
 @dataclass
@@ -273,6 +303,7 @@ class BatchRunner:
         # K -> its rows' group; invariant: (K, row) -> a group of that row alone
         self._groups: dict[Hashable, _Group] = {}
         self.figures = BatchFigures()
+        self._host_copy = host_copy_on()
         self._eos = runner.eos_ids()
         # Called before a sequence leaves the queue to prefill: False keeps it waiting
         # (the service's KV budget); never asked while no sequence runs.
@@ -456,6 +487,7 @@ class BatchRunner:
             n = int(pend.tokens.shape[0])
             if i < n:  # its token in the queued pass is dropped (its cache holds the input)
                 keep = mx.array([j for j in range(n) if j != i], dtype=mx.uint32)
+                # (its host copy, if any, not kept: the host reads these few once)
                 group.pending = _Pass(
                     pend.tokens[keep], None if pend.mass is None else pend.mass[keep], pend.k
                 )
@@ -515,7 +547,7 @@ class BatchRunner:
                 )
                 group.pending = self._build(group, rows, nxt)
                 t_queue = time.perf_counter()
-                mx.async_eval(group.pending.tokens)
+                mx.async_eval(group.pending.wanted())
                 queued += time.perf_counter() - t_queue
             ready.append((group, rows[:n], cur))
         fig = self.figures
@@ -566,7 +598,13 @@ class BatchRunner:
             for pos, i in enumerate(order):
                 inverse[i] = pos
             toks = mx.concatenate(parts)[mx.array(inverse)]
-        return _Pass(toks.astype(mx.uint32), mass, sm.times.last_k)
+        toks = toks.astype(mx.uint32)
+        host = None
+        if self._host_copy:
+            zero = mx.array(0, dtype=mx.uint32)
+            host = (mx.add(toks, zero, stream=mx.cpu),
+                    None if mass is None else mx.add(mass, 0.0, stream=mx.cpu))  # fmt: skip
+        return _Pass(toks, mass, sm.times.last_k, host)
 
     def _settle(self, group: _Group, events: list[RowEvent]) -> None:
         """Read a group's queued pass now (its tokens go out; nothing new is queued)."""
@@ -585,9 +623,7 @@ class BatchRunner:
     ) -> None:
         """The step's one host sync, then each row's token out (and the rows that end)."""
         t_sync = time.perf_counter()
-        mx.eval(
-            [p.tokens for _, _, p in ready] + [p.mass for _, _, p in ready if p.mass is not None]
-        )
+        mx.eval([a for _, _, p in ready for a in p.wanted()])
         after = Snapshot.take(self.runner.sm, live=True)
         d = after - before
         rows_now = sum(len(rows) for _, rows, _ in ready)
@@ -608,8 +644,7 @@ class BatchRunner:
         emit = self._emit
         for group, rows, p in ready:
             t_host = time.perf_counter()
-            toks = p.tokens.tolist()
-            masses = p.mass.tolist() if p.mass is not None else None
+            toks, masses = p.read()
             fig.to_host_s += time.perf_counter() - t_host
             k = p.k
             for i, row in enumerate(rows):

@@ -3,19 +3,29 @@
 # gets; the tenth session's Q30 had none, so the naive one, which decodes each row's
 # text since its last newline every step). Batches, every expert held, against
 # BatchGenerator at B = 4, 8 with the step split (`deliver` and `to_host` per step; the
-# JSON's `detokenizer` names the classes and transformers' version), then the B = 8 step
-# under py-spy: Python frames only, 100 Hz, not pausing the process (the tenth session's
-# --native at 500 Hz fell 36 s behind and timed out).
+# JSON's `detokenizer` names the classes and transformers' version), first the tokens'
+# read alone (scripts/cuda_tolist_probe.py), then with the tokens read as they are and
+# copied on the CPU stream (SSDMOE_BATCH_HOST_COPY=on: does `to_host` go, and the gap
+# with it?), then the B = 8 step under py-spy: Python frames only, 100 Hz, not pausing
+# the process (the tenth session's --native at 500 Hz fell 36 s behind and timed out).
+# ~8 min.
 T0=$(date +%s); source scripts/gpu_env.sh
-timeout 240 python3 scripts/batch_vs_mlx.py --out /root/res/split --model /root/q30 --tag split \
-  --expert-cache 64G --batch 4,8 --rounds 6 --deadline-s 120 --decode-tokens 48 \
-  --prompt-tokens 64 --host-split > /root/res/split.txt 2>&1
-echo "split exit $? +$(( $(date +%s)-T0 ))s"; tail -9 /root/res/split.txt
-grep -o '"detokenizer": {[^}]*}' /root/res/split/batch_vs_mlx-split.json
+# the read alone, no model: B tokens read while a ~20 ms stand-in for the next step runs,
+# as the sampler leaves them (`direct`) and copied on the CPU stream (`cpu_copy`)
+timeout 90 python3 scripts/cuda_tolist_probe.py --rounds 30 --json /root/res/tolist.json \
+  > /root/res/tolist.txt 2>&1; echo "tolist exit $? +$(( $(date +%s)-T0 ))s"; tail -7 /root/res/tolist.txt
+# the step split, the tokens read as they are, then copied on the CPU stream
+for copy in off on; do
+  SSDMOE_BATCH_HOST_COPY=$copy timeout 200 python3 scripts/batch_vs_mlx.py --out /root/res/split-$copy \
+    --model /root/q30 --tag split --expert-cache 64G --batch 4,8 --rounds 5 --deadline-s 100 \
+    --decode-tokens 48 --prompt-tokens 64 --host-split > /root/res/split-$copy.txt 2>&1
+  echo "split $copy exit $? +$(( $(date +%s)-T0 ))s"; tail -9 /root/res/split-$copy.txt
+done
+grep -o '"detokenizer": {[^}]*}' /root/res/split-off/batch_vs_mlx-split.json
 timeout 200 .pyspy/py-spy record --rate 100 --nonblocking --idle --format raw -o /root/res/spy-b8.txt -- \
   python3 scripts/batch_vs_mlx.py --out /root/res/spy --model /root/q30 --tag spy \
   --expert-cache 64G --batch 8 --rounds 2 --deadline-s 60 --decode-tokens 48 \
   --prompt-tokens 64 --host-split > /root/res/spy-b8.out 2>&1
 echo "spy exit $? +$(( $(date +%s)-T0 ))s"; tail -3 /root/res/spy-b8.out
 python3 scripts/batch_spy_summary.py /root/res/spy-b8.txt --top 12
-cd /root/res && tar czf $OUT/z2.tgz split split.txt spy spy-b8.*; ls $OUT
+cd /root/res && tar czf $OUT/z2.tgz tolist.* split-* spy spy-b8.*; ls $OUT

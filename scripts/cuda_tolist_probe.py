@@ -1,0 +1,141 @@
+"""What reading a batch step's tokens to the host costs on MLX-CUDA while the next step runs.
+
+Issue 43's batches (docs/benchmarks.md, 2026-12-07 tenth session): at B = 8 the engine's
+step reads its 8 tokens (`tolist`) in 1.5-4.4 ms after its sync, with the next step
+already queued; 0.14-0.43 ms at B = 4; at B = 1 and 2 the step's whole rest was 0.2-0.35
+ms. MLX-CUDA (0.32) gives arrays of up to 8 bytes a slot of its small pool, in managed
+memory the host reads in place, and larger ones device memory: the first host read of
+those (`Buffer::raw_ptr`) allocates managed memory and copies into it with a synchronous
+`cudaMemcpy`. Whether that copy waits behind the work queued on the GPU is this probe's
+question, with no model: a B-token array (an argmax, as a sampler makes) is evaluated,
+a stand-in for the next step (a chain of matmuls) is queued, then the array is read, the
+host's time of the read timed. Ways:
+
+- `direct`: the array as the sampler leaves it (what the engine and BatchGenerator read);
+- `cpu_copy`: a copy made on the CPU stream, queued with the array (MLX's CPU worker
+  thread then does the device read as soon as the array is ready; the main thread reads
+  managed memory): the candidate fix;
+- `idle`: `direct` with nothing queued behind it (the floor).
+
+    python3 scripts/cuda_tolist_probe.py [--rounds 30] [--busy-ms 20] [--json OUT]
+
+One JSON object: per way and B, the median and 90th percentile of the read in us, and
+the queued work's own time. On the CPU it runs too (small, everything in one memory: a
+read costs next to nothing there), which is how it is tried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import mlx.core as mx
+
+WAYS = ("idle", "direct", "cpu_copy")
+
+
+def _busy(n: int, size: int) -> mx.array:
+    """A chain of `n` matmuls of `size` squared: the next step's stand-in, queued lazily."""
+    a = mx.random.normal((size, size)).astype(mx.bfloat16)
+    x = a
+    for _ in range(n):
+        x = (x @ a) * 0.01
+    return x
+
+
+def _tokens(b: int, vocab: int) -> mx.array:
+    """B tokens as a greedy sampler makes them (uint32, on the default stream)."""
+    return mx.argmax(mx.random.normal((b, vocab)), axis=-1).astype(mx.uint32)
+
+
+def _one(way: str, b: int, vocab: int, n: int, size: int) -> float:
+    """Seconds the host spends reading B tokens, the way given."""
+    toks = _tokens(b, vocab)
+    read = toks
+    if way == "cpu_copy":
+        read = mx.add(toks, mx.array(0, dtype=mx.uint32), stream=mx.cpu)
+    mx.eval(toks, read)
+    busy = None
+    if way != "idle":
+        busy = _busy(n, size)
+        mx.async_eval(busy)
+    t = time.perf_counter()
+    read.tolist()
+    dt = time.perf_counter() - t
+    if busy is not None:
+        mx.eval(busy)
+    return dt
+
+
+def _busy_ms(n: int, size: int, rounds: int = 5) -> float:
+    times = []
+    for _ in range(rounds):
+        x = _busy(n, size)  # lazy: nothing runs before the clock starts
+        t = time.perf_counter()
+        mx.eval(x)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def _calibrate(size: int, target_ms: float) -> int:
+    """Matmuls in the chain for about `target_ms` of device time (at least 1)."""
+    per = _busy_ms(4, size) / 4
+    return max(1, round(target_ms / per)) if per > 0 else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--busy-ms", type=float, default=20.0, help="the queued work's time")
+    ap.add_argument("--size", type=int, default=2048, help="the queued matmuls' side")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--batch", default="1,2,4,8,16")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args()
+    bs = [int(x) for x in args.batch.split(",")]
+    n = _calibrate(args.size, args.busy_ms)
+    for way in WAYS:  # every shape once before the clock (a fresh MLX-CUDA compiles)
+        for b in bs:
+            _one(way, b, args.vocab, n, args.size)
+    reads: dict[str, dict[int, list[float]]] = {w: {b: [] for b in bs} for w in WAYS}
+    for _ in range(args.rounds):  # ways and sizes interleaved: drift spreads over all
+        for b in bs:
+            for way in WAYS:
+                reads[way][b].append(_one(way, b, args.vocab, n, args.size))
+    out = {
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+        "rounds": args.rounds,
+        "busy_matmuls": n,
+        "busy_ms": round(_busy_ms(n, args.size), 3),
+        "read_us": {
+            way: {
+                str(b): {
+                    "median": round(statistics.median(v) * 1e6, 1),
+                    "p90": round(sorted(v)[int(0.9 * (len(v) - 1))] * 1e6, 1),
+                }
+                for b, v in per.items()
+            }
+            for way, per in reads.items()
+        },
+    }
+    text = json.dumps(out)
+    print(text)
+    print("| B | " + " | ".join(f"{w} us (p90)" for w in WAYS) + " |")
+    print("|---" * (len(WAYS) + 1) + "|")
+    for b in bs:
+        cells = [
+            f"{out['read_us'][w][str(b)]['median']} ({out['read_us'][w][str(b)]['p90']})"
+            for w in WAYS
+        ]
+        print(f"| {b} | " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
