@@ -417,3 +417,28 @@ def test_the_spy_summary_places_samples_at_the_loops_lines(tmp_path) -> None:
     bad = subprocess.run([sys.executable, script, str(tmp_path / "none.txt")],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.txt" in bad.stderr
+
+
+def test_the_tolist_probe_times_each_way_and_size(tmp_path) -> None:
+    """scripts/cuda_tolist_probe.py, run small on the CPU as z2.sh runs it on a GPU: a
+    read time for each way (idle, direct, the CPU-stream copy) and B, in the JSON it
+    writes and the line it prints, and the queued work's own time."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "tolist.json"
+    args = ["--rounds", "3", "--size", "128", "--busy-ms", "2", "--vocab", "500",
+            "--batch", "1,8", "--json", str(out)]  # fmt: skip
+    run = subprocess.run([sys.executable, str(root / "scripts" / "cuda_tolist_probe.py"), *args],
+                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    res = json.loads(out.read_text(encoding="utf-8"))
+    assert json.loads(run.stdout.splitlines()[0]) == res
+    assert res["rounds"] == 3 and res["busy_matmuls"] >= 1 and res["busy_ms"] > 0
+    assert set(res["read_us"]) == {"idle", "direct", "cpu_copy"}
+    for per in res["read_us"].values():
+        assert set(per) == {"1", "8"}
+        assert all(0 < v["median"] <= v["p90"] for v in per.values())
+    assert "| 8 | " in run.stdout
