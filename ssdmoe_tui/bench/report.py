@@ -173,6 +173,15 @@ def _response_fragment(r: dict) -> str | None:
     )
 
 
+def _chunks_fragment(r: dict) -> str | None:
+    """Seconds per prefill chunk where the prompt took several (the first token's step
+    left out): a long prompt's time chunk by chunk."""
+    chunks = (r.get("prefill_chunks_s") or [])[:-1]
+    if len(chunks) < 2:
+        return None
+    return ", ".join(f"{n}: {t:.2f}" for n, t in chunks) + " s"
+
+
 def _storage_line(c: dict) -> str | None:
     """Where the bytes came from: drive, interface, file system, file cache, thermal."""
     st = c.get("storage")
@@ -211,6 +220,7 @@ _FOOTERS = (
         "compute of the prompt)",
         _bound_fragment,
     ),
+    ("prefill chunks (tokens: seconds)", _chunks_fragment),
     ("response time (prefill to the first token + decode = total)", _response_fragment),
 )
 

@@ -420,3 +420,14 @@ def test_pipeline_both_alternates_which_runs_first(tiny, tmp_path):
     assert [(c["expert_cache"], c["pipeline"]) for c in configs] == [
         ("64K", False), ("64K", True), ("1M", True), ("1M", False)
     ]  # fmt: skip
+
+
+def test_the_report_lists_a_long_prompts_chunks():
+    """A prompt prefilled in several chunks gets a line of seconds per chunk (the first
+    token's step left out); one chunk, or a result from before the figure, none."""
+    from ssdmoe_tui.bench.report import _chunks_fragment
+
+    r = {"prefill_chunks_s": [[4096, 3.641], [4096, 3.95], [191, 0.2], [1, 0.02]]}
+    assert _chunks_fragment(r) == "4096: 3.64, 4096: 3.95, 191: 0.20 s"
+    assert _chunks_fragment({"prefill_chunks_s": [[4096, 3.6], [1, 0.02]]}) is None
+    assert _chunks_fragment({}) is None
