@@ -86,7 +86,7 @@ def _calibrate(size: int, target_ms: float) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--busy-ms", type=float, default=20.0, help="the queued work's time")
     ap.add_argument("--size", type=int, default=2048, help="the queued matmuls' side")
