@@ -4,7 +4,8 @@
 # JSON's `prefill_chunks_s`: [tokens, seconds] per chunk, new in d407a0f): 16k tokens
 # (four chunks of 4,096) with the pages moved in every chunk (`migrate`; the first
 # process of the 16k shapes: its compile pass), staged in place (`on`), and `auto` (since
-# d407a0f: moved in the first chunk only), alternating; then 4k `auto` and `on`. Read:
+# d407a0f: moved in the first chunk only), then 4k `auto` and `on`, then 16k `auto` and
+# `on` again as time allows. Read:
 # does the first chunk gain (~0.35 s) and each later one lose (~0.4 s) under `migrate`,
 # as the totals of 2026-12-07 suggest, and does `auto` reach >= 0.8x at both lengths?
 # Z_END (560): the second it stops by.
@@ -13,7 +14,7 @@ bash scripts/gpu_install.sh || exit 1
 source scripts/gpu_env.sh
 STEPS=q30 DEADLINE_S=120 bash scripts/gpu_pipeline.sh /root/res/build > /root/res/build.log 2>&1
 echo "q30 exit $? +$(( $(date +%s)-T0 ))s"
-for run in 16384:migrate 16384:on 16384:auto 16384:on 16384:auto 4096:auto 4096:on; do
+for run in 16384:migrate 16384:on 16384:auto 4096:auto 4096:on 16384:auto 16384:on; do
   tok=${run%%:*}; way=${run##*:}; d=/root/res/z-$tok-$way-$(date +%s)
   left=$(( ${Z_END:-560} - ($(date +%s)-T0) )); [ "$left" -gt 90 ] || break
   SSDMOE_SLOT_PLACEMENT=host SSDMOE_PREFILL_STAGE=$way PREFILL_TOKENS=$tok PREFILL_MODES=warm \
