@@ -21,6 +21,9 @@ queue ~ step, sync ~ 0; a device-bound one: sync large; on the CPU `queue` is th
 itself; `deliver`: the tokens handed to the rows after the sync, `to_host` of it reading
 them; `other`: the step outside those four; the H100 of 2026-12-07 put 8-10 ms of a 31 ms
 B = 8 step there, 2 at B = 4, 0.3 at B = 1 and 2: this split places it).
+`--bg-detok` puts each `BatchGenerator` row's token through its own streaming
+detokenizer every step, as mlx_lm.server's loop does and the engine's batch always does
+(JSON `bg_detokenizes`): the loops then do the same work a server needs.
 
 `--invariance` then runs every batched row alone (ours: `Runner.generate`; mlx-lm's:
 `stream_generate`) and records, for each row that differs, the top-2 log-prob margin at
@@ -98,6 +101,11 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=None, help="K (default: the trained K)")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--invariance", action="store_true", help="rows alone: first-flip margins")
+    ap.add_argument(
+        "--bg-detok",
+        action="store_true",
+        help="BatchGenerator's rows detokenized every step too, as mlx_lm.server does",
+    )
     ap.add_argument("--invariant-mode", action="store_true", help="also BatchRunner(invariant)")
     ap.add_argument(
         "--invariant-batch", default=None, help="B's of the invariant mode (default: all > 1)"
@@ -182,6 +190,7 @@ def main() -> int:
         # the engine detokenizes each row every step (BatchGenerator here does not): which
         # tokenizer and streaming detokenizer that is, on this machine's transformers
         "detokenizer": _detokenizer(sm.tokenizer),
+        "bg_detokenizes": args.bg_detok,
         "prompt_tokens": len(base),
         "decode_tokens": n,
         "rounds": [],
@@ -208,9 +217,9 @@ def main() -> int:
                 if kind == "invariant" and b not in inv_bs:
                     continue
                 if kind == "mlx":
-                    r = resident.batch(ps, n)
+                    r = resident.batch(ps, n, detok=args.bg_detok)
                 elif kind == "mlx_streamed":
-                    r = streamed.batch(ps, n)
+                    r = streamed.batch(ps, n, detok=args.bg_detok)
                 else:
                     r = engine_batch(runner, ps, n, invariant=kind == "invariant")
                 row[f"{kind}:{b}"] = r.aggregate_tok_s

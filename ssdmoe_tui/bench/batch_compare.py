@@ -248,9 +248,13 @@ class ResidentBatch:
         self.model, self.tokenizer = model, tokenizer
         return self
 
-    def batch(self, prompts: list[list[int]], n: int, *, record: bool = False) -> BatchRun:
+    def batch(
+        self, prompts: list[list[int]], n: int, *, record: bool = False, detok: bool = False
+    ) -> BatchRun:
         """`BatchGenerator` with every prompt inserted at once (it prefills them together),
-        greedy, no stop tokens; the window: steps that returned all B rows' tokens."""
+        greedy, no stop tokens; the window: steps that returned all B rows' tokens.
+        `detok`: each row's token also goes through its own streaming detokenizer every
+        step, as mlx_lm.server's loop does (the engine's batch does it for every row)."""
         from mlx_lm.generate import BatchGenerator
 
         b = len(prompts)
@@ -259,6 +263,7 @@ class ResidentBatch:
         try:
             uids = gen.insert([list(p) for p in prompts], max_tokens=[n] * b)
             index = {u: i for i, u in enumerate(uids)}
+            detoks = [self.tokenizer.detokenizer for _ in prompts] if detok else None
             tokens: list[list[int]] = [[] for _ in prompts]
             tops: list[list] = [[] for _ in prompts]
             steps: list[tuple[float, float, int]] = []
@@ -273,6 +278,9 @@ class ResidentBatch:
                 for r in resps:
                     i = index[r.uid]
                     tokens[i].append(int(r.token))
+                    if detoks is not None:
+                        detoks[i].add_token(int(r.token))
+                        detoks[i].last_segment  # noqa: B018 - the piece a server sends
                     if record:
                         tops[i].append(top2(r.logprobs))
                 if all(len(t) >= n for t in tokens):

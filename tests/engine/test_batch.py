@@ -382,7 +382,8 @@ def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
     assert 0 < split["to_host"] <= split["deliver"] and split["other"] >= 0
     parts = sum(split[k] for k in ("build", "queue", "sync", "deliver", "other"))
     assert parts == pytest.approx(split["step"], abs=1e-3)
-    over = ResidentBatch.over(sm.model, sm.tokenizer).batch(ps, 24)
+    # (its rows detokenized every step too, as mlx_lm.server's loop does: --bg-detok)
+    over = ResidentBatch.over(sm.model, sm.tokenizer).batch(ps, 24, detok=True)
     assert over.host_split()["model"] > 0
     theirs = ResidentBatch(path, sm.dtype).batch(ps, 24)
     assert over.tokens == ours.tokens == theirs.tokens
