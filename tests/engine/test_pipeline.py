@@ -187,7 +187,7 @@ def test_auto_moves_pages_in_a_prompts_first_chunk_only(checkpoints, monkeypatch
     prompt = [5 + (i * 7) % 500 for i in range(3 * step + 1)]
     try:
         res = Runner(sm, prefill_step_size=step).generate(prompt, max_tokens=4)
-        assert gate.chunk is None  # only set around a chunk
+        assert gate.chunk is None and gate.chunk_tokens == 0  # only set around a chunk
     finally:
         sm.close()
     assert {c for kind, c in calls if kind == "device"} == {0}
@@ -199,8 +199,9 @@ def test_auto_installs_the_first_chunk_mover_where_slots_are_host_placed_on_cuda
     checkpoints, monkeypatch
 ) -> None:
     """Which models `auto` gives a page mover: MLX-CUDA with the layers computing from
-    host slots (stood in for on the CPU), moving while the gate says chunk 0; nowhere
-    else (here: the CPU as it is)."""
+    host slots (stood in for on the CPU), moving while the gate says chunk 0 of at least
+    `AUTO_MIN_TOKENS` (a stoppable request's 128-token first chunk would wait for its
+    pages); nowhere else (here: the CPU as it is)."""
     from ssdmoe_tui.engine.model import loader
     from ssdmoe_tui.engine.model.page_ahead import PageAhead
 
@@ -215,9 +216,11 @@ def test_auto_installs_the_first_chunk_mover_where_slots_are_host_placed_on_cuda
         ahead = sm.switches[0]._prestage
         assert isinstance(ahead, PageAhead) and ahead.moves_now is not None
         assert all(sw._prestage is ahead for sw in sm.switches)
-        for chunk, moves in ((0, True), (1, False), (None, False)):
-            sm.prefill_gate.chunk = chunk
-            assert ahead.moves_now() is moves
+        gate = sm.prefill_gate
+        for chunk, tokens, moves in ((0, 4096, True), (0, 2048, True), (0, 128, False),
+                                     (1, 4096, False), (None, 0, False)):  # fmt: skip
+            gate.chunk, gate.chunk_tokens = chunk, tokens
+            assert ahead.moves_now() is moves, (chunk, tokens)
     finally:
         sm.close()
 

@@ -32,7 +32,7 @@ from ssdmoe_tui.engine.experts.index import ExpertIndex, load_index
 from ssdmoe_tui.engine.experts.prefetch import PrefetchGovernor
 from ssdmoe_tui.engine.experts.reader import open_reader
 from ssdmoe_tui.engine.model import routing_mass as _routing_mass
-from ssdmoe_tui.engine.model.page_ahead import page_ahead
+from ssdmoe_tui.engine.model.page_ahead import AUTO_MIN_TOKENS, page_ahead
 from ssdmoe_tui.engine.model.prestage import Prestage
 from ssdmoe_tui.engine.model.routing_mass import RoutingMass
 from ssdmoe_tui.engine.model.streamed import (
@@ -487,7 +487,9 @@ def _install_switches(
         ahead = Prestage() if stage == "ahead" else page_ahead(placement)
     elif partition is None and stage == "auto" and placement == "host" and is_cuda():
         # a prompt's first chunk gains from its pages moved ahead, later ones lose
-        ahead = page_ahead(placement, lambda: gate.chunk == 0)
+        ahead = page_ahead(
+            placement, lambda: gate.chunk == 0 and gate.chunk_tokens >= AUTO_MIN_TOKENS
+        )
     if ahead is not None:
         for sw in switches:
             sw.set_prestage(ahead)

@@ -11,8 +11,11 @@ chunks) 0.837 against 0.827x; 16,384 (four) 0.771-0.785x moved against 0.830-0.8
 place. The prompt totals fit a first chunk ~0.35 s faster moved and each later chunk
 ~0.4 s slower (its reads into slots whose pages moved take twice as long: 3.2-3.6 s of
 reading against 1.5-1.6 in place at 16k), hence `auto`: the first chunk only
-(`moves_now`). The per-chunk split is the next GPU run's (`prefill_chunks_s` in the
-bench's JSON).
+(`moves_now`), and only a chunk of `AUTO_MIN_TOKENS` or more: a layer's move (21 ms for
+its 128 experts on that H100) runs beside its compute (59.9 ms at 4,096 tokens, about
+proportional to them), so a short chunk would wait for its pages (the first stoppable
+request's first chunk is 128 tokens: prefill_stop.FIRST_CHUNK). The per-chunk split is
+the next GPU run's (`prefill_chunks_s` in the bench's JSON).
 
 The same hooks as staging ahead (prestage.py): layer l's switch, once its compute is
 queued and layer l+1's predicted union is being read ahead, leaves the prediction here
@@ -41,6 +44,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ssdmoe_tui.engine.experts.page_moves import PageMover
+
+# `auto` moves a first chunk of at least this many tokens (the module's docstring).
+AUTO_MIN_TOKENS = 2048
 
 # Moved layers left on the GPU when the next one moves: the layer before it, whose
 # compute may still be queued (the module's docstring: why the one before that is done).

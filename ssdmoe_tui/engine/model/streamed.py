@@ -80,10 +80,11 @@ class PrefillGate:
     # runner expects the chunk within `prefill_stop.FROZEN_ASK_ABOVE_S` (a GPU's chunks):
     # the stop is then asked at the chunk's end, with no sync added per layer.
     frozen_too: bool = True
-    # The chunk's place in its prompt's prefill (0: the first), set by the runner around
-    # every chunk's forward pass, None outside one: `auto` moves a long chunk's pages
-    # ahead in the first chunk only (page_ahead.py says why).
+    # The chunk's place in its prompt's prefill (0: the first) and its tokens, set by the
+    # runner around every chunk's forward pass (None and 0 outside one): `auto` moves a
+    # long chunk's pages ahead in a large first chunk only (page_ahead.py says why).
     chunk: int | None = None
+    chunk_tokens: int = 0
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)

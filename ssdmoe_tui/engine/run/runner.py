@@ -676,7 +676,7 @@ class Runner:
             undo = ChunkUndo(cache)
             sm.prefill_gate.check = should_stop
             sm.prefill_gate.frozen_too = frozen_too
-        sm.prefill_gate.chunk = index
+        sm.prefill_gate.chunk, sm.prefill_gate.chunk_tokens = index, int(chunk.size)
         if routing is not None:
             routing.prefill_chunk = True
         try:
@@ -688,7 +688,7 @@ class Runner:
             return False
         finally:
             sm.prefill_gate.check = None
-            sm.prefill_gate.chunk = None
+            sm.prefill_gate.chunk, sm.prefill_gate.chunk_tokens = None, 0
             if routing is not None:
                 routing.prefill_chunk = False
         return True
