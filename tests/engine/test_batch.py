@@ -95,6 +95,7 @@ def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch,
     step's own arrays, rows leaving from a queued step too (1G: every layer frozen, the
     step pipelines)."""
     from ssdmoe_tui.engine.run.batch import HOST_COPY_ENV
+    from ssdmoe_tui.errors import SsdmoeError
 
     sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
     sm.measure_routing_mass(True)
@@ -111,6 +112,10 @@ def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch,
         got[mode] = {i: (r.tokens, r.text, r.stats.mass_log.values()) for i, r in results.items()}
     assert got["on"] == got["off"]
     assert all(len(masses) > 1 for _, _, masses in got["on"].values())
+    monkeypatch.setenv(HOST_COPY_ENV, "sometimes")  # a bad value: one line naming it
+    with pytest.raises(SsdmoeError) as err:
+        BatchRunner(runner)
+    assert str(err.value) == f"{HOST_COPY_ENV}='sometimes': use one of auto, on, off"
     sm.close()
 
 
