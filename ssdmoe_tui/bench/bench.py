@@ -345,8 +345,8 @@ def _config_figures(
         "prestaged_calls": sm.times.prestaged_calls,
         "prestaged_experts": sm.times.prestaged_experts,
         "prestage_missed_experts": sm.times.prestage_missed_experts,
-        # SSDMOE_PREFILL_STAGE=migrate (page_ahead.py): layers whose rows' pages moved to
-        # the GPU ahead, and their bytes (None: no page mover, nothing moved)
+        # pages moved ahead (page_ahead.py: `migrate`, and `auto` on MLX-CUDA host slots):
+        # layers whose rows' pages moved to the GPU, and their bytes (None: no page mover)
         **_pages_moved(sm),
         "slot_placement_note": cache.placement.note,
         # `device` placement's mirror (engine/experts/mirror.py), since the load
@@ -1108,9 +1108,9 @@ def _derive(result: dict, base_by_k: dict, index) -> None:
 
 
 def _pages_moved(sm) -> dict:  # noqa: ANN001 - a StreamedModel
-    """The page mover's figures under `migrate` (page_ahead.py), else None: layers and
-    bytes moved to the GPU, and the moves the driver refused."""
-    ahead = getattr(sm.switches[0], "_prestage", None) if sm.switches else None
+    """The page mover's figures (page_ahead.py), else None: layers and bytes moved to the
+    GPU, and the moves the driver refused."""
+    ahead = sm.switches[0].prestage if sm.switches else None
     mover = getattr(ahead, "mover", None)
     return {
         "pages_moved_layers": ahead.moves if mover is not None else None,

@@ -148,9 +148,9 @@ def test_prefill_pages_moved_ahead_stage_in_place_with_mlx_lms_tokens(
     monkeypatch.setenv(STAGE_ENV, "migrate")
     path = checkpoints("qwen3_moe")
     sm = load_streamed(path, expert_cache=str(_half_budget(path)))
-    ahead = sm.switches[0]._prestage
+    ahead = sm.switches[0].prestage
     assert isinstance(ahead, PageAhead) and ahead.mover is None
-    assert all(sw._prestage is ahead for sw in sm.switches)
+    assert all(sw.prestage is ahead for sw in sm.switches)
     prompt = _long_prompt(sm)
     try:
         res = Runner(sm, prefill_step_size=len(prompt)).generate(prompt, max_tokens=6)
@@ -172,7 +172,7 @@ def test_auto_moves_pages_in_a_prompts_first_chunk_only(checkpoints, monkeypatch
     monkeypatch.setenv(STAGE_ENV, "migrate")  # staged in place, read ahead: auto's on CUDA
     path = checkpoints("qwen3_moe")
     sm = load_streamed(path, expert_cache=str(_half_budget(path)))
-    gate, ahead = sm.prefill_gate, sm.switches[0]._prestage
+    gate, ahead = sm.prefill_gate, sm.switches[0].prestage
     calls: list[tuple[str, int | None]] = []
 
     class Recorder:
@@ -207,15 +207,15 @@ def test_auto_installs_the_first_chunk_mover_where_slots_are_host_placed_on_cuda
 
     path = checkpoints("qwen3_moe")
     sm = load_streamed(path, expert_cache="1G")
-    assert sm.switches[0]._prestage is None
+    assert sm.switches[0].prestage is None
     sm.close()
     monkeypatch.setattr(loader, "is_cuda", lambda: True)
     monkeypatch.setattr(loader, "computed_from", lambda cache: "host")
     sm = load_streamed(path, expert_cache="1G")
     try:
-        ahead = sm.switches[0]._prestage
+        ahead = sm.switches[0].prestage
         assert isinstance(ahead, PageAhead) and ahead.moves_now is not None
-        assert all(sw._prestage is ahead for sw in sm.switches)
+        assert all(sw.prestage is ahead for sw in sm.switches)
         gate = sm.prefill_gate
         for chunk, tokens, moves in ((0, 4096, True), (0, 2048, True), (0, 128, False),
                                      (1, 4096, False), (None, 0, False)):  # fmt: skip

@@ -114,7 +114,7 @@ def prefill_stage_mode() -> str:
     computes: prestage.py), `migrate` (staged in place, each layer's rows moved to the
     GPU by page migration while the layer before computes, in every long chunk:
     page_ahead.py). `auto` under MLX-CUDA `host` placement moves them in a prompt's first
-    chunk only (measured: page_ahead.py)."""
+    chunk only, if it has `AUTO_MIN_TOKENS` or more (measured: page_ahead.py)."""
     return env_choice(STAGE_ENV, STAGE_MODES)
 
 
@@ -273,7 +273,7 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_routing", None)  # TraceRouting of a trace-driven run
         object.__setattr__(self, "_gate", PrefillGate())  # the model's shared one: set_gate
         object.__setattr__(self, "_capture", False)  # routing_predictor asks for indices only
-        object.__setattr__(self, "_prestage", None)  # Prestage (`ahead`) or PageAhead (`migrate`)
+        object.__setattr__(self, "_prestage", None)  # Prestage (`ahead`) or PageAhead
         mode = pipeline_mode()  # read once: a bad value fails the load, in one line
         object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
@@ -287,8 +287,14 @@ class StreamedSwitch(nn.Module):
     def set_prestage(self, prestage: Prestage | PageAhead | None) -> None:
         """Stage long chunks a layer ahead through `prestage` (the loader shares one per
         model under SSDMOE_PREFILL_STAGE=ahead, prestage.py, or its pages moved ahead
-        under `migrate`, page_ahead.py); None: staged in place."""
+        under `migrate` and `auto` on MLX-CUDA host slots, page_ahead.py); None: staged in
+        place."""
         object.__setattr__(self, "_prestage", prestage)
+
+    @property
+    def prestage(self) -> Prestage | PageAhead | None:
+        """What `set_prestage` installed (the bench reads the page mover's counts)."""
+        return self._prestage
 
     def set_routing(self, routing) -> None:
         """Look up the trace's ids for this layer (engine/policy/trace_routing.py)."""

@@ -601,8 +601,7 @@ class BatchRunner:
         toks = toks.astype(mx.uint32)
         host = None
         if self._host_copy:
-            zero = mx.array(0, dtype=mx.uint32)
-            host = (mx.add(toks, zero, stream=mx.cpu),
+            host = (mx.add(toks, 0, stream=mx.cpu),
                     None if mass is None else mx.add(mass, 0.0, stream=mx.cpu))  # fmt: skip
         return _Pass(toks, mass, sm.times.last_k, host)
 
