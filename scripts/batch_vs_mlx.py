@@ -137,6 +137,7 @@ def main() -> int:
     )
     from ssdmoe_tui.bench.bench import fixed_prompt
     from ssdmoe_tui.engine.model.loader import load_streamed
+    from ssdmoe_tui.engine.run.batch import host_read_way
     from ssdmoe_tui.engine.run.runner import Runner
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +192,8 @@ def main() -> int:
         # tokenizer and streaming detokenizer that is, on this machine's transformers
         "detokenizer": _detokenizer(sm.tokenizer),
         "bg_detokenizes": args.bg_detok,
+        # how the engine's loop reads each step's tokens ($SSDMOE_BATCH_HOST_COPY)
+        "host_read": host_read_way(),
         "prompt_tokens": len(base),
         "decode_tokens": n,
         "rounds": [],

@@ -1,20 +1,32 @@
 """What reading a batch step's tokens to the host costs on MLX-CUDA while the next step runs.
 
-Issue 43's batches (docs/benchmarks.md, 2026-12-07 tenth session): at B = 8 the engine's
-step reads its 8 tokens (`tolist`) in 1.5-4.4 ms after its sync, with the next step
-already queued; 0.14-0.43 ms at B = 4; at B = 1 and 2 the step's whole rest was 0.2-0.35
-ms. MLX-CUDA (0.32) gives arrays of up to 8 bytes a slot of its small pool, in managed
+Issue 43's batches (docs/benchmarks.md, 2026-12-07 tenth and eleventh sessions): at B = 8
+the engine's step reads its 8 tokens (`tolist`) in 1.5-7.3 ms after its sync, with the
+next step already queued; 0.14-0.7 ms at B = 4; at B = 1 and 2 the step's whole rest was
+0.2-0.35 ms. MLX-CUDA (0.32) gives arrays of up to 8 bytes a slot of its small pool, in managed
 memory the host reads in place, and larger ones device memory: the first host read of
 those (`Buffer::raw_ptr`) allocates managed memory and copies into it with a synchronous
 `cudaMemcpy`. Whether that copy waits behind the work queued on the GPU is this probe's
-question, with no model: a B-token array (an argmax, as a sampler makes) is evaluated,
-a stand-in for the next step (a chain of matmuls) is queued, then the array is read, the
-host's time of the read timed. Ways:
+question, with no model, in the engine's order: a B-token array (an argmax, as a sampler
+makes) is queued, a stand-in for the next step (a chain of matmuls) is built on it and
+queued, the array is waited for (the step's sync), then read, the host's time of the
+read timed. Ways:
 
-- `direct`: the array as the sampler leaves it (what the engine and BatchGenerator read);
+- `direct`: the array as the sampler leaves it, the stand-in's input as the next decode
+  step's is (an embedding row gathered by each token): what the engine and BatchGenerator
+  read;
+- `unconsumed`: `direct` with a stand-in that does not read the tokens (the only way the
+  first run had, 2026-12-07 eleventh session: ~50 us at B = 4-16, while the engine's
+  read took 1.5-7.3 ms at B = 8, so the probe missed what the engine does);
+- `host_input`: `direct`, the stand-in also reading a B-value array made on the host each
+  step (MLX-CUDA puts those in managed memory, as the batch's per-row arrays made from
+  Python lists are): does the host's read of managed memory wait behind kernels using
+  another managed array?
 - `cpu_copy`: a copy made on the CPU stream, queued with the array (MLX's CPU worker
   thread then does the device read as soon as the array is ready; the main thread reads
-  managed memory): the candidate fix;
+  managed memory): `SSDMOE_BATCH_HOST_COPY=on`, which lost in the engine;
+- `pairs`: copies of 2 tokens (8 bytes) each, made on the device with the array: MLX-CUDA
+  gives those its managed small pool, read in place (`SSDMOE_BATCH_HOST_COPY=pairs`);
 - `idle`: `direct` with nothing queued behind it (the floor).
 
     python3 scripts/cuda_tolist_probe.py [--rounds 30] [--busy-ms 20] [--json OUT]
@@ -33,13 +45,21 @@ import time
 
 import mlx.core as mx
 
-WAYS = ("idle", "direct", "cpu_copy")
+WAYS = ("idle", "unconsumed", "direct", "host_input", "cpu_copy", "pairs")
 
 
-def _busy(n: int, size: int) -> mx.array:
-    """A chain of `n` matmuls of `size` squared: the next step's stand-in, queued lazily."""
+def _busy(n: int, size: int, toks: mx.array | None = None, extra: mx.array | None = None
+          ) -> mx.array:  # fmt: skip
+    """A chain of `n` matmuls of `size` squared: the next step's stand-in, queued lazily;
+    with `toks`, its input is their rows of the matrix (an embedding lookup), plus
+    `extra`'s rows if given."""
     a = mx.random.normal((size, size)).astype(mx.bfloat16)
     x = a
+    if toks is not None:
+        rows = toks.astype(mx.int32) % size
+        if extra is not None:
+            rows = rows + extra % size
+        x = a[rows % size]
     for _ in range(n):
         x = (x @ a) * 0.01
     return x
@@ -53,16 +73,24 @@ def _tokens(b: int, vocab: int) -> mx.array:
 def _one(way: str, b: int, vocab: int, n: int, size: int) -> float:
     """Seconds the host spends reading B tokens, the way given."""
     toks = _tokens(b, vocab)
-    read = toks
+    reads = [toks]
     if way == "cpu_copy":
-        read = mx.add(toks, mx.array(0, dtype=mx.uint32), stream=mx.cpu)
-    mx.eval(toks, read)
+        reads = [mx.add(toks, mx.array(0, dtype=mx.uint32), stream=mx.cpu)]
+    elif way == "pairs":
+        zero = mx.array(0, dtype=mx.uint32)
+        reads = [mx.add(toks[i : i + 2], zero) for i in range(0, b, 2)]
     busy = None
-    if way != "idle":
-        busy = _busy(n, size)
+    if way == "idle":
+        mx.eval(toks, *reads)
+    else:  # the engine's order: the next step queued on the lazy tokens, then its sync
+        mx.async_eval(toks, *reads)
+        extra = mx.array(list(range(b)), dtype=mx.int32) if way == "host_input" else None
+        busy = _busy(n, size, None if way == "unconsumed" else toks, extra)
         mx.async_eval(busy)
+        mx.eval(toks, *reads)
     t = time.perf_counter()
-    read.tolist()
+    for r in reads:
+        r.tolist()
     dt = time.perf_counter() - t
     if busy is not None:
         mx.eval(busy)
@@ -81,6 +109,7 @@ def _busy_ms(n: int, size: int, rounds: int = 5) -> float:
 
 def _calibrate(size: int, target_ms: float) -> int:
     """Matmuls in the chain for about `target_ms` of device time (at least 1)."""
+    _busy_ms(4, size)  # a fresh MLX-CUDA compiles the chain's kernels in the first
     per = _busy_ms(4, size) / 4
     return max(1, round(target_ms / per)) if per > 0 else 1
 

@@ -90,10 +90,10 @@ def test_batch_tokens_equal_alone(checkpoints, arch, budget):
 
 @pytest.mark.parametrize("budget", ["1", "1G"])
 def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch, budget):
-    """`SSDMOE_BATCH_HOST_COPY=on`: each step's tokens and routing masses copied on the
-    CPU stream and read from there give every row the tokens, text and masses of the
-    step's own arrays, rows leaving from a queued step too (1G: every layer frozen, the
-    step pipelines)."""
+    """`SSDMOE_BATCH_HOST_COPY`: each step's tokens and routing masses copied on the CPU
+    stream (`on`) or into 2-value device arrays (`pairs`: 3 rows, so one odd piece) and
+    read from there give every row the tokens, text and masses of the step's own arrays,
+    rows leaving from a queued step too (1G: every layer frozen, the step pipelines)."""
     from ssdmoe_tui.engine.run.batch import HOST_COPY_ENV
     from ssdmoe_tui.errors import SsdmoeError
 
@@ -105,18 +105,29 @@ def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch,
         for i, (p, n) in enumerate(zip(prompts(sm), MAX_TOKENS, strict=True))
     ]
     got = {}
-    for mode in ("off", "on"):
+    for mode, way in (("off", "direct"), ("on", "cpu"), ("pairs", "pairs")):
         monkeypatch.setenv(HOST_COPY_ENV, mode)
         batch, results, _ = run_batch(runner, specs, max_batch=3)
-        assert batch._host_copy == (mode == "on")
+        assert batch._host_read == way
         got[mode] = {i: (r.tokens, r.text, r.stats.mass_log.values()) for i, r in results.items()}
-    assert got["on"] == got["off"]
+    assert got["on"] == got["off"] == got["pairs"]
     assert all(len(masses) > 1 for _, _, masses in got["on"].values())
     monkeypatch.setenv(HOST_COPY_ENV, "sometimes")  # a bad value: one line naming it
     with pytest.raises(SsdmoeError) as err:
         BatchRunner(runner)
-    assert str(err.value) == f"{HOST_COPY_ENV}='sometimes': use one of auto, on, off"
+    assert str(err.value) == f"{HOST_COPY_ENV}='sometimes': use one of auto, on, off, pairs"
     sm.close()
+
+
+def test_host_copies_split_into_pairs():
+    """`pairs` gives arrays of at most 8 bytes (MLX-CUDA's small pool), in order."""
+    from ssdmoe_tui.engine.run.batch import host_copies
+
+    a = mx.arange(7, dtype=mx.uint32) * 3
+    parts = host_copies(a, "pairs")
+    assert [p.nbytes for p in parts] == [8, 8, 8, 4]
+    assert [v for p in parts for v in p.tolist()] == a.tolist()
+    assert host_copies(a, "direct") == [a]
 
 
 @pytest.mark.parametrize("budget", ["1", "1G"])
@@ -427,7 +438,8 @@ def test_the_spy_summary_places_samples_at_the_loops_lines(tmp_path) -> None:
 
 def test_the_tolist_probe_times_each_way_and_size(tmp_path) -> None:
     """scripts/cuda_tolist_probe.py, run small on the CPU as z2.sh runs it on a GPU: a
-    read time for each way (idle, direct, the CPU-stream copy) and B, in the JSON it
+    read time for each way (idle, unconsumed, direct, host input, the CPU-stream copy,
+    pairs) and B, in the JSON it
     writes and the line it prints, and the queued work's own time."""
     import json
     import subprocess
@@ -443,7 +455,8 @@ def test_the_tolist_probe_times_each_way_and_size(tmp_path) -> None:
     res = json.loads(out.read_text(encoding="utf-8"))
     assert json.loads(run.stdout.splitlines()[0]) == res
     assert res["rounds"] == 3 and res["busy_matmuls"] >= 1 and res["busy_ms"] > 0
-    assert set(res["read_us"]) == {"idle", "direct", "cpu_copy"}
+    ways = {"idle", "unconsumed", "direct", "host_input", "cpu_copy", "pairs"}
+    assert set(res["read_us"]) == ways
     for per in res["read_us"].values():
         assert set(per) == {"1", "8"}
         assert all(0 < v["median"] <= v["p90"] for v in per.values())

@@ -72,17 +72,37 @@ from ssdmoe_tui.options import env_choice
 HOST_COPY_ENV = "SSDMOE_BATCH_HOST_COPY"
 
 
-def host_copy_on() -> bool:
-    """$SSDMOE_BATCH_HOST_COPY: `on` copies each step's tokens (and routing masses) on
-    the CPU stream, queued with the step, and the host reads the copy; `off` and `auto`
-    (default, for now) read the step's own arrays. Why: MLX-CUDA keeps arrays over 8
-    bytes in device memory and the host's first read of one copies it synchronously
-    (`Buffer::raw_ptr`), with the next step already queued: 1.5-4.4 ms a B = 8 step on
-    an H100 against 0.14-0.43 at B = 4 (docs/benchmarks.md, 2026-12-07 tenth session);
-    the copy moves that read to MLX's CPU worker thread, off the loop's path.
-    `scripts/cuda_tolist_probe.py` prices both ways without a model. On the CPU and
-    Metal (one memory) it changes nothing but an add a step."""
-    return env_choice(HOST_COPY_ENV, ("auto", "on", "off")) == "on"
+def host_read_way() -> str:
+    """$SSDMOE_BATCH_HOST_COPY: how the loop reads each step's tokens (and routing
+    masses). `off` and `auto` (the default: no way measured faster yet) read the step's
+    own arrays; `on` copies them on the CPU stream, queued with the step, and reads the
+    copy; `pairs` copies them on the device into arrays of 8 bytes (2 tokens) each, and
+    reads those. Why: MLX-CUDA keeps arrays over 8 bytes in device memory and the host's
+    first read of one copies it synchronously (`Buffer::raw_ptr`), with the next step
+    already queued: 1.5-7.3 ms of a B = 8 step on an H100 against 0.2-0.7 at B = 4
+    (docs/benchmarks.md, 2026-12-07 tenth and eleventh sessions), while an array of up
+    to 8 bytes lives in MLX's managed small pool, which the host reads in place (B = 1, 2:
+    2-4 us). `on` moved the wait into the next step's queueing and lost (B = 8 engine /
+    BatchGenerator 0.645 against 0.687x, eleventh session); `pairs` is the next run's
+    (`scripts/cuda_tolist_probe.py` prices the ways without a model). On the CPU and
+    Metal (one memory) each way reads the same values; the extra copies cost little."""
+    way = env_choice(HOST_COPY_ENV, ("auto", "on", "off", "pairs"))
+    return {"auto": "direct", "off": "direct", "on": "cpu"}.get(way, way)
+
+
+# values per array under `pairs`: MLX-CUDA's small pool holds arrays of up to 8 bytes
+PAIR = 2
+
+
+def host_copies(a: mx.array, way: str) -> list[mx.array]:
+    """What the host reads of `a` (1-D, 4-byte values) the way given (`host_read_way`),
+    queued lazily with it."""
+    if way == "cpu":
+        return [mx.add(a, mx.array(0, dtype=a.dtype), stream=mx.cpu)]
+    if way == "pairs":
+        zero = mx.array(0, dtype=a.dtype)
+        return [mx.add(a[i : i + PAIR], zero) for i in range(0, int(a.shape[0]), PAIR)]
+    return [a]
 
 
 @dataclass
@@ -166,20 +186,28 @@ class _Pass:
     tokens: mx.array  # [rows], lazy until the step's sync
     mass: mx.array | None  # [rows] routing mass (None: not measured)
     k: int  # the K it ran at (`StepTimes.last_k`)
-    # tokens and mass copied on the CPU stream (`SSDMOE_BATCH_HOST_COPY`), what the host
-    # reads then; None: it reads `tokens` and `mass`
-    host: tuple[mx.array, mx.array | None] | None = None
+    # what the host reads of tokens and mass (`host_copies`); None: the arrays themselves
+    host: tuple[list[mx.array], list[mx.array] | None] | None = None
 
     def wanted(self) -> list[mx.array]:
         """The arrays the step's sync waits for."""
-        got = [self.tokens] if self.host is None else [self.tokens, self.host[0]]
-        mass = self.mass if self.host is None else self.host[1]
-        return got if mass is None else [*got, mass]
+        if self.host is None:
+            return [self.tokens] if self.mass is None else [self.tokens, self.mass]
+        toks, mass = self.host
+        return [self.tokens, *toks, *(mass or ())]
 
     def read(self) -> tuple[list[int], list[float] | None]:
         """The tokens and masses on the host (after the sync)."""
-        toks, mass = (self.tokens, self.mass) if self.host is None else self.host
-        return toks.tolist(), None if mass is None else mass.tolist()
+        if self.host is None:
+            toks, mass = [self.tokens], None if self.mass is None else [self.mass]
+        else:
+            toks, mass = self.host
+        return _flat(toks), None if mass is None else _flat(mass)
+
+
+def _flat(parts: list[mx.array]) -> list:
+    """The host's values of `parts`, in order (one `tolist` for one part)."""
+    return parts[0].tolist() if len(parts) == 1 else [v for p in parts for v in p.tolist()]
 
 
 @dataclass
@@ -303,7 +331,7 @@ class BatchRunner:
         # K -> its rows' group; invariant: (K, row) -> a group of that row alone
         self._groups: dict[Hashable, _Group] = {}
         self.figures = BatchFigures()
-        self._host_copy = host_copy_on()
+        self._host_read = host_read_way()
         self._eos = runner.eos_ids()
         # Called before a sequence leaves the queue to prefill: False keeps it waiting
         # (the service's KV budget); never asked while no sequence runs.
@@ -600,9 +628,9 @@ class BatchRunner:
             toks = mx.concatenate(parts)[mx.array(inverse)]
         toks = toks.astype(mx.uint32)
         host = None
-        if self._host_copy:
-            host = (mx.add(toks, 0, stream=mx.cpu),
-                    None if mass is None else mx.add(mass, 0.0, stream=mx.cpu))  # fmt: skip
+        if self._host_read != "direct":
+            way = self._host_read
+            host = (host_copies(toks, way), None if mass is None else host_copies(mass, way))
         return _Pass(toks, mass, sm.times.last_k, host)
 
     def _settle(self, group: _Group, events: list[RowEvent]) -> None:
