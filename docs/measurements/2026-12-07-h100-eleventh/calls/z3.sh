@@ -1,0 +1,25 @@
+# carry [".devsite", ".benchcfg"], after ../../2026-12-07-h100-ninth/calls/a.sh (.whlA),
+# ../../2026-12-06-h200-seventh/calls/b.sh (.whlC) and
+# ../../2026-12-07-h100-tenth/calls/stash.sh (.whlB), each right after the last.
+# Install, Q30, then the batch's token read (issue 43 item 2): the probe in the engine's
+# order (the next step built on the lazy tokens: `direct`; the first probe's `unconsumed`;
+# `host_input`; `cpu_copy`; `pairs`), then the B = 4, 8 step split, every expert held,
+# SSDMOE_BATCH_HOST_COPY off / pairs alternating, twice. Read: does `pairs` take
+# `to_host` (1.7-7.3 ms at B = 8 off) away without moving it into `queue`, and engine /
+# BatchGenerator with it? If so, `auto` = pairs on MLX-CUDA. ~8 min.
+T0=$(date +%s)
+bash scripts/gpu_install.sh || exit 1
+source scripts/gpu_env.sh
+STEPS=q30 DEADLINE_S=120 bash scripts/gpu_pipeline.sh /root/res/build > /root/res/build.log 2>&1
+echo "q30 exit $? +$(( $(date +%s)-T0 ))s"
+timeout 90 python3 scripts/cuda_tolist_probe.py --rounds 30 --json /root/res/tolist2.json \
+  > /root/res/tolist2.txt 2>&1; echo "tolist exit $? +$(( $(date +%s)-T0 ))s"; tail -7 /root/res/tolist2.txt
+for run in off pairs off pairs; do
+  left=$(( 560 - ($(date +%s)-T0) )); [ "$left" -gt 80 ] || break
+  o=/root/res/split-$run-$(date +%s)
+  SSDMOE_BATCH_HOST_COPY=$run timeout $(( left - 5 )) python3 scripts/batch_vs_mlx.py --out $o \
+    --model /root/q30 --tag split --expert-cache 64G --batch 4,8 --rounds 4 --deadline-s 60 \
+    --decode-tokens 48 --prompt-tokens 64 --host-split > $o.txt 2>&1
+  echo "split $run exit $? +$(( $(date +%s)-T0 ))s"; tail -5 $o.txt
+done
+cd /root/res && tar czf $OUT/z3.tgz build.log tolist2.* split-*; ls $OUT
