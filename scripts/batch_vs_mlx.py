@@ -311,7 +311,8 @@ def main() -> int:
                       f"{s['cpu_ms_per_token'].get('mlx_streamed')} |")  # fmt: skip
         if args.host_split:
             print("\nms per step (window medians): step / in the model's forward call "
-                  "[/ engine: build / queue / sync wait / deliver (to host) / other]")  # fmt: skip
+                  "/ build / queue / sync wait / deliver (to host) / other (BatchGenerator: "
+                  "build = its forward call, no deliver: other holds its tokens' read)")  # fmt: skip
             for s in summary:
                 cells = []
                 for kind, v in (s["host_ms_per_step"] or {}).items():

@@ -84,9 +84,11 @@ class BatchRun:
 
     def host_split(self) -> dict:
         """Milliseconds per step of the window: wall, in the model's forward call, and
-        (engine) building its passes, queueing them, waiting in its sync, handing out the
+        building the passes (BatchGenerator: its forward calls), queueing them
+        (`mx.async_eval`), waiting in the sync (`mx.eval`), (engine) handing out the
         tokens (`to_host` of it: reading them), and `other`: the step's time outside those
-        four (the loop around them); None: not measured."""
+        (the loop around them; BatchGenerator: with its tokens' read and hand-out); None:
+        not measured."""
         n = self.window_steps
 
         def ms(x: float | None) -> float | None:
@@ -94,11 +96,51 @@ class BatchRun:
 
         parts = (self.window_build_s, self.window_queue_s, self.window_sync_s,
                  self.window_deliver_s)  # fmt: skip
-        other = None if None in parts else self.window_s - sum(parts)  # type: ignore[arg-type]
+        # BatchGenerator's side has no `deliver`: its `other` is then its tokens' read and
+        # its loop around the step
+        other = (None if None in parts[:3]
+                 else self.window_s - sum(p for p in parts if p is not None))  # fmt: skip
         return {"step": ms(self.window_s), "model": ms(self.window_model_s),
                 "build": ms(self.window_build_s), "queue": ms(self.window_queue_s),
                 "sync": ms(self.window_sync_s), "deliver": ms(self.window_deliver_s),
                 "to_host": ms(self.window_to_host_s), "other": ms(other)}  # fmt: skip
+
+
+class TimedEvals:
+    """`mx.async_eval` and `mx.eval` timed while in use (seconds summed in `queue_s` and
+    `sync_s`): BatchGenerator's step queues the next pass and waits for the current one
+    through them (mlx_lm/generate.py calls them through the `mlx.core` module, so the
+    module's attributes are swapped and put back on exit). Only while nothing else runs."""
+
+    def __init__(self) -> None:
+        self.queue_s = 0.0
+        self.sync_s = 0.0
+        self._orig: tuple | None = None
+
+    def __enter__(self) -> TimedEvals:
+        orig_async, orig_eval = mx.async_eval, mx.eval
+        self._orig = (orig_async, orig_eval)
+
+        def async_eval(*args):  # noqa: ANN002, ANN202
+            t = time.perf_counter()
+            try:
+                return orig_async(*args)
+            finally:
+                self.queue_s += time.perf_counter() - t
+
+        def eval_(*args):  # noqa: ANN002, ANN202
+            t = time.perf_counter()
+            try:
+                return orig_eval(*args)
+            finally:
+                self.sync_s += time.perf_counter() - t
+
+        mx.async_eval, mx.eval = async_eval, eval_
+        return self
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        assert self._orig is not None
+        mx.async_eval, mx.eval = self._orig
 
 
 class TimedModel:
@@ -268,13 +310,19 @@ class ResidentBatch:
             tops: list[list] = [[] for _ in prompts]
             steps: list[tuple[float, float, int]] = []
             timed = self.model if isinstance(self.model, TimedModel) else None
-            model_s: list[float] = []
+            evals = TimedEvals() if timed else None
+            model_s: list[tuple[float, float, float]] = []  # forward, queue, sync so far
             for _ in range(4 * (n + max(len(p) for p in prompts)) + 64):
-                resps = gen.next_generated()
+                if evals is not None:
+                    with evals:
+                        resps = gen.next_generated()
+                else:
+                    resps = gen.next_generated()
                 if not resps:
                     break
                 steps.append((time.perf_counter(), time.process_time(), len(resps)))
-                model_s.append(timed.seconds if timed else 0.0)
+                if timed is not None and evals is not None:
+                    model_s.append((timed.seconds, evals.queue_s, evals.sync_s))
                 for r in resps:
                     i = index[r.uid]
                     tokens[i].append(int(r.token))
@@ -292,7 +340,10 @@ class ResidentBatch:
         w = window_index(steps, b)
         if w is not None:
             run.window_steps = w[1] - w[0]
-            run.window_model_s = model_s[w[1]] - model_s[w[0]] if timed else None
+            if timed:
+                (m0, q0, s0), (m1, q1, s1) = model_s[w[0]], model_s[w[1]]
+                run.window_model_s = run.window_build_s = m1 - m0
+                run.window_queue_s, run.window_sync_s = q1 - q0, s1 - s0
         if record:
             run.margins = [
                 [tuple(x) for x in mx.concatenate(t).tolist()] if t else [] for t in tops

@@ -377,7 +377,8 @@ def test_join_sizer_converges_to_the_budget():
 def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
     """What scripts/batch_vs_mlx.py's `--host-split --bg-streamed` rest on: the batch
     step's build / queue / sync figures cover its steps, mlx-lm's `BatchGenerator` runs
-    over the engine's own frozen model (timed, as over mlx-lm's) and its rows' greedy
+    over the engine's own frozen model (timed, as over mlx-lm's: its forward calls,
+    queueing and sync, the rest its read and loop) and its rows' greedy
     tokens are the engine's batch's and those of `BatchGenerator` over mlx-lm's model."""
     from ssdmoe_tui.bench.batch import row_prompts
     from ssdmoe_tui.bench.batch_compare import ResidentBatch, TimedModel, engine_batch
@@ -398,9 +399,17 @@ def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
     assert 0 < split["to_host"] <= split["deliver"] and split["other"] >= 0
     parts = sum(split[k] for k in ("build", "queue", "sync", "deliver", "other"))
     assert parts == pytest.approx(split["step"], abs=1e-3)
-    # (its rows detokenized every step too, as mlx_lm.server's loop does: --bg-detok)
+    # (its rows detokenized every step too, as mlx_lm.server's loop does: --bg-detok);
+    # BatchGenerator's queue and sync timed through mlx.core's functions, put back after
+    eval_before = (mx.eval, mx.async_eval)
     over = ResidentBatch.over(sm.model, sm.tokenizer).batch(ps, 24, detok=True)
-    assert over.host_split()["model"] > 0
+    assert (mx.eval, mx.async_eval) == eval_before
+    bg = over.host_split()
+    assert bg["model"] == bg["build"] > 0 and bg["queue"] > 0 and bg["sync"] > 0
+    assert bg["deliver"] is None and bg["other"] > 0  # its read and loop
+    assert sum(bg[k] for k in ("build", "queue", "sync", "other")) == pytest.approx(
+        bg["step"], abs=1e-3
+    )
     theirs = ResidentBatch(path, sm.dtype).batch(ps, 24)
     assert over.tokens == ours.tokens == theirs.tokens
 
