@@ -89,6 +89,63 @@ def test_batch_tokens_equal_alone(checkpoints, arch, budget):
 
 
 @pytest.mark.parametrize("budget", ["1", "1G"])
+def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, budget):
+    """Three of five rows stopped in one step leave their group together: the batch
+    cache filtered once a layer, not once a row (mlx-lm's `BatchKVCache.filter` reads the
+    row paddings to the host, a wait on the device each); the two left decode on to
+    their tokens alone, and each row's own cache covers exactly its tokens (1G: every
+    layer frozen, rows leave a queued step)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
+    runner = Runner(sm)
+    ps = prompts(sm)
+    stop = [False]
+    specs = [
+        SeqSpec(
+            i, p, max_tokens=40 if i < 3 else n, should_stop=(lambda: stop[0]) if i < 3 else None
+        )
+        for i, (p, n) in enumerate(zip(ps, MAX_TOKENS, strict=True))
+    ]
+    filters = []
+    real = BatchKVCache.filter
+    monkeypatch.setattr(
+        BatchKVCache, "filter", lambda c, keep: (filters.append(list(keep)), real(c, keep))[1]
+    )
+    batch = BatchRunner(runner, max_batch=5, join_budget_s=None)
+    for spec in specs:
+        batch.add(spec)
+    results, events = {}, {}
+    for _ in range(200):
+        if batch.idle:
+            break
+        if batch.rows == 5 and not stop[0]:
+            stop[0] = True
+            filters.clear()
+            step_events = batch.step()
+            n_layers = sum(
+                isinstance(c, BatchKVCache) for c in next(iter(batch._groups.values())).cache
+            )
+            assert len(filters) == n_layers  # once a layer for the three
+            assert all(len(keep) == 2 for keep in filters)
+            assert [uid for uid, ev in step_events if isinstance(ev, Done)] == [0, 1, 2]
+        else:
+            step_events = batch.step()
+        for uid, ev in step_events:
+            events.setdefault(uid, []).append(ev)
+            if isinstance(ev, Done):
+                results[uid] = ev.result
+    assert stop[0] and batch.idle and sorted(results) == [0, 1, 2, 3, 4]
+    for i in (3, 4):
+        assert results[i].tokens == runner.generate(ps[i], max_tokens=MAX_TOKENS[i]).tokens
+    for i in range(5):
+        offsets = [c.offset for c in results[i].cache if hasattr(c, "keys")]
+        assert offsets and all(o == len(results[i].covered_tokens) for o in offsets)
+    assert all(results[i].finish_reason == "cancelled" for i in range(3))
+    sm.close()
+
+
+@pytest.mark.parametrize("budget", ["1", "1G"])
 def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch, budget):
     """`SSDMOE_BATCH_HOST_COPY`: each step's tokens and routing masses copied on the CPU
     stream (`on`) or into 2-value device arrays (`pairs`: 3 rows, so one odd piece) and

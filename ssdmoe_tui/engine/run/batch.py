@@ -371,8 +371,9 @@ class BatchRunner:
         sequence runs (while there is room), then one decode step per K group."""
         events: list[RowEvent] = []
         for group in list(self._groups.values()):
-            for row in [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]:
-                events.append((row.uid, Done(self._leave(group, row, "cancelled"))))
+            stopped = [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]
+            if stopped:
+                self._leave_all(group, [(r, "cancelled") for r in stopped], events)
         self._follow_live_k(events)
         t0 = time.perf_counter()
         decoding = self.rows > 0  # a chunk stalls only the rows already decoding
@@ -507,39 +508,53 @@ class BatchRunner:
 
     def _detach(self, group: _Group, row: _Row) -> list:
         """Take `row` out of its group; returns its own KV cache."""
-        i = group.rows.index(row)
-        group.rows.pop(i)
+        return self._detach_rows(group, [row])[0]
+
+    def _detach_rows(self, group: _Group, leaving: list[_Row]) -> list[list]:
+        """Take `leaving` out of their group together; returns each one's own KV cache.
+        Together: the batch cache is filtered once for all of them, not once a row: each
+        of mlx-lm's `BatchKVCache.filter` calls reads the new row paddings to the host, a
+        wait on the device per layer (behind a queued step, the first waits for all of
+        it), so rows ending in one step cost one filter a layer, not one a row and layer;
+        the rows extracted read the same paddings, once a layer."""
+        gone = [group.rows.index(r) for r in leaving]
+        out_idx = set(gone)
+        group.rows[:] = [r for j, r in enumerate(group.rows) if j not in out_idx]
         group.changed()
         pend = group.pending
         if pend is not None:
             n = int(pend.tokens.shape[0])
-            if i < n:  # its token in the queued pass is dropped (its cache holds the input)
-                keep = mx.array([j for j in range(n) if j != i], dtype=mx.uint32)
-                # (its host copy, if any, not kept: the host reads these few once)
-                group.pending = _Pass(
-                    pend.tokens[keep], None if pend.mass is None else pend.mass[keep], pend.k
-                )
-                if n == 1:
+            kept = [j for j in range(n) if j not in out_idx]
+            if len(kept) < n:  # their tokens in the queued pass are dropped (their
+                # caches hold the input; their host copies, if any, not kept: read once)
+                if not kept:
                     group.pending = None
-        if group.cache is None:
-            cache = row.cache
+                else:
+                    keep = mx.array(kept, dtype=mx.uint32)
+                    group.pending = _Pass(
+                        pend.tokens[keep], None if pend.mass is None else pend.mass[keep],
+                        pend.k,
+                    )  # fmt: skip
+        if group.cache is None:  # one row, its own cache
+            caches = [r.cache for r in leaving]
         else:
-            cache = [c.extract(i) for c in group.cache]
-            if len(group.rows) == 1:  # back to the single-sequence step
-                other = 1 - i  # the remaining row's index in the batch cache
-                group.rows[0].cache = [c.extract(other) for c in group.cache]
+            caches = [[c.extract(i) for c in group.cache] for i in gone]
+            left = [j for j in range(len(group.rows) + len(gone)) if j not in out_idx]
+            if len(left) == 1:  # back to the single-sequence step
+                group.rows[0].cache = [c.extract(left[0]) for c in group.cache]
                 group.cache = None
-            else:
-                keep = list(range(len(group.rows) + 1))
-                keep.pop(i)
+            elif left:
                 for c in group.cache:
-                    c.filter(keep)
-        row.cache = None
+                    c.filter(left)
+            else:
+                group.cache = None
+        for r in leaving:
+            r.cache = None
         if not group.rows:
             for key, g in list(self._groups.items()):
                 if g is group:
                     del self._groups[key]
-        return cache
+        return caches
 
     # ------------------------------------------------------------------ decode
     def _decode(self, groups: list[_Group], events: list[RowEvent]) -> None:
@@ -674,6 +689,7 @@ class BatchRunner:
             toks, masses = p.read()
             fig.to_host_s += time.perf_counter() - t_host
             k = p.k
+            ending: list[tuple[_Row, str]] = []
             for i, row in enumerate(rows):
                 begun = row.begun
                 stats = begun.stats
@@ -683,7 +699,9 @@ class BatchRunner:
                 begun.decode_share.add(part)
                 finish = emit(row, toks[i], events, now)
                 if finish is not None:
-                    events.append((row.uid, Done(self._leave(group, row, finish))))
+                    ending.append((row, finish))
+            if ending:
+                self._leave_all(group, ending, events)
         fig.deliver_s += time.perf_counter() - now
 
     def _emit(
@@ -707,9 +725,15 @@ class BatchRunner:
             finish = "length"
         return finish
 
-    def _leave(self, group: _Group, row: _Row, finish: str):
-        row.begun.cache = self._detach(group, row)
-        return self._result(row, finish)
+    def _leave_all(
+        self, group: _Group, ending: list[tuple[_Row, str]], events: list[RowEvent]
+    ) -> None:
+        """Rows of one group that end at once leave it together (`_detach_rows`), each
+        with its Done event, in their order."""
+        caches = self._detach_rows(group, [r for r, _ in ending])
+        for (row, finish), cache in zip(ending, caches, strict=True):
+            row.begun.cache = cache
+            events.append((row.uid, Done(self._result(row, finish))))
 
     def _result(self, row: _Row, finish: str):
         if row.cache is not None:  # never attached (ended on its first token)
