@@ -149,5 +149,16 @@ def device_description() -> dict[str, str]:
     }
 
 
+def page_faults() -> tuple[int, int] | None:
+    """The process's (minor, major) page faults so far (getrusage; None where the
+    platform has no `resource` module)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX platform
+        return None
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_minflt, ru.ru_majflt
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

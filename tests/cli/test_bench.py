@@ -379,6 +379,12 @@ def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny
         chunks = r["prefill_chunks_s"]
         assert sum(n for n, _ in chunks) == r["prompt_tokens"] and chunks[-1][0] == 1
         assert sum(t for _, t in chunks) == pytest.approx(r["prefill_s"], abs=0.05)
+        # the same chunks' reading, router sync and the process's page faults
+        detail = r["prefill_chunks_detail"]
+        assert len(detail) == len(chunks)
+        assert sum(d["read_s"] for d in detail) <= r["prefill_read_s"] + 1e-3
+        assert all(d["read_s"] >= 0 and d["router_sync_s"] >= 0 for d in detail)
+        assert all(len(d["faults"]) == 2 and min(d["faults"]) >= 0 for d in detail)
     text = summary(res, wide=True)
     assert f"| {fs['type']} on {fs['mount_point']} |" in text
     assert "response time (prefill to the first token + decode = total)" in text
