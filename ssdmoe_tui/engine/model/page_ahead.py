@@ -14,8 +14,12 @@ reading against 1.5-1.6 in place at 16k), hence `auto`: the first chunk only
 (`moves_now`), and only a chunk of `AUTO_MIN_TOKENS` or more: a layer's move (21 ms for
 its 128 experts on that H100) runs beside its compute (59.9 ms at 4,096 tokens, about
 proportional to them), so a short chunk would wait for its pages (the first stoppable
-request's first chunk is 128 tokens: prefill_stop.FIRST_CHUNK). The per-chunk split is
-the next GPU run's (`prefill_chunks_s` in the bench's JSON).
+request's first chunk is 128 tokens: prefill_stop.FIRST_CHUNK). Measured since (the
+eleventh session, `prefill_chunks_s`): the moved first chunk 0.40 s faster, later chunks
+as in place, 16k `auto` 0.854 / 0.859x against 0.830 / 0.832x; but after a one-chunk
+4k prompt the one-token step took 0.63 against 0.16 s (its reads, into pages that went
+to the GPU and back), 0.782 against 0.794x, where the tenth session's same path gave
+0.84-0.86x: the next run counts that step's page faults (`prefill_chunks_detail`).
 
 The same hooks as staging ahead (prestage.py): layer l's switch, once its compute is
 queued and layer l+1's predicted union is being read ahead, leaves the prediction here

@@ -4,9 +4,12 @@
 # Install, Q30, then the batch's token read (issue 43 item 2): the probe in the engine's
 # order (the next step built on the lazy tokens: `direct`; the first probe's `unconsumed`;
 # `host_input`; `cpu_copy`; `pairs`), then the B = 4, 8 step split, every expert held,
-# SSDMOE_BATCH_HOST_COPY off / pairs alternating, twice. Read: does `pairs` take
-# `to_host` (1.7-7.3 ms at B = 8 off) away without moving it into `queue`, and engine /
-# BatchGenerator with it? If so, `auto` = pairs on MLX-CUDA. ~8 min.
+# SSDMOE_BATCH_HOST_COPY off / pairs alternating, twice; BatchGenerator's own split
+# beside the engine's (525f336: its async_eval / eval timed, the rest its read and loop)
+# and the rows ending in the window's last step leaving together (26b2487). Read: does
+# `pairs` take `to_host` (1.7-7.3 ms at B = 8 off) away without moving it into `queue`,
+# and engine / BatchGenerator with it? Is BatchGenerator's read as slow? If `pairs` wins,
+# `auto` = pairs on MLX-CUDA. ~8 min.
 T0=$(date +%s)
 bash scripts/gpu_install.sh || exit 1
 source scripts/gpu_env.sh
