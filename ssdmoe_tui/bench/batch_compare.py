@@ -118,25 +118,20 @@ class TimedEvals:
         self._orig: tuple | None = None
 
     def __enter__(self) -> TimedEvals:
-        orig_async, orig_eval = mx.async_eval, mx.eval
-        self._orig = (orig_async, orig_eval)
-
-        def async_eval(*args):  # noqa: ANN002, ANN202
-            t = time.perf_counter()
-            try:
-                return orig_async(*args)
-            finally:
-                self.queue_s += time.perf_counter() - t
-
-        def eval_(*args):  # noqa: ANN002, ANN202
-            t = time.perf_counter()
-            try:
-                return orig_eval(*args)
-            finally:
-                self.sync_s += time.perf_counter() - t
-
-        mx.async_eval, mx.eval = async_eval, eval_
+        self._orig = (mx.async_eval, mx.eval)
+        mx.async_eval = self._timed(mx.async_eval, "queue_s")
+        mx.eval = self._timed(mx.eval, "sync_s")
         return self
+
+    def _timed(self, fn, total: str):  # noqa: ANN001, ANN202 - an mlx.core function
+        def call(*args):  # noqa: ANN002, ANN202
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                setattr(self, total, getattr(self, total) + time.perf_counter() - t)
+
+        return call
 
     def __exit__(self, *exc) -> None:  # noqa: ANN002
         assert self._orig is not None
