@@ -89,15 +89,17 @@ def test_batch_tokens_equal_alone(checkpoints, arch, budget):
 
 
 @pytest.mark.parametrize("budget", ["1", "1G"])
-def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, budget):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, budget):
     """Three of five rows stopped in one step leave their group together: the batch
     cache filtered once a layer, not once a row (mlx-lm's `BatchKVCache.filter` reads the
     row paddings to the host, a wait on the device each); the two left decode on to
     their tokens alone, and each row's own cache covers exactly its tokens (1G: every
-    layer frozen, rows leave a queued step)."""
+    layer frozen, rows leave a queued step), for every architecture's caches (recurrent
+    state too)."""
     from mlx_lm.models.cache import BatchKVCache
 
-    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
+    sm = load_streamed(checkpoints(arch), expert_cache=budget)
     runner = Runner(sm)
     ps = prompts(sm)
     stop = [False]
