@@ -51,15 +51,16 @@ WAYS = ("idle", "unconsumed", "direct", "host_input", "cpu_copy", "pairs")
 def _busy(n: int, size: int, toks: mx.array | None = None, extra: mx.array | None = None
           ) -> mx.array:  # fmt: skip
     """A chain of `n` matmuls of `size` squared: the next step's stand-in, queued lazily;
-    with `toks`, its input is their rows of the matrix (an embedding lookup), plus
-    `extra`'s rows if given."""
+    with `toks`, it starts from their rows of the matrix (an embedding lookup; plus
+    `extra`'s rows if given), so it waits for them, and is the same chain whatever the
+    way (the lookup adds nothing to its values)."""
     a = mx.random.normal((size, size)).astype(mx.bfloat16)
     x = a
     if toks is not None:
         rows = toks.astype(mx.int32) % size
         if extra is not None:
             rows = rows + extra % size
-        x = a[rows % size]
+        x = a + a[rows % size].sum() * 0
     for _ in range(n):
         x = (x @ a) * 0.01
     return x

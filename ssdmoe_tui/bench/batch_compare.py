@@ -87,8 +87,8 @@ class BatchRun:
         building the passes (BatchGenerator: its forward calls), queueing them
         (`mx.async_eval`), waiting in the sync (`mx.eval`), (engine) handing out the
         tokens (`to_host` of it: reading them), and `other`: the step's time outside those
-        (the loop around them; BatchGenerator: with its tokens' read and hand-out); None:
-        not measured."""
+        (the loop around them; BatchGenerator: with its tokens' read and hand-out, and its
+        sampling's graph, which the engine's `build` holds); None: not measured."""
         n = self.window_steps
 
         def ms(x: float | None) -> float | None:

@@ -382,7 +382,8 @@ def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny
         # the same chunks' reading, router sync and the process's page faults
         detail = r["prefill_chunks_detail"]
         assert len(detail) == len(chunks)
-        assert sum(d["read_s"] for d in detail) <= r["prefill_read_s"] + 1e-3
+        # (each figure rounded to 0.1 ms)
+        assert sum(d["read_s"] for d in detail) <= r["prefill_read_s"] + 1e-4 * len(detail) + 1e-4
         assert all(d["read_s"] >= 0 and d["router_sync_s"] >= 0 for d in detail)
         assert all(len(d["faults"]) == 2 and min(d["faults"]) >= 0 for d in detail)
     text = summary(res, wide=True)

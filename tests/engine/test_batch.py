@@ -230,6 +230,52 @@ def test_batch_all_resident_and_k_groups(checkpoints):
 
 
 @pytest.mark.parametrize("budget", ["1", "1G"])
+def test_a_live_k_change_moves_the_rows_that_follow_it_together(checkpoints, monkeypatch, budget):
+    """The runner's K changed while rows decode: the rows that follow it (`k` None) leave
+    their group together (no filter of the batch cache: none stay) and decode on at the
+    new K; a row with its own K stays; every row ends with a cache covering its tokens."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
+    runner = Runner(sm)
+    ps = prompts(sm)[:4]
+    specs = [SeqSpec(i, p, max_tokens=16, k=2 if i == 3 else None) for i, p in enumerate(ps)]
+    batch = BatchRunner(runner, max_batch=4, join_budget_s=None)
+    for spec in specs:
+        batch.add(spec)
+    filters = []
+    real = BatchKVCache.filter
+    monkeypatch.setattr(
+        BatchKVCache, "filter", lambda c, keep: (filters.append(list(keep)), real(c, keep))[1]
+    )
+    results, switched, checked = {}, False, False
+    for _ in range(200):
+        if batch.idle:
+            break
+        if batch.rows == 4 and not switched:
+            for _ in range(3):
+                batch.step()
+            filters.clear()
+            runner.set_k(2)
+            switched = True
+        for uid, ev in batch.step():
+            if isinstance(ev, Done):
+                results[uid] = ev.result
+        if switched and not checked:
+            assert filters == []  # the three left their group at once: nothing filtered
+            checked = True
+    runner.set_k(sm.trained_k)
+    assert switched and sorted(results) == [0, 1, 2, 3]
+    ks = [results[i].stats.k_per_token for i in range(3)]
+    assert all(set(k[: k.index(2)]) == {sm.trained_k} and set(k[k.index(2) :]) == {2} for k in ks)
+    assert set(results[3].stats.k_per_token) == {2}
+    for r in results.values():
+        offsets = [c.offset for c in r.cache if hasattr(c, "keys")]
+        assert offsets and all(o == len(r.covered_tokens) for o in offsets)
+    sm.close()
+
+
+@pytest.mark.parametrize("budget", ["1", "1G"])
 def test_cancel_frees_the_row_and_others_go_on(checkpoints, budget):
     sm = load_streamed(checkpoints("qwen3_5_moe"), expert_cache=budget)
     runner = Runner(sm)

@@ -483,9 +483,11 @@ class BatchRunner:
             movers = [r for r in group.rows if r.spec.k is None]
             if movers and group.pending is not None:
                 self._settle(group, events)
-            for row in [r for r in movers if r in group.rows]:  # settling may end some
-                row.cache = self._detach(group, row)
-                self._attach(self._group_for(row, live), row)
+            movers = [r for r in movers if r in group.rows]  # settling may end some
+            if movers:  # out together (one filter of the batch cache), then in one by one
+                for row, cache in zip(movers, self._detach_rows(group, movers), strict=True):
+                    row.cache = cache
+                    self._attach(self._group_for(row, live), row)
 
     def _k(self, row: _Row) -> int:
         return self.runner.k if row.spec.k is None else row.spec.k
@@ -526,15 +528,14 @@ class BatchRunner:
             n = int(pend.tokens.shape[0])
             kept = [j for j in range(n) if j not in out_idx]
             if len(kept) < n:  # their tokens in the queued pass are dropped (their
-                # caches hold the input; their host copies, if any, not kept: read once)
+                # caches hold the input); the host reads the rest the loop's way
                 if not kept:
                     group.pending = None
                 else:
                     keep = mx.array(kept, dtype=mx.uint32)
-                    group.pending = _Pass(
-                        pend.tokens[keep], None if pend.mass is None else pend.mass[keep],
-                        pend.k,
-                    )  # fmt: skip
+                    toks = pend.tokens[keep]
+                    mass = None if pend.mass is None else pend.mass[keep]
+                    group.pending = _Pass(toks, mass, pend.k, self._host(toks, mass))
         if group.cache is None:  # one row, its own cache
             caches = [r.cache for r in leaving]
         else:
@@ -642,11 +643,16 @@ class BatchRunner:
                 inverse[i] = pos
             toks = mx.concatenate(parts)[mx.array(inverse)]
         toks = toks.astype(mx.uint32)
-        host = None
-        if self._host_read != "direct":
-            way = self._host_read
-            host = (host_copies(toks, way), None if mass is None else host_copies(mass, way))
-        return _Pass(toks, mass, sm.times.last_k, host)
+        return _Pass(toks, mass, sm.times.last_k, self._host(toks, mass))
+
+    def _host(
+        self, toks: mx.array, mass: mx.array | None
+    ) -> tuple[list[mx.array], list[mx.array] | None] | None:
+        """What the host reads of a pass's tokens and masses (`_Pass.host`)."""
+        way = self._host_read
+        if way == "direct":
+            return None
+        return host_copies(toks, way), None if mass is None else host_copies(mass, way)
 
     def _settle(self, group: _Group, events: list[RowEvent]) -> None:
         """Read a group's queued pass now (its tokens go out; nothing new is queued)."""
