@@ -27,6 +27,7 @@ read timed. Ways:
   managed memory): `SSDMOE_BATCH_HOST_COPY=on`, which lost in the engine;
 - `pairs`: copies of 2 tokens (8 bytes) each, made on the device with the array: MLX-CUDA
   gives those its managed small pool, read in place (`SSDMOE_BATCH_HOST_COPY=pairs`);
+  these two ways make their copies with the engine's own `batch.host_copies`;
 - `idle`: `direct` with nothing queued behind it (the floor).
 
     python3 scripts/cuda_tolist_probe.py [--rounds 30] [--busy-ms 20] [--json OUT]
@@ -41,9 +42,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ssdmoe_tui.engine.run.batch import host_copies  # noqa: E402 - after the path
 
 WAYS = ("idle", "unconsumed", "direct", "host_input", "cpu_copy", "pairs")
 
@@ -74,12 +80,8 @@ def _tokens(b: int, vocab: int) -> mx.array:
 def _one(way: str, b: int, vocab: int, n: int, size: int) -> float:
     """Seconds the host spends reading B tokens, the way given."""
     toks = _tokens(b, vocab)
-    reads = [toks]
-    if way == "cpu_copy":
-        reads = [mx.add(toks, mx.array(0, dtype=mx.uint32), stream=mx.cpu)]
-    elif way == "pairs":
-        zero = mx.array(0, dtype=mx.uint32)
-        reads = [mx.add(toks[i : i + 2], zero) for i in range(0, b, 2)]
+    # the engine's own copies (`SSDMOE_BATCH_HOST_COPY` on / pairs), else the array itself
+    reads = host_copies(toks, {"cpu_copy": "cpu", "pairs": "pairs"}.get(way, "direct"))
     busy = None
     if way == "idle":
         mx.eval(toks, *reads)

@@ -282,16 +282,16 @@ def _measure_run(runner, opts: BenchOptions, prompt: list[int], sampler, meter) 
     result = None
     chunks: list[tuple[int, float]] = []
     detail: list[dict] = []
-    last: tuple[int, float] | None = None  # (tokens done, when): the prefill's first event
-    at: tuple[Snapshot, tuple[int, int] | None] | None = None  # counters at `last`
+    # (tokens done, when, counters, page faults) at the prefill's last progress event
+    last: tuple[int, float, Snapshot, tuple[int, int] | None] | None = None
     for ev in runner.stream(prompt, max_tokens=opts.decode_tokens, sampler=sampler):
         if isinstance(ev, PrefillProgress):  # one before the first chunk, one after each
             now = time.perf_counter()
             snap, faults = Snapshot.take(sm), system.page_faults()
-            if last is not None and at is not None:
+            if last is not None:
                 chunks.append((ev.done - last[0], now - last[1]))
-                detail.append(_chunk_detail(snap - at[0], at[1], faults))
-            last, at = (ev.done, now), (snap, faults)
+                detail.append(_chunk_detail(snap - last[2], last[3], faults))
+            last = (ev.done, now, snap, faults)
         elif isinstance(ev, TokenEvent):
             n = ev.stats.generated_tokens
             if meter is not None:

@@ -508,10 +508,6 @@ class BatchRunner:
         row.cache = None
         group.rows.append(row)
 
-    def _detach(self, group: _Group, row: _Row) -> list:
-        """Take `row` out of its group; returns its own KV cache."""
-        return self._detach_rows(group, [row])[0]
-
     def _detach_rows(self, group: _Group, leaving: list[_Row]) -> list[list]:
         """Take `leaving` out of their group together; returns each one's own KV cache.
         Together: the batch cache is filtered once for all of them, not once a row: each
