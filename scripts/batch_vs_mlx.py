@@ -16,11 +16,12 @@ and where its weights sit. So a gap on the GPU is placed: in the loop (host work
 or in the layer (the device's work). `--host-split` times each side's forward calls
 (graph building, `TimedModel`) and reads the engine's build/sync split (BatchFigures):
 JSON `summary[].host_ms_per_step[kind]` = {step, model, build, queue, sync, deliver,
-to_host, other} ms per step of the window (on a GPU, a host-bound pipelined step: build +
-queue ~ step, sync ~ 0; a device-bound one: sync large; on the CPU `queue` is the compute
-itself; `deliver`: the tokens handed to the rows after the sync, `to_host` of it reading
-them; `other`: the step outside those four; the H100 of 2026-12-07 put 8-10 ms of a 31 ms
-B = 8 step there, 2 at B = 4, 0.3 at B = 1 and 2: this split places it).
+to_host, leave, other} ms per step of the window (on a GPU, a host-bound pipelined step:
+build + queue ~ step, sync ~ 0; a device-bound one: sync large; on the CPU `queue` is the
+compute itself; `deliver`: the tokens handed to the rows after the sync, `to_host` of it
+reading them, `leave` of it rows that ended leaving (the window's last step); `other`: the
+step outside those four; the H100 of 2026-12-07 put 8-10 ms of a 31 ms B = 8 step there, 2
+at B = 4, 0.3 at B = 1 and 2: this split places it).
 `--bg-detok` puts each `BatchGenerator` row's token through its own streaming
 detokenizer every step, as mlx_lm.server's loop does and the engine's batch always does
 (JSON `bg_detokenizes`): the loops then do the same work a server needs.
@@ -66,7 +67,8 @@ def build(out: Path, hidden: int, layers: int) -> Path:
 
 
 # --host-split's figures, ms per step (BatchRun.host_split)
-SPLIT_PARTS = ("step", "model", "build", "queue", "sync", "deliver", "to_host", "other")
+SPLIT_PARTS = ("step", "model", "build", "queue", "sync", "deliver", "to_host", "leave",
+               "other")  # fmt: skip
 
 
 def median(xs: list[float]) -> float | None:
@@ -277,7 +279,8 @@ def main() -> int:
             "mlx_streamed_tok_s": med.get("mlx_streamed"),  # --bg-streamed
             "engine_vs_mlx_streamed": median(ratios("engine", "mlx_streamed")),
             "mlx_streamed_vs_mlx": median(ratios("mlx_streamed", "mlx")),
-            # --host-split: {kind: {step, model, build, queue, sync, deliver, to_host, other}}
+            # --host-split: {kind: {step, model, build, queue, sync, deliver, to_host, leave,
+            # other}}
             "host_ms_per_step": split,
             "tokens_equal_mlx": tokens_equal.get(b),
         })  # fmt: skip
@@ -311,13 +314,13 @@ def main() -> int:
                       f"{s['cpu_ms_per_token'].get('mlx_streamed')} |")  # fmt: skip
         if args.host_split:
             print("\nms per step (window medians): step / in the model's forward call "
-                  "/ build / queue / sync wait / deliver (to host) / other (BatchGenerator: "
+                  "/ build / queue / sync wait / deliver (to host, leave) / other (BatchGenerator: "
                   "build = its forward call, no deliver: other holds its tokens' read)")  # fmt: skip
             for s in summary:
                 cells = []
                 for kind, v in (s["host_ms_per_step"] or {}).items():
                     extra = (f" / {v['build']} / {v['queue']} / {v['sync']} / {v['deliver']}"
-                             f" ({v['to_host']}) / {v['other']}"
+                             f" ({v['to_host']}, {v['leave']}) / {v['other']}"
                              if v.get("build") is not None else "")  # fmt: skip
                     cells.append(f"{kind} {v['step']} / {v['model']}{extra}")
                 print(f"B={s['batch']}: " + "; ".join(cells))

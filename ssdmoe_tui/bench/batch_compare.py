@@ -62,14 +62,15 @@ class BatchRun:
     # in the window, where measured: time in the model's forward calls (graph building,
     # `TimedModel`), and the engine's figures: building its passes, queueing them,
     # waiting in its step's sync, handing out the tokens and the part of that spent
-    # reading them to the host (BatchFigures.build_s / queue_s / sync_s / deliver_s /
-    # to_host_s)
+    # reading them to the host, and rows ending leaving (BatchFigures.build_s / queue_s /
+    # sync_s / deliver_s / to_host_s / leave_s)
     window_model_s: float | None = None
     window_build_s: float | None = None
     window_queue_s: float | None = None
     window_sync_s: float | None = None
     window_deliver_s: float | None = None
     window_to_host_s: float | None = None
+    window_leave_s: float | None = None
     window_steps: int = 0
     margins: list[list[tuple[float, float]]] = field(default_factory=list)  # when recorded
 
@@ -86,7 +87,8 @@ class BatchRun:
         """Milliseconds per step of the window: wall, in the model's forward call, and
         building the passes (BatchGenerator: its forward calls), queueing them
         (`mx.async_eval`), waiting in the sync (`mx.eval`), (engine) handing out the
-        tokens (`to_host` of it: reading them), and `other`: the step's time outside those
+        tokens (`to_host` of it: reading them; `leave`: rows that ended leaving, in the
+        window's last step), and `other`: the step's time outside those
         (the loop around them; BatchGenerator: with its tokens' read and hand-out, and its
         sampling's graph, which the engine's `build` holds); None: not measured."""
         n = self.window_steps
@@ -103,7 +105,8 @@ class BatchRun:
         return {"step": ms(self.window_s), "model": ms(self.window_model_s),
                 "build": ms(self.window_build_s), "queue": ms(self.window_queue_s),
                 "sync": ms(self.window_sync_s), "deliver": ms(self.window_deliver_s),
-                "to_host": ms(self.window_to_host_s), "other": ms(other)}  # fmt: skip
+                "to_host": ms(self.window_to_host_s), "leave": ms(self.window_leave_s),
+                "other": ms(other)}  # fmt: skip
 
 
 class TimedEvals:
@@ -216,7 +219,8 @@ def engine_batch(
         batch.add(SeqSpec(i, p, max_tokens=n, sampler=samplers[i]))
     out: dict[int, list[int]] = {}
     steps: list[tuple[float, float, int]] = []
-    split: list[tuple[float, ...]] = []  # (model, build, queue, sync, deliver, to host) so far
+    # (model, build, queue, sync, deliver, to host, leave) so far
+    split: list[tuple[float, ...]] = []
     timed = runner.sm.model if isinstance(runner.sm.model, TimedModel) else None
     fig = batch.figures
     bound = 4 * b * (n + max(len(p) for p in prompts)) + 64
@@ -227,7 +231,7 @@ def engine_batch(
         events = batch.step()
         steps.append((time.perf_counter(), time.process_time(), fig.row_tokens - before))
         split.append((timed.seconds if timed else 0.0, fig.build_s, fig.queue_s, fig.sync_s,
-                      fig.deliver_s, fig.to_host_s))  # fmt: skip
+                      fig.deliver_s, fig.to_host_s, fig.leave_s))  # fmt: skip
         for uid, ev in events:
             if isinstance(ev, Done):
                 out[uid] = ev.result.tokens
@@ -242,7 +246,7 @@ def engine_batch(
         m, *parts = (z - a for a, z in zip(first, last, strict=True))
         run.window_model_s = m if timed else None
         (run.window_build_s, run.window_queue_s, run.window_sync_s, run.window_deliver_s,
-         run.window_to_host_s) = parts  # fmt: skip
+         run.window_to_host_s, run.window_leave_s) = parts  # fmt: skip
     if record:
         run.margins = [s.margins() for s in samplers]
     return run

@@ -261,13 +261,16 @@ class BatchFigures:
     # too), queueing the next (`mx.async_eval`: kernel launches on a GPU; on the CPU the
     # work itself), and waiting in the step's one sync (the device's work not yet done;
     # a host-bound pipelined step waits ~0 there), then handing the rows their tokens
-    # (`deliver_s`: the tokens read to the host, `to_host_s` of it, and each row's event).
-    # scripts/batch_vs_mlx.py reports them; a step's time outside all four is the loop's
+    # (`deliver_s`: the tokens read to the host, `to_host_s` of it, and each row's event;
+    # `leave_s` of it: rows that ended leaving, their caches split off and results built,
+    # a step's cost only where rows end). scripts/batch_vs_mlx.py reports them; a step's
+    # time outside all four is the loop's
     build_s: float = 0.0
     queue_s: float = 0.0
     sync_s: float = 0.0
     deliver_s: float = 0.0
     to_host_s: float = 0.0
+    leave_s: float = 0.0
     prefill_chunk_s: float = 0.0  # wall time in the prefill chunks of joining rows
     max_stall_s: float = 0.0  # longest prefill chunk (+ first token) run between two decode steps
     requested_bytes: int = 0  # during decode steps
@@ -703,7 +706,9 @@ class BatchRunner:
                 if finish is not None:
                     ending.append((row, finish))
             if ending:
+                t_leave = time.perf_counter()
                 self._leave_all(group, ending, events)
+                fig.leave_s += time.perf_counter() - t_leave
         fig.deliver_s += time.perf_counter() - now
 
     def _emit(
