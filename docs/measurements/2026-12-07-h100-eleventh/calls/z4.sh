@@ -8,11 +8,12 @@
 # tenth session's four `migrate` processes (the same code path for a one-chunk prompt:
 # the one-token step moves nothing under either, streamed.py's LONG_CHUNK_ROWS) gave
 # 3.58-3.69 s (0.84-0.86x). Is the step's cost steady, and is it CPU page faults (its
-# reads land in slots whose pages went to the GPU and back)? ~9 min.
+# reads land in slots whose pages went to the GPU and back)? ~9 min (`END=S` in front: stop
+# starting runs S - 70 seconds in).
 T0=$(date +%s); source scripts/gpu_env.sh
 for run in on auto on auto on auto on auto; do
   d=/root/res/w-$run-$(date +%s)
-  left=$(( 560 - ($(date +%s)-T0) )); [ "$left" -gt 70 ] || break
+  left=$(( ${END:-560} - ($(date +%s)-T0) )); [ "$left" -gt 70 ] || break
   SSDMOE_SLOT_PLACEMENT=host SSDMOE_PREFILL_STAGE=$run PREFILL_TOKENS=4096 PREFILL_MODES=warm \
     STEPS=prefill DEADLINE_S=$(( left - 5 )) bash scripts/gpu_pipeline.sh $d > $d.log 2>&1
   echo "$run exit $? +$(( $(date +%s)-T0 ))s"
