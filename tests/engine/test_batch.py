@@ -189,6 +189,22 @@ def test_host_copies_split_into_pairs():
     assert host_copies(a, "direct") == [a]
 
 
+def test_host_read_way_auto_is_pairs_on_cuda_only(monkeypatch):
+    """`auto` (the default) reads pairs under MLX-CUDA (measured faster there) and the
+    step's own arrays elsewhere (one memory: nothing to gain from copies)."""
+    import ssdmoe_tui.engine.run.batch as batch_mod
+
+    monkeypatch.delenv(batch_mod.HOST_COPY_ENV, raising=False)
+    assert batch_mod.host_read_way() == ("pairs" if batch_mod.is_cuda() else "direct")
+    monkeypatch.setattr(batch_mod, "is_cuda", lambda: True)
+    assert batch_mod.host_read_way() == "pairs"
+    monkeypatch.setenv(batch_mod.HOST_COPY_ENV, "off")  # asked for: kept
+    assert batch_mod.host_read_way() == "direct"
+    monkeypatch.setattr(batch_mod, "is_cuda", lambda: False)
+    monkeypatch.setenv(batch_mod.HOST_COPY_ENV, "auto")
+    assert batch_mod.host_read_way() == "direct"
+
+
 @pytest.mark.parametrize("budget", ["1", "1G"])
 def test_batch_invariant_mode_rows_equal_alone(checkpoints, budget):
     """`invariant=True`: each row its own pass in the B = 1 shapes (its tokens equal alone

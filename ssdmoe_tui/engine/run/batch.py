@@ -55,6 +55,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ssdmoe_tui.engine.experts.device_memory import is_cuda
 from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S, JOIN_CHUNK, JoinSizer
 from ssdmoe_tui.engine.run.runner import (
     Begun,
@@ -74,20 +75,24 @@ HOST_COPY_ENV = "SSDMOE_BATCH_HOST_COPY"
 
 def host_read_way() -> str:
     """$SSDMOE_BATCH_HOST_COPY: how the loop reads each step's tokens (and routing
-    masses). `off` and `auto` (the default: no way measured faster yet) read the step's
-    own arrays; `on` copies them on the CPU stream, queued with the step, and reads the
-    copy; `pairs` copies them on the device into arrays of 8 bytes (2 tokens) each, and
-    reads those. Why: MLX-CUDA keeps arrays over 8 bytes in device memory and the host's
-    first read of one copies it synchronously (`Buffer::raw_ptr`), with the next step
-    already queued: 1.5-7.3 ms of a B = 8 step on an H100 against 0.2-0.7 at B = 4
-    (docs/benchmarks.md, 2026-12-07 tenth and eleventh sessions), while an array of up
-    to 8 bytes lives in MLX's managed small pool, which the host reads in place (B = 1, 2:
-    2-4 us). `on` moved the wait into the next step's queueing and lost (B = 8 engine /
-    BatchGenerator 0.645 against 0.687x, eleventh session); `pairs` is the next run's
-    (`scripts/cuda_tolist_probe.py` prices the ways without a model). On the CPU and
-    Metal (one memory) each way reads the same values; the extra copies cost little."""
+    masses). `auto` (the default): `pairs` on MLX-CUDA, the arrays themselves elsewhere;
+    `off` reads the step's own arrays; `on` copies them on the CPU stream, queued with
+    the step, and reads the copy; `pairs` copies them on the device into arrays of 8
+    bytes (2 tokens) each, and reads those. Why: MLX-CUDA keeps arrays over 8 bytes in
+    device memory and the host's read of one copies it synchronously (`Buffer::raw_ptr`):
+    ~60 us with the device idle at B >= 4 on an H100 (`scripts/cuda_tolist_probe.py`)
+    and 1.5-7.3 ms of a B = 8 step with the next step queued, while an array of up to 8
+    bytes lives in MLX's managed small pool, which the host reads in place (5 us at
+    B = 8 as pairs). Measured (H100, docs/benchmarks.md, 2026-12-07 twelfth session,
+    every expert held, engine / BatchGenerator): `pairs` B = 4 / 8 0.860 / 0.886x
+    against 0.823 / 0.709x `off`, the read 0.008 against 6.1 ms at B = 8; `on` moved the
+    wait into the next step's queueing and lost (0.645x at B = 8, eleventh session). On
+    the CPU and Metal (one memory) each way reads the same values, and `auto` adds no
+    copies there."""
     way = env_choice(HOST_COPY_ENV, ("auto", "on", "off", "pairs"))
-    return {"auto": "direct", "off": "direct", "on": "cpu"}.get(way, way)
+    if way == "auto":
+        return "pairs" if is_cuda() else "direct"
+    return {"off": "direct", "on": "cpu"}.get(way, way)
 
 
 # values per array under `pairs`: MLX-CUDA's small pool holds arrays of up to 8 bytes
