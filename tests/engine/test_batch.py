@@ -92,12 +92,14 @@ def test_batch_tokens_equal_alone(checkpoints, arch, budget):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, budget):
     """Three of five rows stopped in one step leave their group together: the batch
-    cache filtered once a layer, not once a row (mlx-lm's `BatchKVCache.filter` reads the
-    row paddings to the host, a wait on the device each); the two left decode on to
+    cache filtered once a layer, not once a row; the KV layers' paddings, kept on the
+    host (batch_cache.py), equal the device's after it; the two left decode on to
     their tokens alone, and each row's own cache covers exactly its tokens (1G: every
     layer frozen, rows leave a queued step), for every architecture's caches (recurrent
     state too)."""
     from mlx_lm.models.cache import BatchKVCache
+
+    from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
 
     sm = load_streamed(checkpoints(arch), expert_cache=budget)
     runner = Runner(sm)
@@ -110,9 +112,11 @@ def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, 
         for i, (p, n) in enumerate(zip(ps, MAX_TOKENS, strict=True))
     ]
     filters = []
-    real = BatchKVCache.filter
+    real = HostPaddedKVCache.filter
     monkeypatch.setattr(
-        BatchKVCache, "filter", lambda c, keep: (filters.append(list(keep)), real(c, keep))[1]
+        HostPaddedKVCache,
+        "filter",
+        lambda c, keep: (filters.append(list(keep)), real(c, keep))[1],
     )
     batch = BatchRunner(runner, max_batch=5, join_budget_s=None)
     for spec in specs:
@@ -125,11 +129,12 @@ def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, 
             stop[0] = True
             filters.clear()
             step_events = batch.step()
-            n_layers = sum(
-                isinstance(c, BatchKVCache) for c in next(iter(batch._groups.values())).cache
-            )
-            assert len(filters) == n_layers  # once a layer for the three
+            kv = [c for c in next(iter(batch._groups.values())).cache
+                  if isinstance(c, BatchKVCache)]  # fmt: skip
+            assert kv and all(type(c) is HostPaddedKVCache for c in kv)
+            assert len(filters) == len(kv)  # once a layer for the three
             assert all(len(keep) == 2 for keep in filters)
+            assert all(c.pads == c.left_padding.tolist() for c in kv)
             assert [uid for uid, ev in step_events if isinstance(ev, Done)] == [0, 1, 2]
         else:
             step_events = batch.step()
@@ -250,7 +255,8 @@ def test_a_live_k_change_moves_the_rows_that_follow_it_together(checkpoints, mon
     """The runner's K changed while rows decode: the rows that follow it (`k` None) leave
     their group together (no filter of the batch cache: none stay) and decode on at the
     new K; a row with its own K stays; every row ends with a cache covering its tokens."""
-    from mlx_lm.models.cache import BatchKVCache
+
+    from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
 
     sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
     runner = Runner(sm)
@@ -260,9 +266,11 @@ def test_a_live_k_change_moves_the_rows_that_follow_it_together(checkpoints, mon
     for spec in specs:
         batch.add(spec)
     filters = []
-    real = BatchKVCache.filter
+    real = HostPaddedKVCache.filter
     monkeypatch.setattr(
-        BatchKVCache, "filter", lambda c, keep: (filters.append(list(keep)), real(c, keep))[1]
+        HostPaddedKVCache,
+        "filter",
+        lambda c, keep: (filters.append(list(keep)), real(c, keep))[1],
     )
     results, switched, checked = {}, False, False
     for _ in range(200):

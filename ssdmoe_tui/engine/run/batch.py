@@ -5,9 +5,9 @@ forward pass share each MoE layer's fixed cost (one router sync, the launches, t
 Python) and read the union of their experts once (`StreamedSwitch` already takes any
 number of rows: one host sync per layer, the union looked up, the misses read in one
 batched call). The KV caches follow mlx-lm's `BatchGenerator`: per-sequence caches are
-merged into mlx-lm's batch caches (`BatchKVCache`, left-padded; `ArraysCache` rows for
-the recurrent state of the hybrid models), extended as sequences join and filtered as
-they leave.
+merged into mlx-lm's batch caches (`BatchKVCache`, left-padded, with the paddings kept
+on the host too: batch_cache.py; `ArraysCache` rows for the recurrent state of the
+hybrid models), extended as sequences join and filtered as they leave.
 
 Continuous: `add` queues a sequence; each `step` runs one prefill chunk of the first
 waiting sequence (alone, `Runner.begin`: the same code and arithmetic as one sequence),
@@ -54,8 +54,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from ssdmoe_tui.engine.experts.device_memory import is_cuda
+from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
 from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S, JOIN_CHUNK, JoinSizer
 from ssdmoe_tui.engine.run.runner import (
     Begun,
@@ -306,8 +308,12 @@ RowEvent = tuple[Hashable, RunnerEvent]
 
 def merge_caches(caches: list[list]) -> list:
     """Per-layer batch caches from per-sequence ones (mlx-lm's `merge` of each layer's
-    cache class: KVCache -> left-padded BatchKVCache, ArraysCache -> stacked rows)."""
-    return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]
+    cache class: KVCache -> left-padded BatchKVCache, as `HostPaddedKVCache`, whose rows
+    leave without a device read; ArraysCache -> stacked rows)."""
+    return [
+        (HostPaddedKVCache if type(layer[0]) is KVCache else type(layer[0])).merge(list(layer))
+        for layer in zip(*caches, strict=True)
+    ]
 
 
 class BatchRunner:
@@ -518,11 +524,10 @@ class BatchRunner:
 
     def _detach_rows(self, group: _Group, leaving: list[_Row]) -> list[list]:
         """Take `leaving` out of their group together; returns each one's own KV cache.
-        Together: the batch cache is filtered once for all of them, not once a row: each
-        of mlx-lm's `BatchKVCache.filter` calls reads the new row paddings to the host, a
-        wait on the device per layer (behind a queued step, the first waits for all of
-        it), so rows ending in one step cost one filter a layer, not one a row and layer;
-        the rows extracted read the same paddings, once a layer."""
+        Together: the batch cache is filtered once for all of them, not once a row (a
+        layer's filter gathers its arrays; where mlx-lm's reads paddings to the host, a
+        wait on the device per layer behind a queued step, as a rotating cache's still
+        does: the KV layers' paddings are known on the host, batch_cache.py)."""
         gone = [group.rows.index(r) for r in leaving]
         out_idx = set(gone)
         group.rows[:] = [r for j, r in enumerate(group.rows) if j not in out_idx]

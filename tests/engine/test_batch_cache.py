@@ -1,0 +1,97 @@
+"""HostPaddedKVCache: mlx-lm's BatchKVCache with the row paddings also on the host.
+Every operation the batch runs (merge, extend as rows join, filter and extract as
+they leave) leaves the same arrays as mlx-lm's class, and the host's paddings equal
+the device's throughout."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
+
+H, D = 2, 4
+
+
+def _row(n: int, seed: int) -> KVCache:
+    """One sequence's cache holding n tokens of random keys and values."""
+    c = KVCache()
+    if n:
+        rng = np.random.default_rng(seed)
+        k = mx.array(rng.standard_normal((1, H, n, D)).astype(np.float32))
+        c.update_and_fetch(k, k * 2)
+    return c
+
+
+def _same(ours: HostPaddedKVCache, theirs: BatchKVCache) -> None:
+    assert ours._idx == theirs._idx
+    for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.shape == b.shape and mx.array_equal(a, b).item()
+    assert ours.offset.tolist() == theirs.offset.tolist()
+    assert ours.left_padding.tolist() == theirs.left_padding.tolist() == ours.pads
+
+
+def _decode(c: BatchKVCache, seed: int) -> None:
+    """One decode step's update: a token for every row."""
+    rng = np.random.default_rng(seed)
+    b = c.left_padding.shape[0]
+    k = mx.array(rng.standard_normal((b, H, 1, D)).astype(np.float32))
+    c.update_and_fetch(k, k - 1)
+
+
+def test_the_batch_operations_match_mlx_lms_cache():
+    lengths = [5, 2, 7]
+    ours = HostPaddedKVCache.merge([_row(n, i) for i, n in enumerate(lengths)])
+    theirs = BatchKVCache.merge([_row(n, i) for i, n in enumerate(lengths)])
+    assert type(ours) is HostPaddedKVCache
+    _same(ours, theirs)
+    for step in range(3):
+        _decode(ours, step)
+        _decode(theirs, step)
+    _same(ours, theirs)
+    # a longer and a shorter row join (each side right-justified to the other's width)
+    for n, seed in ((14, 7), (1, 8)):
+        ours.extend(HostPaddedKVCache.merge([_row(n, seed)]))
+        theirs.extend(BatchKVCache.merge([_row(n, seed)]))
+        _same(ours, theirs)
+        _decode(ours, 10 + seed)
+        _decode(theirs, 10 + seed)
+    _same(ours, theirs)
+    # rows leave: their caches, then the others filtered (the padding shift dropped)
+    for gone in ([3], [0, 2]):
+        for i in gone:
+            a, b = ours.extract(i), theirs.extract(i)
+            assert a.offset == b.offset and mx.array_equal(a.keys, b.keys).item()
+            assert mx.array_equal(a.values, b.values).item()
+        keep = [j for j in range(len(ours.pads)) if j not in gone]
+        width = ours._idx
+        ours.filter(keep)
+        theirs.filter(keep)
+        _same(ours, theirs)
+        if gone == [3]:  # the longest row left: the others' common padding dropped
+            assert ours._idx < width
+        _decode(ours, 20 + len(keep))
+        _decode(theirs, 20 + len(keep))
+        _same(ours, theirs)
+    assert len(ours.pads) == 2
+
+
+def test_a_plain_batch_cache_joins_and_unknown_paddings_fall_back():
+    """A plain BatchKVCache joining is read once; a state set from arrays (or a cache
+    with right padding finalized) drops the host's paddings and mlx-lm's reads serve."""
+    ours = HostPaddedKVCache.merge([_row(3, 1), _row(6, 2)])
+    theirs = BatchKVCache.merge([_row(3, 1), _row(6, 2)])
+    ours.extend(BatchKVCache.merge([_row(9, 3)]))
+    theirs.extend(BatchKVCache.merge([_row(9, 3)]))
+    _same(ours, theirs)
+    empty = HostPaddedKVCache.merge([_row(0, 0), _row(0, 0)])  # mlx-lm's own empty case
+    assert type(empty) is HostPaddedKVCache and empty.pads == [0, 0]
+    ours.state = theirs.state
+    assert ours.pads is None
+    ours.filter([0, 2])
+    theirs.filter([0, 2])
+    assert ours.left_padding.tolist() == theirs.left_padding.tolist()
+    assert ours.extract(1).offset == theirs.extract(1).offset
