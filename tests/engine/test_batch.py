@@ -527,7 +527,7 @@ def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
     # the tokens handed out after the sync (reading them a part of it, and the row that
     # ended in the window's last step leaving another), the rest the loop's
     assert 0 < split["to_host"] and 0 < split["leave"] and split["other"] >= 0
-    assert split["to_host"] + split["leave"] <= split["deliver"]
+    assert split["to_host"] + split["leave"] <= split["deliver"] + 1e-3  # each rounded
     parts = sum(split[k] for k in ("build", "queue", "sync", "deliver", "other"))
     assert parts == pytest.approx(split["step"], abs=1e-3)
     # (its rows detokenized every step too, as mlx_lm.server's loop does: --bg-detok);

@@ -89,9 +89,61 @@ def test_a_plain_batch_cache_joins_and_unknown_paddings_fall_back():
     _same(ours, theirs)
     empty = HostPaddedKVCache.merge([_row(0, 0), _row(0, 0)])  # mlx-lm's own empty case
     assert type(empty) is HostPaddedKVCache and empty.pads == [0, 0]
+    plain = BatchKVCache.merge([_row(0, 0), _row(0, 0)])
+    for lp in ([2, 1], [3]):  # added padding: one per row, or one for all (broadcast)
+        empty.prepare(left_padding=lp)
+        plain.prepare(left_padding=lp)
+        assert empty.pads == empty.left_padding.tolist() == plain.left_padding.tolist()
     ours.state = theirs.state
     assert ours.pads is None
     ours.filter([0, 2])
     theirs.filter([0, 2])
     assert ours.left_padding.tolist() == theirs.left_padding.tolist()
     assert ours.extract(1).offset == theirs.extract(1).offset
+
+
+def test_random_sequences_of_the_batch_operations_match():
+    """Random rows joining (as host-padded or plain batch caches), decode updates of 1-10
+    tokens, rows leaving (extract, then filter with kept rows in any order): the same
+    arrays as mlx-lm's class after every operation, 30 sequences of 30 operations
+    (a review's differential test, trimmed to what the batch runs)."""
+    import random
+
+    def fresh(r: random.Random, cls):  # noqa: ANN001, ANN202
+        lengths = [r.choice([0, 1, 2, 5, 9, 13]) for _ in range(r.randint(1, 3))]
+        return [_row(n, r.randrange(1 << 30)) for n in lengths], cls
+
+    host_ops = 0
+    for seed in range(30):
+        r = random.Random(seed)
+        rows = [r.choice([1, 4, 11]) for _ in range(r.randint(1, 3))]
+        ours = HostPaddedKVCache.merge([_row(n, i) for i, n in enumerate(rows)])
+        theirs = BatchKVCache.merge([_row(n, i) for i, n in enumerate(rows)])
+        for _ in range(30):
+            b = len(ours.pads)
+            op = r.choice(("update", "update", "join", "join_plain", "leave"))
+            if op == "update":
+                n = r.choice((1, 1, 3, 10))
+                k = mx.array(np.random.default_rng(r.randrange(1 << 30)).standard_normal(
+                    (b, H, n, D)).astype(np.float32))  # fmt: skip
+                ka, va = ours.update_and_fetch(k, k - 1)
+                kb, vb = theirs.update_and_fetch(k, k - 1)
+                assert mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()
+            elif op.startswith("join"):
+                state = r.getstate()
+                made, cls = fresh(r, BatchKVCache if op == "join_plain" else HostPaddedKVCache)
+                ours.extend(cls.merge(made))
+                r.setstate(state)
+                theirs.extend(BatchKVCache.merge(fresh(r, BatchKVCache)[0]))
+            elif b > 1 and theirs.keys is not None:
+                gone = r.sample(range(b), r.randint(1, b - 1))
+                for i in gone:
+                    a, c = ours.extract(i), theirs.extract(i)
+                    assert a.offset == c.offset and mx.array_equal(a.keys, c.keys).item()
+                keep = [j for j in range(b) if j not in gone]
+                r.shuffle(keep)
+                ours.filter(keep)
+                theirs.filter(keep)
+                host_ops += 1
+            _same(ours, theirs)
+    assert host_ops >= 100  # rows left often enough to mean something

@@ -43,7 +43,14 @@ class HostPaddedKVCache(BatchKVCache):
         super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
         pads = self._host_pads()
         if left_padding is not None and pads is not None:
-            self.pads = [p + int(q) for p, q in zip(pads, left_padding, strict=True)]
+            added = [int(q) for q in left_padding]
+            if len(added) == 1:  # one value for every row: mlx-lm broadcasts it
+                added *= len(pads)
+            self.pads = (
+                [p + q for p, q in zip(pads, added, strict=True)]
+                if len(added) == len(pads)
+                else None  # whatever mlx-lm made of it: its reads decide
+            )
 
     def finalize(self) -> None:
         if self._right_padding is not None:  # paddings shifted by device values
