@@ -524,10 +524,11 @@ class BatchRunner:
 
     def _detach_rows(self, group: _Group, leaving: list[_Row]) -> list[list]:
         """Take `leaving` out of their group together; returns each one's own KV cache.
-        Together: the batch cache is filtered once for all of them, not once a row (a
-        layer's filter gathers its arrays; where mlx-lm's reads paddings to the host, a
-        wait on the device per layer behind a queued step, as a rotating cache's still
-        does: the KV layers' paddings are known on the host, batch_cache.py)."""
+        Together: the batch cache is filtered once a layer for all of them, not once a
+        row and layer. Where a layer's cache reads its row paddings to the host to filter
+        or extract (mlx-lm's rotating caches: a wait behind the queued step each), that
+        is one read a layer; the KV layers read none (their paddings are kept on the
+        host: batch_cache.py)."""
         gone = [group.rows.index(r) for r in leaving]
         out_idx = set(gone)
         group.rows[:] = [r for j, r in enumerate(group.rows) if j not in out_idx]
