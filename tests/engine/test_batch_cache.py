@@ -109,7 +109,7 @@ def test_random_sequences_of_the_batch_operations_match():
     (a review's differential test, trimmed to what the batch runs)."""
     import random
 
-    def fresh(r: random.Random, cls):  # noqa: ANN001, ANN202
+    def fresh(r: random.Random, cls: type) -> tuple[list[KVCache], type]:
         lengths = [r.choice([0, 1, 2, 5, 9, 13]) for _ in range(r.randint(1, 3))]
         return [_row(n, r.randrange(1 << 30)) for n in lengths], cls
 

@@ -17,6 +17,8 @@ the list, and the cache then does what mlx-lm's does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
@@ -39,7 +41,13 @@ class HostPaddedKVCache(BatchKVCache):
     def _host_pads(self) -> list[int] | None:
         return getattr(self, "pads", None)  # None too for one built by `from_state`
 
-    def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:  # noqa: ANN001
+    def prepare(
+        self,
+        *,
+        left_padding: Sequence[int] | None = None,
+        lengths: Sequence[int] | None = None,
+        right_padding: Sequence[int] | None = None,
+    ) -> None:
         super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
         pads = self._host_pads()
         if left_padding is not None and pads is not None:
@@ -58,11 +66,11 @@ class HostPaddedKVCache(BatchKVCache):
         super().finalize()
 
     @property
-    def state(self):  # noqa: ANN201 - mlx-lm's tuple
+    def state(self) -> tuple:
         return BatchKVCache.state.fget(self)
 
     @state.setter
-    def state(self, v) -> None:  # noqa: ANN001
+    def state(self, v: tuple) -> None:
         BatchKVCache.state.fset(self, v)
         self.pads = None
 
@@ -79,7 +87,7 @@ class HostPaddedKVCache(BatchKVCache):
         super().extend(other)
         self.pads = pads
 
-    def filter(self, batch_indices) -> None:  # noqa: ANN001 - a list of row indices
+    def filter(self, batch_indices: Sequence[int]) -> None:
         pads = self._host_pads()
         if pads is None:
             super().filter(batch_indices)
