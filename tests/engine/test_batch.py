@@ -88,6 +88,18 @@ def test_batch_tokens_equal_alone(checkpoints, arch, budget):
     assert abs(share - fig.requested_bytes) <= len(results)
 
 
+def _count_filters(monkeypatch) -> list[list[int]]:
+    """The batch KV caches' filters from here on, each its kept rows (still filtering)."""
+    from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
+
+    filters: list[list[int]] = []
+    real = HostPaddedKVCache.filter
+    monkeypatch.setattr(
+        HostPaddedKVCache, "filter", lambda c, keep: (filters.append(list(keep)), real(c, keep))[1]
+    )
+    return filters
+
+
 @pytest.mark.parametrize("budget", ["1", "1G"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, budget):
@@ -111,13 +123,7 @@ def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, 
         )
         for i, (p, n) in enumerate(zip(ps, MAX_TOKENS, strict=True))
     ]
-    filters = []
-    real = HostPaddedKVCache.filter
-    monkeypatch.setattr(
-        HostPaddedKVCache,
-        "filter",
-        lambda c, keep: (filters.append(list(keep)), real(c, keep))[1],
-    )
+    filters = _count_filters(monkeypatch)
     batch = BatchRunner(runner, max_batch=5, join_budget_s=None)
     for spec in specs:
         batch.add(spec)
@@ -256,8 +262,6 @@ def test_a_live_k_change_moves_the_rows_that_follow_it_together(checkpoints, mon
     their group together (no filter of the batch cache: none stay) and decode on at the
     new K; a row with its own K stays; every row ends with a cache covering its tokens."""
 
-    from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
-
     sm = load_streamed(checkpoints("qwen3_moe"), expert_cache=budget)
     runner = Runner(sm)
     ps = prompts(sm)[:4]
@@ -265,13 +269,7 @@ def test_a_live_k_change_moves_the_rows_that_follow_it_together(checkpoints, mon
     batch = BatchRunner(runner, max_batch=4, join_budget_s=None)
     for spec in specs:
         batch.add(spec)
-    filters = []
-    real = HostPaddedKVCache.filter
-    monkeypatch.setattr(
-        HostPaddedKVCache,
-        "filter",
-        lambda c, keep: (filters.append(list(keep)), real(c, keep))[1],
-    )
+    filters = _count_filters(monkeypatch)
     results, switched, checked = {}, False, False
     for _ in range(200):
         if batch.idle:

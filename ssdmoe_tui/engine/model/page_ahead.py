@@ -17,9 +17,10 @@ proportional to them), so a short chunk would wait for its pages (the first stop
 request's first chunk is 128 tokens: prefill_stop.FIRST_CHUNK). Measured since (the
 eleventh session, `prefill_chunks_s`): the moved first chunk 0.40 s faster, later chunks
 as in place, 16k `auto` 0.854 / 0.859x against 0.830 / 0.832x; but after a one-chunk
-4k prompt the one-token step took 0.63 against 0.16 s (its reads, into pages that went
-to the GPU and back), 0.782 against 0.794x, where the tenth session's same path gave
-0.84-0.86x: the next run counts that step's page faults (`prefill_chunks_detail`).
+4k prompt the one-token step took 0.63 against 0.16 s (0.782 against 0.794x). The
+twelfth session's four processes each way (`prefill_chunks_detail`) put that step at
+0.23-0.24 s both ways and the 4k prompt at 0.853-0.855x moved against 0.754-0.756x in
+place: that one process's slow step, not the path's.
 
 The same hooks as staging ahead (prestage.py): layer l's switch, once its compute is
 queued and layer l+1's predicted union is being read ahead, leaves the prediction here

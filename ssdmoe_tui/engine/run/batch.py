@@ -525,10 +525,10 @@ class BatchRunner:
     def _detach_rows(self, group: _Group, leaving: list[_Row]) -> list[list]:
         """Take `leaving` out of their group together; returns each one's own KV cache.
         Together: the batch cache is filtered once a layer for all of them, not once a
-        row and layer. Where a layer's cache reads its row paddings to the host to filter
-        or extract (mlx-lm's rotating caches: a wait behind the queued step each), that
-        is one read a layer; the KV layers read none (their paddings are kept on the
-        host: batch_cache.py)."""
+        row and layer. The KV layers read nothing from the device for it (their paddings
+        are kept on the host: batch_cache.py); a sliding-window layer's cache (mlx-lm's
+        rotating one) still reads its paddings to extract a row, a wait behind the
+        queued step each."""
         gone = [group.rows.index(r) for r in leaving]
         out_idx = set(gone)
         group.rows[:] = [r for j, r in enumerate(group.rows) if j not in out_idx]

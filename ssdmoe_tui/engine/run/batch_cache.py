@@ -75,10 +75,11 @@ class HostPaddedKVCache(BatchKVCache):
         self.pads = None
 
     def extend(self, other: BatchKVCache) -> None:
-        pads, theirs = self._host_pads(), getattr(other, "pads", None)
-        if pads is not None and theirs is None:  # a plain batch cache joining: read once
-            theirs = [int(p) for p in other.left_padding.tolist()]
+        pads = self._host_pads()
         if pads is not None:
+            theirs = getattr(other, "pads", None)
+            if theirs is None:  # a plain batch cache joining: read once
+                theirs = [int(p) for p in other.left_padding.tolist()]
             if self.keys is None and other.keys is None:
                 pads = pads + theirs  # mlx-lm concatenates them unshifted
             else:
