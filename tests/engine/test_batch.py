@@ -158,6 +158,46 @@ def test_rows_ending_in_one_step_leave_together(checkpoints, monkeypatch, arch, 
     sm.close()
 
 
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma4_text"])
+def test_sliding_window_rows_leave_without_a_read(checkpoints, monkeypatch, family):
+    """Families with sliding-window layers (RotatingKVCache; the tiny configs' windows of
+    16 and 8 tokens, shorter than the prompts, so the batch's windows are full, trimmed
+    and rotating): each sequence's tokens in a batch equal its tokens alone, the
+    window layers batch as `HostPaddedRotatingKVCache`, and no row leaving reads the
+    device (mlx-lm's extract, which evaluates and reads the paddings, never runs)."""
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    from ssdmoe_tui.engine.run.batch_cache import HostPaddedRotatingKVCache
+
+    sm = load_streamed(checkpoints(family), expert_cache="1")
+    runner = Runner(sm)
+    ps = prompts(sm)
+    alone = [runner.generate(p, max_tokens=n) for p, n in zip(ps, MAX_TOKENS, strict=True)]
+    merged, reads = [], []
+    real_merge = HostPaddedRotatingKVCache.merge.__func__
+    real_extract = BatchRotatingKVCache.extract
+    monkeypatch.setattr(
+        HostPaddedRotatingKVCache,
+        "merge",
+        classmethod(lambda cls, caches: merged.append(real_merge(cls, caches)) or merged[-1]),
+    )
+    monkeypatch.setattr(
+        BatchRotatingKVCache, "extract", lambda c, i: reads.append(i) or real_extract(c, i)
+    )
+    specs = [
+        SeqSpec(i, p, max_tokens=n) for i, (p, n) in enumerate(zip(ps, MAX_TOKENS, strict=True))
+    ]
+    _, results, _ = run_batch(runner, specs, max_batch=3)
+    for i, a in enumerate(alone):
+        assert results[i].tokens == a.tokens, f"sequence {i}"
+        offsets = [c.offset for c in results[i].cache if hasattr(c, "keys")]
+        assert offsets and all(o == len(results[i].covered_tokens) for o in offsets)
+    assert merged and all(c.pads is not None for c in merged)
+    assert any(c.rotated for c in merged)
+    assert reads == []
+    sm.close()
+
+
 @pytest.mark.parametrize("budget", ["1", "1G"])
 def test_host_copies_of_the_steps_tokens_read_the_same(checkpoints, monkeypatch, budget):
     """`SSDMOE_BATCH_HOST_COPY`: each step's tokens and routing masses copied on the CPU

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
+from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache, HostPaddedRotatingKVCache
 
 H, D = 2, 4
 
@@ -147,3 +147,107 @@ def test_random_sequences_of_the_batch_operations_match():
                 host_ops += 1
             _same(ours, theirs)
     assert host_ops >= 100  # rows left often enough to mean something
+
+
+def _rot_row(n: int, seed: int, window: int) -> RotatingKVCache:
+    """One sequence's sliding-window cache after n tokens (a prompt, then decode steps,
+    so longer rows have wrapped around their window)."""
+    c = RotatingKVCache(window)
+    rng = np.random.default_rng(seed)
+    first = min(n, 3)
+    if first:
+        k = mx.array(rng.standard_normal((1, H, first, D)).astype(np.float32))
+        c.update_and_fetch(k, k * 2)
+    for _ in range(n - first):
+        k = mx.array(rng.standard_normal((1, H, 1, D)).astype(np.float32))
+        c.update_and_fetch(k, k * 2)
+    return c
+
+
+def _same_rot(ours: HostPaddedRotatingKVCache, theirs: BatchRotatingKVCache) -> None:
+    assert (ours._idx, ours._offset, ours.rotated) == (theirs._idx, theirs._offset, theirs.rotated)
+    for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.shape == b.shape and mx.array_equal(a, b).item()
+    assert ours.offset.tolist() == theirs.offset.tolist() == ours.offs
+    assert ours.left_padding.tolist() == theirs.left_padding.tolist() == ours.pads
+
+
+def test_random_sequences_on_sliding_window_caches_match():
+    """HostPaddedRotatingKVCache against mlx-lm's BatchRotatingKVCache: rows of random
+    lengths (some past their window) merged, joining (host-padded or plain), chunks and
+    one-token decode steps (the window filling, trimming and rotating), trims, rows
+    leaving (extract, filter in any order); after every operation the same arrays and
+    the host's paddings and offsets equal the device's."""
+    import random
+
+    host_extracts = 0
+    for seed in range(40):
+        r = random.Random(seed)
+        window = r.choice((4, 6, 9))
+
+        def rows(r: random.Random, window: int = window) -> list[RotatingKVCache]:
+            lengths = [r.choice((0, 1, 2, 5, 8, 13)) for _ in range(r.randint(1, 3))]
+            return [_rot_row(n, r.randrange(1 << 30), window) for n in lengths]
+
+        state = r.getstate()
+        ours = HostPaddedRotatingKVCache.merge(rows(r))
+        r.setstate(state)
+        theirs = BatchRotatingKVCache.merge(rows(r))
+        assert type(ours) is HostPaddedRotatingKVCache
+        _same_rot(ours, theirs)
+        for _ in range(30):
+            b = len(ours.pads)
+            op = r.choice(("step", "step", "step", "chunk", "join", "join_plain", "leave", "trim"))
+            if op in ("step", "chunk"):
+                n = 1 if op == "step" else r.choice((2, 3, 7))
+                k = mx.array(np.random.default_rng(r.randrange(1 << 30)).standard_normal(
+                    (b, H, n, D)).astype(np.float32))  # fmt: skip
+                ka, va = ours.update_and_fetch(k, k - 1)
+                kb, vb = theirs.update_and_fetch(k, k - 1)
+                assert mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()
+            elif op.startswith("join"):
+                state = r.getstate()
+                cls = BatchRotatingKVCache if op == "join_plain" else HostPaddedRotatingKVCache
+                ours.extend(cls.merge(rows(r)))
+                r.setstate(state)
+                theirs.extend(BatchRotatingKVCache.merge(rows(r)))
+            elif op == "trim":
+                if ours.is_trimmable():
+                    n = r.randint(0, 2)
+                    assert ours.trim(n) == theirs.trim(n)
+            elif b > 1 and theirs.keys is not None:
+                gone = r.sample(range(b), r.randint(1, b - 1))
+                for i in gone:
+                    a, c = ours.extract(i), theirs.extract(i)
+                    assert (a.offset, a._idx) == (c.offset, c._idx)
+                    assert mx.array_equal(a.keys, c.keys).item()
+                    assert mx.array_equal(a.values, c.values).item()
+                    host_extracts += 1
+                keep = [j for j in range(b) if j not in gone]
+                r.shuffle(keep)
+                ours.filter(keep)
+                theirs.filter(keep)
+            _same_rot(ours, theirs)
+    assert host_extracts >= 100
+
+
+def test_sliding_window_fallbacks():
+    """A restored state, or right padding (rolled by device values), drops the host's
+    lists and mlx-lm's reads serve; left padding added to an empty cache is followed."""
+    ours = HostPaddedRotatingKVCache.merge([_rot_row(0, 0, 4), _rot_row(0, 1, 4)])
+    plain = BatchRotatingKVCache.merge([_rot_row(0, 0, 4), _rot_row(0, 1, 4)])
+    for lp in ([2, 1], [3]):
+        ours.prepare(left_padding=lp)
+        plain.prepare(left_padding=lp)
+        assert ours.pads == ours.left_padding.tolist() == plain.left_padding.tolist()
+        assert ours.offs == ours.offset.tolist() == plain.offset.tolist()
+    ours.prepare(lengths=[1, 2], right_padding=[1, 0])
+    assert ours.pads is None
+    full = HostPaddedRotatingKVCache.merge([_rot_row(7, 2, 4), _rot_row(2, 3, 4)])
+    other = BatchRotatingKVCache.merge([_rot_row(7, 2, 4), _rot_row(2, 3, 4)])
+    full.state = other.state
+    assert full.pads is None
+    a, b = full.extract(1), other.extract(1)
+    assert a.offset == b.offset and mx.array_equal(a.keys, b.keys).item()

@@ -54,10 +54,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from ssdmoe_tui.engine.experts.device_memory import is_cuda
-from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache
+from ssdmoe_tui.engine.run.batch_cache import HostPaddedKVCache, HostPaddedRotatingKVCache
 from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S, JOIN_CHUNK, JoinSizer
 from ssdmoe_tui.engine.run.runner import (
     Begun,
@@ -306,12 +306,20 @@ class BatchFigures:
 RowEvent = tuple[Hashable, RunnerEvent]
 
 
+# a layer's cache class -> its batch class that keeps the row paddings on the host
+_HOST_PADDED: dict[type, type] = {
+    KVCache: HostPaddedKVCache,
+    RotatingKVCache: HostPaddedRotatingKVCache,
+}
+
+
 def merge_caches(caches: list[list]) -> list:
     """Per-layer batch caches from per-sequence ones (mlx-lm's `merge` of each layer's
-    cache class: KVCache -> left-padded BatchKVCache, as `HostPaddedKVCache`, whose rows
-    leave without a device read; ArraysCache -> stacked rows)."""
+    cache class: KVCache -> left-padded BatchKVCache and RotatingKVCache ->
+    BatchRotatingKVCache, as the batch_cache.py classes whose rows leave without a device
+    read; ArraysCache -> stacked rows)."""
     return [
-        (HostPaddedKVCache if type(layer[0]) is KVCache else type(layer[0])).merge(list(layer))
+        _HOST_PADDED.get(type(layer[0]), type(layer[0])).merge(list(layer))
         for layer in zip(*caches, strict=True)
     ]
 
@@ -526,9 +534,7 @@ class BatchRunner:
         """Take `leaving` out of their group together; returns each one's own KV cache.
         Together: the batch cache is filtered once a layer for all of them, not once a
         row and layer. The KV layers read nothing from the device for it (their paddings
-        are kept on the host: batch_cache.py); a sliding-window layer's cache (mlx-lm's
-        rotating one) still reads its paddings to extract a row, a wait behind the
-        queued step each."""
+        are kept on the host, batch_cache.py, sliding-window layers' too)."""
         gone = [group.rows.index(r) for r in leaving]
         out_idx = set(gone)
         group.rows[:] = [r for j, r in enumerate(group.rows) if j not in out_idx]

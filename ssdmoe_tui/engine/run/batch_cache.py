@@ -13,14 +13,31 @@ makes them from the rows' lengths, `extend` adds each side's right-justifying sh
 beside the device array (`pads`), so a leaving row's cache and the others' filter queue
 the same lazy slices and gathers as mlx-lm's and read nothing. Anything that sets the
 paddings from device values (`finalize` after right padding, a `state` restored) drops
-the list, and the cache then does what mlx-lm's does."""
+the list, and the cache then does what mlx-lm's does.
+
+`HostPaddedRotatingKVCache` does the same for sliding-window layers (gpt-oss, Gemma,
+...): mlx-lm's `BatchRotatingKVCache.extract` evaluates and reads both `left_padding` and
+`offset` for the leaving row. Their changes are host integers too (the window's trim and
+rotation subtract the same count from every row's padding; every update adds its token
+count to every offset), so the class keeps both lists (`pads`, `offs`). Right padding
+(`prepare` with `right_padding`, rolled by device values) or a restored `state` drops
+them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
+
+
+def _added(pads: list[int], left_padding: Sequence[int]) -> list[int] | None:
+    """Paddings `prepare` adds, one per row (a single value broadcast, as mlx-lm's array
+    add does); None where the count fits neither (mlx-lm's arrays decide then)."""
+    added = [int(q) for q in left_padding]
+    if len(added) == 1:
+        added *= len(pads)
+    return added if len(added) == len(pads) else None
 
 
 class HostPaddedKVCache(BatchKVCache):
@@ -51,14 +68,8 @@ class HostPaddedKVCache(BatchKVCache):
         super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
         pads = self._host_pads()
         if left_padding is not None and pads is not None:
-            added = [int(q) for q in left_padding]
-            if len(added) == 1:  # one value for every row: mlx-lm broadcasts it
-                added *= len(pads)
-            self.pads = (
-                [p + q for p, q in zip(pads, added, strict=True)]
-                if len(added) == len(pads)
-                else None  # whatever mlx-lm made of it: its reads decide
-            )
+            added = _added(pads, left_padding)
+            self.pads = None if added is None else [p + q for p, q in zip(pads, added, strict=True)]
 
     def finalize(self) -> None:
         if self._right_padding is not None:  # paddings shifted by device values
@@ -118,4 +129,154 @@ class HostPaddedKVCache(BatchKVCache):
         cache.keys = mx.contiguous(self.keys[idx : idx + 1, :, padding : self._idx])
         cache.values = mx.contiguous(self.values[idx : idx + 1, :, padding : self._idx])
         cache.offset = cache.keys.shape[2]
+        return cache
+
+
+class HostPaddedRotatingKVCache(BatchRotatingKVCache):
+    """`BatchRotatingKVCache` with `pads` and `offs`: `left_padding`'s and `offset`'s
+    values on the host (None: unknown, mlx-lm's reads used). Each update method works
+    out, from the same host integers mlx-lm's branches test, the count it subtracts
+    from every padding, then calls mlx-lm's method; tests compare both lists with the
+    device's after every operation."""
+
+    def __init__(self, max_size: int, left_padding: list[int]) -> None:
+        super().__init__(max_size, left_padding)
+        self.pads: list[int] | None = [int(p) for p in left_padding]
+        self.offs: list[int] = [-p for p in self.pads]
+
+    @classmethod
+    def merge(cls, caches: list) -> HostPaddedRotatingKVCache:
+        merged = BatchRotatingKVCache.merge.__func__(cls, caches)
+        offs = [c.offset for c in caches]
+        if all(isinstance(o, int) for o in offs):  # RotatingKVCache keeps an int
+            merged.offs = offs
+        else:
+            merged.pads = None
+        return merged
+
+    def _host(self) -> list[int] | None:
+        return getattr(self, "pads", None)  # None too for one built by `from_state`
+
+    def _shift(self, drop: int, tokens: int) -> None:
+        """Every row's padding less `drop`, every offset plus `tokens`."""
+        pads = self._host()
+        if pads is not None:
+            self.pads = [p - drop for p in pads] if drop else pads
+            self.offs = [o + tokens for o in self.offs]
+
+    def _update_concat(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        drop = 0
+        if self.keys is not None:
+            # mlx-lm's: temporal order (a rotated buffer's index becomes its width),
+            # then the trim that keeps `max_size - 1` tokens before the new ones
+            idx = self.keys.shape[2] if self.rotated else self._idx
+            drop = max(0, idx - self.max_size + 1)
+            if self._lengths is not None:  # rolled by device values
+                self.pads = None
+        out = super()._update_concat(keys, values)
+        self._shift(drop, keys.shape[2])
+        return out
+
+    def _update_in_place(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        n, drop = keys.shape[2], 0
+        if self._lengths is None:  # else mlx-lm's raises
+            prev = self._offset
+            width = 0 if self.keys is None else self.keys.shape[2]
+            idx = self._idx
+            if self.keys is None or (prev >= width and width < self.max_size):
+                width += min(self.step, self.max_size - prev)  # the buffer grows
+                idx = prev
+            drop = max(0, width - self.max_size)
+            if drop:
+                idx = self.max_size
+            if self.rotated or idx == self.max_size:  # writing over the oldest
+                drop += n
+        out = super()._update_in_place(keys, values)
+        self._shift(drop, n)
+        return out
+
+    def prepare(
+        self,
+        *,
+        left_padding: Sequence[int] | None = None,
+        lengths: Sequence[int] | None = None,
+        right_padding: Sequence[int] | None = None,
+    ) -> None:
+        super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
+        pads = self._host()
+        if pads is None:
+            return
+        if left_padding is not None:
+            added = _added(pads, left_padding)
+            if added is None:
+                self.pads = None
+                return
+            self.pads = [p + q for p, q in zip(pads, added, strict=True)]
+            self.offs = [o - q for o, q in zip(self.offs, added, strict=True)]
+        if right_padding is not None and max(right_padding) > 0:
+            self.pads = None  # finalize rolls rows by device values
+
+    @property
+    def state(self) -> tuple:
+        return BatchRotatingKVCache.state.fget(self)
+
+    @state.setter
+    def state(self, v: tuple) -> None:
+        BatchRotatingKVCache.state.fset(self, v)
+        self.pads = None
+
+    def trim(self, n: int) -> int:
+        n = super().trim(n)
+        self._shift(0, -n)
+        return n
+
+    def filter(self, batch_indices: Sequence[int]) -> None:
+        super().filter(batch_indices)
+        pads = self._host()
+        if pads is not None:
+            keep = [int(i) for i in batch_indices]
+            self.pads = [pads[i] for i in keep]
+            self.offs = [self.offs[i] for i in keep]
+
+    def extend(self, other: BatchRotatingKVCache) -> None:
+        pads = self._host()
+        if pads is not None:
+            if getattr(other, "pads", None) is not None:
+                theirs, their_offs = other.pads, other.offs
+            else:  # a plain batch cache joining: read once
+                theirs = [int(p) for p in other.left_padding.tolist()]
+                their_offs = [int(o) for o in other.offset.tolist()]
+            if self.keys is not None or other.keys is not None:
+                # mlx-lm's: both in temporal order where they differ, then each side
+                # right-justified to the later index
+                def idx(c: BatchRotatingKVCache) -> int:
+                    if (self.rotated != other.rotated or self._idx != other._idx) and c.rotated:
+                        return c.keys.shape[2]
+                    return c._idx
+
+                top = max(idx(self), idx(other))
+                theirs = [p + top - idx(other) for p in theirs]
+                pads = [p + top - idx(self) for p in pads]
+            pads, offs = pads + theirs, self.offs + their_offs
+        super().extend(other)
+        if pads is not None:
+            self.pads, self.offs = pads, offs
+
+    def extract(self, idx: int) -> RotatingKVCache:
+        pads = self._host()
+        if pads is None:
+            return super().extract(idx)
+        cache = RotatingKVCache(self.max_size)
+        padding = max(0, pads[idx])
+        cache.keys = self.keys[idx : idx + 1]
+        cache.values = self.values[idx : idx + 1]
+        cache._idx = self._idx
+        if self.rotated:
+            cache.keys = mx.roll(cache.keys, -self._idx, axis=2)
+            cache.values = mx.roll(cache.values, -self._idx, axis=2)
+            cache._idx = self.max_size
+        cache.keys = mx.contiguous(cache.keys[:, :, padding : cache._idx])
+        cache.values = mx.contiguous(cache.values[:, :, padding : cache._idx])
+        cache.offset = self.offs[idx]
+        cache._idx = cache.keys.shape[2]
         return cache
