@@ -17,14 +17,23 @@ did not. mlx-lm's own resident layers call the same kernel (upstream: ml-explore
 
 The guard copies x into a buffer `PAD_ROWS` rows longer and hands the call a view of its
 first rows: the same shape and strides, so MLX picks the same kernel and every row's
-arithmetic is unchanged (greedy tokens stay mlx-lm's); the copy is one small kernel per
-guarded call, on MLX-CUDA only. `SSDMOE_QMM_PAD`: `auto` (default: on under MLX-CUDA),
-`on` (everywhere: the tests run the padded path on the CPU), `off` (for A/B runs on the
-GPU)."""
+arithmetic is unchanged (greedy tokens stay mlx-lm's). The copy is one gather kernel per
+guarded call (`take` of x's rows with its last row repeated behind them; the slack's
+values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a fill of the
+whole buffer, then the copy), whose cost showed in batches every expert held (H100,
+2026-12-07 thirteenth session, the engine against BatchGenerator in alternating
+processes, B = 4 / 8: guard off 0.937 / 1.026x and 0.993 / 1.120x, on 0.949 / 0.889x and
+0.790 / 0.750x); the one-kernel copy is not yet measured there.
+
+`SSDMOE_QMM_PAD`: `auto` (default: on under MLX-CUDA), `on` (everywhere: the tests run
+the padded path on the CPU), `off` (for A/B runs on the GPU)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import mlx.core as mx
+import numpy as np
 
 from ssdmoe_tui.engine.experts.device_memory import is_cuda
 
@@ -63,9 +72,19 @@ def tiled(x: mx.array, rows: int, out_width: int, bits: int, group_size: int, mo
     )
 
 
+@lru_cache(maxsize=64)
+def _rows_and_slack(n: int) -> mx.array:
+    """Row numbers 0..n-1, then n-1 `PAD_ROWS` times: a gather's index that copies n rows
+    and fills the slack behind them from inside the array (one per row count, as the
+    calls' shapes repeat step after step)."""
+    return mx.array(np.minimum(np.arange(n + PAD_ROWS), n - 1).astype(np.uint32))
+
+
 def with_slack(x: mx.array) -> mx.array:
-    """`x` as a view of the first rows of a copy `PAD_ROWS` rows longer (zeros behind)."""
+    """`x` as a view of the first rows of a copy `PAD_ROWS` rows longer (one kernel)."""
     k = x.shape[-1]
     flat = x.reshape(-1, k)
-    padded = mx.pad(flat, [(0, PAD_ROWS), (0, 0)])
-    return padded[: flat.shape[0]].reshape(x.shape)
+    n = flat.shape[0]
+    if n == 0:
+        return x
+    return mx.take(flat, _rows_and_slack(n), axis=0)[:n].reshape(x.shape)
