@@ -9,18 +9,29 @@ cache. On the H200 with a 4 GiB cache a 64-token chunk of the real trace took 1.
 CPU cores a 128-token chunk of the demo 0.8 s; with every expert held on the GPU a
 2,048-token chunk takes milliseconds. So the chunk is sized from the last one's measured
 time, as vLLM's chunked prefill budgets tokens per step and mlx-lm's `BatchGenerator` its
-`prefill_step_size`, but by time: n' = budget x n / t(n). With t(n) = a + b n (a: the
-fixed part, reads of the union, syncs; b: per-token compute) this converges to the n that
-fills the budget, (budget - a) / b, and to 1 token where even one exceeds it. Growth is at
-most GROWTH x a chunk, so one cheap chunk (a cache that happened to hold its experts, a
-quiet moment of a shared machine) does not make the next a long one; on two loaded CPU
-cores doubling overshot the budget by 1.5-2.5x (a 31-token chunk in 0.07 s, the next 62
-in 0.37 s).
+`prefill_step_size`, but by time. The last chunks' times are fitted to t(n) = a + b n (a:
+the fixed part, reads of the union, syncs; b: per-token compute) and the next chunk is the
+n that fills the budget, (budget - a) / b.
+
+Where even one token costs more than the budget (a streamed layer's reads: on an H100
+with host slots, a 4 GiB cache and the real trace, a one-token chunk beside four decoding
+rows stalled them 0.71 s, 2026-12-07 thirteenth session), no size keeps the stall under
+it, and one-token chunks (what `budget x n / t(n)` gave) only make the join endless: that
+probe prefilled 273 of 1,024 tokens in 273 chunks, each stalling the rows ~0.7 s, and
+never finished. So the budget is at least `FIXED_STALL` x a: a chunk may stall the rows
+up to twice what its fixed part costs them anyway, and takes as many tokens as fit in the
+other half (an H100's compute: the token cap), so the join ends in a few steps.
+
+Growth is at most GROWTH x a chunk, so one cheap chunk (a cache that happened to hold its
+experts, a quiet moment of a shared machine) does not make the next a long one; on two
+loaded CPU cores doubling overshot the budget by 1.5-2.5x (a 31-token chunk in 0.07 s,
+the next 62 in 0.37 s).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 # Tokens in one prefill chunk of a sequence joining rows that decode, at most: each chunk
 # runs between two of their steps (a chunk's compute grows with it; its expert reads, the
@@ -29,6 +40,8 @@ JOIN_CHUNK = 128
 JOIN_BUDGET_S = 0.25  # a joining sequence's prefill work between two decode steps
 FIRST_JOIN_CHUNK = 8  # tokens, before any chunk has been measured beside decoding rows
 GROWTH = 1.5  # the most a chunk grows over the last measured one
+FIXED_STALL = 2.0  # a chunk may stall the rows this many times its fixed part
+FIT_CHUNKS = 8  # the last chunks the cost line is fitted to
 
 
 @dataclass
@@ -38,19 +51,41 @@ class JoinSizer:
 
     budget_s: float = JOIN_BUDGET_S
     cap: int | None = None  # at most this many tokens (None: no token cap)
-    last: int = 0  # the last measured chunk's tokens
-    last_s: float = 0.0  # and its seconds
+    # the last FIT_CHUNKS measured chunks: (tokens, seconds)
+    seen: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=FIT_CHUNKS))
+
+    def fit(self) -> tuple[float, float | None]:
+        """(a, b) of t(n) = a + b n over the chunks seen, least squares; b None while they
+        all had one size; a >= 0."""
+        ns = [n for n, _ in self.seen]
+        ts = [t for _, t in self.seen]
+        n_mean, t_mean = sum(ns) / len(ns), sum(ts) / len(ts)
+        var = sum((n - n_mean) ** 2 for n in ns)
+        if var == 0:
+            return t_mean, None
+        b = sum((n - n_mean) * (t - t_mean) for n, t in self.seen) / var
+        return max(0.0, t_mean - b * n_mean), b
 
     def size(self) -> int:
         """The next chunk's tokens (at least 1)."""
-        if self.last <= 0 or self.last_s <= 0:
+        if not self.seen:
             n = FIRST_JOIN_CHUNK
         else:
-            n = min(int(self.budget_s * self.last / self.last_s), int(GROWTH * self.last))
+            last_n, last_t = self.seen[-1]
+            a, b = self.fit()
+            if b is None:  # one size so far: a is that size's time, fixed part and all
+                n = int(self.budget_s * last_n / last_t)
+            else:
+                budget = max(self.budget_s, FIXED_STALL * a)
+                if b > 0:
+                    n = int((budget - a) / b)
+                else:  # no per-token cost seen: the fixed part is all of it
+                    n = int(budget * last_n / last_t)
+            n = min(n, max(int(GROWTH * last_n), last_n + 1))
         n = max(n, 1)
         return n if self.cap is None else min(n, self.cap)
 
     def measure(self, tokens: int, seconds: float) -> None:
         """A chunk of `tokens` stalled the decoding rows `seconds`."""
         if tokens > 0 and seconds > 0:
-            self.last, self.last_s = tokens, seconds
+            self.seen.append((tokens, seconds))
