@@ -53,18 +53,21 @@ class JoinSizer:
     cap: int | None = None  # at most this many tokens (None: no token cap)
     # the last FIT_CHUNKS measured chunks: (tokens, seconds)
     seen: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=FIT_CHUNKS))
+    # the last (a, b) fitted: kept while the chunks seen all have one size (the token cap)
+    line: tuple[float, float] | None = None
 
     def fit(self) -> tuple[float, float | None]:
-        """(a, b) of t(n) = a + b n over the chunks seen, least squares; b None while they
-        all had one size; a >= 0."""
+        """(a, b) of t(n) = a + b n over the chunks seen, least squares, a >= 0; while
+        they all have one size, the last line fitted, else (their mean time, None)."""
         ns = [n for n, _ in self.seen]
         ts = [t for _, t in self.seen]
         n_mean, t_mean = sum(ns) / len(ns), sum(ts) / len(ts)
         var = sum((n - n_mean) ** 2 for n in ns)
         if var == 0:
-            return t_mean, None
+            return self.line if self.line is not None else (t_mean, None)
         b = sum((n - n_mean) * (t - t_mean) for n, t in self.seen) / var
-        return max(0.0, t_mean - b * n_mean), b
+        self.line = (max(0.0, t_mean - b * n_mean), b)
+        return self.line
 
     def size(self) -> int:
         """The next chunk's tokens (at least 1)."""
