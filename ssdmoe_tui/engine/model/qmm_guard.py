@@ -18,8 +18,8 @@ did not. mlx-lm's own resident layers call the same kernel (upstream: ml-explore
 The guard copies x into a buffer `PAD_ROWS` rows longer and hands the call a view of its
 first rows: the same shape and strides, so MLX picks the same kernel and every row's
 arithmetic is unchanged (greedy tokens stay mlx-lm's). The copy is one gather kernel per
-guarded call (`take` of x's rows with its last row repeated behind them; the slack's
-values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a fill of the
+guarded call (`take` of x along its first axis with the last entry repeated behind it;
+the slack's values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a fill of the
 whole buffer, then the copy), whose cost showed in batches every expert held (H100,
 2026-12-07 thirteenth session, the engine against BatchGenerator in alternating
 processes, B = 4 / 8: guard off 0.937 / 1.026x and 0.993 / 1.120x, on 0.949 / 0.889x and
@@ -73,18 +73,22 @@ def tiled(x: mx.array, rows: int, out_width: int, bits: int, group_size: int, mo
 
 
 @lru_cache(maxsize=64)
-def _rows_and_slack(n: int) -> mx.array:
-    """Row numbers 0..n-1, then n-1 `PAD_ROWS` times: a gather's index that copies n rows
-    and fills the slack behind them from inside the array (one per row count, as the
-    calls' shapes repeat step after step)."""
-    return mx.array(np.minimum(np.arange(n + PAD_ROWS), n - 1).astype(np.uint32))
+def _with_tail(n: int, extra: int) -> mx.array:
+    """0..n-1, then n-1 `extra` times: a gather's index that copies n entries and fills
+    the slack behind them from inside the array (one per shape, as the calls' shapes
+    repeat step after step)."""
+    return mx.array(np.minimum(np.arange(n + extra), n - 1).astype(np.uint32))
 
 
 def with_slack(x: mx.array) -> mx.array:
-    """`x` as a view of the first rows of a copy `PAD_ROWS` rows longer (one kernel)."""
-    k = x.shape[-1]
-    flat = x.reshape(-1, k)
-    n = flat.shape[0]
-    if n == 0:
+    """`x` as a view of the first entries (axis 0) of a copy at least `PAD_ROWS` rows
+    longer: one gather and one slice (no reshapes), so two graph nodes a call."""
+    n = x.shape[0]
+    if n == 0 or x.ndim < 2:
         return x
-    return mx.take(flat, _rows_and_slack(n), axis=0)[:n].reshape(x.shape)
+    per = 1  # rows of x (its last axis's vectors) under one entry of axis 0
+    for d in x.shape[1:-1]:
+        per *= d
+    if per == 0:
+        return x
+    return mx.take(x, _with_tail(n, -(-PAD_ROWS // per)), axis=0)[:n]
