@@ -18,10 +18,10 @@ did not. mlx-lm's own resident layers call the same kernel (upstream: ml-explore
 The guard copies x into a buffer `PAD_ROWS` rows longer and hands the call a view of its
 first rows: the same shape and strides, so MLX picks the same kernel and every row's
 arithmetic is unchanged (greedy tokens stay mlx-lm's). The copy is one gather kernel per
-guarded call (`take` of x along its first axis with the last entry repeated behind it;
-the slack's values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a fill of the
-whole buffer, then the copy), whose cost showed in batches every expert held (H100,
-2026-12-07 thirteenth session, the engine against BatchGenerator in alternating
+guarded call (`take` of x along its first axis with the last entry repeated behind
+it; the slack's values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a
+fill of the whole buffer, then the copy), whose cost showed in batches every expert held
+(H100, 2026-12-07 thirteenth session, the engine against BatchGenerator in alternating
 processes, B = 4 / 8: guard off 0.937 / 1.026x and 0.993 / 1.120x, on 0.949 / 0.889x and
 0.790 / 0.750x); the one-kernel copy is not yet measured there.
 
