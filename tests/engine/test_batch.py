@@ -507,11 +507,11 @@ def test_a_join_is_chunked_to_a_time_budget(checkpoints, budget_s):
     ps = prompts(sm)[:2]
     long = ps[1] + ps[0] * 4  # ~100 tokens
     alone = [
-        runner.generate(ps[0], max_tokens=40).tokens,
+        runner.generate(ps[0], max_tokens=160).tokens,  # decodes through the whole join
         runner.generate(long, max_tokens=6).tokens,
     ]
     batch = BatchRunner(runner, max_batch=2, join_chunk=None, join_budget_s=budget_s)
-    batch.add(SeqSpec(0, ps[0], max_tokens=40))
+    batch.add(SeqSpec(0, ps[0], max_tokens=160))
     batch.add(SeqSpec(1, long, max_tokens=6))
     done_at, results = [], {}
     for uid, ev in batch.drain():
@@ -521,9 +521,11 @@ def test_a_join_is_chunked_to_a_time_budget(checkpoints, budget_s):
             results[uid] = ev.result
     chunks = [b - a for a, b in zip(done_at, done_at[1:], strict=False) if b > a]
     assert chunks[0] == FIRST_JOIN_CHUNK
+    assert sum(chunks) == len(long)  # all of it beside row 0 (the last: its first token)
     if budget_s < 1:
+        # one-token chunks would be ~115; ~4 tokens a chunk here (twice the fixed part)
         assert chunks[1] == 1 and max(chunks[2:]) > 1
-        assert len(chunks) < len(long) // 2
+        assert len(chunks) <= len(long) // 2
     else:
         second = int(GROWTH * FIRST_JOIN_CHUNK)
         assert chunks[1:3] == [second, int(GROWTH * second)]
@@ -557,8 +559,43 @@ def test_join_sizer_converges_to_the_budget():
     assert s.size() == 2
     s.measure(2, 0.69)
     assert s.size() == 3  # growth from the last chunk, at most GROWTH x (one token more)
-    with pytest.raises(ValueError, match="join_budget_s"):
-        BatchRunner(None, join_budget_s=0)  # type: ignore[arg-type]
+
+
+def test_join_sizer_is_not_held_by_a_bad_line():
+    """A line fitted to noisy first chunks (a review's case: b 250x too steep) or to costs
+    that then change does not hold the size: chunks of one size that fit the target try
+    the next size, and a chunk far over the target is sized from its own time."""
+    from ssdmoe_tui.engine.run.join_chunks import JoinSizer
+
+    s = JoinSizer(budget_s=0.25, cap=128)
+    for n, t in [(8, 1.33), (1, 0.49), (2, 0.50), (2, 0.50), (2, 0.56), (2, 0.51), (2, 0.55),
+                 (2, 1.02), (2, 0.63)]:  # fmt: skip
+        s.measure(n, t)  # what the sizer asked for, measured with noise
+    sizes = []
+    for _ in range(30):  # then the true costs: a = 0.7 s, b = 0.5 ms
+        sizes.append(s.size())
+        s.measure(sizes[-1], 0.7 + 0.0005 * sizes[-1])
+    assert sizes[0] > 2 and sizes[-1] == 128
+    s = JoinSizer(budget_s=0.25, cap=128)  # converged at 100 tokens, then 10x the compute
+    for _ in range(30):
+        n = s.size()
+        s.measure(n, 0.05 + 0.002 * n)
+    assert s.size() == 100
+    s.measure(100, 0.05 + 0.02 * 100)
+    assert s.size() <= 13
+    for _ in range(20):
+        n = s.size()
+        s.measure(n, 0.05 + 0.02 * n)
+    assert 9 <= s.size() <= 11  # (0.25 - 0.05) / 0.02
+    s = JoinSizer(budget_s=1e-6)  # no chunk fits: twice the fixed part, a / b = 6 tokens
+    s.measure(s.size(), 0.012)
+    for _ in range(30):
+        n = s.size()
+        s.measure(n, 0.003 + 0.0005 * n)
+    assert 5 <= s.size() <= 7
+    for bad in (0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="join_budget_s"):
+            BatchRunner(None, join_budget_s=bad)  # type: ignore[arg-type]
 
 
 def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):

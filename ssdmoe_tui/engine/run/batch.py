@@ -47,6 +47,7 @@ the step's one sync, not a forward pass.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
@@ -340,7 +341,7 @@ class BatchRunner:
             raise ValueError("max_batch must be at least 1")
         if join_chunk is not None and join_chunk < 1:
             raise ValueError("join_chunk must be at least 1 token")
-        if join_budget_s is not None and not join_budget_s > 0:
+        if join_budget_s is not None and not 0 < join_budget_s < math.inf:
             raise ValueError("join_budget_s must be a positive number of seconds")
         self.runner = runner
         self.max_batch = max_batch

@@ -22,6 +22,12 @@ never finished. So the budget is at least `FIXED_STALL` x a: a chunk may stall t
 up to twice what its fixed part costs them anyway, and takes as many tokens as fit in the
 other half (an H100's compute: the token cap), so the join ends in a few steps.
 
+The line only proposes: a chunk more than `OFF_LINE` x over the target is sized from its
+own time instead (costs that rose, or a line fitted to noisy first chunks: one 250x too
+steep held a review's simulated join at two tokens a chunk), and chunks that all had one
+size and fit the target try one token more (else the line, which one size cannot refit,
+holds them).
+
 Growth is at most GROWTH x a chunk, so one cheap chunk (a cache that happened to hold its
 experts, a quiet moment of a shared machine) does not make the next a long one; on two
 loaded CPU cores doubling overshot the budget by 1.5-2.5x (a 31-token chunk in 0.07 s,
@@ -42,6 +48,7 @@ FIRST_JOIN_CHUNK = 8  # tokens, before any chunk has been measured beside decodi
 GROWTH = 1.5  # the most a chunk grows over the last measured one
 FIXED_STALL = 2.0  # a chunk may stall the rows this many times its fixed part
 FIT_CHUNKS = 8  # the last chunks the cost line is fitted to
+OFF_LINE = 1.5  # a chunk this far over the target is sized from its own time instead
 
 
 @dataclass
@@ -79,11 +86,13 @@ class JoinSizer:
             if b is None:  # one size so far: a is that size's time, fixed part and all
                 n = int(self.budget_s * last_n / last_t)
             else:
-                budget = max(self.budget_s, FIXED_STALL * a)
-                if b > 0:
-                    n = int((budget - a) / b)
-                else:  # no per-token cost seen: the fixed part is all of it
-                    n = int(budget * last_n / last_t)
+                target = max(self.budget_s, FIXED_STALL * a)
+                ratio = int(target * last_n / last_t)  # the last chunk scaled to the target
+                n = int((target - a) / b) if b > 0 else ratio
+                if last_t > OFF_LINE * target:
+                    n = min(n, ratio)  # costs rose, or the line was fitted to noise
+                elif n == last_n and len({m for m, _ in self.seen}) == 1 and last_t < target:
+                    n = last_n + 1  # a line it cannot refit holds the size: try the next
             n = min(n, max(int(GROWTH * last_n), last_n + 1))
         n = max(n, 1)
         return n if self.cap is None else min(n, self.cap)
