@@ -194,6 +194,8 @@ def test_sliding_window_rows_leave_without_a_read(checkpoints, monkeypatch, fami
         assert offsets and all(o == len(results[i].covered_tokens) for o in offsets)
     assert merged and all(c.pads is not None for c in merged)
     assert any(c.rotated for c in merged)
+    for c in merged:  # the host's lists are the device's, after every join and leave
+        assert c.pads == c.left_padding.tolist() and c.offs == c.offset.tolist()
     assert reads == []
     sm.close()
 

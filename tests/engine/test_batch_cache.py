@@ -238,7 +238,7 @@ def test_sliding_window_fallbacks():
     lists and mlx-lm's reads serve; left padding added to an empty cache is followed."""
     ours = HostPaddedRotatingKVCache.merge([_rot_row(0, 0, 4), _rot_row(0, 1, 4)])
     plain = BatchRotatingKVCache.merge([_rot_row(0, 0, 4), _rot_row(0, 1, 4)])
-    for lp in ([2, 1], [3]):
+    for lp in ([2, 1], [3], 1):  # one per row, one for all (broadcast), a bare number
         ours.prepare(left_padding=lp)
         plain.prepare(left_padding=lp)
         assert ours.pads == ours.left_padding.tolist() == plain.left_padding.tolist()

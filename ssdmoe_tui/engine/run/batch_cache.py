@@ -31,10 +31,13 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
 
-def _added(pads: list[int], left_padding: Sequence[int]) -> list[int] | None:
+def _added(pads: list[int], left_padding: Sequence[int] | int) -> list[int] | None:
     """Paddings `prepare` adds, one per row (a single value broadcast, as mlx-lm's array
     add does); None where the count fits neither (mlx-lm's arrays decide then)."""
-    added = [int(q) for q in left_padding]
+    try:
+        added = [int(q) for q in left_padding]
+    except TypeError:  # one number (mlx-lm's array add takes it too)
+        added = [int(left_padding)]
     if len(added) == 1:
         added *= len(pads)
     return added if len(added) == len(pads) else None
