@@ -42,6 +42,14 @@ def _decode(c: BatchKVCache, seed: int) -> None:
     c.update_and_fetch(k, k - 1)
 
 
+def _update_both(ours, theirs, b: int, n: int, seed: int) -> None:  # noqa: ANN001 - batch caches
+    """The same update of n tokens for b rows into both caches: the same arrays back."""
+    k = mx.array(np.random.default_rng(seed).standard_normal((b, H, n, D)).astype(np.float32))
+    ka, va = ours.update_and_fetch(k, k - 1)
+    kb, vb = theirs.update_and_fetch(k, k - 1)
+    assert mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()
+
+
 def test_the_batch_operations_match_mlx_lms_cache():
     lengths = [5, 2, 7]
     ours = HostPaddedKVCache.merge([_row(n, i) for i, n in enumerate(lengths)])
@@ -123,12 +131,7 @@ def test_random_sequences_of_the_batch_operations_match():
             b = len(ours.pads)
             op = r.choice(("update", "update", "join", "join_plain", "leave"))
             if op == "update":
-                n = r.choice((1, 1, 3, 10))
-                k = mx.array(np.random.default_rng(r.randrange(1 << 30)).standard_normal(
-                    (b, H, n, D)).astype(np.float32))  # fmt: skip
-                ka, va = ours.update_and_fetch(k, k - 1)
-                kb, vb = theirs.update_and_fetch(k, k - 1)
-                assert mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()
+                _update_both(ours, theirs, b, r.choice((1, 1, 3, 10)), r.randrange(1 << 30))
             elif op.startswith("join"):
                 state = r.getstate()
                 made, cls = fresh(r, BatchKVCache if op == "join_plain" else HostPaddedKVCache)
@@ -202,11 +205,7 @@ def test_random_sequences_on_sliding_window_caches_match():
             op = r.choice(("step", "step", "step", "chunk", "join", "join_plain", "leave", "trim"))
             if op in ("step", "chunk"):
                 n = 1 if op == "step" else r.choice((2, 3, 7))
-                k = mx.array(np.random.default_rng(r.randrange(1 << 30)).standard_normal(
-                    (b, H, n, D)).astype(np.float32))  # fmt: skip
-                ka, va = ours.update_and_fetch(k, k - 1)
-                kb, vb = theirs.update_and_fetch(k, k - 1)
-                assert mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()
+                _update_both(ours, theirs, b, n, r.randrange(1 << 30))
             elif op.startswith("join"):
                 state = r.getstate()
                 cls = BatchRotatingKVCache if op == "join_plain" else HostPaddedRotatingKVCache

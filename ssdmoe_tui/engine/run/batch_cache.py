@@ -43,7 +43,52 @@ def _added(pads: list[int], left_padding: Sequence[int] | int) -> list[int] | No
     return added if len(added) == len(pads) else None
 
 
-class HostPaddedKVCache(BatchKVCache):
+class _HostLists:
+    """What both classes share: `pads` read back as None where unknown (a cache built by
+    mlx-lm's `from_state` never ran `__init__`), dropped when `state` is set from arrays,
+    and followed through mlx-lm's `prepare` (the paddings it adds worked out once here,
+    each class's lists in `_prepared`)."""
+
+    pads: list[int] | None
+
+    def _host(self) -> list[int] | None:
+        return getattr(self, "pads", None)
+
+    def prepare(
+        self,
+        *,
+        left_padding: Sequence[int] | int | None = None,
+        lengths: Sequence[int] | None = None,
+        right_padding: Sequence[int] | None = None,
+    ) -> None:
+        super().prepare(  # type: ignore[misc]
+            left_padding=left_padding, lengths=lengths, right_padding=right_padding
+        )
+        pads = self._host()
+        if pads is None:
+            return
+        added = None if left_padding is None else _added(pads, left_padding)
+        if left_padding is not None and added is None:
+            self.pads = None  # whatever mlx-lm made of it: its reads decide
+            return
+        self._prepared(pads, added, bool(right_padding) and max(right_padding) > 0)
+
+    def _prepared(self, pads: list[int], added: list[int] | None, right_padded: bool) -> None:
+        """The host lists after mlx-lm's `prepare` added `added` to every row's padding
+        (each class's own arithmetic)."""
+        raise NotImplementedError
+
+    @property
+    def state(self) -> tuple:
+        return super().state  # type: ignore[misc]
+
+    @state.setter
+    def state(self, v: tuple) -> None:
+        super(_HostLists, type(self)).state.fset(self, v)  # type: ignore[attr-defined]
+        self.pads = None
+
+
+class HostPaddedKVCache(_HostLists, BatchKVCache):
     """`BatchKVCache` with `pads`: `left_padding`'s values on the host (None: unknown,
     mlx-lm's reads used)."""
 
@@ -58,38 +103,17 @@ class HostPaddedKVCache(BatchKVCache):
             merged = cls([0] * len(caches))
         return merged
 
-    def _host_pads(self) -> list[int] | None:
-        return getattr(self, "pads", None)  # None too for one built by `from_state`
-
-    def prepare(
-        self,
-        *,
-        left_padding: Sequence[int] | None = None,
-        lengths: Sequence[int] | None = None,
-        right_padding: Sequence[int] | None = None,
-    ) -> None:
-        super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
-        pads = self._host_pads()
-        if left_padding is not None and pads is not None:
-            added = _added(pads, left_padding)
-            self.pads = None if added is None else [p + q for p, q in zip(pads, added, strict=True)]
+    def _prepared(self, pads: list[int], added: list[int] | None, right_padded: bool) -> None:
+        if added is not None:  # right padding: finalize drops the list
+            self.pads = [p + q for p, q in zip(pads, added, strict=True)]
 
     def finalize(self) -> None:
         if self._right_padding is not None:  # paddings shifted by device values
             self.pads = None
         super().finalize()
 
-    @property
-    def state(self) -> tuple:
-        return BatchKVCache.state.fget(self)
-
-    @state.setter
-    def state(self, v: tuple) -> None:
-        BatchKVCache.state.fset(self, v)
-        self.pads = None
-
     def extend(self, other: BatchKVCache) -> None:
-        pads = self._host_pads()
+        pads = self._host()
         if pads is not None:
             theirs = getattr(other, "pads", None)
             if theirs is None:  # a plain batch cache joining: read once
@@ -103,7 +127,7 @@ class HostPaddedKVCache(BatchKVCache):
         self.pads = pads
 
     def filter(self, batch_indices: Sequence[int]) -> None:
-        pads = self._host_pads()
+        pads = self._host()
         if pads is None:
             super().filter(batch_indices)
             return
@@ -124,7 +148,7 @@ class HostPaddedKVCache(BatchKVCache):
         self.pads = [p - shift for p in kept]
 
     def extract(self, idx: int) -> KVCache:
-        pads = self._host_pads()
+        pads = self._host()
         if pads is None:
             return super().extract(idx)
         cache = KVCache()
@@ -135,7 +159,7 @@ class HostPaddedKVCache(BatchKVCache):
         return cache
 
 
-class HostPaddedRotatingKVCache(BatchRotatingKVCache):
+class HostPaddedRotatingKVCache(_HostLists, BatchRotatingKVCache):
     """`BatchRotatingKVCache` with `pads` and `offs`: `left_padding`'s and `offset`'s
     values on the host (None: unknown, mlx-lm's reads used). Each update method works
     out, from the same host integers mlx-lm's branches test, the count it subtracts
@@ -156,9 +180,6 @@ class HostPaddedRotatingKVCache(BatchRotatingKVCache):
         else:
             merged.pads = None
         return merged
-
-    def _host(self) -> list[int] | None:
-        return getattr(self, "pads", None)  # None too for one built by `from_state`
 
     def _shift(self, drop: int, tokens: int) -> None:
         """Every row's padding less `drop`, every offset plus `tokens`."""
@@ -198,35 +219,12 @@ class HostPaddedRotatingKVCache(BatchRotatingKVCache):
         self._shift(drop, n)
         return out
 
-    def prepare(
-        self,
-        *,
-        left_padding: Sequence[int] | None = None,
-        lengths: Sequence[int] | None = None,
-        right_padding: Sequence[int] | None = None,
-    ) -> None:
-        super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
-        pads = self._host()
-        if pads is None:
-            return
-        if left_padding is not None:
-            added = _added(pads, left_padding)
-            if added is None:
-                self.pads = None
-                return
+    def _prepared(self, pads: list[int], added: list[int] | None, right_padded: bool) -> None:
+        if added is not None:
             self.pads = [p + q for p, q in zip(pads, added, strict=True)]
             self.offs = [o - q for o, q in zip(self.offs, added, strict=True)]
-        if right_padding is not None and max(right_padding) > 0:
+        if right_padded:
             self.pads = None  # finalize rolls rows by device values
-
-    @property
-    def state(self) -> tuple:
-        return BatchRotatingKVCache.state.fget(self)
-
-    @state.setter
-    def state(self, v: tuple) -> None:
-        BatchRotatingKVCache.state.fset(self, v)
-        self.pads = None
 
     def trim(self, n: int) -> int:
         n = super().trim(n)
