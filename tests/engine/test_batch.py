@@ -3,6 +3,8 @@ alone, for every architecture, with sequences joining and leaving at different s
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import pytest
 from mlx_lm.sample_utils import make_sampler
@@ -589,6 +591,10 @@ def test_join_sizer_is_not_held_by_a_bad_line():
         n = s.size()
         s.measure(n, 0.05 + 0.02 * n)
     assert 9 <= s.size() <= 11  # (0.25 - 0.05) / 0.02
+    s = JoinSizer(budget_s=0.25, cap=128)  # a line flat but for rounding: b ~ 4e-18
+    s.measure(8, 0.1)
+    s.measure(12, math.nextafter(0.1, 1.0))
+    assert s.size() == 18  # growth-bound, not (target - a) / b
     s = JoinSizer(budget_s=1e-6)  # no chunk fits: twice the fixed part, a / b = 6 tokens
     s.measure(s.size(), 0.012)
     for _ in range(30):

@@ -88,7 +88,8 @@ class JoinSizer:
             else:
                 target = max(self.budget_s, FIXED_STALL * a)
                 ratio = int(target * last_n / last_t)  # the last chunk scaled to the target
-                n = int((target - a) / b) if b > 0 else ratio
+                # (a flat line's tiny b would make the quotient inf: bounded first)
+                n = int(min((target - a) / b, 1 << 30)) if b > 0 else ratio
                 if last_t > OFF_LINE * target:
                     n = min(n, ratio)  # costs rose, or the line was fitted to noise
                 elif n == last_n and len({m for m, _ in self.seen}) == 1 and last_t < target:
