@@ -55,7 +55,8 @@ async def test_a_tool_result_on_screen_survives_kill_9_and_resume_shows_it(tool_
     assert conv.turns[2].text == FORECAST and conv.turns[2].tool_name == "get_weather"
     assert "<tool_call>" in conv.turns[1].text  # the call, in the reply as generated
     folder = SessionStore().folder(conv_id)
-    assert not [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
+    # its save had returned (a background write beside it may be caught: see _kill_loop)
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".conversation.json.")]
 
     app = make_app(tool_model, resume=conv_id)
     async with app.run_test(size=SIZE) as pilot:
@@ -93,7 +94,10 @@ def _kill_loop(tool_model, tmp_path, runs: int) -> None:
         run_dir.mkdir()
         conv_id = _killed_with_a_result_on_screen(tool_model, run_dir, mode)
         folder = SessionStore().folder(conv_id)
-        temps = [p for p in folder.iterdir() if ".tmp" in p.name]
+        # conversation.json's temp is there exactly when the kill held its save; a kill at
+        # any moment may also catch a background write beside it (experts.json: CI,
+        # 2026-12-07, mode "call"), which the sweep below must remove all the same
+        temps = [p for p in folder.iterdir() if p.name.startswith(".conversation.json.")]
         assert bool(temps) == (mode == "save"), (mode, temps)
         remove_orphan_temps_at_startup()
         assert not [p for p in folder.iterdir() if ".tmp" in p.name], mode
