@@ -240,3 +240,75 @@ def test_bench_timeline_on_a_trace_toggles_cooccurrence_read_ahead(qwen_cut, tmp
     res = json.loads(out.read_text())
     assert res["modes"]["off"]["prefetch_issued"] == 0 < res["modes"]["on"]["prefetch_issued"]
     assert len(res["modes"]["on"]["timeline"]["layers"]) == LAYERS
+
+
+def _chunk_lookups(path, trace, prompt_tokens: int, step: int) -> tuple[list, object]:
+    """The cache's lookups (layer, ids) of a trace-routed prefill of `prompt_tokens` in
+    chunks of `step`, and the routing; every expert fits, so no lookup is grouped."""
+    sm = load_streamed(path, expert_cache="1G")
+    try:
+        routing = trace_routing.attach(sm, trace)
+        lookups: list[tuple[int, tuple[int, ...]]] = []
+        sm.cache.on_route = lambda layer, ids: lookups.append((layer, tuple(ids.tolist())))
+        sm.tokenizer.eos_token_ids = set()
+        Runner(sm, prefill_step_size=step, k=routing.k).generate(
+            list(range(3, 3 + prompt_tokens)), max_tokens=1
+        )
+        return lookups, routing
+    finally:
+        sm.close()
+
+
+def test_short_chunks_of_a_long_prompt_read_their_own_tokens_routing(qwen_cut) -> None:
+    """A prompt longer than the trace's (28 prefill tokens) in chunks shorter than it (a
+    batch's join) reads, a chunk, the union of its own tokens' routing, prompt position t
+    as the trace's prefill token t mod 28 (the union of all 28 a chunk read 0.7 s on the
+    H100 for a one-token chunk: the join never ended, 2026-12-07)."""
+    path, trace = qwen_cut
+    cells = trace_routing.TraceRouting(read_trace(trace), "t", LAYERS, 128).prefill_tokens
+    assert len(cells) == 28 and all(len(c[la]) == 6 for c in cells for la in range(LAYERS))
+    lookups, routing = _chunk_lookups(path, trace, 40, 4)  # 39 prefill tokens: 9 x 4 + 3
+    starts = list(range(0, 39, 4))
+    assert routing.token_chunks == len(starts) == 10
+    want = []
+    for s in starts:
+        for layer in range(LAYERS):
+            ids = [e for t in range(s, min(s + 4, 39)) for e in cells[t % 28][layer].tolist()]
+            want.append((layer, tuple(dict.fromkeys(ids))))
+    assert lookups[: len(want)] == want
+    assert len(lookups) == len(want) + LAYERS  # then the first token's step: decode step 0
+    assert lookups[len(want) :] == [
+        (la, tuple(routing.decode[0][la].tolist())) for la in range(LAYERS)
+    ]
+
+
+@pytest.mark.parametrize(("prompt_tokens", "step"), [(20, 4), (40, 64), (60, 30)])
+def test_the_trace_prompt_or_a_chunk_as_long_reads_the_union(qwen_cut, prompt_tokens, step) -> None:
+    """A prompt no longer than the trace's stands for it, a chunk at least as long covers
+    it: each chunk reads the prefill union, as `trace replay` reads the trace's prompt."""
+    path, trace = qwen_cut
+    lookups, routing = _chunk_lookups(path, trace, prompt_tokens, step)
+    chunks = -(-(prompt_tokens - 1) // step)
+    union = [(la, tuple(routing.prefill[la].tolist())) for la in range(LAYERS)]
+    assert routing.token_chunks == 0
+    assert lookups[: chunks * LAYERS] == union * chunks
+
+
+def test_a_token_by_token_chunk_routes_each_token_to_its_own_experts(qwen_cut) -> None:
+    """The router's top-K under the chunk's mask is each token's recorded ids; a layer a
+    token was not routed on (the trace's last, skipped by llama.cpp for prompt tokens
+    without logits) takes the union of the tokens routed there."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    t = read_trace(QWEN)
+    routing = trace_routing.TraceRouting(t, "q", 48, 128)
+    last = [c[47] for c in routing.prefill_tokens]
+    assert all((ids == routing.prefill[47]).all() for ids in last)  # only token 27 has it
+    gate = trace_routing.TraceGate(nn.Linear(16, 128, bias=False), routing, 0)
+    routing.prefill_chunk, routing.prefill_span = True, (26, 1000)
+    logits = gate(mx.random.normal((1, 5, 16)))
+    top = mx.argpartition(-logits, kth=5, axis=-1)[..., :6]
+    for i, tok in enumerate((26, 27, 0, 1, 2)):
+        assert sorted(top[0, i].tolist()) == sorted(routing.prefill_tokens[tok][0].tolist())
+    assert routing.token_chunks == 1

@@ -39,11 +39,18 @@ def cut_trace(src: Path, dst: Path, layers: int, decode_steps: int | None = None
             if decode == decode_steps:
                 break
             decode += 1
-        for layer, ids in step.layers:
-            if layer < layers:
-                phase = "decode" if step.phase == DECODE else "prefill"
-                lines.append(
-                    {"token": step.token, "layer": layer, "experts": list(ids), "phase": phase}
-                )
+        phase = "decode" if step.phase == DECODE else "prefill"
+        # a prompt recorded token by token stays so (trace_routing.py routes by it)
+        rows = (
+            [(step.token + i, part) for i, part in enumerate(step.parts)]
+            if step.parts is not None and len(step.parts) > 1
+            else [(step.token, step.layers)]
+        )
+        for token, cells in rows:
+            for layer, ids in cells:
+                if layer < layers:
+                    lines.append(
+                        {"token": token, "layer": layer, "experts": list(ids), "phase": phase}
+                    )
     dst.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return dst

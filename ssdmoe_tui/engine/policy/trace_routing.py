@@ -10,13 +10,26 @@ scores at those ids. The cache is asked for exactly the trace's ids, in trace or
 
 Steps: every prefill chunk (a forward pass of more than one token, or one the runner
 marks with `prefill_chunk`: a chunk of one token, as a two-token prompt or the remainder
-after whole chunks gives) routes to the trace's prefill union for that layer (one chunk
-per layer, whatever the prompt's length); the other single-token passes follow the
-trace's decode steps in order, and wrap to the first decode step at the trace's end
-(counted in `wraps`). The first of them is the one that samples the first token from
-the prompt's last position. A prompt longer than one prefill chunk looks the union up
-once per chunk (hits after the first, but the policy sees each lookup, where `trace
-replay` sees one): compare hit rates with the replay on prompts of one chunk.
+after whole chunks gives) routes to the trace's prefill union for that layer, the
+trace's prompt read as one chunk, as `trace replay` reads it; the other single-token
+passes follow the trace's decode steps in order, and wrap to the first decode step at
+the trace's end (counted in `wraps`). The first of them is the one that samples the
+first token from the prompt's last position. A prompt longer than one prefill chunk
+looks the union up once per chunk (hits after the first, but the policy sees each
+lookup, where `trace replay` sees one): compare hit rates with the replay on prompts of
+one chunk.
+
+But a prompt longer than the trace's (P prefill tokens) in chunks shorter than P (a
+batch's joining prompt, sized to stall the other rows a bounded time) routes token by
+token, where the trace recorded its prompt per token (`TraceStep.parts`): prompt
+position t as the trace's prefill token t mod P, so a chunk reads what its own tokens
+route to. Read as the union, a one-token chunk of a 1k-token join read the whole
+prompt's union (55 of 128 experts a layer on the Qwen3-30B trace, ~0.7 s a chunk on the
+H100 at 4 GiB), and no chunk size could stall the others less (2026-12-07, thirteenth
+session). A token the trace does not route on a layer (llama.cpp skips the last layer
+for prompt tokens whose logits are not asked for) routes there as the prompt's tokens
+that are routed on it do (their union). The runner says where each chunk sits in its
+prompt (`prefill_span`); a pass without it reads the union.
 
 Tokens produced this way are not the model's own: output is labelled `trace:<name>` and
 no exactness claim is made for it.
@@ -73,10 +86,12 @@ class TraceRouting:
         self.num_experts = num_experts
         prefill: dict[int, dict[int, None]] = {}
         self.decode: list[dict[int, np.ndarray]] = []
+        parts: list[list[tuple[int, tuple[int, ...]]]] | None = []
         for step in trace.steps:
             if step.phase == PREFILL:
                 for layer, ids in step.layers:
                     prefill.setdefault(layer, {}).update(dict.fromkeys(ids))
+                parts = None if parts is None or step.parts is None else parts + step.parts
             elif step.phase == DECODE:
                 self.decode.append(self._decode_cells(step))
         if not self.decode:
@@ -84,6 +99,13 @@ class TraceRouting:
         if self.k < 1:
             raise BadValueError(f"routing trace {name} does not say K")
         self.prefill = {la: np.array(list(ids), dtype=np.int64) for la, ids in prefill.items()}
+        # the trace's prompt token by token (empty: recorded as one row a chunk)
+        self.prefill_tokens = self._token_cells(parts or [])
+        # set by the runner around each prefill chunk: (prompt position of its first
+        # token, the prompt's prefill tokens); None: route the chunk to the union
+        self.prefill_span: tuple[int, int] | None = None
+        self._tokens: list[int] | None = None  # the trace prefill tokens of this chunk
+        self.token_chunks = 0  # prefill chunks routed token by token
         self.phase = PREFILL
         self.position = -1  # decode step index (before wrapping)
         self.wraps = 0
@@ -120,12 +142,26 @@ class TraceRouting:
             )
         return cells
 
+    def _token_cells(self, parts: list) -> list[dict[int, np.ndarray]]:
+        """Each recorded prompt token's ids per layer (`parts`: TraceStep.parts of every
+        prefill step); a layer a token lacks takes the union of the tokens that have it
+        (see the module docstring), the prefill union of that layer."""
+        cells = [{la: np.array(ids, dtype=np.int64) for la, ids in p if ids} for p in parts]
+        for layer in self.prefill:
+            routed = [c[layer] for c in cells if layer in c]
+            if routed and len(routed) < len(cells):
+                union = np.array(list(dict.fromkeys(np.concatenate(routed).tolist())), np.int64)
+                for cell in cells:
+                    cell.setdefault(layer, union)
+        return cells
+
     # ---------------------------------------------------------------- position
     def begin_pass(self, tokens: int) -> None:
         """Called once per forward pass (by the first MoE layer's gate)."""
         self._masks = {}
         self._rows = None
         self._chunk = None
+        self._tokens = None
         if self.chunk is not None and tokens == self.chunk and not self.prefill_chunk:
             if self.phase == PREFILL and self.position < 0 and self.on_decode_start is not None:
                 self.on_decode_start()
@@ -135,6 +171,10 @@ class TraceRouting:
             return
         if self.prefill_chunk or (tokens > 1 and (self.rows is None or tokens != len(self.rows))):
             self.phase = PREFILL
+            p, span = len(self.prefill_tokens), self.prefill_span
+            if p and span is not None and span[1] > p and tokens < p:
+                self._tokens = [(span[0] + i) % p for i in range(tokens)]
+                self.token_chunks += 1
             return
         if self.rows is not None:
             if self.phase == PREFILL and self.position < 0:
@@ -163,7 +203,12 @@ class TraceRouting:
         """The ids this pass routes `layer` to (trace order); None: the trace has no row
         (then the router's own choice stands)."""
         if self.phase == PREFILL:
-            return self.prefill.get(layer)
+            if self._tokens is None:
+                return self.prefill.get(layer)
+            cells = [self.prefill_tokens[t].get(layer) for t in self._tokens]
+            if any(c is None for c in cells):
+                return None
+            return np.array(list(dict.fromkeys(np.concatenate(cells).tolist())), dtype=np.int64)
         steps = self._rows if self._rows is not None else self._chunk
         if steps is not None:
             cells = [self.decode[p % len(self.decode)].get(layer) for p in steps]
@@ -174,6 +219,15 @@ class TraceRouting:
 
     def mask(self, layer: int) -> mx.array | None:
         m = self._masks.get(layer)
+        if m is None and self._tokens is not None and self.phase == PREFILL:
+            # a chunk routed token by token: one row per token (1, n, E)
+            host = np.zeros((1, len(self._tokens), self.num_experts), dtype=bool)
+            for i, t in enumerate(self._tokens):
+                ids = self.prefill_tokens[t].get(layer)
+                if ids is None:
+                    return None
+                host[0, i, ids] = True
+            m = self._masks[layer] = mx.array(host)
         steps = self._rows if self._rows is not None else self._chunk
         if m is None and steps is not None and self.phase == DECODE:
             # a batch: one row per sequence (rows, 1, E); a chunk: one per token (1, n, E)
@@ -200,6 +254,8 @@ class TraceRouting:
             "routing_k": self.k,
             "routing_decode_steps": len(self.decode),
             "routing_wraps": self.wraps,
+            "routing_prefill_tokens": len(self.prefill_tokens),
+            "routing_token_chunks": self.token_chunks,
         }
 
 

@@ -65,6 +65,11 @@ class TraceStep:
     token: int
     phase: int  # PREFILL or DECODE
     layers: list[tuple[int, tuple[int, ...]]]  # (layer, experts) in the order routed
+    # A prefill step read as one chunk (the union above) keeps its tokens' own routing
+    # here, token by token, where the trace recorded it per token (route CSV, plain JSON
+    # lines); None where it has one row for the chunk. trace_routing.py routes a short
+    # chunk of a long prompt by them.
+    parts: list[list[tuple[int, tuple[int, ...]]]] | None = None
 
 
 @dataclass
@@ -95,7 +100,12 @@ class Trace:
             raise BadValueError(f"cannot keep {n} of the trace's {self.meta.num_layers} layers")
         meta = replace(self.meta, num_layers=n)
         steps = [
-            TraceStep(s.token, s.phase, [(la, ids) for la, ids in s.layers if la < n])
+            TraceStep(
+                s.token,
+                s.phase,
+                [(la, ids) for la, ids in s.layers if la < n],
+                None if s.parts is None else [[(la, i) for la, i in p if la < n] for p in s.parts],
+            )
             for s in self.steps
         ]
         return Trace(meta, steps)
@@ -236,7 +246,7 @@ class _Steps:
 
     `union_prefill`: all prefill rows up to the next decode row form one step whose
     layers hold the union of their experts (first-seen order): one chunk, as the engine
-    reads a prompt.
+    reads a prompt; its `parts` keep each token's own rows.
     """
 
     def __init__(
@@ -249,6 +259,7 @@ class _Steps:
         self._max_experts = num_experts if num_experts > 0 else MAX_EXPERTS
         self._union = union_prefill
         self._prefill: dict[int, dict[int, None]] | None = None
+        self._parts: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # token -> its rows
 
     def add(
         self, token: int, phase: int, layer: int, experts: tuple[int, ...], where: int | str = "?"
@@ -264,6 +275,7 @@ class _Steps:
                 self._cur = None
                 self.steps.append(TraceStep(token, PREFILL, []))
             self._prefill.setdefault(layer, {}).update(dict.fromkeys(experts))
+            self._parts.setdefault(token, []).append((layer, experts))
             return
         self._close_prefill()
         if self._cur != (token, phase):
@@ -275,7 +287,9 @@ class _Steps:
         if self._prefill is not None:
             step = next(s for s in reversed(self.steps) if s.phase == PREFILL)
             step.layers = [(la, tuple(ids)) for la, ids in sorted(self._prefill.items())]
+            step.parts = list(self._parts.values())
             self._prefill = None
+            self._parts = {}
 
     def done(self) -> list[TraceStep]:
         self._close_prefill()

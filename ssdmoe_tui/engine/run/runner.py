@@ -645,7 +645,9 @@ class Runner:
             self._use_k(prefill_k)  # a batch may have run another K since the last chunk
             t0, ensure0 = time.perf_counter(), sm.cache.counters.ensure_s
             frozen_too = sizer is None or sizer.frozen_must_ask(n)
-            if not self._prefill_chunk(todo[done : done + n], cache, gate_stop, frozen_too, index):
+            span = (reused + done, prompt_len - 1)
+            chunk = todo[done : done + n]
+            if not self._prefill_chunk(chunk, cache, gate_stop, frozen_too, index, span):
                 break
             index += 1
             if sizer is not None:
@@ -665,9 +667,12 @@ class Runner:
         should_stop: Callable[[], bool] | None,
         frozen_too: bool = True,
         index: int = 0,
+        span: tuple[int, int] | None = None,
     ) -> bool:
         """One chunk's forward pass into `cache`; with `should_stop`, asked at every MoE
         layer (`PrefillGate`), which is also told the chunk's `index` in its prefill.
+        `span`: the chunk's first prompt position and the prompt's prefill tokens (a
+        trace-routed run routes a short chunk of a long prompt token by token).
         False: it stopped part-way and the cache is as before."""
         sm = self.sm
         routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
@@ -679,6 +684,7 @@ class Runner:
         sm.prefill_gate.chunk, sm.prefill_gate.chunk_tokens = index, int(chunk.size)
         if routing is not None:
             routing.prefill_chunk = True
+            routing.prefill_span = span
         try:
             sm.model(chunk[None], cache=cache)
             mx.eval([c.state for c in cache])
@@ -691,6 +697,7 @@ class Runner:
             sm.prefill_gate.chunk, sm.prefill_gate.chunk_tokens = None, 0
             if routing is not None:
                 routing.prefill_chunk = False
+                routing.prefill_span = None
         return True
 
     def _first_token(
