@@ -242,73 +242,122 @@ def test_bench_timeline_on_a_trace_toggles_cooccurrence_read_ahead(qwen_cut, tmp
     assert len(res["modes"]["on"]["timeline"]["layers"]) == LAYERS
 
 
-def _chunk_lookups(path, trace, prompt_tokens: int, step: int) -> tuple[list, object]:
-    """The cache's lookups (layer, ids) of a trace-routed prefill of `prompt_tokens` in
-    chunks of `step`, and the routing; every expert fits, so no lookup is grouped."""
+P = 28  # the Qwen3-30B trace's prompt: 28 prefill tokens
+
+
+def _chunk_lookups(path, trace, turns: list[tuple[int, int]]) -> tuple[list[list], object]:
+    """The cache's lookups (layer, ids) of each turn's prefill and first token; a turn is
+    (prompt tokens, chunk size), each after the first continuing the last one's cache
+    (its prompt and first token reused, as a warm resume); every expert fits, so no
+    lookup is grouped."""
     sm = load_streamed(path, expert_cache="1G")
     try:
         routing = trace_routing.attach(sm, trace)
         lookups: list[tuple[int, tuple[int, ...]]] = []
         sm.cache.on_route = lambda layer, ids: lookups.append((layer, tuple(ids.tolist())))
         sm.tokenizer.eos_token_ids = set()
-        Runner(sm, prefill_step_size=step, k=routing.k).generate(
-            list(range(3, 3 + prompt_tokens)), max_tokens=1
-        )
-        return lookups, routing
+        out, res = [], None
+        for length, step in turns:
+            runner = Runner(sm, prefill_step_size=step, k=routing.k)
+            if res is None:
+                prompt, cache, reused = list(range(3, 3 + length)), None, 0
+            else:  # the cache holds the last prompt; its token is fed with this one
+                prompt, cache = res.covered_tokens + res.tokens[res.covered_generated :], res.cache
+                reused = len(res.covered_tokens)
+                prompt += [7 + i for i in range(length - len(prompt))]
+            res = runner.generate(prompt, max_tokens=1, cache=cache, reused_tokens=reused)
+            out.append(list(lookups))
+            lookups.clear()
+        return out, routing
     finally:
         sm.close()
 
 
-def test_short_chunks_of_a_long_prompt_read_their_own_tokens_routing(qwen_cut) -> None:
-    """A prompt longer than the trace's (28 prefill tokens) in chunks shorter than it (a
-    batch's join) reads, a chunk, the union of its own tokens' routing, prompt position t
-    as the trace's prefill token t mod 28 (the union of all 28 a chunk read 0.7 s on the
-    H100 for a one-token chunk: the join never ended, 2026-12-07)."""
-    path, trace = qwen_cut
-    cells = trace_routing.TraceRouting(read_trace(trace), "t", LAYERS, 128).prefill_tokens
-    assert len(cells) == 28 and all(len(c[la]) == 6 for c in cells for la in range(LAYERS))
-    lookups, routing = _chunk_lookups(path, trace, 40, 4)  # 39 prefill tokens: 9 x 4 + 3
-    starts = list(range(0, 39, 4))
-    assert routing.token_chunks == len(starts) == 10
-    want = []
-    for s in starts:
+def _expected(routing, start: int, prefill: int, step: int) -> list[tuple[int, tuple]]:
+    """The lookups of prompt positions start..prefill-1 in chunks of `step`: a chunk
+    shorter than both the trace's prompt and the prefill reads its tokens' own routing
+    (position t as trace prompt token t mod P), any other the trace prompt's union."""
+    cells, want = routing.prefill_tokens, []
+    for s in range(start, prefill, step):
+        n = min(step, prefill - s)
         for layer in range(LAYERS):
-            ids = [e for t in range(s, min(s + 4, 39)) for e in cells[t % 28][layer].tolist()]
-            want.append((layer, tuple(dict.fromkeys(ids))))
-    assert lookups[: len(want)] == want
-    assert len(lookups) == len(want) + LAYERS  # then the first token's step: decode step 0
-    assert lookups[len(want) :] == [
-        (la, tuple(routing.decode[0][la].tolist())) for la in range(LAYERS)
-    ]
+            if n < min(P, prefill):
+                ids = [e for t in range(s, s + n) for e in cells[t % P][layer].tolist()]
+                want.append((layer, tuple(dict.fromkeys(ids))))
+            else:
+                want.append((layer, tuple(routing.prefill[layer].tolist())))
+    return want
 
 
-@pytest.mark.parametrize(("prompt_tokens", "step"), [(20, 4), (40, 64), (60, 30)])
-def test_the_trace_prompt_or_a_chunk_as_long_reads_the_union(qwen_cut, prompt_tokens, step) -> None:
-    """A prompt no longer than the trace's stands for it, a chunk at least as long covers
-    it: each chunk reads the prefill union, as `trace replay` reads the trace's prompt."""
+@pytest.mark.parametrize(
+    ("prompt_tokens", "step", "token_chunks"),
+    [
+        (40, 4, 10),  # a long prompt in short chunks (a join): token by token
+        (20, 4, 5),  # a short prompt in short chunks: token by token too
+        (20, 64, 0),  # the trace's prompt: one chunk, the union (as the replay)
+        (40, 64, 0),  # a long prompt in one chunk: the union
+        (70, 64, 1),  # a long chunk (union), then its 5-token remainder token by token
+    ],
+)
+def test_a_chunk_shorter_than_both_prompts_reads_its_own_tokens_routing(
+    qwen_cut, prompt_tokens, step, token_chunks
+) -> None:
+    """A chunk shorter than both the trace's prompt (28 prefill tokens) and its own
+    prompt's prefill (a batch's join) reads the union of its own tokens' routing, prompt
+    position t as the trace's prefill token t mod 28 (the union of all 28 a chunk read
+    0.7 s on the H100 for a one-token chunk: the join never ended, 2026-12-07); a prompt
+    of one chunk, and a chunk at least as long as the trace's, read the union, as `trace
+    replay` reads the trace's prompt. Then the first token's step: decode step 0."""
     path, trace = qwen_cut
-    lookups, routing = _chunk_lookups(path, trace, prompt_tokens, step)
-    chunks = -(-(prompt_tokens - 1) // step)
-    union = [(la, tuple(routing.prefill[la].tolist())) for la in range(LAYERS)]
-    assert routing.token_chunks == 0
-    assert lookups[: chunks * LAYERS] == union * chunks
+    (lookups,), routing = _chunk_lookups(path, trace, [(prompt_tokens, step)])
+    assert len(routing.prefill_tokens) == P
+    assert all(len(c[la]) == 6 for c in routing.prefill_tokens for la in range(LAYERS))
+    want = _expected(routing, 0, prompt_tokens - 1, step)
+    assert lookups[: len(want)] == want
+    first = [(la, tuple(routing.decode[0][la].tolist())) for la in range(LAYERS)]
+    assert lookups[len(want) :] == first
+    assert routing.token_chunks == token_chunks
 
 
-def test_a_token_by_token_chunk_routes_each_token_to_its_own_experts(qwen_cut) -> None:
-    """The router's top-K under the chunk's mask is each token's recorded ids; a layer a
-    token was not routed on (the trace's last, skipped by llama.cpp for prompt tokens
-    without logits) takes the union of the tokens routed there."""
+def test_a_resumed_turns_new_tokens_route_from_their_prompt_positions(qwen_cut) -> None:
+    """A warm resume prefills only the new tokens: their chunks sit at their positions
+    in the whole prompt (40 reused, then 12 new in chunks of 4: trace tokens 12-23)."""
+    path, trace = qwen_cut
+    (_, lookups), routing = _chunk_lookups(path, trace, [(40, 64), (53, 4)])
+    want = _expected(routing, 40, 52, 4)  # positions 40-51; the 53rd is the first token's
+    assert lookups[: len(want)] == want and routing.token_chunks == 3
+
+
+def test_a_token_by_token_chunk_routes_each_token_to_its_own_experts() -> None:
+    """The router's top-K under the chunk's mask is each token's recorded ids; on the
+    layer the trace routes for its last prompt token only (llama.cpp skips it for the
+    others), every token routes to that token's ids."""
     import mlx.core as mx
     import mlx.nn as nn
 
     t = read_trace(QWEN)
     routing = trace_routing.TraceRouting(t, "q", 48, 128)
-    last = [c[47] for c in routing.prefill_tokens]
-    assert all((ids == routing.prefill[47]).all() for ids in last)  # only token 27 has it
-    gate = trace_routing.TraceGate(nn.Linear(16, 128, bias=False), routing, 0)
+    parts = [dict(p) for p in next(s for s in t.steps if s.parts).parts]
+    assert len(parts) == P and [47 in p for p in parts] == [False] * 27 + [True]
+    gates = [trace_routing.TraceGate(nn.Linear(16, 128, bias=False), routing, la) for la in (0, 47)]
     routing.prefill_chunk, routing.prefill_span = True, (26, 1000)
-    logits = gate(mx.random.normal((1, 5, 16)))
-    top = mx.argpartition(-logits, kth=5, axis=-1)[..., :6]
+    x = mx.random.normal((1, 5, 16))
+    tops = [mx.argpartition(-g(x), kth=5, axis=-1)[..., :6] for g in gates]  # layer 0 first
     for i, tok in enumerate((26, 27, 0, 1, 2)):
-        assert sorted(top[0, i].tolist()) == sorted(routing.prefill_tokens[tok][0].tolist())
+        assert sorted(tops[0][0, i].tolist()) == sorted(parts[tok][0])
+        assert sorted(tops[1][0, i].tolist()) == sorted(parts[27][47])
     assert routing.token_chunks == 1
+
+
+def test_prompt_rows_are_tokens_by_runs_not_by_values(tmp_path) -> None:
+    """A trace whose prompt repeats a token value (vocabulary ids) keeps each run of
+    rows as its own token."""
+    rows = [{"format": "moe-routing-jsonl", "num_layers": 1, "num_experts": 8, "k": 2}]
+    for tok, ids in ((5, [0, 1]), (7, [2, 3]), (5, [4, 5]), (9, [6, 7])):
+        rows.append({"token": tok, "layer": 0, "experts": ids, "phase": "prefill"})
+    rows.append({"token": 10, "layer": 0, "experts": [1, 2], "phase": "decode"})
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    step = read_trace(f).steps[0]
+    assert step.layers == [(0, tuple(range(8)))]
+    assert step.parts == [[(0, (0, 1))], [(0, (2, 3))], [(0, (4, 5))], [(0, (6, 7))]]

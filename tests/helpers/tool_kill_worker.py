@@ -51,7 +51,11 @@ async def main(model: str, mark: Path, mode: str = "shown") -> int:
             keep = app.chat.sessions.keep_tool_results
 
             def keep_and_hold(*args: object) -> None:
-                atomic._pause_point = hold  # the result's write stops before its rename
+                # the result's write stops before its rename; a write beside it (the
+                # reply's experts.json, on another thread) goes on
+                atomic._pause_point = lambda tmp: (
+                    hold() if tmp.name.startswith(".conversation.json.") else None
+                )
                 keep(*args)
 
             app.chat.sessions.keep_tool_results = keep_and_hold  # type: ignore[method-assign]

@@ -14,22 +14,24 @@ after whole chunks gives) routes to the trace's prefill union for that layer, th
 trace's prompt read as one chunk, as `trace replay` reads it; the other single-token
 passes follow the trace's decode steps in order, and wrap to the first decode step at
 the trace's end (counted in `wraps`). The first of them is the one that samples the
-first token from the prompt's last position. A prompt longer than one prefill chunk
-looks the union up once per chunk (hits after the first, but the policy sees each
-lookup, where `trace replay` sees one): compare hit rates with the replay on prompts of
-one chunk.
+first token from the prompt's last position.
 
-But a prompt longer than the trace's (P prefill tokens) in chunks shorter than P (a
-batch's joining prompt, sized to stall the other rows a bounded time) routes token by
-token, where the trace recorded its prompt per token (`TraceStep.parts`): prompt
-position t as the trace's prefill token t mod P, so a chunk reads what its own tokens
-route to. Read as the union, a one-token chunk of a 1k-token join read the whole
-prompt's union (55 of 128 experts a layer on the Qwen3-30B trace, ~0.7 s a chunk on the
-H100 at 4 GiB), and no chunk size could stall the others less (2026-12-07, thirteenth
-session). A token the trace does not route on a layer (llama.cpp skips the last layer
-for prompt tokens whose logits are not asked for) routes there as the prompt's tokens
-that are routed on it do (their union). The runner says where each chunk sits in its
-prompt (`prefill_span`); a pass without it reads the union.
+But a chunk shorter than both the trace's prompt (P prefill tokens) and its own
+prompt's prefill (a batch's joining prompt sized to stall the other rows a bounded time,
+a prompt's short last chunk, a resumed turn's new tokens) routes token by token, where
+the trace recorded its prompt per token (`TraceStep.parts`): prompt position t as the
+trace's prefill token t mod P, so a chunk reads what its own tokens route to. Read as the
+union, a one-token chunk of a 1k-token join read the whole prompt's union (55 of 128
+experts a layer on the Qwen3-30B trace, ~0.7 s a chunk on the H100 at 4 GiB), and no
+chunk size could stall the others less (2026-12-07, thirteenth session). A token the
+trace does not route on a layer (llama.cpp skips the last layer for prompt tokens whose
+logits are not asked for) routes there as the prompt's tokens that are routed on it do
+(their union). The runner says where each chunk sits in its prompt (`prefill_span`); a
+pass without it reads the union.
+
+So a cold prompt prefilled in one chunk, or in chunks of at least P tokens, reads the
+union once a chunk (hits after the first, but the policy sees each lookup, where `trace
+replay` sees one): compare hit rates with the replay on cold prompts of one chunk.
 
 Tokens produced this way are not the model's own: output is labelled `trace:<name>` and
 no exactness claim is made for it.
@@ -105,7 +107,7 @@ class TraceRouting:
         # token, the prompt's prefill tokens); None: route the chunk to the union
         self.prefill_span: tuple[int, int] | None = None
         self._tokens: list[int] | None = None  # the trace prefill tokens of this chunk
-        self.token_chunks = 0  # prefill chunks routed token by token
+        self.token_chunks = 0  # prefill chunks routed token by token (a stopped one too)
         self.phase = PREFILL
         self.position = -1  # decode step index (before wrapping)
         self.wraps = 0
@@ -172,7 +174,7 @@ class TraceRouting:
         if self.prefill_chunk or (tokens > 1 and (self.rows is None or tokens != len(self.rows))):
             self.phase = PREFILL
             p, span = len(self.prefill_tokens), self.prefill_span
-            if p and span is not None and span[1] > p and tokens < p:
+            if p and span is not None and tokens < min(p, span[1]):
                 self._tokens = [(span[0] + i) % p for i in range(tokens)]
                 self.token_chunks += 1
             return

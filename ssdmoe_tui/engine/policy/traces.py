@@ -259,7 +259,10 @@ class _Steps:
         self._max_experts = num_experts if num_experts > 0 else MAX_EXPERTS
         self._union = union_prefill
         self._prefill: dict[int, dict[int, None]] | None = None
-        self._parts: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # token -> its rows
+        # each prompt token's rows: a run of consecutive rows with one token value (a
+        # converter may repeat a value, e.g. vocabulary ids: runs, not values, are tokens)
+        self._parts: list[list[tuple[int, tuple[int, ...]]]] = []
+        self._part_token: int | None = None
 
     def add(
         self, token: int, phase: int, layer: int, experts: tuple[int, ...], where: int | str = "?"
@@ -275,7 +278,10 @@ class _Steps:
                 self._cur = None
                 self.steps.append(TraceStep(token, PREFILL, []))
             self._prefill.setdefault(layer, {}).update(dict.fromkeys(experts))
-            self._parts.setdefault(token, []).append((layer, experts))
+            if not self._parts or token != self._part_token:
+                self._parts.append([])
+                self._part_token = token
+            self._parts[-1].append((layer, experts))
             return
         self._close_prefill()
         if self._cur != (token, phase):
@@ -287,9 +293,9 @@ class _Steps:
         if self._prefill is not None:
             step = next(s for s in reversed(self.steps) if s.phase == PREFILL)
             step.layers = [(la, tuple(ids)) for la, ids in sorted(self._prefill.items())]
-            step.parts = list(self._parts.values())
+            step.parts = self._parts
             self._prefill = None
-            self._parts = {}
+            self._parts, self._part_token = [], None
 
     def done(self) -> list[TraceStep]:
         self._close_prefill()
