@@ -29,7 +29,7 @@
 #          until the last has joined, so the pass always has steps of all B rows); then,
 #          at each B > 1, a JOIN_TOKENS (1024) prompt joins the B decoding rows: JSON
 #          batch[].join_probe (max_token_gap_s against median_token_gap_before_s,
-#          max_join_stall_s; cut short after 150 s) (OUTDIR/batch-trace.json, trace.txt)
+#          max_join_stall_s; cut short after 240 s: bench/batch.py JOIN_PROBE_S) (OUTDIR/batch-trace.json, trace.txt)
 # Environment: Q30 (/root/q30), CAP_GIB (12; 0: no cgroup), DEADLINE_S (360), VS_ROUNDS
 # (12), VS_S (150), DECODE_TOKENS (48), PROMPT_TOKENS (64), INV_BATCH (4), TRACE_BATCH
 # (1,4), TRACE_CACHE (4G), JOIN_TOKENS (1024; 0: no join probe), WARMUP (1), WARMUP_TOKENS
