@@ -27,15 +27,6 @@ for i in 1 2 3 4 5 6; do
     --decode-tokens 40 --disk-mib 256 --baseline skip --cold --wide --pipeline both \
     --json /root/res/s1/split-$i-$split.json > /root/res/s1/split-$i-$split.txt 2>&1
   echo "s1 $i $split exit $? +$(( $(date +%s)-T0 ))s peak $(cat "$cg/memory.peak" 2>/dev/null)"
-  python3 - /root/res/s1/split-$i-$split.json <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as e:
-    sys.exit(f"  no json: {e}")
-for c in r.get("configs", []):
-    print("  ", c.get("expert_cache"), c.get("pipeline"), "tok/s",
-          c.get("decode_tok_s"), "x ceiling", c.get("achieved_over_ceiling"))
-PY
+  python3 docs/measurements/2026-12-07-cpu-fourteenth/calls/configs.py /root/res/s1/split-$i-$split.json
 done
 cd /root/res && tar czf "$RET/s1.tgz" s1 s1c s1c.log; ls "$RET"

@@ -25,15 +25,6 @@ for i in 1 2 3 4; do
     --disk-mib 256 --cold --baseline skip --wide \
     --json /root/res/s2/sweep-$i-$split.json > /root/res/s2/sweep-$i-$split.txt 2>&1
   echo "s2 $i $split exit $? +$(( $(date +%s)-T0 ))s peak $(cat "$cg/memory.peak" 2>/dev/null)"
-  python3 - /root/res/s2/sweep-$i-$split.json <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as e:
-    sys.exit(f"  no json: {e}")
-for c in r.get("configs", []):
-    print("   K", c.get("k"), c.get("expert_cache"), "tok/s", c.get("decode_tok_s"),
-          "x ceiling", c.get("achieved_over_ceiling"), "disk GB/s", c.get("disk_bytes_per_s"))
-PY
+  python3 docs/measurements/2026-12-07-cpu-fourteenth/calls/configs.py /root/res/s2/sweep-$i-$split.json
 done
 cd /root/res && tar czf "$RET/s2.tgz" s2; ls "$RET"
