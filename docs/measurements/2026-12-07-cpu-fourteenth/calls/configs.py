@@ -1,5 +1,5 @@
-"""One line per configuration of a `ssdmoe bench --json` file: what s1.sh and s2.sh
-print after each process (K, cache, pipelined, tok/s, share of the disk's ceiling)."""
+"""One line per configuration of a `ssdmoe bench --json` file, what split.sh prints
+after each process: K, cache, pipelined, tok/s, share of the disk's ceiling."""
 
 import json
 import sys
