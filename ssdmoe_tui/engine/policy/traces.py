@@ -67,8 +67,8 @@ class TraceStep:
     layers: list[tuple[int, tuple[int, ...]]]  # (layer, experts) in the order routed
     # A prefill step read as one chunk (the union above) keeps its tokens' own routing
     # here, token by token, where the trace recorded it per token (route CSV, plain JSON
-    # lines); None where it has one row for the chunk. trace_routing.py routes a short
-    # chunk of a long prompt by them.
+    # lines); None where it has one row for the chunk. trace_routing.py routes a chunk
+    # shorter than both the trace's prompt and its own prompt's prefill by them.
     parts: list[list[tuple[int, tuple[int, ...]]]] | None = None
 
 

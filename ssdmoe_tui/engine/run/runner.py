@@ -672,7 +672,7 @@ class Runner:
         """One chunk's forward pass into `cache`; with `should_stop`, asked at every MoE
         layer (`PrefillGate`), which is also told the chunk's `index` in its prefill.
         `span`: the chunk's first prompt position and the prompt's prefill tokens (a
-        trace-routed run routes a short chunk of a long prompt token by token).
+        trace-routed run routes a chunk shorter than both prompts token by token).
         False: it stopped part-way and the cache is as before."""
         sm = self.sm
         routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
