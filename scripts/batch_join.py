@@ -8,7 +8,9 @@ steps) and when the joiner's first token came. Two ways of chunking the join, in
 alternating rounds on one engine (a loaded machine's load falls on both alike):
 
 - `tokens`: chunks of at most 128 tokens (`join_budget_s=None`, what main did before);
-- `budget`: chunks sized to JOIN_BUDGET_S of measured time per step (the default now).
+- `budget`: chunks sized to JOIN_BUDGET_S of measured time per step (the default now);
+- `budget-S` for each S of `--budgets` (seconds): the same at another budget (what a
+  budget leaves of the longest stall, which also holds the chunks' noise).
 
 CPU (the trained demo, every expert held; `--expert-cache 4M` streams part of it):
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -38,14 +41,29 @@ def main() -> int:
     ap.add_argument("--join-tokens", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="JSON (every run and the medians)")
+    ap.add_argument("--budgets", default="", help="more budgets to compare, e.g. 0.2,0.15")
+    ap.add_argument("--no-tokens", action="store_true", help="leave the 128-token chunks out")
     args = ap.parse_args()
     if (args.model is None) == (not args.demo):
         ap.error("give --model DIR or --demo")
 
+    from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S
+
+    kinds: dict[str, float | None] = {"tokens": None, "budget": JOIN_BUDGET_S}
+    if args.no_tokens:
+        del kinds["tokens"]
+    for b in filter(None, args.budgets.split(",")):
+        try:
+            v = float(b)
+        except ValueError:
+            v = math.nan
+        if not 0 < v < math.inf:
+            ap.error(f"--budgets: {b!r} is not a positive number of seconds")
+        kinds[f"budget-{v:g}"] = v
+
     from ssdmoe_tui.bench.batch import join_probe, row_prompts
     from ssdmoe_tui.bench.bench import fixed_prompt
     from ssdmoe_tui.engine.model.loader import load_streamed
-    from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S
     from ssdmoe_tui.engine.run.runner import Runner
 
     if args.demo:
@@ -61,7 +79,6 @@ def main() -> int:
     # another text than the rows' (so its experts are not theirs): the prompt reversed
     join = fixed_prompt(sm.tokenizer, args.join_tokens)[::-1]
     offsets = [0] * args.batch
-    kinds = {"tokens": None, "budget": JOIN_BUDGET_S}
     join_probe(runner, rows, join[:64], offsets)  # warm-up, not kept
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     t0 = time.perf_counter()
