@@ -75,6 +75,11 @@ def _check_shape(name: str, meta, num_layers: int, num_experts: int) -> None:  #
         )
 
 
+def _union(cells: list[np.ndarray]) -> np.ndarray:
+    """The ids of `cells` once each, in first-seen order (what the cache is asked for)."""
+    return np.array(list(dict.fromkeys(np.concatenate(cells).tolist())), dtype=np.int64)
+
+
 class TraceRouting:
     """The trace's expert ids per (step, layer), and where the engine is in it."""
 
@@ -152,7 +157,7 @@ class TraceRouting:
         for layer in self.prefill:
             routed = [c[layer] for c in cells if layer in c]
             if routed and len(routed) < len(cells):
-                union = np.array(list(dict.fromkeys(np.concatenate(routed).tolist())), np.int64)
+                union = _union(routed)
                 for cell in cells:
                     cell.setdefault(layer, union)
         return cells
@@ -201,53 +206,52 @@ class TraceRouting:
         n = len(self.decode)
         self.wraps += (self.position // n) - (max(before, 0) // n)
 
+    def _own_cells(self, layer: int) -> tuple[list[np.ndarray | None], tuple[int, int]] | None:
+        """A pass whose tokens (a chunk) or rows (a batch) each follow their own trace
+        step: their cells for `layer`, in order, and the mask's leading shape (a batch:
+        one row per sequence (rows, 1); a chunk: one per token (1, n)). None: the pass
+        has one cell."""
+        if self.phase == PREFILL:
+            if self._tokens is None:
+                return None
+            return [self.prefill_tokens[t].get(layer) for t in self._tokens], (1, len(self._tokens))
+        steps = self._rows if self._rows is not None else self._chunk
+        if steps is None:
+            return None
+        cells = [self.decode[p % len(self.decode)].get(layer) for p in steps]
+        return cells, ((len(steps), 1) if self._rows is not None else (1, len(steps)))
+
     def cell(self, layer: int) -> np.ndarray | None:
         """The ids this pass routes `layer` to (trace order); None: the trace has no row
         (then the router's own choice stands)."""
+        own = self._own_cells(layer)
+        if own is not None:
+            cells = own[0]
+            return None if any(c is None for c in cells) else _union(cells)
         if self.phase == PREFILL:
-            if self._tokens is None:
-                return self.prefill.get(layer)
-            cells = [self.prefill_tokens[t].get(layer) for t in self._tokens]
-            if any(c is None for c in cells):
-                return None
-            return np.array(list(dict.fromkeys(np.concatenate(cells).tolist())), dtype=np.int64)
-        steps = self._rows if self._rows is not None else self._chunk
-        if steps is not None:
-            cells = [self.decode[p % len(self.decode)].get(layer) for p in steps]
-            if any(c is None for c in cells):
-                return None
-            return np.array(list(dict.fromkeys(np.concatenate(cells).tolist())), dtype=np.int64)
+            return self.prefill.get(layer)
         return self.decode[self.position % len(self.decode)].get(layer)
 
     def mask(self, layer: int) -> mx.array | None:
         m = self._masks.get(layer)
-        if m is None and self._tokens is not None and self.phase == PREFILL:
-            # a chunk routed token by token: one row per token (1, n, E)
-            host = np.zeros((1, len(self._tokens), self.num_experts), dtype=bool)
-            for i, t in enumerate(self._tokens):
-                ids = self.prefill_tokens[t].get(layer)
-                if ids is None:
-                    return None
-                host[0, i, ids] = True
-            m = self._masks[layer] = mx.array(host)
-        steps = self._rows if self._rows is not None else self._chunk
-        if m is None and steps is not None and self.phase == DECODE:
-            # a batch: one row per sequence (rows, 1, E); a chunk: one per token (1, n, E)
-            shape = (len(steps), 1) if self._rows is not None else (1, len(steps))
-            host = np.zeros((*shape, self.num_experts), dtype=bool)
-            for i, p in enumerate(steps):
-                ids = self.decode[p % len(self.decode)].get(layer)
-                if ids is None:
-                    return None
-                host[(i, 0) if self._rows is not None else (0, i)][ids] = True
-            m = self._masks[layer] = mx.array(host)
-        if m is None:
+        if m is not None:
+            return m
+        own = self._own_cells(layer)
+        if own is None:
             ids = self.cell(layer)
             if ids is None:
                 return None
             host = np.zeros(self.num_experts, dtype=bool)
             host[ids] = True
-            m = self._masks[layer] = mx.array(host)
+        else:
+            cells, shape = own
+            if any(c is None for c in cells):
+                return None
+            host = np.zeros((*shape, self.num_experts), dtype=bool)
+            rows = host.reshape(-1, self.num_experts)  # a view: row i is cell i's
+            for i, ids in enumerate(cells):
+                rows[i, ids] = True
+        m = self._masks[layer] = mx.array(host)
         return m
 
     def summary(self) -> dict:
