@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -192,8 +194,9 @@ class _Streamed:
         self.runner.close()
 
 
-def _nodes(*arrays) -> int:
-    """Primitive nodes of the unevaluated graph behind `arrays` (about the kernels launched)."""
+def graph_ops(*arrays) -> Counter[str]:
+    """The primitive nodes of the unevaluated graph behind `arrays`, counted by name
+    (`Gather`, `Slice`, ...: about the kernels launched, and each one's graph build)."""
     import os
     import tempfile
 
@@ -206,8 +209,20 @@ def _nodes(*arrays) -> int:
         text = Path(name).read_text()
     finally:
         os.unlink(name)
-    # one line per primitive node: `{ rank=same; ... }` groups aside, primitives are boxes
-    return sum(1 for line in text.splitlines() if "shape=rectangle" in line)
+    # one line per primitive node, a box: `{ 9404... [label ="Gather", shape=rectangle]; }`
+    return Counter(
+        m.group(1)
+        for line in text.splitlines()
+        if "shape=rectangle" in line and (m := _LABEL.search(line))
+    )
+
+
+_LABEL = re.compile(r'label\s*=\s*"([^"]+)"')
+
+
+def _nodes(*arrays) -> int:
+    """Primitive nodes of the unevaluated graph behind `arrays` (about the kernels launched)."""
+    return sum(graph_ops(*arrays).values())
 
 
 def _per_call_us(fn: Callable[[], object], n: int, batches: int = 5) -> float:

@@ -40,6 +40,32 @@ def test_the_padded_view_computes_the_same_bits(rows: int, sort: bool) -> None:
     assert qmm_guard.tiled(x, idx.size * x.shape[-2], N, 4, 32, "affine")
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (4, 1, 1, D),  # decode, B = 4: one row an entry, 16 entries behind
+        (4, 8, 1, D),  # the down projection's input at K = 8: 2 entries of 8 rows behind
+        (64, 1, D),  # a sorted call of 64 rows
+        (2100, 1, D),  # a long chunk's sorted call: over FULL_INDEX_MAX, taken by the axis
+    ],
+)
+def test_the_copy_holds_x_then_its_last_entry_for_at_least_the_tile(shape) -> None:
+    x = mx.random.normal(shape, key=mx.random.key(4)).astype(mx.bfloat16)
+    full = qmm_guard.padded(x)
+    n, per = shape[0], int(np.prod(shape[1:-1]))
+    behind = full.shape[0] - n
+    assert full.shape[1:] == x.shape[1:] and full.dtype == x.dtype
+    assert behind * per >= qmm_guard.PAD_ROWS > (behind - 1) * per
+    got = np.array(full.astype(mx.float32))
+    want = np.array(x.astype(mx.float32))
+    assert np.array_equal(got[:n], want)
+    assert np.array_equal(got[n:], np.broadcast_to(want[-1:], got[n:].shape))
+    small = full.shape[0] * per * D <= qmm_guard.FULL_INDEX_MAX
+    assert small == (shape[0] < 2000)  # both ways of copying are taken here
+    view = qmm_guard.with_slack(x)
+    assert view.shape == x.shape and np.array_equal(np.array(view.astype(mx.float32)), want)
+
+
 def test_the_guard_fires_where_mlx_cuda_tiles_and_nowhere_else() -> None:
     x = mx.zeros((1, 3, 1, 1, D), dtype=mx.bfloat16)
     assert qmm_guard.tiled(x, 12, N, 4, 32, "affine")

@@ -126,7 +126,9 @@ def _env_split() -> int:
     """Smallest piece a read is split into (`reader.split_requests`); 0: off (default).
 
     Off until it wins: on the development VM's disk, cutting a layer's 1-2 missed
-    experts into 128-384 KiB pieces read no faster (docs/benchmarks.md)."""
+    experts into 128-384 KiB pieces read no faster, nor on the H100 machine's disk at
+    256K (2026-12-07, the trace at 4 GiB: its misses already read at the disk's rate;
+    docs/benchmarks.md)."""
     text = os.environ.get(SPLIT_ENV, "").strip().lower()
     if text in ("", "0", "off"):
         return 0

@@ -18,12 +18,18 @@ did not. mlx-lm's own resident layers call the same kernel (upstream: ml-explore
 The guard copies x into a buffer `PAD_ROWS` rows longer and hands the call a view of its
 first rows: the same shape and strides, so MLX picks the same kernel and every row's
 arithmetic is unchanged (greedy tokens stay mlx-lm's). The copy is one gather kernel per
-guarded call (`take` of x along its first axis with the last entry repeated behind
-it; the slack's values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a
+guarded call (x's entries along its first axis with the last one repeated behind it; the
+slack's values are never used), on MLX-CUDA only. It was `mx.pad`, two kernels (a
 fill of the whole buffer, then the copy), whose cost showed in batches every expert held
 (H100, 2026-12-07 thirteenth session, the engine against BatchGenerator in alternating
 processes, B = 4 / 8: guard off 0.937 / 1.026x and 0.993 / 1.120x, on 0.949 / 0.889x and
-0.790 / 0.750x); the one-kernel copy is not yet measured there.
+0.790 / 0.750x). The one-kernel copy still costs there (fifteenth session, processes
+alternating off / on: off 0.948 / 1.126x and 1.026 / 1.110x at B = 4 / 8, on 0.789 /
+0.930x and 0.978 / 1.011x): the engine's step graph is otherwise BatchGenerator's op for
+op, and on a host-bound GPU step the guard's nodes are what it adds (scripts/graph_ops.py):
+six a MoE layer then (a `take` is a gather and a squeeze, then the slice), four since (a
+`take_along_axis` with an index of the copy's shape is one node).
+It stays on: an aborted process costs more than that.
 
 `SSDMOE_QMM_PAD`: `auto` (default: on under MLX-CUDA), `on` (everywhere: the tests run
 the padded path on the CPU), `off` (for A/B runs on the GPU)."""
@@ -73,22 +79,53 @@ def tiled(x: mx.array, rows: int, out_width: int, bits: int, group_size: int, mo
 
 
 @lru_cache(maxsize=64)
-def _with_tail(n: int, extra: int) -> mx.array:
-    """0..n-1, then n-1 `extra` times: a gather's index that copies n entries and fills
-    the slack behind them from inside the array (one per shape, as the calls' shapes
-    repeat step after step)."""
-    return mx.array(np.minimum(np.arange(n + extra), n - 1).astype(np.uint32))
+def _with_tail(n: int, extra: int) -> np.ndarray:
+    """0..n-1, then n-1 `extra` times: which entry of x each entry of the copy holds, so
+    the slack behind x's n entries is filled from inside it (its values are never used)."""
+    idx = np.minimum(np.arange(n + extra), n - 1).astype(np.uint32)
+    idx.flags.writeable = False  # shared by every caller of this shape
+    return idx
 
 
-def with_slack(x: mx.array) -> mx.array:
-    """`x` as a view of the first entries (axis 0) of a copy at least `PAD_ROWS` rows
-    longer: one gather and one slice (no reshapes), so two graph nodes a call."""
+@lru_cache(maxsize=64)
+def _axis_index(n: int, extra: int) -> mx.array:
+    """`_with_tail` as an array for `mx.take` along axis 0 (a long chunk's copies)."""
+    return mx.array(_with_tail(n, extra))
+
+
+@lru_cache(maxsize=32)
+def _full_index(shape: tuple[int, ...], extra: int) -> mx.array:
+    """`_with_tail` broadcast to the copy's whole shape, for `mx.take_along_axis`: with
+    an index of the output's shape it is one `GatherAxis` node, where `mx.take` is a
+    gather and a squeeze (scripts/graph_ops.py). Kept per shape: decode's shapes repeat
+    step after step, and each is at most `FULL_INDEX_MAX` entries."""
+    idx = _with_tail(shape[0], extra).reshape((-1,) + (1,) * (len(shape) - 1))
+    return mx.array(np.ascontiguousarray(np.broadcast_to(idx, (shape[0] + extra, *shape[1:]))))
+
+
+# Entries of a full-shape index at most (1 MiB of uint32): decode's and a verify pass's
+# activations; a long prefill chunk's are copied with `mx.take` instead.
+FULL_INDEX_MAX = 1 << 18
+
+
+def padded(x: mx.array) -> mx.array:
+    """A copy of `x` (ndim >= 2) with entries along axis 0 behind its own, together at
+    least `PAD_ROWS` rows of its last axis, each a copy of x's last entry: one gather
+    kernel."""
     n = x.shape[0]
-    if n == 0 or x.ndim < 2:
-        return x
     per = 1  # rows of x (its last axis's vectors) under one entry of axis 0
     for d in x.shape[1:-1]:
         per *= d
-    if per == 0:
+    extra = -(-PAD_ROWS // max(per, 1))
+    if (n + extra) * per * x.shape[-1] <= FULL_INDEX_MAX:
+        return mx.take_along_axis(x, _full_index(tuple(x.shape), extra), axis=0)
+    return mx.take(x, _axis_index(n, extra), axis=0)
+
+
+def with_slack(x: mx.array) -> mx.array:
+    """`x` as a view of the first entries (axis 0) of `padded(x)`: the same shape and
+    strides, so the same kernel; two graph nodes a call (a `GatherAxis` and a slice)
+    where the copy is small, three (`Gather`, `Squeeze`, slice) where it is not."""
+    if x.ndim < 2 or x.size == 0:
         return x
-    return mx.take(x, _with_tail(n, -(-PAD_ROWS // per)), axis=0)[:n]
+    return padded(x)[: x.shape[0]]
