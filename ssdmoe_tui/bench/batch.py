@@ -208,8 +208,9 @@ def join_probe(
     joined_at = first_token_s = None
     stall0, steady = 0.0, 0
     t_end = time.perf_counter() + deadline_s
-    while time.perf_counter() < t_end:
-        events = batch.step()
+
+    def arrived(events: list) -> None:  # as a server's loop gets them (`BatchRunner.emit`)
+        nonlocal first_token_s
         now = time.perf_counter()
         for uid, ev in events:
             if uid == b:
@@ -221,6 +222,10 @@ def join_probe(
                 if uid in last:
                     (during if joined_at is not None else before).append(now - last[uid])
                 last[uid] = now
+
+    batch.emit = arrived  # the rows' tokens of a step run inside a joining chunk
+    while time.perf_counter() < t_end:
+        arrived(batch.step())
         if first_token_s is not None:
             break
         if joined_at is None and batch.rows == b:
@@ -248,6 +253,7 @@ def join_probe(
         "chunk_tokens_max": max(sizes) if sizes else None,
         "prefilled_tokens": chunks[-1] if chunks else 0,
         "finished": first_token_s is not None,
+        "pauses": batch.figures.join_pauses,
     }
 
 

@@ -536,6 +536,46 @@ def test_a_join_is_chunked_to_a_time_budget(checkpoints, budget_s):
     assert [results[0].tokens, results[1].tokens] == alone
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("budget", ["1", "1G"])
+def test_the_rows_decode_inside_a_joining_chunk_at_its_layer_boundaries(checkpoints, arch, budget):
+    """Where the rows have waited the join's budget at a MoE layer boundary of a joining
+    chunk, their decode step runs there (BatchRunner._pause, the chunk's own state set
+    aside: Runner.outside_prefill), its events handed to `emit` at once, and the chunk
+    goes on: a budget every layer exceeds pauses at each, and still every row's tokens
+    and the joiner's equal their runs alone (a streamed cache of one slot, and every
+    expert held; a hybrid model's recurrent layers too)."""
+    sm = load_streamed(checkpoints(arch), expert_cache=budget)
+    runner = Runner(sm)
+    ps = prompts(sm)[:3]
+    long = ps[2] + ps[0] * 3  # ~100 tokens
+    alone = [runner.generate(p, max_tokens=n).tokens for p, n in ((ps[0], 40), (ps[1], 40))]
+    alone.append(runner.generate(long, max_tokens=5).tokens)
+    batch = BatchRunner(runner, max_batch=3, join_chunk=64, join_budget_s=1e-9)
+    at_once: list = []
+    batch.emit = at_once.extend
+    for i, (p, n) in enumerate(((ps[0], 40), (ps[1], 40), (long, 5))):
+        batch.add(SeqSpec(i, p, max_tokens=n))
+    results, order = {}, []
+    for _ in range(400):
+        if batch.idle:
+            break
+        for uid, ev in at_once + batch.step():
+            order.append((uid, type(ev).__name__))
+            if isinstance(ev, Done):
+                results[uid] = ev.result
+        at_once.clear()
+    assert batch.idle
+    assert [results[i].tokens for i in range(3)] == alone
+    layers = sm.index.num_layers
+    # the joiner's chunks beside two rows: each paused at (nearly) every MoE layer
+    assert batch.figures.join_pauses >= layers
+    # rows' tokens came between two of the joiner's progress events
+    progress = [i for i, (uid, kind) in enumerate(order) if uid == 2 and kind == "PrefillProgress"]
+    inside = [kind for uid, kind in order[progress[1] : progress[-1]] if uid in (0, 1)]
+    assert inside.count("TokenEvent") >= layers
+
+
 def test_join_sizer_converges_to_the_budget():
     """t(n) = a + b n: the size converges to (budget - a) / b; where the fixed part a
     exceeds the budget, to the n that stalls 2a ((2a - a) / b), so a join still ends: the

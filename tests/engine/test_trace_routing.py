@@ -361,3 +361,44 @@ def test_prompt_rows_are_tokens_by_runs_not_by_values(tmp_path) -> None:
     step = read_trace(f).steps[0]
     assert step.layers == [(0, tuple(range(8)))]
     assert step.parts == [[(0, (0, 1))], [(0, (2, 3))], [(0, (4, 5))], [(0, (6, 7))]]
+
+
+def test_a_join_that_pauses_for_the_rows_routes_as_one_that_does_not(qwen_cut) -> None:
+    """Rows decoding at a joining chunk's MoE layer boundaries (BatchRunner._pause) and
+    the chunk around them each keep their own trace pass (TraceRouting.suspend / resume):
+    the joiner's tokens and the rows' equal a batch whose chunks run whole (the rows
+    decode through the whole join in both, so every chunk of the joiner is short and
+    routes token by token)."""
+    from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
+    from ssdmoe_tui.engine.run.runner import Done, TokenEvent
+
+    path, trace = qwen_cut
+    got = {}
+    for budget in (None, 1e-9):  # None: no time budget, so no pause; 1e-9: one at each layer
+        sm = load_streamed(path, expert_cache="1")
+        try:
+            routing = trace_routing.attach(sm, trace)
+            sm.tokenizer.eos_token_ids = set()
+            batch = BatchRunner(Runner(sm, k=routing.k), max_batch=3, join_chunk=8,
+                                join_budget_s=budget)  # fmt: skip
+            batch.add(SeqSpec(0, list(range(3, 11)), max_tokens=10**6, trace_offset=0))
+            batch.add(SeqSpec(1, list(range(20, 26)), max_tokens=10**6, trace_offset=20))
+            batch.add(SeqSpec(2, list(range(40, 64)), max_tokens=4, trace_offset=7))
+            tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+            for _ in range(2000):
+                events = batch.step()
+                for uid, ev in events:
+                    if isinstance(ev, TokenEvent):
+                        tokens[uid].append(ev.token)
+                if any(uid == 2 and isinstance(ev, Done) for uid, ev in events):
+                    break
+            assert len(tokens[2]) == 4 and routing.token_chunks > 0
+            got[budget] = tokens, batch.figures.join_pauses
+        finally:
+            sm.close()
+    (plain, none), (paused, pauses) = got[None], got[1e-9]
+    assert paused[2] == plain[2]
+    for uid in (0, 1):
+        n = min(len(plain[uid]), len(paused[uid]))
+        assert n >= 8 and paused[uid][:n] == plain[uid][:n]
+    assert none == 0 and pauses >= LAYERS

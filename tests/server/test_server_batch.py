@@ -82,6 +82,7 @@ def test_four_concurrent_requests_answered_together_equal_alone(srv):
     assert batch["mean_rows"] > 1
     assert batch["union_experts_per_layer"] is None or batch["union_experts_per_layer"] >= 4
     assert "requested_mib_per_token_per_sequence" in batch and "max_join_stall_s" in batch
+    assert batch["join_pauses"] >= 0
 
 
 def test_a_cancelled_request_leaves_the_others_running(srv):

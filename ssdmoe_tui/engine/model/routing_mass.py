@@ -196,6 +196,16 @@ class RoutingMass:
         self._positions = 0
         self._router.clear()
 
+    def stash(self) -> tuple:
+        """What the pass being built noted so far, set aside (and cleared) while another
+        pass runs at one of its layer boundaries; `unstash` puts it back."""
+        held = (self._rows, self._exact, self._positions, self._router)
+        self._rows, self._exact, self._positions, self._router = [], 0, 0, {}
+        return held
+
+    def unstash(self, held: tuple) -> None:
+        self._rows, self._exact, self._positions, self._router = held
+
 
 class MassLog:
     """Per generated token, its pass's mass: kept unresolved until a figure is read, so

@@ -199,6 +199,18 @@ class TraceRouting:
         if first and self.on_decode_start is not None:
             self.on_decode_start()
 
+    def suspend(self) -> tuple:
+        """The pass being built, set aside so another runs at one of its layer boundaries
+        (Runner.outside_prefill); `resume` puts it back."""
+        held = (self.phase, self.prefill_chunk, self.prefill_span, self.rows, self.chunk,
+                self._masks, self._rows, self._chunk, self._tokens)  # fmt: skip
+        self.prefill_chunk, self.prefill_span, self.rows = False, None, None
+        return held
+
+    def resume(self, held: tuple) -> None:
+        (self.phase, self.prefill_chunk, self.prefill_span, self.rows, self.chunk,
+         self._masks, self._rows, self._chunk, self._tokens) = held  # fmt: skip
+
     def advance(self, steps: int) -> None:
         """A verified chunk kept `steps` tokens: the next decode pass follows them."""
         before = self.position

@@ -16,7 +16,12 @@ its prefill (and its first token, which the prefill's last step samples), so the
 running ones stall for at most one prefill chunk (or that first token) per step. While
 rows decode, those chunks are sized to a time budget per step (`join_budget_s`,
 engine/run/join_chunks.py: from the last chunk's measured time) and hold at most
-`join_chunk` tokens (`JOIN_CHUNK`); it leaves when it ends
+`join_chunk` tokens (`JOIN_CHUNK`). And a chunk pauses for the rows: at a MoE layer
+boundary where its next layer would keep them waiting past the budget, their decode step
+runs there (`_pause`, inside `Runner.outside_prefill`; events to `emit` at once), so a
+token too costly for the budget (a streamed model's K experts a layer read from disk)
+still stalls them about the budget; such a chunk is sized by its longest layer. A
+sequence leaves when it ends
 (end of sequence, max tokens, `should_stop`), and its KV cache is extracted for reuse.
 
 K per sequence: rows are grouped by K and each group runs its own forward pass per
@@ -74,6 +79,10 @@ from ssdmoe_tui.engine.run.sampling import greedy
 from ssdmoe_tui.options import env_choice
 
 HOST_COPY_ENV = "SSDMOE_BATCH_HOST_COPY"
+# A joining chunk that pauses for the rows is sized so its longest layer takes at most
+# this share of the join's budget: a pause (before a layer that would overrun it) then
+# keeps each stretch the rows wait within the budget.
+LAYER_SHARE = 0.5
 
 
 def host_read_way() -> str:
@@ -281,6 +290,7 @@ class BatchFigures:
     leave_s: float = 0.0
     prefill_chunk_s: float = 0.0  # wall time in the prefill chunks of joining rows
     max_stall_s: float = 0.0  # longest prefill chunk (+ first token) run between two decode steps
+    join_pauses: int = 0  # decode steps run inside joining chunks (at a MoE layer boundary)
     requested_bytes: int = 0  # during decode steps
     union_experts: int = 0  # experts looked up per MoE layer, summed over the decode steps
     union_calls: int = 0
@@ -301,6 +311,7 @@ class BatchFigures:
             if self.union_calls
             else None,
             "max_join_stall_s": round(self.max_stall_s, 4),
+            "join_pauses": self.join_pauses,
         }
 
 
@@ -359,6 +370,15 @@ class BatchRunner:
         # Called before a sequence leaves the queue to prefill: False keeps it waiting
         # (the service's KV budget); never asked while no sequence runs.
         self.admit: Callable[[SeqSpec], bool] = lambda spec: True
+        # Where the rows' events of a step run inside a joining chunk go at once (the
+        # server's loop streams them); None: they join the events `step` returns.
+        self.emit: Callable[[list[RowEvent]], None] | None = None
+        self._segment_t = 0.0  # when the rows last decoded, during a joining chunk
+        self._segment_max = 0.0  # ... and the longest they waited in it so far
+        self._layer_t = 0.0  # the chunk's last MoE layer boundary
+        self._layer_max = 0.0  # its longest stretch between two
+        self._pausing = False  # whether the chunk running may pause
+        self._step_events: list[RowEvent] = []  # the events `step` will return
 
     # ------------------------------------------------------------------ queries
     @property
@@ -393,21 +413,31 @@ class BatchRunner:
         """One scheduling step: stopped rows leave, one prefill chunk of the first waiting
         sequence runs (while there is room), then one decode step per K group."""
         events: list[RowEvent] = []
+        self._step_events = events
         for group in list(self._groups.values()):
             stopped = [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]
             if stopped:
                 self._leave_all(group, [(r, "cancelled") for r in stopped], events)
         self._follow_live_k(events)
-        t0 = time.perf_counter()
+        t0 = self._segment_t = self._layer_t = time.perf_counter()
+        self._segment_max = self._layer_max = 0.0
+        self._pausing = False
         decoding = self.rows > 0  # a chunk stalls only the rows already decoding
         chunk = self._prefill_one(events)
         if chunk is not None:
-            stall = time.perf_counter() - t0
-            self.figures.prefill_chunk_s += stall
+            now = time.perf_counter()
+            self.figures.prefill_chunk_s += now - t0
+            # the longest the rows waited between two of their steps: the whole chunk, or
+            # where it paused for them (`_pause`), its longest stretch
+            stall = max(self._segment_max, now - self._segment_t)
             if decoding:
                 self.figures.max_stall_s = max(self.figures.max_stall_s, stall)
                 if self._join is not None and chunk > 0:
-                    self._join.measure(chunk, stall)
+                    # a chunk that may pause is sized by its longest layer (at most
+                    # LAYER_SHARE of the budget, so a pause lands within it); one that
+                    # may not, by its whole time
+                    layer = max(self._layer_max, now - self._layer_t)
+                    self._join.measure(chunk, layer / LAYER_SHARE if self._pausing else stall)
         if self._groups:
             self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
         return events
@@ -439,6 +469,7 @@ class BatchRunner:
                 reset_peaks=self.idle_decoding,
                 logits_processors=spec.logits_processors,
                 chunk_cap=self._join_cap,
+                pauser=self._pauser,
             )
             row.trace_pos = spec.trace_offset
         routing = self.runner.sm.cache.routing
@@ -471,6 +502,38 @@ class BatchRunner:
         if not self.rows:
             return None
         return self.join_chunk if self._join is None else self._join.size()
+
+    def _pauser(self) -> Callable[[], None] | None:
+        """A joining chunk's pause while rows decode under a time budget (None: it runs
+        whole): the chunk stops at each MoE layer boundary to ask `_pause`."""
+        if not self.rows or self._join is None:
+            return None
+        self._pausing = True
+        return self._pause
+
+    def _pause(self) -> None:
+        """At a MoE layer boundary of a joining chunk: once the rows have waited the
+        join's budget, run their decode step here (the chunk's own state set aside), so
+        a long chunk stalls them about a budget and a layer's work instead of its whole
+        time (issue 43: a token of a streamed model reads K experts a layer, more than
+        the budget on a disk, so no chunk size alone bounds the stall)."""
+        now = time.perf_counter()
+        layer, self._layer_t = now - self._layer_t, now  # the layer just done, about the next
+        self._layer_max = max(self._layer_max, layer)
+        if not self._groups or self._join is None:
+            return
+        if now - self._segment_t + layer < self._join.budget_s:
+            return  # the next layer fits in the budget too
+        self._segment_max = max(self._segment_max, now - self._segment_t)
+        self.figures.join_pauses += 1
+        events: list[RowEvent] = []
+        with self.runner.outside_prefill():
+            self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
+        if self.emit is not None:
+            self.emit(events)
+        else:
+            self._step_events.extend(events)
+        self._segment_t = self._layer_t = time.perf_counter()
 
     @property
     def idle_decoding(self) -> bool:

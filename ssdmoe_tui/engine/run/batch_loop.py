@@ -33,6 +33,7 @@ class BatchLoop:
         self.ctx = ctx
         self.batch = BatchRunner(ctx.runner, max_batch=ctx.max_batch)
         self.batch.admit = self._fits
+        self.batch.emit = self._dispatch  # rows' tokens decoded inside a joining chunk: now
         self.turns: dict[str, Turn] = {}
         self.stats = Every(STATS_EVERY_S)  # one live sample per period for the whole batch
         self.per_token: int | None = None  # KV bytes per token, measured on the first row
@@ -60,18 +61,22 @@ class BatchLoop:
                 except Exception as e:  # noqa: BLE001 - one line for every request in it
                     self._fail_all(e)
                     return held
-                for rid, ev in events:
-                    turn = self.turns.get(rid)
-                    if turn is not None:
-                        result = turn.on_event(ev)
-                        if result is not None:
-                            self._done(turn, result)
+                self._dispatch(events)
                 ctx.show_batch(self.batch.figures.as_dict(self.batch.rows, self.batch.waiting))
         finally:
             ctx.set_pool_budget(ctx.kv_budget_bytes)  # nothing runs: the pool has it all
             if not self.turns:
                 ctx.stop_spent()  # a stop of everything is spent once nothing runs
             ctx.emit(P.PhaseChanged("idle"))
+
+    def _dispatch(self, events: list) -> None:
+        """Each row's events to its turn (a turn that ends is done)."""
+        for rid, ev in events:
+            turn = self.turns.get(rid)
+            if turn is not None:
+                result = turn.on_event(ev)
+                if result is not None:
+                    self._done(turn, result)
 
     # ------------------------------------------------------------------ admission
     def _add(self, cmd: P.Generate) -> None:

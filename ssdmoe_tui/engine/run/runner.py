@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -363,6 +364,7 @@ class Runner:
         self._k = sm.trained_k
         self._prefill_k: int | None = None  # None: same as k
         self._applied: int | None = None  # K the blocks hold
+        self._paused_s = 0.0  # time prefill chunks spent paused (another pass ran inside)
         self._masses: deque = deque()  # routing mass of each built step, read with its token
         # chunk sizes of prefills that may be stopped (prefill_stop.py): the speed is kept
         self._sizer = ChunkSizer(len(sm.blocks))
@@ -402,6 +404,33 @@ class Runner:
         if k != self._applied:
             self.sm.set_k(k)
             self._applied = k
+
+    @contextmanager
+    def outside_prefill(self) -> Iterator[None]:
+        """Run another forward pass at a MoE layer boundary of the prefill chunk being
+        computed (a batch's rows' decode step inside a joining chunk: batch.py): the
+        model-wide state of the chunk's pass (the stop gate, the trace's pass, the K, the
+        routing mass noted so far) is set aside for it and put back after, so each pass
+        sees its own. The chunk's hidden state up to this layer is already evaluated (the
+        gate asks after the layer's router is), so nothing of it waits on the other pass."""
+        sm = self.sm
+        gate = sm.prefill_gate
+        held = (gate.check, gate.frozen_too, gate.chunk, gate.chunk_tokens)
+        gate.check, gate.chunk, gate.chunk_tokens = None, None, 0
+        routing = sm.cache.routing
+        trace = routing.suspend() if routing is not None else None
+        mass = sm.routing_mass.stash() if sm.routing_mass is not None else None
+        k = self._applied
+        try:
+            yield
+        finally:
+            gate.check, gate.frozen_too, gate.chunk, gate.chunk_tokens = held
+            if routing is not None:
+                routing.resume(trace)
+            if sm.routing_mass is not None:
+                sm.routing_mass.unstash(mass)
+            if k is not None:
+                self._use_k(k)
 
     # ------------------------------------------------------------------ generation
     def make_cache(self) -> list:
@@ -570,6 +599,7 @@ class Runner:
         reset_peaks: bool = True,
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
         chunk_cap: Callable[[], int | None] | None = None,
+        pauser: Callable[[], Callable[[], None] | None] | None = None,
     ) -> Generator[PrefillProgress, None, Begun]:
         """Prefill (prefill K, mlx-lm's chunking) and sample the first token, which
         processes the last prompt token: what every sequence does before decoding, alone
@@ -580,7 +610,11 @@ class Runner:
         sized by measured speed and asked at every MoE layer (prefill_stop.py); without
         one the chunks are the configured prefill step, as mlx-lm's. `chunk_cap` (asked
         before each chunk; None: no cap) bounds a chunk further: a batch caps a joining
-        sequence's chunks while other rows decode, so each stalls them a bounded time."""
+        sequence's chunks while other rows decode, so each stalls them a bounded time.
+        `pauser` (asked before each chunk) may give a function the chunk calls at each
+        MoE layer boundary, within `outside_prefill` (a batch runs its rows' decode step
+        there once they have waited long enough: a chunk then stalls them about a layer's
+        work, not its own); its time is not counted as the chunk's."""
         sm = self.sm
         check_context(len(prompt), max_context(sm.config))  # before any prefill
         if cache is None:
@@ -600,7 +634,7 @@ class Runner:
         prefill_k = self.prefill_k or (self.k if k is None else k)
 
         done = yield from self._prefill_chunks(
-            todo, cache, prefill_k, reused_tokens, len(prompt), should_stop, chunk_cap
+            todo, cache, prefill_k, reused_tokens, len(prompt), should_stop, chunk_cap, pauser
         )
         last = todo[done:]
         begun = Begun(list(prompt), cache, stats, start, reused_tokens, done)
@@ -623,6 +657,7 @@ class Runner:
         prompt_len: int,
         should_stop: Callable[[], bool] | None,
         chunk_cap: Callable[[], int | None] | None = None,
+        pauser: Callable[[], Callable[[], None] | None] | None = None,
     ) -> Generator[PrefillProgress, None, int]:
         """Prefill `todo` at prefill K with mlx-lm's chunking (sized by speed and stopped
         between layers when `should_stop` is given), leaving the last token for the first
@@ -647,12 +682,16 @@ class Runner:
             frozen_too = sizer is None or sizer.frozen_must_ask(n)
             span = (reused + done, prompt_len - 1)
             chunk = todo[done : done + n]
-            if not self._prefill_chunk(chunk, cache, gate_stop, frozen_too, index, span):
+            # a distributed launch's ranks must run the same passes: it never pauses
+            pause = pauser() if pauser is not None and sm.distributed is None else None
+            paused0 = self._paused_s
+            if not self._prefill_chunk(chunk, cache, gate_stop, frozen_too, index, span, pause):
                 break
             index += 1
             if sizer is not None:
                 ensure_s = sm.cache.counters.ensure_s - ensure0
-                sizer.measure(n, time.perf_counter() - t0 - ensure_s)
+                paused = self._paused_s - paused0
+                sizer.measure(n, time.perf_counter() - t0 - ensure_s - paused)
             done += n
             yield PrefillProgress(reused + done, prompt_len)
             mx.clear_cache()
@@ -668,18 +707,26 @@ class Runner:
         frozen_too: bool = True,
         index: int = 0,
         span: tuple[int, int] | None = None,
+        pause: Callable[[], None] | None = None,
     ) -> bool:
         """One chunk's forward pass into `cache`; with `should_stop`, asked at every MoE
         layer (`PrefillGate`), which is also told the chunk's `index` in its prefill.
         `span`: the chunk's first prompt position and the prompt's prefill tokens (a
         trace-routed run routes a chunk shorter than both prompts token by token).
+        `pause`: called at every MoE layer (`begin`'s `pauser`), which then syncs there.
         False: it stopped part-way and the cache is as before."""
         sm = self.sm
         routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
         undo = None
+        check = None
         if should_stop is not None and ChunkUndo.possible(cache, int(chunk.size)):
             undo = ChunkUndo(cache)
-            sm.prefill_gate.check = should_stop
+            check = should_stop
+        if pause is not None:
+            check = self._pausing(pause, check)
+            frozen_too = True  # a frozen layer evaluates its router so the chunk can pause
+        if check is not None:
+            sm.prefill_gate.check = check
             sm.prefill_gate.frozen_too = frozen_too
         sm.prefill_gate.chunk, sm.prefill_gate.chunk_tokens = index, int(chunk.size)
         if routing is not None:
@@ -699,6 +746,22 @@ class Runner:
                 routing.prefill_chunk = False
                 routing.prefill_span = None
         return True
+
+    def _pausing(
+        self, pause: Callable[[], None], stop: Callable[[], bool] | None
+    ) -> Callable[[], bool]:
+        """The gate's check for a chunk that may pause: `pause` (its time kept apart in
+        `_paused_s`), then `stop`'s answer (False without one)."""
+
+        def check() -> bool:
+            t0 = time.perf_counter()
+            try:
+                pause()
+            finally:
+                self._paused_s += time.perf_counter() - t0
+            return stop() if stop is not None else False
+
+        return check
 
     def _first_token(
         self, begun: Begun, last: mx.array, sampler: Callable[[mx.array], mx.array], prefill_k: int
