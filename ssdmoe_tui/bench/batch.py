@@ -233,6 +233,7 @@ def join_probe(
             if steady == 4:  # a few steps of all rows: the join starts
                 stall0 = batch.figures.max_stall_s
                 batch.figures.max_stall_s = 0.0
+                batch.figures.join_pauses = 0  # the rows' own joins paused too
                 batch.add(SeqSpec(b, join_prompt, max_tokens=1, trace_offset=offsets[0]))
                 joined_at = time.perf_counter()
     # The batch is left as it is (the rows' caches are dropped with it): a join cut short

@@ -541,10 +541,12 @@ def test_a_join_is_chunked_to_a_time_budget(checkpoints, budget_s):
 def test_the_rows_decode_inside_a_joining_chunk_at_its_layer_boundaries(checkpoints, arch, budget):
     """Where the rows have waited the join's budget at a MoE layer boundary of a joining
     chunk, their decode step runs there (BatchRunner._pause, the chunk's own state set
-    aside: Runner.outside_prefill), its events handed to `emit` at once, and the chunk
-    goes on: a budget every layer exceeds pauses at each, and still every row's tokens
-    and the joiner's equal their runs alone (a streamed cache of one slot, and every
-    expert held; a hybrid model's recurrent layers too)."""
+    aside: Runner.outside_prefill), its events handed to `emit` before the step returns
+    (with what the step had before them, so each row's tokens stay in order), and the
+    chunk goes on: a budget every layer exceeds pauses at each, and still every row's
+    tokens and the joiner's equal their runs alone (a streamed cache of one slot, and
+    every expert held; a hybrid model's recurrent layers too). A row stopped meanwhile
+    leaves at the next pause, not after the chunk."""
     sm = load_streamed(checkpoints(arch), expert_cache=budget)
     runner = Runner(sm)
     ps = prompts(sm)[:3]
@@ -552,28 +554,48 @@ def test_the_rows_decode_inside_a_joining_chunk_at_its_layer_boundaries(checkpoi
     alone = [runner.generate(p, max_tokens=n).tokens for p, n in ((ps[0], 40), (ps[1], 40))]
     alone.append(runner.generate(long, max_tokens=5).tokens)
     batch = BatchRunner(runner, max_batch=3, join_chunk=64, join_budget_s=1e-9)
-    at_once: list = []
-    batch.emit = at_once.extend
-    for i, (p, n) in enumerate(((ps[0], 40), (ps[1], 40), (long, 5))):
-        batch.add(SeqSpec(i, p, max_tokens=n))
-    results, order = {}, []
+    emitted: list[list] = []  # what each pause handed on, before its step returned
+    batch.emit = lambda events: emitted.append(list(events))
+    progress: list[int] = []  # the joiner's prefilled tokens, as its chunks end
+    stop_at = {"pauses": None}
+
+    def row_1_stops() -> bool:  # asked between steps and at each pause
+        return stop_at["pauses"] is not None and batch.figures.join_pauses >= stop_at["pauses"]
+
+    specs = [SeqSpec(0, ps[0], max_tokens=40), SeqSpec(1, ps[1], max_tokens=40,
+             should_stop=row_1_stops), SeqSpec(2, long, max_tokens=5)]  # fmt: skip
+    for spec in specs:
+        batch.add(spec)
+    tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    results, by_emit, left_in_chunk = {}, 0, None
     for _ in range(400):
         if batch.idle:
             break
-        for uid, ev in at_once + batch.step():
-            order.append((uid, type(ev).__name__))
-            if isinstance(ev, Done):
-                results[uid] = ev.result
-        at_once.clear()
+        returned = batch.step()
+        for events in [*emitted, returned]:
+            for uid, ev in events:
+                if isinstance(ev, TokenEvent):
+                    tokens[uid].append(ev.token)
+                    by_emit += uid != 2 and events is not returned
+                if uid == 2 and isinstance(ev, PrefillProgress) and ev.done < ev.total:
+                    progress.append(ev.done)
+                    if len(progress) == 3:  # row 1 is stopped two pauses into the next chunk
+                        stop_at["pauses"] = batch.figures.join_pauses + 2
+                if isinstance(ev, Done):
+                    results[uid] = ev.result
+                    if uid == 1 and events is not returned:
+                        left_in_chunk = len(progress)
+        emitted.clear()
     assert batch.idle
-    assert [results[i].tokens for i in range(3)] == alone
     layers = sm.index.num_layers
-    # the joiner's chunks beside two rows: each paused at (nearly) every MoE layer
-    assert batch.figures.join_pauses >= layers
-    # rows' tokens came between two of the joiner's progress events
-    progress = [i for i, (uid, kind) in enumerate(order) if uid == 2 and kind == "PrefillProgress"]
-    inside = [kind for uid, kind in order[progress[1] : progress[-1]] if uid in (0, 1)]
-    assert inside.count("TokenEvent") >= layers
+    assert [results[0].tokens, results[2].tokens] == [alone[0], alone[2]]
+    assert tokens[0] == alone[0] and tokens[2] == alone[2]  # in order, each once
+    # row 1 stopped at the first pause after it was asked, in the joiner's next chunk
+    assert results[1].finish_reason == "cancelled" and left_in_chunk == 3
+    assert tokens[1] == alone[1][: len(tokens[1])] and 0 < len(tokens[1]) < 40
+    # the joiner's chunks beside the rows paused at (nearly) every MoE layer, and the
+    # rows' tokens of those pauses reached `emit` before their step returned
+    assert batch.figures.join_pauses >= layers and by_emit >= layers
 
 
 def test_join_sizer_converges_to_the_budget():

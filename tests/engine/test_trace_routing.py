@@ -366,9 +366,8 @@ def test_prompt_rows_are_tokens_by_runs_not_by_values(tmp_path) -> None:
 def test_a_join_that_pauses_for_the_rows_routes_as_one_that_does_not(qwen_cut) -> None:
     """Rows decoding at a joining chunk's MoE layer boundaries (BatchRunner._pause) and
     the chunk around them each keep their own trace pass (TraceRouting.suspend / resume):
-    the joiner's tokens and the rows' equal a batch whose chunks run whole (the rows
-    decode through the whole join in both, so every chunk of the joiner is short and
-    routes token by token)."""
+    the joiner's tokens and the rows' equal a batch whose chunks run whole (one-token
+    chunks in both, routed token by token; the rows decode through the whole join)."""
     from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
     from ssdmoe_tui.engine.run.runner import Done, TokenEvent
 
@@ -379,7 +378,8 @@ def test_a_join_that_pauses_for_the_rows_routes_as_one_that_does_not(qwen_cut) -
         try:
             routing = trace_routing.attach(sm, trace)
             sm.tokenizer.eos_token_ids = set()
-            batch = BatchRunner(Runner(sm, k=routing.k), max_batch=3, join_chunk=8,
+            # one-token chunks either way: only the pauses differ
+            batch = BatchRunner(Runner(sm, k=routing.k), max_batch=3, join_chunk=1,
                                 join_budget_s=budget)  # fmt: skip
             batch.add(SeqSpec(0, list(range(3, 11)), max_tokens=10**6, trace_offset=0))
             batch.add(SeqSpec(1, list(range(20, 26)), max_tokens=10**6, trace_offset=20))

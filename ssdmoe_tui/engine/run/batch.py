@@ -378,6 +378,7 @@ class BatchRunner:
         self._layer_t = 0.0  # the chunk's last MoE layer boundary
         self._layer_max = 0.0  # its longest stretch between two
         self._pausing = False  # whether the chunk running may pause
+        self._paused_s = 0.0  # the rows' steps run inside it
         self._step_events: list[RowEvent] = []  # the events `step` will return
 
     # ------------------------------------------------------------------ queries
@@ -420,13 +421,13 @@ class BatchRunner:
                 self._leave_all(group, [(r, "cancelled") for r in stopped], events)
         self._follow_live_k(events)
         t0 = self._segment_t = self._layer_t = time.perf_counter()
-        self._segment_max = self._layer_max = 0.0
+        self._segment_max = self._layer_max = self._paused_s = 0.0
         self._pausing = False
         decoding = self.rows > 0  # a chunk stalls only the rows already decoding
         chunk = self._prefill_one(events)
         if chunk is not None:
             now = time.perf_counter()
-            self.figures.prefill_chunk_s += now - t0
+            self.figures.prefill_chunk_s += now - t0 - self._paused_s  # the rows' steps out
             # the longest the rows waited between two of their steps: the whole chunk, or
             # where it paused for them (`_pause`), its longest stretch
             stall = max(self._segment_max, now - self._segment_t)
@@ -525,15 +526,22 @@ class BatchRunner:
         if now - self._segment_t + layer < self._join.budget_s:
             return  # the next layer fits in the budget too
         self._segment_max = max(self._segment_max, now - self._segment_t)
-        self.figures.join_pauses += 1
-        events: list[RowEvent] = []
+        events = self._step_events  # what `step` returns: the order rows' tokens keep
         with self.runner.outside_prefill():
-            self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
-        if self.emit is not None:
-            self.emit(events)
-        else:
-            self._step_events.extend(events)
+            for group in list(self._groups.values()):  # rows stopped meanwhile leave first
+                stopped = [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]
+                if stopped:
+                    self._leave_all(group, [(r, "cancelled") for r in stopped], events)
+            if self._groups:
+                self.figures.join_pauses += 1
+                self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
+        if self.emit is not None and events:
+            # at once, with what the step had before (a queued pass settled at its start
+            # holds the rows' previous tokens): a turn gets its tokens in order
+            self.emit(list(events))
+            events.clear()
         self._segment_t = self._layer_t = time.perf_counter()
+        self._paused_s += self._segment_t - now
 
     @property
     def idle_decoding(self) -> bool:

@@ -22,6 +22,7 @@ from ssdmoe_tui.engine.model.context import check_context, max_context
 from ssdmoe_tui.engine.model.loader import StreamedModel
 from ssdmoe_tui.engine.model.routing_mass import MassLog
 from ssdmoe_tui.engine.model.streamed import PrefillStopped
+from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S
 from ssdmoe_tui.engine.run.prefill_stop import ChunkSizer, ChunkUndo
 from ssdmoe_tui.engine.spec.verify import SpecStats
 from ssdmoe_tui.options import Speculation, check_k
@@ -365,6 +366,7 @@ class Runner:
         self._prefill_k: int | None = None  # None: same as k
         self._applied: int | None = None  # K the blocks hold
         self._paused_s = 0.0  # time prefill chunks spent paused (another pass ran inside)
+        self._paused_ensure_s = 0.0  # ... of it, that pass's expert reads (counters.ensure_s)
         self._masses: deque = deque()  # routing mass of each built step, read with its token
         # chunk sizes of prefills that may be stopped (prefill_stop.py): the speed is kept
         self._sizer = ChunkSizer(len(sm.blocks))
@@ -644,7 +646,7 @@ class Runner:
             stats.prefill_s = time.perf_counter() - start.t
             stats.prefill_peak_memory_bytes = int(mx.get_peak_memory())
             return begun
-        self._first_token(begun, last, sampler, prefill_k)
+        self._first_token(begun, last, sampler, prefill_k, self._pause_for(pauser))
         yield PrefillProgress(len(prompt), len(prompt))
         return begun
 
@@ -682,14 +684,18 @@ class Runner:
             frozen_too = sizer is None or sizer.frozen_must_ask(n)
             span = (reused + done, prompt_len - 1)
             chunk = todo[done : done + n]
-            # a distributed launch's ranks must run the same passes: it never pauses
-            pause = pauser() if pauser is not None and sm.distributed is None else None
-            paused0 = self._paused_s
+            pause = self._pause_for(pauser)
+            if pause is not None:
+                # frozen layers sync to pause only where the chunk may outlast the budget
+                expected = sizer.expected_s(n) if sizer is not None else None
+                frozen_too = frozen_too or expected is None or expected > JOIN_BUDGET_S
+            paused0, paused_ensure0 = self._paused_s, self._paused_ensure_s
             if not self._prefill_chunk(chunk, cache, gate_stop, frozen_too, index, span, pause):
                 break
             index += 1
-            if sizer is not None:
+            if sizer is not None:  # the chunk's own compute: its reads and pauses left out
                 ensure_s = sm.cache.counters.ensure_s - ensure0
+                ensure_s -= self._paused_ensure_s - paused_ensure0
                 paused = self._paused_s - paused0
                 sizer.measure(n, time.perf_counter() - t0 - ensure_s - paused)
             done += n
@@ -713,8 +719,8 @@ class Runner:
         layer (`PrefillGate`), which is also told the chunk's `index` in its prefill.
         `span`: the chunk's first prompt position and the prompt's prefill tokens (a
         trace-routed run routes a chunk shorter than both prompts token by token).
-        `pause`: called at every MoE layer (`begin`'s `pauser`), which then syncs there.
-        False: it stopped part-way and the cache is as before."""
+        `pause`: called at every MoE layer that syncs (`begin`'s `pauser`; a frozen layer
+        where `frozen_too`). False: it stopped part-way and the cache is as before."""
         sm = self.sm
         routing = sm.cache.routing  # trace-driven: a one-token chunk is still prefill
         undo = None
@@ -724,7 +730,6 @@ class Runner:
             check = should_stop
         if pause is not None:
             check = self._pausing(pause, check)
-            frozen_too = True  # a frozen layer evaluates its router so the chunk can pause
         if check is not None:
             sm.prefill_gate.check = check
             sm.prefill_gate.frozen_too = frozen_too
@@ -750,34 +755,59 @@ class Runner:
     def _pausing(
         self, pause: Callable[[], None], stop: Callable[[], bool] | None
     ) -> Callable[[], bool]:
-        """The gate's check for a chunk that may pause: `pause` (its time kept apart in
-        `_paused_s`), then `stop`'s answer (False without one)."""
+        """The gate's check for a chunk that may pause: a stop first (a cancelled chunk
+        does not wait on another pass), then `pause` (its time and reads kept apart in
+        `_paused_s` / `_paused_ensure_s`), then the stop again (False without one)."""
+        counters = self.sm.cache.counters
 
         def check() -> bool:
-            t0 = time.perf_counter()
+            if stop is not None and stop():
+                return True
+            t0, ensure0 = time.perf_counter(), counters.ensure_s
             try:
                 pause()
             finally:
                 self._paused_s += time.perf_counter() - t0
+                self._paused_ensure_s += counters.ensure_s - ensure0
             return stop() if stop is not None else False
 
         return check
 
+    def _pause_for(
+        self, pauser: Callable[[], Callable[[], None] | None] | None
+    ) -> Callable[[], None] | None:
+        """`pauser`'s answer for the next pass (a distributed launch never pauses: its
+        ranks must run the same passes)."""
+        return pauser() if pauser is not None and self.sm.distributed is None else None
+
     def _first_token(
-        self, begun: Begun, last: mx.array, sampler: Callable[[mx.array], mx.array], prefill_k: int
+        self,
+        begun: Begun,
+        last: mx.array,
+        sampler: Callable[[mx.array], mx.array],
+        prefill_k: int,
+        pause: Callable[[], None] | None = None,
     ) -> None:
         """Sample `begun.token`: the step that processes the last prompt token, which
-        ends prefill (at prefill K); closes the prefill's figures."""
+        ends prefill (at prefill K); closes the prefill's figures. `pause`: as a chunk's
+        (`_prefill_chunk`), at its layers that sync (a streamed layer's one token may
+        read K experts from disk; a frozen layer's is quick)."""
         sm, stats = self.sm, begun.stats
         self._use_k(prefill_k)
         if sm.routing_mass is not None:
             sm.routing_mass.clear()  # a one-token prefill chunk is not a generated token
-        logits = sm.model(last[None], cache=begun.cache)[:, -1, :]
-        if begun.window is not None:
-            logits = begun.window(last, logits)
-        y = sampler(logits - mx.logsumexp(logits, keepdims=True))
-        self._queue_mass()
-        begun.token = int(y.item())
+        if pause is not None:
+            sm.prefill_gate.check = self._pausing(pause, None)
+            sm.prefill_gate.frozen_too = False
+        try:
+            logits = sm.model(last[None], cache=begun.cache)[:, -1, :]
+            if begun.window is not None:
+                logits = begun.window(last, logits)
+            y = sampler(logits - mx.logsumexp(logits, keepdims=True))
+            self._queue_mass()
+            begun.token = int(y.item())
+        finally:
+            sm.prefill_gate.check = None
         stats.k_per_token.append(sm.times.last_k)
         self._record_mass(stats)
         stats.prefill_s = time.perf_counter() - begun.start.t
