@@ -613,10 +613,10 @@ class Runner:
         one the chunks are the configured prefill step, as mlx-lm's. `chunk_cap` (asked
         before each chunk; None: no cap) bounds a chunk further: a batch caps a joining
         sequence's chunks while other rows decode, so each stalls them a bounded time.
-        `pauser` (asked before each chunk) may give a function the chunk calls at each
-        MoE layer boundary, within `outside_prefill` (a batch runs its rows' decode step
-        there once they have waited long enough: a chunk then stalls them about a layer's
-        work, not its own); its time is not counted as the chunk's."""
+        `pauser` (asked before each chunk and the first token's pass) may give a function
+        the pass calls at each MoE layer boundary (a batch runs its rows' decode step there,
+        within `outside_prefill`, once they have waited long enough: a chunk then stalls
+        them about a layer's work, not its own); its time is not counted as the chunk's."""
         sm = self.sm
         check_context(len(prompt), max_context(sm.config))  # before any prefill
         if cache is None:
