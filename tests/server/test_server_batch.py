@@ -131,3 +131,67 @@ def test_a_cancelled_request_leaves_the_others_running(srv):
         asyncio.run(asyncio.sleep(0.05))
         deadline -= 0.05
     assert not srv.server.engine.busy
+
+
+def test_a_stream_beside_a_joining_prompt_gets_its_tokens_from_inside_its_chunks(
+    model, home, monkeypatch
+):
+    """The server's loop hands on the tokens of a step the rows ran inside a joining
+    prompt's chunk (BatchRunner.emit -> BatchLoop._dispatch, its turn ending there too):
+    with a join budget every MoE layer exceeds (pausing at each), a streamed reply that
+    decodes while a long prompt joins arrives whole and in order, equal to it alone, as
+    does the long prompt's reply, and /v1/stats counts the pauses."""
+    from ssdmoe_tui.engine.run import batch as batch_module
+
+    class EveryLayer(batch_module.BatchRunner):  # the real class, its budget made tiny
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **{**kwargs, "join_budget_s": 1e-9})
+
+    monkeypatch.setattr(batch_module, "BatchRunner", EveryLayer)
+    opts = dataclasses.replace(options(model, home), max_batch=2, persist_cache=False)
+    running = Running(opts)
+    try:
+        client = running.client(timeout=TIMEOUT)
+        long_question = " ".join(QUESTIONS * 6)
+        alone = [
+            ask(client, running.model, QUESTIONS[1], max_tokens=48).choices[0].message.content,
+            ask(client, running.model, long_question, max_tokens=6).choices[0].message.content,
+        ]
+
+        async def beside() -> tuple[str, str]:
+            aclient = openai.AsyncOpenAI(
+                base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT
+            )
+            stream = await aclient.chat.completions.create(
+                model=running.model,
+                messages=[{"role": "user", "content": QUESTIONS[1]}],
+                max_tokens=48,
+                temperature=0,
+                stream=True,
+            )
+            parts: list[str] = []
+            joining = None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+                    if joining is None:  # decoding now: the long prompt joins it
+                        joining = asyncio.ensure_future(
+                            aclient.chat.completions.create(
+                                model=running.model,
+                                messages=[{"role": "user", "content": long_question}],
+                                max_tokens=6,
+                                temperature=0,
+                            )
+                        )
+            assert joining is not None
+            joined = await asyncio.wait_for(joining, TIMEOUT)
+            return "".join(parts), joined.choices[0].message.content
+
+        streamed, joined = asyncio.run(beside())
+        assert [streamed, joined] == alone
+        batch = httpx.get(running.url + "/v1/stats", timeout=5).json()["batch"]
+        # the stream decoded inside the long prompt's chunks (it may end before the long
+        # prompt's first token, so the two need not have decoded as rows together)
+        assert batch["join_pauses"] > 0
+    finally:
+        running.stop()

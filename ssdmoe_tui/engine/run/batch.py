@@ -68,6 +68,7 @@ from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S, JOIN_CHUNK, JoinSiz
 from ssdmoe_tui.engine.run.runner import (
     Begun,
     Done,
+    Pause,
     PrefillProgress,
     Runner,
     RunnerEvent,
@@ -504,13 +505,13 @@ class BatchRunner:
             return None
         return self.join_chunk if self._join is None else self._join.size()
 
-    def _pauser(self) -> Callable[[], None] | None:
+    def _pauser(self) -> Pause | None:
         """A joining chunk's pause while rows decode under a time budget (None: it runs
         whole): the chunk stops at each MoE layer boundary to ask `_pause`."""
         if not self.rows or self._join is None:
             return None
         self._pausing = True
-        return self._pause
+        return Pause(self._pause, self._join.budget_s)
 
     def _pause(self) -> None:
         """At a MoE layer boundary of a joining chunk: once the rows have waited the

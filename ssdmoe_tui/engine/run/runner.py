@@ -22,7 +22,6 @@ from ssdmoe_tui.engine.model.context import check_context, max_context
 from ssdmoe_tui.engine.model.loader import StreamedModel
 from ssdmoe_tui.engine.model.routing_mass import MassLog
 from ssdmoe_tui.engine.model.streamed import PrefillStopped
-from ssdmoe_tui.engine.run.join_chunks import JOIN_BUDGET_S
 from ssdmoe_tui.engine.run.prefill_stop import ChunkSizer, ChunkUndo
 from ssdmoe_tui.engine.spec.verify import SpecStats
 from ssdmoe_tui.options import Speculation, check_k
@@ -344,6 +343,16 @@ def token_event(tok: int, tokens: list[int], eos: set[int], detok, stats: TurnSt
     return TokenEvent(tok, piece, stats, stop)
 
 
+@dataclass(frozen=True)
+class Pause:
+    """What a prefill pass calls at its MoE layer boundaries (`Runner.begin`'s `pauser`):
+    `run`, and the time it is meant to bound (a pass the prefill sizer expects within it
+    needs no sync at its frozen layers to ask)."""
+
+    run: Callable[[], None]
+    budget_s: float
+
+
 class Runner:
     """Prefill + decode over one streamed model, and the one owner of K.
 
@@ -601,7 +610,7 @@ class Runner:
         reset_peaks: bool = True,
         logits_processors: Sequence[Callable[[mx.array, mx.array], mx.array]] = (),
         chunk_cap: Callable[[], int | None] | None = None,
-        pauser: Callable[[], Callable[[], None] | None] | None = None,
+        pauser: Callable[[], Pause | None] | None = None,
     ) -> Generator[PrefillProgress, None, Begun]:
         """Prefill (prefill K, mlx-lm's chunking) and sample the first token, which
         processes the last prompt token: what every sequence does before decoding, alone
@@ -613,10 +622,11 @@ class Runner:
         one the chunks are the configured prefill step, as mlx-lm's. `chunk_cap` (asked
         before each chunk; None: no cap) bounds a chunk further: a batch caps a joining
         sequence's chunks while other rows decode, so each stalls them a bounded time.
-        `pauser` (asked before each chunk and the first token's pass) may give a function
-        the pass calls at each MoE layer boundary (a batch runs its rows' decode step there,
-        within `outside_prefill`, once they have waited long enough: a chunk then stalls
-        them about a layer's work, not its own); its time is not counted as the chunk's."""
+        `pauser` (asked before each chunk and the first token's pass) may give a `Pause`,
+        whose `run` the pass calls at each MoE layer boundary (a batch runs its rows'
+        decode step there, within `outside_prefill`, once they have waited long enough: a
+        chunk then stalls them about a layer's work, not its own); its time is not counted
+        as the chunk's."""
         sm = self.sm
         check_context(len(prompt), max_context(sm.config))  # before any prefill
         if cache is None:
@@ -646,7 +656,8 @@ class Runner:
             stats.prefill_s = time.perf_counter() - start.t
             stats.prefill_peak_memory_bytes = int(mx.get_peak_memory())
             return begun
-        self._first_token(begun, last, sampler, prefill_k, self._pause_for(pauser))
+        pause = self._pause_for(pauser)
+        self._first_token(begun, last, sampler, prefill_k, pause.run if pause else None)
         yield PrefillProgress(len(prompt), len(prompt))
         return begun
 
@@ -659,7 +670,7 @@ class Runner:
         prompt_len: int,
         should_stop: Callable[[], bool] | None,
         chunk_cap: Callable[[], int | None] | None = None,
-        pauser: Callable[[], Callable[[], None] | None] | None = None,
+        pauser: Callable[[], Pause | None] | None = None,
     ) -> Generator[PrefillProgress, None, int]:
         """Prefill `todo` at prefill K with mlx-lm's chunking (sized by speed and stopped
         between layers when `should_stop` is given), leaving the last token for the first
@@ -688,9 +699,10 @@ class Runner:
             if pause is not None:
                 # frozen layers sync to pause only where the chunk may outlast the budget
                 expected = sizer.expected_s(n) if sizer is not None else None
-                frozen_too = frozen_too or expected is None or expected > JOIN_BUDGET_S
+                frozen_too = frozen_too or expected is None or expected > pause.budget_s
             paused0, paused_ensure0 = self._paused_s, self._paused_ensure_s
-            if not self._prefill_chunk(chunk, cache, gate_stop, frozen_too, index, span, pause):
+            run = pause.run if pause is not None else None
+            if not self._prefill_chunk(chunk, cache, gate_stop, frozen_too, index, span, run):
                 break
             index += 1
             if sizer is not None:  # the chunk's own compute: its reads and pauses left out
@@ -773,9 +785,7 @@ class Runner:
 
         return check
 
-    def _pause_for(
-        self, pauser: Callable[[], Callable[[], None] | None] | None
-    ) -> Callable[[], None] | None:
+    def _pause_for(self, pauser: Callable[[], Pause | None] | None) -> Pause | None:
         """`pauser`'s answer for the next pass (a distributed launch never pauses: its
         ranks must run the same passes)."""
         return pauser() if pauser is not None and self.sm.distributed is None else None
