@@ -43,28 +43,33 @@ def ask(client: openai.OpenAI, model: str, question: str, max_tokens: int = 24):
     )
 
 
+def async_client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT
+    )
+
+
+def ask_async(aclient: openai.AsyncOpenAI, model: str, question: str, max_tokens: int, **kw):
+    """The request's coroutine (greedy), as `ask` sends it; `stream=True` for a stream."""
+    return aclient.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0,
+        **kw,
+    )
+
+
 def test_four_concurrent_requests_answered_together_equal_alone(srv):
     client = srv.client(timeout=TIMEOUT)
     alone = [ask(client, srv.model, q) for q in QUESTIONS]
     assert srv.server.engine.max_batch == 4
 
     async def together():
-        aclient = openai.AsyncOpenAI(
-            base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT
-        )
+        aclient = async_client(srv.url)
         # Different seeds would be drawn per request; greedy here, so only the batch
         # could make them differ. The prompts differ: routing differs per row.
-        return await asyncio.gather(
-            *[
-                aclient.chat.completions.create(
-                    model=srv.model,
-                    messages=[{"role": "user", "content": q}],
-                    max_tokens=24,
-                    temperature=0,
-                )
-                for q in QUESTIONS
-            ]
-        )
+        return await asyncio.gather(*[ask_async(aclient, srv.model, q, 24) for q in QUESTIONS])
 
     before = httpx.get(srv.url + "/v1/stats", timeout=5).json()["batch"]
     got = asyncio.run(together())
@@ -92,18 +97,10 @@ def test_a_cancelled_request_leaves_the_others_running(srv):
     alone = [ask(client, srv.model, q, max_tokens=40) for q in QUESTIONS[:2]]
 
     async def run():
-        aclient = openai.AsyncOpenAI(
-            base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT
-        )
+        aclient = async_client(srv.url)
 
         async def dropped():
-            stream = await aclient.chat.completions.create(
-                model=srv.model,
-                messages=[{"role": "user", "content": QUESTIONS[3]}],
-                max_tokens=400,
-                temperature=0,
-                stream=True,
-            )
+            stream = await ask_async(aclient, srv.model, QUESTIONS[3], 400, stream=True)
             n = 0
             async for _ in stream:
                 n += 1
@@ -112,15 +109,8 @@ def test_a_cancelled_request_leaves_the_others_running(srv):
             await stream.close()
             return n
 
-        async def whole(q):
-            return await aclient.chat.completions.create(
-                model=srv.model,
-                messages=[{"role": "user", "content": q}],
-                max_tokens=40,
-                temperature=0,
-            )
-
-        return await asyncio.gather(dropped(), whole(QUESTIONS[0]), whole(QUESTIONS[1]))
+        whole = [ask_async(aclient, srv.model, q, 40) for q in QUESTIONS[:2]]
+        return await asyncio.gather(dropped(), *whole)
 
     n, a, b = asyncio.run(run())
     assert n == 3
@@ -159,16 +149,8 @@ def test_a_stream_beside_a_joining_prompt_gets_its_tokens_from_inside_its_chunks
         ]
 
         async def beside() -> tuple[str, str]:
-            aclient = openai.AsyncOpenAI(
-                base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT
-            )
-            stream = await aclient.chat.completions.create(
-                model=running.model,
-                messages=[{"role": "user", "content": QUESTIONS[1]}],
-                max_tokens=48,
-                temperature=0,
-                stream=True,
-            )
+            aclient = async_client(running.url)
+            stream = await ask_async(aclient, running.model, QUESTIONS[1], 48, stream=True)
             parts: list[str] = []
             joining = None
             async for chunk in stream:
@@ -176,12 +158,7 @@ def test_a_stream_beside_a_joining_prompt_gets_its_tokens_from_inside_its_chunks
                     parts.append(chunk.choices[0].delta.content)
                     if joining is None:  # decoding now: the long prompt joins it
                         joining = asyncio.ensure_future(
-                            aclient.chat.completions.create(
-                                model=running.model,
-                                messages=[{"role": "user", "content": long_question}],
-                                max_tokens=6,
-                                temperature=0,
-                            )
+                            ask_async(aclient, running.model, long_question, 6)
                         )
             assert joining is not None
             joined = await asyncio.wait_for(joining, TIMEOUT)
