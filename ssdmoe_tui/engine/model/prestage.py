@@ -35,6 +35,10 @@ queued: its row in the copy is then wrong, and unused.
 
 A prediction and its copy serve the same layer in the same forward pass only (`fulfil`
 and `take` check the layer and `StepTimes.calls`; a stopped chunk drops them, `drop`).
+Where a chunk pauses for a batch's rows (engine/run/batch.py: their decode step runs at
+the chunk's layer boundary, after `fulfil`), that step's layers count calls too, so the
+copy is not taken and the layer stages in place: the step may have evicted the copy's
+experts, which "nothing else evicts" above does not hold for.
 Device memory: the copy in use, its concatenation with the rows it lacked, and the next
 layer's copy may coexist while queued work still holds them: up to about three of a
 layer's unions.
