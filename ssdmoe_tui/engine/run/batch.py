@@ -379,7 +379,6 @@ class BatchRunner:
         self._layer_t = 0.0  # the chunk's last MoE layer boundary
         self._layer_max = 0.0  # its longest stretch between two
         self._pausing = False  # whether the chunk running may pause
-        self._paused_s = 0.0  # the rows' steps run inside it
         self._step_events: list[RowEvent] = []  # the events `step` will return
 
     # ------------------------------------------------------------------ queries
@@ -416,19 +415,18 @@ class BatchRunner:
         sequence runs (while there is room), then one decode step per K group."""
         events: list[RowEvent] = []
         self._step_events = events
-        for group in list(self._groups.values()):
-            stopped = [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]
-            if stopped:
-                self._leave_all(group, [(r, "cancelled") for r in stopped], events)
+        self._leave_stopped(events)
         self._follow_live_k(events)
         t0 = self._segment_t = self._layer_t = time.perf_counter()
-        self._segment_max = self._layer_max = self._paused_s = 0.0
+        self._segment_max = self._layer_max = 0.0
+        paused0 = self.runner.paused_s
         self._pausing = False
         decoding = self.rows > 0  # a chunk stalls only the rows already decoding
         chunk = self._prefill_one(events)
         if chunk is not None:
             now = time.perf_counter()
-            self.figures.prefill_chunk_s += now - t0 - self._paused_s  # the rows' steps out
+            # the rows' steps run inside it left out
+            self.figures.prefill_chunk_s += now - t0 - (self.runner.paused_s - paused0)
             # the longest the rows waited between two of their steps: the whole chunk, or
             # where it paused for them (`_pause`), its longest stretch
             stall = max(self._segment_max, now - self._segment_t)
@@ -443,6 +441,13 @@ class BatchRunner:
         if self._groups:
             self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
         return events
+
+    def _leave_stopped(self, events: list[RowEvent]) -> None:
+        """Rows whose `should_stop` says so leave now, cancelled."""
+        for group in list(self._groups.values()):
+            stopped = [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]
+            if stopped:
+                self._leave_all(group, [(r, "cancelled") for r in stopped], events)
 
     def drain(self) -> Generator[RowEvent, None, None]:
         """Step until every sequence has ended (headless batches, tests)."""
@@ -529,10 +534,7 @@ class BatchRunner:
         self._segment_max = max(self._segment_max, now - self._segment_t)
         events = self._step_events  # what `step` returns: the order rows' tokens keep
         with self.runner.outside_prefill():
-            for group in list(self._groups.values()):  # rows stopped meanwhile leave first
-                stopped = [r for r in group.rows if r.spec.should_stop and r.spec.should_stop()]
-                if stopped:
-                    self._leave_all(group, [(r, "cancelled") for r in stopped], events)
+            self._leave_stopped(events)  # rows stopped meanwhile leave first
             if self._groups:
                 self.figures.join_pauses += 1
                 self._decode(sorted(self._groups.values(), key=lambda g: g.k), events)
@@ -542,7 +544,6 @@ class BatchRunner:
             self.emit(list(events))
             events.clear()
         self._segment_t = self._layer_t = time.perf_counter()
-        self._paused_s += self._segment_t - now
 
     @property
     def idle_decoding(self) -> bool:

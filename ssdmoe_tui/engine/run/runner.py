@@ -416,6 +416,11 @@ class Runner:
             self.sm.set_k(k)
             self._applied = k
 
+    @property
+    def paused_s(self) -> float:
+        """Time prefill passes spent in their pauses so far (another pass ran inside)."""
+        return self._paused_s
+
     @contextmanager
     def outside_prefill(self) -> Iterator[None]:
         """Run another forward pass at a MoE layer boundary of the prefill chunk being
