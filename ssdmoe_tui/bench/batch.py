@@ -7,8 +7,10 @@ decode tokens. Rows join one after another (one prefill at a time), and a row's
 every row decodes that many tokens beside all the others whatever the joins cost (a join
 sized to a time budget takes several steps; 8 decode tokens at B = 4 once left no step
 with all four rows). The measured window is the steady state from the step the last row
-joined to the step the first row ended, so every step in it decodes B rows. Trace-driven runs (`--routing-trace`) start each row
-at another offset of the trace (`len(trace) * i / B`).
+joined to the step the first row ended, so every step in it decodes B rows. Trace-driven
+runs (`--routing-trace`) keep the rows `len(trace) / B` decode steps apart along the trace:
+row i starts `len(trace) * i / B` steps past where row 0 is when it joins
+(`_Spread`).
 
 Reported per configuration: aggregate decode tok/s (tokens of all rows / window time),
 per-stream tok/s (steps / time), requested and device MiB/token per sequence (window bytes
@@ -95,10 +97,8 @@ def run_batch_config(
             SeqSpec(i, p, max_tokens=decode_tokens, trace_offset=offsets[i])
             for i, p in enumerate(prompts)
         ]
-        for spec in specs:
-            batch.add(spec)
         t_all = time.perf_counter()
-        results, w, full_steps, union = _steady_window(batch, sm, b, specs, decode_tokens)
+        results, w, full_steps, union, places = _steady_window(batch, sm, b, specs, decode_tokens)
         total_s = time.perf_counter() - t_all
         row_tokens = full_steps * b
         fig = batch.figures
@@ -115,6 +115,9 @@ def run_batch_config(
             if w.device_bytes is None
             else _round(w.device_bytes / row_tokens / 2**20),
             "union_experts_per_layer": union,
+            # trace-driven: each row's decode step of the trace as the window starts
+            # (`_Spread`: the rows' distance along it sets how much they share)
+            "trace_places": places if span else None,
             "hit_rate": round(w.hit_rate, 6),
             "max_join_stall_s": round(fig.max_stall_s, 4),
             "mean_step_s": round(fig.decode_s / fig.steps, 5) if fig.steps else None,
@@ -122,9 +125,9 @@ def run_batch_config(
             "token_ids": [results[i].tokens for i in range(b)],
         }
         if check_alone:
-            alone = [
-                SeqSpec(i, p, max_tokens=len(results[i].tokens), trace_offset=off)
-                for i, (p, off) in enumerate(zip(prompts, offsets, strict=True))
+            alone = [  # each from the trace step it started at (`_Spread`)
+                SeqSpec(i, p, max_tokens=len(results[i].tokens), trace_offset=s.trace_offset)
+                for i, (p, s) in enumerate(zip(prompts, specs, strict=True))
             ]
             out |= _against_alone(runner, alone, [results[i].tokens for i in range(b)])
         log(_row_line(out, k, budget, b, w.hit_rate, fig.max_stall_s))
@@ -136,9 +139,36 @@ def run_batch_config(
         sm.tokenizer.eos_token_ids = eos
 
 
+class _Spread:
+    """Adds rows to a batch one at a time, each once none waits, at its trace offset past
+    the place row 0 has reached along the trace then (its tokens so far).
+
+    Rows join one at a time anyway (a step runs one prefill chunk, of the first waiting
+    row), so adding the next one when the last has joined changes no timing. What it
+    changes is where each row sits along the trace: with offsets fixed before the joins,
+    rows that joined about `len(trace) / B` steps after one another lined up on nearly
+    one trace step and routed alike (H100, 2026-12-07 sixteenth session: three of four
+    rows within a step of each other, 0.64 of one stream's bytes; rows that joined
+    slower, 0.83-0.87). Row i now stays its offset apart from row 0, less the steps
+    row 0 decodes while row i prefills, whatever the joins cost."""
+
+    def __init__(self, batch, specs: list) -> None:  # noqa: ANN001 - a BatchRunner
+        self.batch, self.specs, self.added = batch, specs, 0
+
+    def poll(self, lead_tokens: int) -> None:
+        """Add the next row if none waits; `lead_tokens`: row 0's tokens so far."""
+        if self.added < len(self.specs) and not self.batch.waiting:
+            spec = self.specs[self.added]
+            if self.added:
+                spec.trace_offset += lead_tokens
+            self.batch.add(spec)
+            self.added += 1
+
+
 def _steady_window(batch, sm, b: int, specs: list, decode_tokens: int):  # noqa: ANN001, ANN202
     """Run `batch` to the end; (results by row, the Snapshot difference over the steps
-    that decoded all `b` rows, how many steps that was, union experts per layer call).
+    that decoded all `b` rows, how many steps that was, union experts per layer call,
+    each row's trace step as the window starts).
     Until the last row joins, each row's `max_tokens` is held at its tokens + the decode
     tokens, so all of them decode together for that many steps."""
     from ssdmoe_tui.engine.run.runner import Done, Snapshot, TokenEvent
@@ -148,12 +178,16 @@ def _steady_window(batch, sm, b: int, specs: list, decode_tokens: int):  # noqa:
     u0 = c0 = u1 = c1 = 0
     full_steps = steps0 = 0
     made = [0] * len(specs)
+    places: list[int] = []
+    spread = _Spread(batch, specs)
+    spread.poll(0)
     while not batch.idle:
         for uid, ev in batch.step():
             if isinstance(ev, TokenEvent):
                 made[uid] += 1
             elif isinstance(ev, Done):
                 results[uid] = ev.result
+        spread.poll(made[0])
         if start is None and not (batch.rows == b and not batch.waiting):
             for spec, n in zip(specs, made, strict=True):
                 spec.max_tokens = n + decode_tokens if n else decode_tokens
@@ -161,6 +195,7 @@ def _steady_window(batch, sm, b: int, specs: list, decode_tokens: int):  # noqa:
             start = Snapshot.take(sm)
             u0, c0 = sm.times.union_experts, sm.times.union_calls
             steps0 = batch.figures.steps
+            places = [spec.trace_offset + n for spec, n in zip(specs, made, strict=True)]
         elif start is not None and end is None and batch.rows < b:
             end = Snapshot.take(sm)
             u1, c1 = sm.times.union_experts, sm.times.union_calls
@@ -170,7 +205,7 @@ def _steady_window(batch, sm, b: int, specs: list, decode_tokens: int):  # noqa:
             f"--batch {b}: no step decoded all {b} rows together; raise --decode-tokens"
         )
     union = _round((u1 - u0) / (c1 - c0), 3) if c1 > c0 else None
-    return results, end - start, full_steps, union
+    return results, end - start, full_steps, union, places
 
 
 JOIN_PROBE_S = 240.0  # a join that has not reached its first token by then is cut short
@@ -189,6 +224,7 @@ def join_probe(
     """`prompts` decode (greedy) until steady, then `join_prompt` joins them: the longest
     gap between two tokens of a decoding row while it prefills, against their median gap
     before (issue 43: a 1k-token prompt must not stall the others more than 0.3 s).
+    `offsets`: the rows' trace offsets, each past row 0's place when it joins (`_Spread`);
     `join_budget_s` / `join_chunk`: the BatchRunner's (None, 128: the token cap alone)."""
     from ssdmoe_tui.engine.run.batch import BatchRunner, SeqSpec
     from ssdmoe_tui.engine.run.runner import PrefillProgress, TokenEvent
@@ -199,8 +235,9 @@ def join_probe(
         SeqSpec(i, p, max_tokens=1 << 30, trace_offset=off)
         for i, (p, off) in enumerate(zip(prompts, offsets, strict=True))
     ]
-    for spec in specs:
-        batch.add(spec)
+    spread = _Spread(batch, specs)
+    spread.poll(0)
+    lead = 0  # row 0's tokens: where it is along the trace
     last: dict[int, float] = {}
     before: list[float] = []  # decoding rows' gaps before the join
     during: list[float] = []  # ... while it prefills (until its first token)
@@ -210,9 +247,11 @@ def join_probe(
     t_end = time.perf_counter() + deadline_s
 
     def arrived(events: list) -> None:  # as a server's loop gets them (`BatchRunner.emit`)
-        nonlocal first_token_s
+        nonlocal first_token_s, lead
         now = time.perf_counter()
         for uid, ev in events:
+            if uid == 0 and isinstance(ev, TokenEvent):
+                lead += 1
             if uid == b:
                 if isinstance(ev, PrefillProgress):
                     chunks.append(ev.done)
@@ -226,6 +265,7 @@ def join_probe(
     batch.emit = arrived  # the rows' tokens of a step run inside a joining chunk
     while time.perf_counter() < t_end:
         arrived(batch.step())
+        spread.poll(lead)
         if first_token_s is not None:
             break
         if joined_at is None and batch.rows == b:

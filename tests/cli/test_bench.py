@@ -438,3 +438,34 @@ def test_the_report_lists_a_long_prompts_chunks():
     assert _chunks_fragment(r) == "4096: 3.64, 4096: 3.95, 191: 0.20 s"
     assert _chunks_fragment({"prefill_chunks_s": [[4096, 3.6], [1, 0.02]]}) is None
     assert _chunks_fragment({}) is None
+
+
+def test_trace_rows_stay_their_offsets_apart_whatever_their_joins_cost(tiny, tmp_path, capsys):
+    """Trace-driven `--batch 4`: row i joins `len(trace) * i / 4` decode steps past where
+    row 0 has reached along the trace (bench/batch.py `_Spread`), so as the window starts
+    the rows sit about that far apart, less only the steps row 0 decoded during row i's
+    own join. With offsets fixed before the joins, each row lost every step the earlier
+    joins took, and rows that joined a quarter of the trace apart lined up on one step
+    (H100, 2026-12-07: three of four rows within a step, routing alike)."""
+    trace = tmp_path / "own.jsonl"
+    assert main(["generate", "--model", str(tiny), "--prompt", "one two three four five",
+                 "--raw", "--max-tokens", "40", "--trace", str(trace)]) == 0  # fmt: skip
+    out = tmp_path / "batch.json"
+    rc = main(
+        [
+            "bench", "--model", str(tiny), "--expert-cache", "64K", "--routing-trace",
+            str(trace), "--prompt-tokens", "16", "--decode-tokens", "4", "--disk-mib", "1",
+            "--baseline", "skip", "--no-warmup", "--batch", "4", "--batch-check",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["batch"]
+    places = row["trace_places"]
+    span = row["routing_decode_steps"]
+    apart = [places[i] - places[0] for i in range(4)]
+    for i in range(1, 4):
+        # a row's own join is one 16-token chunk and its first token here: two steps
+        assert span * i // 4 - 2 <= apart[i] <= span * i // 4, (apart, span)
+    assert row["rows_equal_alone"] == 4 and row["token_mismatch_rate"] == 0
+    capsys.readouterr()
