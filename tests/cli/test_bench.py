@@ -391,24 +391,30 @@ def test_storage_file_cache_thermal_and_response_times_recorded(bench_json, tiny
     assert "response time (prefill to the first token + decode = total)" in text
 
 
-def test_batch_check_follows_each_rows_trace_offset(tiny, tmp_path, capsys):
-    """Trace-driven `--batch-check`: each row is rerun alone from its own offset of the
-    trace (the position the batch gave it), so on CPU every row equals its batched run;
-    before, the rerun continued the trace where the batch had left it (0/B equal)."""
+def _trace_batches(tiny, tmp_path, trace_tokens: int, batches: str, decode: int) -> list:  # noqa: ANN001
+    """`bench --batch BATCHES --batch-check` routed by a trace of `trace_tokens` decode
+    steps the tiny model recorded itself: the JSON's batch rows."""
     trace = tmp_path / "own.jsonl"
     assert main(["generate", "--model", str(tiny), "--prompt", "one two three four five",
-                 "--raw", "--max-tokens", "12", "--trace", str(trace)]) == 0  # fmt: skip
+                 "--raw", "--max-tokens", str(trace_tokens), "--trace", str(trace)]) == 0  # fmt: skip
     out = tmp_path / "batch.json"
     rc = main(
         [
             "bench", "--model", str(tiny), "--expert-cache", "64K", "--routing-trace",
-            str(trace), "--prompt-tokens", "16", "--decode-tokens", "8", "--disk-mib", "1",
-            "--baseline", "skip", "--no-warmup", "--batch", "1,2", "--batch-check",
+            str(trace), "--prompt-tokens", "16", "--decode-tokens", str(decode), "--disk-mib",
+            "1", "--baseline", "skip", "--no-warmup", "--batch", batches, "--batch-check",
             "--json", str(out),
         ]
     )  # fmt: skip
     assert rc == 0
-    for r in json.loads(out.read_text())["batch"]:
+    return json.loads(out.read_text())["batch"]
+
+
+def test_batch_check_follows_each_rows_trace_offset(tiny, tmp_path, capsys):
+    """Trace-driven `--batch-check`: each row is rerun alone from its own offset of the
+    trace (the position the batch gave it), so on CPU every row equals its batched run;
+    before, the rerun continued the trace where the batch had left it (0/B equal)."""
+    for r in _trace_batches(tiny, tmp_path, 12, "1,2", 8):
         assert r["rows_equal_alone"] == r["batch"] and r["token_mismatch_rate"] == 0
     capsys.readouterr()
 
@@ -447,20 +453,7 @@ def test_trace_rows_stay_their_offsets_apart_whatever_their_joins_cost(tiny, tmp
     own join. With offsets fixed before the joins, each row lost every step the earlier
     joins took, and rows that joined a quarter of the trace apart lined up on one step
     (H100, 2026-12-07: three of four rows within a step, routing alike)."""
-    trace = tmp_path / "own.jsonl"
-    assert main(["generate", "--model", str(tiny), "--prompt", "one two three four five",
-                 "--raw", "--max-tokens", "40", "--trace", str(trace)]) == 0  # fmt: skip
-    out = tmp_path / "batch.json"
-    rc = main(
-        [
-            "bench", "--model", str(tiny), "--expert-cache", "64K", "--routing-trace",
-            str(trace), "--prompt-tokens", "16", "--decode-tokens", "4", "--disk-mib", "1",
-            "--baseline", "skip", "--no-warmup", "--batch", "4", "--batch-check",
-            "--json", str(out),
-        ]
-    )  # fmt: skip
-    assert rc == 0
-    (row,) = json.loads(out.read_text())["batch"]
+    (row,) = _trace_batches(tiny, tmp_path, 40, "4", 4)
     places = row["trace_places"]
     span = row["routing_decode_steps"]
     apart = [places[i] - places[0] for i in range(4)]
