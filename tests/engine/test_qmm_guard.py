@@ -66,6 +66,35 @@ def test_the_copy_holds_x_then_its_last_entry_for_at_least_the_tile(shape) -> No
     assert view.shape == x.shape and np.array_equal(np.array(view.astype(mx.float32)), want)
 
 
+def test_a_layers_guards_decide_once_per_shape_and_copy_as_with_slack() -> None:
+    """`Guards` (what a streamed layer calls): the same view as `with_slack` where the
+    call is tiled, x itself where not, the decision asked once per key, both ways of
+    copying, and a table that starts over past `MAX_SHAPES` (a prefill's chunk lengths
+    vary)."""
+    guards = qmm_guard.Guards()
+    asked = []
+
+    def needs(answer: bool):  # noqa: ANN202
+        def ask() -> bool:
+            asked.append(answer)
+            return answer
+
+        return ask
+
+    for shape in [(2, 1, 1, D), (2, 8, 1, D), (2100, 1, D)]:
+        x = mx.random.normal(shape, key=mx.random.key(5)).astype(mx.bfloat16)
+        for _ in range(3):
+            y = guards.apply(("down", shape), x, needs(True))
+            assert y.shape == x.shape and mx.array_equal(y, qmm_guard.with_slack(x)).item()
+            assert mx.array_equal(y, x).item()
+        assert guards.apply(("up", shape), x, needs(False)) is x
+        assert guards.apply(("up", shape), x, needs(True)) is x  # decided: not asked again
+    assert asked == [True, False] * 3
+    for n in range(qmm_guard.Guards.MAX_SHAPES + 1):
+        guards.apply(("chunk", n), mx.zeros((n + 1, 1, D), dtype=mx.bfloat16), needs(True))
+    assert len(guards._plans) <= qmm_guard.Guards.MAX_SHAPES
+
+
 def test_the_guard_fires_where_mlx_cuda_tiles_and_nowhere_else() -> None:
     x = mx.zeros((1, 3, 1, 1, D), dtype=mx.bfloat16)
     assert qmm_guard.tiled(x, 12, N, 4, 32, "affine")
@@ -100,13 +129,15 @@ def test_a_bfloat16_streamed_run_with_the_guard_forced_on_stays_exact(
 
     path = checkpoints("qwen3_moe")
     fired = []
-    real = qmm_guard.with_slack
+    real = qmm_guard.Guards.apply
 
-    def counted(x: mx.array) -> mx.array:
-        fired.append(tuple(x.shape))
-        return real(x)
+    def counted(self, key: tuple, x: mx.array, needs) -> mx.array:  # noqa: ANN001
+        y = real(self, key, x, needs)
+        if y is not x:
+            fired.append(tuple(x.shape))
+        return y
 
-    monkeypatch.setattr(qmm_guard, "with_slack", counted)
+    monkeypatch.setattr(qmm_guard.Guards, "apply", counted)
     tokens = {}
     for mode in ("off", "on"):
         monkeypatch.setenv(qmm_guard.PAD_ENV, mode)

@@ -28,7 +28,9 @@ alternating off / on: off 0.948 / 1.126x and 1.026 / 1.110x at B = 4 / 8, on 0.7
 0.930x and 0.978 / 1.011x): the engine's step graph is otherwise BatchGenerator's op for
 op, and on a host-bound GPU step the guard's nodes are what it adds (scripts/graph_ops.py):
 six a MoE layer then (a `take` is a gather and a squeeze, then the slice), four since (a
-`take_along_axis` with an index of the copy's shape is one node).
+`take_along_axis` with an index of the copy's shape is one node). With four, the host
+still built a B = 2 step 1.5 ms longer (sixteenth session: 7.4-7.5 against 5.8-5.9 ms),
+so a layer now decides and indexes once per shape (`Guards`).
 It stays on: an aborted process costs more than that.
 
 `SSDMOE_QMM_PAD`: `auto` (default: on under MLX-CUDA), `on` (everywhere: the tests run
@@ -36,6 +38,7 @@ the padded path on the CPU), `off` (for A/B runs on the GPU)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import mlx.core as mx
@@ -108,18 +111,28 @@ def _full_index(shape: tuple[int, ...], extra: int) -> mx.array:
 FULL_INDEX_MAX = 1 << 18
 
 
+def _index(shape: tuple[int, ...]) -> tuple[mx.array, bool]:
+    """The copy's index for an x of `shape` (ndim >= 2) and whether it has the copy's
+    whole shape (`take_along_axis`, one node) or is one entry per row (`take`)."""
+    n = shape[0]
+    per = 1  # rows of x (its last axis's vectors) under one entry of axis 0
+    for d in shape[1:-1]:
+        per *= d
+    extra = -(-PAD_ROWS // max(per, 1))
+    if (n + extra) * per * shape[-1] <= FULL_INDEX_MAX:
+        return _full_index(shape, extra), True
+    return _axis_index(n, extra), False
+
+
+def _copy(x: mx.array, index: mx.array, along: bool) -> mx.array:
+    return mx.take_along_axis(x, index, axis=0) if along else mx.take(x, index, axis=0)
+
+
 def padded(x: mx.array) -> mx.array:
     """A copy of `x` (ndim >= 2) with entries along axis 0 behind its own, together at
     least `PAD_ROWS` rows of its last axis, each a copy of x's last entry: one gather
     kernel."""
-    n = x.shape[0]
-    per = 1  # rows of x (its last axis's vectors) under one entry of axis 0
-    for d in x.shape[1:-1]:
-        per *= d
-    extra = -(-PAD_ROWS // max(per, 1))
-    if (n + extra) * per * x.shape[-1] <= FULL_INDEX_MAX:
-        return mx.take_along_axis(x, _full_index(tuple(x.shape), extra), axis=0)
-    return mx.take(x, _axis_index(n, extra), axis=0)
+    return _copy(x, *_index(tuple(x.shape)))
 
 
 def with_slack(x: mx.array) -> mx.array:
@@ -129,3 +142,41 @@ def with_slack(x: mx.array) -> mx.array:
     if x.ndim < 2 or x.size == 0:
         return x
     return padded(x)[: x.shape[0]]
+
+
+_UNSET = object()
+
+
+class Guards:
+    """Which of a layer's expert calls need the slack, decided once per shape.
+
+    Deciding (`tiled`) and building the copy's index cost ~5 us of Python a call on the
+    development VM, more than the copy's two graph nodes themselves (~3 us); decode
+    repeats its shapes step after step (96 guarded calls a step on the Qwen3-30B shape,
+    whose MLX-CUDA batch step is host-bound: the guard's graph build showed there,
+    docs/benchmarks.md), so the decision and the index are kept per key (projection,
+    shape, dtype, rows). Bounded: a prefill's chunk lengths vary, so the table starts
+    over past `MAX_SHAPES`."""
+
+    MAX_SHAPES = 64
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, tuple[mx.array, bool, int] | None] = {}
+
+    def apply(self, key: tuple, x: mx.array, needs: Callable[[], bool]) -> mx.array:
+        """`with_slack(x)` where `needs()` (asked once per `key`) says the call is
+        tiled, else `x` itself."""
+        plan = self._plans.get(key, _UNSET)
+        if plan is _UNSET:
+            plan = None
+            if x.ndim >= 2 and x.size and needs():
+                plan = (*_index(tuple(x.shape)), x.shape[0])
+            if len(self._plans) >= self.MAX_SHAPES:
+                self._plans.clear()
+            self._plans[key] = plan
+        if plan is None:
+            return x
+        index, along, n = plan  # inline, not `_copy`: this runs 96 times a decode step
+        if along:
+            return mx.take_along_axis(x, index, axis=0)[:n]
+        return mx.take(x, index, axis=0)[:n]

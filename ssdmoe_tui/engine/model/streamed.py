@@ -278,7 +278,8 @@ class StreamedSwitch(nn.Module):
         object.__setattr__(self, "_pipe", _pipelines(mode))
         object.__setattr__(self, "_compact", _compact(mode))
         object.__setattr__(self, "_stage", stages(prefill_stage_mode(), computed_from(cache)))
-        object.__setattr__(self, "_qmm_pad", qmm_guard.pads(qmm_guard.pad_mode()))
+        pad = qmm_guard.pads(qmm_guard.pad_mode())
+        object.__setattr__(self, "_qmm_guards", qmm_guard.Guards() if pad else None)
 
     def set_gate(self, gate: PrefillGate) -> None:
         """Ask `gate` at this layer during prefill chunks (the loader shares one per model)."""
@@ -337,13 +338,16 @@ class StreamedSwitch(nn.Module):
     def _slack(self, name: str, x: mx.array, idx: mx.array, arrays: dict) -> mx.array:
         """`x` with room behind it where MLX-CUDA's tiled kernel reads a row past its end
         (qmm_guard.py); `x` itself elsewhere (the CPU, gather_qmv's calls)."""
-        if not self._qmm_pad:
+        guards = self._qmm_guards
+        if guards is None:
             return x
-        q = self._quant[name]
         rows = idx.size * x.shape[-2]
-        if qmm_guard.tiled(x, rows, arrays[name][0].shape[-2], q.bits, q.group_size, q.mode):
-            return qmm_guard.with_slack(x)
-        return x
+
+        def tiled() -> bool:
+            q = self._quant[name]
+            return qmm_guard.tiled(x, rows, arrays[name][0].shape[-2], q.bits, q.group_size, q.mode)
+
+        return guards.apply((name, x.shape, x.dtype, rows), x, tiled)
 
     def _experts(self, x: mx.array, idx: mx.array, do_sort: bool, arrays: dict) -> mx.array:
         if self._kind == "glu":
