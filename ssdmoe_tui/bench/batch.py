@@ -115,8 +115,9 @@ def run_batch_config(
             if w.device_bytes is None
             else _round(w.device_bytes / row_tokens / 2**20),
             "union_experts_per_layer": union,
-            # trace-driven: each row's decode step of the trace as the window starts
-            # (`_Spread`: the rows' distance along it sets how much they share)
+            # trace-driven: each row's place along the trace as the window starts, not
+            # wrapped (its decode step is the place modulo `routing_decode_steps`);
+            # `_Spread`: the rows' distance along it sets how much they share
             "trace_places": places if span else None,
             "hit_rate": round(w.hit_rate, 6),
             "max_join_stall_s": round(fig.max_stall_s, 4),

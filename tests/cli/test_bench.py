@@ -458,7 +458,8 @@ def test_trace_rows_stay_their_offsets_apart_whatever_their_joins_cost(tiny, tmp
     span = row["routing_decode_steps"]
     apart = [places[i] - places[0] for i in range(4)]
     for i in range(1, 4):
-        # a row's own join is one 16-token chunk and its first token here: two steps
-        assert span * i // 4 - 2 <= apart[i] <= span * i // 4, (apart, span)
+        # row i lags by the steps of its own join only: here 2-3 (chunks sized to the join
+        # budget, then its first token); the old placement lost every earlier join's too
+        assert span * i // 4 - 3 <= apart[i] <= span * i // 4, (apart, span)
     assert row["rows_equal_alone"] == 4 and row["token_mismatch_rate"] == 0
     capsys.readouterr()

@@ -85,8 +85,11 @@ def test_a_layers_guards_decide_once_per_shape_and_copy_as_with_slack() -> None:
         x = mx.random.normal(shape, key=mx.random.key(5)).astype(mx.bfloat16)
         for _ in range(3):
             y = guards.apply(("down", shape), x, needs(True))
-            assert y.shape == x.shape and mx.array_equal(y, qmm_guard.with_slack(x)).item()
-            assert mx.array_equal(y, x).item()
+            assert y is not x and y.shape == x.shape and mx.array_equal(y, x).item()
+            assert mx.array_equal(y, qmm_guard.with_slack(x)).item()
+        index, _along, n = guards._plans[("down", shape)]
+        per = int(np.prod(shape[1:-1]))
+        assert n == shape[0] and (index.shape[0] - n) * per >= qmm_guard.PAD_ROWS
         assert guards.apply(("up", shape), x, needs(False)) is x
         assert guards.apply(("up", shape), x, needs(True)) is x  # decided: not asked again
     assert asked == [True, False] * 3
