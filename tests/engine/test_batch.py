@@ -527,7 +527,8 @@ def test_a_join_is_chunked_to_a_time_budget(checkpoints, budget_s):
     assert chunks[0] == FIRST_JOIN_CHUNK
     assert sum(chunks) == len(long)  # all of it beside row 0 (the last: its first token)
     if budget_s < 1:
-        # one-token chunks would be ~115; ~4 tokens a chunk here (twice the fixed part)
+        # one-token chunks would be ~115; a few tokens a chunk here (the stall of two
+        # one-token chunks)
         assert chunks[1] == 1 and max(chunks[2:]) > 1
         assert len(chunks) <= len(long) // 2
     else:
@@ -600,7 +601,8 @@ def test_the_rows_decode_inside_a_joining_chunk_at_its_layer_boundaries(checkpoi
 
 def test_join_sizer_converges_to_the_budget():
     """t(n) = a + b n: the size converges to (budget - a) / b; where the fixed part a
-    exceeds the budget, to the n that stalls 2a ((2a - a) / b), so a join still ends: the
+    exceeds the budget, to the n that stalls twice a one-token chunk (2 (a + b): n =
+    (a + 2b) / b), so a join still ends: the
     H100's streamed case (a one-token chunk 0.7 s) prefills 1,024 tokens in 18 chunks,
     not 1,024 one-token ones, and 4,096 at the token cap."""
     from ssdmoe_tui.engine.run.join_chunks import FIXED_STALL, JoinSizer
@@ -619,7 +621,7 @@ def test_join_sizer_converges_to_the_budget():
     assert sum(sizes[:18]) >= 1024  # the 1k join's 18 chunks
     assert set(sizes[12:]) == {128}  # at the cap it stays there (chunks of one size:
     # the last line fitted, not the plain ratio, which would shrink them again)
-    assert max(a + b * n for n in sizes) <= FIXED_STALL * a
+    assert max(a + b * n for n in sizes) <= FIXED_STALL * (a + b)
     s = JoinSizer(budget_s=0.25)
     s.measure(8, 0.7)  # one size seen: its time is all fixed part as far as known
     assert s.size() == 2
@@ -657,15 +659,40 @@ def test_join_sizer_is_not_held_by_a_bad_line():
     s.measure(8, 0.1)
     s.measure(12, math.nextafter(0.1, 1.0))
     assert s.size() == 18  # growth-bound, not (target - a) / b
-    s = JoinSizer(budget_s=1e-6)  # no chunk fits: twice the fixed part, a / b = 6 tokens
-    s.measure(s.size(), 0.012)
+    s = JoinSizer(budget_s=1e-6)  # no chunk fits: twice a one-token chunk's stall,
+    s.measure(s.size(), 0.012)  # (a + 2b) / b = 8 tokens
     for _ in range(30):
         n = s.size()
         s.measure(n, 0.003 + 0.0005 * n)
-    assert 5 <= s.size() <= 7
+    assert 7 <= s.size() <= 9
     for bad in (0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="join_budget_s"):
             BatchRunner(None, join_budget_s=bad)  # type: ignore[arg-type]
+
+
+def test_join_sizer_grows_past_one_token_when_the_fit_has_no_fixed_part():
+    """A fit on a loaded machine can clamp the fixed part to a = 0 (the 2026-12-07 clean
+    clone's failure: the first 8-token chunk slow, the one-token chunks fast). The target
+    twice the fixed part was then 0, every chunk one token, and once the 8-token chunk
+    left the fit's window the one-size line was never refitted: the join went a token a
+    chunk until the row it joined had ended. Twice a one-token chunk's stall is at least
+    two tokens, so the chunks have two sizes again and the line is refitted."""
+    from ssdmoe_tui.engine.run.join_chunks import FIT_CHUNKS, JoinSizer
+
+    s = JoinSizer(budget_s=1e-6)
+    assert s.size() == 8
+    s.measure(8, 0.40)  # the first chunk under load: 8 tokens 10x one token's time
+    sizes = []
+    for _ in range(3 * FIT_CHUNKS):  # then the true costs: a = 2 ms, b = 3 ms
+        sizes.append(s.size())
+        s.measure(sizes[-1], 0.002 + 0.003 * sizes[-1])
+    assert s.fit()[0] == pytest.approx(0.002, abs=1e-9)  # refitted on two sizes or more
+    assert min(sizes[FIT_CHUNKS:]) >= 2 and sizes[-1] == 2  # (a + 2b) / b = 2.67
+    s = JoinSizer(budget_s=1e-6)  # costs with no fixed part at all: two tokens a chunk
+    for _ in range(3 * FIT_CHUNKS):
+        n = s.size()
+        s.measure(n, 0.003 * n)
+    assert s.size() == 2
 
 
 def test_the_step_split_and_batchgenerator_over_the_engines_model(checkpoints):
