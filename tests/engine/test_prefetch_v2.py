@@ -142,3 +142,111 @@ def test_bench_timeline_writes_per_layer_medians(tmp_path, capsys, monkeypatch) 
     assert res["sync_probe"]["bare_sync_ms"] >= 0
     text = capsys.readouterr().out
     assert "sync probe: bare" in text and "read-ahead on:" in text and "on / off" in text
+
+
+def _slot_rows(cache, slot: int) -> list[bytes]:
+    bank, row = divmod(int(slot), cache.bank_slots)
+    return [np.array(a[row]).tobytes() for a in cache.banks[bank].values()]
+
+
+def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(checkpoints, monkeypatch):
+    """With `overlap` the layer's lookup does not wait for the guesses read ahead for it:
+    it takes no victim among their slots, hands them back as landing, and its own misses
+    are read (by the cache's reader) while the guesses' reader is still busy; `complete`
+    then waits for the guesses, whose slots hold the experts' bytes."""
+    import threading
+
+    from ssdmoe_tui.engine.experts import reader as reader_mod
+
+    gate, in_guess = threading.Event(), threading.Event()
+    real_open = reader_mod.open_reader
+
+    def gated_open(*args, **kwargs):  # the guesses' reader, held until the gate opens
+        rd = real_open(*args, **kwargs)
+        real = rd.read_batch
+
+        def read_batch(*a, **k):
+            in_guess.set()
+            assert gate.wait(60)
+            return real(*a, **k)
+
+        rd.read_batch = read_batch
+        return rd
+
+    monkeypatch.setattr(reader_mod, "open_reader", gated_open)
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=_share(path, 0.5))
+    ref = load_streamed(path, expert_cache="1G")
+    try:
+        cache = sm.cache
+        e = cache.index.num_experts
+        cache.governor = PrefetchGovernor(cache.index.num_layers, limit=2, cold_tokens=1)
+        cache.clear()
+        per = cache.capacity // cache.index.num_layers
+        for layer in range(cache.index.num_layers):  # every slot taken, all of them cold
+            cache.ensure(layer, np.arange(per, dtype=np.int64))
+        cache.step()
+        cache.step()
+        guess = np.array([e - 1, e - 2], dtype=np.int64)
+        assert cache.prefetch_cold(1, guess, pinned=set()) == 2
+        landing = cache.slots_of(1, guess)
+        assert in_guess.wait(60)  # its read has started, and waits at the gate
+        # Layer 1 asks for one guess and the experts it misses: each takes a victim.
+        misses = np.arange(per, e - 2)
+        assert len(misses) > 2 and not cache._free
+        ask = np.concatenate([[e - 1], misses]).astype(np.int64)
+        pending = cache.lookup(1, ask)
+        assert sorted(pending.landing.tolist()) == sorted(landing.tolist())
+        assert pending.slots[0] == landing[0]  # the guess, still landing
+        assert pending.read_experts.tolist() == misses.tolist()
+        assert not set(pending.read_slots) & set(landing)
+        assert set(pending.waiting) == set(pending.read_slots) | set(landing)
+        done = threading.Thread(target=cache.complete, args=(pending,), daemon=True)
+        done.start()
+        deadline = 60.0
+        while cache.counters.demand_read_s == 0 and deadline > 0:  # the misses, read
+            done.join(0.05)  # while the guesses wait at the gate
+            deadline -= 0.05
+        assert cache.counters.demand_read_s > 0 and done.is_alive()
+        gate.set()
+        done.join(60)
+        assert not done.is_alive()
+        assert cache.counters.prefetch_used == 1 and cache._inflight is None
+        for ex, slot in zip(ask, pending.slots, strict=True):  # every byte where it belongs
+            want = ref.cache.ensure(1, np.array([ex]))[0]
+            assert _slot_rows(cache, slot) == _slot_rows(ref.cache, want), int(ex)
+        # With overlap off the cache's own reader reads the guess and the lookup waits
+        # for it first, as read-ahead v2 did.
+        cache.governor.overlap = False
+        cache.step()
+        cache.step()
+        assert cache.prefetch_cold(2, guess, pinned=set()) == 2
+        assert cache._inflight is not None and cache._inflight.keys is None
+        pending = cache.lookup(2, guess[:1])
+        assert pending.landing is None and cache._inflight is None
+        assert cache.counters.prefetch_overlaps == 1  # layer 1's lookup only
+    finally:
+        gate.set()
+        sm.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("pipeline", ["off", "full", "compact"])
+def test_guesses_landing_beside_the_misses_do_not_change_tokens(monkeypatch, pipeline) -> None:
+    """The demo with read-ahead overlapping the layers' reads (the default), the serial
+    and both pipelined layers (the hits computed while misses and guesses land): greedy
+    tokens are plain mlx-lm's."""
+    from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
+
+    monkeypatch.setenv(COLD_ENV, "1")
+    monkeypatch.setenv(PIPELINE_ENV, pipeline)
+    sm = load_streamed(DEMO, expert_cache=_share(DEMO, 0.3), prefetch=True)
+    try:
+        assert sm.cache.governor.overlap
+        prompt = sm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+        out = Runner(sm).generate(prompt, max_tokens=MAX_TOKENS)
+        c = sm.cache.counters
+        assert c.prefetch_used > 0 and c.prefetch_overlaps > 0
+        assert out.tokens == reference_tokens(DEMO, None, mx.float32, prompt)
+    finally:
+        sm.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class CacheCounters:
     prefetch_issued: int = 0  # experts read ahead on the next layer's predicted routing
     prefetch_used: int = 0  # of those, experts the layer then really needed
     prefetch_wait_s: float = 0.0  # time a layer waited for its prefetch to land
+    prefetch_overlaps: int = 0  # lookups that did not wait for their guesses (`overlap`)
     demand_read_s: float = 0.0  # engine thread: reading a layer's misses (`complete`)
     ensure_s: float = 0.0  # time in `ensure` (lookups, eviction policy, reads)
 
@@ -85,6 +87,28 @@ class Pending:
     slots: np.ndarray  # the slot of each expert asked for, in order
     read_experts: np.ndarray  # experts still to read (with a budget holding every
     read_slots: np.ndarray  # expert, the rest of the layer too), and their slots
+    # slots a read-ahead guess for this layer is still filling in the background (used
+    # or not): `complete` waits for them; until then no compute may read them
+    landing: np.ndarray | None = None
+
+    @property
+    def waiting(self) -> np.ndarray:
+        """Every slot that a read fills before `complete` returns."""
+        if self.landing is None:
+            return self.read_slots
+        return np.concatenate([self.read_slots, self.landing])
+
+
+@dataclass(frozen=True)
+class _Background:
+    """A read ahead in flight on the prefetch thread."""
+
+    future: Future  # -> (bytes, seconds)
+    layer: int
+    slots: np.ndarray
+    # read-ahead v2 with `overlap`: its keys, which the layer's lookup keeps out of its
+    # victims instead of waiting for them (None: every lookup waits first)
+    keys: frozenset | None = None
 
 
 MAX_BANK_BYTES = (2 << 30) - 1  # every bank array stays under 2 GiB
@@ -286,6 +310,10 @@ class ExpertCache:
         self._widens = any(widen)
         # Per layer: file handle and file offset of expert 0 for each component.
         self._fds, self._offsets, self._steps = _open_layer_files(index, model_dir, reader)
+        self._model_dir = Path(model_dir)
+        # read-ahead v2's own reader and its handles, opened at its first guess: its
+        # guesses are read beside the layer's misses, not queued behind them
+        self._guess_io: tuple[Reader, list[np.ndarray]] | None = None
         self._slot_of: dict[tuple[int, int], int] = {}
         # When the budget holds every expert nothing is ever evicted: once a layer's
         # experts are all resident, its expert->slot map lives on the device and the
@@ -307,7 +335,7 @@ class ExpertCache:
         self.routing = None  # a TraceRouting when the run is trace-driven
         self.predictor = None  # a CooccurrencePredictor learning from the lookups (prefetch)
         self._prefetched: set[tuple[int, int]] = set()  # read ahead, not yet used
-        self._inflight = None  # (layer, Future) of the prefetch being read
+        self._inflight: _Background | None = None  # the read ahead in flight
         # Decode read-ahead v2 (engine/experts/prefetch.py): the token each slot was last
         # asked for (cold slots are the ones a guess may take), and the per-layer governor.
         self._token = 0
@@ -439,8 +467,15 @@ class ExpertCache:
         """The second half of `ensure`: read the misses of `pending` (one batched reader
         call) and freeze the layer where the budget holds every expert. `mirror`: as
         `lookup`'s."""
-        if not len(pending.read_experts):
+        if pending.landing is not None:
+            if len(pending.read_experts):
+                self._complete_reads(pending, mirror)  # beside the guess still landing
+            self.wait_prefetch()
             return
+        if len(pending.read_experts):
+            self._complete_reads(pending, mirror)
+
+    def _complete_reads(self, pending: Pending, mirror: bool) -> None:
         t0 = time.perf_counter()
         try:
             self._read(pending.layer, pending.read_experts, pending.read_slots)
@@ -467,7 +502,16 @@ class ExpertCache:
             self.on_route(layer, experts)
         if observe and self.predictor is not None:
             self.predictor.observe(layer, experts.tolist())
-        self.wait_prefetch()
+        landing = self._inflight
+        if (
+            landing is None
+            or landing.keys is None
+            or landing.layer != layer
+            or self.mirror is not None
+            or self.holds_everything
+        ):
+            self.wait_prefetch()
+            landing = None
         if self.holds_everything and self._layer_count[layer] == 0:
             return self._first_visit(layer, experts)
         slots = np.empty(n, dtype=np.int64)
@@ -477,6 +521,9 @@ class ExpertCache:
         prefetched = self._prefetched
         used_prefetch = 0
         guard = frozenset(pinned)  # frozen: the policy sets pinned entries aside (policies.py)
+        if landing is not None:
+            guard = guard | landing.keys  # a slot still being written is nobody's victim
+            self.counters.prefetch_overlaps += 1
         for i, key in enumerate(pinned):
             s = slot_of.get(key)
             if s is None:
@@ -502,8 +549,9 @@ class ExpertCache:
                 )
         self.counters.hits += n - len(miss_pos) - used_prefetch
         self.counters.misses += len(miss_pos) + used_prefetch
+        land = None if landing is None else landing.slots
         if not miss_pos:
-            return Pending(layer, slots, _NONE, _NONE)
+            return Pending(layer, slots, _NONE, _NONE, land)
         to_read, read_slots = experts[miss_pos], slots[miss_pos]
         if self.holds_everything:
             # Nothing will ever be evicted: read the rest of the layer in the same batch,
@@ -514,7 +562,7 @@ class ExpertCache:
                 self._assign(rest, list(range(len(rest))), rest_slots, guard | set(rest))
                 to_read = np.concatenate([to_read, np.array([k[1] for k in rest], dtype=np.int64)])
                 read_slots = np.concatenate([read_slots, rest_slots])
-        return Pending(layer, slots, np.asarray(to_read, dtype=np.int64), read_slots)
+        return Pending(layer, slots, np.asarray(to_read, dtype=np.int64), read_slots, land)
 
     def _first_visit(self, layer: int, experts: np.ndarray) -> Pending:
         """A budget holding every expert, a layer not seen yet: read the whole layer in
@@ -580,12 +628,8 @@ class ExpertCache:
             return
         self._prefetched.update(keys)
         self.counters.prefetch_issued += len(keys)
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
         exp = np.array([k[1] for k in keys], dtype=np.int64)
-        self._inflight = self._pool.submit(self._read, layer, exp, slots)
+        self._read_behind(layer, exp, slots)
 
     def prefetch_cold(self, layer: int, ranked: np.ndarray, pinned: set) -> int:
         """Decode read-ahead v2: read up to `governor.limit` of `layer`'s predicted
@@ -634,12 +678,41 @@ class ExpertCache:
         self.counters.prefetch_issued += len(keys)
         exp = np.array([k[1] for k in keys], dtype=np.int64)
         self._guessed = (layer, exp)
+        if gov.overlap and self.mirror is None and not self.holds_everything:
+            self._read_behind(layer, exp, arr, frozenset(keys))
+        else:
+            self._read_behind(layer, exp, arr)
+        return len(keys)
+
+    def _read_behind(
+        self, layer: int, experts: np.ndarray, slots: np.ndarray, keys: frozenset | None = None
+    ) -> None:
+        """Read `layer`'s `experts` into `slots` on the prefetch thread. `keys`: theirs,
+        read by the guesses' own reader so the layer's lookup need not wait (see
+        `_Background`); None: by the cache's reader, and every lookup waits first. The
+        thread touches no bookkeeping: `wait_prefetch` counts the read, or forgets the
+        slots where it failed."""
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
-        self._inflight = self._pool.submit(self._read, layer, exp, arr)
-        return len(keys)
+        io = None
+        if keys is not None:
+            if self._guess_io is None:
+                from ssdmoe_tui.engine.experts.reader import open_reader
+
+                rd = self.reader
+                guess = open_reader(rd.queue_depth, rd.direct, prefer=rd.name)
+                fds, _, _ = _open_layer_files(self.index, self._model_dir, guess)
+                self._guess_io = (guess, fds)
+            io = self._guess_io
+        fut = self._pool.submit(self._timed_read, layer, experts, slots, io)
+        self._inflight = _Background(fut, layer, slots, keys)
+
+    def _timed_read(self, layer: int, experts: np.ndarray, slots: np.ndarray, io) -> tuple:
+        t0 = time.perf_counter()
+        nbytes = self.read_into(layer, experts, slots, io)
+        return nbytes, time.perf_counter() - t0
 
     def clear(self) -> None:
         """Forget every resident expert and the policy's state (a bench round starts
@@ -664,12 +737,23 @@ class ExpertCache:
             self.governor.reset()
 
     def wait_prefetch(self) -> None:
-        fut = self._inflight
-        if fut is not None:
-            self._inflight = None
-            t0 = time.perf_counter()
-            fut.result()
+        """Wait for the read ahead in flight, if any (engine thread): counted, or, where
+        it failed, its slots forgotten (they hold garbage) and its ReadError raised."""
+        bg = self._inflight
+        if bg is None:
+            return
+        self._inflight = None
+        t0 = time.perf_counter()
+        try:
+            nbytes, seconds = bg.future.result()
+        except ReadError:
+            self.forget(bg.slots)
+            raise
+        finally:
             self.counters.prefetch_wait_s += time.perf_counter() - t0
+        self.counters.read_s += seconds
+        self.counters.read_calls += 1
+        self.counters.bytes_read += int(nbytes)
 
     def _read(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
         t0 = time.perf_counter()
@@ -682,11 +766,14 @@ class ExpertCache:
         self.counters.read_calls += 1
         self.counters.bytes_read += int(nbytes)
 
-    def read_into(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> int:
+    def read_into(
+        self, layer: int, experts: np.ndarray, slots: np.ndarray, io: tuple | None = None
+    ) -> int:
         """Read `layer`'s `experts` into `slots` (one batched reader call; bf16/f16 scales
         widened to float32 by the reader's threads where the slots hold float32); returns
         the bytes read. No bookkeeping and no MLX call (a mirror is only told which rows
         changed), so the warm-up's thread may run it while the engine thread is idle.
+        `io`: (reader, its handles per layer) to read with instead of the cache's own.
 
         The widening was numpy's on the calling thread, through staging rows (issue 29);
         in the reader it costs the engine thread nothing and copies nothing twice: on the
@@ -697,14 +784,15 @@ class ExpertCache:
         bank, row = np.divmod(np.asarray(slots, dtype=np.int64), self.bank_slots)
         offsets = (self._offsets[layer] + e * self._steps[layer]).ravel()
         dests = (lay.bases[bank] + row[:, None] * lay.mem_strides).ravel()
-        fds = np.tile(self._fds[layer], n)
+        reader, layer_fds = (self.reader, self._fds) if io is None else io
+        fds = np.tile(layer_fds[layer], n)
         lengths = np.tile(lay.strides, n)
         kinds = np.tile(lay.kinds, n) if self._widens else None
         if self._split_min:  # a layer's few misses as more, smaller reads ($SSDMOE_READ_SPLIT)
             fds, offsets, lengths, dests, kinds = split_requests(
-                fds, offsets, lengths, dests, 2 * self.reader.queue_depth, self._split_min, kinds
+                fds, offsets, lengths, dests, 2 * reader.queue_depth, self._split_min, kinds
             )
-        nbytes = self.reader.read_batch(fds, offsets, lengths, dests, kinds)
+        nbytes = reader.read_batch(fds, offsets, lengths, dests, kinds)
         if self.mirror is not None:
             self.mirror.mark(slots)  # copied to the mirror before any compute reads them
         return int(nbytes)
@@ -792,6 +880,9 @@ class ExpertCache:
             pass
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._guess_io is not None:
+            self._guess_io[0].close()
+            self._guess_io = None
         self.banks.clear()
         if self.mirror is not None:
             self.mirror.close()

@@ -494,7 +494,7 @@ class StreamedSwitch(nn.Module):
         mlx-lm's (`_masked_calls`, or `_compact_calls` on the CPU for one token)."""
         cache = self._cache
         self._times.pipelined_calls += 1
-        reading = pending.read_slots
+        reading = pending.waiting  # the misses' slots and a guess's still landing
         if self._compact and sl.size == sl.shape[-1]:
             parts = self._compact_calls(x, sl, ~missed)
             mx.async_eval([y for y, _ in parts])
@@ -610,9 +610,10 @@ class StreamedSwitch(nn.Module):
             sl = lut[host]
             # Which rows wait on a read: asked only where the layer may pipeline (the
             # serial CPU path skips the np.isin, ~10 us a layer on the 2-core VM).
+            waiting = pending.waiting  # read now, or a guess still landing
             missed = (
-                np.isin(sl, pending.read_slots)
-                if self._pipe and len(pending.read_slots) and host.size <= PIPELINE_MAX_ROWS
+                np.isin(sl, waiting)
+                if self._pipe and len(waiting) and host.size <= PIPELINE_MAX_ROWS
                 else None
             )
             pre = None
