@@ -602,7 +602,7 @@ def test_the_rows_decode_inside_a_joining_chunk_at_its_layer_boundaries(checkpoi
 def test_join_sizer_converges_to_the_budget():
     """t(n) = a + b n: the size converges to (budget - a) / b; where the fixed part a
     exceeds the budget, to the n that stalls twice a one-token chunk (2 (a + b): n =
-    (a + 2b) / b), so a join still ends: the
+    (a + 2b) / b), so a join still ends (where one token fits, the budget stands): the
     H100's streamed case (a one-token chunk 0.7 s) prefills 1,024 tokens in 18 chunks,
     not 1,024 one-token ones, and 4,096 at the token cap."""
     from ssdmoe_tui.engine.run.join_chunks import FIXED_STALL, JoinSizer
@@ -622,6 +622,11 @@ def test_join_sizer_converges_to_the_budget():
     assert set(sizes[12:]) == {128}  # at the cap it stays there (chunks of one size:
     # the last line fitted, not the plain ratio, which would shrink them again)
     assert max(a + b * n for n in sizes) <= FIXED_STALL * (a + b)
+    s = JoinSizer(budget_s=0.25)  # one token fits (0.2 s), if only just: the budget
+    for _ in range(40):  # stands, not twice a one-token chunk (0.4 s)
+        n = s.size()
+        s.measure(n, 0.1 + 0.1 * n)
+    assert s.size() == 1
     s = JoinSizer(budget_s=0.25)
     s.measure(8, 0.7)  # one size seen: its time is all fixed part as far as known
     assert s.size() == 2

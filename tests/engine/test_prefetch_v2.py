@@ -236,8 +236,25 @@ def test_guesses_landing_beside_the_misses_do_not_change_tokens(monkeypatch, pip
     """The demo with read-ahead overlapping the layers' reads (the default), the serial
     and both pipelined layers (the hits computed while misses and guesses land): greedy
     tokens are plain mlx-lm's."""
+    import time
+
+    from ssdmoe_tui.engine.experts import reader as reader_mod
     from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
 
+    real_open = reader_mod.open_reader
+
+    def slow_open(*args, **kwargs):  # the guesses' reader lands its bytes 20 ms late, so
+        rd = real_open(*args, **kwargs)  # compute that did not wait would read stale rows
+        real = rd.read_batch
+
+        def read_batch(*a, **k):
+            time.sleep(0.02)
+            return real(*a, **k)
+
+        rd.read_batch = read_batch
+        return rd
+
+    monkeypatch.setattr(reader_mod, "open_reader", slow_open)
     monkeypatch.setenv(COLD_ENV, "1")
     monkeypatch.setenv(PIPELINE_ENV, pipeline)
     sm = load_streamed(DEMO, expert_cache=_share(DEMO, 0.3), prefetch=True)
@@ -250,3 +267,73 @@ def test_guesses_landing_beside_the_misses_do_not_change_tokens(monkeypatch, pip
         assert out.tokens == reference_tokens(DEMO, None, mx.float32, prompt)
     finally:
         sm.close()
+
+
+def test_a_lookup_waits_where_its_guesses_would_leave_it_no_victim(checkpoints) -> None:
+    """The experts asked for and the guesses still landing together exceed the cache:
+    the lookup waits for the guesses (which may then be evicted) instead of running out
+    of victims (a review's case: 12 slots, a lookup of all 12)."""
+    path = checkpoints("qwen3_moe")
+    index = build_index(path)
+    e = index.num_experts
+    sm = load_streamed(path, expert_cache=str(slot_memory_bytes(index, mx.float32) * (e - 4)))
+    try:
+        cache = sm.cache
+        cap = cache.capacity
+        assert cap == e - 4
+        cache.governor = PrefetchGovernor(cache.index.num_layers, limit=2, cold_tokens=1)
+        cache.clear()
+        cache.ensure(0, np.arange(cap - 2, dtype=np.int64))  # two slots left free
+        cache.step()
+        cache.step()
+        assert cache.prefetch_cold(1, np.array([e - 1, e - 2]), pinned=set()) == 2
+        ask = np.arange(cap, dtype=np.int64)  # the whole cache, the guesses not among them
+        cache.ensure(1, ask)
+        assert cache.counters.prefetch_overlaps == 0 and cache._inflight is None
+        assert all(cache.resident(1, int(x)) for x in ask)
+    finally:
+        sm.close()
+
+
+def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
+    """A shard cut short under the guesses' reader: the layer's `complete` raises the
+    ReadError naming the file, the guessed slots are free again and nothing counts them
+    as read ahead; the layer's experts are then read right on demand."""
+    import os
+
+    from ssdmoe_tui.engine.experts.reader import ReadError
+
+    path = checkpoints("qwen3_moe")
+    sm = load_streamed(path, expert_cache=_share(path, 0.5))
+    ref = load_streamed(path, expert_cache="1G")
+    try:
+        cache = sm.cache
+        e = cache.index.num_experts
+        cache.governor = PrefetchGovernor(cache.index.num_layers, limit=2, cold_tokens=1)
+        cache.clear()
+        assert cache.prefetch_cold(1, np.array([e - 1]), pinned=set()) == 1
+        cache.wait_prefetch()  # the guesses' reader is open: cut its shard of layer 1 short
+        empty = tmp_path / "empty"
+        empty.write_bytes(b"")
+        fd = os.open(empty, os.O_RDONLY)
+        try:
+            for handle in set(cache._guess_io[1][1].tolist()):
+                os.dup2(fd, handle)
+        finally:
+            os.close(fd)
+        guess = np.array([e - 2, e - 3], dtype=np.int64)
+        assert cache.prefetch_cold(1, guess, pinned=set()) == 2
+        pending = cache.lookup(1, np.array([e - 2, 0]))
+        assert pending.landing is not None
+        with pytest.raises(ReadError, match="short read"):
+            cache.complete(pending)
+        assert cache._inflight is None
+        assert not any(cache.resident(1, int(x)) for x in guess)
+        assert not {(1, int(x)) for x in guess} & cache._prefetched
+        for x in (e - 2, 0):  # read again, by the cache's own reader
+            got = cache.ensure(1, np.array([x]))[0]
+            want = ref.cache.ensure(1, np.array([x]))[0]
+            assert _slot_rows(cache, got) == _slot_rows(ref.cache, want)
+    finally:
+        sm.close()
+        ref.close()

@@ -469,7 +469,14 @@ class ExpertCache:
         `lookup`'s."""
         if pending.landing is not None:
             if len(pending.read_experts):
-                self._complete_reads(pending, mirror)  # beside the guess still landing
+                try:
+                    self._complete_reads(pending, mirror)  # beside the guess still landing
+                except BaseException:
+                    try:  # nothing may outlive the layer's call: the guess lands or is forgotten
+                        self.wait_prefetch()
+                    except ReadError:
+                        pass  # the first error is the one raised
+                    raise
             self.wait_prefetch()
             return
         if len(pending.read_experts):
@@ -502,6 +509,7 @@ class ExpertCache:
             self.on_route(layer, experts)
         if observe and self.predictor is not None:
             self.predictor.observe(layer, experts.tolist())
+        pinned = [(layer, int(e)) for e in experts]
         landing = self._inflight
         if (
             landing is None
@@ -509,13 +517,13 @@ class ExpertCache:
             or landing.layer != layer
             or self.mirror is not None
             or self.holds_everything
+            or len(landing.keys.union(pinned)) > self.capacity  # victims enough without them
         ):
             self.wait_prefetch()
             landing = None
         if self.holds_everything and self._layer_count[layer] == 0:
             return self._first_visit(layer, experts)
         slots = np.empty(n, dtype=np.int64)
-        pinned = [(layer, int(e)) for e in experts]
         miss_pos: list[int] = []
         slot_of = self._slot_of
         prefetched = self._prefetched
@@ -805,6 +813,7 @@ class ExpertCache:
             if key is not None and self._slot_of.get(key) == int(sl):
                 del self._slot_of[key]
                 self.policy.remove(key)
+                self._prefetched.discard(key)
                 self._layer_count[key[0]] -= 1
             self._key_of[int(sl)] = None
             self._free.append(int(sl))

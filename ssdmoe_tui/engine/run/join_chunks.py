@@ -18,14 +18,16 @@ with host slots, a 4 GiB cache and the real trace, a one-token chunk beside four
 rows stalled them 0.71 s, 2026-12-07 thirteenth session), no size keeps the stall under
 it, and one-token chunks (what `budget x n / t(n)` gave) only make the join endless: that
 probe prefilled 273 of 1,024 tokens in 273 chunks, each stalling the rows ~0.7 s, and
-never finished. So the budget is at least `FIXED_STALL` x t(1) = a + b: a chunk may stall
-the rows up to twice what the smallest chunk costs them anyway, and takes as many tokens
-as fit in the rest (an H100's compute: the token cap), so the join ends in a few steps.
-It is t(1) and not a alone because a fit on a loaded machine can give a = 0 (the fit
-clamps it): a target of 2a = 0 then held every chunk at one token, and once the first
-chunk left the fit's window the chunks all had one size, so the line was never refitted
-(two CPU cores under load, 2026-12-07: the join went a token a chunk until the row it
-joined had ended). 2 t(1) is at least two tokens.
+never finished. So where one token costs more than the budget, the target is
+`FIXED_STALL` x t(1), t(1) = a + b: a chunk may stall the rows up to twice what the
+smallest chunk costs them anyway, and takes as many tokens as fit in the rest (an H100's
+compute: the token cap), so the join ends in a few steps. Where one token fits, the
+budget stands. It is t(1) and not the fixed part a alone (as until 2026-12-08) because a
+fit on a loaded machine can give a = 0 (the fit clamps it): a target of 2a = 0 then held
+every chunk at one token, and once the first chunk left the fit's window the chunks all
+had one size, so the line was never refitted (two CPU cores under load, 2026-12-07: the
+join went a token a chunk until the row it joined had ended). 2 t(1) is at least two
+tokens.
 
 The line only proposes: a chunk more than `OFF_LINE` x over the target is sized from its
 own time instead (costs that rose, or a line fitted to noisy first chunks: one 250x too
@@ -91,9 +93,10 @@ class JoinSizer:
             if b is None:  # one size so far: a is that size's time, fixed part and all
                 n = int(self.budget_s * last_n / last_t)
             else:
-                # the smallest chunk's stall, t(1) (not a alone, which a noisy fit may
-                # clamp to 0)
-                target = max(self.budget_s, FIXED_STALL * (a + max(b, 0.0)))
+                # where even the smallest chunk's stall, t(1), is over the budget (t(1),
+                # not a alone, which a noisy fit may clamp to 0)
+                one = a + max(b, 0.0)
+                target = self.budget_s if one <= self.budget_s else FIXED_STALL * one
                 ratio = int(target * last_n / last_t)  # the last chunk scaled to the target
                 # (a flat line's tiny b would make the quotient inf: bounded first)
                 n = int(min((target - a) / b, 1 << 30)) if b > 0 else ratio
