@@ -149,6 +149,38 @@ def _slot_rows(cache, slot: int) -> list[bytes]:
     return [np.array(a[row]).tobytes() for a in cache.banks[bank].values()]
 
 
+def _guess_reader_calls(monkeypatch, before) -> None:
+    """The guesses' reader (the cache opens it at its first guess) runs `before()` ahead
+    of each of its reads: a real reader, its bytes held back (a gate, a delay)."""
+    from ssdmoe_tui.engine.experts import reader as reader_mod
+
+    real_open = reader_mod.open_reader
+
+    def held_open(*args, **kwargs):
+        rd = real_open(*args, **kwargs)
+        real = rd.read_batch
+
+        def read_batch(*a, **k):
+            before()
+            return real(*a, **k)
+
+        rd.read_batch = read_batch
+        return rd
+
+    monkeypatch.setattr(reader_mod, "open_reader", held_open)
+
+
+def _governed(path):
+    """A half-budget engine with read-ahead's governor (two guesses a layer, slots cold
+    after a token), emptied; and one holding every expert, whose slots the test's are
+    compared with."""
+    sm = load_streamed(path, expert_cache=_share(path, 0.5))
+    ref = load_streamed(path, expert_cache="1G")
+    sm.cache.governor = PrefetchGovernor(sm.cache.index.num_layers, limit=2, cold_tokens=1)
+    sm.cache.clear()
+    return sm, ref
+
+
 def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(checkpoints, monkeypatch):
     """With `overlap` the layer's lookup does not wait for the guesses read ahead for it:
     it takes no victim among their slots, hands them back as landing, and its own misses
@@ -156,32 +188,17 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(checkpoints, 
     then waits for the guesses, whose slots hold the experts' bytes."""
     import threading
 
-    from ssdmoe_tui.engine.experts import reader as reader_mod
-
     gate, in_guess = threading.Event(), threading.Event()
-    real_open = reader_mod.open_reader
 
-    def gated_open(*args, **kwargs):  # the guesses' reader, held until the gate opens
-        rd = real_open(*args, **kwargs)
-        real = rd.read_batch
+    def held() -> None:  # the guesses' reader waits until the gate opens
+        in_guess.set()
+        assert gate.wait(60)
 
-        def read_batch(*a, **k):
-            in_guess.set()
-            assert gate.wait(60)
-            return real(*a, **k)
-
-        rd.read_batch = read_batch
-        return rd
-
-    monkeypatch.setattr(reader_mod, "open_reader", gated_open)
-    path = checkpoints("qwen3_moe")
-    sm = load_streamed(path, expert_cache=_share(path, 0.5))
-    ref = load_streamed(path, expert_cache="1G")
+    _guess_reader_calls(monkeypatch, held)
+    sm, ref = _governed(checkpoints("qwen3_moe"))
     try:
         cache = sm.cache
         e = cache.index.num_experts
-        cache.governor = PrefetchGovernor(cache.index.num_layers, limit=2, cold_tokens=1)
-        cache.clear()
         per = cache.capacity // cache.index.num_layers
         for layer in range(cache.index.num_layers):  # every slot taken, all of them cold
             cache.ensure(layer, np.arange(per, dtype=np.int64))
@@ -238,23 +255,10 @@ def test_guesses_landing_beside_the_misses_do_not_change_tokens(monkeypatch, pip
     tokens are plain mlx-lm's."""
     import time
 
-    from ssdmoe_tui.engine.experts import reader as reader_mod
     from ssdmoe_tui.engine.model.streamed import PIPELINE_ENV
 
-    real_open = reader_mod.open_reader
-
-    def slow_open(*args, **kwargs):  # the guesses' reader lands its bytes 20 ms late, so
-        rd = real_open(*args, **kwargs)  # compute that did not wait would read stale rows
-        real = rd.read_batch
-
-        def read_batch(*a, **k):
-            time.sleep(0.02)
-            return real(*a, **k)
-
-        rd.read_batch = read_batch
-        return rd
-
-    monkeypatch.setattr(reader_mod, "open_reader", slow_open)
+    # the guesses land 20 ms late, so compute that did not wait would read stale rows
+    _guess_reader_calls(monkeypatch, lambda: time.sleep(0.02))
     monkeypatch.setenv(COLD_ENV, "1")
     monkeypatch.setenv(PIPELINE_ENV, pipeline)
     sm = load_streamed(DEMO, expert_cache=_share(DEMO, 0.3), prefetch=True)
@@ -303,14 +307,10 @@ def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
 
     from ssdmoe_tui.engine.experts.reader import ReadError
 
-    path = checkpoints("qwen3_moe")
-    sm = load_streamed(path, expert_cache=_share(path, 0.5))
-    ref = load_streamed(path, expert_cache="1G")
+    sm, ref = _governed(checkpoints("qwen3_moe"))
     try:
         cache = sm.cache
         e = cache.index.num_experts
-        cache.governor = PrefetchGovernor(cache.index.num_layers, limit=2, cold_tokens=1)
-        cache.clear()
         assert cache.prefetch_cold(1, np.array([e - 1]), pinned=set()) == 1
         cache.wait_prefetch()  # the guesses' reader is open: cut its shard of layer 1 short
         empty = tmp_path / "empty"

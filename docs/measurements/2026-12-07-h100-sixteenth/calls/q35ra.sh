@@ -12,26 +12,29 @@
 # from an empty page cache) reads layer l+1's likely misses while l computes. Processes
 # alternate split reads off / 256K (a miss as ~7 reads in flight): host slots, the 12 GiB
 # cap, cold, after an uncapped short compile pass of the shape.
+# Another pair to alternate (../../2026-12-08-h100-seventeenth/calls/q35ov.sh): NAME=q35ov
+# ALT=SSDMOE_PREFETCH_OVERLAP A=on B=off (defaults: q35ra, split reads off / 256K).
+NAME=${NAME:-q35ra}; ALT=${ALT:-SSDMOE_READ_SPLIT}; A=${A:-off}; B=${B:-256K}
 T0=$(date +%s); RET=$OUT  # the folder that comes back
 bash scripts/gpu_install.sh > /root/inst.log 2>&1 || { tail -5 /root/inst.log; exit 1; }
 source scripts/gpu_env.sh
 export SSDMOE_SLOT_PLACEMENT=host
-D=/root/res/q35ra; mkdir -p $D
+D=/root/res/$NAME; mkdir -p $D
 [ -d /root/q35 ] || STEPS=q35 DEADLINE_S=150 bash scripts/gpu_pipeline.sh $D/build > $D/build.log 2>&1
 timeout 200 python3 -m ssdmoe_tui.cli bench --model /root/q35 --k 4,2 --expert-cache 4G \
   --prompt-tokens 32 --decode-tokens 8 --disk-mib 64 --baseline skip --prefetch both > $D/compile.txt 2>&1
 echo "q35 built and compiled +$(( $(date +%s)-T0 ))s"
-OUT=$D STEPS=none DEADLINE_S=600 TAG=q35ra; source scripts/gpu_common.sh
+OUT=$D STEPS=none DEADLINE_S=600 TAG=$NAME; source scripts/gpu_common.sh
 for i in 1 2 3 4; do
   left=$(( ${END:-560} - ($(date +%s)-T0) )); [ $left -lt 90 ] && break
-  split=off; [ $((i % 2)) -eq 0 ] && split=256K
-  make_cg "ssdmoe-q35ra-$i" 12
-  run_capped $(( left < 170 ? left - 5 : 165 )) env SSDMOE_READ_SPLIT=$split python3 -m ssdmoe_tui.cli bench \
+  v=$A; [ $((i % 2)) -eq 0 ] && v=$B
+  make_cg "ssdmoe-$NAME-$i" 12
+  run_capped $(( left < 170 ? left - 5 : 165 )) env $ALT=$v python3 -m ssdmoe_tui.cli bench \
     --model /root/q35 --k 4,2 --decode-tokens 32 --prefetch both --expert-cache 4G \
     --prompt-tokens 32 --disk-mib 256 --baseline skip --cold --wide \
-    --json $D/run-$i-$split.json > $D/run-$i-$split.txt 2>&1
-  echo "q35ra $i $split exit $? +$(( $(date +%s)-T0 ))s peak $(cat "$cg/memory.peak" 2>/dev/null)"
-  python3 - $D/run-$i-$split.json <<'PY'
+    --json $D/run-$i-$v.json > $D/run-$i-$v.txt 2>&1
+  echo "$NAME $i $v exit $? +$(( $(date +%s)-T0 ))s peak $(cat "$cg/memory.peak" 2>/dev/null)"
+  python3 - $D/run-$i-$v.json <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
@@ -42,7 +45,7 @@ for c in r.get("configs", []):
     print("   K", c.get("k"), "+pf" if c.get("prefetch") else "off", "tok/s", c.get("decode_tok_s"),
           "x ceiling", c.get("achieved_over_ceiling"), "hit", c.get("hit_rate"),
           "ms", t, "pf prec", c.get("prefetch_precision"), "recall", c.get("prefetch_recall"),
-          "x off", c.get("prefetch_decode_vs_off"))
+          "x off", c.get("prefetch_decode_vs_off"), "wait ms", c.get("prefetch_wait_ms_per_token"))
 PY
 done
-cd /root/res && tar czf "$RET/q35ra.tgz" q35ra; ls "$RET"
+cd /root/res && tar czf "$RET/$NAME.tgz" $NAME; ls "$RET"
