@@ -170,22 +170,26 @@ def _guess_reader_calls(monkeypatch, before) -> None:
     monkeypatch.setattr(reader_mod, "open_reader", held_open)
 
 
-def _governed(path):
+def _governed(path, direct: bool = False):
     """A half-budget engine with read-ahead's governor (two guesses a layer, slots cold
     after a token), emptied; and one holding every expert, whose slots the test's are
     compared with."""
-    sm = load_streamed(path, expert_cache=_share(path, 0.5))
+    sm = load_streamed(path, expert_cache=_share(path, 0.5), direct_io=direct)
     ref = load_streamed(path, expert_cache="1G")
     sm.cache.governor = PrefetchGovernor(sm.cache.index.num_layers, limit=2, cold_tokens=1)
     sm.cache.clear()
     return sm, ref
 
 
-def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(checkpoints, monkeypatch):
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(
+    checkpoints, monkeypatch, direct
+):
     """With `overlap` the layer's lookup does not wait for the guesses read ahead for it:
     it takes no victim among their slots, hands them back as landing, and its own misses
     are read (by the cache's reader) while the guesses' reader is still busy; `complete`
-    then waits for the guesses, whose slots hold the experts' bytes."""
+    then waits for the guesses, whose slots hold the experts' bytes. The guesses' reader
+    reads the cache's own handles, or, reading direct, its own."""
     import threading
 
     gate, in_guess = threading.Event(), threading.Event()
@@ -195,7 +199,7 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(checkpoints, 
         assert gate.wait(60)
 
     _guess_reader_calls(monkeypatch, held)
-    sm, ref = _governed(checkpoints("qwen3_moe"))
+    sm, ref = _governed(checkpoints("qwen3_moe"), direct)
     try:
         cache = sm.cache
         e = cache.index.num_experts
@@ -208,6 +212,7 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(checkpoints, 
         assert cache.prefetch_cold(1, guess, pinned=set()) == 2
         landing = cache.slots_of(1, guess)
         assert in_guess.wait(60)  # its read has started, and waits at the gate
+        assert (cache._guess_io[1] is cache._fds) is not direct
         # Layer 1 asks for one guess and the experts it misses: each takes a victim.
         misses = np.arange(per, e - 2)
         assert len(misses) > 2 and not cache._free
@@ -300,9 +305,10 @@ def test_a_lookup_waits_where_its_guesses_would_leave_it_no_victim(checkpoints) 
 
 
 def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
-    """A shard cut short under the guesses' reader: the layer's `complete` raises the
-    ReadError naming the file, the guessed slots are free again and nothing counts them
-    as read ahead; the layer's experts are then read right on demand."""
+    """A shard cut short while a guess is read from it: the layer's `complete` raises the
+    ReadError naming the file (the guesses' reader reads the cache's own handles), the
+    guessed slots are free again and nothing counts them as read ahead; once the file is
+    whole again the layer's experts are read right on demand."""
     import os
 
     from ssdmoe_tui.engine.experts.reader import ReadError
@@ -311,22 +317,27 @@ def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
     try:
         cache = sm.cache
         e = cache.index.num_experts
-        assert cache.prefetch_cold(1, np.array([e - 1]), pinned=set()) == 1
-        cache.wait_prefetch()  # the guesses' reader is open: cut its shard of layer 1 short
+        shard = str(sm.path / cache.index.layers[1].components[0].shard)
+        handles = sorted(set(cache._fds[1].tolist()))
+        saved = [os.dup(h) for h in handles]
         empty = tmp_path / "empty"
         empty.write_bytes(b"")
         fd = os.open(empty, os.O_RDONLY)
         try:
-            for handle in set(cache._guess_io[1][1].tolist()):
-                os.dup2(fd, handle)
+            for h in handles:  # layer 1's shards now read as empty files
+                os.dup2(fd, h)
+            guess = np.array([e - 2, e - 3], dtype=np.int64)
+            assert cache.prefetch_cold(1, guess, pinned=set()) == 2
+            pending = cache.lookup(1, np.array([e - 2]))  # a hit, still landing
+            assert pending.landing is not None and not len(pending.read_experts)
+            with pytest.raises(ReadError, match="short read") as err:
+                cache.complete(pending)
+            assert os.path.basename(shard) in str(err.value)
         finally:
             os.close(fd)
-        guess = np.array([e - 2, e - 3], dtype=np.int64)
-        assert cache.prefetch_cold(1, guess, pinned=set()) == 2
-        pending = cache.lookup(1, np.array([e - 2, 0]))
-        assert pending.landing is not None
-        with pytest.raises(ReadError, match="short read"):
-            cache.complete(pending)
+            for h, d in zip(handles, saved, strict=True):  # whole again
+                os.dup2(d, h)
+                os.close(d)
         assert cache._inflight is None
         assert not any(cache.resident(1, int(x)) for x in guess)
         assert not {(1, int(x)) for x in guess} & cache._prefetched
@@ -334,6 +345,37 @@ def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
             got = cache.ensure(1, np.array([x]))[0]
             want = ref.cache.ensure(1, np.array([x]))[0]
             assert _slot_rows(cache, got) == _slot_rows(ref.cache, want)
+    finally:
+        sm.close()
+        ref.close()
+
+
+def test_guesses_read_as_before_where_their_reader_gets_no_handles(checkpoints) -> None:
+    """Reading direct, the guesses' reader opens the shards again; in a process out of
+    file handles it cannot, and the guesses are read by the cache's reader with the
+    lookup waiting for them, as before the overlap: no error, the same bytes."""
+    import os
+    import resource
+
+    sm, ref = _governed(checkpoints("qwen3_moe"), direct=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        cache = sm.cache
+        e = cache.index.num_experts
+        guess = np.array([e - 2, e - 3], dtype=np.int64)
+        lowest_free = os.dup(0)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no new handle
+        try:
+            assert cache.prefetch_cold(1, guess, pinned=set()) == 2
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert cache._guess_io is False and cache._inflight.keys is None
+        pending = cache.lookup(1, guess[:1])
+        assert pending.landing is None and cache._inflight is None
+        cache.complete(pending)
+        want = ref.cache.ensure(1, guess[:1])[0]
+        assert _slot_rows(cache, pending.slots[0]) == _slot_rows(ref.cache, want)
     finally:
         sm.close()
         ref.close()

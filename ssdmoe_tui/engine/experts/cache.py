@@ -313,7 +313,8 @@ class ExpertCache:
         self._model_dir = Path(model_dir)
         # read-ahead v2's own reader and its handles, opened at its first guess: its
         # guesses are read beside the layer's misses, not queued behind them
-        self._guess_io: tuple[Reader, list[np.ndarray]] | None = None
+        # (False: it could not be opened)
+        self._guess_io: tuple[Reader, list[np.ndarray]] | bool | None = None
         self._slot_of: dict[tuple[int, int], int] = {}
         # When the budget holds every expert nothing is ever evicted: once a layer's
         # experts are all resident, its expert->slot map lives on the device and the
@@ -704,18 +705,35 @@ class ExpertCache:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
-        io = None
-        if keys is not None:
-            if self._guess_io is None:
-                from ssdmoe_tui.engine.experts.reader import open_reader
-
-                rd = self.reader
-                guess = open_reader(rd.queue_depth, rd.direct, prefer=rd.name)
-                fds, _, _ = _open_layer_files(self.index, self._model_dir, guess)
-                self._guess_io = (guess, fds)
-            io = self._guess_io
+        io = self._guess_reader() if keys is not None else None
+        if io is None:
+            keys = None  # no reader of its own: the cache's, and the lookup waits
         fut = self._pool.submit(self._timed_read, layer, experts, slots, io)
         self._inflight = _Background(fut, layer, slots, keys)
+
+    def _guess_reader(self) -> tuple[Reader, list[np.ndarray]] | None:
+        """The guesses' reader and its handles per layer, opened once: the cache's own
+        handles, unless it reads direct (then its own, with their O_DIRECT twins). None
+        where it cannot be had (a process out of file handles: the guesses are then read
+        as before, the lookup waiting for them)."""
+        if self._guess_io is None:
+            from ssdmoe_tui.engine.experts.reader import open_reader
+
+            rd = self.reader
+            guess = None
+            try:
+                guess = open_reader(rd.queue_depth, rd.direct, prefer=rd.name)
+                if rd.direct:
+                    fds, _, _ = _open_layer_files(self.index, self._model_dir, guess)
+                else:
+                    guess.borrow(rd)
+                    fds = self._fds
+                self._guess_io = (guess, fds)
+            except OSError:
+                if guess is not None:
+                    guess.close()  # with every handle it opened
+                self._guess_io = False
+        return self._guess_io or None
 
     def _timed_read(self, layer: int, experts: np.ndarray, slots: np.ndarray, io) -> tuple:
         t0 = time.perf_counter()
@@ -889,9 +907,9 @@ class ExpertCache:
             pass
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if self._guess_io is not None:
+        if self._guess_io:
             self._guess_io[0].close()
-            self._guess_io = None
+        self._guess_io = None
         self.banks.clear()
         if self.mirror is not None:
             self.mirror.close()

@@ -318,6 +318,7 @@ class Reader(ABC):
         self.direct = direct
         self.direct_fallback_reason: str | None = None
         self._paths: dict[int, str] = {}
+        self._borrowed: dict[int, str] = {}  # another reader's handles (`borrow`)
         self._direct_fds: set[int] = set()
 
     @property
@@ -352,8 +353,13 @@ class Reader(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def borrow(self, other: Reader) -> None:
+        """Read `other`'s open handles too (buffered: an O_DIRECT twin is `other`'s own):
+        their files' names for errors; they stay `other`'s to close."""
+        self._borrowed = other._paths
+
     def _path(self, fd: int) -> str:
-        return self._paths.get(fd, f"<fd {fd}>")
+        return self._paths.get(fd) or self._borrowed.get(fd, f"<fd {fd}>")
 
     def _error(self, fd: int, offset: int, length: int, status: int) -> ReadError:
         if length < 0 or offset < 0:
