@@ -188,8 +188,10 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(
     """With `overlap` the layer's lookup does not wait for the guesses read ahead for it:
     it takes no victim among their slots, hands them back as landing, and its own misses
     are read (by the cache's reader) while the guesses' reader is still busy; `complete`
-    then waits for the guesses, whose slots hold the experts' bytes. The guesses' reader
-    reads the cache's own handles, or, reading direct, its own."""
+    then waits for the guesses, whose slots hold the experts' bytes. Guesses are read one
+    at a time, most likely first: one not started when the lookup comes is never read
+    (its slot free again, not counted as read ahead). The guesses' reader reads the
+    cache's own handles, or, reading direct, its own."""
     import threading
 
     gate, in_guess = threading.Event(), threading.Event()
@@ -209,8 +211,9 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(
         cache.step()
         cache.step()
         guess = np.array([e - 1, e - 2], dtype=np.int64)
+        c0 = cache.counters.snapshot()
         assert cache.prefetch_cold(1, guess, pinned=set()) == 2
-        landing = cache.slots_of(1, guess)
+        landing = cache.slots_of(1, guess)[:1]  # the first, started; the second waits
         assert in_guess.wait(60)  # its read has started, and waits at the gate
         assert (cache._guess_io[1] is cache._fds) is not direct
         # Layer 1 asks for one guess and the experts it misses: each takes a victim.
@@ -218,8 +221,12 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(
         assert len(misses) > 2 and not cache._free
         ask = np.concatenate([[e - 1], misses]).astype(np.int64)
         pending = cache.lookup(1, ask)
-        assert sorted(pending.landing.tolist()) == sorted(landing.tolist())
+        assert pending.landing.tolist() == landing.tolist()
         assert pending.slots[0] == landing[0]  # the guess, still landing
+        assert not cache.resident(1, e - 2)  # the other, never read
+        c = cache.counters
+        assert (c.prefetch_issued - c0.prefetch_issued, c.prefetch_dropped) == (1, 1)
+        assert (cache.governor.issued[1], cache.governor.used[1]) == (1, 1)
         assert pending.read_experts.tolist() == misses.tolist()
         assert not set(pending.read_slots) & set(landing)
         assert set(pending.waiting) == set(pending.read_slots) | set(landing)
@@ -310,6 +317,7 @@ def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
     guessed slots are free again and nothing counts them as read ahead; once the file is
     whole again the layer's experts are read right on demand."""
     import os
+    from concurrent import futures
 
     from ssdmoe_tui.engine.experts.reader import ReadError
 
@@ -328,7 +336,9 @@ def test_a_guess_that_fails_to_read_is_forgotten(checkpoints, tmp_path) -> None:
                 os.dup2(fd, h)
             guess = np.array([e - 2, e - 3], dtype=np.int64)
             assert cache.prefetch_cold(1, guess, pinned=set()) == 2
-            pending = cache.lookup(1, np.array([e - 2]))  # a hit, still landing
+            # the first guess's read started and failed, which ended the guesses' read
+            futures.wait([cache._inflight.future], timeout=60)
+            pending = cache.lookup(1, np.array([e - 2]))  # a hit, "still landing"
             assert pending.landing is not None and not len(pending.read_experts)
             with pytest.raises(ReadError, match="short read") as err:
                 cache.complete(pending)
@@ -373,6 +383,37 @@ def test_guesses_read_as_before_where_their_reader_gets_no_handles(checkpoints) 
         assert cache._guess_io is False and cache._inflight.keys is None
         pending = cache.lookup(1, guess[:1])
         assert pending.landing is None and cache._inflight is None
+        cache.complete(pending)
+        want = ref.cache.ensure(1, guess[:1])[0]
+        assert _slot_rows(cache, pending.slots[0]) == _slot_rows(ref.cache, want)
+    finally:
+        sm.close()
+        ref.close()
+
+
+def test_guesses_not_started_when_their_layer_asks_are_never_read(checkpoints) -> None:
+    """The prefetch thread still busy (held here) when the layer's lookup comes: none of
+    its guesses is read, their slots serve the layer's own misses, which are read on
+    demand with the right bytes."""
+    import threading
+
+    sm, ref = _governed(checkpoints("qwen3_moe"))
+    try:
+        cache = sm.cache
+        e = cache.index.num_experts
+        assert cache.prefetch_cold(0, np.array([0]), pinned=set()) == 1  # the thread made
+        cache.wait_prefetch()
+        busy = threading.Event()
+        cache._pool.submit(busy.wait, 60)  # the prefetch thread, busy until released
+        guess = np.array([e - 2, e - 3], dtype=np.int64)
+        assert cache.prefetch_cold(1, guess, pinned=set()) == 2
+        release = threading.Timer(0.2, busy.set)
+        release.start()
+        pending = cache.lookup(1, guess[:1])
+        release.join()
+        assert pending.landing is None and cache._inflight is None
+        assert cache.counters.prefetch_dropped == 2 and not cache.resident(1, e - 3)
+        assert pending.read_experts.tolist() == [e - 2]  # a miss now, read on demand
         cache.complete(pending)
         want = ref.cache.ensure(1, guess[:1])[0]
         assert _slot_rows(cache, pending.slots[0]) == _slot_rows(ref.cache, want)

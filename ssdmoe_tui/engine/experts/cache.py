@@ -22,9 +22,10 @@ current call are pinned for that call.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -64,6 +65,7 @@ class CacheCounters:
     prefetch_used: int = 0  # of those, experts the layer then really needed
     prefetch_wait_s: float = 0.0  # time a layer waited for its prefetch to land
     prefetch_overlaps: int = 0  # lookups that did not wait for their guesses (`overlap`)
+    prefetch_dropped: int = 0  # guesses not read: their layer's lookup came first
     demand_read_s: float = 0.0  # engine thread: reading a layer's misses (`complete`)
     ensure_s: float = 0.0  # time in `ensure` (lookups, eviction policy, reads)
 
@@ -99,6 +101,31 @@ class Pending:
         return np.concatenate([self.read_slots, self.landing])
 
 
+class _Stop:
+    """Where the guesses' read stops: the prefetch thread reads them one expert at a time,
+    most likely first, only while their layer's lookup has not come; the lookup stops it
+    and learns how many were started (those land; the rest are never read)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked = False
+        self._started = 0
+
+    def may_read(self, i: int) -> bool:
+        """Prefetch thread: whether guess `i` may still be read (it is then started)."""
+        with self._lock:
+            if self._asked:
+                return False
+            self._started = i + 1
+            return True
+
+    def ask(self) -> int:
+        """Engine thread: no guess starts from now on; returns how many did."""
+        with self._lock:
+            self._asked = True
+            return self._started
+
+
 @dataclass(frozen=True)
 class _Background:
     """A read ahead in flight on the prefetch thread."""
@@ -106,9 +133,12 @@ class _Background:
     future: Future  # -> (bytes, seconds)
     layer: int
     slots: np.ndarray
-    # read-ahead v2 with `overlap`: its keys, which the layer's lookup keeps out of its
-    # victims instead of waiting for them (None: every lookup waits first)
+    # read-ahead v2 with `overlap`: its experts (in `slots`' order, most likely first),
+    # their keys, which the layer's lookup keeps out of its victims instead of waiting
+    # for them, and where the read stops (None: every lookup waits first)
     keys: frozenset | None = None
+    experts: np.ndarray | None = None
+    stop: _Stop | None = None
 
 
 MAX_BANK_BYTES = (2 << 30) - 1  # every bank array stays under 2 GiB
@@ -512,16 +542,19 @@ class ExpertCache:
             self.predictor.observe(layer, experts.tolist())
         pinned = [(layer, int(e)) for e in experts]
         landing = self._inflight
-        if (
-            landing is None
-            or landing.keys is None
+        if landing is not None and (
+            landing.keys is None
             or landing.layer != layer
             or self.mirror is not None
             or self.holds_everything
-            or len(landing.keys.union(pinned)) > self.capacity  # victims enough without them
         ):
-            self.wait_prefetch()
             landing = None
+        if landing is not None:
+            landing = self._stop_guesses(landing)
+        if landing is not None and len(landing.keys.union(pinned)) > self.capacity:
+            landing = None  # too few victims without their slots: they land first
+        if landing is None:
+            self.wait_prefetch()
         if self.holds_everything and self._layer_count[layer] == 0:
             return self._first_visit(layer, experts)
         slots = np.empty(n, dtype=np.int64)
@@ -572,6 +605,29 @@ class ExpertCache:
                 to_read = np.concatenate([to_read, np.array([k[1] for k in rest], dtype=np.int64)])
                 read_slots = np.concatenate([read_slots, rest_slots])
         return Pending(layer, slots, np.asarray(to_read, dtype=np.int64), read_slots, land)
+
+    def _stop_guesses(self, landing: _Background) -> _Background | None:
+        """The layer's lookup has come: the guesses not started are not read (their
+        slots free again, not counted as read ahead); returns what still lands, or None
+        where nothing was started."""
+        n = landing.stop.ask()
+        total = len(landing.slots)
+        if n < total:
+            self.forget(landing.slots[n:])  # nothing was written there
+            self.counters.prefetch_issued -= total - n
+            self.counters.prefetch_dropped += total - n
+            guessed = self._guessed
+            if guessed is not None and guessed[0] == landing.layer:
+                self._guessed = (guessed[0], guessed[1][:n])
+            read = landing.experts[:n]
+            landing = replace(
+                landing,
+                slots=landing.slots[:n],
+                keys=frozenset((landing.layer, int(e)) for e in read),
+                experts=read,
+            )
+            self._inflight = landing
+        return landing if n else None
 
     def _first_visit(self, layer: int, experts: np.ndarray) -> Pending:
         """A budget holding every expert, a layer not seen yet: read the whole layer in
@@ -697,19 +753,36 @@ class ExpertCache:
         self, layer: int, experts: np.ndarray, slots: np.ndarray, keys: frozenset | None = None
     ) -> None:
         """Read `layer`'s `experts` into `slots` on the prefetch thread. `keys`: theirs,
-        read by the guesses' own reader so the layer's lookup need not wait (see
-        `_Background`); None: by the cache's reader, and every lookup waits first. The
-        thread touches no bookkeeping: `wait_prefetch` counts the read, or forgets the
-        slots where it failed."""
+        read by the guesses' own reader, one at a time until the layer's lookup comes,
+        which need not wait for them (see `_Background`); None: in one batch by the
+        cache's reader, and every lookup waits first. The thread touches no bookkeeping:
+        `wait_prefetch` counts the read, or forgets the slots where it failed."""
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ssdmoe-prefetch")
         io = self._guess_reader() if keys is not None else None
-        if io is None:
-            keys = None  # no reader of its own: the cache's, and the lookup waits
-        fut = self._pool.submit(self._timed_read, layer, experts, slots, io)
-        self._inflight = _Background(fut, layer, slots, keys)
+        if io is None:  # no reader of its own: the cache's, and the lookup waits
+            fut = self._pool.submit(self._timed_read, layer, experts, slots, None)
+            self._inflight = _Background(fut, layer, slots)
+            return
+        stop = _Stop()
+        fut = self._pool.submit(self._read_guesses, layer, experts, slots, io, stop)
+        self._inflight = _Background(fut, layer, slots, keys, experts, stop)
+
+    def _read_guesses(
+        self, layer: int, experts: np.ndarray, slots: np.ndarray, io, stop: _Stop
+    ) -> tuple:
+        """Prefetch thread: the guesses one expert at a time, most likely first, until
+        their layer's lookup stops it, so a guess never holds the disk once the layer's
+        own misses are asked for (beyond the one expert being read)."""
+        t0 = time.perf_counter()
+        nbytes = 0
+        for i in range(len(experts)):
+            if not stop.may_read(i):
+                break
+            nbytes += self.read_into(layer, experts[i : i + 1], slots[i : i + 1], io)
+        return nbytes, time.perf_counter() - t0
 
     def _guess_reader(self) -> tuple[Reader, list[np.ndarray]] | None:
         """The guesses' reader and its handles per layer, opened once: the cache's own

@@ -14,10 +14,12 @@ evicted experts the next tokens wanted; docs/benchmarks.md). v2 bounds the damag
   guesses; a layer whose window falls below `min_precision` stops guessing for
   `reprobe_tokens` tokens, then tries again.
 
-Guesses are read by a second reader, so the layer's own misses are read beside them
-rather than after (`overlap`): the layer's lookup keeps the guesses' slots out of its
-victims and hands them back as still landing (`Pending.landing`); the hits read ahead are
-computed after `complete` waits for them, with the misses.
+Guesses are read by a second reader, one expert at a time, most likely first, and only
+until their layer's lookup comes (`overlap`): a guess never holds the disk once the
+layer's own misses are asked for, beyond the one being read, and guesses not started then
+are never read. The lookup keeps the started guesses' slots out of its victims and hands
+them back as still landing (`Pending.landing`); the hits read ahead are computed after
+`complete` waits for them, with the misses.
 
 Exactness: a guess only changes which slot holds what; nothing computes from a guessed
 slot before its bytes landed, so tokens never change (tests/engine/test_prefetch_v2.py).
@@ -70,9 +72,9 @@ class PrefetchGovernor:
     min_precision: float = 0.25
     reprobe_tokens: int = 64
     enabled: bool = True  # the whole read-ahead (a bench toggles it between rounds)
-    # The layer's lookup does not wait for its guesses: its own misses are read beside
-    # them (a second reader), and only the compute of a guessed expert waits for it
-    # (`ExpertCache._lookup`). Waiting first (off) put a second round trip on the disk
+    # The layer's lookup does not wait for its guesses: guesses not started by then are
+    # never read, its own misses are read beside the one in flight (a second reader),
+    # and only the compute of a guessed expert waits for it (`ExpertCache._lookup`). Waiting first (off) put a second round trip on the disk
     # each layer: on the H100 (2026-12-07 sixteenth session, the uniform Qwen3.5 shape, 4
     # GiB, cold) tokens waited 48-59 ms on guesses and read-ahead ran at 0.83-0.95x.
     overlap: bool = True
