@@ -407,16 +407,68 @@ def test_guesses_not_started_when_their_layer_asks_are_never_read(checkpoints) -
         cache._pool.submit(busy.wait, 60)  # the prefetch thread, busy until released
         guess = np.array([e - 2, e - 3], dtype=np.int64)
         assert cache.prefetch_cold(1, guess, pinned=set()) == 2
-        release = threading.Timer(0.2, busy.set)
-        release.start()
-        pending = cache.lookup(1, guess[:1])
-        release.join()
+        c0 = cache.counters.snapshot()
+        pending = cache.lookup(1, guess[:1])  # not waiting for the busy thread
         assert pending.landing is None and cache._inflight is None
         assert cache.counters.prefetch_dropped == 2 and not cache.resident(1, e - 3)
         assert pending.read_experts.tolist() == [e - 2]  # a miss now, read on demand
         cache.complete(pending)
+        c = cache.counters
+        assert c.read_calls - c0.read_calls == 1  # the miss only: no guess was read
+        assert c.bytes_read - c0.bytes_read == cache.index.expert_bytes
+        assert c.prefetch_wait_s == c0.prefetch_wait_s
+        busy.set()
+        cache._pool.submit(lambda: None).result(60)  # the thread ran what it was asked
+        assert cache.counters.bytes_read - c0.bytes_read == cache.index.expert_bytes
         want = ref.cache.ensure(1, guess[:1])[0]
         assert _slot_rows(cache, pending.slots[0]) == _slot_rows(ref.cache, want)
     finally:
+        busy.set()
+        sm.close()
+        ref.close()
+
+
+def test_a_guess_never_read_gives_its_slot_back_to_the_cold_expert_it_took(checkpoints):
+    """Guesses take cold experts' slots; one never read leaves those bytes untouched, so
+    the cold expert is resident again in its slot, as cold as it was."""
+    import threading
+
+    sm, ref = _governed(checkpoints("qwen3_moe"))
+    busy = threading.Event()
+    try:
+        cache = sm.cache
+        e = cache.index.num_experts
+        per = cache.capacity // cache.index.num_layers
+        for layer in range(cache.index.num_layers):  # every slot taken, all of them cold
+            cache.ensure(layer, np.arange(per, dtype=np.int64))
+        cache.step()
+        cache.step()
+        cache.ensure(1, np.array([0]))  # warm
+        cache.prefetch_cold(2, np.array([e - 1]), pinned=set())  # the prefetch thread
+        cache.ensure(2, np.array([e - 1]))
+        cache._pool.submit(busy.wait, 60)  # ...busy until released
+        before = dict(cache._slot_of)
+        last_use = cache._last_use.copy()
+        guess = np.array([e - 2, e - 3], dtype=np.int64)
+        assert cache.prefetch_cold(1, guess, pinned=set()) == 2
+        taken = cache.slots_of(1, guess)
+        old = [k for k, v in before.items() if v in set(taken.tolist())]
+        assert len(old) == 2 and not any(cache.resident(*k) for k in old)
+        pending = cache.lookup(1, np.array([0]))  # a hit: no victim, the guesses dropped
+        assert pending.landing is None and cache.counters.prefetch_dropped == 2
+        cache.complete(pending)
+        for k in old:  # back, in the same slot, as cold, its bytes never overwritten
+            s_ = before[k]
+            assert cache._slot_of[k] == s_ and cache._key_of[s_] == k
+            assert cache._last_use[s_] == last_use[s_]
+            want = ref.cache.ensure(k[0], np.array([k[1]]))[0]
+            assert _slot_rows(cache, s_) == _slot_rows(ref.cache, want)
+        assert not any(cache.resident(1, int(x)) for x in guess)
+        assert cache._layer_count == [
+            sum(1 for k in cache._slot_of if k[0] == layer)
+            for layer in range(cache.index.num_layers)
+        ]
+    finally:
+        busy.set()
         sm.close()
         ref.close()

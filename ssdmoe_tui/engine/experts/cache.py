@@ -139,6 +139,9 @@ class _Background:
     keys: frozenset | None = None
     experts: np.ndarray | None = None
     stop: _Stop | None = None
+    # per slot, the cold expert it held and that expert's last use (None: a free slot),
+    # given back where the guess is never read: its bytes are still there
+    held: tuple | None = None
 
 
 MAX_BANK_BYTES = (2 << 30) - 1  # every bank array stays under 2 GiB
@@ -608,12 +611,16 @@ class ExpertCache:
 
     def _stop_guesses(self, landing: _Background) -> _Background | None:
         """The layer's lookup has come: the guesses not started are not read (their
-        slots free again, not counted as read ahead); returns what still lands, or None
-        where nothing was started."""
+        slots back to the cold experts they held, or free; not counted as read ahead);
+        returns what still lands, or None where nothing was started."""
         n = landing.stop.ask()
         total = len(landing.slots)
+        if n == 0:
+            landing.future.cancel()  # or it finds the stop and reads nothing
+            self._inflight = None
         if n < total:
-            self.forget(landing.slots[n:])  # nothing was written there
+            for i in range(n, total):  # nothing was written there
+                self._drop_guess(int(landing.slots[i]), landing.held[i] if landing.held else None)
             self.counters.prefetch_issued -= total - n
             self.counters.prefetch_dropped += total - n
             guessed = self._guessed
@@ -626,8 +633,30 @@ class ExpertCache:
                 keys=frozenset((landing.layer, int(e)) for e in read),
                 experts=read,
             )
-            self._inflight = landing
+            if n:
+                self._inflight = landing
         return landing if n else None
+
+    def _drop_guess(self, s: int, held: tuple | None) -> None:
+        """A guess never read: slot `s` goes back to the cold expert it held, whose bytes
+        are still there (with its last use, so it stays the cold slot it was), or to the
+        free list."""
+        key = self._key_of[s]
+        if key is not None and self._slot_of.get(key) == s:
+            del self._slot_of[key]
+            self.policy.remove(key)
+            self._prefetched.discard(key)
+            self._layer_count[key[0]] -= 1
+        if held is not None and held[0] not in self._slot_of:
+            old, last = held
+            self._slot_of[old] = s
+            self._key_of[s] = old
+            self._layer_count[old[0]] += 1
+            self.policy.insert(old)
+            self._last_use[s] = last
+        else:
+            self._key_of[s] = None
+            self._free.append(s)
 
     def _first_visit(self, layer: int, experts: np.ndarray) -> Pending:
         """A budget holding every expert, a layer not seen yet: read the whole layer in
@@ -713,8 +742,10 @@ class ExpertCache:
         if not want:
             return 0
         slots: list[int] = []
+        held: list[tuple | None] = []  # what each slot held (`_Background.held`)
         while self._free and len(slots) < len(want):
             slots.append(self._free.pop())
+            held.append(None)
         if len(slots) < len(want):
             cold = np.flatnonzero(self._last_use < self._token - gov.cold_tokens)
             cold = cold[np.argsort(self._last_use[cold], kind="stable")]
@@ -729,6 +760,7 @@ class ExpertCache:
                 del slot_of[key]
                 self._layer_count[key[0]] -= 1
                 slots.append(s)
+                held.append((key, int(self._last_use[s])))
         keys = [(layer, e) for e in want[: len(slots)]]
         if not keys:
             return 0
@@ -744,13 +776,18 @@ class ExpertCache:
         exp = np.array([k[1] for k in keys], dtype=np.int64)
         self._guessed = (layer, exp)
         if gov.overlap and self.mirror is None and not self.holds_everything:
-            self._read_behind(layer, exp, arr, frozenset(keys))
+            self._read_behind(layer, exp, arr, frozenset(keys), tuple(held))
         else:
             self._read_behind(layer, exp, arr)
         return len(keys)
 
     def _read_behind(
-        self, layer: int, experts: np.ndarray, slots: np.ndarray, keys: frozenset | None = None
+        self,
+        layer: int,
+        experts: np.ndarray,
+        slots: np.ndarray,
+        keys: frozenset | None = None,
+        held: tuple | None = None,
     ) -> None:
         """Read `layer`'s `experts` into `slots` on the prefetch thread. `keys`: theirs,
         read by the guesses' own reader, one at a time until the layer's lookup comes,
@@ -768,7 +805,7 @@ class ExpertCache:
             return
         stop = _Stop()
         fut = self._pool.submit(self._read_guesses, layer, experts, slots, io, stop)
-        self._inflight = _Background(fut, layer, slots, keys, experts, stop)
+        self._inflight = _Background(fut, layer, slots, keys, experts, stop, held)
 
     def _read_guesses(
         self, layer: int, experts: np.ndarray, slots: np.ndarray, io, stop: _Stop

@@ -569,7 +569,7 @@ class StreamedSwitch(nn.Module):
         if tl is not None:
             c = cache.counters
             before = (c.hits, c.misses, c.prefetch_used, c.demand_read_s, c.prefetch_wait_s,
-                      c.prefetch_issued)  # fmt: skip
+                      c.prefetch_issued + c.prefetch_dropped)  # fmt: skip
         if stop is not None and stop():
             if self._prestage is not None:
                 self._prestage.drop()  # a stopped chunk's copy: nothing will take it
@@ -684,7 +684,9 @@ class StreamedSwitch(nn.Module):
             (t_sync - t0) * 1e3, (c.demand_read_s - read_s) * 1e3,
             (c.prefetch_wait_s - wait_s) * 1e3, (time.perf_counter() - t0) * 1e3,
             nread * cache.index.expert_bytes, c.hits - hits, c.misses - misses,
-            c.prefetch_issued - issued, c.prefetch_used - used, pred_hit, pred_n,
+            # (guesses this layer issued: a later lookup's drops are not taken off)
+            c.prefetch_issued + c.prefetch_dropped - issued, c.prefetch_used - used, pred_hit,
+            pred_n,
         )  # fmt: skip
 
     def _grouped(self, x: mx.array, host: np.ndarray, uniq: np.ndarray) -> mx.array:
