@@ -170,6 +170,17 @@ def _guess_reader_calls(monkeypatch, before) -> None:
     monkeypatch.setattr(reader_mod, "open_reader", held_open)
 
 
+def _fill_cold(cache) -> int:
+    """Every slot taken, the same number of experts a layer (returned), all of them cold:
+    not asked for in the last token."""
+    per = cache.capacity // cache.index.num_layers
+    for layer in range(cache.index.num_layers):
+        cache.ensure(layer, np.arange(per, dtype=np.int64))
+    cache.step()
+    cache.step()
+    return per
+
+
 def _governed(path, direct: bool = False):
     """A half-budget engine with read-ahead's governor (two guesses a layer, slots cold
     after a token), emptied; and one holding every expert, whose slots the test's are
@@ -205,11 +216,7 @@ def test_a_layer_reads_its_misses_beside_its_guesses_still_landing(
     try:
         cache = sm.cache
         e = cache.index.num_experts
-        per = cache.capacity // cache.index.num_layers
-        for layer in range(cache.index.num_layers):  # every slot taken, all of them cold
-            cache.ensure(layer, np.arange(per, dtype=np.int64))
-        cache.step()
-        cache.step()
+        per = _fill_cold(cache)
         guess = np.array([e - 1, e - 2], dtype=np.int64)
         c0 = cache.counters.snapshot()
         assert cache.prefetch_cold(1, guess, pinned=set()) == 2
@@ -438,11 +445,7 @@ def test_a_guess_never_read_gives_its_slot_back_to_the_cold_expert_it_took(check
     try:
         cache = sm.cache
         e = cache.index.num_experts
-        per = cache.capacity // cache.index.num_layers
-        for layer in range(cache.index.num_layers):  # every slot taken, all of them cold
-            cache.ensure(layer, np.arange(per, dtype=np.int64))
-        cache.step()
-        cache.step()
+        _fill_cold(cache)
         cache.ensure(1, np.array([0]))  # warm
         cache.prefetch_cold(2, np.array([e - 1]), pinned=set())  # the prefetch thread
         cache.ensure(2, np.array([e - 1]))
