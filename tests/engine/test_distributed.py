@@ -470,12 +470,15 @@ def test_one_rank_group_records_prefetches_and_replays_as_one_process(
     single-process switch, with a trace recorder, prefetch (the next router's lookahead;
     co-occurrence when trace-routed) and, `routed`, a routing trace: the same tokens, the
     same recorded routing and the very same cache lookups, hits, misses and prefetches."""
-    from ssdmoe_tui.engine.experts.prefetch import COLD_ENV
+    from ssdmoe_tui.engine.experts.prefetch import COLD_ENV, OVERLAP_ENV
     from ssdmoe_tui.engine.policy.traces import TraceWriter
     from ssdmoe_tui.engine.run.open import open_engine
     from ssdmoe_tui.options import CacheBudget, EngineOptions
 
     monkeypatch.setenv(COLD_ENV, "0")  # decode guesses take slots not asked for this token
+    # every guess read, as the lookups wait for them: with the overlap, which guesses a
+    # layer's lookup finds started is the prefetch thread's pace, not the same two runs
+    monkeypatch.setenv(OVERLAP_ENV, "off")
     path = checkpoints("qwen3_moe")
     trace = tmp_path / "model.jsonl"
     # 20 of 48 slots: a prefill's union fits (one process would feed the co-occurrence

@@ -19,7 +19,8 @@ until their layer's lookup comes (`overlap`): a guess never holds the disk once 
 layer's own misses are asked for, beyond the one being read, and guesses not started then
 are never read. The lookup keeps the started guesses' slots out of its victims and hands
 them back as still landing (`Pending.landing`); the hits read ahead are computed after
-`complete` waits for them, with the misses.
+`complete` waits for them, with the misses. Which guesses are read is then the prefetch
+thread's pace: the counts (and so hits and bytes) vary from run to run, tokens never.
 
 Exactness: a guess only changes which slot holds what; nothing computes from a guessed
 slot before its bytes landed, so tokens never change (tests/engine/test_prefetch_v2.py).
