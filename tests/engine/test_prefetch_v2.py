@@ -13,7 +13,7 @@ import pytest
 import ssdmoe_tui
 from ssdmoe_tui.engine.experts.cache import slot_memory_bytes
 from ssdmoe_tui.engine.experts.index import build_index
-from ssdmoe_tui.engine.experts.prefetch import COLD_ENV, LIMIT_ENV, PrefetchGovernor
+from ssdmoe_tui.engine.experts.prefetch import COLD_ENV, LIMIT_ENV, OVERLAP_ENV, PrefetchGovernor
 from ssdmoe_tui.engine.model.loader import load_streamed
 from ssdmoe_tui.engine.model.timeline import FIELDS, Timeline, summarize
 from ssdmoe_tui.engine.run.runner import Runner
@@ -54,6 +54,13 @@ def test_governor_settings_from_env(monkeypatch) -> None:
     monkeypatch.setenv(COLD_ENV, "0")
     gov = PrefetchGovernor.from_env(4)
     assert (gov.limit, gov.cold_tokens) == (3, 0)
+    assert gov.overlap  # the default
+    monkeypatch.setenv(OVERLAP_ENV, "off")
+    assert not PrefetchGovernor.from_env(4).overlap
+    monkeypatch.setenv(OVERLAP_ENV, "maybe")
+    with pytest.raises(BadValueError, match=f"{OVERLAP_ENV}='maybe': expected on or off"):
+        PrefetchGovernor.from_env(4)
+    monkeypatch.setenv(OVERLAP_ENV, "on")
     monkeypatch.setenv(LIMIT_ENV, "0")
     with pytest.raises(BadValueError, match=LIMIT_ENV):
         PrefetchGovernor.from_env(4)
