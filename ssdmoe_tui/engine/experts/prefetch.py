@@ -75,9 +75,10 @@ class PrefetchGovernor:
     enabled: bool = True  # the whole read-ahead (a bench toggles it between rounds)
     # The layer's lookup does not wait for its guesses: guesses not started by then are
     # never read, its own misses are read beside the one in flight (a second reader),
-    # and only the compute of a guessed expert waits for it (`ExpertCache._lookup`). Waiting first (off) put a second round trip on the disk
-    # each layer: on the H100 (2026-12-07 sixteenth session, the uniform Qwen3.5 shape, 4
-    # GiB, cold) tokens waited 48-59 ms on guesses and read-ahead ran at 0.83-0.95x.
+    # and only the compute of a guessed expert waits for it (`ExpertCache._lookup`).
+    # Waiting first (off) put a second round trip on the disk each layer: on the H100
+    # (2026-12-07 sixteenth session, the uniform Qwen3.5 shape, 4 GiB, cold) tokens
+    # waited 48-59 ms on guesses and read-ahead ran at 0.83-0.95x.
     overlap: bool = True
     _issued: list[int] = field(default_factory=list)
     _used: list[int] = field(default_factory=list)

@@ -93,8 +93,8 @@ class JoinSizer:
             if b is None:  # one size so far: a is that size's time, fixed part and all
                 n = int(self.budget_s * last_n / last_t)
             else:
-                # where even the smallest chunk's stall, t(1), is over the budget (t(1),
-                # not a alone, which a noisy fit may clamp to 0)
+                # the budget, or, where even a one-token chunk's stall t(1) is over it,
+                # twice that (t(1), not the fixed part a, which a noisy fit may clamp to 0)
                 one = a + max(b, 0.0)
                 target = self.budget_s if one <= self.budget_s else FIXED_STALL * one
                 ratio = int(target * last_n / last_t)  # the last chunk scaled to the target
