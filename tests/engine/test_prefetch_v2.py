@@ -412,12 +412,12 @@ def test_guesses_not_started_when_their_layer_asks_are_never_read(checkpoints) -
     import threading
 
     sm, ref = _governed(checkpoints("qwen3_moe"))
+    busy = threading.Event()
     try:
         cache = sm.cache
         e = cache.index.num_experts
         assert cache.prefetch_cold(0, np.array([0]), pinned=set()) == 1  # the thread made
         cache.wait_prefetch()
-        busy = threading.Event()
         cache._pool.submit(busy.wait, 60)  # the prefetch thread, busy until released
         guess = np.array([e - 2, e - 3], dtype=np.int64)
         assert cache.prefetch_cold(1, guess, pinned=set()) == 2
