@@ -176,11 +176,14 @@ def test_trace_replay_help_names_the_recording_flag(capsys):
 
 def test_generate_batch_json_each_sequence_equal_alone(tmp_path, capsys):
     """`generate --batch 3` with two prompts: three sequences (the prompts repeated),
-    decoded together; each equal to `generate` of its prompt alone (greedy)."""
+    decoded together; each equal to `generate` of its prompt alone (greedy). 40 tokens:
+    the later rows join in chunks sized by measured time, so on a loaded machine they
+    take more of the first row's steps (a clean clone's run with 8 tokens saw the first
+    row end before the third had joined)."""
     from tests.helpers.checkpoints import build
 
     model = str(build("mixtral", tmp_path / "mixtral"))
-    base = ["generate", "--model", model, "--max-tokens", "8", "--json"]
+    base = ["generate", "--model", model, "--max-tokens", "40", "--json"]
     alone = []
     for text in ("Hello there", "Why stream experts?"):
         assert main([*base, "--prompt", text]) == 0
@@ -192,7 +195,7 @@ def test_generate_batch_json_each_sequence_equal_alone(tmp_path, capsys):
     assert [s["token_ids"] for s in seqs] == [a["token_ids"] for a in (*alone, alone[0])]
     assert [s["text"] for s in seqs] == [a["text"] for a in (*alone, alone[0])]
     assert got["batch"]["max_rows"] == 3 and got["batch"]["steps"] >= 1
-    assert all(s["stats"]["generated_tokens"] == 8 for s in seqs)
+    assert all(s["stats"]["generated_tokens"] == 40 for s in seqs)
 
 
 def test_demo_model_takes_the_quantization_of_its_config(tmp_path, capsys):
