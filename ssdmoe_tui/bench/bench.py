@@ -454,6 +454,7 @@ def _prefetch_stats(dec: Snapshot, steps: int) -> dict:
         "prefetch_precision": f["precision"],
         "prefetch_recall": f["recall"],
         "prefetch_wait_ms_per_token": _round(_per_step(dec.prefetch_wait_s * 1e3, steps), 3),
+        "prefetch_dropped": f["dropped"],
     }
 
 

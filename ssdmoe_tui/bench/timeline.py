@@ -63,6 +63,7 @@ def _run(runner, prompt: list[int], n: int, on: bool) -> dict:  # noqa: ANN001
         "mib_per_token": d.bytes_read / steps / 2**20,
         "prefetch_issued": d.prefetch_issued,
         "prefetch_used": used,
+        "prefetch_dropped": d.prefetch_dropped,
         "router_sync_ms_per_token": d.router_sync_s * 1e3 / steps,
         "read_ms_per_token": d.read_s * 1e3 / steps,
         # `device` placement: rows copied host -> mirror, and the host time of those
@@ -146,6 +147,7 @@ def run_timeline(runner, prompt: list[int], decode_tokens: int, rounds: int, mod
             "per_round": {k: [round(m[k], 4) for m in mine] for k in ("decode_tok_s", "cpu_ms_per_token")},
             "prefetch_issued": issued,
             "prefetch_used": used,
+            "prefetch_dropped": sum(m["prefetch_dropped"] for m in mine),
             "prefetch_precision": round(used / issued, 4) if issued else None,
             "same_tokens": all(m["tokens"] == reference for m in mine),
             "governor_last_run": mine[-1]["governor"],

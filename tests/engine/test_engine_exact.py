@@ -79,6 +79,12 @@ def test_prefetch_keeps_output_exact(checkpoints, arch, monkeypatch):
     assert c.prefetch_issued > 0
     assert 0 <= c.prefetch_used <= min(c.prefetch_issued, c.misses)
     assert c.bytes_read == (c.misses + c.prefetch_issued - c.prefetch_used) * sm.index.expert_bytes
+    figs = runner.stats_dict(res.stats)["prefetch"]  # what generate --json and the server say
+    assert (figs["issued"], figs["used"], figs["dropped"]) == (
+        c.prefetch_issued,
+        c.prefetch_used,
+        c.prefetch_dropped,
+    )
     assert res.tokens == reference_tokens(path, None, mx.float32, prompt)
 
 

@@ -143,7 +143,8 @@ def test_bench_timeline_writes_per_layer_medians(tmp_path, capsys, monkeypatch) 
     res = json.loads(out.read_text())
     assert set(res["modes"]) == {"off", "on"}
     assert all(m["same_tokens"] for m in res["modes"].values())
-    assert res["modes"]["off"]["prefetch_issued"] == 0
+    assert res["modes"]["off"]["prefetch_issued"] == 0 == res["modes"]["off"]["prefetch_dropped"]
+    assert res["modes"]["on"]["prefetch_dropped"] >= 0  # guesses never read (the overlap)
     layers = res["modes"]["on"]["timeline"]["layers"]
     assert len(layers) == 4 and {"sync_ms", "read_ms", "pf_issued_mean"} <= set(layers[0])
     assert res["sync_probe"]["bare_sync_ms"] >= 0

@@ -25,6 +25,7 @@ class DecodeMeter:
             "read_s": c.read_s,
             "prefetch_issued": c.prefetch_issued,
             "prefetch_used": c.prefetch_used,
+            "prefetch_dropped": c.prefetch_dropped,
             "all_sum_s": d.all_sum_s,
             "all_sum_calls": d.all_sum_calls,
             "expert_compute_s": d.expert_compute_s,

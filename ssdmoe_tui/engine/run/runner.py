@@ -211,6 +211,7 @@ class Snapshot:
     prefetch_issued: int = 0
     prefetch_used: int = 0
     prefetch_wait_s: float = 0.0
+    prefetch_dropped: int = 0  # guesses never read: their layer's lookup came first
 
     @classmethod
     def take(cls, sm: StreamedModel, live: bool = False) -> Snapshot:
@@ -231,6 +232,7 @@ class Snapshot:
             prefetch_issued=c.prefetch_issued,
             prefetch_used=c.prefetch_used,
             prefetch_wait_s=c.prefetch_wait_s,
+            prefetch_dropped=c.prefetch_dropped,
         )
 
     def __sub__(self, other: Snapshot) -> Snapshot:
@@ -254,6 +256,7 @@ class Snapshot:
             self.prefetch_issued - other.prefetch_issued,
             self.prefetch_used - other.prefetch_used,
             self.prefetch_wait_s - other.prefetch_wait_s,
+            self.prefetch_dropped - other.prefetch_dropped,
         )
 
     @property
@@ -265,13 +268,15 @@ class Snapshot:
 def prefetch_figures(d: Snapshot) -> dict:
     """Prediction quality over a window: precision = used / issued, recall = used /
     experts that had to come from disk (misses, prefetched ones included); None where
-    nothing was issued or missed."""
+    nothing was issued or missed. Issued counts the guesses read; `dropped` those never
+    read, their layer's lookup having come first (read-ahead's overlap)."""
     return {
         "issued": d.prefetch_issued,
         "used": d.prefetch_used,
         "precision": round(d.prefetch_used / d.prefetch_issued, 4) if d.prefetch_issued else None,
         "recall": round(d.prefetch_used / d.misses, 4) if d.misses else None,
         "wait_s": round(d.prefetch_wait_s, 4),
+        "dropped": d.prefetch_dropped,
     }
 
 
@@ -912,6 +917,7 @@ class Runner:
                     prefetch_issued=c.prefetch_issued,
                     prefetch_used=c.prefetch_used,
                     prefetch_wait_s=c.prefetch_wait_s,
+                    prefetch_dropped=c.prefetch_dropped,
                 )
             )
         return out

@@ -45,7 +45,8 @@ for c in r.get("configs", []):
     print("   K", c.get("k"), "+pf" if c.get("prefetch") else "off", "tok/s", c.get("decode_tok_s"),
           "x ceiling", c.get("achieved_over_ceiling"), "hit", c.get("hit_rate"),
           "ms", t, "pf prec", c.get("prefetch_precision"), "recall", c.get("prefetch_recall"),
-          "x off", c.get("prefetch_decode_vs_off"), "wait ms", c.get("prefetch_wait_ms_per_token"))
+          "x off", c.get("prefetch_decode_vs_off"), "wait ms", c.get("prefetch_wait_ms_per_token"),
+          "dropped", c.get("prefetch_dropped"))
 PY
 done
 cd /root/res && tar czf "$RET/$NAME.tgz" $NAME; ls "$RET"
