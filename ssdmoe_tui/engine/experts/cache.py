@@ -614,18 +614,20 @@ class ExpertCache:
         slots back to the cold experts they held, or free; not counted as read ahead);
         returns what still lands, or None where nothing was started."""
         n = landing.stop.ask()
-        total = len(landing.slots)
-        if n == 0:
-            landing.future.cancel()  # or it finds the stop and reads nothing
-            self._inflight = None
-        if n < total:
-            for i in range(n, total):  # nothing was written there
-                self._drop_guess(int(landing.slots[i]), landing.held[i] if landing.held else None)
-            self.counters.prefetch_issued -= total - n
-            self.counters.prefetch_dropped += total - n
+        dropped = len(landing.slots) - n
+        if dropped:
+            for s, held in zip(landing.slots[n:], landing.held[n:], strict=True):
+                self._drop_guess(int(s), held)  # nothing was written there
+            self.counters.prefetch_issued -= dropped
+            self.counters.prefetch_dropped += dropped
             guessed = self._guessed
             if guessed is not None and guessed[0] == landing.layer:
                 self._guessed = (guessed[0], guessed[1][:n])
+        if n == 0:
+            landing.future.cancel()  # or it finds the stop and reads nothing
+            self._inflight = None
+            return None
+        if dropped:
             read = landing.experts[:n]
             landing = replace(
                 landing,
@@ -633,9 +635,8 @@ class ExpertCache:
                 keys=frozenset((landing.layer, int(e)) for e in read),
                 experts=read,
             )
-            if n:
-                self._inflight = landing
-        return landing if n else None
+            self._inflight = landing
+        return landing
 
     def _drop_guess(self, s: int, held: tuple | None) -> None:
         """A guess never read: slot `s` goes back to the cold expert it held, whose bytes
@@ -643,10 +644,7 @@ class ExpertCache:
         free list."""
         key = self._key_of[s]
         if key is not None and self._slot_of.get(key) == s:
-            del self._slot_of[key]
-            self.policy.remove(key)
-            self._prefetched.discard(key)
-            self._layer_count[key[0]] -= 1
+            self._evict(key)
         if held is not None and held[0] not in self._slot_of:
             old, last = held
             self._slot_of[old] = s
